@@ -1,0 +1,108 @@
+"""The usage ingester: moves usage events from Redis into Postgres and reclaims lapsed leases.
+
+Nothing on the request path writes to Postgres; this loop does, in batches. An event is
+acknowledged only after its record is committed, so a crash replays it and the unique
+request id makes the replay harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from asgiref.sync import sync_to_async
+
+from billing.services import usage_ingest
+from inference.dispatch import Dispatch
+from inference.types import UsageEvent
+from models_registry.models import Deployment
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+STALE_PENDING_MS = 30_000
+
+
+def _deployment_names() -> list[str]:
+    return list(Deployment.objects.values_list("name", flat=True))
+
+
+class Ingester:
+    def __init__(
+        self,
+        *,
+        dispatch: Dispatch,
+        consumer: str,
+        lease_seconds: float,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.dispatch = dispatch
+        self.consumer = consumer
+        self.lease_seconds = lease_seconds
+        self.on_batch = on_batch
+        self._stopping = asyncio.Event()
+        self._deployments: list[str] = []
+        self._deployments_at = 0.0
+        self.ingested = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        last_reap = 0.0
+        while not self._stopping.is_set():
+            deployments = await self._refresh_deployments()
+            if time.monotonic() - last_reap >= 1.0:
+                last_reap = time.monotonic()
+                await self._reap(deployments)
+            entries = await self.dispatch.read_usage(
+                deployments=deployments, consumer=self.consumer, count=BATCH, block_ms=500
+            )
+            if not entries:
+                if not deployments:
+                    await asyncio.sleep(0.5)
+                continue
+            await self._ingest(entries)
+
+    async def _refresh_deployments(self) -> list[str]:
+        if time.monotonic() - self._deployments_at > 5.0:
+            names = await sync_to_async(_deployment_names)()
+            for name in set(names) - set(self._deployments):
+                await self.dispatch.ensure_groups(name)
+            self._deployments = names
+            self._deployments_at = time.monotonic()
+        return self._deployments
+
+    async def _reap(self, deployments: list[str]) -> None:
+        for name in deployments:
+            try:
+                reclaimed = await self.dispatch.reclaim_expired(
+                    deployment=name, lease_seconds=self.lease_seconds
+                )
+                if reclaimed:
+                    log.warning("reclaimed %d jobs with lapsed leases on %s", reclaimed, name)
+                stale = await self.dispatch.reclaim_usage(
+                    deployment=name, consumer=self.consumer, min_idle_ms=STALE_PENDING_MS
+                )
+                if stale:
+                    await self._ingest(stale)
+            except Exception:
+                log.exception("reaping %s failed", name)
+
+    async def _ingest(self, entries: list[tuple[str, str, UsageEvent]]) -> None:
+        events = [event for _, _, event in entries]
+        while True:
+            try:
+                started = time.monotonic()
+                new = await sync_to_async(usage_ingest)(events=events)
+                break
+            except Exception:
+                # Postgres is unavailable: keep the batch unacknowledged and retry.
+                log.exception("usage ingest failed; retrying")
+                await asyncio.sleep(1.0)
+        await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
+        self.ingested += new
+        if self.on_batch is not None:
+            self.on_batch(new, time.monotonic() - started)

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from billing.ingester import Ingester
+from inference.dispatch import Dispatch
+from inference.redis_client import redis_client_new
+from workers.services import worker_id_new
+
+log = logging.getLogger("switchyard.ingester")
+
+
+class Command(BaseCommand):
+    help = "Move usage events from Redis into Postgres and reclaim jobs whose lease lapsed."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        client = redis_client_new()
+        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD["REPLY_TTL_SECONDS"])
+        ingester = Ingester(
+            dispatch=dispatch,
+            consumer=f"ingester-{worker_id_new()}",
+            lease_seconds=float(settings.SWITCHYARD["LEASE_SECONDS"]),
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, ingester.stop)
+        self.stdout.write("ingester running")
+        self.stdout.flush()
+        try:
+            await ingester.run()
+        finally:
+            await client.aclose()
+            log.info("ingester stopped after %d records", ingester.ingested)

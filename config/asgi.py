@@ -1,0 +1,34 @@
+"""ASGI entry point: the /v1 data plane, the console and admin, and WebSockets via Channels."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+
+import django
+
+django.setup()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+
+from inference.asgi import ApiHandler, is_api_path  # noqa: E402
+from inference.routing import websocket_urlpatterns  # noqa: E402
+
+_api = ApiHandler()
+_site = ASGIHandler()
+
+
+async def http_application(scope: dict, receive: object, send: object) -> None:
+    """Send API paths to the lean data-plane handler and the rest through full middleware."""
+    handler = _api if is_api_path(scope["path"]) else _site
+    await handler(scope, receive, send)  # type: ignore[arg-type]
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_application,
+        "websocket": URLRouter(websocket_urlpatterns),
+    }
+)

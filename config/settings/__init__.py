@@ -1,0 +1,1 @@
+"""Settings per environment: base, dev, test, prod. All read environment variables."""

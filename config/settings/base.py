@@ -1,0 +1,182 @@
+"""Settings shared by every environment; each value can be set from the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+DATA_DIR = Path(env_str("SWITCHYARD_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
+
+
+def embedded_urls() -> dict[str, str]:
+    """Return the URLs the embedded services recorded when they started, if any."""
+    try:
+        recorded = json.loads((DATA_DIR / "services.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    urls = {}
+    for service, name in (("postgres", "database_url"), ("valkey", "redis_url")):
+        entry = recorded.get(service) if isinstance(recorded, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+            urls[name] = entry["url"]
+    return urls
+
+
+_embedded = embedded_urls()
+DATABASE_URL = os.environ.get("DATABASE_URL") or _embedded.get(
+    "database_url",
+    f"postgresql://postgres@127.0.0.1:{env_int('SWITCHYARD_PG_PORT', 54329)}/switchyard",
+)
+REDIS_URL = os.environ.get("REDIS_URL") or _embedded.get(
+    "redis_url", f"redis://127.0.0.1:{env_int('SWITCHYARD_REDIS_PORT', 63799)}/0"
+)
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "django_prometheus",
+    "embedded",
+    "tenants",
+    "models_registry",
+    "inference",
+    "billing",
+    "workers",
+]
+
+# The /v1 data plane bypasses this stack (see config/asgi.py): these serve the admin and console.
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60), conn_health_checks=True
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "deployments-mark-stale": {
+        "task": "workers.tasks.deployments_mark_stale",
+        "schedule": 10.0,
+    },
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
+
+# Largest request body the API accepts; larger ones get 413.
+MAX_REQUEST_BYTES = env_int("SWITCHYARD_MAX_REQUEST_BYTES", 4 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+
+SWITCHYARD = {
+    # Where registered model versions are stored, content-addressed and read-only.
+    "ARTIFACT_ROOT": Path(env_str("SWITCHYARD_ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))),
+    # How long an authenticated key stays cached in a frontend; revocation also publishes.
+    "KEY_CACHE_SECONDS": env_float("SWITCHYARD_KEY_CACHE_SECONDS", 5.0),
+    # How long a model name resolves from a frontend's cache before asking Postgres again.
+    "ROUTE_CACHE_SECONDS": env_float("SWITCHYARD_ROUTE_CACHE_SECONDS", 2.0),
+    # A claimed job whose lease is not renewed for this long is reclaimed.
+    "LEASE_SECONDS": env_float("SWITCHYARD_LEASE_SECONDS", 5.0),
+    # Longest a request may take end to end before the frontend cancels it.
+    "REQUEST_TIMEOUT_SECONDS": env_float("SWITCHYARD_REQUEST_TIMEOUT_SECONDS", 600.0),
+    # Reply streams outlive the request by this much so a slow reader can finish.
+    "REPLY_TTL_SECONDS": env_int("SWITCHYARD_REPLY_TTL_SECONDS", 900),
+    # Default quota for a new tenant.
+    "DEFAULT_QUOTA": {
+        "requests_per_minute": env_int("SWITCHYARD_DEFAULT_RPM", 600),
+        "tokens_per_minute": env_int("SWITCHYARD_DEFAULT_TPM", 200_000),
+        "max_concurrency": env_int("SWITCHYARD_DEFAULT_MAX_CONCURRENCY", 64),
+        "max_tokens_per_request": env_int("SWITCHYARD_DEFAULT_MAX_TOKENS", 1024),
+        "max_context_tokens": env_int("SWITCHYARD_DEFAULT_MAX_CONTEXT", 8192),
+        "monthly_budget": Decimal(env_str("SWITCHYARD_DEFAULT_MONTHLY_BUDGET", "100.00")),
+        "priority_weight": env_int("SWITCHYARD_DEFAULT_PRIORITY_WEIGHT", 1),
+    },
+}

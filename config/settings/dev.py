@@ -1,0 +1,8 @@
+"""Settings for `make demo` and local development."""
+
+from __future__ import annotations
+
+from config.settings.base import *  # noqa: F403
+from config.settings.base import env_bool
+
+DEBUG = env_bool("DJANGO_DEBUG", True)

@@ -1,0 +1,17 @@
+"""Every URL of the platform, one explicit path per endpoint."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from inference import urls as inference_urls
+from inference import views as inference_views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/", include(inference_urls)),
+    path("healthz", inference_views.healthz),
+    path("readyz", inference_views.readyz),
+    path("", include("django_prometheus.urls")),
+]

@@ -1,0 +1,1 @@
+"""Embedded PostgreSQL and Valkey servers for local development and tests."""

@@ -1,0 +1,149 @@
+"""API-key authentication for the data plane, cached briefly per process.
+
+A revocation publishes the key's public id; every frontend drops it from its cache at once,
+and the cache TTL bounds staleness if a message is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+from inference.dispatch import KEY_REVOCATIONS_CHANNEL
+from inference.errors import ApiError
+from inference.redis_client import redis_sync_client
+from tenants.keys import token_hash, token_parse
+from tenants.models import ApiKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a tenant through one of its keys."""
+
+    tenant_id: int
+    tenant_slug: str
+    key_id: int
+    key_public_id: str
+    scopes: frozenset[str]
+    max_tokens_per_request: int
+    max_context_tokens: int
+
+
+@dataclass(frozen=True)
+class _Cached:
+    secret_hash: str
+    principal: Principal | None
+    problem: ApiError | None
+    expires_at: float | None
+    cached_at: float
+
+
+_cache: dict[str, _Cached] = {}
+_listener: asyncio.Task[None] | None = None
+
+
+def key_revocation_publish(*, public_id: str) -> None:
+    """Tell every frontend to forget a key now."""
+    try:
+        redis_sync_client().publish(KEY_REVOCATIONS_CHANNEL, public_id)
+    except Exception:
+        # The cache TTL still bounds how long a revoked key keeps working.
+        log.warning("could not publish revocation of %s", public_id, exc_info=True)
+
+
+def _load(public_id: str) -> _Cached:
+    key = (
+        ApiKey.objects.select_related("tenant", "tenant__quota").filter(public_id=public_id).first()
+    )
+    now = time.monotonic()
+    if key is None:
+        return _Cached(
+            "", None, ApiError(401, "invalid_api_key", "Incorrect API key provided."), None, now
+        )
+    problem = None
+    if key.revoked_at is not None:
+        problem = ApiError(401, "revoked_api_key", "This API key has been revoked.")
+    elif not key.tenant.is_active:
+        problem = ApiError(403, "tenant_disabled", "This tenant is disabled.")
+    quota = key.tenant.quota
+    principal = Principal(
+        tenant_id=key.tenant_id,
+        tenant_slug=key.tenant.slug,
+        key_id=key.pk,
+        key_public_id=key.public_id,
+        scopes=frozenset(key.scopes),
+        max_tokens_per_request=quota.max_tokens_per_request,
+        max_context_tokens=quota.max_context_tokens,
+    )
+    expires = key.expires_at.timestamp() if key.expires_at else None
+    return _Cached(key.secret_hash, principal, problem, expires, now)
+
+
+async def _listen_for_revocations() -> None:
+    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe(KEY_REVOCATIONS_CHANNEL)
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is not None:
+                data = message["data"]
+                _cache.pop(data.decode() if isinstance(data, bytes) else str(data), None)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        # The next request starts a new listener; the cache TTL bounds staleness meanwhile.
+        log.warning("revocation listener stopped", exc_info=True)
+    finally:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
+            await client.aclose()
+
+
+def _ensure_listener() -> None:
+    global _listener
+    if _listener is None or _listener.done():
+        _listener = asyncio.get_running_loop().create_task(_listen_for_revocations())
+
+
+async def authenticate(authorization: str | None, *, scope: str) -> Principal:
+    """Return the principal of a bearer token or raise a 401/403 ApiError."""
+    if not authorization:
+        raise ApiError(
+            401,
+            "missing_api_key",
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sy-...'.",
+        )
+    kind, _, token = authorization.partition(" ")
+    token = token.strip()
+    if kind.lower() != "bearer" or not token:
+        raise ApiError(401, "invalid_authorization_header", "Use 'Authorization: Bearer sy-...'.")
+    parsed = token_parse(token)
+    if parsed is None:
+        raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
+    _ensure_listener()
+    cached = _cache.get(parsed.public_id)
+    ttl = float(settings.SWITCHYARD["KEY_CACHE_SECONDS"])
+    if cached is None or time.monotonic() - cached.cached_at > ttl:
+        cached = await sync_to_async(_load)(parsed.public_id)
+        _cache[parsed.public_id] = cached
+    if cached.principal is None or not hmac.compare_digest(cached.secret_hash, token_hash(token)):
+        raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
+    if cached.problem is not None:
+        raise cached.problem
+    if cached.expires_at is not None and cached.expires_at <= timezone.now().timestamp():
+        raise ApiError(401, "expired_api_key", "This API key has expired.")
+    if scope not in cached.principal.scopes:
+        raise ApiError(403, "insufficient_scope", f"This API key lacks the '{scope}' scope.")
+    return cached.principal

@@ -1,0 +1,245 @@
+"""Parse and validate OpenAI request bodies into typed requests; errors name the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from inference.errors import ApiError, invalid
+
+CHAT = "chat.completions"
+COMPLETIONS = "completions"
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_STOP_SEQUENCES = 4
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    endpoint: str
+    model: str
+    messages: list[dict[str, str]] | None
+    prompt: str | list[int] | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: list[str]
+    ignore_eos: bool
+    min_tokens: int
+    presence_penalty: float
+    frequency_penalty: float
+    stream: bool
+    include_usage: bool
+    user: str | None
+
+
+def body_parse(raw: bytes) -> dict[str, Any]:
+    """Return the JSON object of a request body or raise a 400 saying what is wrong."""
+    if not raw.strip():
+        raise ApiError(400, "invalid_json", "The request body is empty; send a JSON object.")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+    return body
+
+
+def _type_error(name: str, expected: str, value: Any) -> ApiError:
+    return invalid(
+        name,
+        f"Invalid type for '{name}': expected {expected}, got {type(value).__name__}.",
+        code="invalid_type",
+    )
+
+
+def _number(
+    body: dict[str, Any], name: str, lo: float, hi: float, *, default: float | None = None
+) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _type_error(name, "a number", value)
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {value}.")
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(name, "an integer", value)
+    if not lo <= value <= hi:
+        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {value}.")
+    return value
+
+
+def _boolean(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _type_error(name, "a boolean", value)
+    return value
+
+
+def _string(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise invalid(
+                name, f"Missing required parameter: '{name}'.", code="missing_required_parameter"
+            )
+        return None
+    if not isinstance(value, str):
+        raise _type_error(name, "a string", value)
+    return value
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _type_error("stop", "a string or an array of strings", value)
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise invalid("stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences.")
+    if any(s == "" for s in stops):
+        raise invalid("stop", "'stop' sequences cannot be empty.")
+    return stops
+
+
+def _unsupported(body: dict[str, Any]) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise _type_error("n", "an integer", n)
+        raise ApiError(400, "unsupported_parameter", "Only n=1 is supported.", param="n")
+    for name in ("logprobs", "echo"):
+        if body.get(name) not in (None, False, 0):
+            raise ApiError(
+                400, "unsupported_parameter", f"'{name}' is not supported yet.", param=name
+            )
+    for name in ("tools", "functions", "suffix", "best_of"):
+        if body.get(name) not in (None, [], 1):
+            raise ApiError(400, "unsupported_parameter", f"'{name}' is not supported.", param=name)
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            "Only response_format {'type': 'text'} is supported.",
+            param="response_format",
+        )
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise invalid(f"{where}.content[{i}]", "Only text content parts are supported.")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _type_error(f"{where}.content[{i}].text", "a string", text)
+            parts.append(text)
+        return "".join(parts)
+    if content is None:
+        return ""
+    raise _type_error(f"{where}.content", "a string or an array of content parts", content)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    value = body.get("messages")
+    if value is None:
+        raise invalid(
+            "messages", "Missing required parameter: 'messages'.", code="missing_required_parameter"
+        )
+    if not isinstance(value, list):
+        raise _type_error("messages", "an array", value)
+    if not value:
+        raise invalid("messages", "'messages' must contain at least one message.")
+    messages = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _type_error(where, "an object", message)
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
+        messages.append({"role": role, "content": _content_text(message.get("content"), where)})
+    return messages
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    value = body.get("prompt")
+    if value is None:
+        raise invalid(
+            "prompt", "Missing required parameter: 'prompt'.", code="missing_required_parameter"
+        )
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        if value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return list(value)
+        if len(value) == 1 and isinstance(value[0], str):
+            return str(value[0])
+        if len(value) == 1 and isinstance(value[0], list):
+            return _prompt({"prompt": value[0]})
+        if len(value) > 1 and all(isinstance(p, str | list) for p in value):
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                "Send one prompt per request (batches of prompts are not supported).",
+                param="prompt",
+            )
+    raise _type_error("prompt", "a string or an array of token ids", value)
+
+
+def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
+    """Return the typed request of a chat or completions body, or raise a 400."""
+    model = _string(body, "model", required=True)
+    assert model is not None
+    _unsupported(body)
+    max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
+    if endpoint == CHAT:
+        max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30) or max_tokens
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _type_error("stream_options", "an object", options)
+        if not stream:
+            raise invalid("stream_options", "'stream_options' is only allowed with stream=true.")
+        include_usage = _boolean(options, "include_usage")
+    top_k = _integer(body, "top_k", -1, 1 << 20)
+    return GenerationRequest(
+        endpoint=endpoint,
+        model=model,
+        messages=_messages(body) if endpoint == CHAT else None,
+        prompt=_prompt(body) if endpoint == COMPLETIONS else None,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0),
+        top_k=top_k,
+        seed=_integer(body, "seed", -(1 << 63), (1 << 63) - 1),
+        stop=_stop(body),
+        ignore_eos=_boolean(body, "ignore_eos"),
+        min_tokens=_integer(body, "min_tokens", 0, 1 << 30) or 0,
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, default=0.0) or 0.0,
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, default=0.0) or 0.0,
+        stream=stream,
+        include_usage=include_usage,
+        user=_string(body, "user"),
+    )

@@ -1,0 +1,80 @@
+"""Relay a request's reply stream to its client, and cancel it when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from inference.dispatch import Dispatch
+from inference.services import Submitted
+from inference.types import Delta, Event, Failed, Finished, Started
+
+log = logging.getLogger(__name__)
+_background: set[asyncio.Task[bool]] = set()
+
+
+def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
+    """Cancel a request without waiting, even from a task that is itself being cancelled."""
+    task = asyncio.get_running_loop().create_task(
+        dispatch.cancel(job=submitted.job, entry_id=submitted.entry_id)
+    )
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Event]:
+    """Yield a request's events until its terminal one; consecutive deltas arrive merged.
+
+    If the consumer stops early (client disconnect), the request is cancelled so the worker
+    aborts it in the engine.
+    """
+    job = submitted.job
+    after = "0-0"
+    finished = False
+    try:
+        while True:
+            remaining = job.deadline - time.time()
+            if remaining <= 0:
+                cancel_soon(dispatch, submitted)
+                finished = True
+                yield Failed(
+                    code="timeout",
+                    message="the request took longer than the platform allows",
+                    prompt_tokens=len(job.prompt_token_ids),
+                    completion_tokens=0,
+                )
+                return
+            batch = await dispatch.read_events(
+                deployment=job.deployment,
+                request_id=job.request_id,
+                after=after,
+                block_ms=int(min(remaining, 5.0) * 1000) + 1,
+            )
+            pending: Delta | None = None
+            for entry_id, event in batch:
+                after = entry_id
+                if isinstance(event, Delta):
+                    pending = _merge(pending, event)
+                    continue
+                if pending is not None:
+                    yield pending
+                    pending = None
+                if isinstance(event, Finished | Failed):
+                    finished = True
+                    yield event
+                    return
+                if not isinstance(event, Started):
+                    yield event
+            if pending is not None:
+                yield pending
+    finally:
+        if not finished:
+            cancel_soon(dispatch, submitted)
+
+
+def _merge(pending: Delta | None, event: Delta) -> Delta:
+    if pending is None:
+        return event
+    return Delta(text=pending.text + event.text, tokens=pending.tokens + event.tokens)

@@ -1,0 +1,165 @@
+"""Admit a generation request: route it, tokenise it, check its limits, and enqueue it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from inference.auth import Principal
+from inference.dispatch import Dispatch
+from inference.errors import ApiError
+from inference.params import CHAT, GenerationRequest
+from inference.redis_client import redis_client_new
+from inference.tokenization import tokenizer_for
+from inference.types import Job, Sampling
+from models_registry.selectors import Route, route_resolve
+
+_routes: dict[str, tuple[Route | None, float]] = {}
+_dispatch: Dispatch | None = None
+_dispatch_loop: asyncio.AbstractEventLoop | None = None
+
+
+def dispatch_get() -> Dispatch:
+    """Return this process's data-plane client, bound to the running loop."""
+    global _dispatch, _dispatch_loop
+    loop = asyncio.get_running_loop()
+    if _dispatch is None or _dispatch_loop is not loop:
+        _dispatch = Dispatch(redis_client_new(), reply_ttl=settings.SWITCHYARD["REPLY_TTL_SECONDS"])
+        _dispatch_loop = loop
+    return _dispatch
+
+
+def request_id_new() -> str:
+    return uuid.uuid4().hex
+
+
+async def route_get(name: str) -> Route:
+    """Return the route of a model name, cached briefly, or raise 404."""
+    cached = _routes.get(name)
+    now = time.monotonic()
+    if cached is None or now - cached[1] > settings.SWITCHYARD["ROUTE_CACHE_SECONDS"]:
+        cached = (await sync_to_async(route_resolve)(name=name), now)
+        _routes[name] = cached
+    route = cached[0]
+    if route is None:
+        raise ApiError(
+            404,
+            "model_not_found",
+            f"The model '{name}' does not exist or you do not have access to it.",
+            param="model",
+        )
+    return route
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    entry_id: str
+    route: Route
+
+
+def _prompt_ids(request: GenerationRequest, route: Route) -> list[int]:
+    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    if request.endpoint == CHAT:
+        assert request.messages is not None
+        return tokenizer.encode_chat(request.messages)
+    if isinstance(request.prompt, list):
+        vocab = tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in request.prompt):
+            raise ApiError(
+                400, "invalid_value", f"Token ids must be in [0, {vocab}).", param="prompt"
+            )
+        return request.prompt
+    return tokenizer.encode_text(request.prompt or "")
+
+
+def sampling_build(
+    *, request: GenerationRequest, route: Route, principal: Principal, prompt_tokens: int
+) -> Sampling:
+    """Return the sampling parameters of a request after enforcing token and context limits."""
+    prompt_param = "messages" if request.endpoint == CHAT else "prompt"
+    context = min(route.context_length, principal.max_context_tokens)
+    if prompt_tokens >= context:
+        raise ApiError(
+            400,
+            "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens. However, your "
+            f"{prompt_param} resulted in {prompt_tokens} tokens.",
+            param=prompt_param,
+        )
+    cap = principal.max_tokens_per_request
+    if request.max_tokens is not None and request.max_tokens > cap:
+        raise ApiError(
+            400,
+            "max_tokens_exceeded",
+            f"max_tokens is {request.max_tokens}, but this tenant allows at most {cap}.",
+            param="max_tokens",
+        )
+    max_tokens = request.max_tokens or min(cap, context - prompt_tokens)
+    if prompt_tokens + max_tokens > context:
+        raise ApiError(
+            400,
+            "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, "
+            f"{max_tokens} in the completion). Reduce the {prompt_param} or max_tokens.",
+            param="max_tokens",
+        )
+    if request.min_tokens > max_tokens:
+        raise ApiError(
+            400, "invalid_value", "'min_tokens' cannot exceed max_tokens.", param="min_tokens"
+        )
+    defaults = route.sampling_defaults
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=request.temperature
+        if request.temperature is not None
+        else float(defaults.get("temperature", 1.0)),
+        top_p=request.top_p if request.top_p is not None else float(defaults.get("top_p", 1.0)),
+        top_k=request.top_k if request.top_k is not None else int(defaults.get("top_k", 0)),
+        seed=request.seed,
+        stop=request.stop,
+        ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+    )
+
+
+async def generation_submit(
+    *, principal: Principal, request: GenerationRequest, request_id: str
+) -> Submitted:
+    """Admit a request and enqueue it for its deployment's workers."""
+    route = await route_get(request.model)
+    prompt = _prompt_ids(request, route)
+    sampling = sampling_build(
+        request=request, route=route, principal=principal, prompt_tokens=len(prompt)
+    )
+    dispatch = dispatch_get()
+    if await dispatch.live_workers(route.deployment) == 0:
+        raise ApiError(
+            503,
+            "model_unavailable",
+            f"No worker is serving '{request.model}' right now; retry shortly.",
+            retry_after=5,
+        )
+    now = time.time()
+    job = Job(
+        request_id=request_id,
+        tenant_id=principal.tenant_id,
+        api_key_id=principal.key_id,
+        deployment=route.deployment,
+        model_version=route.version_digest,
+        endpoint=request.endpoint,
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        enqueued_at=now,
+        deadline=now + settings.SWITCHYARD["REQUEST_TIMEOUT_SECONDS"],
+    )
+    entry_id = await dispatch.enqueue(job)
+    return Submitted(job=job, entry_id=entry_id, route=route)

@@ -1,0 +1,54 @@
+"""Chat templating and tokenisation on the frontend, with each version's own tokenizer."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from inference.errors import ApiError
+
+_lock = threading.Lock()
+_tokenizers: dict[str, Tokenizer] = {}
+
+
+class Tokenizer:
+    """A version's tokenizer and chat template."""
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._hf: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        self._fast = self._hf.backend_tokenizer
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self._fast.encode(text, add_special_tokens=False).ids)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if not getattr(self._hf, "chat_template", None):
+            raise ApiError(
+                400,
+                "chat_template_missing",
+                "This model has no chat template; call /v1/completions instead.",
+                param="model",
+            )
+        rendered = self._hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self.encode_text(str(rendered))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._hf)
+
+
+def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:
+    """Return the cached tokenizer of a version, loading it once per process."""
+    tokenizer = _tokenizers.get(digest)
+    if tokenizer is None:
+        with _lock:
+            tokenizer = _tokenizers.get(digest)
+            if tokenizer is None:
+                tokenizer = Tokenizer(directory)
+                _tokenizers[digest] = tokenizer
+    return tokenizer

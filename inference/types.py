@@ -1,0 +1,106 @@
+"""Typed, versioned messages between frontends, workers and the ingester (msgpack on the wire)."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+WIRE_VERSION = 1
+
+
+class Sampling(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a worker needs to run one request; the prompt is already token ids."""
+
+    v: int = WIRE_VERSION
+    request_id: str
+    tenant_id: int
+    api_key_id: int
+    deployment: str
+    model_version: str
+    endpoint: str
+    prompt_token_ids: list[int]
+    sampling: Sampling
+    priority: str = "interactive"
+    enqueued_at: float
+    deadline: float
+
+
+class Status(enum.StrEnum):
+    """How a request ended; every value means finished."""
+
+    OK = "ok"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    WORKER_LOST = "worker_lost"
+    TIMEOUT = "timeout"
+
+
+class Started(msgspec.Struct, frozen=True, tag="started"):
+    at: float
+
+
+class Delta(msgspec.Struct, frozen=True, tag="delta"):
+    text: str
+    tokens: int
+
+
+class Finished(msgspec.Struct, frozen=True, tag="finished"):
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Failed(msgspec.Struct, frozen=True, tag="error"):
+    code: str
+    message: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+Event = Started | Delta | Finished | Failed
+TERMINAL = (Finished, Failed)
+
+
+class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One per accepted request, whatever its outcome; the ingester makes it a UsageRecord."""
+
+    v: int = WIRE_VERSION
+    request_id: str
+    tenant_id: int
+    api_key_id: int
+    deployment: str
+    model_version: str
+    endpoint: str
+    status: Status
+    finish_reason: str = ""
+    error_code: str = ""
+    prompt_tokens: int
+    completion_tokens: int
+    enqueued_at: float
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float
+
+
+job_encoder = msgspec.msgpack.Encoder()
+job_decoder = msgspec.msgpack.Decoder(Job)
+event_decoder = msgspec.msgpack.Decoder(Event)
+usage_decoder = msgspec.msgpack.Decoder(UsageEvent)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return job_encoder.encode(message)

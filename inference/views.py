@@ -1,0 +1,235 @@
+"""The OpenAI-compatible /v1 endpoints: thin async views over the admission service."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+
+from inference import relay
+from inference.auth import Principal, authenticate
+from inference.errors import ApiError
+from inference.openai_format import DONE, Formatter, error_chunk
+from inference.params import CHAT, COMPLETIONS, GenerationRequest, body_parse, generation_parse
+from inference.services import (
+    Submitted,
+    dispatch_get,
+    generation_submit,
+    request_id_new,
+    route_get,
+)
+from inference.types import Delta, Failed, Finished
+from models_registry.selectors import model_names_list
+from tenants.models import Scope
+
+log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
+View = Callable[..., Awaitable[HttpResponse]]
+
+# Failures that happen after admission; none of them is the client's fault.
+_FAILURE_STATUS = {"timeout": 503, "worker_lost": 503, "engine_error": 503, "cancelled": 503}
+
+
+def api_endpoint(*methods: str) -> Callable[[View], View]:
+    """Give every response an x-request-id and turn every failure into an OpenAI error."""
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            request_id = request_id_new()
+            try:
+                if request.method not in methods:
+                    raise ApiError(
+                        405,
+                        "method_not_allowed",
+                        f"{request.method} is not allowed here; use {', '.join(methods)}.",
+                    )
+                response = await view(request, request_id, *args, **kwargs)
+            except ApiError as exc:
+                response = exc.response()
+            except Exception:
+                log.exception("unhandled error in %s", request.path)
+                response = ApiError(
+                    500, "internal_error", "The platform failed to handle this request."
+                ).response()
+            response["x-request-id"] = request_id
+            return response
+
+        return wrapper
+
+    return decorate
+
+
+def _json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
+    payload = body if isinstance(body, bytes) else _json.encode(body)
+    return HttpResponse(payload, status=status, content_type="application/json")
+
+
+async def _body(request: HttpRequest) -> bytes:
+    length = request.headers.get("Content-Length")
+    limit = settings.MAX_REQUEST_BYTES
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+    try:
+        body = request.body
+    except RequestDataTooBig as exc:
+        raise ApiError(
+            413, "request_too_large", f"The request body exceeds {limit} bytes."
+        ) from exc
+    if len(body) > limit:
+        raise ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+    return body
+
+
+async def _principal(request: HttpRequest, scope: str) -> Principal:
+    return await authenticate(request.headers.get("Authorization"), scope=scope)
+
+
+@api_endpoint("POST")
+async def chat_completions(request: HttpRequest, request_id: str) -> HttpResponse:
+    return await _generate(request, request_id, endpoint=CHAT)
+
+
+@api_endpoint("POST")
+async def completions(request: HttpRequest, request_id: str) -> HttpResponse:
+    return await _generate(request, request_id, endpoint=COMPLETIONS)
+
+
+async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponse:
+    principal = await _principal(request, Scope.INFERENCE)
+    parsed = generation_parse(body_parse(await _body(request)), endpoint=endpoint)
+    submitted = await generation_submit(principal=principal, request=parsed, request_id=request_id)
+    formatter = Formatter(
+        endpoint=endpoint,
+        request_id=request_id,
+        model=submitted.route.model_name + "@" + submitted.route.version,
+        created=int(submitted.job.enqueued_at),
+        fingerprint=f"sy-{submitted.route.version}",
+    )
+    if parsed.stream:
+        response: HttpResponse = StreamingHttpResponse(
+            _sse(submitted, parsed, formatter), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        response = await _collect(submitted, formatter)
+    response["x-switchyard-model-version"] = submitted.route.version
+    return response
+
+
+async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
+    parts: list[str] = []
+    async for event in relay.events(dispatch_get(), submitted):
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, Finished):
+            return _json_response(
+                formatter.complete(
+                    text="".join(parts),
+                    finish_reason=event.finish_reason,
+                    prompt_tokens=event.prompt_tokens,
+                    completion_tokens=event.completion_tokens,
+                )
+            )
+        elif isinstance(event, Failed):
+            raise _failure(event)
+    raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
+
+
+def _failure(event: Failed) -> ApiError:
+    return ApiError(_FAILURE_STATUS.get(event.code, 503), event.code, event.message, retry_after=1)
+
+
+async def _sse(
+    submitted: Submitted, parsed: GenerationRequest, formatter: Formatter
+) -> AsyncIterator[bytes]:
+    include_usage = parsed.include_usage
+    first = True
+    async for event in relay.events(dispatch_get(), submitted):
+        if isinstance(event, Delta):
+            if event.text or first:
+                yield formatter.chunk(
+                    text=event.text, finish_reason=None, first=first, include_usage=include_usage
+                )
+                first = False
+        elif isinstance(event, Finished):
+            yield formatter.chunk(
+                text="",
+                finish_reason=event.finish_reason,
+                first=first,
+                include_usage=include_usage,
+            )
+            if include_usage:
+                yield formatter.usage_chunk(
+                    prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens
+                )
+            yield DONE
+            return
+        elif isinstance(event, Failed):
+            yield error_chunk(_failure(event).body())
+            yield DONE
+            return
+
+
+@api_endpoint("GET")
+async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
+    await _principal(request, Scope.MODELS_READ)
+    names = await sync_to_async(model_names_list)()
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
+        for name, created in names
+    ]
+    return _json_response({"object": "list", "data": data})
+
+
+@api_endpoint("GET")
+async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
+    await _principal(request, Scope.MODELS_READ)
+    route = await route_get(name)
+    return _json_response(
+        {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "switchyard",
+            "version": route.version,
+        }
+    )
+
+
+@api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
+async def not_found(request: HttpRequest, request_id: str, path: str = "") -> HttpResponse:
+    raise ApiError(404, "not_found", f"No endpoint {request.method} {request.path}.")
+
+
+@api_endpoint("GET")
+async def healthz(request: HttpRequest, request_id: str) -> HttpResponse:
+    """Report that this process serves requests (liveness)."""
+    return _json_response({"status": "ok"})
+
+
+def _database_ok() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("select 1")
+    return True
+
+
+@api_endpoint("GET")
+async def readyz(request: HttpRequest, request_id: str) -> HttpResponse:
+    """Report whether Postgres and Redis answer (readiness)."""
+    try:
+        await dispatch_get().redis.ping()
+        await sync_to_async(_database_ok)()
+    except Exception as exc:
+        raise ApiError(503, "not_ready", f"dependency unavailable: {type(exc).__name__}") from exc
+    return _json_response({"status": "ready"})

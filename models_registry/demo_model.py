@@ -1,0 +1,219 @@
+"""Build a tiny, deterministic Llama-architecture chat model from local data only."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+VOCAB_SIZE = 4096
+BOS_TOKEN = "<|begin_of_text|>"
+EOS_TOKEN = "<|end_of_text|>"
+IM_START_TOKEN = "<|im_start|>"
+IM_END_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|pad|>"
+# Order fixes the ids: the trainer assigns special tokens ids 0..4 in this order.
+SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{{ message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# A fixed list (not a glob) keeps the corpus, and so the vocabulary, stable and small.
+CORPUS_FILES = (
+    "argparse.py",
+    "ast.py",
+    "base64.py",
+    "bisect.py",
+    "calendar.py",
+    "collections/__init__.py",
+    "configparser.py",
+    "contextlib.py",
+    "copy.py",
+    "csv.py",
+    "dataclasses.py",
+    "datetime.py",
+    "difflib.py",
+    "enum.py",
+    "fractions.py",
+    "functools.py",
+    "gettext.py",
+    "glob.py",
+    "heapq.py",
+    "inspect.py",
+    "json/__init__.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "logging/__init__.py",
+    "os.py",
+    "pprint.py",
+    "random.py",
+    "shlex.py",
+    "shutil.py",
+    "statistics.py",
+    "string.py",
+    "subprocess.py",
+    "tempfile.py",
+    "textwrap.py",
+    "threading.py",
+    "tokenize.py",
+    "typing.py",
+    "uuid.py",
+    "warnings.py",
+    "weakref.py",
+)
+
+HIDDEN_SIZE = 128
+INTERMEDIATE_SIZE = 512
+NUM_LAYERS = 2
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+MAX_POSITION_EMBEDDINGS = 2048
+
+
+def demo_model_build(*, out_dir: Path, seed: int = 0) -> Path:
+    """Build the demo model into out_dir atomically and return out_dir."""
+    out_dir = Path(out_dir).resolve()
+    if out_dir.exists():
+        msg = f"{out_dir} already exists"
+        raise FileExistsError(msg)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        _write_model_files(tmp_dir, seed=seed)
+        _make_readable(tmp_dir)
+        tmp_dir.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _make_readable(target: Path) -> None:
+    """Give target and its files ordinary read permissions."""
+    # mkdtemp and the safetensors writer create owner-only (0700/0600) entries.
+    target.chmod(0o755)
+    for path in target.iterdir():
+        path.chmod(0o644)
+
+
+def _write_model_files(target: Path, *, seed: int) -> None:
+    """Write tokenizer, weights, config and generation config into target."""
+    tokenizer = _train_tokenizer(_corpus_paths())
+    _wrap_tokenizer(tokenizer).save_pretrained(str(target))
+    _save_model(target, seed=seed, token_ids=_special_token_ids(tokenizer))
+
+
+def _corpus_paths() -> list[Path]:
+    """Return the sorted stdlib source files used as tokenizer training text."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(stdlib / name for name in CORPUS_FILES if (stdlib / name).is_file())
+    if not paths:
+        msg = f"no corpus files found under {stdlib}"
+        raise FileNotFoundError(msg)
+    return paths
+
+
+def _train_tokenizer(paths: list[Path]) -> Tokenizer:
+    """Train a byte-level BPE tokenizer on the given files."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train([str(path) for path in paths], trainer=trainer)
+    if tokenizer.get_vocab_size() != VOCAB_SIZE:
+        msg = f"tokenizer vocab is {tokenizer.get_vocab_size()}, not {VOCAB_SIZE}"
+        raise RuntimeError(msg)
+    bos_id = tokenizer.token_to_id(BOS_TOKEN)
+    # Llama convention: plain (non-chat) encodes start with BOS; chat templates are
+    # rendered with add_special_tokens=False so they do not get a second one.
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+        special_tokens=[(BOS_TOKEN, bos_id)],
+    )
+    return tokenizer
+
+
+def _wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap a trained tokenizer as a transformers tokenizer with a chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS_TOKEN,
+        eos_token=IM_END_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[EOS_TOKEN, IM_START_TOKEN],
+        model_max_length=MAX_POSITION_EMBEDDINGS,
+        clean_up_tokenization_spaces=False,
+    )
+    hf_tokenizer.chat_template = CHAT_TEMPLATE
+    return hf_tokenizer
+
+
+def _special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    """Map each special token to its id in tokenizer."""
+    ids: dict[str, int] = {}
+    for token in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            msg = f"special token {token} missing from tokenizer"
+            raise RuntimeError(msg)
+        ids[token] = token_id
+    return ids
+
+
+def _save_model(target: Path, *, seed: int, token_ids: dict[str, int]) -> None:
+    """Randomly initialise the Llama model from seed and save it to target."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    # Chat turns end with <|im_end|>; <|end_of_text|> still ends raw completions.
+    eos_ids = [token_ids[IM_END_TOKEN], token_ids[EOS_TOKEN]]
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        bos_token_id=token_ids[BOS_TOKEN],
+        eos_token_id=eos_ids,
+        pad_token_id=token_ids[PAD_TOKEN],
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).float()
+    model.generation_config = GenerationConfig(
+        bos_token_id=token_ids[BOS_TOKEN],
+        eos_token_id=eos_ids,
+        pad_token_id=token_ids[PAD_TOKEN],
+    )
+    model.save_pretrained(str(target), safe_serialization=True)

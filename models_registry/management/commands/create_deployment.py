@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from models_registry.models import ModelVersion
+from models_registry.services import deployment_create
+
+
+class Command(BaseCommand):
+    help = "Create a deployment that serves a model version (start its workers with run_worker)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", help="deployment name, e.g. tiny-chat")
+        parser.add_argument("version", help="model@version (or a bare model name for its newest)")
+        parser.add_argument("--max-num-seqs", type=int, default=64, help="max concurrent sequences")
+        parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+        parser.add_argument(
+            "--kv-cache-mib", type=int, default=256, help="KV cache size per worker in MiB"
+        )
+        parser.add_argument("--enforce-eager", action="store_true", help="skip graph compilation")
+        parser.add_argument("--dtype", default="float32", help="engine dtype")
+        parser.add_argument("--if-missing", action="store_true", help="no error if it exists")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        name, ref = options["name"], options["version"]
+        model_name, _, short = ref.partition("@")
+        versions = ModelVersion.objects.filter(model__name=model_name)
+        if short:
+            versions = versions.filter(digest__startswith=short)
+        version = versions.order_by("-created_at").first()
+        if version is None:
+            raise CommandError(f"no registered version {ref!r}")
+        if options["if_missing"] and version.deployments.filter(name=name).exists():
+            self.stdout.write(f"deployment {name} exists")
+            return
+        try:
+            deployment = deployment_create(
+                name=name,
+                version=version,
+                max_num_seqs=options["max_num_seqs"],
+                max_model_len=options["max_model_len"],
+                kv_cache_bytes=options["kv_cache_mib"] << 20,
+                enforce_eager=options["enforce_eager"],
+                dtype=options["dtype"],
+            )
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from exc
+        self.stdout.write(f"created deployment {deployment}")

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from models_registry.models import Task
+from models_registry.services import alias_set, model_version_register
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise CommandError(f"not valid JSON: {raw!r}") from exc
+    if not isinstance(value, dict):
+        raise CommandError(f"expected a JSON object, got {raw!r}")
+    return value
+
+
+def _price(raw: str, flag: str) -> Decimal:
+    try:
+        return Decimal(raw)
+    except InvalidOperation as exc:
+        raise CommandError(f"{flag} must be a decimal number, got {raw!r}") from exc
+
+
+class Command(BaseCommand):
+    help = "Register a model directory as an immutable, content-addressed model version."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", help="model name, e.g. tiny-llama")
+        parser.add_argument("source_dir", type=Path, help="directory with weights and tokenizer")
+        parser.add_argument("--task", choices=Task.values, default=Task.CHAT, help="model task")
+        parser.add_argument("--engine-args", default="{}", help="JSON object of engine args")
+        parser.add_argument("--sampling", default="{}", help="JSON object of sampling defaults")
+        parser.add_argument("--price-input", default="0", help="price per 1k input tokens")
+        parser.add_argument("--price-output", default="0", help="price per 1k output tokens")
+        parser.add_argument("--alias", default=None, help="also point this alias at the version")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            version, created = model_version_register(
+                model_name=options["name"],
+                source_dir=options["source_dir"],
+                task=options["task"],
+                engine_args=_json_object(options["engine_args"]),
+                sampling_defaults=_json_object(options["sampling"]),
+                price_input_per_1k=_price(options["price_input"], "--price-input"),
+                price_output_per_1k=_price(options["price_output"], "--price-output"),
+            )
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from exc
+        state = "registered" if created else "already registered"
+        self.stdout.write(f"{state} {version.public_name} ({len(version.manifest['files'])} files)")
+        if options["alias"]:
+            alias_set(name=options["alias"], version=version)
+            self.stdout.write(f"alias {options['alias']} -> {version.public_name}")

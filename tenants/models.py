@@ -1,0 +1,123 @@
+"""Tenants, their people, their API keys, their quotas, and the audit trail."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin"
+    MEMBER = "member"
+    FINANCE = "finance"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class Scope(models.TextChoices):
+    INFERENCE = "inference"
+    MODELS_READ = "models:read"
+
+
+class ApiKey(models.Model):
+    """A tenant's API key; only its public id and the SHA-256 of the whole token are stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200)
+    public_id = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"sy-{self.public_id}… ({self.name})"
+
+
+class Quota(models.Model):
+    """What a tenant bought; admission enforces it."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
+    requests_per_minute = models.PositiveIntegerField()
+    tokens_per_minute = models.PositiveIntegerField()
+    max_concurrency = models.PositiveIntegerField()
+    max_tokens_per_request = models.PositiveIntegerField()
+    max_context_tokens = models.PositiveIntegerField()
+    monthly_budget = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("0"))
+    priority_weight = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"quota of {self.tenant}"
+
+
+class AppendOnlyError(Exception):
+    """Raised when code tries to change or delete an append-only record."""
+
+
+class AuditEvent(models.Model):
+    """One change to keys, quotas, prices or deployments; hash-chained and never changed."""
+
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AppendOnlyError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise AppendOnlyError("audit events are append-only")
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target_type}:{self.target_id}"
+
+
+def audit_digest(*, prev_hash: str, payload: dict[str, Any]) -> str:
+    """Return the chain hash of an event given the hash of the one before it."""
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{prev_hash}|{body}".encode()).hexdigest()

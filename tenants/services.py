@@ -1,0 +1,169 @@
+"""Services that change tenants, members, keys, quotas and the audit trail."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.keys import token_generate, token_hash
+from tenants.models import ApiKey, AuditEvent, Membership, Quota, Role, Scope, Tenant, audit_digest
+
+GENESIS_HASH = "0" * 64
+
+
+def audit_record(
+    *,
+    action: str,
+    target_type: str,
+    target_id: str,
+    tenant: Tenant | None = None,
+    actor: AbstractBaseUser | None = None,
+    data: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Append an event to the audit chain."""
+    with transaction.atomic():
+        # The lock serialises writers so the chain has exactly one successor per event.
+        last = AuditEvent.objects.select_for_update().order_by("-id").first()
+        prev_hash = last.hash if last else GENESIS_HASH
+        payload = {
+            "action": action,
+            "target_type": target_type,
+            "target_id": target_id,
+            "tenant": tenant.pk if tenant else None,
+            "actor": actor.pk if actor else None,
+            "data": data or {},
+        }
+        return AuditEvent.objects.create(
+            tenant=tenant,
+            actor=actor,
+            action=action,
+            target_type=target_type,
+            target_id=target_id,
+            data=data or {},
+            prev_hash=prev_hash,
+            hash=audit_digest(prev_hash=prev_hash, payload=payload),
+        )
+
+
+def tenant_create(*, slug: str, name: str = "", actor: AbstractBaseUser | None = None) -> Tenant:
+    """Create a tenant with the default quota."""
+    with transaction.atomic():
+        if Tenant.objects.filter(slug=slug).exists():
+            raise ValidationError({"slug": f"tenant {slug!r} already exists"})
+        tenant = Tenant.objects.create(slug=slug, name=name or slug)
+        Quota.objects.create(tenant=tenant, **settings.SWITCHYARD["DEFAULT_QUOTA"])
+        audit_record(
+            action="tenant.create", target_type="tenant", target_id=slug, tenant=tenant, actor=actor
+        )
+    return tenant
+
+
+def membership_add(
+    *,
+    tenant: Tenant,
+    username: str,
+    role: str,
+    email: str = "",
+    password: str | None = None,
+    actor: AbstractBaseUser | None = None,
+) -> Membership:
+    """Add a user (created if new) to a tenant with a role."""
+    if role not in Role.values:
+        raise ValidationError({"role": f"role must be one of {', '.join(Role.values)}"})
+    user_model = get_user_model()
+    with transaction.atomic():
+        user, created = user_model.objects.get_or_create(
+            username=username, defaults={"email": email}
+        )
+        if password is not None:
+            user.set_password(password)
+            user.save(update_fields=["password"])
+        elif created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        membership, _ = Membership.objects.update_or_create(
+            user=user, tenant=tenant, defaults={"role": role}
+        )
+        audit_record(
+            action="membership.set",
+            target_type="user",
+            target_id=username,
+            tenant=tenant,
+            actor=actor,
+            data={"role": role},
+        )
+    return membership
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A freshly issued key: the token is only ever available here, once."""
+
+    key: ApiKey
+    token: str
+
+
+def api_key_issue(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: list[str] | None = None,
+    expires_at: dt.datetime | None = None,
+    actor: AbstractBaseUser | None = None,
+) -> IssuedKey:
+    """Issue a key for a tenant and return its token, which is not stored."""
+    scopes = list(scopes) if scopes is not None else [Scope.INFERENCE, Scope.MODELS_READ]
+    unknown = sorted(set(scopes) - set(Scope.values))
+    if unknown:
+        raise ValidationError({"scopes": f"unknown scopes: {', '.join(unknown)}"})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "expiry must be in the future"})
+    public_id, token = token_generate()
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            public_id=public_id,
+            secret_hash=token_hash(token),
+            scopes=scopes,
+            expires_at=expires_at,
+            created_by=actor if actor and actor.pk else None,
+        )
+        audit_record(
+            action="api_key.issue",
+            target_type="api_key",
+            target_id=public_id,
+            tenant=tenant,
+            actor=actor,
+            data={"name": name, "scopes": scopes},
+        )
+    return IssuedKey(key=key, token=token)
+
+
+def api_key_revoke(*, key: ApiKey, actor: AbstractBaseUser | None = None) -> ApiKey:
+    """Revoke a key everywhere within seconds; revoking twice is a no-op."""
+    from inference.auth import key_revocation_publish
+
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().get(pk=key.pk)
+        if key.revoked_at is None:
+            key.revoked_at = timezone.now()
+            key.save(update_fields=["revoked_at"])
+            audit_record(
+                action="api_key.revoke",
+                target_type="api_key",
+                target_id=key.public_id,
+                tenant=key.tenant,
+                actor=actor,
+            )
+            public_id = key.public_id
+            transaction.on_commit(lambda: key_revocation_publish(public_id=public_id))
+    return key

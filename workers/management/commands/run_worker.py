@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from inference.dispatch import Dispatch
+from inference.redis_client import redis_client_new
+from inference.types import Sampling
+from models_registry.manifest import ArtifactError
+from models_registry.models import Deployment, DeploymentState
+from workers.engine import VllmEngine
+from workers.runner import Worker
+from workers.services import deployment_report, lease_seconds, worker_id_new, worker_plan
+
+log = logging.getLogger("switchyard.worker")
+
+
+class Command(BaseCommand):
+    help = "Run a worker: verify the version's files, load vLLM, then serve the deployment's queue."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--deployment", required=True, help="deployment name to serve")
+        parser.add_argument(
+            "--drain-seconds",
+            type=float,
+            default=30.0,
+            help="on SIGTERM, how long in-flight requests may take to finish",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        name = options["deployment"]
+        try:
+            plan = worker_plan(deployment_name=name)
+        except Deployment.DoesNotExist as exc:
+            raise CommandError(f"no deployment {name!r}") from exc
+        except ArtifactError as exc:
+            raise CommandError(f"refusing to start: {exc}") from exc
+        self.stdout.write(f"worker for {name} serving {plan.version} from {plan.spec.model_dir}")
+        asyncio.run(self._serve(plan.deployment, plan.spec, options["drain_seconds"]))
+
+    async def _serve(self, deployment: str, spec: Any, drain_seconds: float) -> None:
+        report = sync_to_async(deployment_report)
+        await report(deployment_name=deployment, state=DeploymentState.LOADING)
+        engine = VllmEngine(spec)
+        started = time.monotonic()
+        await engine.start()
+        await report(deployment_name=deployment, state=DeploymentState.WARMING)
+        await _warm_up(engine)
+        log.info("engine ready in %.1fs", time.monotonic() - started)
+        client = redis_client_new()
+        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD["REPLY_TTL_SECONDS"])
+        worker = Worker(
+            deployment=deployment,
+            engine=engine,
+            dispatch=dispatch,
+            worker_id=worker_id_new(),
+            capacity=spec.max_num_seqs,
+            lease_seconds=lease_seconds(),
+            drain_seconds=drain_seconds,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.drain)
+        await report(deployment_name=deployment, state=DeploymentState.READY)
+        self.stdout.write(f"ready: serving {deployment}", ending="\n")
+        self.stdout.flush()
+        try:
+            await worker.run()
+        finally:
+            await report(deployment_name=deployment, state=DeploymentState.STOPPED)
+            engine.shutdown()
+            await client.aclose()
+            log.info("stopped after serving %d requests", worker.served)
+
+
+async def _warm_up(engine: VllmEngine) -> None:
+    """Run one short request so the first real one does not pay for lazy initialisation."""
+    sampling = Sampling(max_tokens=4, ignore_eos=True, temperature=0.0)
+    async for _ in engine.generate(
+        request_id="warmup", prompt_token_ids=[1, 2, 3, 4], sampling=sampling
+    ):
+        pass

@@ -1,0 +1,283 @@
+"""The worker loop: claim → generate → publish → finish, for one deployment on one engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from inference.dispatch import Claimed, Dispatch, cancel_channel, usage_for
+from inference.types import Delta, Event, Failed, Finished, Job, Started, Status, UsageEvent
+from workers.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Outbox:
+    """Events waiting to be written, in order; consecutive deltas of a request are merged."""
+
+    items: list[tuple[Job, str, Event, UsageEvent | None]] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def put(self, job: Job, entry_id: str, event: Event, usage: UsageEvent | None = None) -> None:
+        last = self.items[-1] if self.items else None
+        if (
+            isinstance(event, Delta)
+            and last is not None
+            and last[0].request_id == job.request_id
+            and isinstance(last[2], Delta)
+        ):
+            merged = Delta(text=last[2].text + event.text, tokens=last[2].tokens + event.tokens)
+            self.items[-1] = (job, entry_id, merged, None)
+        else:
+            self.items.append((job, entry_id, event, usage))
+        self.ready.set()
+
+    def take(self) -> list[tuple[Job, str, Event, UsageEvent | None]]:
+        items, self.items = self.items, []
+        self.ready.clear()
+        return items
+
+
+class Worker:
+    """Serve one deployment's queue with one engine until told to drain."""
+
+    def __init__(
+        self,
+        *,
+        deployment: str,
+        engine: Engine,
+        dispatch: Dispatch,
+        worker_id: str,
+        capacity: int,
+        lease_seconds: float,
+        drain_seconds: float = 30.0,
+    ) -> None:
+        self.deployment = deployment
+        self.engine = engine
+        self.dispatch = dispatch
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.lease_seconds = lease_seconds
+        self.drain_seconds = drain_seconds
+        self.active: dict[str, tuple[Claimed, asyncio.Task[None]]] = {}
+        self._outbox = _Outbox()
+        self._slot_free = asyncio.Event()
+        self._draining = asyncio.Event()
+        self._recent_cancels: dict[str, float] = {}
+        self.served = 0
+
+    def drain(self) -> None:
+        """Stop claiming new jobs; in-flight ones finish (see run)."""
+        self._draining.set()
+
+    async def run(self) -> None:
+        """Serve until drained, then finish or end in-flight jobs and leave."""
+        await self.dispatch.ensure_groups(self.deployment)
+        helpers = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._cancel_listener(), name="cancels"),
+            asyncio.create_task(self._flush_loop(), name="flush"),
+        ]
+        try:
+            await self.dispatch.heartbeat(
+                deployment=self.deployment, worker=self.worker_id, ttl=self.lease_seconds
+            )
+            await self._claim_loop()
+            await self._finish_in_flight()
+        finally:
+            await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
+            await self._flush_once()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _claim_loop(self) -> None:
+        while not self._draining.is_set():
+            free = self.capacity - len(self.active)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._wait_any(self._slot_free, timeout=1.0)
+                continue
+            claimed = await self.dispatch.claim(
+                deployment=self.deployment, worker=self.worker_id, count=free, block_ms=500
+            )
+            if not claimed:
+                continue
+            cancelled = await self.dispatch.cancelled(
+                deployment=self.deployment, request_ids=[c.job.request_id for c in claimed]
+            )
+            for item in claimed:
+                rid = item.job.request_id
+                if rid in cancelled or rid in self._recent_cancels:
+                    self._finish_unstarted(item, code="cancelled", status=Status.CANCELLED)
+                elif item.job.deadline < time.time():
+                    self._finish_unstarted(item, code="deadline_exceeded", status=Status.TIMEOUT)
+                else:
+                    task = asyncio.create_task(self._serve(item), name=f"job-{rid}")
+                    self.active[rid] = (item, task)
+
+    async def _wait_any(self, event: asyncio.Event, timeout: float) -> None:
+        waiters = [asyncio.create_task(event.wait()), asyncio.create_task(self._draining.wait())]
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+
+    async def _serve(self, item: Claimed) -> None:
+        job, entry = item.job, item.entry_id
+        started_at = time.time()
+        first_token_at: float | None = None
+        produced = 0
+        finish_reason = "stop"
+        prompt_tokens = len(job.prompt_token_ids)
+        self._outbox.put(job, entry, Started(at=started_at))
+        terminal: Event
+        try:
+            async for step in self.engine.generate(
+                request_id=job.request_id,
+                prompt_token_ids=job.prompt_token_ids,
+                sampling=job.sampling,
+            ):
+                if step.tokens:
+                    produced += step.tokens
+                    first_token_at = first_token_at or time.time()
+                    self._outbox.put(job, entry, Delta(text=step.text, tokens=step.tokens))
+                elif step.text:
+                    self._outbox.put(job, entry, Delta(text=step.text, tokens=0))
+                if step.finish_reason:
+                    finish_reason = step.finish_reason
+                prompt_tokens = step.prompt_tokens
+            terminal = Finished(
+                finish_reason=finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code = Status.OK, ""
+        except asyncio.CancelledError:
+            # Cancelling this task aborted the request inside vLLM; bill what it produced.
+            terminal = Failed(
+                code="cancelled",
+                message="request cancelled",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code, finish_reason = Status.CANCELLED, "cancelled", "abort"
+        except Exception as exc:
+            log.exception("request %s failed in the engine", job.request_id)
+            terminal = Failed(
+                code="engine_error",
+                message=f"the engine failed: {type(exc).__name__}",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code = Status.ERROR, "engine_error"
+        usage = usage_for(
+            job,
+            status=status,
+            finished_at=time.time(),
+            started_at=started_at,
+            first_token_at=first_token_at,
+            completion_tokens=produced,
+            finish_reason=finish_reason if status is Status.OK else "",
+            error_code=code,
+        )
+        self._outbox.put(job, entry, terminal, usage)
+        self.active.pop(job.request_id, None)
+        self.served += 1
+        self._slot_free.set()
+
+    def _finish_unstarted(self, item: Claimed, *, code: str, status: Status) -> None:
+        job = item.job
+        terminal = Failed(
+            code=code,
+            message=f"request ended before it started: {code}",
+            prompt_tokens=len(job.prompt_token_ids),
+            completion_tokens=0,
+        )
+        usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
+        self._outbox.put(job, item.entry_id, terminal, usage)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._outbox.ready.wait()
+            try:
+                await self._flush_once()
+            except Exception:
+                # Redis hiccup: the leases will lapse and the reaper settles these requests.
+                log.exception("could not publish events")
+                await asyncio.sleep(0.1)
+
+    async def _flush_once(self) -> None:
+        items = self._outbox.take()
+        if not items:
+            return
+        async with self.dispatch.redis.pipeline(transaction=False) as pipe:
+            for job, entry, event, usage in items:
+                if usage is None:
+                    self.dispatch.publish_into(pipe, job=job, events=[event])
+                else:
+                    await self.dispatch.finalize_into(
+                        pipe, job=job, entry_id=entry, terminal=event, usage=usage
+                    )
+            await pipe.execute()
+
+    async def _heartbeat_loop(self) -> None:
+        interval = max(self.lease_seconds / 4, 0.25)
+        while True:
+            try:
+                await self.dispatch.heartbeat(
+                    deployment=self.deployment, worker=self.worker_id, ttl=self.lease_seconds
+                )
+                await self.dispatch.renew(
+                    deployment=self.deployment,
+                    worker=self.worker_id,
+                    entry_ids=[claimed.entry_id for claimed, _ in self.active.values()],
+                )
+                await self.engine.health()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("heartbeat failed")
+            cutoff = time.monotonic() - 60
+            self._recent_cancels = {r: t for r, t in self._recent_cancels.items() if t > cutoff}
+            await asyncio.sleep(interval)
+
+    async def _cancel_listener(self) -> None:
+        while True:
+            pubsub = self.dispatch.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(cancel_channel(self.deployment))
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._on_cancel(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Claim-time checks of the cancel flags still catch what a gap here misses.
+                log.exception("cancel listener lost its connection; resubscribing")
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    def _on_cancel(self, data: bytes | str) -> None:
+        rid = data.decode() if isinstance(data, bytes) else str(data)
+        self._recent_cancels[rid] = time.monotonic()
+        running = self.active.get(rid)
+        if running is not None:
+            running[1].cancel()
+
+    async def _finish_in_flight(self) -> None:
+        """Let in-flight jobs finish for up to the drain time, then cancel the rest."""
+        if not self.active:
+            return
+        log.info("draining %d in-flight requests", len(self.active))
+        tasks = [task for _, task in self.active.values()]
+        _, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,65 @@
+"""Services a worker calls at the edges of its life: load its spec, report its state."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.utils import timezone
+
+from models_registry.models import Deployment, DeploymentState
+from models_registry.services import model_version_verify
+from workers.engine import EngineSpec
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    deployment: str
+    version: str
+    spec: EngineSpec
+
+
+def worker_plan(*, deployment_name: str) -> WorkerPlan:
+    """Return what a worker of a deployment runs, after verifying every artifact file.
+
+    Raises Deployment.DoesNotExist or ArtifactError (naming the file) before any model loads.
+    """
+    deployment = Deployment.objects.select_related("version__model").get(name=deployment_name)
+    version = deployment.version
+    model_dir = model_version_verify(version=version)
+    spec = EngineSpec(
+        model_dir=model_dir,
+        max_num_seqs=deployment.max_num_seqs,
+        max_model_len=deployment.context_length,
+        kv_cache_bytes=deployment.kv_cache_bytes,
+        enforce_eager=deployment.enforce_eager,
+        dtype=deployment.dtype,
+        extra_args=version.engine_args,
+    )
+    return WorkerPlan(deployment=deployment.name, version=version.public_name, spec=spec)
+
+
+def deployment_report(*, deployment_name: str, state: str) -> None:
+    """Record the state a worker reports for its deployment."""
+    Deployment.objects.filter(name=deployment_name).update(
+        state=state, last_heartbeat_at=timezone.now(), updated_at=timezone.now()
+    )
+
+
+def deployments_mark_stale(*, stale_after_seconds: float = 30.0) -> int:
+    """Mark ready deployments whose workers stopped reporting as stopped; return how many."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=stale_after_seconds)
+    return Deployment.objects.filter(
+        state=DeploymentState.READY, last_heartbeat_at__lt=cutoff
+    ).update(state=DeploymentState.STOPPED)
+
+
+def worker_id_new() -> str:
+    """Return an id unique to this worker process."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def lease_seconds() -> float:
+    return float(settings.SWITCHYARD["LEASE_SECONDS"])
