@@ -14,8 +14,12 @@ from models_registry.models import ModelVersion
 _THOUSAND = Decimal(1000)
 
 
-def _when(ts: float | None) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(ts, tz=dt.UTC) if ts is not None else None
+def _when(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+
+
+def _maybe_when(ts: float | None) -> dt.datetime | None:
+    return _when(ts) if ts is not None else None
 
 
 def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: int) -> Decimal:
@@ -57,8 +61,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> int:
                     completion_tokens=event.completion_tokens,
                 ),
                 enqueued_at=_when(event.enqueued_at),
-                started_at=_when(event.started_at),
-                first_token_at=_when(event.first_token_at),
+                started_at=_maybe_when(event.started_at),
+                first_token_at=_maybe_when(event.first_token_at),
                 finished_at=_when(event.finished_at),
             )
         )

@@ -25,5 +25,6 @@ class ApiHandler(ASGIHandler):
         self._view_middleware: list[Any] = []
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []
-        get_response = self._get_response_async if is_async else self._get_response
+        # The same innermost callable Django's own load_middleware wraps, minus the layers.
+        get_response = self._get_response_async if is_async else self._get_response  # type: ignore[attr-defined]
         self._middleware_chain = convert_exception_to_response(get_response)

@@ -134,7 +134,7 @@ async def authenticate(authorization: str | None, *, scope: str) -> Principal:
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
     _ensure_listener()
     cached = _cache.get(parsed.public_id)
-    ttl = float(settings.SWITCHYARD["KEY_CACHE_SECONDS"])
+    ttl = settings.SWITCHYARD_KEY_CACHE_SECONDS
     if cached is None or time.monotonic() - cached.cached_at > ttl:
         cached = await sync_to_async(_load)(parsed.public_id)
         _cache[parsed.public_id] = cached

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
@@ -30,6 +31,8 @@ from inference.types import (
     job_decoder,
     usage_decoder,
 )
+
+ScriptArg = bytes | str | int | float
 
 WORKERS_GROUP = "workers"
 INGEST_GROUP = "ingest"
@@ -145,7 +148,7 @@ class Dispatch:
         self, *, deployment: str, request_id: str, after: str, block_ms: int
     ) -> list[tuple[str, Event]]:
         """Return the reply events after an id, waiting up to block_ms for the first."""
-        response = await self.redis.xread(
+        response: Any = await self.redis.xread(
             {reply_key(deployment, request_id): after}, count=512, block=block_ms
         )
         events: list[tuple[str, Event]] = []
@@ -172,7 +175,7 @@ class Dispatch:
             reply_key(job.deployment, job.request_id),
             usage_key(job.deployment),
         ]
-        args = [
+        args: list[ScriptArg] = [
             job.request_id,
             entry_id,
             WORKERS_GROUP,
@@ -202,7 +205,7 @@ class Dispatch:
         self, *, deployment: str, worker: str, count: int, block_ms: int
     ) -> list[Claimed]:
         """Take up to count new jobs for this worker, waiting up to block_ms for one."""
-        response = await self.redis.xreadgroup(
+        response: Any = await self.redis.xreadgroup(
             WORKERS_GROUP, worker, {jobs_key(deployment): ">"}, count=count, block=block_ms
         )
         claimed = []
@@ -223,7 +226,7 @@ class Dispatch:
         """Reset the idle time of this worker's claimed jobs, which renews their leases."""
         if entry_ids:
             await self.redis.xclaim(
-                jobs_key(deployment), WORKERS_GROUP, worker, 0, entry_ids, justid=True
+                jobs_key(deployment), WORKERS_GROUP, worker, 0, list(entry_ids), justid=True
             )
 
     async def heartbeat(self, *, deployment: str, worker: str, ttl: float) -> None:
@@ -279,14 +282,14 @@ class Dispatch:
 
     def _finalize_call(
         self, *, job: Job, entry_id: str, terminal: Event, usage: UsageEvent
-    ) -> tuple[list[str], list[object]]:
+    ) -> tuple[list[str], list[ScriptArg]]:
         keys = [
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
             usage_key(job.deployment),
             jobs_key(job.deployment),
         ]
-        args: list[object] = [
+        args: list[ScriptArg] = [
             encode(terminal),
             encode(usage),
             MARKER_TTL_SECONDS,
@@ -305,7 +308,7 @@ class Dispatch:
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
         try:
-            response = await self.redis.xautoclaim(
+            response: Any = await self.redis.xautoclaim(
                 jobs_key(deployment),
                 WORKERS_GROUP,
                 "reaper",
@@ -329,7 +332,7 @@ class Dispatch:
 
     async def _reclaim_one(self, *, job: Job, entry_id: str) -> None:
         reply = reply_key(job.deployment, job.request_id)
-        history = await self.redis.xrange(reply)
+        history: Any = await self.redis.xrange(reply)
         events = [event_decoder.decode(fields[b"e"]) for _id, fields in history]
         if not events:
             await self._requeue(
@@ -363,8 +366,8 @@ class Dispatch:
         """Return new usage events as (deployment, entry id, event) for this consumer."""
         if not deployments:
             return []
-        streams = {usage_key(d): ">" for d in deployments}
-        response = await self.redis.xreadgroup(
+        streams: Any = {usage_key(d): ">" for d in deployments}
+        response: Any = await self.redis.xreadgroup(
             INGEST_GROUP,
             consumer,
             streams,
@@ -377,7 +380,7 @@ class Dispatch:
         self, *, deployment: str, consumer: str, min_idle_ms: int
     ) -> list[tuple[str, str, UsageEvent]]:
         """Take over usage events another ingester read but never acknowledged."""
-        response = await self.redis.xautoclaim(
+        response: Any = await self.redis.xautoclaim(
             usage_key(deployment), INGEST_GROUP, consumer, min_idle_time=min_idle_ms, count=500
         )
         return self._usage_entries([(usage_key(deployment).encode(), response[1])])
@@ -391,7 +394,7 @@ class Dispatch:
             await pipe.execute()
 
     @staticmethod
-    def _usage_entries(response: list) -> list[tuple[str, str, UsageEvent]]:  # type: ignore[type-arg]
+    def _usage_entries(response: Any) -> list[tuple[str, str, UsageEvent]]:
         out = []
         for key, entries in response:
             name = key.decode() if isinstance(key, bytes) else key

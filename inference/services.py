@@ -29,7 +29,7 @@ def dispatch_get() -> Dispatch:
     global _dispatch, _dispatch_loop
     loop = asyncio.get_running_loop()
     if _dispatch is None or _dispatch_loop is not loop:
-        _dispatch = Dispatch(redis_client_new(), reply_ttl=settings.SWITCHYARD["REPLY_TTL_SECONDS"])
+        _dispatch = Dispatch(redis_client_new(), reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         _dispatch_loop = loop
     return _dispatch
 
@@ -42,7 +42,7 @@ async def route_get(name: str) -> Route:
     """Return the route of a model name, cached briefly, or raise 404."""
     cached = _routes.get(name)
     now = time.monotonic()
-    if cached is None or now - cached[1] > settings.SWITCHYARD["ROUTE_CACHE_SECONDS"]:
+    if cached is None or now - cached[1] > settings.SWITCHYARD_ROUTE_CACHE_SECONDS:
         cached = (await sync_to_async(route_resolve)(name=name), now)
         _routes[name] = cached
     route = cached[0]
@@ -159,7 +159,7 @@ async def generation_submit(
         prompt_token_ids=prompt,
         sampling=sampling,
         enqueued_at=now,
-        deadline=now + settings.SWITCHYARD["REQUEST_TIMEOUT_SECONDS"],
+        deadline=now + settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
     )
     entry_id = await dispatch.enqueue(job)
     return Submitted(job=job, entry_id=entry_id, route=route)

@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from inference import relay
 from inference.auth import Principal, authenticate
@@ -33,18 +33,20 @@ from tenants.models import Scope
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Awaitable[HttpResponseBase]]
+# Django's stubs type views as sync callables; URL patterns accept async ones at run time.
+Routable = Callable[..., Any]
 
 # Failures that happen after admission; none of them is the client's fault.
 _FAILURE_STATUS = {"timeout": 503, "worker_lost": 503, "engine_error": 503, "cancelled": 503}
 
 
-def api_endpoint(*methods: str) -> Callable[[View], View]:
+def api_endpoint(*methods: str) -> Callable[[View], Routable]:
     """Give every response an x-request-id and turn every failure into an OpenAI error."""
 
-    def decorate(view: View) -> View:
+    def decorate(view: View) -> Routable:
         @functools.wraps(view)
-        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             request_id = request_id_new()
             try:
                 if request.method not in methods:
@@ -53,7 +55,7 @@ def api_endpoint(*methods: str) -> Callable[[View], View]:
                         "method_not_allowed",
                         f"{request.method} is not allowed here; use {', '.join(methods)}.",
                     )
-                response = await view(request, request_id, *args, **kwargs)
+                response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
             except ApiError as exc:
                 response = exc.response()
             except Exception:
@@ -95,16 +97,16 @@ async def _principal(request: HttpRequest, scope: str) -> Principal:
 
 
 @api_endpoint("POST")
-async def chat_completions(request: HttpRequest, request_id: str) -> HttpResponse:
+async def chat_completions(request: HttpRequest, request_id: str) -> HttpResponseBase:
     return await _generate(request, request_id, endpoint=CHAT)
 
 
 @api_endpoint("POST")
-async def completions(request: HttpRequest, request_id: str) -> HttpResponse:
+async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase:
     return await _generate(request, request_id, endpoint=COMPLETIONS)
 
 
-async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponse:
+async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
     principal = await _principal(request, Scope.INFERENCE)
     parsed = generation_parse(body_parse(await _body(request)), endpoint=endpoint)
     submitted = await generation_submit(principal=principal, request=parsed, request_id=request_id)
@@ -116,7 +118,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         fingerprint=f"sy-{submitted.route.version}",
     )
     if parsed.stream:
-        response: HttpResponse = StreamingHttpResponse(
+        response: HttpResponseBase = StreamingHttpResponse(
             _sse(submitted, parsed, formatter), content_type="text/event-stream"
         )
         response["Cache-Control"] = "no-cache"

@@ -58,7 +58,7 @@ class ModelVersion(models.Model):
 
     @property
     def artifact_dir(self) -> Path:
-        return Path(settings.SWITCHYARD["ARTIFACT_ROOT"]) / self.digest
+        return settings.SWITCHYARD_ARTIFACT_ROOT / self.digest
 
     @property
     def engine_args(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -38,7 +38,7 @@ def _max_model_len(source_dir: Path) -> int:
 
 def _store(*, source_dir: Path, digest: str) -> Path:
     """Copy a version's files into the content-addressed store, read-only, atomically."""
-    root = Path(settings.SWITCHYARD["ARTIFACT_ROOT"])
+    root = settings.SWITCHYARD_ARTIFACT_ROOT
     target = root / digest
     if target.exists():
         return target
@@ -61,7 +61,7 @@ def model_version_register(
     sampling_defaults: dict[str, Any] | None = None,
     price_input_per_1k: Decimal = Decimal("0"),
     price_output_per_1k: Decimal = Decimal("0"),
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
 ) -> tuple[ModelVersion, bool]:
     """Register the files of a directory as a version; the same content twice is one version."""
     source_dir = Path(source_dir)
@@ -72,7 +72,7 @@ def model_version_register(
     if price_input_per_1k < 0 or price_output_per_1k < 0:
         raise ValidationError({"price": "prices cannot be negative"})
     max_model_len = _max_model_len(source_dir)
-    manifest = {
+    manifest: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
         "model": model_name,
         "task": task,
@@ -123,7 +123,7 @@ def model_version_verify(*, version: ModelVersion) -> Path:
     return version.artifact_dir
 
 
-def alias_set(*, name: str, version: ModelVersion, actor: AbstractBaseUser | None = None) -> Alias:
+def alias_set(*, name: str, version: ModelVersion, actor: User | None = None) -> Alias:
     """Point an alias at a version."""
     with transaction.atomic():
         alias, _ = Alias.objects.update_or_create(name=name, defaults={"version": version})
@@ -146,7 +146,7 @@ def deployment_create(
     kv_cache_bytes: int = 256 << 20,
     enforce_eager: bool = False,
     dtype: str = "float32",
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
 ) -> Deployment:
     """Create a deployment of a version; its workers start with `run_worker`."""
     if Deployment.objects.filter(name=name).exists():

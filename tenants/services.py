@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -25,7 +25,7 @@ def audit_record(
     target_type: str,
     target_id: str,
     tenant: Tenant | None = None,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Append an event to the audit chain."""
@@ -53,13 +53,13 @@ def audit_record(
         )
 
 
-def tenant_create(*, slug: str, name: str = "", actor: AbstractBaseUser | None = None) -> Tenant:
+def tenant_create(*, slug: str, name: str = "", actor: User | None = None) -> Tenant:
     """Create a tenant with the default quota."""
     with transaction.atomic():
         if Tenant.objects.filter(slug=slug).exists():
             raise ValidationError({"slug": f"tenant {slug!r} already exists"})
         tenant = Tenant.objects.create(slug=slug, name=name or slug)
-        Quota.objects.create(tenant=tenant, **settings.SWITCHYARD["DEFAULT_QUOTA"])
+        Quota.objects.create(tenant=tenant, **settings.SWITCHYARD_DEFAULT_QUOTA)
         audit_record(
             action="tenant.create", target_type="tenant", target_id=slug, tenant=tenant, actor=actor
         )
@@ -73,7 +73,7 @@ def membership_add(
     role: str,
     email: str = "",
     password: str | None = None,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
 ) -> Membership:
     """Add a user (created if new) to a tenant with a role."""
     if role not in Role.values:
@@ -117,7 +117,7 @@ def api_key_issue(
     name: str,
     scopes: list[str] | None = None,
     expires_at: dt.datetime | None = None,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
 ) -> IssuedKey:
     """Issue a key for a tenant and return its token, which is not stored."""
     scopes = list(scopes) if scopes is not None else [Scope.INFERENCE, Scope.MODELS_READ]
@@ -148,7 +148,7 @@ def api_key_issue(
     return IssuedKey(key=key, token=token)
 
 
-def api_key_revoke(*, key: ApiKey, actor: AbstractBaseUser | None = None) -> ApiKey:
+def api_key_revoke(*, key: ApiKey, actor: User | None = None) -> ApiKey:
     """Revoke a key everywhere within seconds; revoking twice is a no-op."""
     from inference.auth import key_revocation_publish
 

@@ -58,6 +58,10 @@ def _engine_environment() -> None:
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    # Two processes (this one and the engine core) instead of three: faster to start and run.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # On CPU, let the engine use every core; the default keeps one back for the caller.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
 class VllmEngine:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ def deployment_report(*, deployment_name: str, state: str) -> None:
 
 def deployments_mark_stale(*, stale_after_seconds: float = 30.0) -> int:
     """Mark ready deployments whose workers stopped reporting as stopped; return how many."""
-    cutoff = timezone.now() - timezone.timedelta(seconds=stale_after_seconds)
+    cutoff = timezone.now() - dt.timedelta(seconds=stale_after_seconds)
     return Deployment.objects.filter(
         state=DeploymentState.READY, last_heartbeat_at__lt=cutoff
     ).update(state=DeploymentState.STOPPED)
@@ -62,4 +63,4 @@ def worker_id_new() -> str:
 
 
 def lease_seconds() -> float:
-    return float(settings.SWITCHYARD["LEASE_SECONDS"])
+    return settings.SWITCHYARD_LEASE_SECONDS

@@ -156,27 +156,27 @@ LOGGING = {
 MAX_REQUEST_BYTES = env_int("SWITCHYARD_MAX_REQUEST_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
-SWITCHYARD = {
-    # Where registered model versions are stored, content-addressed and read-only.
-    "ARTIFACT_ROOT": Path(env_str("SWITCHYARD_ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))),
-    # How long an authenticated key stays cached in a frontend; revocation also publishes.
-    "KEY_CACHE_SECONDS": env_float("SWITCHYARD_KEY_CACHE_SECONDS", 5.0),
-    # How long a model name resolves from a frontend's cache before asking Postgres again.
-    "ROUTE_CACHE_SECONDS": env_float("SWITCHYARD_ROUTE_CACHE_SECONDS", 2.0),
-    # A claimed job whose lease is not renewed for this long is reclaimed.
-    "LEASE_SECONDS": env_float("SWITCHYARD_LEASE_SECONDS", 5.0),
-    # Longest a request may take end to end before the frontend cancels it.
-    "REQUEST_TIMEOUT_SECONDS": env_float("SWITCHYARD_REQUEST_TIMEOUT_SECONDS", 600.0),
-    # Reply streams outlive the request by this much so a slow reader can finish.
-    "REPLY_TTL_SECONDS": env_int("SWITCHYARD_REPLY_TTL_SECONDS", 900),
-    # Default quota for a new tenant.
-    "DEFAULT_QUOTA": {
-        "requests_per_minute": env_int("SWITCHYARD_DEFAULT_RPM", 600),
-        "tokens_per_minute": env_int("SWITCHYARD_DEFAULT_TPM", 200_000),
-        "max_concurrency": env_int("SWITCHYARD_DEFAULT_MAX_CONCURRENCY", 64),
-        "max_tokens_per_request": env_int("SWITCHYARD_DEFAULT_MAX_TOKENS", 1024),
-        "max_context_tokens": env_int("SWITCHYARD_DEFAULT_MAX_CONTEXT", 8192),
-        "monthly_budget": Decimal(env_str("SWITCHYARD_DEFAULT_MONTHLY_BUDGET", "100.00")),
-        "priority_weight": env_int("SWITCHYARD_DEFAULT_PRIORITY_WEIGHT", 1),
-    },
+# Where registered model versions are stored, content-addressed and read-only.
+SWITCHYARD_ARTIFACT_ROOT = Path(
+    env_str("SWITCHYARD_ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))
+).resolve()
+# How long an authenticated key stays cached in a frontend; revocation also publishes.
+SWITCHYARD_KEY_CACHE_SECONDS = env_float("SWITCHYARD_KEY_CACHE_SECONDS", 5.0)
+# How long a model name resolves from a frontend's cache before asking Postgres again.
+SWITCHYARD_ROUTE_CACHE_SECONDS = env_float("SWITCHYARD_ROUTE_CACHE_SECONDS", 2.0)
+# A claimed job whose lease is not renewed for this long is reclaimed.
+SWITCHYARD_LEASE_SECONDS = env_float("SWITCHYARD_LEASE_SECONDS", 5.0)
+# Longest a request may take end to end before the frontend cancels it.
+SWITCHYARD_REQUEST_TIMEOUT_SECONDS = env_float("SWITCHYARD_REQUEST_TIMEOUT_SECONDS", 600.0)
+# Reply streams outlive the request by this much so a slow reader can finish.
+SWITCHYARD_REPLY_TTL_SECONDS = env_int("SWITCHYARD_REPLY_TTL_SECONDS", 900)
+# The quota a new tenant starts with.
+SWITCHYARD_DEFAULT_QUOTA: dict[str, int | Decimal] = {
+    "requests_per_minute": env_int("SWITCHYARD_DEFAULT_RPM", 600),
+    "tokens_per_minute": env_int("SWITCHYARD_DEFAULT_TPM", 200_000),
+    "max_concurrency": env_int("SWITCHYARD_DEFAULT_MAX_CONCURRENCY", 64),
+    "max_tokens_per_request": env_int("SWITCHYARD_DEFAULT_MAX_TOKENS", 1024),
+    "max_context_tokens": env_int("SWITCHYARD_DEFAULT_MAX_CONTEXT", 8192),
+    "monthly_budget": Decimal(env_str("SWITCHYARD_DEFAULT_MONTHLY_BUDGET", "100.00")),
+    "priority_weight": env_int("SWITCHYARD_DEFAULT_PRIORITY_WEIGHT", 1),
 }

@@ -24,11 +24,11 @@ class Command(BaseCommand):
 
     async def _run(self) -> None:
         client = redis_client_new()
-        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD["REPLY_TTL_SECONDS"])
+        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         ingester = Ingester(
             dispatch=dispatch,
             consumer=f"ingester-{worker_id_new()}",
-            lease_seconds=float(settings.SWITCHYARD["LEASE_SECONDS"]),
+            lease_seconds=settings.SWITCHYARD_LEASE_SECONDS,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

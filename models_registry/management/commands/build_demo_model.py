@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ class Command(BaseCommand):
         if (out / "config.json").exists() and not options["force"]:
             self.stdout.write(f"demo model already at {out}")
             return
+        if out.exists():
+            shutil.rmtree(out)
         self.stdout.write(f"building demo model into {out} ...")
         started = time.monotonic()
         demo_model_build(out_dir=out, seed=options["seed"])

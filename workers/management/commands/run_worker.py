@@ -55,7 +55,7 @@ class Command(BaseCommand):
         await _warm_up(engine)
         log.info("engine ready in %.1fs", time.monotonic() - started)
         client = redis_client_new()
-        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD["REPLY_TTL_SECONDS"])
+        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         worker = Worker(
             deployment=deployment,
             engine=engine,

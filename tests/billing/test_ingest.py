@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import time
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from billing.models import UsageRecord
+from billing.services import usage_ingest
+from inference.types import Status, UsageEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def _event(world, **overrides) -> UsageEvent:
+    now = time.time()
+    fields = {
+        "request_id": uuid.uuid4().hex,
+        "tenant_id": world.acme.pk,
+        "api_key_id": world.acme.api_keys.first().pk,
+        "deployment": "tiny-chat",
+        "model_version": world.version.digest,
+        "endpoint": "chat.completions",
+        "status": Status.OK,
+        "prompt_tokens": 1000,
+        "completion_tokens": 2000,
+        "enqueued_at": now,
+        "finished_at": now,
+        **overrides,
+    }
+    return UsageEvent(**fields)
+
+
+def test_a_replayed_event_is_recorded_once(world):
+    event = _event(world)
+    assert usage_ingest(events=[event]) == 1
+    assert usage_ingest(events=[event, event]) == 0
+    assert UsageRecord.objects.filter(request_id=event.request_id).count() == 1
+
+
+def test_usage_is_priced_at_the_version_that_served_it(world):
+    event = _event(world)
+    usage_ingest(events=[event])
+    record = UsageRecord.objects.get(request_id=event.request_id)
+    # 1k input at 0.5 + 2k output at 1.5 per 1k.
+    assert record.cost == Decimal("3.5")
+
+
+def test_cancelled_requests_are_recorded_with_the_tokens_they_produced(world):
+    event = _event(world, status=Status.CANCELLED, completion_tokens=7)
+    usage_ingest(events=[event])
+    record = UsageRecord.objects.get(request_id=event.request_id)
+    assert record.status == "cancelled" and record.completion_tokens == 7

@@ -1,0 +1,244 @@
+"""The shared fixture world and the running platform the end-to-end tests talk to.
+
+World: tenant acme (admin alice, member bob, finance fiona) and tenant globex (admin gina), the
+tiny demo model registered as `tiny-llama` behind the alias `tiny-chat`, and one deployment.
+It is committed once per session, because the frontend, worker and ingester processes of the
+end-to-end tests read it from their own connections.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import call_command
+
+from models_registry.demo_model import demo_model_build
+from models_registry.models import Deployment, ModelVersion
+from models_registry.services import alias_set, deployment_create, model_version_register
+from tenants.models import ApiKey, Scope, Tenant
+from tenants.services import api_key_issue, api_key_revoke, membership_add, tenant_create
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOYMENT = "tiny-chat"
+ALIAS = "tiny-chat"
+ACME_MAX_TOKENS = 200
+CONTEXT = 2048
+
+
+@dataclass(frozen=True)
+class World:
+    acme: Tenant
+    globex: Tenant
+    alice: User
+    bob: User
+    fiona: User
+    gina: User
+    acme_key: str
+    globex_key: str
+    revoked_key: str
+    expired_key: str
+    models_only_key: str
+    version: ModelVersion
+    deployment: Deployment
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_blocker: Any) -> None:
+    """Migrate the session's own embedded database in place (it is new for every session)."""
+    with django_db_blocker.unblock():
+        call_command("migrate", verbosity=0)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return demo_model_build(out_dir=tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def _world(model_dir: Path) -> World:
+    acme = tenant_create(slug="acme", name="Acme")
+    globex = tenant_create(slug="globex", name="Globex")
+    alice = membership_add(tenant=acme, username="alice", role="admin", password="pw-alice").user
+    bob = membership_add(tenant=acme, username="bob", role="member").user
+    fiona = membership_add(tenant=acme, username="fiona", role="finance").user
+    gina = membership_add(tenant=globex, username="gina", role="admin").user
+    acme.quota.max_tokens_per_request = ACME_MAX_TOKENS
+    acme.quota.save()
+    revoked = api_key_issue(tenant=acme, name="revoked")
+    api_key_revoke(key=revoked.key)
+    expired = api_key_issue(tenant=acme, name="expired")
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    ApiKey.objects.filter(pk=expired.key.pk).update(expires_at=past)
+    version, _ = model_version_register(
+        model_name="tiny-llama",
+        source_dir=model_dir,
+        price_input_per_1k=__import__("decimal").Decimal("0.5"),
+        price_output_per_1k=__import__("decimal").Decimal("1.5"),
+    )
+    alias_set(name=ALIAS, version=version)
+    deployment = deployment_create(
+        name=DEPLOYMENT,
+        version=version,
+        max_num_seqs=32,
+        max_model_len=CONTEXT,
+        kv_cache_bytes=64 << 20,
+        enforce_eager=True,
+    )
+    return World(
+        acme=acme,
+        globex=globex,
+        alice=alice,
+        bob=bob,
+        fiona=fiona,
+        gina=gina,
+        acme_key=api_key_issue(tenant=acme, name="tests").token,
+        globex_key=api_key_issue(tenant=globex, name="tests").token,
+        revoked_key=revoked.token,
+        expired_key=expired.token,
+        models_only_key=api_key_issue(
+            tenant=acme, name="models-only", scopes=[Scope.MODELS_READ]
+        ).token,
+        version=version,
+        deployment=deployment,
+    )
+
+
+@pytest.fixture(scope="session")
+def world(django_db_setup: None, django_db_blocker: Any, demo_model_dir: Path) -> World:
+    with django_db_blocker.unblock():
+        return _world(demo_model_dir)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _spawn(name: str, args: list[str], logs: Path) -> Process:
+    log = logs / f"{name}.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "PYTHONUNBUFFERED": "1",
+    }
+    popen = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return Process(name=name, popen=popen, log=log)
+
+
+def _wait_for(process: Process, ready: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            pytest.fail(f"{process.name} exited with {process.popen.returncode}:\n{process.tail()}")
+        if ready():
+            return
+        time.sleep(0.25)
+    pytest.fail(f"{process.name} not ready after {timeout}s:\n{process.tail()}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The platform running as real processes: frontend (uvicorn), worker (vLLM), ingester."""
+
+    base_url: str
+    worker: Process
+    frontend: Process
+    ingester: Process
+
+
+@pytest.fixture(scope="session")
+def stack(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("logs")
+    port = _free_port()
+    worker = _spawn("worker", ["manage.py", "run_worker", "--deployment", DEPLOYMENT], logs)
+    ingester = _spawn("ingester", ["manage.py", "run_ingester"], logs)
+    frontend = _spawn(
+        "frontend",
+        [
+            "-m",
+            "uvicorn",
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ],
+        logs,
+    )
+    processes = [worker, ingester, frontend]
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_for(frontend, lambda: _http_ok(f"{base_url}/healthz"), timeout=120)
+        _wait_for(worker, lambda: "ready: serving" in worker.tail(400), timeout=600)
+        yield Stack(base_url=base_url, worker=worker, frontend=frontend, ingester=ingester)
+    finally:
+        for process in processes:
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+
+
+@pytest.fixture
+def artifact_root() -> Path:
+    return Path(settings.SWITCHYARD_ARTIFACT_ROOT)
+
+
+@pytest.fixture
+def usage_of(django_db_blocker: Any) -> Any:
+    """Return a function that waits for the usage records of request ids to be ingested."""
+    from billing.models import UsageRecord
+
+    def wait(*request_ids: str, timeout: float = 60.0) -> list[UsageRecord]:
+        deadline = time.monotonic() + timeout
+        with django_db_blocker.unblock():
+            while True:
+                records = list(UsageRecord.objects.filter(request_id__in=request_ids))
+                if len(records) >= len(set(request_ids)) or time.monotonic() > deadline:
+                    return records
+                time.sleep(0.2)
+
+    return wait

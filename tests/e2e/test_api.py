@@ -1,0 +1,280 @@
+"""The HTTP API end to end over real HTTP: frontend, Redis, a vLLM worker and the ingester."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ACME_MAX_TOKENS, ALIAS
+
+
+@pytest.fixture
+def client(stack):
+    with httpx.Client(base_url=stack.base_url, timeout=60) as c:
+        yield c
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _chat(**fields):
+    return {"model": ALIAS, "messages": [{"role": "user", "content": "hello"}], **fields}
+
+
+def _error(response: httpx.Response, status: int, code: str, param: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert error["message"]
+    assert error["param"] == param
+    assert response.headers["x-request-id"]
+
+
+def _sse(response: httpx.Response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_it_rejects_a_missing_key(client):
+    _error(client.post("/v1/chat/completions", json=_chat()), 401, "missing_api_key")
+
+
+def test_it_rejects_a_malformed_authorization_header(client):
+    response = client.post("/v1/chat/completions", json=_chat(), headers={"Authorization": "Tok"})
+    _error(response, 401, "invalid_authorization_header")
+
+
+def test_it_rejects_a_malformed_key(client):
+    response = client.post("/v1/chat/completions", json=_chat(), headers=_auth("sy-nope"))
+    _error(response, 401, "invalid_api_key")
+
+
+def test_it_rejects_a_key_with_a_wrong_secret(client, world):
+    forged = world.acme_key[:-4] + ("AAAA" if not world.acme_key.endswith("AAAA") else "BBBB")
+    _error(
+        client.post("/v1/chat/completions", json=_chat(), headers=_auth(forged)),
+        401,
+        "invalid_api_key",
+    )
+
+
+def test_it_rejects_a_revoked_key(client, world):
+    response = client.post("/v1/chat/completions", json=_chat(), headers=_auth(world.revoked_key))
+    _error(response, 401, "revoked_api_key")
+
+
+def test_it_rejects_an_expired_key(client, world):
+    response = client.post("/v1/chat/completions", json=_chat(), headers=_auth(world.expired_key))
+    _error(response, 401, "expired_api_key")
+
+
+def test_it_rejects_a_key_without_the_inference_scope(client, world):
+    response = client.post(
+        "/v1/chat/completions", json=_chat(), headers=_auth(world.models_only_key)
+    )
+    _error(response, 403, "insufficient_scope")
+
+
+def test_it_rejects_an_unknown_model(client, world):
+    response = client.post(
+        "/v1/chat/completions", json=_chat(model="gpt-17"), headers=_auth(world.acme_key)
+    )
+    _error(response, 404, "model_not_found", "model")
+
+
+def test_it_rejects_bad_json(client, world):
+    response = client.post(
+        "/v1/chat/completions",
+        content=b'{"model": ',
+        headers={**_auth(world.acme_key), "Content-Type": "application/json"},
+    )
+    _error(response, 400, "invalid_json")
+
+
+def test_it_names_a_field_of_the_wrong_type(client, world):
+    response = client.post(
+        "/v1/chat/completions", json=_chat(temperature="warm"), headers=_auth(world.acme_key)
+    )
+    _error(response, 400, "invalid_type", "temperature")
+
+
+def test_it_rejects_max_tokens_over_the_tenant_limit(client, world):
+    response = client.post(
+        "/v1/chat/completions",
+        json=_chat(max_tokens=ACME_MAX_TOKENS + 1),
+        headers=_auth(world.acme_key),
+    )
+    _error(response, 400, "max_tokens_exceeded", "max_tokens")
+
+
+def test_it_rejects_a_prompt_over_the_context_length(client, world):
+    long_prompt = " ".join(f"word{i}" for i in range(3000))
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": long_prompt, "max_tokens": 4},
+        headers=_auth(world.acme_key),
+    )
+    _error(response, 400, "context_length_exceeded", "prompt")
+
+
+def test_it_rejects_a_body_over_the_size_limit(client, world):
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "x" * (5 * 1024 * 1024)},
+        headers=_auth(world.acme_key),
+    )
+    _error(response, 413, "request_too_large")
+
+
+def test_unknown_paths_and_methods_get_json_errors(client, world):
+    _error(client.get("/v1/nothing-here", headers=_auth(world.acme_key)), 404, "not_found")
+    _error(
+        client.get("/v1/chat/completions", headers=_auth(world.acme_key)), 405, "method_not_allowed"
+    )
+
+
+def test_it_lists_the_models_a_client_can_call(client, world):
+    response = client.get("/v1/models", headers=_auth(world.acme_key))
+    assert response.status_code == 200
+    ids = {m["id"] for m in response.json()["data"]}
+    assert {ALIAS, "tiny-llama", world.version.public_name} <= ids
+
+
+def test_a_chat_completion_returns_text_and_exact_usage(client, world, usage_of):
+    response = client.post(
+        "/v1/chat/completions",
+        json=_chat(max_tokens=12, ignore_eos=True),
+        headers=_auth(world.acme_key),
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["model"] == world.version.public_name
+    assert response.headers["x-switchyard-model-version"] == world.version.version
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 12
+    [record] = usage_of(response.headers["x-request-id"])
+    assert record.status == "ok"
+    assert record.tenant_id == world.acme.pk
+    assert record.prompt_tokens == body["usage"]["prompt_tokens"]
+    assert record.completion_tokens == 12
+
+
+def test_a_streamed_completion_ends_with_usage_and_done(client, world, usage_of):
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": ALIAS,
+            "prompt": "def main():",
+            "max_tokens": 10,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        headers=_auth(world.acme_key),
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = _sse(response)
+        request_id = response.headers["x-request-id"]
+    assert events[-1] == "[DONE]"
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 10
+    assert events[-3]["choices"][0]["finish_reason"] == "length"
+    assert all(e["usage"] is None for e in events[:-2])
+    text = "".join(e["choices"][0]["text"] for e in events[:-2])
+    assert text
+    [record] = usage_of(request_id)
+    assert record.completion_tokens == 10 and record.status == "ok"
+
+
+def test_a_streamed_chat_starts_with_the_assistant_role(client, world):
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json=_chat(max_tokens=5, stream=True),
+        headers=_auth(world.acme_key),
+    ) as response:
+        events = _sse(response)
+    assert events[0]["object"] == "chat.completion.chunk"
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1] == "[DONE]"
+    assert "usage" not in events[0]
+
+
+def test_a_client_disconnect_aborts_generation_and_bills_what_was_made(client, world, usage_of):
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": ALIAS,
+            "prompt": "Once",
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "stream": True,
+        },
+        headers=_auth(world.globex_key),
+    ) as response:
+        request_id = response.headers["x-request-id"]
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break
+    [record] = usage_of(request_id)
+    assert record.status == "cancelled"
+    assert 0 < record.completion_tokens < 1000
+    assert record.tenant_id == world.globex.pk
+
+
+def test_a_non_streaming_client_that_gives_up_cancels_its_request(stack, world, django_db_blocker):
+    from billing.models import UsageRecord
+
+    marker = "impatient client"
+    with (
+        httpx.Client(base_url=stack.base_url, timeout=0.5) as impatient,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        impatient.post(
+            "/v1/completions",
+            json={
+                "model": ALIAS,
+                "prompt": marker,
+                "max_tokens": 1000,
+                "ignore_eos": True,
+                "user": marker,
+            },
+            headers=_auth(world.globex_key),
+        )
+    deadline = time.monotonic() + 60
+    with django_db_blocker.unblock():
+        while time.monotonic() < deadline:
+            latest = UsageRecord.objects.filter(tenant=world.globex).order_by("-id").first()
+            if latest is not None and latest.status == "cancelled" and latest.prompt_tokens > 1:
+                break
+            time.sleep(0.2)
+    assert latest is not None and latest.status == "cancelled"
+    assert latest.completion_tokens < 1000
+
+
+def test_every_accepted_request_has_exactly_one_usage_record(client, world, usage_of):
+    ids = []
+    for i in range(4):
+        response = client.post(
+            "/v1/completions",
+            json={"model": ALIAS, "prompt": f"n{i}", "max_tokens": 3},
+            headers=_auth(world.acme_key),
+        )
+        assert response.status_code == 200
+        ids.append(response.headers["x-request-id"])
+    rejected = client.post("/v1/completions", json={"model": ALIAS}, headers=_auth(world.acme_key))
+    assert rejected.status_code == 400
+    records = usage_of(*ids, rejected.headers["x-request-id"], timeout=10)
+    assert sorted(r.request_id for r in records) == sorted(ids)

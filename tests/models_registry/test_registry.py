@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from models_registry.manifest import ArtifactError
+from models_registry.models import ModelVersion
+from models_registry.selectors import route_resolve
+from models_registry.services import (
+    deployment_create,
+    model_version_register,
+    model_version_verify,
+)
+from tenants.models import AppendOnlyError
+
+pytestmark = pytest.mark.django_db
+
+
+def _small_model(tmp_path, content: str = "weights"):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
+    (source / "weights.bin").write_text(content)
+    return source
+
+
+def test_registering_the_same_content_twice_is_idempotent(tmp_path, world):
+    source = _small_model(tmp_path)
+    first, created = model_version_register(model_name="small", source_dir=source)
+    second, created_again = model_version_register(model_name="small", source_dir=source)
+    assert created and not created_again
+    assert first.pk == second.pk
+
+
+def test_changed_content_is_a_new_version(tmp_path, world):
+    first, _ = model_version_register(model_name="small", source_dir=_small_model(tmp_path))
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "src", other)
+    (other / "weights.bin").write_text("different")
+    second, created = model_version_register(model_name="small", source_dir=other)
+    assert created and second.digest != first.digest
+
+
+def test_a_registered_version_cannot_be_changed(tmp_path, world):
+    version, _ = model_version_register(model_name="small", source_dir=_small_model(tmp_path))
+    version.max_model_len = 1
+    with pytest.raises(AppendOnlyError):
+        version.save()
+
+
+def test_verification_names_a_tampered_file(tmp_path, world):
+    version, _ = model_version_register(model_name="small", source_dir=_small_model(tmp_path))
+    stored = version.artifact_dir / "weights.bin"
+    stored.chmod(0o644)
+    stored.write_text("tampered")
+    with pytest.raises(ArtifactError, match=r"weights\.bin \(size changed\)"):
+        model_version_verify(version=version)
+
+
+def test_a_worker_refuses_to_start_on_a_tampered_file(tmp_path, world):
+    version, _ = model_version_register(model_name="small", source_dir=_small_model(tmp_path))
+    deployment_create(name="small-dep", version=version)
+    stored = version.artifact_dir / "weights.bin"
+    stored.chmod(0o644)
+    stored.write_text("weightz")
+    with pytest.raises(
+        CommandError, match=r"refusing to start: .*weights\.bin \(sha256 mismatch\)"
+    ):
+        call_command("run_worker", "--deployment", "small-dep")
+
+
+def test_the_alias_and_a_pinned_version_route_to_the_deployment(world):
+    by_alias = route_resolve(name="tiny-chat")
+    pinned = route_resolve(name=f"tiny-llama@{world.version.version}")
+    assert by_alias is not None and pinned is not None
+    assert by_alias.deployment == pinned.deployment == "tiny-chat"
+    assert route_resolve(name="tiny-llama@000000000000") is None
+    assert route_resolve(name="no-such-model") is None
+
+
+def test_versions_are_content_addressed(world):
+    assert ModelVersion.objects.get(pk=world.version.pk).digest.startswith(world.version.version)

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from tenants.keys import token_hash, token_parse
+from tenants.models import ApiKey, AppendOnlyError, AuditEvent
+from tenants.services import GENESIS_HASH, api_key_issue, api_key_revoke, tenant_create
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_stores_only_the_hash_of_a_new_key(world):
+    issued = api_key_issue(tenant=world.acme, name="ci")
+    stored = ApiKey.objects.get(pk=issued.key.pk)
+    assert issued.token.startswith("sy-" + stored.public_id)
+    assert stored.secret_hash == token_hash(issued.token)
+    assert issued.token not in str(stored.__dict__)
+
+
+def test_it_parses_only_well_formed_tokens():
+    assert token_parse("sk-abc") is None
+    assert token_parse("sy-short") is None
+    assert token_parse("sy-ABCDEFGHIJKL" + "x" * 40) is None
+    parsed = token_parse("sy-abcdefghijkl" + "x" * 40)
+    assert parsed is not None and parsed.public_id == "abcdefghijkl"
+
+
+def test_it_rejects_unknown_scopes(world):
+    with pytest.raises(ValidationError):
+        api_key_issue(tenant=world.acme, name="bad", scopes=["root"])
+
+
+def test_revoking_twice_is_a_no_op(world):
+    key = api_key_issue(tenant=world.acme, name="twice").key
+    first = api_key_revoke(key=key).revoked_at
+    assert api_key_revoke(key=key).revoked_at == first
+
+
+def test_it_refuses_a_duplicate_tenant(world):
+    with pytest.raises(ValidationError):
+        tenant_create(slug="acme")
+
+
+def test_audit_events_form_an_unbroken_hash_chain(world):
+    api_key_issue(tenant=world.globex, name="audited")
+    events = list(AuditEvent.objects.order_by("id"))
+    assert events[0].prev_hash == GENESIS_HASH
+    for before, after in itertools.pairwise(events):
+        assert after.prev_hash == before.hash
+
+
+def test_audit_events_cannot_be_changed(world):
+    event = AuditEvent.objects.first()
+    event.action = "tampered"
+    with pytest.raises(AppendOnlyError):
+        event.save()
+    with pytest.raises(AppendOnlyError):
+        event.delete()
