@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
@@ -70,6 +71,11 @@ def cancel_channel(deployment: str) -> str:
 
 def heartbeats_key(deployment: str) -> str:
     return f"{_tag(deployment)}:workers"
+
+
+def live_workers_sync(client: redis.Redis, deployment: str) -> int:
+    """Return how many workers of a deployment are alive, for control-plane code."""
+    return int(client.zcount(heartbeats_key(deployment), time.time(), "+inf"))
 
 
 # Finish a request exactly once: the first caller writes the terminal event and the usage

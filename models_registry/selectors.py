@@ -9,13 +9,6 @@ from typing import Any
 
 from models_registry.models import Alias, Deployment, DeploymentState, ModelVersion
 
-_ROUTABLE = [
-    DeploymentState.PENDING,
-    DeploymentState.LOADING,
-    DeploymentState.WARMING,
-    DeploymentState.READY,
-]
-
 
 @dataclass(frozen=True)
 class Route:
@@ -34,11 +27,14 @@ class Route:
 
 
 def _deployment_for(version: ModelVersion) -> Deployment | None:
-    return (
-        Deployment.objects.filter(version=version, state__in=_ROUTABLE)
-        .order_by("-updated_at")
-        .first()
-    )
+    """Return the deployment serving a version, preferring one whose workers are ready.
+
+    A deployment with no live worker still routes: the frontend then answers 503 (retry),
+    which is the truth, rather than 404 (no such model).
+    """
+    deployments = Deployment.objects.filter(version=version).order_by("-updated_at")
+    ranked = sorted(deployments, key=lambda d: d.state != DeploymentState.READY)
+    return ranked[0] if ranked else None
 
 
 def _version_for(name: str) -> ModelVersion | None:
@@ -57,7 +53,7 @@ def _version_for(name: str) -> ModelVersion | None:
     # A bare model name goes to its newest version that has a deployment.
     deployment = (
         Deployment.objects.select_related("version__model")
-        .filter(version__model__name=name, state__in=_ROUTABLE)
+        .filter(version__model__name=name)
         .order_by("-version__created_at")
         .first()
     )
@@ -91,9 +87,7 @@ def model_names_list() -> list[tuple[str, int]]:
     names: dict[str, int] = {}
     for alias in Alias.objects.all():
         names[alias.name] = int(alias.updated_at.timestamp())
-    for deployment in Deployment.objects.select_related("version__model").filter(
-        state__in=_ROUTABLE
-    ):
+    for deployment in Deployment.objects.select_related("version__model"):
         model = deployment.version.model
         names.setdefault(model.name, int(model.created_at.timestamp()))
         names.setdefault(

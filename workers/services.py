@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
+from inference.dispatch import live_workers_sync
+from inference.redis_client import redis_sync_client
 from models_registry.models import Deployment, DeploymentState
 from models_registry.services import model_version_verify
 from workers.engine import EngineSpec
@@ -49,12 +51,26 @@ def deployment_report(*, deployment_name: str, state: str) -> None:
     )
 
 
-def deployments_mark_stale(*, stale_after_seconds: float = 30.0) -> int:
-    """Mark ready deployments whose workers stopped reporting as stopped; return how many."""
-    cutoff = timezone.now() - dt.timedelta(seconds=stale_after_seconds)
-    return Deployment.objects.filter(
-        state=DeploymentState.READY, last_heartbeat_at__lt=cutoff
-    ).update(state=DeploymentState.STOPPED)
+def deployments_reconcile(*, settle_seconds: float = 30.0) -> int:
+    """Align each deployment's recorded state with its live workers; return how many changed.
+
+    Liveness lives in Redis (worker heartbeats). A ready deployment whose workers all went
+    silent becomes stopped; a stopped one with live workers becomes ready again. States a
+    worker is still passing through (loading, warming) are left alone.
+    """
+    client = redis_sync_client()
+    settled = timezone.now() - dt.timedelta(seconds=settle_seconds)
+    changed = 0
+    for deployment in Deployment.objects.all():
+        live = live_workers_sync(client, deployment.name)
+        if deployment.state == DeploymentState.READY and live == 0:
+            if deployment.updated_at < settled:
+                deployment_report(deployment_name=deployment.name, state=DeploymentState.STOPPED)
+                changed += 1
+        elif deployment.state == DeploymentState.STOPPED and live > 0:
+            deployment_report(deployment_name=deployment.name, state=DeploymentState.READY)
+            changed += 1
+    return changed
 
 
 def worker_id_new() -> str:

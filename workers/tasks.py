@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from workers.services import deployments_mark_stale as _deployments_mark_stale
+from workers.services import deployments_reconcile as _deployments_reconcile
 
 
 @shared_task
-def deployments_mark_stale() -> int:
-    """Mark deployments whose workers went silent as stopped."""
-    return _deployments_mark_stale()
+def deployments_reconcile() -> int:
+    """Align deployment states with the workers that are actually alive."""
+    return _deployments_reconcile()

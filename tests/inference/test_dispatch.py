@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis.asyncio as aredis
@@ -38,7 +39,7 @@ def _job(deployment: str) -> Job:
 
 
 async def _usage(dispatch: Dispatch, deployment: str):
-    entries = await dispatch.redis.xrange(usage_key(deployment))
+    entries: Any = await dispatch.redis.xrange(usage_key(deployment))
     return [usage_decoder.decode(fields[b"u"]) for _, fields in entries]
 
 

@@ -53,7 +53,7 @@ def test_audit_events_form_an_unbroken_hash_chain(world):
 
 
 def test_audit_events_cannot_be_changed(world):
-    event = AuditEvent.objects.first()
+    event = AuditEvent.objects.order_by("id")[0]
     event.action = "tampered"
     with pytest.raises(AppendOnlyError):
         event.save()
