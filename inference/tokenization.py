@@ -49,6 +49,14 @@ def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:
         with _lock:
             tokenizer = _tokenizers.get(digest)
             if tokenizer is None:
-                tokenizer = Tokenizer(directory)
+                try:
+                    tokenizer = Tokenizer(directory)
+                except Exception as exc:
+                    raise ApiError(
+                        503,
+                        "tokenizer_unavailable",
+                        "The tokenizer of this model version could not be loaded.",
+                        retry_after=30,
+                    ) from exc
                 _tokenizers[digest] = tokenizer
     return tokenizer

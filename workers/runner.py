@@ -67,6 +67,7 @@ class Worker:
         self._outbox = _Outbox()
         self._slot_free = asyncio.Event()
         self._draining = asyncio.Event()
+        self._closing = asyncio.Event()
         self._recent_cancels: dict[str, float] = {}
         self.served = 0
 
@@ -91,9 +92,12 @@ class Worker:
         finally:
             await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
             await self._flush_once()
+            # A cancellation that lands as a Redis read times out can be swallowed (asyncio
+            # on 3.11), so the loops also check the closing flag rather than trusting cancel.
+            self._closing.set()
             for task in helpers:
                 task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.wait(helpers, timeout=5)
 
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():
@@ -201,7 +205,7 @@ class Worker:
         self._outbox.put(job, item.entry_id, terminal, usage)
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closing.is_set():
             await self._outbox.ready.wait()
             try:
                 await self._flush_once()
@@ -226,7 +230,7 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         interval = max(self.lease_seconds / 4, 0.25)
-        while True:
+        while not self._closing.is_set():
             try:
                 await self.dispatch.heartbeat(
                     deployment=self.deployment, worker=self.worker_id, ttl=self.lease_seconds
@@ -246,17 +250,19 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def _cancel_listener(self) -> None:
-        while True:
+        while not self._closing.is_set():
             pubsub = self.dispatch.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(cancel_channel(self.deployment))
-                while True:
+                while not self._closing.is_set():
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._on_cancel(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if self._closing.is_set():
+                    return
                 # Claim-time checks of the cancel flags still catch what a gap here misses.
                 log.exception("cancel listener lost its connection; resubscribing")
                 await asyncio.sleep(0.5)
