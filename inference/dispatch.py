@@ -114,6 +114,13 @@ end
 return 0
 """
 
+# Enqueue a job only while its deployment has a live worker: one round trip, and no job is
+# left behind in a queue nobody serves.
+_ENQUEUE = """
+if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') == 0 then return false end
+return redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])
+"""
+
 # Put a reclaimed job that never started back at the tail of the queue.
 _REQUEUE = """
 redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])
@@ -138,17 +145,19 @@ class Dispatch:
         self._finalize = client.register_script(_FINALIZE)
         self._cancel = client.register_script(_CANCEL)
         self._requeue = client.register_script(_REQUEUE)
+        self._enqueue = client.register_script(_ENQUEUE)
 
     # --- frontend side -------------------------------------------------------------------
 
-    async def enqueue(self, job: Job) -> str:
-        """Append a job to its deployment's queue and return its entry id."""
-        entry = await self.redis.xadd(jobs_key(job.deployment), {"j": encode(job)})
+    async def enqueue(self, job: Job) -> str | None:
+        """Append a job to its deployment's queue; return its entry id, or None if no worker."""
+        entry = await self._enqueue(
+            keys=[jobs_key(job.deployment), heartbeats_key(job.deployment)],
+            args=[encode(job), time.time()],
+        )
+        if entry is None:
+            return None
         return entry.decode() if isinstance(entry, bytes) else str(entry)
-
-    async def live_workers(self, deployment: str) -> int:
-        """Return how many workers of a deployment sent a heartbeat within their TTL."""
-        return int(await self.redis.zcount(heartbeats_key(deployment), time.time(), "+inf"))
 
     async def read_events(
         self, *, deployment: str, request_id: str, after: str, block_ms: int

@@ -140,14 +140,6 @@ async def generation_submit(
     sampling = sampling_build(
         request=request, route=route, principal=principal, prompt_tokens=len(prompt)
     )
-    dispatch = dispatch_get()
-    if await dispatch.live_workers(route.deployment) == 0:
-        raise ApiError(
-            503,
-            "model_unavailable",
-            f"No worker is serving '{request.model}' right now; retry shortly.",
-            retry_after=5,
-        )
     now = time.time()
     job = Job(
         request_id=request_id,
@@ -161,5 +153,12 @@ async def generation_submit(
         enqueued_at=now,
         deadline=now + settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
     )
-    entry_id = await dispatch.enqueue(job)
+    entry_id = await dispatch_get().enqueue(job)
+    if entry_id is None:
+        raise ApiError(
+            503,
+            "model_unavailable",
+            f"No worker is serving '{request.model}' right now; retry shortly.",
+            retry_after=5,
+        )
     return Submitted(job=job, entry_id=entry_id, route=route)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,28 +18,45 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Outbox:
-    """Events waiting to be written, in order; consecutive deltas of a request are merged."""
+    """Events waiting to be written, in order per request.
+
+    A delta joins the request's pending delta when there is one, so a request whose tokens
+    arrive faster than they are flushed costs one Redis entry per flush, not one per token.
+    Events a client waits on (start, first token, the end) mark the outbox urgent.
+    """
 
     items: list[tuple[Job, str, Event, UsageEvent | None]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    urgent: asyncio.Event = field(default_factory=asyncio.Event)
+    _last: dict[str, int] = field(default_factory=dict)
 
-    def put(self, job: Job, entry_id: str, event: Event, usage: UsageEvent | None = None) -> None:
-        last = self.items[-1] if self.items else None
-        if (
-            isinstance(event, Delta)
-            and last is not None
-            and last[0].request_id == job.request_id
-            and isinstance(last[2], Delta)
-        ):
-            merged = Delta(text=last[2].text + event.text, tokens=last[2].tokens + event.tokens)
-            self.items[-1] = (job, entry_id, merged, None)
+    def put(
+        self,
+        job: Job,
+        entry_id: str,
+        event: Event,
+        usage: UsageEvent | None = None,
+        *,
+        urgent: bool = False,
+    ) -> None:
+        rid = job.request_id
+        index = self._last.get(rid)
+        pending = self.items[index][2] if index is not None else None
+        if isinstance(event, Delta) and isinstance(pending, Delta) and index is not None:
+            merged = Delta(text=pending.text + event.text, tokens=pending.tokens + event.tokens)
+            self.items[index] = (job, entry_id, merged, None)
         else:
+            self._last[rid] = len(self.items)
             self.items.append((job, entry_id, event, usage))
         self.ready.set()
+        if urgent:
+            self.urgent.set()
 
     def take(self) -> list[tuple[Job, str, Event, UsageEvent | None]]:
         items, self.items = self.items, []
+        self._last.clear()
         self.ready.clear()
+        self.urgent.clear()
         return items
 
 
@@ -55,6 +73,7 @@ class Worker:
         capacity: int,
         lease_seconds: float,
         drain_seconds: float = 30.0,
+        stream_interval: float = 0.0,
     ) -> None:
         self.deployment = deployment
         self.engine = engine
@@ -63,6 +82,7 @@ class Worker:
         self.capacity = capacity
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
+        self.stream_interval = stream_interval
         self.active: dict[str, tuple[Claimed, asyncio.Task[None]]] = {}
         self._outbox = _Outbox()
         self._slot_free = asyncio.Event()
@@ -111,18 +131,23 @@ class Worker:
             )
             if not claimed:
                 continue
+            now = time.time()
+            for item in claimed:
+                if item.job.deadline < now:
+                    self._finish_unstarted(item, code="deadline_exceeded", status=Status.TIMEOUT)
+                else:
+                    task = asyncio.create_task(self._serve(item), name=item.job.request_id)
+                    task.add_done_callback(functools.partial(self._served, item))
+                    self.active[item.job.request_id] = (item, task)
+            # Checked after starting, off the first token's path: a request cancelled while
+            # queued is aborted here before it has produced much.
             cancelled = await self.dispatch.cancelled(
                 deployment=self.deployment, request_ids=[c.job.request_id for c in claimed]
             )
-            for item in claimed:
-                rid = item.job.request_id
-                if rid in cancelled or rid in self._recent_cancels:
-                    self._finish_unstarted(item, code="cancelled", status=Status.CANCELLED)
-                elif item.job.deadline < time.time():
-                    self._finish_unstarted(item, code="deadline_exceeded", status=Status.TIMEOUT)
-                else:
-                    task = asyncio.create_task(self._serve(item), name=f"job-{rid}")
-                    self.active[rid] = (item, task)
+            for rid in cancelled | (self._recent_cancels.keys() & self.active.keys()):
+                running = self.active.get(rid)
+                if running is not None:
+                    running[1].cancel()
 
     async def _wait_any(self, event: asyncio.Event, timeout: float) -> None:
         waiters = [asyncio.create_task(event.wait()), asyncio.create_task(self._draining.wait())]
@@ -146,9 +171,11 @@ class Worker:
                 sampling=job.sampling,
             ):
                 if step.tokens:
+                    first = produced == 0
                     produced += step.tokens
                     first_token_at = first_token_at or time.time()
-                    self._outbox.put(job, entry, Delta(text=step.text, tokens=step.tokens))
+                    delta = Delta(text=step.text, tokens=step.tokens)
+                    self._outbox.put(job, entry, delta, urgent=first)
                 elif step.text:
                     self._outbox.put(job, entry, Delta(text=step.text, tokens=0))
                 if step.finish_reason:
@@ -188,10 +215,18 @@ class Worker:
             finish_reason=finish_reason if status is Status.OK else "",
             error_code=code,
         )
-        self._outbox.put(job, entry, terminal, usage)
+        self._outbox.put(job, entry, terminal, usage, urgent=True)
         self.active.pop(job.request_id, None)
         self.served += 1
         self._slot_free.set()
+
+    def _served(self, item: Claimed, task: asyncio.Task[None]) -> None:
+        # _serve settles every request it starts; one cancelled before its first line ran
+        # still needs its terminal event and usage record.
+        if task.cancelled() and item.job.request_id in self.active:
+            self.active.pop(item.job.request_id, None)
+            self._finish_unstarted(item, code="cancelled", status=Status.CANCELLED)
+            self._slot_free.set()
 
     def _finish_unstarted(self, item: Claimed, *, code: str, status: Status) -> None:
         job = item.job
@@ -202,11 +237,19 @@ class Worker:
             completion_tokens=0,
         )
         usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
-        self._outbox.put(job, item.entry_id, terminal, usage)
+        self._outbox.put(job, item.entry_id, terminal, usage, urgent=True)
 
     async def _flush_loop(self) -> None:
+        last_flush = 0.0
         while not self._closing.is_set():
             await self._outbox.ready.wait()
+            # Between token-only flushes wait out the stream interval, so deltas merge; a first
+            # token or an end goes out at once.
+            wait = last_flush + self.stream_interval - time.monotonic()
+            if wait > 0 and not self._outbox.urgent.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._outbox.urgent.wait(), wait)
+            last_flush = time.monotonic()
             try:
                 await self._flush_once()
             except Exception:

@@ -174,6 +174,10 @@ SWITCHYARD_LEASE_SECONDS = env_float("SWITCHYARD_LEASE_SECONDS", 5.0)
 SWITCHYARD_REQUEST_TIMEOUT_SECONDS = env_float("SWITCHYARD_REQUEST_TIMEOUT_SECONDS", 600.0)
 # Reply streams outlive the request by this much so a slow reader can finish.
 SWITCHYARD_REPLY_TTL_SECONDS = env_int("SWITCHYARD_REPLY_TTL_SECONDS", 900)
+# Tokens of a stream produced within this many milliseconds travel as one event (the first
+# token and the end never wait). 0 sends every engine step; raise it when many concurrent
+# streams make per-token relaying cost more CPU than the engine can spare.
+SWITCHYARD_STREAM_INTERVAL_MS = env_float("SWITCHYARD_STREAM_INTERVAL_MS", 20.0)
 # The quota a new tenant starts with.
 SWITCHYARD_DEFAULT_QUOTA: dict[str, int | Decimal] = {
     "requests_per_minute": env_int("SWITCHYARD_DEFAULT_RPM", 600),

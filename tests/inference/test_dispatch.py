@@ -38,6 +38,14 @@ def _job(deployment: str) -> Job:
     )
 
 
+async def _served_deployment(dispatch: Dispatch) -> str:
+    """Return a fresh deployment with one live worker heartbeat."""
+    deployment = f"t-{uuid.uuid4().hex[:8]}"
+    await dispatch.ensure_groups(deployment)
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
+    return deployment
+
+
 async def _usage(dispatch: Dispatch, deployment: str):
     entries: Any = await dispatch.redis.xrange(usage_key(deployment))
     return [usage_decoder.decode(fields[b"u"]) for _, fields in entries]
@@ -51,8 +59,7 @@ async def _terminal(dispatch: Dispatch, job: Job):
 
 
 async def test_a_request_is_finished_exactly_once(dispatch):
-    deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     await dispatch.enqueue(job)
     [claimed] = await dispatch.claim(deployment=deployment, worker="w1", count=4, block_ms=100)
@@ -67,8 +74,7 @@ async def test_a_request_is_finished_exactly_once(dispatch):
 
 
 async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
-    deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     entry = await dispatch.enqueue(job)
     assert await dispatch.cancel(job=job, entry_id=entry)
@@ -79,8 +85,7 @@ async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
 
 
 async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
-    deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     entry = await dispatch.enqueue(job)
     await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50)
@@ -92,8 +97,7 @@ async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
 
 
 async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
-    deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     await dispatch.enqueue(job)
     await dispatch.claim(deployment=deployment, worker="dead", count=1, block_ms=50)
@@ -104,8 +108,7 @@ async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
 
 
 async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch):
-    deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     await dispatch.enqueue(job)
     await dispatch.claim(deployment=deployment, worker="dead", count=1, block_ms=50)
@@ -120,10 +123,18 @@ async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch
 
 
 async def test_a_renewed_lease_is_not_reaped(dispatch):
-    deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    deployment = await _served_deployment(dispatch)
     await dispatch.enqueue(_job(deployment))
     [claimed] = await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50)
     await asyncio.sleep(0.3)
     await dispatch.renew(deployment=deployment, worker="w", entry_ids=[claimed.entry_id])
     assert await dispatch.reclaim_expired(deployment=deployment, lease_seconds=0.25) == 0
+
+
+async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatch):
+    deployment = f"t-{uuid.uuid4().hex[:8]}"
+    assert await dispatch.enqueue(_job(deployment)) is None
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
+    assert await dispatch.enqueue(_job(deployment)) is not None
+    await dispatch.leave(deployment=deployment, worker="w")
+    assert await dispatch.enqueue(_job(deployment)) is None

@@ -5,6 +5,7 @@ import logging
 import signal
 from typing import Any
 
+import uvloop
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
@@ -20,7 +21,7 @@ class Command(BaseCommand):
     help = "Move usage events from Redis into Postgres and reclaim jobs whose lease lapsed."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        asyncio.run(self._run())
+        uvloop.run(self._run())
 
     async def _run(self) -> None:
         client = redis_client_new()
