@@ -133,8 +133,9 @@ async def _level(target: Target, concurrency: int, requests: int) -> Level:
     connector = aiohttp.TCPConnector(limit=concurrency * 2)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        for _ in range(min(concurrency, 4)):  # warm the path (tokenizer caches, connections)
-            await _one(session, target)
+        # Warm the path (caches, connections, the engine's first-use code) at this concurrency.
+        await asyncio.gather(*(_one(session, target) for _ in range(concurrency)))
+        await asyncio.gather(*(_one(session, target) for _ in range(concurrency)))
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(requests):
             queue.put_nowait(i)
@@ -255,7 +256,7 @@ def run_vllm_server(model_dir: Path, work: Path, levels: list[int], per_level: i
 
 
 def _measure(target: Target, concurrency: int, per_level: int) -> Level:
-    requests = max(per_level * concurrency, 8)
+    requests = max(per_level * concurrency, 32)
     _progress(f"{target.name}: concurrency {concurrency}, {requests} requests")
     level = asyncio.run(_level(target, concurrency, requests))
     _progress(

@@ -245,7 +245,7 @@ class Worker:
             await self._outbox.ready.wait()
             # Between token-only flushes wait out the stream interval, so deltas merge; a first
             # token or an end goes out at once.
-            wait = last_flush + self.stream_interval - time.monotonic()
+            wait = last_flush + self._interval() - time.monotonic()
             if wait > 0 and not self._outbox.urgent.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox.urgent.wait(), wait)
@@ -256,6 +256,15 @@ class Worker:
                 # Redis hiccup: the leases will lapse and the reaper settles these requests.
                 log.exception("could not publish events")
                 await asyncio.sleep(0.1)
+
+    def _interval(self) -> float:
+        """Return how long deltas may gather: longer as more streams share the machine.
+
+        Relaying costs CPU per event and the engine's step time grows with the batch, so
+        with 32 streams an event every 80 ms carries about as many tokens per event as one
+        every 20 ms does with 8 (up to four times the configured interval).
+        """
+        return self.stream_interval * min(max(len(self.active) / 8, 1.0), 4.0)
 
     async def _flush_once(self) -> None:
         items = self._outbox.take()

@@ -54,7 +54,7 @@ class Command(BaseCommand):
         started = time.monotonic()
         await engine.start()
         await report(deployment_name=deployment, state=DeploymentState.WARMING)
-        await _warm_up(engine)
+        await _warm_up(engine, spec.max_model_len)
         log.info("engine ready in %.1fs", time.monotonic() - started)
         client = redis_client_new()
         dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
@@ -83,10 +83,21 @@ class Command(BaseCommand):
             log.info("stopped after serving %d requests", worker.served)
 
 
-async def _warm_up(engine: VllmEngine) -> None:
-    """Run one short request so the first real one does not pay for lazy initialisation."""
-    sampling = Sampling(max_tokens=4, ignore_eos=True, temperature=0.0)
-    async for _ in engine.generate(
-        request_id="warmup", prompt_token_ids=[1, 2, 3, 4], sampling=sampling
-    ):
-        pass
+async def _warm_up(engine: VllmEngine, max_model_len: int) -> None:
+    """Run a concurrent batch of short and long prompts before taking traffic.
+
+    The first requests after start-up are several times slower (lazy allocations, first-use
+    code paths); they should not be a client's.
+    """
+    lengths = [n for n in (8, 64, 256, 1024) if n < max_model_len // 2]
+    sampling = Sampling(max_tokens=16, ignore_eos=True, temperature=0.0)
+
+    async def one(i: int, length: int) -> None:
+        prompt = [(i * 7 + k) % 200 + 5 for k in range(length)]
+        async for _ in engine.generate(
+            request_id=f"warmup-{i}", prompt_token_ids=prompt, sampling=sampling
+        ):
+            pass
+
+    for _ in range(2):
+        await asyncio.gather(*(one(i, lengths[i % len(lengths)]) for i in range(8)))
