@@ -93,16 +93,22 @@ class Ingester:
 
     async def _ingest(self, entries: list[tuple[str, str, UsageEvent]]) -> None:
         events = [event for _, _, event in entries]
+        started = time.monotonic()
         while True:
             try:
-                started = time.monotonic()
-                new = await sync_to_async(usage_ingest)(events=events)
+                result = await sync_to_async(usage_ingest)(events=events)
                 break
             except Exception:
                 # Postgres is unavailable: keep the batch unacknowledged and retry.
                 log.exception("usage ingest failed; retrying")
                 await asyncio.sleep(1.0)
+        deployments = {event.request_id: deployment for deployment, _, event in entries}
+        for event in result.refused:
+            log.error("usage of %s refused: its tenant or version is gone", event.request_id)
+            await self.dispatch.dead_letter_usage(
+                deployment=deployments[event.request_id], event=event, reason="unknown owner"
+            )
         await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
-        self.ingested += new
+        self.ingested += result.recorded
         if self.on_batch is not None:
-            self.on_batch(new, time.monotonic() - started)
+            self.on_batch(result.recorded, time.monotonic() - started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import transaction
@@ -10,6 +11,7 @@ from django.db import transaction
 from billing.models import UsageRecord
 from inference.types import UsageEvent
 from models_registry.models import ModelVersion
+from tenants.models import ApiKey, Tenant
 
 _THOUSAND = Decimal(1000)
 
@@ -29,24 +31,43 @@ def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: 
     ) / _THOUSAND
 
 
-def usage_ingest(*, events: list[UsageEvent]) -> int:
-    """Write usage records for events not yet recorded; return how many were new.
+@dataclass(frozen=True)
+class IngestResult:
+    recorded: int
+    refused: list[UsageEvent]
+
+
+def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
+    """Write usage records for events not yet recorded.
 
     Idempotent: the request id is unique, so a replayed event (an ingester that crashed before
-    acknowledging) is skipped rather than counted twice.
+    acknowledging) is skipped rather than counted twice. Events whose tenant or version no
+    longer exists are returned as refused instead of failing the whole batch.
     """
     if not events:
-        return 0
-    digests = {e.model_version for e in events}
-    versions = {v.digest: v for v in ModelVersion.objects.filter(digest__in=digests)}
+        return IngestResult(recorded=0, refused=[])
+    versions = {
+        v.digest: v
+        for v in ModelVersion.objects.filter(digest__in={e.model_version for e in events})
+    }
+    tenants = set(
+        Tenant.objects.filter(pk__in={e.tenant_id for e in events}).values_list("pk", flat=True)
+    )
+    keys = set(
+        ApiKey.objects.filter(pk__in={e.api_key_id for e in events}).values_list("pk", flat=True)
+    )
     records = []
+    refused = []
     for event in events:
-        version = versions[event.model_version]
+        version = versions.get(event.model_version)
+        if version is None or event.tenant_id not in tenants:
+            refused.append(event)
+            continue
         records.append(
             UsageRecord(
                 request_id=event.request_id,
                 tenant_id=event.tenant_id,
-                api_key_id=event.api_key_id,
+                api_key_id=event.api_key_id if event.api_key_id in keys else None,
                 model_version=version,
                 deployment=event.deployment,
                 endpoint=event.endpoint,
@@ -66,8 +87,9 @@ def usage_ingest(*, events: list[UsageEvent]) -> int:
                 finished_at=_when(event.finished_at),
             )
         )
+    ids = [r.request_id for r in records]
     with transaction.atomic():
-        before = UsageRecord.objects.filter(request_id__in=[r.request_id for r in records]).count()
+        before = UsageRecord.objects.filter(request_id__in=ids).count()
         UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
-        after = UsageRecord.objects.filter(request_id__in=[r.request_id for r in records]).count()
-    return after - before
+        after = UsageRecord.objects.filter(request_id__in=ids).count()
+    return IngestResult(recorded=after - before, refused=refused)

@@ -65,6 +65,10 @@ def usage_key(deployment: str) -> str:
     return f"{_tag(deployment)}:usage"
 
 
+def dead_usage_key(deployment: str) -> str:
+    return f"{_tag(deployment)}:usage:dead"
+
+
 def cancel_channel(deployment: str) -> str:
     return f"{_tag(deployment)}:cancel"
 
@@ -407,6 +411,10 @@ class Dispatch:
                 pipe.xack(usage_key(deployment), INGEST_GROUP, entry_id)
                 pipe.xdel(usage_key(deployment), entry_id)
             await pipe.execute()
+
+    async def dead_letter_usage(self, *, deployment: str, event: UsageEvent, reason: str) -> None:
+        """Keep a usage event the database refused, for an operator to inspect and replay."""
+        await self.redis.xadd(dead_usage_key(deployment), {"u": encode(event), "why": reason})
 
     @staticmethod
     def _usage_entries(response: Any) -> list[tuple[str, str, UsageEvent]]:

@@ -63,6 +63,15 @@ class Submitted:
     route: Route
 
 
+_INLINE_TOKENIZE_CHARS = 16_000
+
+
+def _prompt_chars(request: GenerationRequest) -> int:
+    if request.messages is not None:
+        return sum(len(m["content"]) for m in request.messages)
+    return len(request.prompt) if isinstance(request.prompt, str) else 0
+
+
 def _prompt_ids(request: GenerationRequest, route: Route) -> list[int]:
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
     if request.endpoint == CHAT:
@@ -136,7 +145,11 @@ async def generation_submit(
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers."""
     route = await route_get(request.model)
-    prompt = _prompt_ids(request, route)
+    if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
+        # Long prompts tokenise off the event loop so they do not stall other streams.
+        prompt = await asyncio.to_thread(_prompt_ids, request, route)
+    else:
+        prompt = _prompt_ids(request, route)
     sampling = sampling_build(
         request=request, route=route, principal=principal, prompt_tokens=len(prompt)
     )

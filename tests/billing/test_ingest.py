@@ -34,8 +34,8 @@ def _event(world, **overrides) -> UsageEvent:
 
 def test_a_replayed_event_is_recorded_once(world):
     event = _event(world)
-    assert usage_ingest(events=[event]) == 1
-    assert usage_ingest(events=[event, event]) == 0
+    assert usage_ingest(events=[event]).recorded == 1
+    assert usage_ingest(events=[event, event]).recorded == 0
     assert UsageRecord.objects.filter(request_id=event.request_id).count() == 1
 
 
@@ -52,3 +52,10 @@ def test_cancelled_requests_are_recorded_with_the_tokens_they_produced(world):
     usage_ingest(events=[event])
     record = UsageRecord.objects.get(request_id=event.request_id)
     assert record.status == "cancelled" and record.completion_tokens == 7
+
+
+def test_an_event_of_an_unknown_tenant_is_refused_without_blocking_the_batch(world):
+    good, orphan = _event(world), _event(world, tenant_id=987654)
+    result = usage_ingest(events=[orphan, good])
+    assert result.recorded == 1 and result.refused == [orphan]
+    assert UsageRecord.objects.filter(request_id=good.request_id).exists()
