@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aredis
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
+from inference.db import db_call
 from inference.dispatch import KEY_REVOCATIONS_CHANNEL
 from inference.errors import ApiError
 from inference.redis_client import redis_sync_client
@@ -136,7 +136,7 @@ async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     cached = _cache.get(parsed.public_id)
     ttl = settings.SWITCHYARD_KEY_CACHE_SECONDS
     if cached is None or time.monotonic() - cached.cached_at > ttl:
-        cached = await sync_to_async(_load)(parsed.public_id)
+        cached = await db_call(_load, parsed.public_id)
         _cache[parsed.public_id] = cached
     if cached.principal is None or not hmac.compare_digest(cached.secret_hash, token_hash(token)):
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")

@@ -7,10 +7,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from inference.auth import Principal
+from inference.db import db_call
 from inference.dispatch import Dispatch
 from inference.errors import ApiError
 from inference.params import CHAT, GenerationRequest
@@ -43,7 +43,7 @@ async def route_get(name: str) -> Route:
     cached = _routes.get(name)
     now = time.monotonic()
     if cached is None or now - cached[1] > settings.SWITCHYARD_ROUTE_CACHE_SECONDS:
-        cached = (await sync_to_async(route_resolve)(name=name), now)
+        cached = (await db_call(route_resolve, name=name), now)
         _routes[name] = cached
     route = cached[0]
     if route is None:

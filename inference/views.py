@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
@@ -17,6 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from inference import relay
 from inference.auth import Principal, authenticate
+from inference.db import db_call
 from inference.errors import ApiError
 from inference.openai_format import DONE, Formatter, error_chunk
 from inference.params import CHAT, COMPLETIONS, GenerationRequest, body_parse, generation_parse
@@ -186,7 +186,7 @@ async def _sse(
 @api_endpoint("GET")
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     await _principal(request, Scope.MODELS_READ)
-    names = await sync_to_async(model_names_list)()
+    names = await db_call(model_names_list)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
         for name, created in names
@@ -231,7 +231,7 @@ async def readyz(request: HttpRequest, request_id: str) -> HttpResponse:
     """Report whether Postgres and Redis answer (readiness)."""
     try:
         await dispatch_get().redis.ping()
-        await sync_to_async(_database_ok)()
+        await db_call(_database_ok)
     except Exception as exc:
         raise ApiError(503, "not_ready", f"dependency unavailable: {type(exc).__name__}") from exc
     return _json_response({"status": "ready"})
