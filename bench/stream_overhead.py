@@ -266,8 +266,17 @@ def _measure(target: Target, concurrency: int, per_level: int) -> Level:
     return level
 
 
-def run_switchyard(model_dir: Path, work: Path, levels: list[int], per_level: int) -> list[Level]:
-    from embedded.servers import ServiceConfig, services_start, services_stop
+@dataclass
+class Platform:
+    """Embedded servers and the data the Switchyard runs share: started once per benchmark."""
+
+    services: object
+    env: dict[str, str]
+    token: str
+
+
+def prepare_switchyard(model_dir: Path, work: Path) -> Platform:
+    from embedded.servers import ServiceConfig, services_start
 
     services = ServiceConfig(data_dir=work / "services", pg_port=0, redis_port=0, fast=True)
     endpoints = services_start(services)
@@ -300,12 +309,19 @@ def run_switchyard(model_dir: Path, work: Path, levels: list[int], per_level: in
         max_model_len=MAX_MODEL_LEN,
         kv_cache_bytes=KV_CACHE_BYTES,
         enforce_eager=True,
-        dtype=str(DTYPE),
+        dtype=DTYPE,
     )
     tenant = tenant_create(slug="bench")
     Quota.objects.filter(tenant=tenant).update(max_tokens_per_request=4096)
     token = api_key_issue(tenant=tenant, name="bench").token
+    return Platform(services=services, env=env, token=token)
 
+
+def run_switchyard(
+    platform: Platform, work: Path, levels: list[int], per_level: int
+) -> list[Level]:
+    work.mkdir(parents=True, exist_ok=True)
+    env = platform.env
     port = _free_port()
     py = sys.executable
     worker_log, web_log, ingest_log = (work / f"{n}.log" for n in ("worker", "web", "ingester"))
@@ -327,20 +343,19 @@ def run_switchyard(model_dir: Path, work: Path, levels: list[int], per_level: in
             "ingester": psutil.Process(ingester.pid),
         }
         for name in ("postgres", "valkey"):
-            pid = services_pid(services, name)
+            pid = services_pid(platform.services, name)
             if pid:
                 processes[name] = psutil.Process(pid)
         target = Target(
             name="switchyard",
             base_url=f"http://127.0.0.1:{port}",
             model="tiny",
-            api_key=token,
+            api_key=platform.token,
             processes=processes,
         )
         return [_measure(target, c, per_level) for c in levels]
     finally:
         _stop(popens)
-        services_stop(services)
 
 
 def services_pid(config: object, name: str) -> int | None:
@@ -350,6 +365,15 @@ def services_pid(config: object, name: str) -> int | None:
     entry = services_status(config).get(name)
     pid = entry.get("pid") if isinstance(entry, dict) else None
     return pid if isinstance(pid, int) else None
+
+
+def _median_levels(rounds: list[list[Level]]) -> list[Level]:
+    """Return, per concurrency level, the round with the median throughput."""
+    picked = []
+    for per_level in zip(*rounds, strict=True):
+        ordered = sorted(per_level, key=lambda lvl: lvl.tokens_per_s)
+        picked.append(ordered[(len(ordered) - 1) // 2])
+    return picked
 
 
 def _table(vllm: list[Level], switchyard: list[Level]) -> str:
@@ -419,21 +443,39 @@ def main() -> None:
     parser.add_argument(
         "--requests-per-level", type=int, default=8, help="requests per stream at each level"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="alternate the two targets this many times"
+    )
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    platform: Platform | None = None
+    vllm_rounds: list[list[Level]] = []
+    switchyard_rounds: list[list[Level]] = []
     try:
         from models_registry.demo_model import demo_model_build
 
         _progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
-        _progress("(a) vLLM's own OpenAI server")
-        vllm = run_vllm_server(model_dir, work, levels, args.requests_per_level)
-        _progress("(b) Switchyard end to end")
-        switchyard = run_switchyard(model_dir, work, levels, args.requests_per_level)
+        platform = prepare_switchyard(model_dir, work)
+        for round_ in range(1, args.rounds + 1):
+            # Alternating the targets spreads slow phases of the machine over both.
+            _progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
+            vllm_rounds.append(run_vllm_server(model_dir, work, levels, args.requests_per_level))
+            _progress(f"round {round_}/{args.rounds}: (b) Switchyard end to end")
+            switchyard_rounds.append(
+                run_switchyard(platform, work / f"sy{round_}", levels, args.requests_per_level)
+            )
     finally:
+        if platform is not None:
+            from embedded.servers import ServiceConfig, services_stop
+
+            assert isinstance(platform.services, ServiceConfig)
+            services_stop(platform.services)
         shutil.rmtree(work, ignore_errors=True)
+    vllm = _median_levels(vllm_rounds)
+    switchyard = _median_levels(switchyard_rounds)
     table = _table(vllm, switchyard)
     cpu = _cpu_table(switchyard, vllm)
     print("\n" + table + "\n\nCPU use during each level (100% = one core):\n" + cpu)
@@ -444,7 +486,8 @@ def main() -> None:
         "## Streaming overhead: Switchyard vs vLLM's own OpenAI server\n\n"
         f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
         f"tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
-        f"(ignore_eos), {args.requests_per_level} requests per stream per level. Both targets run "
+        f"(ignore_eos), {args.requests_per_level} requests per stream per level (32 at least), "
+        f"{args.rounds} alternating rounds, the median round per level shown. Both targets run "
         "the same engine settings, one after the other, from one process tree.\n\n"
         + table
         + "\n\nCPU use per process during each level of the Switchyard run "
