@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
@@ -25,6 +26,14 @@ async def http_application(scope: dict, receive: object, send: object) -> None:
     handler = _api if is_api_path(scope["path"]) else _site
     await handler(scope, receive, send)  # type: ignore[arg-type]
 
+
+# Import the tokenizer stack now, then move everything loaded so far out of the garbage
+# collector's reach: full collections over Django's and transformers' objects otherwise stall
+# the event loop for tens of milliseconds now and then, in the middle of someone's stream.
+import transformers  # noqa: E402, F401
+
+gc.collect()
+gc.freeze()
 
 application = ProtocolTypeRouter(
     {

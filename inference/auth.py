@@ -10,14 +10,13 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import time
 from dataclasses import dataclass
 
 import redis.asyncio as aredis
 from django.conf import settings
 from django.utils import timezone
 
-from inference.db import db_call
+from inference.cache import RefreshingCache
 from inference.dispatch import KEY_REVOCATIONS_CHANNEL
 from inference.errors import ApiError
 from inference.redis_client import redis_sync_client
@@ -46,10 +45,8 @@ class _Cached:
     principal: Principal | None
     problem: ApiError | None
     expires_at: float | None
-    cached_at: float
 
 
-_cache: dict[str, _Cached] = {}
 _listener: asyncio.Task[None] | None = None
 
 
@@ -66,11 +63,9 @@ def _load(public_id: str) -> _Cached:
     key = (
         ApiKey.objects.select_related("tenant", "tenant__quota").filter(public_id=public_id).first()
     )
-    now = time.monotonic()
     if key is None:
-        return _Cached(
-            "", None, ApiError(401, "invalid_api_key", "Incorrect API key provided."), None, now
-        )
+        unknown = ApiError(401, "invalid_api_key", "Incorrect API key provided.")
+        return _Cached("", None, unknown, None)
     problem = None
     if key.revoked_at is not None:
         problem = ApiError(401, "revoked_api_key", "This API key has been revoked.")
@@ -87,7 +82,12 @@ def _load(public_id: str) -> _Cached:
         max_context_tokens=quota.max_context_tokens,
     )
     expires = key.expires_at.timestamp() if key.expires_at else None
-    return _Cached(key.secret_hash, principal, problem, expires, now)
+    return _Cached(key.secret_hash, principal, problem, expires)
+
+
+_keys: RefreshingCache[str, _Cached] = RefreshingCache(
+    _load, ttl=lambda: settings.SWITCHYARD_KEY_CACHE_SECONDS, grace=30.0
+)
 
 
 async def _listen_for_revocations() -> None:
@@ -99,7 +99,7 @@ async def _listen_for_revocations() -> None:
             message = await pubsub.get_message(timeout=1.0)
             if message is not None:
                 data = message["data"]
-                _cache.pop(data.decode() if isinstance(data, bytes) else str(data), None)
+                _keys.drop(data.decode() if isinstance(data, bytes) else str(data))
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -133,11 +133,7 @@ async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     if parsed is None:
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
     _ensure_listener()
-    cached = _cache.get(parsed.public_id)
-    ttl = settings.SWITCHYARD_KEY_CACHE_SECONDS
-    if cached is None or time.monotonic() - cached.cached_at > ttl:
-        cached = await db_call(_load, parsed.public_id)
-        _cache[parsed.public_id] = cached
+    cached = await _keys.get(parsed.public_id)
     if cached.principal is None or not hmac.compare_digest(cached.secret_hash, token_hash(token)):
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
     if cached.problem is not None:

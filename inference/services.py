@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from inference.auth import Principal
-from inference.db import db_call
+from inference.cache import RefreshingCache
 from inference.dispatch import Dispatch
 from inference.errors import ApiError
 from inference.params import CHAT, GenerationRequest
@@ -19,7 +19,6 @@ from inference.tokenization import tokenizer_for
 from inference.types import Job, Sampling
 from models_registry.selectors import Route, route_resolve
 
-_routes: dict[str, tuple[Route | None, float]] = {}
 _dispatch: Dispatch | None = None
 _dispatch_loop: asyncio.AbstractEventLoop | None = None
 
@@ -38,14 +37,18 @@ def request_id_new() -> str:
     return uuid.uuid4().hex
 
 
+def _route_load(name: str) -> Route | None:
+    return route_resolve(name=name)
+
+
+_routes: RefreshingCache[str, Route | None] = RefreshingCache(
+    _route_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0
+)
+
+
 async def route_get(name: str) -> Route:
     """Return the route of a model name, cached briefly, or raise 404."""
-    cached = _routes.get(name)
-    now = time.monotonic()
-    if cached is None or now - cached[1] > settings.SWITCHYARD_ROUTE_CACHE_SECONDS:
-        cached = (await db_call(route_resolve, name=name), now)
-        _routes[name] = cached
-    route = cached[0]
+    route = await _routes.get(name)
     if route is None:
         raise ApiError(
             404,

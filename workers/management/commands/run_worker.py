@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -56,6 +57,10 @@ class Command(BaseCommand):
         await report(deployment_name=deployment, state=DeploymentState.WARMING)
         await _warm_up(engine, spec.max_model_len)
         log.info("engine ready in %.1fs", time.monotonic() - started)
+        # Long-lived objects of the engine and Django stay out of later collections, which
+        # would otherwise pause the loop that relays every stream.
+        gc.collect()
+        gc.freeze()
         client = redis_client_new()
         dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         worker = Worker(
