@@ -441,10 +441,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--levels", default="1,8,32", help="comma-separated concurrency levels")
     parser.add_argument(
-        "--requests-per-level", type=int, default=8, help="requests per stream at each level"
+        "--requests-per-level", type=int, default=16, help="requests per stream at each level"
     )
     parser.add_argument(
-        "--rounds", type=int, default=2, help="alternate the two targets this many times"
+        "--rounds", type=int, default=3, help="alternate the two targets this many times"
     )
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
