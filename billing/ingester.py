@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
+from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 
 from billing.services import usage_ingest
 from inference.dispatch import Dispatch
+from inference.quotas import MICROS, Quotas, Usage
 from inference.types import UsageEvent
 from models_registry.models import Deployment
 
@@ -40,6 +43,7 @@ class Ingester:
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.quotas = Quotas(dispatch.redis)
         self.consumer = consumer
         self.lease_seconds = lease_seconds
         self.on_batch = on_batch
@@ -47,6 +51,22 @@ class Ingester:
         self._deployments: list[str] = []
         self._deployments_at = 0.0
         self.ingested = 0
+
+    async def _settle(self, events: list[UsageEvent], costs: dict[str, Decimal]) -> None:
+        """Settle the quota reservations of ended requests whose frontend did not."""
+        for event in events:
+            cost = costs.get(event.request_id)
+            if cost is None:
+                continue
+            await self.quotas.release(
+                tenant_id=event.tenant_id,
+                request_id=event.request_id,
+                admitted_at=event.enqueued_at,
+                used=Usage(
+                    tokens=event.prompt_tokens + event.completion_tokens,
+                    cost_micros=math.ceil(cost * MICROS),
+                ),
+            )
 
     def stop(self) -> None:
         self._stopping.set()
@@ -113,6 +133,7 @@ class Ingester:
             await self.dispatch.dead_letter_usage(
                 deployment=deployments[event.request_id], event=event, reason="unknown owner"
             )
+        await self._settle(events, result.costs)
         await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
         self.ingested += result.recorded
         if self.on_batch is not None:

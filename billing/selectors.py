@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+import math
+from decimal import Decimal
+
+from django.db.models import QuerySet, Sum
+from django.utils import timezone
 
 from billing.models import UsageRecord
 from tenants.models import Tenant
@@ -11,3 +15,13 @@ from tenants.models import Tenant
 def usage_list(*, tenant: Tenant) -> QuerySet[UsageRecord]:
     """Return a tenant's usage records, newest first."""
     return UsageRecord.objects.filter(tenant=tenant).order_by("-finished_at")
+
+
+def tenant_month_spend_micros(*, tenant_id: int) -> int:
+    """Return what a tenant's usage records cost this calendar month (UTC), in micros."""
+    now = timezone.now()
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    total = UsageRecord.objects.filter(tenant_id=tenant_id, finished_at__gte=month_start).aggregate(
+        total=Sum("cost")
+    )["total"]
+    return math.ceil((total or Decimal(0)) * 1_000_000)

@@ -35,6 +35,7 @@ def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: 
 class IngestResult:
     recorded: int
     refused: list[UsageEvent]
+    costs: dict[str, Decimal]  # request id -> cost, for every event not refused
 
 
 def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
@@ -45,7 +46,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
     longer exists are returned as refused instead of failing the whole batch.
     """
     if not events:
-        return IngestResult(recorded=0, refused=[])
+        return IngestResult(recorded=0, refused=[], costs={})
     versions = {
         v.digest: v
         for v in ModelVersion.objects.filter(digest__in={e.model_version for e in events})
@@ -92,4 +93,5 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
         before = UsageRecord.objects.filter(request_id__in=ids).count()
         UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
         after = UsageRecord.objects.filter(request_id__in=ids).count()
-    return IngestResult(recorded=after - before, refused=refused)
+    costs = {r.request_id: r.cost for r in records}
+    return IngestResult(recorded=after - before, refused=refused, costs=costs)

@@ -19,6 +19,7 @@ from django.utils import timezone
 from inference.cache import RefreshingCache
 from inference.dispatch import KEY_REVOCATIONS_CHANNEL
 from inference.errors import ApiError
+from inference.quotas import Limits
 from inference.redis_client import redis_sync_client
 from tenants.keys import token_hash, token_parse
 from tenants.models import ApiKey
@@ -37,6 +38,7 @@ class Principal:
     scopes: frozenset[str]
     max_tokens_per_request: int
     max_context_tokens: int
+    limits: Limits
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,12 @@ def _load(public_id: str) -> _Cached:
         scopes=frozenset(key.scopes),
         max_tokens_per_request=quota.max_tokens_per_request,
         max_context_tokens=quota.max_context_tokens,
+        limits=Limits(
+            requests_per_minute=quota.requests_per_minute,
+            tokens_per_minute=quota.tokens_per_minute,
+            max_concurrency=quota.max_concurrency,
+            monthly_budget=quota.monthly_budget,
+        ),
     )
     expires = key.expires_at.timestamp() if key.expires_at else None
     return _Cached(key.secret_hash, principal, problem, expires)

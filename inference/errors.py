@@ -33,6 +33,7 @@ class ApiError(Exception):
         *,
         param: str | None = None,
         retry_after: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -40,6 +41,7 @@ class ApiError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.headers = headers or {}
 
     def body(self) -> dict[str, object]:
         return {
@@ -58,6 +60,8 @@ class ApiError(Exception):
         if self.retry_after is not None:
             response["Retry-After"] = str(max(1, round(self.retry_after)))
             response["retry-after-ms"] = str(int(self.retry_after * 1000))
+        for name, value in self.headers.items():
+            response[name] = value
         if self.status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="switchyard"'
         return response

@@ -9,28 +9,41 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from billing.selectors import tenant_month_spend_micros
 from inference.auth import Principal
 from inference.cache import RefreshingCache
+from inference.db import db_call
 from inference.dispatch import Dispatch
 from inference.errors import ApiError
 from inference.params import CHAT, GenerationRequest
+from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
 from inference.tokenization import tokenizer_for
 from inference.types import Job, Sampling
 from models_registry.selectors import Route, route_resolve
 
 _dispatch: Dispatch | None = None
+_quotas: Quotas | None = None
 _dispatch_loop: asyncio.AbstractEventLoop | None = None
 
 
 def dispatch_get() -> Dispatch:
     """Return this process's data-plane client, bound to the running loop."""
-    global _dispatch, _dispatch_loop
+    global _dispatch, _quotas, _dispatch_loop
     loop = asyncio.get_running_loop()
-    if _dispatch is None or _dispatch_loop is not loop:
-        _dispatch = Dispatch(redis_client_new(), reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
+    if _dispatch is None or _quotas is None or _dispatch_loop is not loop:
+        client = redis_client_new()
+        _dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
+        _quotas = Quotas(client)
         _dispatch_loop = loop
     return _dispatch
+
+
+def quotas_get() -> Quotas:
+    """Return this process's quota client, bound to the running loop."""
+    dispatch_get()
+    assert _quotas is not None
+    return _quotas
 
 
 def request_id_new() -> str:
@@ -64,6 +77,8 @@ class Submitted:
     job: Job
     entry_id: str
     route: Route
+    principal: Principal
+    decision: Decision
 
 
 _INLINE_TOKENIZE_CHARS = 16_000
@@ -169,12 +184,114 @@ async def generation_submit(
         enqueued_at=now,
         deadline=now + settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
     )
+    reserve = Usage(
+        tokens=len(prompt) + sampling.max_tokens,
+        cost_micros=_cost(route, prompt=len(prompt), completion=sampling.max_tokens),
+    )
+    decision = await _admit(principal=principal, request_id=request_id, reserve=reserve)
     entry_id = await dispatch_get().enqueue(job)
     if entry_id is None:
+        await quotas_get().release(
+            tenant_id=principal.tenant_id,
+            request_id=request_id,
+            admitted_at=now,
+            used=Usage(tokens=0, cost_micros=0),
+        )
         raise ApiError(
             503,
             "model_unavailable",
             f"No worker is serving '{request.model}' right now; retry shortly.",
             retry_after=5,
+            headers=ratelimit_headers(principal.limits, decision),
         )
-    return Submitted(job=job, entry_id=entry_id, route=route)
+    return Submitted(
+        job=job, entry_id=entry_id, route=route, principal=principal, decision=decision
+    )
+
+
+def _cost(route: Route, *, prompt: int, completion: int) -> int:
+    return cost_micros(
+        price_input_per_1k=route.price_input_per_1k,
+        price_output_per_1k=route.price_output_per_1k,
+        prompt=prompt,
+        completion=completion,
+    )
+
+
+_REJECTIONS = {
+    "rate_limit_exceeded": "You have sent too many requests this minute.",
+    "tokens_per_minute_exceeded": "This request would exceed your tokens-per-minute limit.",
+    "concurrency_limit_exceeded": "You have too many requests in flight.",
+    "budget_exceeded": "Your monthly budget is spent.",
+}
+
+
+async def _admit(*, principal: Principal, request_id: str, reserve: Usage) -> Decision:
+    """Reserve the request's share of its tenant's limits or raise the 429 that explains why."""
+
+    async def attempt(spent: int | None) -> Decision | None:
+        return await quotas_get().admit(
+            tenant_id=principal.tenant_id,
+            request_id=request_id,
+            limits=principal.limits,
+            reserve=reserve,
+            lease_seconds=settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS + 60,
+            spent_this_month=spent,
+        )
+
+    decision = await attempt(None)
+    if decision is None:
+        # Redis has no spend for this month yet: start it from the usage records.
+        decision = await attempt(
+            await db_call(tenant_month_spend_micros, tenant_id=principal.tenant_id)
+        )
+        assert decision is not None
+    if decision.admitted:
+        return decision
+    reason = decision.reason or "rate_limit_exceeded"
+    retry_ms = {
+        "rate_limit_exceeded": decision.reset_requests_ms,
+        "tokens_per_minute_exceeded": decision.reset_tokens_ms,
+        "concurrency_limit_exceeded": 1000,
+    }.get(reason, -1)
+    raise ApiError(
+        429,
+        reason,
+        _REJECTIONS[reason],
+        retry_after=retry_ms / 1000 if retry_ms > 0 else None,
+        headers=ratelimit_headers(principal.limits, decision),
+    )
+
+
+async def usage_settle(submitted: Submitted, *, prompt_tokens: int, completion_tokens: int) -> None:
+    """Settle a finished request's reservation to what it used (the ingester does it otherwise)."""
+    used = Usage(
+        tokens=prompt_tokens + completion_tokens,
+        cost_micros=_cost(submitted.route, prompt=prompt_tokens, completion=completion_tokens),
+    )
+    await quotas_get().release(
+        tenant_id=submitted.job.tenant_id,
+        request_id=submitted.job.request_id,
+        admitted_at=submitted.job.enqueued_at,
+        used=used,
+    )
+
+
+def _duration(ms: int) -> str:
+    """Format a wait as OpenAI's headers do: `250ms`, `1.5s`, `6m0s`."""
+    if ms < 1000:
+        return f"{max(ms, 0)}ms"
+    minutes, seconds = divmod(ms / 1000, 60)
+    return f"{int(minutes)}m{seconds:.0f}s" if minutes else f"{seconds:g}s"
+
+
+def ratelimit_headers(limits: Limits, decision: Decision) -> dict[str, str]:
+    """Return the x-ratelimit-* headers of a response."""
+    return {
+        "x-ratelimit-limit-requests": str(limits.requests_per_minute),
+        "x-ratelimit-remaining-requests": str(decision.remaining_requests),
+        "x-ratelimit-reset-requests": _duration(decision.reset_requests_ms),
+        "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
+        "x-ratelimit-remaining-tokens": str(decision.remaining_tokens),
+        "x-ratelimit-reset-tokens": _duration(max(decision.reset_tokens_ms, 0)),
+    }

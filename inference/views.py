@@ -24,8 +24,10 @@ from inference.services import (
     Submitted,
     dispatch_get,
     generation_submit,
+    ratelimit_headers,
     request_id_new,
     route_get,
+    usage_settle,
 )
 from inference.types import Delta, Failed, Finished
 from models_registry.selectors import model_names_list
@@ -109,6 +111,7 @@ async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
     principal = await _principal(request, Scope.INFERENCE)
     parsed = generation_parse(body_parse(await _body(request)), endpoint=endpoint)
+
     submitted = await generation_submit(principal=principal, request=parsed, request_id=request_id)
     formatter = Formatter(
         endpoint=endpoint,
@@ -126,6 +129,8 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     else:
         response = await _collect(submitted, formatter)
     response["x-switchyard-model-version"] = submitted.route.version
+    for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
+        response[name] = value
     return response
 
 
@@ -135,6 +140,11 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
         if isinstance(event, Delta):
             parts.append(event.text)
         elif isinstance(event, Finished):
+            await usage_settle(
+                submitted,
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+            )
             return _json_response(
                 formatter.complete(
                     text="".join(parts),
@@ -144,6 +154,11 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
                 )
             )
         elif isinstance(event, Failed):
+            await usage_settle(
+                submitted,
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+            )
             raise _failure(event)
     raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
@@ -165,6 +180,11 @@ async def _sse(
                 )
                 first = False
         elif isinstance(event, Finished):
+            await usage_settle(
+                submitted,
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+            )
             yield formatter.chunk(
                 text="",
                 finish_reason=event.finish_reason,
@@ -178,6 +198,11 @@ async def _sse(
             yield DONE
             return
         elif isinstance(event, Failed):
+            await usage_settle(
+                submitted,
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+            )
             yield error_chunk(_failure(event).body())
             yield DONE
             return

@@ -52,6 +52,7 @@ class World:
     revoked_key: str
     expired_key: str
     models_only_key: str
+    limited_keys: dict[str, str]
     version: ModelVersion
     deployment: Deployment
 
@@ -111,9 +112,29 @@ def _world(model_dir: Path) -> World:
         models_only_key=api_key_issue(
             tenant=acme, name="models-only", scopes=[Scope.MODELS_READ]
         ).token,
+        limited_keys=_limited_tenants(),
         version=version,
         deployment=deployment,
     )
+
+
+LIMITED = {
+    "initech": {"requests_per_minute": 2},
+    "hooli": {"max_concurrency": 1},
+    "umbrella": {"monthly_budget": __import__("decimal").Decimal("0.00")},
+}
+
+
+def _limited_tenants() -> dict[str, str]:
+    """Create one tenant per tight limit (so each test owns its counters); return their keys."""
+    keys = {}
+    for slug, quota in LIMITED.items():
+        tenant = tenant_create(slug=slug)
+        for field, value in quota.items():
+            setattr(tenant.quota, field, value)
+        tenant.quota.save()
+        keys[slug] = api_key_issue(tenant=tenant, name="tests").token
+    return keys
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from inference.dispatch import Claimed, Dispatch, cancel_channel, usage_for
@@ -95,8 +96,11 @@ class Worker:
         """Stop claiming new jobs; in-flight ones finish (see run)."""
         self._draining.set()
 
-    async def run(self) -> None:
-        """Serve until drained, then finish or end in-flight jobs and leave."""
+    async def run(self, on_ready: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Serve until drained, then finish or end in-flight jobs and leave.
+
+        `on_ready` runs once the worker is in the live set, i.e. once frontends route to it.
+        """
         await self.dispatch.ensure_groups(self.deployment)
         helpers = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -107,14 +111,21 @@ class Worker:
             await self.dispatch.heartbeat(
                 deployment=self.deployment, worker=self.worker_id, ttl=self.lease_seconds
             )
+            if on_ready is not None:
+                await on_ready()
             await self._claim_loop()
             await self._finish_in_flight()
         finally:
             await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
+            # The flusher may be mid-write with the last requests' ends: let it finish its
+            # final round rather than cancel it, or those requests would never end.
+            self._closing.set()
+            self._outbox.ready.set()
+            flusher = helpers.pop()
+            await asyncio.wait([flusher], timeout=10)
             await self._flush_once()
             # A cancellation that lands as a Redis read times out can be swallowed (asyncio
             # on 3.11), so the loops also check the closing flag rather than trusting cancel.
-            self._closing.set()
             for task in helpers:
                 task.cancel()
             await asyncio.wait(helpers, timeout=5)
@@ -241,12 +252,12 @@ class Worker:
 
     async def _flush_loop(self) -> None:
         last_flush = 0.0
-        while not self._closing.is_set():
+        while True:
             await self._outbox.ready.wait()
             # Between token-only flushes wait out the stream interval, so deltas merge; a first
             # token or an end goes out at once.
             wait = last_flush + self._interval() - time.monotonic()
-            if wait > 0 and not self._outbox.urgent.is_set():
+            if wait > 0 and not self._outbox.urgent.is_set() and not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox.urgent.wait(), wait)
             last_flush = time.monotonic()
@@ -256,6 +267,8 @@ class Worker:
                 # Redis hiccup: the leases will lapse and the reaper settles these requests.
                 log.exception("could not publish events")
                 await asyncio.sleep(0.1)
+            if self._closing.is_set() and not self._outbox.items:
+                return
 
     def _interval(self) -> float:
         """Return how long deltas may gather: longer as more streams share the machine.

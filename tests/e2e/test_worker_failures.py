@@ -79,6 +79,7 @@ def test_a_draining_worker_finishes_the_streams_it_started(stack, world, fragile
         worker.popen.send_signal(signal.SIGTERM)
         events = _payloads([first, *lines])
     assert events[-1] == "[DONE]"
+    assert "error" not in events[-2], f"{events[-2]}\n{worker.tail(60)}"
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert worker.popen.wait(timeout=60) == 0
 

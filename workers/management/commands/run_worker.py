@@ -76,11 +76,14 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.drain)
-        await report(deployment_name=deployment, state=DeploymentState.READY)
-        self.stdout.write(f"ready: serving {deployment}", ending="\n")
-        self.stdout.flush()
+
+        async def ready() -> None:
+            await report(deployment_name=deployment, state=DeploymentState.READY)
+            self.stdout.write(f"ready: serving {deployment}", ending="\n")
+            self.stdout.flush()
+
         try:
-            await worker.run()
+            await worker.run(on_ready=ready)
         finally:
             await report(deployment_name=deployment, state=DeploymentState.STOPPED)
             engine.shutdown()

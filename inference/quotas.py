@@ -1,0 +1,225 @@
+"""Per-tenant limits enforced atomically in Redis, shared by every frontend.
+
+One script per admission checks and takes, all or nothing: a request from the requests-per-
+minute bucket, prompt + max_tokens from the tokens-per-minute bucket, a slot among the
+tenant's concurrent requests (a lease that lapses if its frontend dies), and the cost of
+prompt + max_tokens from the month's budget. When the request ends, `release` settles the
+reservation to what was actually used; it runs once per request whoever calls it (the
+frontend when it sees the end, the ingester for requests whose frontend went away).
+
+Keys carry the tenant as their hash tag, so one tenant's limits live in one Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+
+import redis.asyncio as aredis
+
+MICROS = Decimal(1_000_000)
+
+# Buckets refill continuously: `limit` units per 60 s, never above `limit`.
+_ADMIT = """
+local now = tonumber(ARGV[1])
+local rpm, tpm, max_conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local lease_ms, tokens, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local budget, rid, seed = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'ts')
+  local lvl, ts = tonumber(v[1]), tonumber(v[2])
+  if lvl == nil then return cap end
+  return math.min(cap, lvl + (now - ts) * cap / 60000)
+end
+
+local spent = tonumber(redis.call('GET', KEYS[4]))
+if spent == nil then
+  if seed < 0 then return {5, 0, 0, 0, 0} end
+  spent = seed
+  redis.call('SET', KEYS[4], seed, 'EX', 40 * 86400)
+end
+
+local req_level = level(KEYS[1], rpm)
+local tok_level = level(KEYS[2], tpm)
+if req_level < 1 then
+  return {1, 0, math.floor(tok_level), math.ceil((1 - req_level) * 60000 / rpm), 0}
+end
+if tok_level < tokens then
+  local wait = -1
+  if tokens <= tpm then wait = math.ceil((tokens - tok_level) * 60000 / tpm) end
+  return {2, math.floor(req_level), math.floor(tok_level), 0, wait}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[3]) >= max_conc then
+  return {3, math.floor(req_level), math.floor(tok_level), 1000, 0}
+end
+if spent + cost > budget then
+  return {4, math.floor(req_level), math.floor(tok_level), 0, 0}
+end
+
+redis.call('HSET', KEYS[1], 'level', req_level - 1, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], 120000)
+redis.call('HSET', KEYS[2], 'level', tok_level - tokens, 'ts', now, 'cap', tpm)
+redis.call('PEXPIRE', KEYS[2], 120000)
+redis.call('ZADD', KEYS[3], now + lease_ms, rid)
+redis.call('PEXPIRE', KEYS[3], lease_ms + 60000)
+redis.call('INCRBY', KEYS[4], cost)
+redis.call('HSET', KEYS[5], 'tokens', tokens, 'cost', cost)
+redis.call('PEXPIRE', KEYS[5], lease_ms + 86400000)
+local reset_requests = math.ceil((rpm - req_level + 1) * 60000 / rpm)
+local reset_tokens = math.ceil((tpm - tok_level + tokens) * 60000 / tpm)
+return {0, math.floor(req_level - 1), math.floor(tok_level - tokens), reset_requests, reset_tokens}
+"""
+
+# Settle a reservation to actual use, once: unused tokens go back to the bucket, the budget is
+# charged the actual cost, and the concurrency slot is freed.
+_RELEASE = """
+local held = redis.call('HMGET', KEYS[5], 'tokens', 'cost')
+if held[1] == false then return 0 end
+local now, used_tokens, used_cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local refund = tonumber(held[1]) - used_tokens
+if refund > 0 then
+  local v = redis.call('HMGET', KEYS[2], 'level', 'ts', 'cap')
+  local lvl, ts, cap = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  if lvl ~= nil then
+    lvl = math.min(cap, lvl + (now - ts) * cap / 60000 + refund)
+    redis.call('HSET', KEYS[2], 'level', lvl, 'ts', now)
+  end
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('INCRBY', KEYS[4], used_cost - tonumber(held[2]))
+end
+redis.call('ZREM', KEYS[3], ARGV[4])
+redis.call('DEL', KEYS[5])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests_per_minute: int
+    tokens_per_minute: int
+    max_concurrency: int
+    monthly_budget: Decimal
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one request reserves at admission, or used when it ends."""
+
+    tokens: int
+    cost_micros: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one admission, with what the rate-limit headers report."""
+
+    reason: str | None  # None: admitted
+    remaining_requests: int
+    remaining_tokens: int
+    reset_requests_ms: int
+    reset_tokens_ms: int  # -1: the request can never fit in the tokens-per-minute limit
+
+    @property
+    def admitted(self) -> bool:
+        return self.reason is None
+
+
+_REASONS = {
+    1: "rate_limit_exceeded",
+    2: "tokens_per_minute_exceeded",
+    3: "concurrency_limit_exceeded",
+    4: "budget_exceeded",
+}
+_NEEDS_SEED = 5
+
+
+def cost_micros(
+    *, price_input_per_1k: Decimal, price_output_per_1k: Decimal, prompt: int, completion: int
+) -> int:
+    """Return a request's cost in millionths of the currency unit, rounded up."""
+    cost = (price_input_per_1k * prompt + price_output_per_1k * completion) * MICROS / 1000
+    return math.ceil(cost)
+
+
+def month_of(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y%m")
+
+
+def _keys(tenant_id: int, request_id: str, month: str) -> list[str]:
+    tag = f"sy:{{t{tenant_id}}}"
+    return [
+        f"{tag}:rpm",
+        f"{tag}:tpm",
+        f"{tag}:inflight",
+        f"{tag}:spent:{month}",
+        f"{tag}:held:{request_id}",
+    ]
+
+
+class Quotas:
+    """Admission and settlement against one Redis."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self._admit = client.register_script(_ADMIT)
+        self._release = client.register_script(_RELEASE)
+
+    async def admit(
+        self,
+        *,
+        tenant_id: int,
+        request_id: str,
+        limits: Limits,
+        reserve: Usage,
+        lease_seconds: float,
+        spent_this_month: int | None = None,
+        now: float | None = None,
+    ) -> Decision | None:
+        """Reserve a request's share of the tenant's limits, or say which limit refuses it.
+
+        Returns None when the month's spend is not in Redis yet (a new month, or Redis lost
+        its data): call again with `spent_this_month` from the usage records.
+        """
+        now = time.time() if now is None else now
+        result = await self._admit(
+            keys=_keys(tenant_id, request_id, month_of(now)),
+            args=[
+                int(now * 1000),
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                limits.max_concurrency,
+                int(lease_seconds * 1000),
+                reserve.tokens,
+                reserve.cost_micros,
+                int(limits.monthly_budget * MICROS),
+                request_id,
+                -1 if spent_this_month is None else spent_this_month,
+            ],
+        )
+        status, remaining_requests, remaining_tokens, reset_requests, reset_tokens = (
+            int(v) for v in result
+        )
+        if status == _NEEDS_SEED:
+            return None
+        return Decision(
+            reason=_REASONS.get(status),
+            remaining_requests=max(remaining_requests, 0),
+            remaining_tokens=max(remaining_tokens, 0),
+            reset_requests_ms=reset_requests,
+            reset_tokens_ms=reset_tokens,
+        )
+
+    async def release(
+        self, *, tenant_id: int, request_id: str, admitted_at: float, used: Usage
+    ) -> bool:
+        """Settle a request's reservation to what it used; True the first time only."""
+        result = await self._release(
+            keys=_keys(tenant_id, request_id, month_of(admitted_at)),
+            args=[int(time.time() * 1000), used.tokens, used.cost_micros, request_id],
+        )
+        return bool(result)

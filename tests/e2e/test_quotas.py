@@ -1,0 +1,91 @@
+"""Tenant limits over real HTTP: 429s that clients and the openai SDK understand."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ALIAS
+
+HEADERS = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+]
+
+
+@pytest.fixture
+def client(stack):
+    with httpx.Client(base_url=stack.base_url, timeout=120) as c:
+        yield c
+
+
+def _completion(client, key, **fields):
+    body = {"model": ALIAS, "prompt": "hi", "max_tokens": 2, **fields}
+    return client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+
+
+def test_admitted_responses_carry_the_rate_limit_headers(client, world):
+    response = _completion(client, world.acme_key)
+    assert response.status_code == 200
+    assert all(name in response.headers for name in HEADERS)
+    assert int(response.headers["x-ratelimit-limit-requests"]) == 600
+
+
+def test_the_request_over_the_per_minute_limit_gets_429_with_retry_after(client, world):
+    key = world.limited_keys["initech"]
+    assert _completion(client, key).status_code == 200
+    assert _completion(client, key).status_code == 200
+    refused = _completion(client, key)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert int(refused.headers["retry-after-ms"]) > 0
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_a_spent_budget_gets_429_budget_exceeded(client, world):
+    refused = _completion(client, world.limited_keys["umbrella"])
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "budget_exceeded"
+
+
+def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
+    key = world.limited_keys["hooli"]
+
+    holding = threading.Event()
+
+    def hold_the_slot() -> None:
+        body = {"model": ALIAS, "prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
+        with (
+            httpx.Client(base_url=stack.base_url, timeout=120) as own,
+            own.stream(
+                "POST",
+                "/v1/completions",
+                json={**body, "stream": True},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response,
+        ):
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    holding.set()
+
+    long_one = threading.Thread(target=hold_the_slot)
+    long_one.start()
+    try:
+        assert holding.wait(timeout=60)
+        impatient = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.RateLimitError) as refused:
+            impatient.completions.create(model=ALIAS, prompt="x", max_tokens=1)
+        assert refused.value.code == "concurrency_limit_exceeded"
+        patient = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=8)
+        completion = patient.completions.create(model=ALIAS, prompt="x", max_tokens=1)
+        assert completion.usage is not None and completion.usage.completion_tokens == 1
+    finally:
+        long_one.join()

@@ -1,0 +1,136 @@
+"""Tenant limits against a real Valkey server: exact under concurrency, settled on finish."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from decimal import Decimal
+
+import pytest
+import redis.asyncio as aredis
+from django.conf import settings
+
+from inference.quotas import Limits, Quotas, Usage, cost_micros
+
+_tenants = itertools.count(10_000)
+
+
+@pytest.fixture
+async def quotas():
+    client = aredis.Redis.from_url(settings.REDIS_URL, max_connections=1000)
+    yield Quotas(client)
+    await client.aclose()
+
+
+def _limits(**overrides) -> Limits:
+    fields = {
+        "requests_per_minute": 1000,
+        "tokens_per_minute": 1_000_000,
+        "max_concurrency": 100,
+        "monthly_budget": Decimal("1000"),
+        **overrides,
+    }
+    return Limits(**fields)
+
+
+async def _admit(quotas, tenant, limits, tokens=10, cost=1, rid=None):
+    decision = await quotas.admit(
+        tenant_id=tenant,
+        request_id=rid or uuid.uuid4().hex,
+        limits=limits,
+        reserve=Usage(tokens=tokens, cost_micros=cost),
+        lease_seconds=60,
+        spent_this_month=0,
+    )
+    assert decision is not None
+    return decision
+
+
+async def test_it_refuses_the_request_over_the_per_minute_limit(quotas):
+    tenant, limits = next(_tenants), _limits(requests_per_minute=3)
+    for expected_left in (2, 1, 0):
+        decision = await _admit(quotas, tenant, limits)
+        assert decision.admitted and decision.remaining_requests == expected_left
+    refused = await _admit(quotas, tenant, limits)
+    assert refused.reason == "rate_limit_exceeded"
+    assert 0 < refused.reset_requests_ms <= 20_000
+
+
+async def test_tokens_are_reserved_then_settled_to_actual_use(quotas):
+    tenant, limits = next(_tenants), _limits(tokens_per_minute=1000)
+    first = uuid.uuid4().hex
+    assert (await _admit(quotas, tenant, limits, tokens=600, rid=first)).admitted
+    assert (await _admit(quotas, tenant, limits, tokens=600)).reason == (
+        "tokens_per_minute_exceeded"
+    )
+    released = await quotas.release(
+        tenant_id=tenant, request_id=first, admitted_at=__import__("time").time(),
+        used=Usage(tokens=100, cost_micros=1),
+    )  # fmt: skip
+    assert released
+    assert (await _admit(quotas, tenant, limits, tokens=600)).admitted
+
+
+async def test_a_request_larger_than_the_token_limit_is_told_it_never_fits(quotas):
+    refused = await _admit(quotas, next(_tenants), _limits(tokens_per_minute=100), tokens=101)
+    assert refused.reason == "tokens_per_minute_exceeded" and refused.reset_tokens_ms == -1
+
+
+async def test_concurrency_slots_are_freed_when_a_request_ends(quotas):
+    import time
+
+    tenant, limits = next(_tenants), _limits(max_concurrency=2)
+    ids = [uuid.uuid4().hex for _ in range(2)]
+    for rid in ids:
+        assert (await _admit(quotas, tenant, limits, rid=rid)).admitted
+    assert (await _admit(quotas, tenant, limits)).reason == "concurrency_limit_exceeded"
+    await quotas.release(
+        tenant_id=tenant, request_id=ids[0], admitted_at=time.time(), used=Usage(0, 0)
+    )
+    assert (await _admit(quotas, tenant, limits)).admitted
+
+
+async def test_releasing_twice_settles_once(quotas):
+    import time
+
+    tenant, rid = next(_tenants), uuid.uuid4().hex
+    await _admit(quotas, tenant, _limits(), rid=rid)
+    used = Usage(tokens=1, cost_micros=1)
+    assert await quotas.release(
+        tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=used
+    )
+    assert not await quotas.release(
+        tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=used
+    )
+
+
+async def test_200_concurrent_requests_never_spend_past_the_budget(quotas):
+    tenant = next(_tenants)
+    budget = Decimal("0.000500")  # 500 micros; each request reserves 7
+    limits = _limits(monthly_budget=budget)
+    decisions = await asyncio.gather(*(_admit(quotas, tenant, limits, cost=7) for _ in range(200)))
+    admitted = sum(d.admitted for d in decisions)
+    assert admitted == 500 // 7
+    assert all(d.reason == "budget_exceeded" for d in decisions if not d.admitted)
+
+
+async def test_the_month_spend_is_seeded_once_from_the_records(quotas):
+    tenant, limits = next(_tenants), _limits(monthly_budget=Decimal("0.000010"))
+    reserve = Usage(tokens=1, cost_micros=4)
+    args = {"tenant_id": tenant, "limits": limits, "reserve": reserve, "lease_seconds": 60}
+    assert await quotas.admit(request_id=uuid.uuid4().hex, **args) is None
+    seeded = await quotas.admit(request_id=uuid.uuid4().hex, spent_this_month=8, **args)
+    assert seeded is not None and seeded.reason == "budget_exceeded"
+
+
+def test_cost_is_counted_in_micros_rounded_up():
+    assert (
+        cost_micros(
+            price_input_per_1k=Decimal("0.0005"),
+            price_output_per_1k=Decimal("0.0015"),
+            prompt=1000,
+            completion=1,
+        )
+        == 502
+    )
