@@ -11,6 +11,8 @@ idle time; the reaper reclaims entries idle longer than the lease.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +73,11 @@ def dead_usage_key(deployment: str) -> str:
 
 def cancel_channel(deployment: str) -> str:
     return f"{_tag(deployment)}:cancel"
+
+
+def whereabouts_key(request_id: str) -> str:
+    # Tagged by the request: the one key a frontend can find knowing only a request id.
+    return f"sy:{{r{request_id}}}:where"
 
 
 def heartbeats_key(deployment: str) -> str:
@@ -134,6 +141,16 @@ return 1
 """
 
 
+_background: set[asyncio.Task[Any]] = set()
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    tenant_id: int
+    deployment: str
+    entry_id: str
+
+
 @dataclass(frozen=True)
 class Claimed:
     entry_id: str
@@ -155,13 +172,64 @@ class Dispatch:
 
     async def enqueue(self, job: Job) -> str | None:
         """Append a job to its deployment's queue; return its entry id, or None if no worker."""
-        entry = await self._enqueue(
-            keys=[jobs_key(job.deployment), heartbeats_key(job.deployment)],
-            args=[encode(job), time.time()],
-        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self._enqueue(
+                keys=[jobs_key(job.deployment), heartbeats_key(job.deployment)],
+                args=[encode(job), time.time()],
+                client=pipe,
+            )
+            # Same round trip: where the request lives, so it can be cancelled by id.
+            pipe.hset(
+                whereabouts_key(job.request_id),
+                mapping={"tenant": job.tenant_id, "deployment": job.deployment},
+            )
+            pipe.expire(whereabouts_key(job.request_id), self.reply_ttl)
+            entry, *_ = await pipe.execute()
         if entry is None:
             return None
-        return entry.decode() if isinstance(entry, bytes) else str(entry)
+        entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
+        # Off the request's path: a cancel by id that finds no entry still flags the request.
+        task = asyncio.get_running_loop().create_task(
+            self._remember_entry(job.request_id, entry_id)
+        )
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+        return entry_id
+
+    async def _remember_entry(self, request_id: str, entry_id: str) -> None:
+        # Best effort: without it a cancel by id still works through the cancel flag.
+        with contextlib.suppress(Exception):
+            await self.redis.hset(whereabouts_key(request_id), "entry", entry_id)
+
+    async def whereabouts(self, request_id: str) -> Whereabouts | None:
+        """Return where a recent request lives, or None."""
+        found: Any = await self.redis.hmget(
+            whereabouts_key(request_id), ["tenant", "deployment", "entry"]
+        )
+        if not found or found[0] is None or found[1] is None:
+            return None
+        entry = found[2].decode() if found[2] is not None else ""
+        return Whereabouts(tenant_id=int(found[0]), deployment=found[1].decode(), entry_id=entry)
+
+    async def cancel_by_id(self, *, where: Whereabouts, request_id: str) -> bool:
+        """Cancel a request knowing only its id; return False if it had already finished."""
+        if await self.redis.exists(final_key(where.deployment, request_id)):
+            return False
+        entries: Any = (
+            await self.redis.xrange(jobs_key(where.deployment), where.entry_id, where.entry_id)
+            if where.entry_id
+            else []
+        )
+        if entries:
+            job = job_decoder.decode(entries[0][1][b"j"])
+            await self.cancel(job=job, entry_id=where.entry_id)
+        else:
+            # Running (its worker aborts it) or not yet recorded (checked again at claim).
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(cancel_key(where.deployment, request_id), "1", ex=MARKER_TTL_SECONDS)
+                pipe.publish(cancel_channel(where.deployment), request_id)
+                await pipe.execute()
+        return True
 
     async def read_events(
         self, *, deployment: str, request_id: str, after: str, block_ms: int

@@ -10,6 +10,7 @@ urlpatterns = [
     path("chat/completions", views.chat_completions),
     path("completions", views.completions),
     path("models", views.models_list),
+    path("requests/<str:target>/cancel", views.request_cancel),
     path("models/<path:name>", views.models_detail),
     re_path(r"^(?P<path>.*)$", views.not_found),
 ]

@@ -208,6 +208,21 @@ async def _sse(
             return
 
 
+@api_endpoint("POST")
+async def request_cancel(request: HttpRequest, request_id: str, target: str) -> HttpResponse:
+    """Cancel one of the caller's tenant's requests by id (the `x-request-id` it got)."""
+    principal = await _principal(request, Scope.INFERENCE)
+    dispatch = dispatch_get()
+    rid = target.removeprefix("chatcmpl-").removeprefix("cmpl-")
+    where = await dispatch.whereabouts(rid)
+    if where is None or where.tenant_id != principal.tenant_id:
+        raise ApiError(404, "request_not_found", f"No recent request '{target}'.", param="id")
+    cancelled = await dispatch.cancel_by_id(where=where, request_id=rid)
+    return _json_response(
+        {"id": rid, "object": "request", "status": "cancelling" if cancelled else "finished"}
+    )
+
+
 @api_endpoint("GET")
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     await _principal(request, Scope.MODELS_READ)

@@ -281,3 +281,63 @@ def test_every_accepted_request_has_exactly_one_usage_record(client, world, usag
     assert rejected.status_code == 400
     records = usage_of(*ids, rejected.headers["x-request-id"], timeout=10)
     assert sorted(r.request_id for r in records) == sorted(ids)
+
+
+def test_a_request_can_be_cancelled_by_id_by_its_own_tenant_only(stack, client, world, usage_of):
+    import threading
+
+    started = threading.Event()
+    seen: dict[str, object] = {}
+
+    def stream() -> None:
+        with (
+            httpx.Client(base_url=stack.base_url, timeout=120) as own,
+            own.stream(
+                "POST",
+                "/v1/completions",
+                json={
+                    "model": ALIAS,
+                    "prompt": "Once",
+                    "max_tokens": 1000,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
+                headers=_auth(world.globex_key),
+            ) as response,
+        ):
+            seen["id"] = response.headers["x-request-id"]
+            lines = []
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    started.set()
+                    lines.append(line)
+            seen["events"] = _sse_lines(lines)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(timeout=60)
+    rid = str(seen["id"])
+    foreign = client.post(f"/v1/requests/{rid}/cancel", headers=_auth(world.acme_key))
+    _error(foreign, 404, "request_not_found", "id")
+    own = client.post(f"/v1/requests/{rid}/cancel", headers=_auth(world.globex_key))
+    assert own.status_code == 200 and own.json()["status"] == "cancelling"
+    reader.join(timeout=60)
+    events = seen["events"]
+    assert isinstance(events, list)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "cancelled"
+    [record] = usage_of(rid)
+    assert record.status == "cancelled" and record.completion_tokens < 1000
+    _error(
+        client.post("/v1/requests/nope/cancel", headers=_auth(world.acme_key)),
+        404,
+        "request_not_found",
+        "id",
+    )
+
+
+def _sse_lines(lines: list[str]) -> list:
+    return [
+        line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+        for line in lines
+        if line.startswith("data: ")
+    ]
