@@ -11,6 +11,7 @@ from inference import views as inference_views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include(inference_urls)),
+    path("api/", include("tenants.urls")),
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
     path("", include("django_prometheus.urls")),

@@ -3,13 +3,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.auth.models import User
 from django.http import HttpRequest
 
 from tenants.models import ApiKey, AuditEvent, Membership, Quota, Tenant
+from tenants.services import QUOTA_FIELDS, quota_update
 
 
 class QuotaInline(admin.StackedInline):
     model = Quota
+    # Edited on the Quota page, where every change goes through the audited service.
+    readonly_fields = list(QUOTA_FIELDS)
+    can_delete = False
 
 
 class MembershipInline(admin.TabularInline):
@@ -21,6 +26,27 @@ class MembershipInline(admin.TabularInline):
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "is_active", "created_at"]
     inlines = [QuotaInline, MembershipInline]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = [
+        "tenant",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "max_concurrency",
+        "monthly_budget",
+        "updated_at",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a quota is created with its tenant
+
+    def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
+        # Through the service, so the change is validated and audited like any other.
+        changes = {name: getattr(obj, name) for name in form.changed_data if name in QUOTA_FIELDS}
+        user = request.user if isinstance(request.user, User) else None
+        quota_update(tenant=obj.tenant, changes=changes, actor=user)
 
 
 @admin.register(ApiKey)

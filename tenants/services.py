@@ -167,3 +167,46 @@ def api_key_revoke(*, key: ApiKey, actor: User | None = None) -> ApiKey:
             public_id = key.public_id
             transaction.on_commit(lambda: key_revocation_publish(public_id=public_id))
     return key
+
+
+QUOTA_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_concurrency",
+    "max_tokens_per_request",
+    "max_context_tokens",
+    "monthly_budget",
+    "priority_weight",
+)
+
+
+def quota_update(*, tenant: Tenant, changes: dict[str, Any], actor: User | None = None) -> Quota:
+    """Change a tenant's quota; every change is an audit event with the old and new values.
+
+    Frontends pick the new limits up within their key cache time (a few seconds).
+    """
+    unknown = sorted(set(changes) - set(QUOTA_FIELDS))
+    if unknown:
+        raise ValidationError({name: "not a quota field" for name in unknown})
+    with transaction.atomic():
+        quota = Quota.objects.select_for_update().get(tenant=tenant)
+        diff = {
+            name: {"from": str(getattr(quota, name)), "to": str(value)}
+            for name, value in changes.items()
+            if getattr(quota, name) != value
+        }
+        if not diff:
+            return quota
+        for name, value in changes.items():
+            setattr(quota, name, value)
+        quota.full_clean()
+        quota.save()
+        audit_record(
+            action="quota.update",
+            target_type="tenant",
+            target_id=tenant.slug,
+            tenant=tenant,
+            actor=actor,
+            data=diff,
+        )
+    return quota

@@ -1,0 +1,56 @@
+"""The management REST API for tenants (staff only): one class per operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from tenants.models import Quota, Tenant
+from tenants.services import quota_update
+
+
+class QuotaSerializer(serializers.ModelSerializer[Quota]):
+    class Meta:
+        model = Quota
+        fields = [
+            "requests_per_minute",
+            "tokens_per_minute",
+            "max_concurrency",
+            "max_tokens_per_request",
+            "max_context_tokens",
+            "monthly_budget",
+            "priority_weight",
+            "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+
+def _tenant(slug: str) -> Tenant:
+    try:
+        return Tenant.objects.get(slug=slug)
+    except Tenant.DoesNotExist as exc:
+        raise Http404(f"no tenant {slug!r}") from exc
+
+
+class QuotaDetailApi(APIView):
+    """GET a tenant's quota; PATCH some of its fields (audited)."""
+
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(QuotaSerializer(_tenant(slug).quota).data)
+
+    def patch(self, request: Request, slug: str) -> Response:
+        tenant = _tenant(slug)
+        serializer = QuotaSerializer(tenant.quota, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        changes: dict[str, Any] = dict(serializer.validated_data)
+        try:
+            quota = quota_update(tenant=tenant, changes=changes, actor=request.user)  # type: ignore[arg-type]
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from exc
+        return Response(QuotaSerializer(quota).data)

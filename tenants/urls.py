@@ -1,0 +1,11 @@
+"""Management API routes for tenants, one explicit path per endpoint."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from tenants.apis import QuotaDetailApi
+
+urlpatterns = [
+    path("tenants/<slug:slug>/quota", QuotaDetailApi.as_view()),
+]
