@@ -174,8 +174,3 @@ def deployment_create(
             data={"version": version.public_name, "max_num_seqs": max_num_seqs},
         )
     return deployment
-
-
-def deployment_set_state(*, deployment: Deployment, state: str) -> None:
-    """Record a deployment's lifecycle state as its workers report it."""
-    Deployment.objects.filter(pk=deployment.pk).update(state=state)
