@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import base64
+
 import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
@@ -41,3 +43,11 @@ def test_tenant_users_cannot_use_the_management_api(world):
     client.force_login(world.alice)
     assert client.get("/api/tenants/acme/quota").status_code == 403
     assert APIClient().get("/api/tenants/acme/quota").status_code == 403
+
+
+def test_staff_can_use_basic_auth(world):
+    User.objects.create_user("ops", password="s3cret-ops", is_staff=True)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Basic " + base64.b64encode(b"ops:s3cret-ops").decode())
+    response = client.patch("/api/tenants/acme/quota", {"max_concurrency": 9}, format="json")
+    assert response.status_code == 200 and response.json()["max_concurrency"] == 9
