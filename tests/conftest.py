@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,8 @@ def _world(model_dir: Path) -> World:
     version, _ = model_version_register(
         model_name="tiny-llama",
         source_dir=model_dir,
-        price_input_per_1k=__import__("decimal").Decimal("0.5"),
-        price_output_per_1k=__import__("decimal").Decimal("1.5"),
+        price_input_per_1k=Decimal("0.5"),
+        price_output_per_1k=Decimal("1.5"),
     )
     alias_set(name=ALIAS, version=version)
     deployment = deployment_create(
@@ -118,10 +119,10 @@ def _world(model_dir: Path) -> World:
     )
 
 
-LIMITED = {
+LIMITED: dict[str, dict[str, Any]] = {
     "initech": {"requests_per_minute": 2},
     "hooli": {"max_concurrency": 1},
-    "umbrella": {"monthly_budget": __import__("decimal").Decimal("0.00")},
+    "umbrella": {"monthly_budget": Decimal("0.00")},
 }
 
 

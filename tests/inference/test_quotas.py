@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 from decimal import Decimal
 
@@ -65,7 +66,7 @@ async def test_tokens_are_reserved_then_settled_to_actual_use(quotas):
         "tokens_per_minute_exceeded"
     )
     released = await quotas.release(
-        tenant_id=tenant, request_id=first, admitted_at=__import__("time").time(),
+        tenant_id=tenant, request_id=first, admitted_at=time.time(),
         used=Usage(tokens=100, cost_micros=1),
     )  # fmt: skip
     assert released
@@ -78,7 +79,6 @@ async def test_a_request_larger_than_the_token_limit_is_told_it_never_fits(quota
 
 
 async def test_concurrency_slots_are_freed_when_a_request_ends(quotas):
-    import time
 
     tenant, limits = next(_tenants), _limits(max_concurrency=2)
     ids = [uuid.uuid4().hex for _ in range(2)]
@@ -92,7 +92,6 @@ async def test_concurrency_slots_are_freed_when_a_request_ends(quotas):
 
 
 async def test_releasing_twice_settles_once(quotas):
-    import time
 
     tenant, rid = next(_tenants), uuid.uuid4().hex
     await _admit(quotas, tenant, _limits(), rid=rid)
