@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -128,8 +129,12 @@ return 0
 # Enqueue a job only while its deployment has a live worker: one round trip, and no job is
 # left behind in a queue nobody serves.
 _ENQUEUE = """
-if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') == 0 then return false end
-return redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])
+if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') == 0 then return {-1} end
+local waiting = redis.call('XLEN', KEYS[1])
+local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[4])
+if ok then waiting = waiting - tonumber(summary[1]) end
+if waiting >= tonumber(ARGV[3]) then return {-2} end
+return {0, redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])}
 """
 
 # Put a reclaimed job that never started back at the tail of the queue.
@@ -142,6 +147,13 @@ return 1
 
 
 _background: set[asyncio.Task[Any]] = set()
+
+
+class Refusal(enum.Enum):
+    """Why a job was not queued."""
+
+    NO_WORKER = "no_worker"
+    QUEUE_FULL = "queue_full"
 
 
 @dataclass(frozen=True)
@@ -170,12 +182,16 @@ class Dispatch:
 
     # --- frontend side -------------------------------------------------------------------
 
-    async def enqueue(self, job: Job) -> str | None:
-        """Append a job to its deployment's queue; return its entry id, or None if no worker."""
+    async def enqueue(self, job: Job, *, max_queued: int = 1 << 30) -> str | Refusal:
+        """Append a job to its deployment's queue and return its entry id.
+
+        Nothing is queued, and a Refusal says why, when no worker of the deployment is alive
+        or more than max_queued jobs already wait for one.
+        """
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._enqueue(
                 keys=[jobs_key(job.deployment), heartbeats_key(job.deployment)],
-                args=[encode(job), time.time()],
+                args=[encode(job), time.time(), max_queued, WORKERS_GROUP],
                 client=pipe,
             )
             # Same round trip: where the request lives, so it can be cancelled by id.
@@ -184,9 +200,12 @@ class Dispatch:
                 mapping={"tenant": job.tenant_id, "deployment": job.deployment},
             )
             pipe.expire(whereabouts_key(job.request_id), self.reply_ttl)
-            entry, *_ = await pipe.execute()
-        if entry is None:
-            return None
+            outcome, *_ = await pipe.execute()
+        if int(outcome[0]) == -1:
+            return Refusal.NO_WORKER
+        if int(outcome[0]) == -2:
+            return Refusal.QUEUE_FULL
+        entry = outcome[1]
         entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
         # Off the request's path: a cancel by id that finds no entry still flags the request.
         task = asyncio.get_running_loop().create_task(

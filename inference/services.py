@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -13,13 +14,13 @@ from billing.selectors import tenant_month_spend_micros
 from inference.auth import Principal
 from inference.cache import RefreshingCache
 from inference.db import db_call
-from inference.dispatch import Dispatch
+from inference.dispatch import Dispatch, Refusal
 from inference.errors import ApiError
 from inference.params import CHAT, GenerationRequest
 from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
 from inference.tokenization import tokenizer_for
-from inference.types import Job, Sampling
+from inference.types import Failed, Finished, Job, Sampling
 from models_registry.selectors import Route, route_resolve
 
 _dispatch: Dispatch | None = None
@@ -159,7 +160,11 @@ def sampling_build(
 
 
 async def generation_submit(
-    *, principal: Principal, request: GenerationRequest, request_id: str
+    *,
+    principal: Principal,
+    request: GenerationRequest,
+    request_id: str,
+    timeout: float | None = None,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers."""
     route = await route_get(request.model)
@@ -182,27 +187,37 @@ async def generation_submit(
         prompt_token_ids=prompt,
         sampling=sampling,
         enqueued_at=now,
-        deadline=now + settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+        # The client's own deadline when it sets one, never past the platform's.
+        deadline=now + min(timeout or math.inf, settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS),
     )
     reserve = Usage(
         tokens=len(prompt) + sampling.max_tokens,
         cost_micros=_cost(route, prompt=len(prompt), completion=sampling.max_tokens),
     )
     decision = await _admit(principal=principal, request_id=request_id, reserve=reserve)
-    entry_id = await dispatch_get().enqueue(job)
-    if entry_id is None:
+    entry_id = await dispatch_get().enqueue(job, max_queued=route.max_queued)
+    if isinstance(entry_id, Refusal):
         await quotas_get().release(
             tenant_id=principal.tenant_id,
             request_id=request_id,
             admitted_at=now,
             used=Usage(tokens=0, cost_micros=0),
         )
+        headers = ratelimit_headers(principal.limits, decision)
+        if entry_id is Refusal.QUEUE_FULL:
+            raise ApiError(
+                503,
+                "queue_full",
+                f"'{request.model}' has more requests waiting than it accepts; retry shortly.",
+                retry_after=1,
+                headers=headers,
+            )
         raise ApiError(
             503,
             "model_unavailable",
             f"No worker is serving '{request.model}' right now; retry shortly.",
             retry_after=5,
-            headers=ratelimit_headers(principal.limits, decision),
+            headers=headers,
         )
     return Submitted(
         job=job, entry_id=entry_id, route=route, principal=principal, decision=decision
@@ -263,11 +278,19 @@ async def _admit(*, principal: Principal, request_id: str, reserve: Usage) -> De
     )
 
 
-async def usage_settle(submitted: Submitted, *, prompt_tokens: int, completion_tokens: int) -> None:
-    """Settle a finished request's reservation to what it used (the ingester does it otherwise)."""
+async def usage_settle(submitted: Submitted, event: Finished | Failed) -> None:
+    """Settle an ended request's reservation to what it used (the ingester does it otherwise).
+
+    Not on the frontend's own timeout: the worker may still be producing tokens then, and the
+    ingester settles to the count it finally bills.
+    """
+    if isinstance(event, Failed) and event.code == "timeout":
+        return
     used = Usage(
-        tokens=prompt_tokens + completion_tokens,
-        cost_micros=_cost(submitted.route, prompt=prompt_tokens, completion=completion_tokens),
+        tokens=event.prompt_tokens + event.completion_tokens,
+        cost_micros=_cost(
+            submitted.route, prompt=event.prompt_tokens, completion=event.completion_tokens
+        ),
     )
     await quotas_get().release(
         tenant_id=submitted.job.tenant_id,

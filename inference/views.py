@@ -40,7 +40,13 @@ View = Callable[..., Awaitable[HttpResponseBase]]
 Routable = Callable[..., Any]
 
 # Failures that happen after admission; none of them is the client's fault.
-_FAILURE_STATUS = {"timeout": 503, "worker_lost": 503, "engine_error": 503, "cancelled": 503}
+_FAILURE_STATUS = {
+    "timeout": 503,
+    "deadline_exceeded": 503,
+    "worker_lost": 503,
+    "engine_error": 503,
+    "cancelled": 503,
+}
 
 
 def api_endpoint(*methods: str) -> Callable[[View], Routable]:
@@ -94,6 +100,24 @@ async def _body(request: HttpRequest) -> bytes:
     return body
 
 
+def _timeout(raw: str | None) -> float | None:
+    """Return the client's own deadline in seconds (`x-request-timeout`), if it sent one."""
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ApiError(
+            400,
+            "invalid_value",
+            "x-request-timeout must be a positive number of seconds.",
+            param="x-request-timeout",
+        )
+    return seconds
+
+
 async def _principal(request: HttpRequest, scope: str) -> Principal:
     return await authenticate(request.headers.get("Authorization"), scope=scope)
 
@@ -112,7 +136,12 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     principal = await _principal(request, Scope.INFERENCE)
     parsed = generation_parse(body_parse(await _body(request)), endpoint=endpoint)
 
-    submitted = await generation_submit(principal=principal, request=parsed, request_id=request_id)
+    submitted = await generation_submit(
+        principal=principal,
+        request=parsed,
+        request_id=request_id,
+        timeout=_timeout(request.headers.get("x-request-timeout")),
+    )
     formatter = Formatter(
         endpoint=endpoint,
         request_id=request_id,
@@ -140,11 +169,7 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
         if isinstance(event, Delta):
             parts.append(event.text)
         elif isinstance(event, Finished):
-            await usage_settle(
-                submitted,
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-            )
+            await usage_settle(submitted, event)
             return _json_response(
                 formatter.complete(
                     text="".join(parts),
@@ -154,11 +179,7 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
                 )
             )
         elif isinstance(event, Failed):
-            await usage_settle(
-                submitted,
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-            )
+            await usage_settle(submitted, event)
             raise _failure(event)
     raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
@@ -180,11 +201,7 @@ async def _sse(
                 )
                 first = False
         elif isinstance(event, Finished):
-            await usage_settle(
-                submitted,
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-            )
+            await usage_settle(submitted, event)
             yield formatter.chunk(
                 text="",
                 finish_reason=event.finish_reason,
@@ -198,11 +215,7 @@ async def _sse(
             yield DONE
             return
         elif isinstance(event, Failed):
-            await usage_settle(
-                submitted,
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-            )
+            await usage_settle(submitted, event)
             yield error_chunk(_failure(event).body())
             yield DONE
             return

@@ -102,6 +102,8 @@ class Deployment(models.Model):
     )
     desired_replicas = models.PositiveIntegerField(default=1)
     max_num_seqs = models.PositiveIntegerField(default=64)
+    # Requests waiting for a worker beyond this are refused at once (503 queue_full).
+    max_queued = models.PositiveIntegerField(default=256)
     max_model_len = models.PositiveIntegerField(default=2048)
     kv_cache_bytes = models.PositiveBigIntegerField(default=256 << 20)
     enforce_eager = models.BooleanField(default=False)

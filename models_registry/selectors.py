@@ -24,6 +24,7 @@ class Route:
     sampling_defaults: dict[str, Any]
     price_input_per_1k: Decimal
     price_output_per_1k: Decimal
+    max_queued: int
 
 
 def _deployment_for(version: ModelVersion) -> Deployment | None:
@@ -79,6 +80,7 @@ def route_resolve(*, name: str) -> Route | None:
         sampling_defaults=version.sampling_defaults,
         price_input_per_1k=version.price_input_per_1k,
         price_output_per_1k=version.price_output_per_1k,
+        max_queued=deployment.max_queued,
     )
 
 

@@ -142,6 +142,7 @@ def deployment_create(
     name: str,
     version: ModelVersion,
     max_num_seqs: int = 64,
+    max_queued: int = 256,
     max_model_len: int | None = None,
     kv_cache_bytes: int = 256 << 20,
     enforce_eager: bool = False,
@@ -153,6 +154,8 @@ def deployment_create(
         raise ValidationError({"name": f"deployment {name!r} already exists"})
     if max_num_seqs < 1:
         raise ValidationError({"max_num_seqs": "must be at least 1"})
+    if max_queued < 1:
+        raise ValidationError({"max_queued": "must be at least 1"})
     if kv_cache_bytes < 1 << 20:
         raise ValidationError({"kv_cache_bytes": "must be at least 1 MiB"})
     context = min(max_model_len or version.max_model_len, version.max_model_len)
@@ -161,6 +164,7 @@ def deployment_create(
             name=name,
             version=version,
             max_num_seqs=max_num_seqs,
+            max_queued=max_queued,
             max_model_len=context,
             kv_cache_bytes=kv_cache_bytes,
             enforce_eager=enforce_eager,

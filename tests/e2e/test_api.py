@@ -341,3 +341,24 @@ def _sse_lines(lines: list[str]) -> list:
         for line in lines
         if line.startswith("data: ")
     ]
+
+
+def test_a_client_deadline_ends_the_request_when_it_passes(client, world, usage_of):
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "Once", "max_tokens": 1000, "ignore_eos": True},
+        headers={**_auth(world.globex_key), "x-request-timeout": "0.05"},
+    )
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] in {"timeout", "deadline_exceeded"}
+    [record] = usage_of(response.headers["x-request-id"])
+    assert record.status in {"cancelled", "timeout"} and record.completion_tokens < 1000
+
+
+def test_a_malformed_deadline_is_refused(client, world):
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "x", "max_tokens": 2},
+        headers={**_auth(world.acme_key), "x-request-timeout": "soon"},
+    )
+    _error(response, 400, "invalid_value", "x-request-timeout")

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from inference.dispatch import Dispatch, reply_key, usage_for, usage_key
+from inference.dispatch import Dispatch, Refusal, reply_key, usage_for, usage_key
 from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status, usage_decoder
 
 
@@ -133,8 +133,17 @@ async def test_a_renewed_lease_is_not_reaped(dispatch):
 
 async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatch):
     deployment = f"t-{uuid.uuid4().hex[:8]}"
-    assert await dispatch.enqueue(_job(deployment)) is None
+    assert await dispatch.enqueue(_job(deployment)) is Refusal.NO_WORKER
     await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
-    assert await dispatch.enqueue(_job(deployment)) is not None
+    assert isinstance(await dispatch.enqueue(_job(deployment)), str)
     await dispatch.leave(deployment=deployment, worker="w")
-    assert await dispatch.enqueue(_job(deployment)) is None
+    assert await dispatch.enqueue(_job(deployment)) is Refusal.NO_WORKER
+
+
+async def test_a_full_queue_refuses_at_once_and_claimed_jobs_do_not_count(dispatch):
+    deployment = await _served_deployment(dispatch)
+    for _ in range(2):
+        assert isinstance(await dispatch.enqueue(_job(deployment), max_queued=2), str)
+    assert await dispatch.enqueue(_job(deployment), max_queued=2) is Refusal.QUEUE_FULL
+    await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50)
+    assert isinstance(await dispatch.enqueue(_job(deployment), max_queued=2), str)

@@ -16,6 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("name", help="deployment name, e.g. tiny-chat")
         parser.add_argument("version", help="model@version (or a bare model name for its newest)")
         parser.add_argument("--max-num-seqs", type=int, default=64, help="max concurrent sequences")
+        parser.add_argument(
+            "--max-queued", type=int, default=256, help="requests that may wait for a worker"
+        )
         parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
         parser.add_argument(
             "--kv-cache-mib", type=int, default=256, help="KV cache size per worker in MiB"
@@ -41,6 +44,7 @@ class Command(BaseCommand):
                 name=name,
                 version=version,
                 max_num_seqs=options["max_num_seqs"],
+                max_queued=options["max_queued"],
                 max_model_len=options["max_model_len"],
                 kv_cache_bytes=options["kv_cache_mib"] << 20,
                 enforce_eager=options["enforce_eager"],
