@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 import aiohttp
@@ -312,7 +313,14 @@ def prepare_switchyard(model_dir: Path, work: Path) -> Platform:
         dtype=DTYPE,
     )
     tenant = tenant_create(slug="bench")
-    Quota.objects.filter(tenant=tenant).update(max_tokens_per_request=4096)
+    # The benchmark measures the data path, not the tenant's limits: make them unreachable.
+    Quota.objects.filter(tenant=tenant).update(
+        max_tokens_per_request=4096,
+        requests_per_minute=10_000_000,
+        tokens_per_minute=1_000_000_000,
+        max_concurrency=10_000,
+        monthly_budget=Decimal("1000000"),
+    )
     token = api_key_issue(tenant=tenant, name="bench").token
     return Platform(services=services, env=env, token=token)
 
