@@ -12,22 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants.models import Quota, Tenant
-from tenants.services import quota_update
+from tenants.services import QUOTA_FIELDS, quota_update
 
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
     class Meta:
         model = Quota
-        fields = [
-            "requests_per_minute",
-            "tokens_per_minute",
-            "max_concurrency",
-            "max_tokens_per_request",
-            "max_context_tokens",
-            "monthly_budget",
-            "priority_weight",
-            "updated_at",
-        ]
+        fields = [*QUOTA_FIELDS, "updated_at"]
         read_only_fields = ["updated_at"]
 
 
