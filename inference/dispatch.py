@@ -1,8 +1,8 @@
 """The data plane in Redis: job queues, leases, reply streams, cancellation and usage events.
 
-This is the only module that knows Redis key names. Every key of a deployment carries the
-deployment name as its hash tag, so one deployment's keys live in one Redis Cluster slot and
-the scripts below stay atomic there.
+This module and quotas.py (tenant limits) are the only ones that know Redis key names. Every
+key of a deployment carries the deployment name as its hash tag, so one deployment's keys live
+in one Redis Cluster slot and the scripts below stay atomic there.
 
 Jobs are entries of a stream read by the consumer group of the deployment's workers: a claimed
 entry sits in the group's pending list, which is the lease. Workers renew it by resetting its
