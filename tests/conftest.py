@@ -123,6 +123,7 @@ LIMITED: dict[str, dict[str, Any]] = {
     "initech": {"requests_per_minute": 2},
     "hooli": {"max_concurrency": 1},
     "umbrella": {"monthly_budget": Decimal("0.00")},
+    "pied-piper": {"requests_per_minute": 5},
 }
 
 

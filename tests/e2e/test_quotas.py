@@ -89,3 +89,33 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
         assert completion.usage is not None and completion.usage.completion_tokens == 1
     finally:
         long_one.join()
+
+
+def test_two_frontends_share_one_tenants_limit_exactly(stack, world, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.conftest import _free_port, _http_ok, _spawn, _wait_for
+
+    port = _free_port()
+    second = _spawn(
+        "frontend-2",
+        ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        tmp_path,
+    )
+    try:
+        other_url = f"http://127.0.0.1:{port}"
+        _wait_for(second, lambda: _http_ok(f"{other_url}/healthz"), timeout=120)
+        key = world.limited_keys["pied-piper"]
+
+        def call(base_url: str) -> int:
+            with httpx.Client(base_url=base_url, timeout=120) as c:
+                return _completion(c, key).status_code
+
+        urls = [stack.base_url, other_url] * 6
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            statuses = list(pool.map(call, urls))
+    finally:
+        second.popen.terminate()
+        second.popen.wait(timeout=30)
+    assert statuses.count(200) == 5
+    assert statuses.count(429) == 7
