@@ -11,7 +11,6 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
 from decimal import Decimal
 
 from asgiref.sync import sync_to_async
@@ -40,13 +39,11 @@ class Ingester:
         dispatch: Dispatch,
         consumer: str,
         lease_seconds: float,
-        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.dispatch = dispatch
         self.quotas = Quotas(dispatch.redis)
         self.consumer = consumer
         self.lease_seconds = lease_seconds
-        self.on_batch = on_batch
         self._stopping = asyncio.Event()
         self._deployments: list[str] = []
         self._deployments_at = 0.0
@@ -118,7 +115,6 @@ class Ingester:
 
     async def _ingest(self, entries: list[tuple[str, str, UsageEvent]]) -> None:
         events = [event for _, _, event in entries]
-        started = time.monotonic()
         while True:
             try:
                 result = await sync_to_async(usage_ingest)(events=events)
@@ -136,5 +132,3 @@ class Ingester:
         await self._settle(events, result.costs)
         await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
         self.ingested += result.recorded
-        if self.on_batch is not None:
-            self.on_batch(result.recorded, time.monotonic() - started)

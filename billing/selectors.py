@@ -5,16 +5,10 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from tenants.models import Tenant
-
-
-def usage_list(*, tenant: Tenant) -> QuerySet[UsageRecord]:
-    """Return a tenant's usage records, newest first."""
-    return UsageRecord.objects.filter(tenant=tenant).order_by("-finished_at")
 
 
 def tenant_month_spend_micros(*, tenant_id: int) -> int:

@@ -11,7 +11,6 @@ idle time; the reaper reclaims entries idle longer than the lease.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
 import time
@@ -22,6 +21,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
+from inference.background import spawn
 from inference.types import (
     Delta,
     Event,
@@ -146,9 +146,6 @@ return 1
 """
 
 
-_background: set[asyncio.Task[Any]] = set()
-
-
 class Refusal(enum.Enum):
     """Why a job was not queued."""
 
@@ -208,11 +205,7 @@ class Dispatch:
         entry = outcome[1]
         entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
         # Off the request's path: a cancel by id that finds no entry still flags the request.
-        task = asyncio.get_running_loop().create_task(
-            self._remember_entry(job.request_id, entry_id)
-        )
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        spawn(self._remember_entry(job.request_id, entry_id))
         return entry_id
 
     async def _remember_entry(self, request_id: str, entry_id: str) -> None:
@@ -350,12 +343,8 @@ class Dispatch:
 
     async def publish(self, *, job: Job, events: list[Event]) -> None:
         """Append non-terminal events to a request's reply stream."""
-        key = reply_key(job.deployment, job.request_id)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for event in events:
-                pipe.xadd(key, {"e": encode(event)})
-            if any(isinstance(e, Started) for e in events):
-                pipe.expire(key, self.reply_ttl)
+            self.publish_into(pipe, job=job, events=events)
             await pipe.execute()
 
     def publish_into(self, pipe: aredis.client.Pipeline, *, job: Job, events: list[Event]) -> None:

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 
+from inference.background import spawn
 from inference.dispatch import Dispatch
 from inference.services import Submitted
 from inference.types import Delta, Event, Failed, Finished, Started
 
 log = logging.getLogger(__name__)
-_background: set[asyncio.Task[bool]] = set()
 
 
 def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
     """Cancel a request without waiting, even from a task that is itself being cancelled."""
-    task = asyncio.get_running_loop().create_task(
-        dispatch.cancel(job=submitted.job, entry_id=submitted.entry_id)
-    )
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    spawn(dispatch.cancel(job=submitted.job, entry_id=submitted.entry_id))
 
 
 async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Event]:

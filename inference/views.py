@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from inference import relay
 from inference.auth import Principal, authenticate
+from inference.background import spawn
 from inference.db import db_call
 from inference.errors import ApiError
 from inference.openai_format import DONE, Formatter, error_chunk
@@ -169,7 +170,7 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
         if isinstance(event, Delta):
             parts.append(event.text)
         elif isinstance(event, Finished):
-            await usage_settle(submitted, event)
+            spawn(usage_settle(submitted, event))
             return _json_response(
                 formatter.complete(
                     text="".join(parts),
@@ -179,7 +180,7 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
                 )
             )
         elif isinstance(event, Failed):
-            await usage_settle(submitted, event)
+            spawn(usage_settle(submitted, event))
             raise _failure(event)
     raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
@@ -201,7 +202,7 @@ async def _sse(
                 )
                 first = False
         elif isinstance(event, Finished):
-            await usage_settle(submitted, event)
+            spawn(usage_settle(submitted, event))
             yield formatter.chunk(
                 text="",
                 finish_reason=event.finish_reason,
@@ -215,7 +216,7 @@ async def _sse(
             yield DONE
             return
         elif isinstance(event, Failed):
-            await usage_settle(submitted, event)
+            spawn(usage_settle(submitted, event))
             yield error_chunk(_failure(event).body())
             yield DONE
             return
