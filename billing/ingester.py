@@ -100,11 +100,12 @@ class Ingester:
     async def _reap(self, deployments: list[str]) -> None:
         for name in deployments:
             try:
-                reclaimed = await self.dispatch.reclaim_expired(
-                    deployment=name, lease_seconds=self.lease_seconds
-                )
+                reclaimed = await self.dispatch.reclaim_expired(deployment=name)
                 if reclaimed:
                     log.warning("reclaimed %d jobs with lapsed leases on %s", reclaimed, name)
+                overdue = await self.dispatch.expire_queued(deployment=name)
+                if overdue:
+                    log.info("ended %d queued jobs past their deadline on %s", overdue, name)
                 stale = await self.dispatch.reclaim_usage(
                     deployment=name, consumer=self.consumer, min_idle_ms=STALE_PENDING_MS
                 )

@@ -39,6 +39,8 @@ class Principal:
     max_tokens_per_request: int
     max_context_tokens: int
     limits: Limits
+    priority_weight: float = 1.0
+    max_request_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def _load(public_id: str) -> _Cached:
             max_concurrency=quota.max_concurrency,
             monthly_budget=quota.monthly_budget,
         ),
+        priority_weight=float(max(quota.priority_weight, 1)),
+        max_request_seconds=float(quota.max_request_seconds),
     )
     expires = key.expires_at.timestamp() if key.expires_at else None
     return _Cached(key.secret_hash, principal, problem, expires)

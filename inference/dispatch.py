@@ -1,17 +1,25 @@
-"""The data plane in Redis: job queues, leases, reply streams, cancellation and usage events.
+"""The data plane in Redis: fair job queues, leases, reply streams, cancellation and usage.
 
 This module and quotas.py (tenant limits) are the only ones that know Redis key names. Every
 key of a deployment carries the deployment name as its hash tag, so one deployment's keys live
 in one Redis Cluster slot and the scripts below stay atomic there.
 
-Jobs are entries of a stream read by the consumer group of the deployment's workers: a claimed
-entry sits in the group's pending list, which is the lease. Workers renew it by resetting its
-idle time; the reaper reclaims entries idle longer than the lease.
+Queues. A deployment has one sorted set per priority class (`interactive`, `batch`). Its
+members are `<tenant>:<seq>:<request id>` with equal scores, so each tenant's jobs form a
+first-in-first-out lexicographic range and every script names all the keys it touches. A
+second sorted set per class holds the tenants that have jobs waiting, scored by their virtual
+token counter: start-time fair queuing over tokens served, in the spirit of VTC. Taking a job
+picks the waiting tenant with the lowest counter and charges it prompt + max_tokens divided by
+its weight; the finish settles that charge to the tokens the job really used. A tenant that
+starts waiting again is lifted to the class's virtual clock, so idling earns no credit.
+Interactive jobs always go before batch jobs.
+
+Leases. A claimed job moves to a sorted set scored by its lease's end; its worker renews the
+lease with each heartbeat and the reaper takes back jobs whose lease lapsed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import time
 from dataclasses import dataclass
@@ -21,7 +29,6 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
-from inference.background import spawn
 from inference.types import (
     Delta,
     Event,
@@ -38,18 +45,15 @@ from inference.types import (
 
 ScriptArg = bytes | str | int | float
 
-WORKERS_GROUP = "workers"
 INGEST_GROUP = "ingest"
 KEY_REVOCATIONS_CHANNEL = "sy:keys:revoked"
 MARKER_TTL_SECONDS = 24 * 3600
+CLASSES = ("interactive", "batch")
+_WAKE_CAP = 256
 
 
 def _tag(deployment: str) -> str:
     return f"sy:{{{deployment}}}"
-
-
-def jobs_key(deployment: str) -> str:
-    return f"{_tag(deployment)}:jobs"
 
 
 def reply_key(deployment: str, request_id: str) -> str:
@@ -85,65 +89,280 @@ def heartbeats_key(deployment: str) -> str:
     return f"{_tag(deployment)}:workers"
 
 
+def _deployment_keys(deployment: str) -> list[str]:
+    """The keys every data-plane script receives, in the order _PRELUDE names them."""
+    tag = _tag(deployment)
+    return [
+        f"{tag}:jobs",  # hash: request id -> encoded Job, while queued or leased
+        f"{tag}:meta",  # hash: request id -> "tenant class cost weight deadline member"
+        f"{tag}:q:interactive",  # sorted set of "<tenant>:<seq>:<request id>"
+        f"{tag}:q:batch",
+        f"{tag}:ready:interactive",  # sorted set: waiting tenant -> virtual token counter
+        f"{tag}:ready:batch",
+        f"{tag}:vtc",  # hash: counters, virtual clocks, weights, the sequence
+        f"{tag}:deadlines",  # sorted set: queued request id -> deadline
+        f"{tag}:depth",  # hash: queued requests and tokens, in all and per class/tenant
+        f"{tag}:leases",  # sorted set: claimed request id -> end of its lease
+        heartbeats_key(deployment),  # sorted set: live worker -> end of its heartbeat
+        f"{tag}:wake",  # list: one token per enqueue, for idle workers to block on
+        f"{tag}:rate",  # hash: worker -> measured reserved tokens per second
+        usage_key(deployment),
+    ]
+
+
 def live_workers_sync(client: redis.Redis, deployment: str) -> int:
     """Return how many workers of a deployment are alive, for control-plane code."""
     return int(client.zcount(heartbeats_key(deployment), time.time(), "+inf"))
 
 
-# Finish a request exactly once: the first caller writes the terminal event and the usage
-# event; later callers (a worker racing the reaper, a cancel racing a finish) do nothing.
-_FINALIZE = """
-local won = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[3])
-if won then
-  redis.call('XADD', KEYS[2], '*', 'e', ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[6])
-  redis.call('XADD', KEYS[3], '*', 'u', ARGV[2])
+_PRELUDE = """
+local JOBS, META, QI, QB, RI, RB, VTC, DEADLINES, DEPTH, LEASES, WORKERS, WAKE, RATE, USAGE =
+  unpack(KEYS, 1, 14)
+local QUEUE = {interactive = QI, batch = QB}
+local READY = {interactive = RI, batch = RB}
+
+local function meta_parse(m)
+  local t, c, cost, w, d, member = string.match(m, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  return {tenant = t, cls = c, cost = tonumber(cost), weight = tonumber(w),
+          deadline = tonumber(d), member = member}
 end
-if ARGV[4] ~= '' then
-  redis.call('XACK', KEYS[4], ARGV[5], ARGV[4])
-  redis.call('XDEL', KEYS[4], ARGV[4])
+
+-- A tenant's jobs are one lexicographic range of its class's queue.
+local function tenant_range(tenant)
+  local t = tonumber(tenant)
+  return '[' .. string.format('%010d:', t), '(' .. string.format('%010d;', t)
+end
+
+local function counter_key(cls, tenant) return 'c:' .. cls .. ':' .. tenant end
+
+-- A tenant starts waiting: lifted to the class's virtual clock, so idle time earns no credit.
+local function backlog(cls, tenant)
+  if redis.call('ZSCORE', READY[cls], tenant) then return end
+  local counter = tonumber(redis.call('HGET', VTC, counter_key(cls, tenant)) or '0')
+  local clock = tonumber(redis.call('HGET', VTC, 'v:' .. cls) or '0')
+  if clock > counter then
+    counter = clock
+    redis.call('HSET', VTC, counter_key(cls, tenant), counter)
+  end
+  redis.call('ZADD', READY[cls], counter, tenant)
+end
+
+-- One of a tenant's jobs left the queue: it stays among the waiting only if it has more.
+local function unbacklog_if_empty(cls, tenant)
+  local lo, hi = tenant_range(tenant)
+  if #redis.call('ZRANGEBYLEX', QUEUE[cls], lo, hi, 'LIMIT', 0, 1) == 0 then
+    redis.call('ZREM', READY[cls], tenant)
+  end
+end
+
+local function charge(cls, tenant, delta)
+  redis.call('HINCRBYFLOAT', VTC, counter_key(cls, tenant), delta)
+  if redis.call('ZSCORE', READY[cls], tenant) then
+    redis.call('ZINCRBY', READY[cls], delta, tenant)
+  end
+end
+
+local function depth_add(cls, tenant, n, tokens)
+  redis.call('HINCRBY', DEPTH, 'n', n)
+  redis.call('HINCRBY', DEPTH, 'tok', tokens)
+  redis.call('HINCRBY', DEPTH, 'tok:' .. cls, tokens)
+  redis.call('HINCRBY', DEPTH, 't:' .. cls .. ':' .. tenant, tokens)
+end
+
+local function depth_of(field) return tonumber(redis.call('HGET', DEPTH, field) or '0') end
+
+-- Remove a queued job from its queue (not from JOBS/META).
+local function unqueue(rid, j)
+  redis.call('ZREM', QUEUE[j.cls], j.member)
+  redis.call('ZREM', DEADLINES, rid)
+  depth_add(j.cls, j.tenant, -1, -j.cost)
+  unbacklog_if_empty(j.cls, j.tenant)
+end
+
+local function wake(cap)
+  redis.call('LPUSH', WAKE, '1')
+  redis.call('LTRIM', WAKE, 0, cap - 1)
+end
+"""
+
+# Admit a job to its tenant's queue, unless no worker serves the deployment, the queue is full,
+# or the backlog the job would wait behind cannot drain before its deadline.
+_ENQUEUE = (
+    _PRELUDE
+    + """
+local payload, now = ARGV[1], tonumber(ARGV[2])
+local max_n, max_tok = tonumber(ARGV[3]), tonumber(ARGV[4])
+local rid, tenant, cls, cost = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+local weight, deadline = tonumber(ARGV[9]), tonumber(ARGV[10])
+
+if redis.call('ZCOUNT', WORKERS, now, '+inf') == 0 then return {-1, 0} end
+if depth_of('n') >= max_n or depth_of('tok') + cost > max_tok then return {-2, 0} end
+
+-- Under weighted fair queuing the job waits for its tenant's own backlog and, from each other
+-- waiting tenant, at most that tenant's fair share of the same time (batch also waits for all
+-- interactive work). The deployment drains reserved tokens at the rate its workers measured.
+local rate = 0
+local rates = redis.call('HGETALL', RATE)
+for i = 1, #rates, 2 do
+  local alive = redis.call('ZSCORE', WORKERS, rates[i])
+  if alive and tonumber(alive) >= now then rate = rate + tonumber(rates[i + 1]) end
+end
+if rate > 0 then
+  local own = depth_of('t:' .. cls .. ':' .. tenant)
+  local ahead = own
+  for _, other in ipairs(redis.call('ZRANGE', READY[cls], 0, -1)) do
+    if other ~= tenant then
+      local w = tonumber(redis.call('HGET', VTC, 'w:' .. other) or '1')
+      ahead = ahead + math.min(depth_of('t:' .. cls .. ':' .. other), own * w / weight)
+    end
+  end
+  if cls ~= 'interactive' then ahead = ahead + depth_of('tok:interactive') end
+  local wait = ahead / rate
+  if now + wait > deadline then return {-3, math.ceil(wait * 1000)} end
+end
+
+local seq = redis.call('HINCRBY', VTC, 'seq', 1)
+local member = string.format('%010d:%016d:', tonumber(tenant), seq) .. rid
+redis.call('HSET', JOBS, rid, payload)
+redis.call('HSET', META, rid,
+  table.concat({tenant, cls, cost, weight, ARGV[10], member}, ' '))
+redis.call('HSET', VTC, 'w:' .. tenant, weight)
+redis.call('ZADD', QUEUE[cls], 0, member)
+redis.call('ZADD', DEADLINES, deadline, rid)
+depth_add(cls, tenant, 1, cost)
+backlog(cls, tenant)
+wake(tonumber(ARGV[11]))
+return {0, 0}
+"""
+)
+
+# Take up to ARGV[2] jobs in fair order: interactive before batch; within a class the waiting
+# tenant with the lowest virtual counter, first in first out within a tenant. Jobs whose
+# deadline passed while queued are leased too but returned apart, uncharged, for the worker
+# to end without running them.
+_CLAIM = (
+    _PRELUDE
+    + """
+local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local ok, expired = {}, {}
+local steps = 0
+while #ok < count and steps < count * 4 + 16 do
+  steps = steps + 1
+  local cls, head = nil, nil
+  for _, c in ipairs({'interactive', 'batch'}) do
+    head = redis.call('ZRANGE', READY[c], 0, 0, 'WITHSCORES')
+    if #head > 0 then cls = c; break end
+  end
+  if cls == nil then break end
+  local tenant, counter = head[1], tonumber(head[2])
+  local lo, hi = tenant_range(tenant)
+  local first = redis.call('ZRANGEBYLEX', QUEUE[cls], lo, hi, 'LIMIT', 0, 1)
+  if #first == 0 then
+    redis.call('ZREM', READY[cls], tenant)
+  else
+    local member = first[1]
+    local rid = string.sub(member, 29)
+    local m = redis.call('HGET', META, rid)
+    if not m then
+      redis.call('ZREM', QUEUE[cls], member)
+      unbacklog_if_empty(cls, tenant)
+    else
+      local j = meta_parse(m)
+      local payload = redis.call('HGET', JOBS, rid)
+      redis.call('ZADD', LEASES, lease_until, rid)
+      if j.deadline <= now then
+        table.insert(expired, payload)
+      else
+        table.insert(ok, payload)
+        local clock = tonumber(redis.call('HGET', VTC, 'v:' .. cls) or '0')
+        if counter > clock then redis.call('HSET', VTC, 'v:' .. cls, counter) end
+        charge(cls, tenant, j.cost / j.weight)
+      end
+      unqueue(rid, j)
+    end
+  end
+end
+if depth_of('n') <= 0 then redis.call('DEL', WAKE) end
+return {ok, expired}
+"""
+)
+
+# Finish a request exactly once: the first caller writes the terminal event and the usage
+# event; later callers (a worker racing the reaper, a cancel racing a finish) do nothing. The
+# tenant's virtual counter is settled from the reserved tokens to those used (ARGV[6]; -1 when
+# the job was never charged).
+_FINALIZE = (
+    _PRELUDE
+    + """
+local FINAL, REPLY = KEYS[15], KEYS[16]
+local rid = ARGV[4]
+local won = redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3])
+if won then
+  redis.call('XADD', REPLY, '*', 'e', ARGV[1])
+  redis.call('EXPIRE', REPLY, ARGV[5])
+  redis.call('XADD', USAGE, '*', 'u', ARGV[2])
+end
+local m = redis.call('HGET', META, rid)
+if m and redis.call('ZSCORE', LEASES, rid) then
+  local j = meta_parse(m)
+  local used = tonumber(ARGV[6])
+  if used >= 0 then charge(j.cls, j.tenant, (used - j.cost) / j.weight) end
+  redis.call('HDEL', JOBS, rid)
+  redis.call('HDEL', META, rid)
+  redis.call('ZREM', LEASES, rid)
 end
 if won then return 1 end
 return 0
 """
+)
 
-# Flag a request cancelled and tell its worker; a job no worker has claimed yet is removed
-# and finished here, so it never runs and still gets its one usage record.
-_CANCEL = """
-redis.call('SET', KEYS[1], '1', 'EX', ARGV[4])
-redis.call('PUBLISH', ARGV[8], ARGV[1])
-if ARGV[2] == '' then return 0 end
-local ok, pending = pcall(redis.call, 'XPENDING', KEYS[2], ARGV[3], ARGV[2], ARGV[2], 1)
-if ok and #pending > 0 then return 0 end
-if #redis.call('XRANGE', KEYS[2], ARGV[2], ARGV[2]) == 0 then return 0 end
-redis.call('XDEL', KEYS[2], ARGV[2])
-if redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[4]) then
-  redis.call('XADD', KEYS[4], '*', 'e', ARGV[5])
-  redis.call('EXPIRE', KEYS[4], ARGV[7])
-  redis.call('XADD', KEYS[5], '*', 'u', ARGV[6])
+# End a request that is still queued: remove it and finish it here, so it never runs and still
+# gets its one usage record. With ARGV[2] = '1' the request is also flagged cancelled and its
+# workers told, so one already running is aborted.
+_UNQUEUE = (
+    _PRELUDE
+    + """
+local FINAL, REPLY, FLAG = KEYS[15], KEYS[16], KEYS[17]
+local rid = ARGV[1]
+if ARGV[2] == '1' then
+  redis.call('SET', FLAG, '1', 'EX', ARGV[3])
+  redis.call('PUBLISH', ARGV[7], rid)
+end
+local m = redis.call('HGET', META, rid)
+if not m or redis.call('ZSCORE', LEASES, rid) then return 0 end
+unqueue(rid, meta_parse(m))
+redis.call('HDEL', JOBS, rid)
+redis.call('HDEL', META, rid)
+if redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3]) then
+  redis.call('XADD', REPLY, '*', 'e', ARGV[4])
+  redis.call('EXPIRE', REPLY, ARGV[6])
+  redis.call('XADD', USAGE, '*', 'u', ARGV[5])
   return 1
 end
 return 0
 """
+)
 
-# Enqueue a job only while its deployment has a live worker: one round trip, and no job is
-# left behind in a queue nobody serves.
-_ENQUEUE = """
-if redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf') == 0 then return {-1} end
-local waiting = redis.call('XLEN', KEYS[1])
-local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[4])
-if ok then waiting = waiting - tonumber(summary[1]) end
-if waiting >= tonumber(ARGV[3]) then return {-2} end
-return {0, redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])}
-"""
-
-# Put a reclaimed job that never started back at the tail of the queue.
-_REQUEUE = """
-redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])
-redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
+# Put a job whose lease lapsed before it started back at the head of its tenant's queue.
+_REQUEUE = (
+    _PRELUDE
+    + """
+local rid, now = ARGV[1], tonumber(ARGV[2])
+local lease = redis.call('ZSCORE', LEASES, rid)
+if not lease or tonumber(lease) >= now then return 0 end
+local m = redis.call('HGET', META, rid)
+redis.call('ZREM', LEASES, rid)
+if not m then return 0 end
+local j = meta_parse(m)
+charge(j.cls, j.tenant, -j.cost / j.weight)
+redis.call('ZADD', QUEUE[j.cls], 0, j.member)
+redis.call('ZADD', DEADLINES, j.deadline, rid)
+depth_add(j.cls, j.tenant, 1, j.cost)
+backlog(j.cls, j.tenant)
+wake(tonumber(ARGV[3]))
 return 1
 """
+)
 
 
 class Refusal(enum.Enum):
@@ -151,19 +370,33 @@ class Refusal(enum.Enum):
 
     NO_WORKER = "no_worker"
     QUEUE_FULL = "queue_full"
+    DEADLINE_UNATTAINABLE = "deadline_unattainable"
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: Refusal
+    estimated_wait_ms: int = 0
 
 
 @dataclass(frozen=True)
 class Whereabouts:
     tenant_id: int
     deployment: str
-    entry_id: str
 
 
 @dataclass(frozen=True)
 class Claimed:
-    entry_id: str
-    job: Job
+    """Jobs a worker took: ones to run and ones whose deadline passed in the queue."""
+
+    run: list[Job]
+    expired: list[Job]
+
+
+@dataclass(frozen=True)
+class Depth:
+    requests: int
+    tokens: int
 
 
 class Dispatch:
@@ -172,23 +405,43 @@ class Dispatch:
     def __init__(self, client: aredis.Redis, *, reply_ttl: int = 900) -> None:
         self.redis = client
         self.reply_ttl = reply_ttl
-        self._finalize = client.register_script(_FINALIZE)
-        self._cancel = client.register_script(_CANCEL)
-        self._requeue = client.register_script(_REQUEUE)
         self._enqueue = client.register_script(_ENQUEUE)
+        self._claim = client.register_script(_CLAIM)
+        self._finalize = client.register_script(_FINALIZE)
+        self._unqueue = client.register_script(_UNQUEUE)
+        self._requeue = client.register_script(_REQUEUE)
 
     # --- frontend side -------------------------------------------------------------------
 
-    async def enqueue(self, job: Job, *, max_queued: int = 1 << 30) -> str | Refusal:
-        """Append a job to its deployment's queue and return its entry id.
+    async def enqueue(
+        self,
+        job: Job,
+        *,
+        max_queued: int = 1 << 30,
+        max_queued_tokens: int = 1 << 50,
+    ) -> Refused | None:
+        """Queue a job for its deployment's workers; None when queued, else why not.
 
-        Nothing is queued, and a Refusal says why, when no worker of the deployment is alive
-        or more than max_queued jobs already wait for one.
+        Nothing is queued when no worker of the deployment is alive, when max_queued jobs or
+        max_queued_tokens reserved tokens already wait, or when the backlog ahead of the job
+        cannot drain before its deadline at the deployment's measured rate.
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._enqueue(
-                keys=[jobs_key(job.deployment), heartbeats_key(job.deployment)],
-                args=[encode(job), time.time(), max_queued, WORKERS_GROUP],
+                keys=_deployment_keys(job.deployment),
+                args=[
+                    encode(job),
+                    time.time(),
+                    max_queued,
+                    max_queued_tokens,
+                    job.request_id,
+                    job.tenant_id,
+                    job.priority,
+                    job.reserved_tokens,
+                    job.weight,
+                    job.deadline,
+                    _WAKE_CAP,
+                ],
                 client=pipe,
             )
             # Same round trip: where the request lives, so it can be cancelled by id.
@@ -198,45 +451,31 @@ class Dispatch:
             )
             pipe.expire(whereabouts_key(job.request_id), self.reply_ttl)
             outcome, *_ = await pipe.execute()
-        if int(outcome[0]) == -1:
-            return Refusal.NO_WORKER
-        if int(outcome[0]) == -2:
-            return Refusal.QUEUE_FULL
-        entry = outcome[1]
-        entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
-        # Off the request's path: a cancel by id that finds no entry still flags the request.
-        spawn(self._remember_entry(job.request_id, entry_id))
-        return entry_id
-
-    async def _remember_entry(self, request_id: str, entry_id: str) -> None:
-        # Best effort: without it a cancel by id still works through the cancel flag.
-        with contextlib.suppress(Exception):
-            await self.redis.hset(whereabouts_key(request_id), "entry", entry_id)
+        code, wait_ms = int(outcome[0]), int(outcome[1])
+        if code == -1:
+            return Refused(Refusal.NO_WORKER)
+        if code == -2:
+            return Refused(Refusal.QUEUE_FULL)
+        if code == -3:
+            return Refused(Refusal.DEADLINE_UNATTAINABLE, estimated_wait_ms=wait_ms)
+        return None
 
     async def whereabouts(self, request_id: str) -> Whereabouts | None:
         """Return where a recent request lives, or None."""
-        found: Any = await self.redis.hmget(
-            whereabouts_key(request_id), ["tenant", "deployment", "entry"]
-        )
+        found: Any = await self.redis.hmget(whereabouts_key(request_id), ["tenant", "deployment"])
         if not found or found[0] is None or found[1] is None:
             return None
-        entry = found[2].decode() if found[2] is not None else ""
-        return Whereabouts(tenant_id=int(found[0]), deployment=found[1].decode(), entry_id=entry)
+        return Whereabouts(tenant_id=int(found[0]), deployment=found[1].decode())
 
     async def cancel_by_id(self, *, where: Whereabouts, request_id: str) -> bool:
         """Cancel a request knowing only its id; return False if it had already finished."""
         if await self.redis.exists(final_key(where.deployment, request_id)):
             return False
-        entries: Any = (
-            await self.redis.xrange(jobs_key(where.deployment), where.entry_id, where.entry_id)
-            if where.entry_id
-            else []
-        )
-        if entries:
-            job = job_decoder.decode(entries[0][1][b"j"])
-            await self.cancel(job=job, entry_id=where.entry_id)
+        payload: Any = await self.redis.hget(_deployment_keys(where.deployment)[0], request_id)
+        if payload is not None:
+            await self.cancel(job=job_decoder.decode(payload))
         else:
-            # Running (its worker aborts it) or not yet recorded (checked again at claim).
+            # Not queued (maybe not yet recorded): flag it; its worker checks at claim.
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(cancel_key(where.deployment, request_id), "1", ex=MARKER_TTL_SECONDS)
                 pipe.publish(cancel_channel(where.deployment), request_id)
@@ -257,62 +496,76 @@ class Dispatch:
                 events.append((eid, event_decoder.decode(fields[b"e"])))
         return events
 
-    async def cancel(self, *, job: Job, entry_id: str) -> bool:
+    async def cancel(self, *, job: Job) -> bool:
         """Cancel a request; return True when it was still queued and is now finished."""
-        now = time.time()
+        return await self._end_queued(job, code="cancelled", status=Status.CANCELLED, flag=True)
+
+    async def expire(self, job: Job) -> bool:
+        """End a request whose deadline passed; True when it was still queued.
+
+        A running request is not touched: its worker ends it at the same deadline.
+        """
+        return await self._end_queued(
+            job, code="deadline_exceeded", status=Status.TIMEOUT, flag=False
+        )
+
+    async def _end_queued(self, job: Job, *, code: str, status: Status, flag: bool) -> bool:
+        message = "request cancelled" if code == "cancelled" else "the deadline passed in queue"
         terminal = Failed(
-            code="cancelled",
-            message="request cancelled",
+            code=code,
+            message=message,
             prompt_tokens=len(job.prompt_token_ids),
             completion_tokens=0,
         )
-        usage = usage_for(job, status=Status.CANCELLED, finished_at=now, error_code="cancelled")
+        usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
         keys = [
-            cancel_key(job.deployment, job.request_id),
-            jobs_key(job.deployment),
+            *_deployment_keys(job.deployment),
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
-            usage_key(job.deployment),
+            cancel_key(job.deployment, job.request_id),
         ]
         args: list[ScriptArg] = [
             job.request_id,
-            entry_id,
-            WORKERS_GROUP,
+            "1" if flag else "0",
             MARKER_TTL_SECONDS,
             encode(terminal),
             encode(usage),
             self.reply_ttl,
             cancel_channel(job.deployment),
         ]
-        return bool(await self._cancel(keys=keys, args=args))
+        return bool(await self._unqueue(keys=keys, args=args))
+
+    async def depth(self, deployment: str) -> Depth:
+        """Return how many requests and reserved tokens wait in a deployment's queues."""
+        found: Any = await self.redis.hmget(_deployment_keys(deployment)[8], ["n", "tok"])
+        return Depth(requests=int(found[0] or 0), tokens=int(found[1] or 0))
 
     # --- worker side ---------------------------------------------------------------------
 
     async def ensure_groups(self, deployment: str) -> None:
-        """Create the consumer groups of a deployment's streams if they do not exist."""
-        for key, group in (
-            (jobs_key(deployment), WORKERS_GROUP),
-            (usage_key(deployment), INGEST_GROUP),
-        ):
-            try:
-                await self.redis.xgroup_create(key, group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        """Create the usage stream's consumer group if it does not exist."""
+        try:
+            await self.redis.xgroup_create(
+                usage_key(deployment), INGEST_GROUP, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
-    async def claim(
-        self, *, deployment: str, worker: str, count: int, block_ms: int
-    ) -> list[Claimed]:
-        """Take up to count new jobs for this worker, waiting up to block_ms for one."""
-        response: Any = await self.redis.xreadgroup(
-            WORKERS_GROUP, worker, {jobs_key(deployment): ">"}, count=count, block=block_ms
+    async def claim(self, *, deployment: str, count: int, lease_seconds: float) -> Claimed:
+        """Take up to count jobs in fair order, leased for lease_seconds."""
+        now = time.time()
+        ok, expired = await self._claim(
+            keys=_deployment_keys(deployment), args=[now, count, now + lease_seconds]
         )
-        claimed = []
-        for _key, entries in response or []:
-            for entry_id, fields in entries:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                claimed.append(Claimed(entry_id=eid, job=job_decoder.decode(fields[b"j"])))
-        return claimed
+        return Claimed(
+            run=[job_decoder.decode(p) for p in ok],
+            expired=[job_decoder.decode(p) for p in expired],
+        )
+
+    async def wait_for_work(self, *, deployment: str, timeout: float) -> None:
+        """Block until a job is queued for the deployment or timeout seconds pass."""
+        await self.redis.blpop([_deployment_keys(deployment)[11]], timeout=timeout)
 
     async def cancelled(self, *, deployment: str, request_ids: list[str]) -> set[str]:
         """Return which of these requests have been cancelled."""
@@ -321,25 +574,37 @@ class Dispatch:
         flags = await self.redis.mget([cancel_key(deployment, rid) for rid in request_ids])
         return {rid for rid, flag in zip(request_ids, flags, strict=True) if flag is not None}
 
-    async def renew(self, *, deployment: str, worker: str, entry_ids: list[str]) -> None:
-        """Reset the idle time of this worker's claimed jobs, which renews their leases."""
-        if entry_ids:
-            await self.redis.xclaim(
-                jobs_key(deployment), WORKERS_GROUP, worker, 0, list(entry_ids), justid=True
+    async def renew(self, *, deployment: str, request_ids: list[str], lease_seconds: float) -> None:
+        """Extend the leases of a worker's claimed jobs."""
+        if request_ids:
+            until = time.time() + lease_seconds
+            await self.redis.zadd(
+                _deployment_keys(deployment)[9], dict.fromkeys(request_ids, until), xx=True
             )
 
-    async def heartbeat(self, *, deployment: str, worker: str, ttl: float) -> None:
-        """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed."""
+    async def heartbeat(
+        self, *, deployment: str, worker: str, ttl: float, tokens_per_second: float | None = None
+    ) -> None:
+        """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed.
+
+        `tokens_per_second` is the reserved tokens the worker finishes per second when busy;
+        admission uses the sum over live workers to estimate waits.
+        """
         now = time.time()
         key = heartbeats_key(deployment)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {worker: now + ttl})
             pipe.zremrangebyscore(key, "-inf", now)
+            if tokens_per_second is not None:
+                pipe.hset(_deployment_keys(deployment)[12], worker, tokens_per_second)
             await pipe.execute()
 
     async def leave(self, *, deployment: str, worker: str) -> None:
         """Remove a stopping worker from the live set."""
-        await self.redis.zrem(heartbeats_key(deployment), worker)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(heartbeats_key(deployment), worker)
+            pipe.hdel(_deployment_keys(deployment)[12], worker)
+            await pipe.execute()
 
     async def publish(self, *, job: Job, events: list[Event]) -> None:
         """Append non-terminal events to a request's reply stream."""
@@ -360,83 +625,75 @@ class Dispatch:
         pipe: aredis.client.Pipeline,
         *,
         job: Job,
-        entry_id: str,
         terminal: Event,
         usage: UsageEvent,
+        charged: bool = True,
     ) -> None:
         """Queue the exactly-once finish of a request on a pipeline."""
-        keys, args = self._finalize_call(job=job, entry_id=entry_id, terminal=terminal, usage=usage)
+        keys, args = self._finalize_call(job=job, terminal=terminal, usage=usage, charged=charged)
         await self._finalize(keys=keys, args=args, client=pipe)
 
     async def finalize(
-        self, *, job: Job, entry_id: str, terminal: Event, usage: UsageEvent
+        self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool = True
     ) -> bool:
-        """Finish a request exactly once; return False if something else finished it first."""
-        keys, args = self._finalize_call(job=job, entry_id=entry_id, terminal=terminal, usage=usage)
+        """Finish a request exactly once; return False if something else finished it first.
+
+        `charged` says whether the job was charged to its tenant's fair-share counter (it was
+        unless its deadline passed in the queue).
+        """
+        keys, args = self._finalize_call(job=job, terminal=terminal, usage=usage, charged=charged)
         return bool(await self._finalize(keys=keys, args=args))
 
     def _finalize_call(
-        self, *, job: Job, entry_id: str, terminal: Event, usage: UsageEvent
+        self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool
     ) -> tuple[list[str], list[ScriptArg]]:
         keys = [
+            *_deployment_keys(job.deployment),
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
-            usage_key(job.deployment),
-            jobs_key(job.deployment),
         ]
+        used = usage.prompt_tokens + usage.completion_tokens if charged else -1
         args: list[ScriptArg] = [
             encode(terminal),
             encode(usage),
             MARKER_TTL_SECONDS,
-            entry_id,
-            WORKERS_GROUP,
+            job.request_id,
             self.reply_ttl,
+            used,
         ]
         return keys, args
 
     # --- reaper --------------------------------------------------------------------------
 
-    async def reclaim_expired(self, *, deployment: str, lease_seconds: float) -> int:
-        """Reclaim jobs whose lease lapsed: requeue unstarted ones, end started ones.
+    async def reclaim_expired(self, *, deployment: str) -> int:
+        """Take back jobs whose lease lapsed: requeue unstarted ones, end started ones.
 
         A started job cannot be resumed elsewhere without repeating tokens the client has
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
-        try:
-            response: Any = await self.redis.xautoclaim(
-                jobs_key(deployment),
-                WORKERS_GROUP,
-                "reaper",
-                min_idle_time=int(lease_seconds * 1000),
-                start_id="0-0",
-                count=100,
-            )
-        except ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                return 0
-            raise
+        keys = _deployment_keys(deployment)
+        now = time.time()
+        lapsed: Any = await self.redis.zrangebyscore(keys[9], "-inf", now, start=0, num=100)
         reclaimed = 0
-        for entry_id, fields in response[1]:
-            if not fields:
+        for raw in lapsed:
+            rid = raw.decode()
+            payload: Any = await self.redis.hget(keys[0], rid)
+            if payload is None:
+                await self.redis.zrem(keys[9], rid)
                 continue
-            eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            job = job_decoder.decode(fields[b"j"])
-            await self._reclaim_one(job=job, entry_id=eid)
+            job = job_decoder.decode(payload)
+            history: Any = await self.redis.xrange(reply_key(deployment, rid))
+            events = [event_decoder.decode(fields[b"e"]) for _id, fields in history]
+            if not events:
+                reclaimed += int(await self._requeue(keys=keys, args=[rid, time.time(), _WAKE_CAP]))
+                continue
+            await self._end_lost(job, events)
             reclaimed += 1
         return reclaimed
 
-    async def _reclaim_one(self, *, job: Job, entry_id: str) -> None:
-        reply = reply_key(job.deployment, job.request_id)
-        history: Any = await self.redis.xrange(reply)
-        events = [event_decoder.decode(fields[b"e"]) for _id, fields in history]
-        if not events:
-            await self._requeue(
-                keys=[jobs_key(job.deployment)], args=[encode(job), WORKERS_GROUP, entry_id]
-            )
-            return
+    async def _end_lost(self, job: Job, events: list[Event]) -> None:
         produced = sum(e.tokens for e in events if isinstance(e, Delta))
         started_at = next((e.at for e in events if isinstance(e, Started)), None)
-        now = time.time()
         terminal = Failed(
             code="worker_lost",
             message="the worker serving this request stopped; partial output was billed",
@@ -446,12 +703,27 @@ class Dispatch:
         usage = usage_for(
             job,
             status=Status.WORKER_LOST,
-            finished_at=now,
+            finished_at=time.time(),
             started_at=started_at,
             completion_tokens=produced,
             error_code="worker_lost",
         )
-        await self.finalize(job=job, entry_id=entry_id, terminal=terminal, usage=usage)
+        await self.finalize(job=job, terminal=terminal, usage=usage)
+
+    async def expire_queued(self, *, deployment: str) -> int:
+        """End queued jobs whose deadline passed (their frontend may be gone)."""
+        keys = _deployment_keys(deployment)
+        overdue: Any = await self.redis.zrangebyscore(
+            keys[7], "-inf", time.time(), start=0, num=200
+        )
+        ended = 0
+        for raw in overdue:
+            payload: Any = await self.redis.hget(keys[0], raw.decode())
+            if payload is None:
+                await self.redis.zrem(keys[7], raw)
+                continue
+            ended += int(await self.expire(job_decoder.decode(payload)))
+        return ended
 
     # --- ingester ------------------------------------------------------------------------
 

@@ -43,6 +43,11 @@ class ApiError(Exception):
         self.retry_after = retry_after
         self.headers = headers or {}
 
+    def with_headers(self, headers: dict[str, str]) -> ApiError:
+        """Return this error carrying extra response headers."""
+        self.headers = {**headers, **self.headers}
+        return self
+
     def body(self) -> dict[str, object]:
         return {
             "error": {

@@ -34,6 +34,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     user: str | None
+    priority: str = "interactive"
+    timeout: float | None = None
 
 
 def body_parse(raw: bytes) -> dict[str, Any]:
@@ -206,6 +208,24 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     raise _type_error("prompt", "a string or an array of token ids", value)
 
 
+# OpenAI's `service_tier`: "flex" trades latency for price, which is our batch class.
+_TIERS = {
+    "auto": "interactive",
+    "default": "interactive",
+    "priority": "interactive",
+    "flex": "batch",
+}
+
+
+def _priority(body: dict[str, Any]) -> str:
+    tier = _string(body, "service_tier")
+    if tier is None:
+        return "interactive"
+    if tier not in _TIERS:
+        raise invalid("service_tier", f"'service_tier' must be one of {', '.join(sorted(_TIERS))}.")
+    return _TIERS[tier]
+
+
 def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
     """Return the typed request of a chat or completions body, or raise a 400."""
     model = _string(body, "model", required=True)
@@ -242,4 +262,7 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         stream=stream,
         include_usage=include_usage,
         user=_string(body, "user"),
+        priority=_priority(body),
+        # Switchyard's own: the seconds the client will wait, like the x-request-timeout header.
+        timeout=_number(body, "timeout", 0.001, 86400.0),
     )

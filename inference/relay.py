@@ -16,7 +16,12 @@ log = logging.getLogger(__name__)
 
 def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
     """Cancel a request without waiting, even from a task that is itself being cancelled."""
-    spawn(dispatch.cancel(job=submitted.job, entry_id=submitted.entry_id))
+    spawn(dispatch.cancel(job=submitted.job))
+
+
+# After its deadline a request still gets this long for its terminal event to arrive: the
+# worker (or the queue) ends it at the deadline with `deadline_exceeded`.
+_GRACE_SECONDS = 2.0
 
 
 async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Event]:
@@ -28,15 +33,22 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     job = submitted.job
     after = "0-0"
     finished = False
+    overdue = False
     try:
         while True:
-            remaining = job.deadline - time.time()
-            if remaining <= 0:
+            now = time.time()
+            if now >= job.deadline and not overdue:
+                # Still queued: it ends now, here. Running: its worker ends it.
+                overdue = True
+                await dispatch.expire(job)
+            wait_until = job.deadline + _GRACE_SECONDS if overdue else job.deadline
+            remaining = wait_until - now
+            if overdue and remaining <= 0:
                 cancel_soon(dispatch, submitted)
                 finished = True
                 yield Failed(
                     code="timeout",
-                    message="the request took longer than the platform allows",
+                    message="the request took longer than its deadline",
                     prompt_tokens=len(job.prompt_token_ids),
                     completion_tokens=0,
                 )
@@ -45,7 +57,7 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
                 deployment=job.deployment,
                 request_id=job.request_id,
                 after=after,
-                block_ms=int(min(remaining, 5.0) * 1000) + 1,
+                block_ms=max(int(min(remaining, 5.0) * 1000), 1),
             )
             pending: Delta | None = None
             for entry_id, event in batch:

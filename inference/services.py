@@ -12,9 +12,10 @@ from django.conf import settings
 
 from billing.selectors import tenant_month_spend_micros
 from inference.auth import Principal
+from inference.background import spawn
 from inference.cache import RefreshingCache
 from inference.db import db_call
-from inference.dispatch import Dispatch, Refusal
+from inference.dispatch import Dispatch, Refusal, Refused
 from inference.errors import ApiError
 from inference.params import CHAT, GenerationRequest
 from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
@@ -76,7 +77,6 @@ async def route_get(name: str) -> Route:
 @dataclass(frozen=True)
 class Submitted:
     job: Job
-    entry_id: str
     route: Route
     principal: Principal
     decision: Decision
@@ -165,8 +165,13 @@ async def generation_submit(
     request: GenerationRequest,
     request_id: str,
     timeout: float | None = None,
+    priority: str = "interactive",
 ) -> Submitted:
-    """Admit a request and enqueue it for its deployment's workers."""
+    """Admit a request and enqueue it for its deployment's workers.
+
+    Its deadline is the soonest of the client's timeout, the tenant's maximum and the
+    platform's maximum.
+    """
     route = await route_get(request.model)
     if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
@@ -186,41 +191,63 @@ async def generation_submit(
         endpoint=request.endpoint,
         prompt_token_ids=prompt,
         sampling=sampling,
+        priority=priority,
+        weight=principal.priority_weight,
         enqueued_at=now,
-        # The client's own deadline when it sets one, never past the platform's.
-        deadline=now + min(timeout or math.inf, settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS),
+        deadline=now
+        + min(
+            timeout or math.inf,
+            principal.max_request_seconds,
+            settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+        ),
     )
     reserve = Usage(
         tokens=len(prompt) + sampling.max_tokens,
         cost_micros=_cost(route, prompt=len(prompt), completion=sampling.max_tokens),
     )
     decision = await _admit(principal=principal, request_id=request_id, reserve=reserve)
-    entry_id = await dispatch_get().enqueue(job, max_queued=route.max_queued)
-    if isinstance(entry_id, Refusal):
-        await quotas_get().release(
-            tenant_id=principal.tenant_id,
-            request_id=request_id,
-            admitted_at=now,
-            used=Usage(tokens=0, cost_micros=0),
-        )
-        headers = ratelimit_headers(principal.limits, decision)
-        if entry_id is Refusal.QUEUE_FULL:
-            raise ApiError(
-                503,
-                "queue_full",
-                f"'{request.model}' has more requests waiting than it accepts; retry shortly.",
-                retry_after=1,
-                headers=headers,
+    refused = await dispatch_get().enqueue(
+        job, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
+    )
+    if refused is not None:
+        spawn(
+            quotas_get().release(
+                tenant_id=principal.tenant_id,
+                request_id=request_id,
+                admitted_at=now,
+                used=Usage(tokens=0, cost_micros=0),
             )
-        raise ApiError(
-            503,
-            "model_unavailable",
-            f"No worker is serving '{request.model}' right now; retry shortly.",
-            retry_after=5,
-            headers=headers,
         )
-    return Submitted(
-        job=job, entry_id=entry_id, route=route, principal=principal, decision=decision
+        raise _refusal_error(refused, model=request.model, job=job).with_headers(
+            ratelimit_headers(principal.limits, decision)
+        )
+    return Submitted(job=job, route=route, principal=principal, decision=decision)
+
+
+def _refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
+    """The 503 that tells a client the platform, not its tenant, cannot take the request."""
+    if refused.reason is Refusal.QUEUE_FULL:
+        return ApiError(
+            503,
+            "queue_full",
+            f"'{model}' has more work waiting than it accepts; retry shortly.",
+            retry_after=1,
+        )
+    if refused.reason is Refusal.DEADLINE_UNATTAINABLE:
+        wait = refused.estimated_wait_ms / 1000
+        allowed = job.deadline - job.enqueued_at
+        return ApiError(
+            503,
+            "deadline_unattainable",
+            f"'{model}' has about {wait:.1f} s of work queued ahead of this request, longer "
+            f"than its {allowed:.1f} s deadline; retry later or allow more time.",
+            retry_after=max(1, math.ceil(wait - allowed)),
+        )
+    return ApiError(
+        503,
+        "model_unavailable",
+        f"No worker is serving '{model}' right now; retry shortly.",
+        retry_after=5,
     )
 
 

@@ -34,9 +34,15 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str
     prompt_token_ids: list[int]
     sampling: Sampling
-    priority: str = "interactive"
+    priority: str = "interactive"  # or "batch"; interactive always goes first
+    weight: float = 1.0  # the tenant's share of fair dispatch
     enqueued_at: float
     deadline: float
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Prompt + max_tokens: what admission reserves and fair dispatch charges first."""
+        return len(self.prompt_token_ids) + self.sampling.max_tokens
 
 
 class Status(enum.StrEnum):

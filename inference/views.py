@@ -137,11 +137,15 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     principal = await _principal(request, Scope.INFERENCE)
     parsed = generation_parse(body_parse(await _body(request)), endpoint=endpoint)
 
+    timeouts = [
+        t for t in (_timeout(request.headers.get("x-request-timeout")), parsed.timeout) if t
+    ]
     submitted = await generation_submit(
         principal=principal,
         request=parsed,
         request_id=request_id,
-        timeout=_timeout(request.headers.get("x-request-timeout")),
+        timeout=min(timeouts, default=None),
+        priority=parsed.priority,
     )
     formatter = Formatter(
         endpoint=endpoint,

@@ -104,6 +104,8 @@ class Deployment(models.Model):
     max_num_seqs = models.PositiveIntegerField(default=64)
     # Requests waiting for a worker beyond this are refused at once (503 queue_full).
     max_queued = models.PositiveIntegerField(default=256)
+    # Reserved tokens (prompt + max_tokens) allowed to wait; beyond it requests get queue_full.
+    max_queued_tokens = models.PositiveIntegerField(default=1_000_000)
     max_model_len = models.PositiveIntegerField(default=2048)
     kv_cache_bytes = models.PositiveBigIntegerField(default=256 << 20)
     enforce_eager = models.BooleanField(default=False)

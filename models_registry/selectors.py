@@ -25,6 +25,7 @@ class Route:
     price_input_per_1k: Decimal
     price_output_per_1k: Decimal
     max_queued: int
+    max_queued_tokens: int
 
 
 def _deployment_for(version: ModelVersion) -> Deployment | None:
@@ -81,6 +82,7 @@ def route_resolve(*, name: str) -> Route | None:
         price_input_per_1k=version.price_input_per_1k,
         price_output_per_1k=version.price_output_per_1k,
         max_queued=deployment.max_queued,
+        max_queued_tokens=deployment.max_queued_tokens,
     )
 
 

@@ -143,6 +143,7 @@ def deployment_create(
     version: ModelVersion,
     max_num_seqs: int = 64,
     max_queued: int = 256,
+    max_queued_tokens: int = 1_000_000,
     max_model_len: int | None = None,
     kv_cache_bytes: int = 256 << 20,
     enforce_eager: bool = False,
@@ -156,6 +157,8 @@ def deployment_create(
         raise ValidationError({"max_num_seqs": "must be at least 1"})
     if max_queued < 1:
         raise ValidationError({"max_queued": "must be at least 1"})
+    if max_queued_tokens < 1:
+        raise ValidationError({"max_queued_tokens": "must be at least 1"})
     if kv_cache_bytes < 1 << 20:
         raise ValidationError({"kv_cache_bytes": "must be at least 1 MiB"})
     context = min(max_model_len or version.max_model_len, version.max_model_len)
@@ -165,6 +168,7 @@ def deployment_create(
             version=version,
             max_num_seqs=max_num_seqs,
             max_queued=max_queued,
+            max_queued_tokens=max_queued_tokens,
             max_model_len=context,
             kv_cache_bytes=kv_cache_bytes,
             enforce_eager=enforce_eager,

@@ -77,6 +77,8 @@ class Quota(models.Model):
     max_context_tokens = models.PositiveIntegerField()
     monthly_budget = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("0"))
     priority_weight = models.PositiveIntegerField(default=1)
+    # The longest a request may take, end to end; a client's x-request-timeout can only shorten it.
+    max_request_seconds = models.PositiveIntegerField(default=600)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

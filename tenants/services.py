@@ -177,6 +177,7 @@ QUOTA_FIELDS = (
     "max_context_tokens",
     "monthly_budget",
     "priority_weight",
+    "max_request_seconds",
 )
 
 

@@ -43,6 +43,7 @@ def test_a_quota_edited_in_the_admin_is_audited(operator, world):
         "max_context_tokens": quota.max_context_tokens,
         "monthly_budget": quota.monthly_budget,
         "priority_weight": quota.priority_weight,
+        "max_request_seconds": quota.max_request_seconds,
     }
     assert operator.post(url, form).status_code == 302
     event = AuditEvent.objects.filter(action="quota.update").latest("id")

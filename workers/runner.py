@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from inference.dispatch import Claimed, Dispatch, cancel_channel, usage_for
+from inference.dispatch import Dispatch, cancel_channel, usage_for
 from inference.types import Delta, Event, Failed, Finished, Job, Started, Status, UsageEvent
 from workers.engine import Engine
 
@@ -26,7 +26,7 @@ class _Outbox:
     Events a client waits on (start, first token, the end) mark the outbox urgent.
     """
 
-    items: list[tuple[Job, str, Event, UsageEvent | None]] = field(default_factory=list)
+    items: list[tuple[Job, Event, UsageEvent | None, bool]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     urgent: asyncio.Event = field(default_factory=asyncio.Event)
     _last: dict[str, int] = field(default_factory=dict)
@@ -34,31 +34,61 @@ class _Outbox:
     def put(
         self,
         job: Job,
-        entry_id: str,
         event: Event,
         usage: UsageEvent | None = None,
         *,
         urgent: bool = False,
+        charged: bool = True,
     ) -> None:
         rid = job.request_id
         index = self._last.get(rid)
-        pending = self.items[index][2] if index is not None else None
+        pending = self.items[index][1] if index is not None else None
         if isinstance(event, Delta) and isinstance(pending, Delta) and index is not None:
             merged = Delta(text=pending.text + event.text, tokens=pending.tokens + event.tokens)
-            self.items[index] = (job, entry_id, merged, None)
+            self.items[index] = (job, merged, None, charged)
         else:
             self._last[rid] = len(self.items)
-            self.items.append((job, entry_id, event, usage))
+            self.items.append((job, event, usage, charged))
         self.ready.set()
         if urgent:
             self.urgent.set()
 
-    def take(self) -> list[tuple[Job, str, Event, UsageEvent | None]]:
+    def take(self) -> list[tuple[Job, Event, UsageEvent | None, bool]]:
         items, self.items = self.items, []
         self._last.clear()
         self.ready.clear()
         self.urgent.clear()
         return items
+
+
+class _RateMeter:
+    """Reserved tokens (prompt + max_tokens) this worker finishes per second while it is full.
+
+    Only windows in which every slot was taken count, so the figure is the worker's capacity
+    rather than its current load; admission divides the backlog by it to estimate waits.
+    """
+
+    def __init__(self, window: float = 5.0) -> None:
+        self.window = window
+        self.per_second: float | None = None
+        self._tokens = 0
+        self._since = time.monotonic()
+        self._busy_throughout = True
+
+    def add(self, tokens: int) -> None:
+        self._tokens += tokens
+
+    def tick(self, *, busy: bool) -> None:
+        self._busy_throughout &= busy
+        elapsed = time.monotonic() - self._since
+        if elapsed < self.window:
+            return
+        if self._busy_throughout and self._tokens:
+            sample = self._tokens / elapsed
+            self.per_second = (
+                sample if self.per_second is None else 0.7 * self.per_second + 0.3 * sample
+            )
+        self._tokens, self._since, self._busy_throughout = 0, time.monotonic(), True
 
 
 class Worker:
@@ -84,7 +114,8 @@ class Worker:
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
         self.stream_interval = stream_interval
-        self.active: dict[str, tuple[Claimed, asyncio.Task[None]]] = {}
+        self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        self._rate = _RateMeter()
         self._outbox = _Outbox()
         self._slot_free = asyncio.Event()
         self._draining = asyncio.Event()
@@ -138,22 +169,24 @@ class Worker:
                 await self._wait_any(self._slot_free, timeout=1.0)
                 continue
             claimed = await self.dispatch.claim(
-                deployment=self.deployment, worker=self.worker_id, count=free, block_ms=500
+                deployment=self.deployment, count=free, lease_seconds=self.lease_seconds
             )
-            if not claimed:
+            for job in claimed.expired:
+                self._finish_unstarted(
+                    job, code="deadline_exceeded", status=Status.TIMEOUT, charged=False
+                )
+            if not claimed.run:
+                if not claimed.expired:
+                    await self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5)
                 continue
-            now = time.time()
-            for item in claimed:
-                if item.job.deadline < now:
-                    self._finish_unstarted(item, code="deadline_exceeded", status=Status.TIMEOUT)
-                else:
-                    task = asyncio.create_task(self._serve(item), name=item.job.request_id)
-                    task.add_done_callback(functools.partial(self._served, item))
-                    self.active[item.job.request_id] = (item, task)
+            for job in claimed.run:
+                task = asyncio.create_task(self._serve(job), name=job.request_id)
+                task.add_done_callback(functools.partial(self._served, job))
+                self.active[job.request_id] = (job, task)
             # Checked after starting, off the first token's path: a request cancelled while
             # queued is aborted here before it has produced much.
             cancelled = await self.dispatch.cancelled(
-                deployment=self.deployment, request_ids=[c.job.request_id for c in claimed]
+                deployment=self.deployment, request_ids=[job.request_id for job in claimed.run]
             )
             for rid in cancelled | (self._recent_cancels.keys() & self.active.keys()):
                 running = self.active.get(rid)
@@ -166,38 +199,48 @@ class Worker:
         for waiter in waiters:
             waiter.cancel()
 
-    async def _serve(self, item: Claimed) -> None:
-        job, entry = item.job, item.entry_id
+    async def _serve(self, job: Job) -> None:
         started_at = time.time()
         first_token_at: float | None = None
         produced = 0
         finish_reason = "stop"
         prompt_tokens = len(job.prompt_token_ids)
-        self._outbox.put(job, entry, Started(at=started_at))
+        self._outbox.put(job, Started(at=started_at))
         terminal: Event
+        # Nothing runs past its deadline: the engine request is aborted when it passes.
+        deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
         try:
-            async for step in self.engine.generate(
-                request_id=job.request_id,
-                prompt_token_ids=job.prompt_token_ids,
-                sampling=job.sampling,
-            ):
-                if step.tokens:
-                    first = produced == 0
-                    produced += step.tokens
-                    first_token_at = first_token_at or time.time()
-                    delta = Delta(text=step.text, tokens=step.tokens)
-                    self._outbox.put(job, entry, delta, urgent=first)
-                elif step.text:
-                    self._outbox.put(job, entry, Delta(text=step.text, tokens=0))
-                if step.finish_reason:
-                    finish_reason = step.finish_reason
-                prompt_tokens = step.prompt_tokens
+            async with asyncio.timeout_at(deadline):
+                async for step in self.engine.generate(
+                    request_id=job.request_id,
+                    prompt_token_ids=job.prompt_token_ids,
+                    sampling=job.sampling,
+                ):
+                    if step.tokens:
+                        first = produced == 0
+                        produced += step.tokens
+                        first_token_at = first_token_at or time.time()
+                        delta = Delta(text=step.text, tokens=step.tokens)
+                        self._outbox.put(job, delta, urgent=first)
+                    elif step.text:
+                        self._outbox.put(job, Delta(text=step.text, tokens=0))
+                    if step.finish_reason:
+                        finish_reason = step.finish_reason
+                    prompt_tokens = step.prompt_tokens
             terminal = Finished(
                 finish_reason=finish_reason,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=produced,
             )
             status, code = Status.OK, ""
+        except TimeoutError:
+            terminal = Failed(
+                code="deadline_exceeded",
+                message="the request's deadline passed while it ran",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code, finish_reason = Status.TIMEOUT, "deadline_exceeded", "abort"
         except asyncio.CancelledError:
             # Cancelling this task aborted the request inside vLLM; bill what it produced.
             terminal = Failed(
@@ -226,21 +269,23 @@ class Worker:
             finish_reason=finish_reason if status is Status.OK else "",
             error_code=code,
         )
-        self._outbox.put(job, entry, terminal, usage, urgent=True)
+        self._outbox.put(job, terminal, usage, urgent=True)
         self.active.pop(job.request_id, None)
+        self._rate.add(job.reserved_tokens)
         self.served += 1
         self._slot_free.set()
 
-    def _served(self, item: Claimed, task: asyncio.Task[None]) -> None:
+    def _served(self, job: Job, task: asyncio.Task[None]) -> None:
         # _serve settles every request it starts; one cancelled before its first line ran
         # still needs its terminal event and usage record.
-        if task.cancelled() and item.job.request_id in self.active:
-            self.active.pop(item.job.request_id, None)
-            self._finish_unstarted(item, code="cancelled", status=Status.CANCELLED)
+        if task.cancelled() and job.request_id in self.active:
+            self.active.pop(job.request_id, None)
+            self._finish_unstarted(job, code="cancelled", status=Status.CANCELLED)
             self._slot_free.set()
 
-    def _finish_unstarted(self, item: Claimed, *, code: str, status: Status) -> None:
-        job = item.job
+    def _finish_unstarted(
+        self, job: Job, *, code: str, status: Status, charged: bool = True
+    ) -> None:
         terminal = Failed(
             code=code,
             message=f"request ended before it started: {code}",
@@ -248,7 +293,7 @@ class Worker:
             completion_tokens=0,
         )
         usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
-        self._outbox.put(job, item.entry_id, terminal, usage, urgent=True)
+        self._outbox.put(job, terminal, usage, urgent=True, charged=charged)
 
     async def _flush_loop(self) -> None:
         last_flush = 0.0
@@ -284,12 +329,12 @@ class Worker:
         if not items:
             return
         async with self.dispatch.redis.pipeline(transaction=False) as pipe:
-            for job, entry, event, usage in items:
+            for job, event, usage, charged in items:
                 if usage is None:
                     self.dispatch.publish_into(pipe, job=job, events=[event])
                 else:
                     await self.dispatch.finalize_into(
-                        pipe, job=job, entry_id=entry, terminal=event, usage=usage
+                        pipe, job=job, terminal=event, usage=usage, charged=charged
                     )
             await pipe.execute()
 
@@ -297,13 +342,17 @@ class Worker:
         interval = max(self.lease_seconds / 4, 0.25)
         while not self._closing.is_set():
             try:
+                self._rate.tick(busy=len(self.active) >= self.capacity)
                 await self.dispatch.heartbeat(
-                    deployment=self.deployment, worker=self.worker_id, ttl=self.lease_seconds
+                    deployment=self.deployment,
+                    worker=self.worker_id,
+                    ttl=self.lease_seconds,
+                    tokens_per_second=self._rate.per_second,
                 )
                 await self.dispatch.renew(
                     deployment=self.deployment,
-                    worker=self.worker_id,
-                    entry_ids=[claimed.entry_id for claimed, _ in self.active.values()],
+                    request_ids=list(self.active),
+                    lease_seconds=self.lease_seconds,
                 )
                 await self.engine.health()
             except asyncio.CancelledError:

@@ -11,7 +11,15 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from inference.dispatch import Dispatch, Refusal, reply_key, usage_for, usage_key
+from inference.dispatch import (
+    Depth,
+    Dispatch,
+    Refusal,
+    Refused,
+    reply_key,
+    usage_for,
+    usage_key,
+)
 from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status, usage_decoder
 
 
@@ -22,11 +30,11 @@ async def dispatch():
     await client.aclose()
 
 
-def _job(deployment: str) -> Job:
+def _job(deployment: str, *, tenant: int = 1, timeout: float = 60.0) -> Job:
     now = time.time()
     return Job(
         request_id=uuid.uuid4().hex,
-        tenant_id=1,
+        tenant_id=tenant,
         api_key_id=1,
         deployment=deployment,
         model_version="v",
@@ -34,7 +42,7 @@ def _job(deployment: str) -> Job:
         prompt_token_ids=[1, 2, 3],
         sampling=Sampling(max_tokens=8),
         enqueued_at=now,
-        deadline=now + 60,
+        deadline=now + timeout,
     )
 
 
@@ -61,35 +69,37 @@ async def _terminal(dispatch: Dispatch, job: Job):
 async def test_a_request_is_finished_exactly_once(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    await dispatch.enqueue(job)
-    [claimed] = await dispatch.claim(deployment=deployment, worker="w1", count=4, block_ms=100)
+    assert await dispatch.enqueue(job) is None
+    claimed = await dispatch.claim(deployment=deployment, count=4, lease_seconds=5)
+    assert [j.request_id for j in claimed.run] == [job.request_id]
     usage = usage_for(job, status=Status.OK, finished_at=time.time(), completion_tokens=8)
     done = Finished(finish_reason="length", prompt_tokens=3, completion_tokens=8)
-    assert await dispatch.finalize(job=job, entry_id=claimed.entry_id, terminal=done, usage=usage)
-    assert not await dispatch.finalize(
-        job=job, entry_id=claimed.entry_id, terminal=done, usage=usage
-    )
+    assert await dispatch.finalize(job=job, terminal=done, usage=usage)
+    assert not await dispatch.finalize(job=job, terminal=done, usage=usage)
     assert len(await _usage(dispatch, deployment)) == 1
-    assert await dispatch.redis.xlen(f"sy:{{{deployment}}}:jobs") == 0
+    assert await dispatch.redis.hlen(f"sy:{{{deployment}}}:jobs") == 0
+    assert await dispatch.redis.zcard(f"sy:{{{deployment}}}:leases") == 0
 
 
 async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    entry = await dispatch.enqueue(job)
-    assert await dispatch.cancel(job=job, entry_id=entry)
-    assert await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50) == []
+    await dispatch.enqueue(job)
+    assert await dispatch.cancel(job=job)
+    claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert claimed.run == [] and claimed.expired == []
     [usage] = await _usage(dispatch, deployment)
     assert usage.status == Status.CANCELLED and usage.completion_tokens == 0
     assert isinstance(await _terminal(dispatch, job), Failed)
+    assert await dispatch.depth(deployment) == Depth(requests=0, tokens=0)
 
 
 async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    entry = await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50)
-    assert not await dispatch.cancel(job=job, entry_id=entry)
+    await dispatch.enqueue(job)
+    await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert not await dispatch.cancel(job=job)
     assert await dispatch.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
         job.request_id
     }
@@ -100,21 +110,21 @@ async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, worker="dead", count=1, block_ms=50)
+    await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.1)
     await asyncio.sleep(0.2)
-    assert await dispatch.reclaim_expired(deployment=deployment, lease_seconds=0.1) == 1
-    [again] = await dispatch.claim(deployment=deployment, worker="alive", count=1, block_ms=50)
-    assert again.job.request_id == job.request_id
+    assert await dispatch.reclaim_expired(deployment=deployment) == 1
+    again = await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert [j.request_id for j in again.run] == [job.request_id]
 
 
 async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
     await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, worker="dead", count=1, block_ms=50)
+    await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.1)
     await dispatch.publish(job=job, events=[Started(at=time.time()), Delta("ab", 2), Delta("c", 1)])
     await asyncio.sleep(0.2)
-    await dispatch.reclaim_expired(deployment=deployment, lease_seconds=0.1)
+    await dispatch.reclaim_expired(deployment=deployment)
     terminal = await _terminal(dispatch, job)
     assert isinstance(terminal, Failed) and terminal.code == "worker_lost"
     [usage] = await _usage(dispatch, deployment)
@@ -124,26 +134,85 @@ async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch
 
 async def test_a_renewed_lease_is_not_reaped(dispatch):
     deployment = await _served_deployment(dispatch)
-    await dispatch.enqueue(_job(deployment))
-    [claimed] = await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50)
-    await asyncio.sleep(0.3)
-    await dispatch.renew(deployment=deployment, worker="w", entry_ids=[claimed.entry_id])
-    assert await dispatch.reclaim_expired(deployment=deployment, lease_seconds=0.25) == 0
+    job = _job(deployment)
+    await dispatch.enqueue(job)
+    await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.25)
+    await asyncio.sleep(0.15)
+    await dispatch.renew(deployment=deployment, request_ids=[job.request_id], lease_seconds=5)
+    await asyncio.sleep(0.15)
+    assert await dispatch.reclaim_expired(deployment=deployment) == 0
 
 
 async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatch):
     deployment = f"t-{uuid.uuid4().hex[:8]}"
-    assert await dispatch.enqueue(_job(deployment)) is Refusal.NO_WORKER
+    assert await dispatch.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
     await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
-    assert isinstance(await dispatch.enqueue(_job(deployment)), str)
+    assert await dispatch.enqueue(_job(deployment)) is None
     await dispatch.leave(deployment=deployment, worker="w")
-    assert await dispatch.enqueue(_job(deployment)) is Refusal.NO_WORKER
+    assert await dispatch.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
 
 
 async def test_a_full_queue_refuses_at_once_and_claimed_jobs_do_not_count(dispatch):
     deployment = await _served_deployment(dispatch)
     for _ in range(2):
-        assert isinstance(await dispatch.enqueue(_job(deployment), max_queued=2), str)
-    assert await dispatch.enqueue(_job(deployment), max_queued=2) is Refusal.QUEUE_FULL
-    await dispatch.claim(deployment=deployment, worker="w", count=1, block_ms=50)
-    assert isinstance(await dispatch.enqueue(_job(deployment), max_queued=2), str)
+        assert await dispatch.enqueue(_job(deployment), max_queued=2) is None
+    assert await dispatch.enqueue(_job(deployment), max_queued=2) == Refused(Refusal.QUEUE_FULL)
+    await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert await dispatch.enqueue(_job(deployment), max_queued=2) is None
+
+
+async def test_queued_tokens_are_bounded_too(dispatch):
+    deployment = await _served_deployment(dispatch)
+    # Each job reserves 3 prompt + 8 completion tokens.
+    assert await dispatch.enqueue(_job(deployment), max_queued_tokens=22) is None
+    assert await dispatch.enqueue(_job(deployment), max_queued_tokens=22) is None
+    refused = await dispatch.enqueue(_job(deployment), max_queued_tokens=22)
+    assert refused == Refused(Refusal.QUEUE_FULL)
+    assert await dispatch.depth(deployment) == Depth(requests=2, tokens=22)
+
+
+async def test_a_deadline_the_backlog_cannot_meet_is_refused_with_an_estimate(dispatch):
+    deployment = await _served_deployment(dispatch)
+    # The worker finishes 11 reserved tokens a second: one queued job is a second of work.
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
+    for _ in range(3):
+        assert await dispatch.enqueue(_job(deployment)) is None
+    hurried = _job(deployment, timeout=2.0)
+    refused = await dispatch.enqueue(hurried)
+    assert refused is not None and refused.reason is Refusal.DEADLINE_UNATTAINABLE
+    assert 2500 <= refused.estimated_wait_ms <= 3500
+    assert await dispatch.enqueue(_job(deployment, timeout=10.0)) is None
+
+
+async def test_another_tenants_backlog_delays_only_by_its_fair_share(dispatch):
+    deployment = await _served_deployment(dispatch)
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
+    for _ in range(20):  # twenty seconds of another tenant's work
+        assert await dispatch.enqueue(_job(deployment, tenant=2)) is None
+    # Alone in its queue, tenant 1 waits for about one of tenant 2's jobs, not twenty.
+    assert await dispatch.enqueue(_job(deployment, tenant=1, timeout=3.0)) is None
+
+
+async def test_a_job_whose_deadline_passed_in_queue_is_never_run(dispatch):
+    deployment = await _served_deployment(dispatch)
+    late = _job(deployment, timeout=0.05)
+    fresh = _job(deployment)
+    await dispatch.enqueue(late)
+    await dispatch.enqueue(fresh)
+    await asyncio.sleep(0.1)
+    claimed = await dispatch.claim(deployment=deployment, count=4, lease_seconds=5)
+    assert [j.request_id for j in claimed.run] == [fresh.request_id]
+    assert [j.request_id for j in claimed.expired] == [late.request_id]
+
+
+async def test_the_reaper_ends_queued_jobs_past_their_deadline(dispatch):
+    deployment = await _served_deployment(dispatch)
+    late = _job(deployment, timeout=0.05)
+    await dispatch.enqueue(late)
+    await asyncio.sleep(0.1)
+    assert await dispatch.expire_queued(deployment=deployment) == 1
+    terminal = await _terminal(dispatch, late)
+    assert isinstance(terminal, Failed) and terminal.code == "deadline_exceeded"
+    [usage] = await _usage(dispatch, deployment)
+    assert usage.status == Status.TIMEOUT
+    assert await dispatch.depth(deployment) == Depth(requests=0, tokens=0)

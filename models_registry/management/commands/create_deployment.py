@@ -19,6 +19,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-queued", type=int, default=256, help="requests that may wait for a worker"
         )
+        parser.add_argument(
+            "--max-queued-tokens",
+            type=int,
+            default=1_000_000,
+            help="reserved tokens (prompt + max_tokens) that may wait for a worker",
+        )
         parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
         parser.add_argument(
             "--kv-cache-mib", type=int, default=256, help="KV cache size per worker in MiB"
@@ -45,6 +51,7 @@ class Command(BaseCommand):
                 version=version,
                 max_num_seqs=options["max_num_seqs"],
                 max_queued=options["max_queued"],
+                max_queued_tokens=options["max_queued_tokens"],
                 max_model_len=options["max_model_len"],
                 kv_cache_bytes=options["kv_cache_mib"] << 20,
                 enforce_eager=options["enforce_eager"],
