@@ -411,6 +411,14 @@ class Dispatch:
         self._unqueue = client.register_script(_UNQUEUE)
         self._requeue = client.register_script(_REQUEUE)
 
+    def _reply_ttl(self, job: Job) -> int:
+        # Requests with an Idempotency-Key keep their replies as long as the key lives.
+        return job.reply_ttl or self.reply_ttl
+
+    async def finished(self, *, deployment: str, request_id: str) -> bool:
+        """Return whether a request has ended."""
+        return bool(await self.redis.exists(final_key(deployment, request_id)))
+
     # --- frontend side -------------------------------------------------------------------
 
     async def enqueue(
@@ -449,7 +457,7 @@ class Dispatch:
                 whereabouts_key(job.request_id),
                 mapping={"tenant": job.tenant_id, "deployment": job.deployment},
             )
-            pipe.expire(whereabouts_key(job.request_id), self.reply_ttl)
+            pipe.expire(whereabouts_key(job.request_id), self._reply_ttl(job))
             outcome, *_ = await pipe.execute()
         code, wait_ms = int(outcome[0]), int(outcome[1])
         if code == -1:
@@ -530,7 +538,7 @@ class Dispatch:
             MARKER_TTL_SECONDS,
             encode(terminal),
             encode(usage),
-            self.reply_ttl,
+            self._reply_ttl(job),
             cancel_channel(job.deployment),
         ]
         return bool(await self._unqueue(keys=keys, args=args))
@@ -618,7 +626,7 @@ class Dispatch:
         for event in events:
             pipe.xadd(key, {"e": encode(event)})
             if isinstance(event, Started):
-                pipe.expire(key, self.reply_ttl)
+                pipe.expire(key, self._reply_ttl(job))
 
     async def finalize_into(
         self,
@@ -658,7 +666,7 @@ class Dispatch:
             encode(usage),
             MARKER_TTL_SECONDS,
             job.request_id,
-            self.reply_ttl,
+            self._reply_ttl(job),
             used,
         ]
         return keys, args

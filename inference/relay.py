@@ -81,6 +81,47 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
             cancel_soon(dispatch, submitted)
 
 
+async def attach(
+    dispatch: Dispatch, *, deployment: str, request_id: str, deadline: float
+) -> AsyncIterator[Event]:
+    """Yield another request's events from its start (an Idempotency-Key retry).
+
+    The attached client does not own the request: leaving early cancels nothing.
+    """
+    after = "0-0"
+    while True:
+        remaining = deadline + _GRACE_SECONDS - time.time()
+        if remaining <= 0:
+            yield Failed(
+                code="timeout",
+                message="the request took longer than its deadline",
+                prompt_tokens=0,
+                completion_tokens=0,
+            )
+            return
+        batch = await dispatch.read_events(
+            deployment=deployment,
+            request_id=request_id,
+            after=after,
+            block_ms=max(int(min(remaining, 5.0) * 1000), 1),
+        )
+        pending: Delta | None = None
+        for entry_id, event in batch:
+            after = entry_id
+            if isinstance(event, Delta):
+                pending = _merge(pending, event)
+                continue
+            if pending is not None:
+                yield pending
+                pending = None
+            if not isinstance(event, Started):
+                yield event
+            if isinstance(event, Finished | Failed):
+                return
+        if pending is not None:
+            yield pending
+
+
 def _merge(pending: Delta | None, event: Delta) -> Delta:
     if pending is None:
         return event

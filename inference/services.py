@@ -17,6 +17,7 @@ from inference.cache import RefreshingCache
 from inference.db import db_call
 from inference.dispatch import Dispatch, Refusal, Refused
 from inference.errors import ApiError
+from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
 from inference.params import CHAT, GenerationRequest
 from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
@@ -26,19 +27,28 @@ from models_registry.selectors import Route, route_resolve
 
 _dispatch: Dispatch | None = None
 _quotas: Quotas | None = None
+_idempotency: Idempotency | None = None
 _dispatch_loop: asyncio.AbstractEventLoop | None = None
 
 
 def dispatch_get() -> Dispatch:
     """Return this process's data-plane client, bound to the running loop."""
-    global _dispatch, _quotas, _dispatch_loop
+    global _dispatch, _quotas, _idempotency, _dispatch_loop
     loop = asyncio.get_running_loop()
     if _dispatch is None or _quotas is None or _dispatch_loop is not loop:
         client = redis_client_new()
         _dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         _quotas = Quotas(client)
+        _idempotency = Idempotency(client)
         _dispatch_loop = loop
     return _dispatch
+
+
+def idempotency_get() -> Idempotency:
+    """Return this process's Idempotency-Key store, bound to the running loop."""
+    dispatch_get()
+    assert _idempotency is not None
+    return _idempotency
 
 
 def quotas_get() -> Quotas:
@@ -80,6 +90,7 @@ class Submitted:
     route: Route
     principal: Principal
     decision: Decision
+    idempotency_key: str | None = None
 
 
 _INLINE_TOKENIZE_CHARS = 16_000
@@ -166,6 +177,7 @@ async def generation_submit(
     request_id: str,
     timeout: float | None = None,
     priority: str = "interactive",
+    idempotency_key: str | None = None,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
 
@@ -200,6 +212,7 @@ async def generation_submit(
             principal.max_request_seconds,
             settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
         ),
+        reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else 0,
     )
     reserve = Usage(
         tokens=len(prompt) + sampling.max_tokens,
@@ -221,7 +234,27 @@ async def generation_submit(
         raise _refusal_error(refused, model=request.model, job=job).with_headers(
             ratelimit_headers(principal.limits, decision)
         )
-    return Submitted(job=job, route=route, principal=principal, decision=decision)
+    submitted = Submitted(
+        job=job,
+        route=route,
+        principal=principal,
+        decision=decision,
+        idempotency_key=idempotency_key,
+    )
+    if idempotency_key is not None:
+        await idempotency_get().bind(
+            tenant_id=principal.tenant_id,
+            key=idempotency_key,
+            original=Original(
+                request_id=request_id,
+                deployment=route.deployment,
+                model=route.model_name + "@" + route.version,
+                version=route.version,
+                created=int(now),
+                deadline=job.deadline,
+            ),
+        )
+    return submitted
 
 
 def _refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:

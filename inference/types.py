@@ -38,6 +38,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     weight: float = 1.0  # the tenant's share of fair dispatch
     enqueued_at: float
     deadline: float
+    reply_ttl: int = 0  # seconds to keep the reply stream; 0: the platform's default
 
     @property
     def reserved_tokens(self) -> int:

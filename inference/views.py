@@ -19,18 +19,20 @@ from inference.auth import Principal, authenticate
 from inference.background import spawn
 from inference.db import db_call
 from inference.errors import ApiError
+from inference.idempotency import Original, body_digest, key_validate
 from inference.openai_format import DONE, Formatter, error_chunk
 from inference.params import CHAT, COMPLETIONS, GenerationRequest, body_parse, generation_parse
 from inference.services import (
     Submitted,
     dispatch_get,
     generation_submit,
+    idempotency_get,
     ratelimit_headers,
     request_id_new,
     route_get,
     usage_settle,
 )
-from inference.types import Delta, Failed, Finished
+from inference.types import Delta, Event, Failed, Finished
 from models_registry.selectors import model_names_list
 from tenants.models import Scope
 
@@ -72,7 +74,8 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 response = ApiError(
                     500, "internal_error", "The platform failed to handle this request."
                 ).response()
-            response["x-request-id"] = request_id
+            if "x-request-id" not in response:
+                response["x-request-id"] = request_id
             return response
 
         return wrapper
@@ -135,18 +138,29 @@ async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase
 
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
     principal = await _principal(request, Scope.INFERENCE)
-    parsed = generation_parse(body_parse(await _body(request)), endpoint=endpoint)
-
+    body = body_parse(await _body(request))
+    parsed = generation_parse(body, endpoint=endpoint)
     timeouts = [
         t for t in (_timeout(request.headers.get("x-request-timeout")), parsed.timeout) if t
     ]
-    submitted = await generation_submit(
-        principal=principal,
-        request=parsed,
-        request_id=request_id,
-        timeout=min(timeouts, default=None),
-        priority=parsed.priority,
-    )
+    key = key_validate(request.headers.get("Idempotency-Key"))
+    if key is not None:
+        replayed = await _replay_or_claim(principal, key, body, parsed)
+        if replayed is not None:
+            return replayed
+    try:
+        submitted = await generation_submit(
+            principal=principal,
+            request=parsed,
+            request_id=request_id,
+            timeout=min(timeouts, default=None),
+            priority=parsed.priority,
+            idempotency_key=key,
+        )
+    except BaseException:
+        if key is not None:
+            spawn(idempotency_get().release(tenant_id=principal.tenant_id, key=key))
+        raise
     formatter = Formatter(
         endpoint=endpoint,
         request_id=request_id,
@@ -154,27 +168,106 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         created=int(submitted.job.enqueued_at),
         fingerprint=f"sy-{submitted.route.version}",
     )
+    events = relay.events(dispatch_get(), submitted)
+    on_end = functools.partial(_ended, submitted)
     if parsed.stream:
-        response: HttpResponseBase = StreamingHttpResponse(
-            _sse(submitted, parsed, formatter), content_type="text/event-stream"
-        )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+        response: HttpResponseBase = _streaming(_sse(events, parsed, formatter, on_end))
     else:
-        response = await _collect(submitted, formatter)
+        response = await _collect(events, formatter, on_end)
     response["x-switchyard-model-version"] = submitted.route.version
     for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
         response[name] = value
     return response
 
 
-async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
+def _ended(submitted: Submitted, event: Finished | Failed) -> None:
+    """Settle a request's reservation; free its Idempotency-Key if it failed."""
+    spawn(usage_settle(submitted, event))
+    key = submitted.idempotency_key
+    if key is not None and isinstance(event, Failed):
+        spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
+
+
+async def _replay_or_claim(
+    principal: Principal, key: str, body: dict[str, Any], parsed: GenerationRequest
+) -> HttpResponseBase | None:
+    """Answer a retry with its original's result, or claim the key for this request (None)."""
+    keys = idempotency_get()
+    digest = body_digest(endpoint=parsed.endpoint, body=body)
+    original = await keys.begin(tenant_id=principal.tenant_id, key=key, digest=digest)
+    if original is None:
+        return None
+    replayed = await _replay(original, parsed)
+    if replayed is not None:
+        replayed["Idempotent-Replayed"] = "true"
+        replayed["x-request-id"] = original.request_id
+        replayed["x-switchyard-model-version"] = original.version
+        return replayed
+    # The original failed: its result is not kept, and this request runs in its place.
+    await keys.release(tenant_id=principal.tenant_id, key=key)
+    if await keys.begin(tenant_id=principal.tenant_id, key=key, digest=digest) is not None:
+        raise ApiError(
+            409,
+            "idempotency_key_in_use",
+            "Another request with this Idempotency-Key is running; retry shortly.",
+            param="Idempotency-Key",
+            retry_after=1,
+        )
+    return None
+
+
+async def _replay(original: Original, parsed: GenerationRequest) -> HttpResponseBase | None:
+    """Return the original's response again, or None when the original failed."""
+    dispatch = dispatch_get()
+    formatter = Formatter(
+        endpoint=parsed.endpoint,
+        request_id=original.request_id,
+        model=original.model,
+        created=original.created,
+        fingerprint=f"sy-{original.version}",
+    )
+    events = relay.attach(
+        dispatch,
+        deployment=original.deployment,
+        request_id=original.request_id,
+        deadline=original.deadline,
+    )
+    if parsed.stream:
+        return _streaming(_sse(events, parsed, formatter, on_end=None))
+    if not await dispatch.finished(deployment=original.deployment, request_id=original.request_id):
+        raise ApiError(
+            409,
+            "idempotency_key_in_use",
+            "The request with this Idempotency-Key is still running; retry when it has finished.",
+            param="Idempotency-Key",
+            retry_after=1,
+        )
+    try:
+        return await _collect(events, formatter, on_end=None)
+    except ApiError:
+        return None
+
+
+def _streaming(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+OnEnd = Callable[[Finished | Failed], None] | None
+
+
+async def _collect(
+    events: AsyncIterator[Event], formatter: Formatter, on_end: OnEnd
+) -> HttpResponse:
     parts: list[str] = []
-    async for event in relay.events(dispatch_get(), submitted):
+    async for event in events:
         if isinstance(event, Delta):
             parts.append(event.text)
         elif isinstance(event, Finished):
-            spawn(usage_settle(submitted, event))
+            if on_end is not None:
+                on_end(event)
             return _json_response(
                 formatter.complete(
                     text="".join(parts),
@@ -184,7 +277,8 @@ async def _collect(submitted: Submitted, formatter: Formatter) -> HttpResponse:
                 )
             )
         elif isinstance(event, Failed):
-            spawn(usage_settle(submitted, event))
+            if on_end is not None:
+                on_end(event)
             raise _failure(event)
     raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
@@ -194,11 +288,11 @@ def _failure(event: Failed) -> ApiError:
 
 
 async def _sse(
-    submitted: Submitted, parsed: GenerationRequest, formatter: Formatter
+    events: AsyncIterator[Event], parsed: GenerationRequest, formatter: Formatter, on_end: OnEnd
 ) -> AsyncIterator[bytes]:
     include_usage = parsed.include_usage
     first = True
-    async for event in relay.events(dispatch_get(), submitted):
+    async for event in events:
         if isinstance(event, Delta):
             if event.text or first:
                 yield formatter.chunk(
@@ -206,7 +300,8 @@ async def _sse(
                 )
                 first = False
         elif isinstance(event, Finished):
-            spawn(usage_settle(submitted, event))
+            if on_end is not None:
+                on_end(event)
             yield formatter.chunk(
                 text="",
                 finish_reason=event.finish_reason,
@@ -220,7 +315,8 @@ async def _sse(
             yield DONE
             return
         elif isinstance(event, Failed):
-            spawn(usage_settle(submitted, event))
+            if on_end is not None:
+                on_end(event)
             yield error_chunk(_failure(event).body())
             yield DONE
             return

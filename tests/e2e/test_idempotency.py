@@ -1,0 +1,159 @@
+"""Idempotency-Key over real HTTP: replay, attach, conflict, mismatch, and per-tenant keys."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.conftest import ALIAS
+
+
+@pytest.fixture
+def client(stack):
+    with httpx.Client(base_url=stack.base_url, timeout=120) as c:
+        yield c
+
+
+def _headers(key: str, idempotency_key: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Idempotency-Key": idempotency_key, **extra}
+
+
+def _long(**fields):
+    return {"model": ALIAS, "prompt": "Once", "max_tokens": 600, "ignore_eos": True, **fields}
+
+
+def test_a_retry_gets_the_stored_response_and_is_billed_once(client, world, usage_of):
+    key = f"order-{uuid.uuid4()}"
+    body = {"model": ALIAS, "prompt": "Tell me a story", "max_tokens": 12, "seed": 7}
+    first = client.post("/v1/completions", json=body, headers=_headers(world.acme_key, key))
+    assert first.status_code == 200, first.text
+    # The same request again, with its keys in another order: the same bytes come back.
+    reordered = dict(reversed(list(body.items())))
+    again = client.post("/v1/completions", json=reordered, headers=_headers(world.acme_key, key))
+    assert again.status_code == 200
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["x-request-id"] == first.headers["x-request-id"]
+    assert "Idempotent-Replayed" not in first.headers
+    assert len(usage_of(first.headers["x-request-id"])) == 1
+
+
+def test_the_same_key_with_a_different_body_is_refused(client, world):
+    key = f"order-{uuid.uuid4()}"
+    body = {"model": ALIAS, "prompt": "a", "max_tokens": 2}
+    assert client.post(
+        "/v1/completions", json=body, headers=_headers(world.acme_key, key)
+    ).is_success
+    other = client.post(
+        "/v1/completions", json={**body, "max_tokens": 3}, headers=_headers(world.acme_key, key)
+    )
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.json()["error"]["param"] == "Idempotency-Key"
+
+
+def test_keys_belong_to_one_tenant(client, world):
+    key = f"shared-{uuid.uuid4()}"
+    one = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "a", "max_tokens": 2},
+        headers=_headers(world.acme_key, key),
+    )
+    other = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "b", "max_tokens": 3},
+        headers=_headers(world.globex_key, key),
+    )
+    assert one.status_code == 200 and other.status_code == 200
+    assert "Idempotent-Replayed" not in other.headers
+
+
+def test_a_retry_while_the_original_runs_is_a_conflict(stack, world):
+    key = f"slow-{uuid.uuid4()}"
+    with (
+        httpx.Client(base_url=stack.base_url, timeout=120) as a,
+        httpx.Client(base_url=stack.base_url, timeout=120) as b,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        original = pool.submit(
+            a.post, "/v1/completions", json=_long(), headers=_headers(world.globex_key, key)
+        )
+        time.sleep(0.5)  # let the original claim the key first
+        conflict = None
+        deadline = time.monotonic() + 30
+        while conflict is None and time.monotonic() < deadline and not original.done():
+            retry = b.post("/v1/completions", json=_long(), headers=_headers(world.globex_key, key))
+            if retry.status_code == 409:
+                conflict = retry
+            time.sleep(0.05)
+        assert conflict is not None, "the original finished before a retry saw it running"
+        assert conflict.json()["error"]["code"] == "idempotency_key_in_use"
+        assert int(conflict.headers["Retry-After"]) >= 1
+        assert original.result().status_code == 200
+        replay = b.post("/v1/completions", json=_long(), headers=_headers(world.globex_key, key))
+        assert replay.content == original.result().content
+
+
+def _stream_text(response: httpx.Response) -> tuple[str, str]:
+    text, ident = [], ""
+    for line in response.iter_lines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            ident = chunk["id"]
+            text.extend(choice["text"] for choice in chunk["choices"])
+    return ident, "".join(text)
+
+
+def test_a_streaming_retry_attaches_to_the_same_stream(stack, world, usage_of):
+    key = f"stream-{uuid.uuid4()}"
+    body = _long(stream=True, max_tokens=300)
+
+    def stream() -> tuple[str, str]:
+        with (
+            httpx.Client(base_url=stack.base_url, timeout=120) as c,
+            c.stream(
+                "POST", "/v1/completions", json=body, headers=_headers(world.globex_key, key)
+            ) as response,
+        ):
+            assert response.status_code == 200
+            return _stream_text(response)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(stream)
+        time.sleep(0.3)
+        second = pool.submit(stream)
+        (id_one, text_one), (id_two, text_two) = first.result(), second.result()
+    assert id_one == id_two and text_one == text_two and text_one
+    assert len(usage_of(id_one.removeprefix("cmpl-"))) == 1
+    # After it ended, a retry replays the whole stream.
+    assert stream() == (id_one, text_one)
+
+
+def test_a_failed_request_frees_its_key_for_a_retry(client, world):
+    key = f"flaky-{uuid.uuid4()}"
+    body = {"model": ALIAS, "prompt": "Once", "max_tokens": 200, "ignore_eos": True}
+    failed = client.post(
+        "/v1/completions",
+        json=body,
+        headers=_headers(world.globex_key, key, **{"x-request-timeout": "0.05"}),
+    )
+    assert failed.status_code == 503
+    time.sleep(0.2)  # the key is released off the response path
+    retried = client.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
+    assert retried.status_code == 200, retried.text
+    assert "Idempotent-Replayed" not in retried.headers
+
+
+def test_a_malformed_key_is_refused(client, world):
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "a", "max_tokens": 2},
+        headers=_headers(world.acme_key, "x" * 300),
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "Idempotency-Key"
