@@ -100,7 +100,8 @@ def test_a_retry_while_the_original_runs_is_a_conflict(stack, world):
 
 
 def _stream_text(response: httpx.Response) -> tuple[str, str]:
-    text, ident = [], ""
+    text: list[str] = []
+    ident = ""
     for line in response.iter_lines():
         if line.startswith("data: {"):
             chunk = json.loads(line[6:])
