@@ -99,6 +99,21 @@ return 1
 """
 
 
+# Read the buckets without taking from them: what a response that admitted nothing reports.
+_PEEK = """
+local now, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'ts')
+  local lvl, ts = tonumber(v[1]), tonumber(v[2])
+  if lvl == nil then return cap end
+  return math.min(cap, lvl + (now - ts) * cap / 60000)
+end
+local req, tok = level(KEYS[1], rpm), level(KEYS[2], tpm)
+return {math.floor(req), math.floor(tok), math.ceil((rpm - req) * 60000 / rpm),
+        math.ceil((tpm - tok) * 60000 / tpm)}
+"""
+
+
 @dataclass(frozen=True)
 class Limits:
     requests_per_minute: int
@@ -168,6 +183,24 @@ class Quotas:
     def __init__(self, client: aredis.Redis) -> None:
         self._admit = client.register_script(_ADMIT)
         self._release = client.register_script(_RELEASE)
+        self._peek = client.register_script(_PEEK)
+
+    async def peek(self, *, tenant_id: int, limits: Limits) -> Decision:
+        """Return where a tenant's per-minute buckets stand, taking nothing."""
+        now = time.time()
+        keys = _keys(tenant_id, "", month_of(now))[:2]
+        result = await self._peek(
+            keys=keys,
+            args=[int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute],
+        )
+        requests, tokens, reset_requests, reset_tokens = (int(v) for v in result)
+        return Decision(
+            reason=None,
+            remaining_requests=max(requests, 0),
+            remaining_tokens=max(tokens, 0),
+            reset_requests_ms=reset_requests,
+            reset_tokens_ms=reset_tokens,
+        )
 
     async def admit(
         self,

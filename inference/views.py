@@ -27,6 +27,7 @@ from inference.services import (
     dispatch_get,
     generation_submit,
     idempotency_get,
+    quotas_get,
     ratelimit_headers,
     request_id_new,
     route_get,
@@ -74,6 +75,10 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 response = ApiError(
                     500, "internal_error", "The platform failed to handle this request."
                 ).response()
+            principal = request.META.get(_PRINCIPAL)
+            if principal is not None and "x-ratelimit-limit-requests" not in response:
+                # Every response to a known tenant says where its limits stand.
+                await _add_ratelimit_headers(response, principal)
             if "x-request-id" not in response:
                 response["x-request-id"] = request_id
             return response
@@ -122,8 +127,23 @@ def _timeout(raw: str | None) -> float | None:
     return seconds
 
 
+_PRINCIPAL = "switchyard.principal"
+
+
 async def _principal(request: HttpRequest, scope: str) -> Principal:
-    return await authenticate(request.headers.get("Authorization"), scope=scope)
+    principal = await authenticate(request.headers.get("Authorization"), scope=scope)
+    request.META[_PRINCIPAL] = principal
+    return principal
+
+
+async def _add_ratelimit_headers(response: HttpResponseBase, principal: Principal) -> None:
+    try:
+        decision = await quotas_get().peek(tenant_id=principal.tenant_id, limits=principal.limits)
+    except Exception:
+        log.warning("could not read the rate-limit state of tenant %s", principal.tenant_slug)
+        return
+    for name, value in ratelimit_headers(principal.limits, decision).items():
+        response[name] = value
 
 
 @api_endpoint("POST")

@@ -38,6 +38,21 @@ def test_admitted_responses_carry_the_rate_limit_headers(client, world):
     assert int(response.headers["x-ratelimit-limit-requests"]) == 600
 
 
+def test_responses_that_admit_nothing_still_carry_the_rate_limit_headers(client, world):
+    auth = {"Authorization": f"Bearer {world.acme_key}"}
+    invalid = client.post("/v1/completions", json={"model": ALIAS, "prompt": 3}, headers=auth)
+    assert invalid.status_code == 400
+    listing = client.get("/v1/models", headers=auth)
+    unknown = _completion(client, world.acme_key, model="no-such-model")
+    assert unknown.status_code == 404
+    for response in (invalid, listing, unknown):
+        assert all(name in response.headers for name in HEADERS), response.headers
+    # Looking takes nothing: the remaining count does not fall between two peeks.
+    again = client.get("/v1/models", headers=auth)
+    remaining = "x-ratelimit-remaining-requests"
+    assert int(again.headers[remaining]) >= int(listing.headers[remaining])
+
+
 def test_the_request_over_the_per_minute_limit_gets_429_with_retry_after(client, world):
     key = world.limited_keys["initech"]
     assert _completion(client, key).status_code == 200
