@@ -41,6 +41,7 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/stream_overhead.py
+	$(PY) bench/admission.py
 
 services-stop: $(STAMP)
 	$(PY) manage.py embedded stop

@@ -19,38 +19,34 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 
 import aiohttp
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    Platform,
+    Target,
+    cpu_seconds,
+    percentile,
+    platform_stop,
+    prepare_switchyard,
+    progress,
+    section_write,
+    switchyard_stack,
+    vllm_server,
+)
+
 OUTPUT_TOKENS = 64
 PROMPT = "Once upon a time, in a switchyard far away,"
-MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 64
-KV_CACHE_BYTES = 256 << 20
-DTYPE = "float32"
-ENGINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    "VLLM_NO_USAGE_STATS": "1",
-    "PYTHONUNBUFFERED": "1",
-}
 
 
 @dataclass
@@ -64,25 +60,6 @@ class Level:
     wall_s: float = 0.0
 
 
-@dataclass
-class Target:
-    name: str
-    base_url: str
-    model: str
-    api_key: str
-    processes: dict[str, psutil.Process]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _progress(text: str) -> None:
-    print(f"[bench] {text}", flush=True)
-
-
 async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, int]:
     """Stream one completion; return (TTFT seconds, output tokens)."""
     body = {
@@ -94,7 +71,7 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, i
         "stream_options": {"include_usage": True},
         "temperature": 0.0,
     }
-    headers = {"Authorization": f"Bearer {target.api_key}"}
+    headers = {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
     started = time.perf_counter()
     ttft = -1.0
     tokens = 0
@@ -113,21 +90,6 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, i
             elif ttft < 0 and chunk["choices"] and chunk["choices"][0]["text"]:
                 ttft = time.perf_counter() - started
     return ttft, tokens
-
-
-def _cpu(processes: dict[str, psutil.Process]) -> dict[str, float]:
-    """Return CPU seconds used so far by each named process and its children."""
-    totals: dict[str, float] = {}
-    for name, proc in processes.items():
-        total = 0.0
-        for p in [proc, *proc.children(recursive=True)]:
-            try:
-                times = p.cpu_times()
-                total += times.user + times.system
-            except psutil.Error:
-                continue
-        totals[name] = total
-    return totals
 
 
 async def _level(target: Target, concurrency: int, requests: int) -> Level:
@@ -154,225 +116,47 @@ async def _level(target: Target, concurrency: int, requests: int) -> Level:
                     results.append(await _one(session, target))
                 except Exception as exc:
                     errors += 1
-                    _progress(f"request failed: {exc}")
+                    progress(f"request failed: {exc}")
 
-        cpu_before = _cpu(target.processes)
+        cpu_before = cpu_seconds(target.processes)
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         wall = time.perf_counter() - started
-        cpu_after = _cpu(target.processes)
+        cpu_after = cpu_seconds(target.processes)
     ttfts = sorted(r[0] * 1000 for r in results if r[0] >= 0)
     tokens = sum(r[1] for r in results)
-    p99_index = min(len(ttfts) - 1, max(0, round(0.99 * (len(ttfts) - 1))))
     return Level(
         concurrency=concurrency,
         tokens_per_s=tokens / wall,
         ttft_p50_ms=statistics.median(ttfts) if ttfts else float("nan"),
-        ttft_p99_ms=ttfts[p99_index] if ttfts else float("nan"),
+        ttft_p99_ms=percentile(ttfts, 0.99),
         errors=errors,
         cpu_seconds={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after},
         wall_s=wall,
     )
 
 
-def _wait(check: Callable[[], bool], popen: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    started = time.monotonic()
-    last = started
-    while time.monotonic() - started < 600:
-        if popen.poll() is not None:
-            raise SystemExit(f"{what} exited:\n{log.read_text(errors='replace')[-3000:]}")
-        if check():
-            _progress(f"{what} ready after {time.monotonic() - started:.0f}s")
-            return
-        if time.monotonic() - last > 10:
-            last = time.monotonic()
-            _progress(f"waiting for {what} ({time.monotonic() - started:.0f}s)")
-        time.sleep(0.3)
-    raise SystemExit(f"{what} not ready after 600s")
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
-def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        args,
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _stop(popens: list[subprocess.Popen[bytes]]) -> None:
-    for popen in popens:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-    for popen in popens:
-        try:
-            popen.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
-
-
 def run_vllm_server(model_dir: Path, work: Path, levels: list[int], per_level: int) -> list[Level]:
-    port = _free_port()
-    log = work / "vllm-server.log"
-    env = {**os.environ, **ENGINE_ENV}
-    popen = _spawn(
-        [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--served-model-name", "tiny",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", DTYPE, "--enforce-eager",
-            "--max-model-len", str(MAX_MODEL_LEN),
-            "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-            "--disable-log-stats", "--uvicorn-log-level", "warning",
-        ],
-        log,
-        env,
-    )  # fmt: skip
-    try:
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{port}/health"), popen, "vLLM server", log)
-        target = Target(
-            name="vllm",
-            base_url=f"http://127.0.0.1:{port}",
-            model="tiny",
-            api_key="none",
-            processes={"vllm server": psutil.Process(popen.pid)},
-        )
+    with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
         return [_measure(target, c, per_level) for c in levels]
-    finally:
-        _stop([popen])
-
-
-def _measure(target: Target, concurrency: int, per_level: int) -> Level:
-    requests = max(per_level * concurrency, 32)
-    _progress(f"{target.name}: concurrency {concurrency}, {requests} requests")
-    level = asyncio.run(_level(target, concurrency, requests))
-    _progress(
-        f"{target.name}: c={concurrency} {level.tokens_per_s:,.0f} tok/s, "
-        f"TTFT p50 {level.ttft_p50_ms:.1f} ms p99 {level.ttft_p99_ms:.1f} ms"
-    )
-    return level
-
-
-@dataclass
-class Platform:
-    """Embedded servers and the data the Switchyard runs share: started once per benchmark."""
-
-    services: object
-    env: dict[str, str]
-    token: str
-
-
-def prepare_switchyard(model_dir: Path, work: Path) -> Platform:
-    from embedded.servers import ServiceConfig, services_start
-
-    services = ServiceConfig(data_dir=work / "services", pg_port=0, redis_port=0, fast=True)
-    endpoints = services_start(services)
-    env = {
-        **os.environ,
-        **ENGINE_ENV,
-        "DATABASE_URL": endpoints.database_url,
-        "REDIS_URL": endpoints.redis_url,
-        "SWITCHYARD_DATA_DIR": str(work),
-        "DJANGO_SETTINGS_MODULE": "config.settings.dev",
-        "DJANGO_DEBUG": "0",
-    }
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "SWITCHYARD_DATA_DIR")})
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.dev"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from models_registry.services import deployment_create, model_version_register
-    from tenants.models import Quota
-    from tenants.services import api_key_issue, tenant_create
-
-    call_command("migrate", verbosity=0)
-    version, _ = model_version_register(model_name="tiny", source_dir=model_dir)
-    deployment_create(
-        name="tiny",
-        version=version,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_bytes=KV_CACHE_BYTES,
-        enforce_eager=True,
-        dtype=DTYPE,
-    )
-    tenant = tenant_create(slug="bench")
-    # The benchmark measures the data path, not the tenant's limits: make them unreachable.
-    Quota.objects.filter(tenant=tenant).update(
-        max_tokens_per_request=4096,
-        requests_per_minute=10_000_000,
-        tokens_per_minute=1_000_000_000,
-        max_concurrency=10_000,
-        monthly_budget=Decimal("1000000"),
-    )
-    token = api_key_issue(tenant=tenant, name="bench").token
-    return Platform(services=services, env=env, token=token)
 
 
 def run_switchyard(
     platform: Platform, work: Path, levels: list[int], per_level: int
 ) -> list[Level]:
-    work.mkdir(parents=True, exist_ok=True)
-    env = platform.env
-    port = _free_port()
-    py = sys.executable
-    worker_log, web_log, ingest_log = (work / f"{n}.log" for n in ("worker", "web", "ingester"))
-    worker = _spawn([py, "manage.py", "run_worker", "--deployment", "tiny"], worker_log, env)
-    web = _spawn(
-        [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--log-level", "warning"],
-        web_log,
-        env,
-    )  # fmt: skip
-    ingester = _spawn([py, "manage.py", "run_ingester"], ingest_log, env)
-    popens = [web, worker, ingester]
-    try:
-        _wait(lambda: b"ready: serving" in worker_log.read_bytes(), worker, "worker", worker_log)
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), web, "frontend", web_log)
-        processes = {
-            "frontend": psutil.Process(web.pid),
-            "worker+engine": psutil.Process(worker.pid),
-            "ingester": psutil.Process(ingester.pid),
-        }
-        for name in ("postgres", "valkey"):
-            pid = services_pid(platform.services, name)
-            if pid:
-                processes[name] = psutil.Process(pid)
-        target = Target(
-            name="switchyard",
-            base_url=f"http://127.0.0.1:{port}",
-            model="tiny",
-            api_key=platform.token,
-            processes=processes,
-        )
+    with switchyard_stack(platform, work) as target:
         return [_measure(target, c, per_level) for c in levels]
-    finally:
-        _stop(popens)
 
 
-def services_pid(config: object, name: str) -> int | None:
-    from embedded.servers import ServiceConfig, services_status
-
-    assert isinstance(config, ServiceConfig)
-    entry = services_status(config).get(name)
-    pid = entry.get("pid") if isinstance(entry, dict) else None
-    return pid if isinstance(pid, int) else None
+def _measure(target: Target, concurrency: int, per_level: int) -> Level:
+    requests = max(per_level * concurrency, 32)
+    progress(f"{target.name}: concurrency {concurrency}, {requests} requests")
+    level = asyncio.run(_level(target, concurrency, requests))
+    progress(
+        f"{target.name}: c={concurrency} {level.tokens_per_s:,.0f} tok/s, "
+        f"TTFT p50 {level.ttft_p50_ms:.1f} ms p99 {level.ttft_p99_ms:.1f} ms"
+    )
+    return level
 
 
 def _median_levels(rounds: list[list[Level]]) -> list[Level]:
@@ -464,23 +248,21 @@ def main() -> None:
     try:
         from models_registry.demo_model import demo_model_build
 
-        _progress("building the tiny demo model")
+        progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
-        platform = prepare_switchyard(model_dir, work)
+        platform = prepare_switchyard(
+            model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
+        )
         for round_ in range(1, args.rounds + 1):
             # Alternating the targets spreads slow phases of the machine over both.
-            _progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
+            progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
             vllm_rounds.append(run_vllm_server(model_dir, work, levels, args.requests_per_level))
-            _progress(f"round {round_}/{args.rounds}: (b) Switchyard end to end")
+            progress(f"round {round_}/{args.rounds}: (b) Switchyard end to end")
             switchyard_rounds.append(
                 run_switchyard(platform, work / f"sy{round_}", levels, args.requests_per_level)
             )
     finally:
-        if platform is not None:
-            from embedded.servers import ServiceConfig, services_stop
-
-            assert isinstance(platform.services, ServiceConfig)
-            services_stop(platform.services)
+        platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
     vllm = _median_levels(vllm_rounds)
     switchyard = _median_levels(switchyard_rounds)
@@ -489,8 +271,9 @@ def main() -> None:
     print("\n" + table + "\n\nCPU use during each level (100% = one core):\n" + cpu)
     args.docs.mkdir(exist_ok=True)
     _plot(vllm, switchyard, args.docs / "stream_overhead.png")
-    (args.docs / "benchmarks.md").write_text(
-        "# Benchmarks\n\n"
+    section_write(
+        args.docs,
+        "stream_overhead",
         "## Streaming overhead: Switchyard vs vLLM's own OpenAI server\n\n"
         f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
         f"tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
@@ -500,9 +283,9 @@ def main() -> None:
         + table
         + "\n\nCPU use per process during each level of the Switchyard run "
         "(CPU seconds / wall seconds; 100% = one core of the machine's "
-        f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](stream_overhead.png)\n"
+        f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](stream_overhead.png)\n",
     )
-    _progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'stream_overhead.png'}")
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'stream_overhead.png'}")
 
 
 if __name__ == "__main__":

@@ -38,12 +38,10 @@ class Ingester:
         *,
         dispatch: Dispatch,
         consumer: str,
-        lease_seconds: float,
     ) -> None:
         self.dispatch = dispatch
         self.quotas = Quotas(dispatch.redis)
         self.consumer = consumer
-        self.lease_seconds = lease_seconds
         self._stopping = asyncio.Event()
         self._deployments: list[str] = []
         self._deployments_at = 0.0

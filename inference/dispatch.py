@@ -244,17 +244,23 @@ _CLAIM = (
     _PRELUDE
     + """
 local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local skip = ARGV[4]  -- ",<tenant>,<tenant>,": tenants not to take jobs from this time
 local ok, expired = {}, {}
 local steps = 0
 while #ok < count and steps < count * 4 + 16 do
   steps = steps + 1
-  local cls, head = nil, nil
+  local cls, tenant, counter = nil, nil, nil
   for _, c in ipairs({'interactive', 'batch'}) do
-    head = redis.call('ZRANGE', READY[c], 0, 0, 'WITHSCORES')
-    if #head > 0 then cls = c; break end
+    local heads = redis.call('ZRANGE', READY[c], 0, 31, 'WITHSCORES')
+    for i = 1, #heads, 2 do
+      if not string.find(skip, ',' .. heads[i] .. ',', 1, true) then
+        cls, tenant, counter = c, heads[i], tonumber(heads[i + 1])
+        break
+      end
+    end
+    if cls then break end
   end
   if cls == nil then break end
-  local tenant, counter = head[1], tonumber(head[2])
   local lo, hi = tenant_range(tenant)
   local first = redis.call('ZRANGEBYLEX', QUEUE[cls], lo, hi, 'LIMIT', 0, 1)
   if #first == 0 then
@@ -560,11 +566,23 @@ class Dispatch:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def claim(self, *, deployment: str, count: int, lease_seconds: float) -> Claimed:
-        """Take up to count jobs in fair order, leased for lease_seconds."""
+    async def claim(
+        self,
+        *,
+        deployment: str,
+        count: int,
+        lease_seconds: float,
+        skip_tenants: frozenset[int] = frozenset(),
+    ) -> Claimed:
+        """Take up to count jobs in fair order, leased for lease_seconds.
+
+        Jobs of `skip_tenants` stay queued: a worker filling its reserved slots takes only
+        tenants that have nothing running on it.
+        """
         now = time.time()
+        skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
         ok, expired = await self._claim(
-            keys=_deployment_keys(deployment), args=[now, count, now + lease_seconds]
+            keys=_deployment_keys(deployment), args=[now, count, now + lease_seconds, skip]
         )
         return Claimed(
             run=[job_decoder.decode(p) for p in ok],

@@ -94,6 +94,10 @@ class Submitted:
 
 
 _INLINE_TOKENIZE_CHARS = 16_000
+# After a queue_full refusal this frontend refuses that deployment's requests at once for a
+# moment: 50 ms is short next to a request's service time and long next to a flood's gaps.
+QUEUE_FULL_BACKOFF_SECONDS = 0.05
+_full_until: dict[str, float] = {}
 
 
 def _prompt_chars(request: GenerationRequest) -> int:
@@ -185,6 +189,10 @@ async def generation_submit(
     platform's maximum.
     """
     route = await route_get(request.model)
+    if _full_until.get(route.deployment, 0.0) > time.monotonic():
+        # The queue refused a request a moment ago: refuse before tokenising or touching
+        # Redis, so a flood costs the platform almost nothing.
+        raise _refusal_error(Refused(Refusal.QUEUE_FULL), model=request.model, job=None)
     if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
         prompt = await asyncio.to_thread(_prompt_ids, request, route)
@@ -223,6 +231,8 @@ async def generation_submit(
         job, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
     )
     if refused is not None:
+        if refused.reason is Refusal.QUEUE_FULL:
+            _full_until[route.deployment] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
         spawn(
             quotas_get().release(
                 tenant_id=principal.tenant_id,
@@ -257,7 +267,7 @@ async def generation_submit(
     return submitted
 
 
-def _refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
+def _refusal_error(refused: Refused, *, model: str, job: Job | None) -> ApiError:
     """The 503 that tells a client the platform, not its tenant, cannot take the request."""
     if refused.reason is Refusal.QUEUE_FULL:
         return ApiError(
@@ -266,7 +276,7 @@ def _refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
             f"'{model}' has more work waiting than it accepts; retry shortly.",
             retry_after=1,
         )
-    if refused.reason is Refusal.DEADLINE_UNATTAINABLE:
+    if refused.reason is Refusal.DEADLINE_UNATTAINABLE and job is not None:
         wait = refused.estimated_wait_ms / 1000
         allowed = job.deadline - job.enqueued_at
         return ApiError(

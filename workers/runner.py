@@ -103,6 +103,7 @@ class Worker:
         worker_id: str,
         capacity: int,
         lease_seconds: float,
+        reserved: int = 0,
         drain_seconds: float = 30.0,
         stream_interval: float = 0.0,
     ) -> None:
@@ -110,7 +111,10 @@ class Worker:
         self.engine = engine
         self.dispatch = dispatch
         self.worker_id = worker_id
+        # The engine's slots: `capacity` shared by everyone, `reserved` only for tenants with
+        # nothing running on this worker.
         self.capacity = capacity
+        self.reserved = reserved
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
         self.stream_interval = stream_interval
@@ -164,12 +168,22 @@ class Worker:
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():
             free = self.capacity - len(self.active)
+            skip: frozenset[int] = frozenset()
+            if free <= 0:
+                # Every shared slot is taken: the reserved ones go only to tenants that have
+                # nothing running here, so a newcomer starts at the next engine step rather
+                # than after the next long request ends.
+                free = self.capacity + self.reserved - len(self.active)
+                skip = frozenset(job.tenant_id for job, _ in self.active.values())
             if free <= 0:
                 self._slot_free.clear()
                 await self._wait_any(self._slot_free, timeout=1.0)
                 continue
             claimed = await self.dispatch.claim(
-                deployment=self.deployment, count=free, lease_seconds=self.lease_seconds
+                deployment=self.deployment,
+                count=free,
+                lease_seconds=self.lease_seconds,
+                skip_tenants=skip,
             )
             for job in claimed.expired:
                 self._finish_unstarted(
@@ -177,7 +191,7 @@ class Worker:
                 )
             if not claimed.run:
                 if not claimed.expired:
-                    await self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5)
+                    await self._wait_for_work(slot_or_job=bool(skip))
                 continue
             for job in claimed.run:
                 task = asyncio.create_task(self._serve(job), name=job.request_id)
@@ -192,6 +206,22 @@ class Worker:
                 running = self.active.get(rid)
                 if running is not None:
                     running[1].cancel()
+
+    async def _wait_for_work(self, *, slot_or_job: bool) -> None:
+        """Wait for a queued job, or (when only reserved slots were open) for a freed slot."""
+        if not slot_or_job:
+            await self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5)
+            return
+        self._slot_free.clear()
+        waiters = [
+            asyncio.create_task(self._slot_free.wait()),
+            asyncio.create_task(
+                self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5)
+            ),
+        ]
+        await asyncio.wait(waiters, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
 
     async def _wait_any(self, event: asyncio.Event, timeout: float) -> None:
         waiters = [asyncio.create_task(event.wait()), asyncio.create_task(self._draining.wait())]

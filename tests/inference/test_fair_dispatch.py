@@ -279,3 +279,24 @@ async def test_workers_claiming_at_once_share_one_order_and_never_double_dispatc
     taken = [rid for took in results for rid in took]
     assert sorted(taken) == sorted(j.request_id for j in jobs)
     await client.aclose()
+
+
+async def test_reserved_slots_go_only_to_tenants_with_nothing_running():
+    client = aredis.Redis.from_url(settings.REDIS_URL)
+    dispatch = Dispatch(client, reply_ttl=60)
+    deployment = await _fresh_deployment(dispatch)
+    now = time.time()
+    for _ in range(5):
+        await dispatch.enqueue(_job(deployment, Spec(1, "interactive", 2, 8, False), 1, now))
+    light = _job(deployment, Spec(2, "interactive", 2, 8, False), 1, now)
+    await dispatch.enqueue(light)
+    busy = frozenset({1})
+    claimed = await dispatch.claim(
+        deployment=deployment, count=3, lease_seconds=30, skip_tenants=busy
+    )
+    assert [j.request_id for j in claimed.run] == [light.request_id]
+    claimed = await dispatch.claim(
+        deployment=deployment, count=3, lease_seconds=30, skip_tenants=busy
+    )
+    assert claimed.run == []
+    await client.aclose()

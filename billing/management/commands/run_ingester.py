@@ -29,7 +29,6 @@ class Command(BaseCommand):
         ingester = Ingester(
             dispatch=dispatch,
             consumer=f"ingester-{worker_id_new()}",
-            lease_seconds=settings.SWITCHYARD_LEASE_SECONDS,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

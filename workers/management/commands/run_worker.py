@@ -24,6 +24,13 @@ from workers.services import deployment_report, lease_seconds, worker_id_new, wo
 log = logging.getLogger("switchyard.worker")
 
 
+def reserved_slots(max_num_seqs: int) -> int:
+    """Return how many engine slots the worker keeps for tenants with nothing running."""
+    if max_num_seqs < 4:
+        return 0
+    return max(1, round(max_num_seqs * settings.SWITCHYARD_RESERVED_SLOTS))
+
+
 class Command(BaseCommand):
     help = "Run a worker: verify the version's files, load vLLM, then serve the deployment's queue."
 
@@ -68,7 +75,8 @@ class Command(BaseCommand):
             engine=engine,
             dispatch=dispatch,
             worker_id=worker_id_new(),
-            capacity=spec.max_num_seqs,
+            capacity=spec.max_num_seqs - reserved_slots(spec.max_num_seqs),
+            reserved=reserved_slots(spec.max_num_seqs),
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
             stream_interval=settings.SWITCHYARD_STREAM_INTERVAL_MS / 1000,

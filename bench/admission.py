@@ -1,0 +1,378 @@
+"""Admission under pressure: a noisy neighbour, and ten times more load than the engine can serve.
+
+Noisy neighbour. Tenant A floods with many concurrent long streams (within its quota) while
+tenant B sends light interactive requests one after another. We report B's p99 TTFT under the
+flood divided by B's p99 TTFT alone, for Switchyard (fair dispatch across tenants) and for the
+same load sent straight to vLLM's own OpenAI server (first come, first served).
+
+Overload. We measure the deployment's capacity (completed requests/s with every engine slot
+busy), then offer ten times that as open-loop arrivals and report goodput (completed requests/s
+over capacity), the p99 latency of rejections and the p99 TTFT of admitted requests relative to
+the TTFT at capacity.
+
+    .venv/bin/python bench/admission.py [--flood 96] [--light-requests 30] [--overload-seconds 20]
+
+Writes its section of docs/benchmarks.md and docs/admission.png. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    Platform,
+    Target,
+    percentile,
+    platform_stop,
+    prepare_switchyard,
+    progress,
+    section_write,
+    switchyard_stack,
+    vllm_server,
+)
+
+MAX_NUM_SEQS = 32
+PROMPT = "Once upon a time, in a switchyard far away,"
+FLOOD_TOKENS = 256
+LIGHT_TOKENS = 8
+OVERLOAD_TOKENS = 512
+OVERLOAD_MAX_QUEUED = 8
+
+
+@dataclass
+class Outcome:
+    status: int
+    ttft: float | None  # seconds to the first token, for successes
+    latency: float  # seconds to the response's status line (rejections) or to the end
+    tokens: int = 0
+
+
+async def _stream(
+    session: aiohttp.ClientSession, target: Target, tenant: str, max_tokens: int
+) -> Outcome:
+    body = {
+        "model": target.model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    headers = {"Authorization": f"Bearer {target.api_keys.get(tenant, 'none')}"}
+    started = time.perf_counter()
+    async with session.post(
+        f"{target.base_url}/v1/completions", json=body, headers=headers
+    ) as response:
+        if response.status != 200:
+            latency = time.perf_counter() - started
+            await response.read()
+            return Outcome(status=response.status, ttft=None, latency=latency)
+        ttft = None
+        tokens = 0
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return Outcome(status=599, ttft=ttft, latency=time.perf_counter() - started)
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                ttft = time.perf_counter() - started
+        return Outcome(status=200, ttft=ttft, latency=time.perf_counter() - started, tokens=tokens)
+
+
+def _session(limit: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit),
+        timeout=aiohttp.ClientTimeout(total=900),
+    )
+
+
+# --- noisy neighbour -----------------------------------------------------------------------
+
+
+@dataclass
+class Neighbour:
+    target: str
+    alone_ms: list[float]
+    flooded_ms: list[float]
+    flood_tokens_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return percentile(self.flooded_ms, 0.99) / percentile(self.alone_ms, 0.99)
+
+
+async def _light(session: aiohttp.ClientSession, target: Target, n: int) -> list[float]:
+    ttfts = []
+    for _ in range(n):
+        outcome = await _stream(session, target, "light", LIGHT_TOKENS)
+        if outcome.ttft is not None:
+            ttfts.append(outcome.ttft * 1000)
+        await asyncio.sleep(0.05)
+    return ttfts
+
+
+async def _neighbour(target: Target, flood: int, light_requests: int) -> Neighbour:
+    async with _session(flood + 8) as session:
+        # Warm the path, then B alone.
+        await asyncio.gather(*(_stream(session, target, "light", 4) for _ in range(4)))
+        alone = await _light(session, target, light_requests)
+        progress(f"{target.name}: B alone, TTFT p99 {percentile(alone, 0.99):.1f} ms")
+        stop = asyncio.Event()
+        produced = 0
+
+        async def flooder() -> None:
+            nonlocal produced
+            while not stop.is_set():
+                outcome = await _stream(session, target, "flood", FLOOD_TOKENS)
+                produced += outcome.tokens
+
+        flood_started = time.perf_counter()
+        flooders = [asyncio.create_task(flooder()) for _ in range(flood)]
+        await asyncio.sleep(8.0)  # let the flood fill the engine and its queue
+        flooded = await _light(session, target, light_requests)
+        stop.set()
+        elapsed = time.perf_counter() - flood_started
+        progress(f"{target.name}: B under flood, TTFT p99 {percentile(flooded, 0.99):.1f} ms")
+        await asyncio.gather(*flooders)
+    return Neighbour(target.name, alone, flooded, produced / max(elapsed, 1e-9))
+
+
+# --- overload ------------------------------------------------------------------------------
+
+
+@dataclass
+class Overload:
+    capacity_rps: float
+    baseline_ttft_ms: list[float]
+    offered_rps: float
+    seconds: float
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def good(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == 200 and o.tokens == OVERLOAD_TOKENS]
+
+    @property
+    def rejected(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status in (429, 503)]
+
+    @property
+    def goodput(self) -> float:
+        return len(self.good) / self.seconds / self.capacity_rps
+
+    @property
+    def ttft_ratio(self) -> float:
+        admitted = [o.ttft * 1000 for o in self.good if o.ttft is not None]
+        return percentile(admitted, 0.99) / percentile(self.baseline_ttft_ms, 0.99)
+
+
+async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float, list[float]]:
+    """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs."""
+    async with _session(streams + 4) as session:
+        await asyncio.gather(
+            *(_stream(session, target, "flood", OVERLOAD_TOKENS) for _ in range(streams))
+        )
+        deadline = time.perf_counter() + seconds
+        done: list[Outcome] = []
+
+        async def loop() -> None:
+            while time.perf_counter() < deadline:
+                done.append(await _stream(session, target, "flood", OVERLOAD_TOKENS))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(streams)))
+        elapsed = time.perf_counter() - started
+    good = [o for o in done if o.status == 200]
+    return len(good) / elapsed, [o.ttft * 1000 for o in good if o.ttft is not None]
+
+
+async def _overload(target: Target, capacity: float, seconds: float, factor: float) -> Overload:
+    rate = capacity * factor
+    result = Overload(capacity, [], rate, seconds)
+    rng = random.Random(7)
+    async with _session(4096) as session:
+        tasks: list[asyncio.Task[Outcome]] = []
+        started = time.perf_counter()
+        next_at = started
+        while next_at - started < seconds:
+            now = time.perf_counter()
+            if next_at > now:
+                await asyncio.sleep(next_at - now)
+            tasks.append(asyncio.create_task(_stream(session, target, "flood", OVERLOAD_TOKENS)))
+            next_at += rng.expovariate(rate)
+        result.outcomes = list(await asyncio.gather(*tasks))
+        # Requests admitted near the end finish after the window: count the whole drain time.
+        result.seconds = time.perf_counter() - started
+    return result
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def _neighbour_table(rows: list[Neighbour]) -> str:
+    lines = [
+        "| target | B TTFT p50 / p99 alone (ms) | B TTFT p50 / p99 under flood (ms) "
+        "| **p99 ratio** | flood output tok/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.target} | {percentile(r.alone_ms, 0.5):.1f} / {percentile(r.alone_ms, 0.99):.1f}"
+            f" | {percentile(r.flooded_ms, 0.5):.1f} / {percentile(r.flooded_ms, 0.99):.1f}"
+            f" | **{r.ratio:.2f}** | {r.flood_tokens_per_s:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _overload_table(o: Overload) -> str:
+    rejected_ms = [r.latency * 1000 for r in o.rejected]
+    admitted = [g.ttft * 1000 for g in o.good if g.ttft is not None]
+    codes: dict[int, int] = {}
+    for outcome in o.outcomes:
+        codes[outcome.status] = codes.get(outcome.status, 0) + 1
+    return "\n".join(
+        [
+            "| measure | value | target |",
+            "| --- | ---: | ---: |",
+            f"| capacity (completed requests/s, {MAX_NUM_SEQS} streams) | {o.capacity_rps:.1f} | |",
+            f"| offered (open-loop arrivals/s) | {o.offered_rps:.1f} | 10 × capacity |",
+            f"| requests sent / completed / rejected | {len(o.outcomes)} / {len(o.good)} / "
+            f"{len(o.rejected)} | |",
+            f"| **goodput** (completed/s ÷ capacity) | **{o.goodput:.2f}** | ≥ 0.9 |",
+            f"| **rejection latency p50 / p99** (ms) | {percentile(rejected_ms, 0.5):.1f} / "
+            f"**{percentile(rejected_ms, 0.99):.1f}** | p99 ≤ 50 |",
+            f"| admitted TTFT p50 / p99 (ms) | {percentile(admitted, 0.5):.1f} / "
+            f"{percentile(admitted, 0.99):.1f} | |",
+            f"| TTFT p50 / p99 at capacity (ms) | {percentile(o.baseline_ttft_ms, 0.5):.1f} / "
+            f"{percentile(o.baseline_ttft_ms, 0.99):.1f} | |",
+            f"| **admitted TTFT p99 ÷ at-capacity TTFT p99** | **{o.ttft_ratio:.2f}** | ≤ 1.5 |",
+            f"| responses by status | {', '.join(f'{k}: {v}' for k, v in sorted(codes.items()))}"
+            " | |",
+        ]
+    )
+
+
+def _plot(rows: list[Neighbour], overload: Overload, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = []
+    data = []
+    for r in rows:
+        labels += [f"{r.target}\nalone", f"{r.target}\nflooded"]
+        data += [r.alone_ms, r.flooded_ms]
+    left.boxplot(data, whis=(1, 99))
+    left.set_xticks(range(1, len(labels) + 1), labels)
+    left.set_yscale("log")
+    left.set(ylabel="tenant B TTFT (ms, log)")
+    left.set_title("Noisy neighbour: light tenant's time to first token")
+    admitted = [o.ttft * 1000 for o in overload.good if o.ttft is not None]
+    rejected = [o.latency * 1000 for o in overload.rejected]
+    right.hist(
+        [admitted, rejected], bins=40, label=["admitted: TTFT", "rejected: latency"], log=True
+    )
+    right.set(xlabel="ms", ylabel="requests (log)")
+    right.set_title(f"Overload at {overload.offered_rps / overload.capacity_rps:.0f}× capacity")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--flood", type=int, default=64, help="tenant A's concurrent streams")
+    parser.add_argument("--light-requests", type=int, default=25, help="tenant B's requests")
+    parser.add_argument("--capacity-seconds", type=float, default=15.0)
+    parser.add_argument("--overload-seconds", type=float, default=20.0)
+    parser.add_argument("--overload-factor", type=float, default=10.0)
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    platform: Platform | None = None
+    rows: list[Neighbour] = []
+    try:
+        from models_registry.demo_model import demo_model_build
+
+        progress("building the tiny demo model")
+        model_dir = demo_model_build(out_dir=work / "model")
+        progress("noisy neighbour (a): vLLM's own OpenAI server, first come first served")
+        with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
+            rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
+        platform = prepare_switchyard(
+            model_dir,
+            work,
+            tenants={"flood": {}, "light": {}},
+            max_num_seqs=MAX_NUM_SEQS,
+            max_queued=4 * args.flood,
+        )
+        progress("noisy neighbour (b): Switchyard, fair dispatch")
+        with switchyard_stack(platform, work / "sy") as target:
+            rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
+            from models_registry.models import Deployment
+
+            Deployment.objects.filter(name="tiny").update(max_queued=OVERLOAD_MAX_QUEUED)
+            time.sleep(3)  # the frontends' route cache
+            progress(f"overload: measuring capacity for {args.capacity_seconds:.0f}s")
+            # One tenant may use the slots not reserved for tenants with nothing running.
+            from workers.management.commands.run_worker import reserved_slots
+
+            streams = MAX_NUM_SEQS - reserved_slots(MAX_NUM_SEQS)
+            capacity, baseline = asyncio.run(_capacity(target, args.capacity_seconds, streams))
+            progress(f"capacity {capacity:.1f} requests/s; offering {args.overload_factor:.0f}×")
+            overload = asyncio.run(
+                _overload(target, capacity, args.overload_seconds, args.overload_factor)
+            )
+            overload.baseline_ttft_ms = baseline
+    finally:
+        platform_stop(platform)
+        shutil.rmtree(work, ignore_errors=True)
+    neighbour = _neighbour_table(rows)
+    overload_table = _overload_table(overload)
+    print("\n" + neighbour + "\n\n" + overload_table)
+    _plot(rows, overload, args.docs / "admission.png")
+    section_write(
+        args.docs,
+        "admission",
+        "## Admission: noisy neighbour and overload\n\n"
+        f"`bench/admission.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, tiny "
+        f"Llama demo model, eager mode, {MAX_NUM_SEQS} engine slots for both targets.\n\n"
+        f"**Noisy neighbour.** Tenant A keeps {args.flood} streams of {FLOOD_TOKENS} tokens "
+        f"going; tenant B sends {args.light_requests} streams of {LIGHT_TOKENS} tokens one "
+        "after another, first alone, then under A's flood. Ratio = B's p99 TTFT under the flood "
+        "÷ B's p99 TTFT alone (target for Switchyard ≤ 1.5).\n\n"
+        + neighbour
+        + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
+        f"({OVERLOAD_TOKENS}-token streams); then Poisson arrivals at "
+        f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s, with the "
+        f"deployment's queue bound at {OVERLOAD_MAX_QUEUED} requests.\n\n"
+        + overload_table
+        + "\n\n![admission](admission.png)\n",
+    )
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'admission.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""What the benchmarks share: starting vLLM's own server or a Switchyard stack on the demo model.
+
+Each benchmark runs its targets side by side from one process tree, with the same engine
+settings, and writes its section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MAX_MODEL_LEN = 2048
+KV_CACHE_BYTES = 256 << 20
+DTYPE = "float32"
+ENGINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+UNLIMITED_QUOTA: dict[str, Any] = {
+    "max_tokens_per_request": 4096,
+    "requests_per_minute": 10_000_000,
+    "tokens_per_minute": 1_000_000_000,
+    "max_concurrency": 10_000,
+    "monthly_budget": Decimal("1000000"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def progress(text: str) -> None:
+    print(f"[bench] {text}", flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Return the q-quantile (0..1) of values by nearest rank; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def wait_for(
+    check: Callable[[], bool], popen: subprocess.Popen[bytes], what: str, log: Path
+) -> None:
+    started = time.monotonic()
+    last = started
+    while time.monotonic() - started < 600:
+        if popen.poll() is not None:
+            raise SystemExit(f"{what} exited:\n{log.read_text(errors='replace')[-3000:]}")
+        if check():
+            progress(f"{what} ready after {time.monotonic() - started:.0f}s")
+            return
+        if time.monotonic() - last > 10:
+            last = time.monotonic()
+            progress(f"waiting for {what} ({time.monotonic() - started:.0f}s)")
+        time.sleep(0.3)
+    raise SystemExit(f"{what} not ready after 600s")
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(popens: list[subprocess.Popen[bytes]]) -> None:
+    for popen in popens:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGTERM)
+    for popen in popens:
+        try:
+            popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+
+
+@dataclass
+class Target:
+    name: str
+    base_url: str
+    model: str
+    api_keys: dict[str, str]
+    processes: dict[str, psutil.Process] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, work: Path, *, max_num_seqs: int) -> Iterator[Target]:
+    """Run vLLM's own OpenAI server (first come, first served) with the benchmark's settings."""
+    port = free_port()
+    log = work / "vllm-server.log"
+    popen = spawn(
+        [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", "tiny",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", DTYPE, "--enforce-eager",
+            "--max-model-len", str(MAX_MODEL_LEN),
+            "--max-num-seqs", str(max_num_seqs),
+            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+            "--disable-log-stats", "--uvicorn-log-level", "warning",
+        ],
+        log,
+        {**os.environ, **ENGINE_ENV},
+    )  # fmt: skip
+    try:
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), popen, "vLLM server", log)
+        yield Target(
+            name="vllm",
+            base_url=f"http://127.0.0.1:{port}",
+            model="tiny",
+            api_keys={},
+            processes={"vllm server": psutil.Process(popen.pid)},
+        )
+    finally:
+        stop([popen])
+
+
+@dataclass
+class Platform:
+    """Embedded servers and the data the Switchyard runs share: started once per benchmark."""
+
+    services: Any
+    env: dict[str, str]
+    tokens: dict[str, str]
+
+
+def prepare_switchyard(
+    model_dir: Path,
+    work: Path,
+    *,
+    tenants: dict[str, dict[str, Any]],
+    max_num_seqs: int,
+    max_queued: int = 256,
+) -> Platform:
+    """Start embedded servers, register the model and deploy it, and create the tenants.
+
+    `tenants` maps a slug to quota fields over the unlimited defaults.
+    """
+    from embedded.servers import ServiceConfig, services_start
+
+    services = ServiceConfig(data_dir=work / "services", pg_port=0, redis_port=0, fast=True)
+    endpoints = services_start(services)
+    env = {
+        **os.environ,
+        **ENGINE_ENV,
+        "DATABASE_URL": endpoints.database_url,
+        "REDIS_URL": endpoints.redis_url,
+        "SWITCHYARD_DATA_DIR": str(work),
+        "DJANGO_SETTINGS_MODULE": "config.settings.dev",
+        "DJANGO_DEBUG": "0",
+    }
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "SWITCHYARD_DATA_DIR")})
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.dev"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from models_registry.services import deployment_create, model_version_register
+    from tenants.models import Quota
+    from tenants.services import api_key_issue, tenant_create
+
+    call_command("migrate", verbosity=0)
+    version, _ = model_version_register(model_name="tiny", source_dir=model_dir)
+    deployment_create(
+        name="tiny",
+        version=version,
+        max_num_seqs=max_num_seqs,
+        max_queued=max_queued,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        enforce_eager=True,
+        dtype=DTYPE,
+    )
+    tokens = {}
+    for slug, quota in tenants.items():
+        tenant = tenant_create(slug=slug)
+        Quota.objects.filter(tenant=tenant).update(**{**UNLIMITED_QUOTA, **quota})
+        tokens[slug] = api_key_issue(tenant=tenant, name="bench").token
+    return Platform(services=services, env=env, tokens=tokens)
+
+
+def platform_stop(platform: Platform | None) -> None:
+    if platform is not None:
+        from embedded.servers import services_stop
+
+        services_stop(platform.services)
+
+
+def services_pid(config: Any, name: str) -> int | None:
+    from embedded.servers import services_status
+
+    entry = services_status(config).get(name)
+    pid = entry.get("pid") if isinstance(entry, dict) else None
+    return pid if isinstance(pid, int) else None
+
+
+@contextlib.contextmanager
+def switchyard_stack(platform: Platform, work: Path) -> Iterator[Target]:
+    """Run a frontend, a worker and the usage ingester against the platform's servers."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = platform.env
+    port = free_port()
+    py = sys.executable
+    worker_log, web_log, ingest_log = (work / f"{n}.log" for n in ("worker", "web", "ingester"))
+    worker = spawn([py, "manage.py", "run_worker", "--deployment", "tiny"], worker_log, env)
+    web = spawn(
+        [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log", "--log-level", "warning"],
+        web_log,
+        env,
+    )  # fmt: skip
+    ingester = spawn([py, "manage.py", "run_ingester"], ingest_log, env)
+    popens = [web, worker, ingester]
+    try:
+        wait_for(lambda: b"ready: serving" in worker_log.read_bytes(), worker, "worker", worker_log)
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), web, "frontend", web_log)
+        processes = {
+            "frontend": psutil.Process(web.pid),
+            "worker+engine": psutil.Process(worker.pid),
+            "ingester": psutil.Process(ingester.pid),
+        }
+        for name in ("postgres", "valkey"):
+            pid = services_pid(platform.services, name)
+            if pid:
+                processes[name] = psutil.Process(pid)
+        yield Target(
+            name="switchyard",
+            base_url=f"http://127.0.0.1:{port}",
+            model="tiny",
+            api_keys=platform.tokens,
+            processes=processes,
+        )
+    finally:
+        stop(popens)
+
+
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    """Return CPU seconds used so far by each named process and its children."""
+    totals: dict[str, float] = {}
+    for name, proc in processes.items():
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                times = p.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                continue
+        totals[name] = total
+    return totals
+
+
+def section_write(docs: Path, name: str, text: str) -> Path:
+    """Put one benchmark's section into docs/benchmarks.md, replacing its previous run."""
+    path = docs / "benchmarks.md"
+    docs.mkdir(exist_ok=True)
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{text.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: block, current)
+    else:
+        updated = current.rstrip() + "\n\n" + block + "\n"
+    path.write_text(updated)
+    return path
