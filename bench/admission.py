@@ -5,10 +5,10 @@ tenant B sends light interactive requests one after another. We report B's p99 T
 flood divided by B's p99 TTFT alone, for Switchyard (fair dispatch across tenants) and for the
 same load sent straight to vLLM's own OpenAI server (first come, first served).
 
-Overload. We measure the deployment's capacity (completed requests/s with every engine slot
-busy), then offer ten times that as open-loop arrivals and report goodput (completed requests/s
-over capacity), the p99 latency of rejections and the p99 TTFT of admitted requests relative to
-the TTFT at capacity.
+Overload. We measure the deployment's capacity (completed requests/s with every slot one
+tenant may use busy), then offer ten times that as open-loop arrivals and report goodput
+(completed requests/s over capacity), the p99 latency of rejections and the p99 TTFT of
+admitted requests relative to the TTFT at capacity.
 
     .venv/bin/python bench/admission.py [--flood 96] [--light-requests 30] [--overload-seconds 20]
 
@@ -163,6 +163,7 @@ async def _neighbour(target: Target, flood: int, light_requests: int) -> Neighbo
 @dataclass
 class Overload:
     capacity_rps: float
+    streams: int
     baseline_ttft_ms: list[float]
     offered_rps: float
     seconds: float
@@ -206,9 +207,11 @@ async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float
     return len(good) / elapsed, [o.ttft * 1000 for o in good if o.ttft is not None]
 
 
-async def _overload(target: Target, capacity: float, seconds: float, factor: float) -> Overload:
+async def _overload(
+    target: Target, capacity: float, streams: int, seconds: float, factor: float
+) -> Overload:
     rate = capacity * factor
-    result = Overload(capacity, [], rate, seconds)
+    result = Overload(capacity, streams, [], rate, seconds)
     rng = random.Random(7)
     async with _session(4096) as session:
         tasks: list[asyncio.Task[Outcome]] = []
@@ -254,7 +257,8 @@ def _overload_table(o: Overload) -> str:
         [
             "| measure | value | target |",
             "| --- | ---: | ---: |",
-            f"| capacity (completed requests/s, {MAX_NUM_SEQS} streams) | {o.capacity_rps:.1f} | |",
+            f"| capacity (completed requests/s, one tenant's {o.streams} slots busy) "
+            f"| {o.capacity_rps:.1f} | |",
             f"| offered (open-loop arrivals/s) | {o.offered_rps:.1f} | 10 × capacity |",
             f"| requests sent / completed / rejected | {len(o.outcomes)} / {len(o.good)} / "
             f"{len(o.rejected)} | |",
@@ -343,7 +347,7 @@ def main() -> None:
             capacity, baseline = asyncio.run(_capacity(target, args.capacity_seconds, streams))
             progress(f"capacity {capacity:.1f} requests/s; offering {args.overload_factor:.0f}×")
             overload = asyncio.run(
-                _overload(target, capacity, args.overload_seconds, args.overload_factor)
+                _overload(target, capacity, streams, args.overload_seconds, args.overload_factor)
             )
             overload.baseline_ttft_ms = baseline
     finally:
