@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import redis.asyncio as aredis
@@ -89,25 +89,43 @@ def heartbeats_key(deployment: str) -> str:
     return f"{_tag(deployment)}:workers"
 
 
-def _deployment_keys(deployment: str) -> list[str]:
+class _Keys(NamedTuple):
     """The keys every data-plane script receives, in the order _PRELUDE names them."""
+
+    jobs: str  # hash: request id -> encoded Job, while queued or leased
+    meta: str  # hash: request id -> "tenant class cost weight deadline member"
+    queue_interactive: str  # sorted set of "<tenant>:<seq>:<request id>"
+    queue_batch: str
+    ready_interactive: str  # sorted set: waiting tenant -> virtual token counter
+    ready_batch: str
+    vtc: str  # hash: counters, virtual clocks, weights, the sequence
+    deadlines: str  # sorted set: queued request id -> deadline
+    depth: str  # hash: queued requests and tokens, in all and per class/tenant
+    leases: str  # sorted set: claimed request id -> end of its lease
+    workers: str  # sorted set: live worker -> end of its heartbeat
+    wake: str  # list: one token per enqueue, for idle workers to block on
+    rate: str  # hash: worker -> measured reserved tokens per second
+    usage: str
+
+
+def _keys(deployment: str) -> _Keys:
     tag = _tag(deployment)
-    return [
-        f"{tag}:jobs",  # hash: request id -> encoded Job, while queued or leased
-        f"{tag}:meta",  # hash: request id -> "tenant class cost weight deadline member"
-        f"{tag}:q:interactive",  # sorted set of "<tenant>:<seq>:<request id>"
-        f"{tag}:q:batch",
-        f"{tag}:ready:interactive",  # sorted set: waiting tenant -> virtual token counter
-        f"{tag}:ready:batch",
-        f"{tag}:vtc",  # hash: counters, virtual clocks, weights, the sequence
-        f"{tag}:deadlines",  # sorted set: queued request id -> deadline
-        f"{tag}:depth",  # hash: queued requests and tokens, in all and per class/tenant
-        f"{tag}:leases",  # sorted set: claimed request id -> end of its lease
-        heartbeats_key(deployment),  # sorted set: live worker -> end of its heartbeat
-        f"{tag}:wake",  # list: one token per enqueue, for idle workers to block on
-        f"{tag}:rate",  # hash: worker -> measured reserved tokens per second
-        usage_key(deployment),
-    ]
+    return _Keys(
+        jobs=f"{tag}:jobs",
+        meta=f"{tag}:meta",
+        queue_interactive=f"{tag}:q:interactive",
+        queue_batch=f"{tag}:q:batch",
+        ready_interactive=f"{tag}:ready:interactive",
+        ready_batch=f"{tag}:ready:batch",
+        vtc=f"{tag}:vtc",
+        deadlines=f"{tag}:deadlines",
+        depth=f"{tag}:depth",
+        leases=f"{tag}:leases",
+        workers=heartbeats_key(deployment),
+        wake=f"{tag}:wake",
+        rate=f"{tag}:rate",
+        usage=usage_key(deployment),
+    )
 
 
 def live_workers_sync(client: redis.Redis, deployment: str) -> int:
@@ -245,13 +263,15 @@ _CLAIM = (
     + """
 local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local skip = ARGV[4]  -- ",<tenant>,<tenant>,": tenants not to take jobs from this time
+local scan = 0
+if skip ~= ',' then scan = 31 end
 local ok, expired = {}, {}
 local steps = 0
 while #ok < count and steps < count * 4 + 16 do
   steps = steps + 1
   local cls, tenant, counter = nil, nil, nil
   for _, c in ipairs({'interactive', 'batch'}) do
-    local heads = redis.call('ZRANGE', READY[c], 0, 31, 'WITHSCORES')
+    local heads = redis.call('ZRANGE', READY[c], 0, scan, 'WITHSCORES')
     for i = 1, #heads, 2 do
       if not string.find(skip, ',' .. heads[i] .. ',', 1, true) then
         cls, tenant, counter = c, heads[i], tonumber(heads[i + 1])
@@ -442,7 +462,7 @@ class Dispatch:
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._enqueue(
-                keys=_deployment_keys(job.deployment),
+                keys=list(_keys(job.deployment)),
                 args=[
                     encode(job),
                     time.time(),
@@ -483,9 +503,9 @@ class Dispatch:
 
     async def cancel_by_id(self, *, where: Whereabouts, request_id: str) -> bool:
         """Cancel a request knowing only its id; return False if it had already finished."""
-        if await self.redis.exists(final_key(where.deployment, request_id)):
+        if await self.finished(deployment=where.deployment, request_id=request_id):
             return False
-        payload: Any = await self.redis.hget(_deployment_keys(where.deployment)[0], request_id)
+        payload: Any = await self.redis.hget(_keys(where.deployment).jobs, request_id)
         if payload is not None:
             await self.cancel(job=job_decoder.decode(payload))
         else:
@@ -512,7 +532,9 @@ class Dispatch:
 
     async def cancel(self, *, job: Job) -> bool:
         """Cancel a request; return True when it was still queued and is now finished."""
-        return await self._end_queued(job, code="cancelled", status=Status.CANCELLED, flag=True)
+        return await self._end_queued(
+            job, code="cancelled", message="request cancelled", status=Status.CANCELLED, flag=True
+        )
 
     async def expire(self, job: Job) -> bool:
         """End a request whose deadline passed; True when it was still queued.
@@ -520,11 +542,16 @@ class Dispatch:
         A running request is not touched: its worker ends it at the same deadline.
         """
         return await self._end_queued(
-            job, code="deadline_exceeded", status=Status.TIMEOUT, flag=False
+            job,
+            code="deadline_exceeded",
+            message="the request's deadline passed while it was queued",
+            status=Status.TIMEOUT,
+            flag=False,
         )
 
-    async def _end_queued(self, job: Job, *, code: str, status: Status, flag: bool) -> bool:
-        message = "request cancelled" if code == "cancelled" else "the deadline passed in queue"
+    async def _end_queued(
+        self, job: Job, *, code: str, message: str, status: Status, flag: bool
+    ) -> bool:
         terminal = Failed(
             code=code,
             message=message,
@@ -533,7 +560,7 @@ class Dispatch:
         )
         usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
         keys = [
-            *_deployment_keys(job.deployment),
+            *_keys(job.deployment),
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
             cancel_key(job.deployment, job.request_id),
@@ -551,7 +578,7 @@ class Dispatch:
 
     async def depth(self, deployment: str) -> Depth:
         """Return how many requests and reserved tokens wait in a deployment's queues."""
-        found: Any = await self.redis.hmget(_deployment_keys(deployment)[8], ["n", "tok"])
+        found: Any = await self.redis.hmget(_keys(deployment).depth, ["n", "tok"])
         return Depth(requests=int(found[0] or 0), tokens=int(found[1] or 0))
 
     # --- worker side ---------------------------------------------------------------------
@@ -582,7 +609,7 @@ class Dispatch:
         now = time.time()
         skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
         ok, expired = await self._claim(
-            keys=_deployment_keys(deployment), args=[now, count, now + lease_seconds, skip]
+            keys=list(_keys(deployment)), args=[now, count, now + lease_seconds, skip]
         )
         return Claimed(
             run=[job_decoder.decode(p) for p in ok],
@@ -591,7 +618,7 @@ class Dispatch:
 
     async def wait_for_work(self, *, deployment: str, timeout: float) -> None:
         """Block until a job is queued for the deployment or timeout seconds pass."""
-        await self.redis.blpop([_deployment_keys(deployment)[11]], timeout=timeout)
+        await self.redis.blpop([_keys(deployment).wake], timeout=timeout)
 
     async def cancelled(self, *, deployment: str, request_ids: list[str]) -> set[str]:
         """Return which of these requests have been cancelled."""
@@ -605,7 +632,7 @@ class Dispatch:
         if request_ids:
             until = time.time() + lease_seconds
             await self.redis.zadd(
-                _deployment_keys(deployment)[9], dict.fromkeys(request_ids, until), xx=True
+                _keys(deployment).leases, dict.fromkeys(request_ids, until), xx=True
             )
 
     async def heartbeat(
@@ -622,14 +649,14 @@ class Dispatch:
             pipe.zadd(key, {worker: now + ttl})
             pipe.zremrangebyscore(key, "-inf", now)
             if tokens_per_second is not None:
-                pipe.hset(_deployment_keys(deployment)[12], worker, tokens_per_second)
+                pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
             await pipe.execute()
 
     async def leave(self, *, deployment: str, worker: str) -> None:
         """Remove a stopping worker from the live set."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrem(heartbeats_key(deployment), worker)
-            pipe.hdel(_deployment_keys(deployment)[12], worker)
+            pipe.hdel(_keys(deployment).rate, worker)
             await pipe.execute()
 
     async def publish(self, *, job: Job, events: list[Event]) -> None:
@@ -674,7 +701,7 @@ class Dispatch:
         self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool
     ) -> tuple[list[str], list[ScriptArg]]:
         keys = [
-            *_deployment_keys(job.deployment),
+            *_keys(job.deployment),
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
         ]
@@ -697,21 +724,23 @@ class Dispatch:
         A started job cannot be resumed elsewhere without repeating tokens the client has
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
-        keys = _deployment_keys(deployment)
+        keys = _keys(deployment)
         now = time.time()
-        lapsed: Any = await self.redis.zrangebyscore(keys[9], "-inf", now, start=0, num=100)
+        lapsed: Any = await self.redis.zrangebyscore(keys.leases, "-inf", now, start=0, num=100)
         reclaimed = 0
         for raw in lapsed:
             rid = raw.decode()
-            payload: Any = await self.redis.hget(keys[0], rid)
+            payload: Any = await self.redis.hget(keys.jobs, rid)
             if payload is None:
-                await self.redis.zrem(keys[9], rid)
+                await self.redis.zrem(keys.leases, rid)
                 continue
             job = job_decoder.decode(payload)
             history: Any = await self.redis.xrange(reply_key(deployment, rid))
             events = [event_decoder.decode(fields[b"e"]) for _id, fields in history]
             if not events:
-                reclaimed += int(await self._requeue(keys=keys, args=[rid, time.time(), _WAKE_CAP]))
+                reclaimed += int(
+                    await self._requeue(keys=list(keys), args=[rid, time.time(), _WAKE_CAP])
+                )
                 continue
             await self._end_lost(job, events)
             reclaimed += 1
@@ -738,15 +767,15 @@ class Dispatch:
 
     async def expire_queued(self, *, deployment: str) -> int:
         """End queued jobs whose deadline passed (their frontend may be gone)."""
-        keys = _deployment_keys(deployment)
+        keys = _keys(deployment)
         overdue: Any = await self.redis.zrangebyscore(
-            keys[7], "-inf", time.time(), start=0, num=200
+            keys.deadlines, "-inf", time.time(), start=0, num=200
         )
         ended = 0
         for raw in overdue:
-            payload: Any = await self.redis.hget(keys[0], raw.decode())
+            payload: Any = await self.redis.hget(keys.jobs, raw.decode())
             if payload is None:
-                await self.redis.zrem(keys[7], raw)
+                await self.redis.zrem(keys.deadlines, raw)
                 continue
             ended += int(await self.expire(job_decoder.decode(payload)))
         return ended

@@ -22,19 +22,23 @@ import redis.asyncio as aredis
 
 MICROS = Decimal(1_000_000)
 
-# Buckets refill continuously: `limit` units per 60 s, never above `limit`.
-_ADMIT = """
+# Buckets refill continuously: `limit` units per 60 s, never above `limit`. `now` is ARGV[1].
+_LEVEL = """
 local now = tonumber(ARGV[1])
-local rpm, tpm, max_conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local lease_ms, tokens, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local budget, rid, seed = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
-
 local function level(key, cap)
   local v = redis.call('HMGET', key, 'level', 'ts')
   local lvl, ts = tonumber(v[1]), tonumber(v[2])
   if lvl == nil then return cap end
   return math.min(cap, lvl + (now - ts) * cap / 60000)
 end
+"""
+
+_ADMIT = (
+    _LEVEL
+    + """
+local rpm, tpm, max_conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local lease_ms, tokens, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local budget, rid, seed = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 
 local spent = tonumber(redis.call('GET', KEYS[4]))
 if spent == nil then
@@ -74,6 +78,7 @@ local reset_requests = math.ceil((rpm - req_level + 1) * 60000 / rpm)
 local reset_tokens = math.ceil((tpm - tok_level + tokens) * 60000 / tpm)
 return {0, math.floor(req_level - 1), math.floor(tok_level - tokens), reset_requests, reset_tokens}
 """
+)
 
 # Settle a reservation to actual use, once: unused tokens go back to the bucket, the budget is
 # charged the actual cost, and the concurrency slot is freed.
@@ -100,18 +105,15 @@ return 1
 
 
 # Read the buckets without taking from them: what a response that admitted nothing reports.
-_PEEK = """
-local now, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local function level(key, cap)
-  local v = redis.call('HMGET', key, 'level', 'ts')
-  local lvl, ts = tonumber(v[1]), tonumber(v[2])
-  if lvl == nil then return cap end
-  return math.min(cap, lvl + (now - ts) * cap / 60000)
-end
+_PEEK = (
+    _LEVEL
+    + """
+local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
 local req, tok = level(KEYS[1], rpm), level(KEYS[2], tpm)
 return {math.floor(req), math.floor(tok), math.ceil((rpm - req) * 60000 / rpm),
         math.ceil((tpm - tok) * 60000 / tpm)}
 """
+)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from inference.background import spawn
 from inference.dispatch import Dispatch
@@ -31,51 +31,22 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     aborts it in the engine.
     """
     job = submitted.job
-    after = "0-0"
     finished = False
-    overdue = False
     try:
-        while True:
-            now = time.time()
-            if now >= job.deadline and not overdue:
-                # Still queued: it ends now, here. Running: its worker ends it.
-                overdue = True
-                await dispatch.expire(job)
-            wait_until = job.deadline + _GRACE_SECONDS if overdue else job.deadline
-            remaining = wait_until - now
-            if overdue and remaining <= 0:
-                cancel_soon(dispatch, submitted)
-                finished = True
-                yield Failed(
-                    code="timeout",
-                    message="the request took longer than its deadline",
-                    prompt_tokens=len(job.prompt_token_ids),
-                    completion_tokens=0,
-                )
-                return
-            batch = await dispatch.read_events(
-                deployment=job.deployment,
-                request_id=job.request_id,
-                after=after,
-                block_ms=max(int(min(remaining, 5.0) * 1000), 1),
-            )
-            pending: Delta | None = None
-            for entry_id, event in batch:
-                after = entry_id
-                if isinstance(event, Delta):
-                    pending = _merge(pending, event)
-                    continue
-                if pending is not None:
-                    yield pending
-                    pending = None
-                if isinstance(event, Finished | Failed):
-                    finished = True
-                    yield event
-                    return
-                if not isinstance(event, Started):
-                    yield event
-            if pending is not None:
-                yield pending
+        async for event in _follow(
+            dispatch,
+            deployment=job.deployment,
+            request_id=job.request_id,
+            deadline=job.deadline,
+            # Still queued: it ends now, in the queue. Running: its worker ends it.
+            at_deadline=lambda: dispatch.expire(job),
+        ):
+            finished = isinstance(event, Finished | Failed)
+            yield event
+        if not finished:
+            finished = True
+            cancel_soon(dispatch, submitted)
+            yield _timed_out(prompt_tokens=len(job.prompt_token_ids))
     finally:
         if not finished:
             cancel_soon(dispatch, submitted)
@@ -88,16 +59,39 @@ async def attach(
 
     The attached client does not own the request: leaving early cancels nothing.
     """
+    finished = False
+    async for event in _follow(
+        dispatch, deployment=deployment, request_id=request_id, deadline=deadline
+    ):
+        finished = isinstance(event, Finished | Failed)
+        yield event
+    if not finished:
+        yield _timed_out(prompt_tokens=0)
+
+
+async def _follow(
+    dispatch: Dispatch,
+    *,
+    deployment: str,
+    request_id: str,
+    deadline: float,
+    at_deadline: Callable[[], Awaitable[object]] | None = None,
+) -> AsyncIterator[Event]:
+    """Yield a reply stream's events (deltas merged) up to its terminal one.
+
+    Stops without a terminal event if none arrives within the grace time after the deadline;
+    `at_deadline` runs once when the deadline passes.
+    """
     after = "0-0"
+    overdue = False
     while True:
-        remaining = deadline + _GRACE_SECONDS - time.time()
-        if remaining <= 0:
-            yield Failed(
-                code="timeout",
-                message="the request took longer than its deadline",
-                prompt_tokens=0,
-                completion_tokens=0,
-            )
+        now = time.time()
+        if now >= deadline and not overdue:
+            overdue = True
+            if at_deadline is not None:
+                await at_deadline()
+        remaining = (deadline + _GRACE_SECONDS if overdue else deadline) - now
+        if overdue and remaining <= 0:
             return
         batch = await dispatch.read_events(
             deployment=deployment,
@@ -114,12 +108,22 @@ async def attach(
             if pending is not None:
                 yield pending
                 pending = None
-            if not isinstance(event, Started):
-                yield event
+            if isinstance(event, Started):
+                continue
+            yield event
             if isinstance(event, Finished | Failed):
                 return
         if pending is not None:
             yield pending
+
+
+def _timed_out(*, prompt_tokens: int) -> Failed:
+    return Failed(
+        code="timeout",
+        message="the request took longer than its deadline",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=0,
+    )
 
 
 def _merge(pending: Delta | None, event: Delta) -> Delta:

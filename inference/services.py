@@ -192,7 +192,7 @@ async def generation_submit(
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
-        raise _refusal_error(Refused(Refusal.QUEUE_FULL), model=request.model, job=None)
+        raise _queue_full(request.model)
     if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
         prompt = await asyncio.to_thread(_prompt_ids, request, route)
@@ -267,16 +267,20 @@ async def generation_submit(
     return submitted
 
 
-def _refusal_error(refused: Refused, *, model: str, job: Job | None) -> ApiError:
+def _queue_full(model: str) -> ApiError:
+    return ApiError(
+        503,
+        "queue_full",
+        f"'{model}' has more work waiting than it accepts; retry shortly.",
+        retry_after=1,
+    )
+
+
+def _refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
     """The 503 that tells a client the platform, not its tenant, cannot take the request."""
     if refused.reason is Refusal.QUEUE_FULL:
-        return ApiError(
-            503,
-            "queue_full",
-            f"'{model}' has more work waiting than it accepts; retry shortly.",
-            retry_after=1,
-        )
-    if refused.reason is Refusal.DEADLINE_UNATTAINABLE and job is not None:
+        return _queue_full(model)
+    if refused.reason is Refusal.DEADLINE_UNATTAINABLE:
         wait = refused.estimated_wait_ms / 1000
         allowed = job.deadline - job.enqueued_at
         return ApiError(

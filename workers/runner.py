@@ -61,6 +61,14 @@ class _Outbox:
         return items
 
 
+async def _first_of(*waits: Awaitable[object], timeout: float) -> None:
+    """Return when the first of these finishes or timeout passes; cancel the others."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        task.cancel()
+
+
 class _RateMeter:
     """Reserved tokens (prompt + max_tokens) this worker finishes per second while it is full.
 
@@ -167,6 +175,8 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():
+            # Cleared before counting, so a slot freed from here on wakes the waits below.
+            self._slot_free.clear()
             free = self.capacity - len(self.active)
             skip: frozenset[int] = frozenset()
             if free <= 0:
@@ -176,8 +186,7 @@ class Worker:
                 free = self.capacity + self.reserved - len(self.active)
                 skip = frozenset(job.tenant_id for job, _ in self.active.values())
             if free <= 0:
-                self._slot_free.clear()
-                await self._wait_any(self._slot_free, timeout=1.0)
+                await _first_of(self._slot_free.wait(), self._draining.wait(), timeout=1.0)
                 continue
             claimed = await self.dispatch.claim(
                 deployment=self.deployment,
@@ -191,7 +200,14 @@ class Worker:
                 )
             if not claimed.run:
                 if not claimed.expired:
-                    await self._wait_for_work(slot_or_job=bool(skip))
+                    # A queued job wakes us; with only reserved slots open, so does a freed
+                    # shared slot (the tenants skipped this time may then be served).
+                    await _first_of(
+                        self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5),
+                        self._draining.wait(),
+                        *([self._slot_free.wait()] if skip else []),
+                        timeout=1.0,
+                    )
                 continue
             for job in claimed.run:
                 task = asyncio.create_task(self._serve(job), name=job.request_id)
@@ -206,28 +222,6 @@ class Worker:
                 running = self.active.get(rid)
                 if running is not None:
                     running[1].cancel()
-
-    async def _wait_for_work(self, *, slot_or_job: bool) -> None:
-        """Wait for a queued job, or (when only reserved slots were open) for a freed slot."""
-        if not slot_or_job:
-            await self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5)
-            return
-        self._slot_free.clear()
-        waiters = [
-            asyncio.create_task(self._slot_free.wait()),
-            asyncio.create_task(
-                self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5)
-            ),
-        ]
-        await asyncio.wait(waiters, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
-
-    async def _wait_any(self, event: asyncio.Event, timeout: float) -> None:
-        waiters = [asyncio.create_task(event.wait()), asyncio.create_task(self._draining.wait())]
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
 
     async def _serve(self, job: Job) -> None:
         started_at = time.time()
