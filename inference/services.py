@@ -258,7 +258,7 @@ async def generation_submit(
             original=Original(
                 request_id=request_id,
                 deployment=route.deployment,
-                model=route.model_name + "@" + route.version,
+                model=route.served_name,
                 version=route.version,
                 created=int(now),
                 deadline=job.deadline,

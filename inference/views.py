@@ -181,12 +181,12 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         if key is not None:
             spawn(idempotency_get().release(tenant_id=principal.tenant_id, key=key))
         raise
-    formatter = Formatter(
+    formatter = _formatter(
         endpoint=endpoint,
         request_id=request_id,
-        model=submitted.route.model_name + "@" + submitted.route.version,
+        model=submitted.route.served_name,
+        version=submitted.route.version,
         created=int(submitted.job.enqueued_at),
-        fingerprint=f"sy-{submitted.route.version}",
     )
     events = relay.events(dispatch_get(), submitted)
     on_end = functools.partial(_ended, submitted)
@@ -198,6 +198,19 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
         response[name] = value
     return response
+
+
+def _formatter(
+    *, endpoint: str, request_id: str, model: str, version: str, created: int
+) -> Formatter:
+    """The response builder of a request; a replay builds the same one from its record."""
+    return Formatter(
+        endpoint=endpoint,
+        request_id=request_id,
+        model=model,
+        created=created,
+        fingerprint=f"sy-{version}",
+    )
 
 
 def _ended(submitted: Submitted, event: Finished | Failed) -> None:
@@ -239,12 +252,12 @@ async def _replay_or_claim(
 async def _replay(original: Original, parsed: GenerationRequest) -> HttpResponseBase | None:
     """Return the original's response again, or None when the original failed."""
     dispatch = dispatch_get()
-    formatter = Formatter(
+    formatter = _formatter(
         endpoint=parsed.endpoint,
         request_id=original.request_id,
         model=original.model,
+        version=original.version,
         created=original.created,
-        fingerprint=f"sy-{original.version}",
     )
     events = relay.attach(
         dispatch,

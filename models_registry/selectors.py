@@ -27,6 +27,11 @@ class Route:
     max_queued: int
     max_queued_tokens: int
 
+    @property
+    def served_name(self) -> str:
+        """The `model` field of responses: the model pinned to the version that served it."""
+        return f"{self.model_name}@{self.version}"
+
 
 def _deployment_for(version: ModelVersion) -> Deployment | None:
     """Return the deployment serving a version, preferring one whose workers are ready.
