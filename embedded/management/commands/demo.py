@@ -181,11 +181,12 @@ class Command(BaseCommand):
 
     def _write_env(self, data_dir: Path, base_url: str, token: str, password: str) -> Path:
         env_file = data_dir / "demo.env"
+        # Exported, so programs started after `source .data/demo.env` see them too.
         env_file.write_text(
-            f"SWITCHYARD_URL={base_url}\n"
-            f"SWITCHYARD_API_KEY={token}\n"
-            f"SWITCHYARD_ADMIN_USER={ADMIN_USER}\n"
-            f"SWITCHYARD_ADMIN_PASSWORD={password}\n"
+            f"export SWITCHYARD_URL={base_url}\n"
+            f"export SWITCHYARD_API_KEY={token}\n"
+            f"export SWITCHYARD_ADMIN_USER={ADMIN_USER}\n"
+            f"export SWITCHYARD_ADMIN_PASSWORD={password}\n"
         )
         env_file.chmod(0o600)
         return env_file
