@@ -51,7 +51,7 @@ PROMPT = "Once upon a time, in a switchyard far away,"
 FLOOD_TOKENS = 256
 LIGHT_TOKENS = 8
 OVERLOAD_TOKENS = 512
-OVERLOAD_MAX_QUEUED = 8
+OVERLOAD_MAX_QUEUED = 0
 
 
 @dataclass
@@ -60,6 +60,7 @@ class Outcome:
     ttft: float | None  # seconds to the first token, for successes
     latency: float  # seconds to the response's status line (rejections) or to the end
     tokens: int = 0
+    sent: float = 0.0  # perf_counter when the request was sent
 
 
 async def _stream(
@@ -82,7 +83,7 @@ async def _stream(
         if response.status != 200:
             latency = time.perf_counter() - started
             await response.read()
-            return Outcome(status=response.status, ttft=None, latency=latency)
+            return Outcome(status=response.status, ttft=None, latency=latency, sent=started)
         ttft = None
         tokens = 0
         async for raw in response.content:
@@ -91,12 +92,20 @@ async def _stream(
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
-                return Outcome(status=599, ttft=ttft, latency=time.perf_counter() - started)
+                return Outcome(
+                    status=599, ttft=ttft, latency=time.perf_counter() - started, sent=started
+                )
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             elif ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
                 ttft = time.perf_counter() - started
-        return Outcome(status=200, ttft=ttft, latency=time.perf_counter() - started, tokens=tokens)
+        return Outcome(
+            status=200,
+            ttft=ttft,
+            latency=time.perf_counter() - started,
+            tokens=tokens,
+            sent=started,
+        )
 
 
 def _session(limit: int) -> aiohttp.ClientSession:
@@ -168,6 +177,7 @@ class Overload:
     offered_rps: float
     seconds: float
     outcomes: list[Outcome] = field(default_factory=list)
+    started: float = 0.0  # perf_counter at the first arrival
 
     @property
     def good(self) -> list[Outcome]:
@@ -179,7 +189,15 @@ class Overload:
 
     @property
     def goodput(self) -> float:
-        return len(self.good) / self.seconds / self.capacity_rps
+        """Completed requests per second in the steady part of the window, over capacity.
+
+        The first quarter of the window is warm-up: no request completes before one service
+        time has passed since the flood began.
+        """
+        begin = self.started + self.seconds / 4
+        end = self.started + self.seconds
+        done = [o for o in self.good if begin <= o.sent + o.latency <= end]
+        return len(done) / (end - begin) / self.capacity_rps
 
     @property
     def ttft_ratio(self) -> float:
@@ -223,9 +241,8 @@ async def _overload(
                 await asyncio.sleep(next_at - now)
             tasks.append(asyncio.create_task(_stream(session, target, "flood", OVERLOAD_TOKENS)))
             next_at += rng.expovariate(rate)
+        result.started = started
         result.outcomes = list(await asyncio.gather(*tasks))
-        # Requests admitted near the end finish after the window: count the whole drain time.
-        result.seconds = time.perf_counter() - started
     return result
 
 
@@ -262,7 +279,8 @@ def _overload_table(o: Overload) -> str:
             f"| offered (open-loop arrivals/s) | {o.offered_rps:.1f} | 10 × capacity |",
             f"| requests sent / completed / rejected | {len(o.outcomes)} / {len(o.good)} / "
             f"{len(o.rejected)} | |",
-            f"| **goodput** (completed/s ÷ capacity) | **{o.goodput:.2f}** | ≥ 0.9 |",
+            f"| **goodput** (completed/s after the first quarter ÷ capacity) "
+            f"| **{o.goodput:.2f}** | ≥ 0.9 |",
             f"| **rejection latency p50 / p99** (ms) | {percentile(rejected_ms, 0.5):.1f} / "
             f"**{percentile(rejected_ms, 0.99):.1f}** | p99 ≤ 50 |",
             f"| admitted TTFT p50 / p99 (ms) | {percentile(admitted, 0.5):.1f} / "
@@ -308,7 +326,7 @@ def _plot(rows: list[Neighbour], overload: Overload, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--flood", type=int, default=64, help="tenant A's concurrent streams")
-    parser.add_argument("--light-requests", type=int, default=25, help="tenant B's requests")
+    parser.add_argument("--light-requests", type=int, default=60, help="tenant B's requests")
     parser.add_argument("--capacity-seconds", type=float, default=15.0)
     parser.add_argument("--overload-seconds", type=float, default=20.0)
     parser.add_argument("--overload-factor", type=float, default=10.0)
@@ -335,15 +353,20 @@ def main() -> None:
         progress("noisy neighbour (b): Switchyard, fair dispatch")
         with switchyard_stack(platform, work / "sy") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
-            from models_registry.models import Deployment
+        from models_registry.models import Deployment
+        from workers.management.commands.run_worker import reserved_slots
 
-            Deployment.objects.filter(name="tiny").update(max_queued=OVERLOAD_MAX_QUEUED)
-            time.sleep(3)  # the frontends' route cache
-            progress(f"overload: measuring capacity for {args.capacity_seconds:.0f}s")
+        Deployment.objects.filter(name="tiny").update(max_queued=OVERLOAD_MAX_QUEUED)
+        # The engine on one core, the frontend, ingester and this load generator on the other,
+        # as separate machines would be: otherwise the flood's own client and the platform
+        # steal the engine's CPU and the measurement is of the machine, not of admission.
+        os.sched_setaffinity(0, {1})
+        with switchyard_stack(
+            platform, work / "sy-overload", engine_cpus="0", platform_cpus="1"
+        ) as target:
             # One tenant may use the slots not reserved for tenants with nothing running.
-            from workers.management.commands.run_worker import reserved_slots
-
             streams = MAX_NUM_SEQS - reserved_slots(MAX_NUM_SEQS)
+            progress(f"overload: measuring capacity for {args.capacity_seconds:.0f}s")
             capacity, baseline = asyncio.run(_capacity(target, args.capacity_seconds, streams))
             progress(f"capacity {capacity:.1f} requests/s; offering {args.overload_factor:.0f}×")
             overload = asyncio.run(
@@ -370,10 +393,10 @@ def main() -> None:
         + neighbour
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
         f"({OVERLOAD_TOKENS}-token streams); then Poisson arrivals at "
-        f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s, with the "
-        f"deployment's queue bound at {OVERLOAD_MAX_QUEUED} requests.\n\n"
-        + overload_table
-        + "\n\n![admission](admission.png)\n",
+        f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s. The "
+        f"deployment's queue bound is {OVERLOAD_MAX_QUEUED}: a request is admitted only while a "
+        "slot is free for it. The engine runs on core 0, the frontend, ingester and load "
+        "generator on core 1.\n\n" + overload_table + "\n\n![admission](admission.png)\n",
     )
     progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'admission.png'}")
 

@@ -234,22 +234,43 @@ def services_pid(config: Any, name: str) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
+def _pinned(cpus: str | None, args: list[str]) -> list[str]:
+    return ["taskset", "-c", cpus, *args] if cpus else args
+
+
 @contextlib.contextmanager
-def switchyard_stack(platform: Platform, work: Path) -> Iterator[Target]:
-    """Run a frontend, a worker and the usage ingester against the platform's servers."""
+def switchyard_stack(
+    platform: Platform,
+    work: Path,
+    *,
+    engine_cpus: str | None = None,
+    platform_cpus: str | None = None,
+) -> Iterator[Target]:
+    """Run a frontend, a worker and the usage ingester against the platform's servers.
+
+    `engine_cpus` and `platform_cpus` (taskset lists such as "0") keep the worker with its
+    engine apart from the frontend and ingester, as separate machines would in production.
+    """
     work.mkdir(parents=True, exist_ok=True)
-    env = platform.env
+    env = dict(platform.env)
+    if engine_cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = engine_cpus
     port = free_port()
     py = sys.executable
     worker_log, web_log, ingest_log = (work / f"{n}.log" for n in ("worker", "web", "ingester"))
-    worker = spawn([py, "manage.py", "run_worker", "--deployment", "tiny"], worker_log, env)
+    worker = spawn(
+        _pinned(engine_cpus, [py, "manage.py", "run_worker", "--deployment", "tiny"]),
+        worker_log,
+        env,
+    )
     web = spawn(
-        [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--log-level", "warning"],
+        _pinned(platform_cpus, [py, "-m", "uvicorn", "config.asgi:application",
+                "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
+                "--log-level", "warning"]),
         web_log,
         env,
     )  # fmt: skip
-    ingester = spawn([py, "manage.py", "run_ingester"], ingest_log, env)
+    ingester = spawn(_pinned(platform_cpus, [py, "manage.py", "run_ingester"]), ingest_log, env)
     popens = [web, worker, ingester]
     try:
         wait_for(lambda: b"ready: serving" in worker_log.read_bytes(), worker, "worker", worker_log)

@@ -105,6 +105,7 @@ class _Keys(NamedTuple):
     workers: str  # sorted set: live worker -> end of its heartbeat
     wake: str  # list: one token per enqueue, for idle workers to block on
     rate: str  # hash: worker -> measured reserved tokens per second
+    slots: str  # hash: worker -> "<shared slots> <reserved slots>"
     usage: str
 
 
@@ -124,6 +125,7 @@ def _keys(deployment: str) -> _Keys:
         workers=heartbeats_key(deployment),
         wake=f"{tag}:wake",
         rate=f"{tag}:rate",
+        slots=f"{tag}:slots",
         usage=usage_key(deployment),
     )
 
@@ -134,8 +136,8 @@ def live_workers_sync(client: redis.Redis, deployment: str) -> int:
 
 
 _PRELUDE = """
-local JOBS, META, QI, QB, RI, RB, VTC, DEADLINES, DEPTH, LEASES, WORKERS, WAKE, RATE, USAGE =
-  unpack(KEYS, 1, 14)
+local JOBS, META, QI, QB, RI, RB, VTC, DEADLINES, DEPTH, LEASES, WORKERS, WAKE, RATE, SLOTS,
+  USAGE = unpack(KEYS, 1, 15)
 local QUEUE = {interactive = QI, batch = QB}
 local READY = {interactive = RI, batch = RB}
 
@@ -197,6 +199,34 @@ local function unqueue(rid, j)
   unbacklog_if_empty(j.cls, j.tenant)
 end
 
+-- Sum a per-worker hash over the workers whose heartbeat has not lapsed.
+local function live_sum(hash, now)
+  local total = 0
+  local values = redis.call('HGETALL', hash)
+  for i = 1, #values, 2 do
+    local alive = redis.call('ZSCORE', WORKERS, values[i])
+    if alive and tonumber(alive) >= now then total = total + tonumber(values[i + 1]) end
+  end
+  return total
+end
+
+-- The live workers' slots: shared by all tenants, and reserved for tenants with none running.
+local function live_slots(now)
+  local shared, reserved = 0, 0
+  local values = redis.call('HGETALL', SLOTS)
+  for i = 1, #values, 2 do
+    local alive = redis.call('ZSCORE', WORKERS, values[i])
+    if alive and tonumber(alive) >= now then
+      local s, r = string.match(values[i + 1], '^(%d+) (%d+)$')
+      shared, reserved = shared + tonumber(s), reserved + tonumber(r)
+    end
+  end
+  return shared, reserved
+end
+
+-- A tenant's claimed jobs, counted while they hold a lease.
+local function running_add(tenant, n) redis.call('HINCRBY', DEPTH, 'r:' .. tenant, n) end
+
 local function wake(cap)
   redis.call('LPUSH', WAKE, '1')
   redis.call('LTRIM', WAKE, 0, cap - 1)
@@ -214,17 +244,17 @@ local rid, tenant, cls, cost = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local weight, deadline = tonumber(ARGV[9]), tonumber(ARGV[10])
 
 if redis.call('ZCOUNT', WORKERS, now, '+inf') == 0 then return {-1, 0} end
-if depth_of('n') >= max_n or depth_of('tok') + cost > max_tok then return {-2, 0} end
+-- max_n counts the jobs that wait for a slot: those the free slots take at once do not wait.
+-- Reserved slots are free only to a tenant with nothing running (as workers hand them out).
+local shared, reserved = live_slots(now)
+local free = math.max(0, shared - redis.call('ZCARD', LEASES))
+if depth_of('r:' .. tenant) <= 0 then free = free + reserved end
+if depth_of('n') >= max_n + free or depth_of('tok') + cost > max_tok then return {-2, 0} end
 
 -- Under weighted fair queuing the job waits for its tenant's own backlog and, from each other
 -- waiting tenant, at most that tenant's fair share of the same time (batch also waits for all
 -- interactive work). The deployment drains reserved tokens at the rate its workers measured.
-local rate = 0
-local rates = redis.call('HGETALL', RATE)
-for i = 1, #rates, 2 do
-  local alive = redis.call('ZSCORE', WORKERS, rates[i])
-  if alive and tonumber(alive) >= now then rate = rate + tonumber(rates[i + 1]) end
-end
+local rate = live_sum(RATE, now)
 if rate > 0 then
   local own = depth_of('t:' .. cls .. ':' .. tenant)
   local ahead = own
@@ -296,6 +326,7 @@ while #ok < count and steps < count * 4 + 16 do
       local j = meta_parse(m)
       local payload = redis.call('HGET', JOBS, rid)
       redis.call('ZADD', LEASES, lease_until, rid)
+      running_add(tenant, 1)
       if j.deadline <= now then
         table.insert(expired, payload)
       else
@@ -320,7 +351,7 @@ return {ok, expired}
 _FINALIZE = (
     _PRELUDE
     + """
-local FINAL, REPLY = KEYS[15], KEYS[16]
+local FINAL, REPLY = KEYS[16], KEYS[17]
 local rid = ARGV[4]
 local won = redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3])
 if won then
@@ -333,6 +364,7 @@ if m and redis.call('ZSCORE', LEASES, rid) then
   local j = meta_parse(m)
   local used = tonumber(ARGV[6])
   if used >= 0 then charge(j.cls, j.tenant, (used - j.cost) / j.weight) end
+  running_add(j.tenant, -1)
   redis.call('HDEL', JOBS, rid)
   redis.call('HDEL', META, rid)
   redis.call('ZREM', LEASES, rid)
@@ -348,7 +380,7 @@ return 0
 _UNQUEUE = (
     _PRELUDE
     + """
-local FINAL, REPLY, FLAG = KEYS[15], KEYS[16], KEYS[17]
+local FINAL, REPLY, FLAG = KEYS[16], KEYS[17], KEYS[18]
 local rid = ARGV[1]
 if ARGV[2] == '1' then
   redis.call('SET', FLAG, '1', 'EX', ARGV[3])
@@ -380,6 +412,7 @@ local m = redis.call('HGET', META, rid)
 redis.call('ZREM', LEASES, rid)
 if not m then return 0 end
 local j = meta_parse(m)
+running_add(j.tenant, -1)
 charge(j.cls, j.tenant, -j.cost / j.weight)
 redis.call('ZADD', QUEUE[j.cls], 0, j.member)
 redis.call('ZADD', DEADLINES, j.deadline, rid)
@@ -456,8 +489,9 @@ class Dispatch:
     ) -> Refused | None:
         """Queue a job for its deployment's workers; None when queued, else why not.
 
-        Nothing is queued when no worker of the deployment is alive, when max_queued jobs or
-        max_queued_tokens reserved tokens already wait, or when the backlog ahead of the job
+        Nothing is queued when no worker of the deployment is alive, when max_queued jobs
+        already wait beyond what the workers' free slots take at once, when max_queued_tokens
+        reserved tokens already wait, or when the backlog ahead of the job
         cannot drain before its deadline at the deployment's measured rate.
         """
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -636,18 +670,28 @@ class Dispatch:
             )
 
     async def heartbeat(
-        self, *, deployment: str, worker: str, ttl: float, tokens_per_second: float | None = None
+        self,
+        *,
+        deployment: str,
+        worker: str,
+        ttl: float,
+        slots: tuple[int, int] | None = None,
+        tokens_per_second: float | None = None,
     ) -> None:
         """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed.
 
-        `tokens_per_second` is the reserved tokens the worker finishes per second when busy;
-        admission uses the sum over live workers to estimate waits.
+        `slots` is how many requests the worker runs at once, as (shared by all tenants,
+        reserved for tenants with nothing running there); `tokens_per_second` the reserved
+        tokens it finishes per second when busy. Admission sums both over live workers: free
+        slots take jobs at once, and the rate estimates waits.
         """
         now = time.time()
         key = heartbeats_key(deployment)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {worker: now + ttl})
             pipe.zremrangebyscore(key, "-inf", now)
+            if slots is not None:
+                pipe.hset(_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
             if tokens_per_second is not None:
                 pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
             await pipe.execute()
@@ -657,6 +701,7 @@ class Dispatch:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrem(heartbeats_key(deployment), worker)
             pipe.hdel(_keys(deployment).rate, worker)
+            pipe.hdel(_keys(deployment).slots, worker)
             await pipe.execute()
 
     async def publish(self, *, job: Job, events: list[Event]) -> None:

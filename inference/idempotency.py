@@ -68,7 +68,8 @@ def body_digest(*, endpoint: str, body: dict[str, Any]) -> str:
     return hashlib.sha256(f"{endpoint}\n{canonical}".encode()).hexdigest()
 
 
-def _record_key(tenant_id: int, key: str) -> str:
+def record_key(tenant_id: int, key: str) -> str:
+    """The Redis key of a tenant's Idempotency-Key record."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return f"sy:{{t{tenant_id}}}:idem:{digest}"
 
@@ -85,7 +86,7 @@ class Idempotency:
         request has not yet been queued.
         """
         result: Any = await self._begin(
-            keys=[_record_key(tenant_id, key)], args=[digest, _PENDING_TTL_SECONDS]
+            keys=[record_key(tenant_id, key)], args=[digest, _PENDING_TTL_SECONDS]
         )
         outcome = result[0].decode()
         if outcome == "new":
@@ -117,7 +118,7 @@ class Idempotency:
 
     async def bind(self, *, tenant_id: int, key: str, original: Original) -> None:
         """Record the queued request that owns a key, for the key's full lifetime."""
-        record = _record_key(tenant_id, key)
+        record = record_key(tenant_id, key)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(
                 record,
@@ -135,4 +136,4 @@ class Idempotency:
 
     async def release(self, *, tenant_id: int, key: str) -> None:
         """Free a key whose request was refused or failed, so a retry runs again."""
-        await self.redis.delete(_record_key(tenant_id, key))
+        await self.redis.delete(record_key(tenant_id, key))

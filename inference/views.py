@@ -81,6 +81,9 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 await _add_ratelimit_headers(response, principal)
             if "x-request-id" not in response:
                 response["x-request-id"] = request_id
+            # A refusal is an answer, not a server fault: Django need not log each one (a flood
+            # of 503s would otherwise cost a log line apiece). Real faults are logged above.
+            response._has_been_logged = True  # type: ignore[attr-defined]
             return response
 
         return wrapper

@@ -155,8 +155,8 @@ def deployment_create(
         raise ValidationError({"name": f"deployment {name!r} already exists"})
     if max_num_seqs < 1:
         raise ValidationError({"max_num_seqs": "must be at least 1"})
-    if max_queued < 1:
-        raise ValidationError({"max_queued": "must be at least 1"})
+    if max_queued < 0:
+        raise ValidationError({"max_queued": "must not be negative"})
     if max_queued_tokens < 1:
         raise ValidationError({"max_queued_tokens": "must be at least 1"})
     if kv_cache_bytes < 1 << 20:

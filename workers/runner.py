@@ -152,7 +152,10 @@ class Worker:
         ]
         try:
             await self.dispatch.heartbeat(
-                deployment=self.deployment, worker=self.worker_id, ttl=self.lease_seconds
+                deployment=self.deployment,
+                worker=self.worker_id,
+                ttl=self.lease_seconds,
+                slots=self._slots(),
             )
             if on_ready is not None:
                 await on_ready()
@@ -172,6 +175,10 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.wait(helpers, timeout=5)
+
+    def _slots(self) -> tuple[int, int]:
+        """The slots this worker fills (shared, reserved); none once it drains."""
+        return (0, 0) if self._draining.is_set() else (self.capacity, self.reserved)
 
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():
@@ -371,6 +378,7 @@ class Worker:
                     deployment=self.deployment,
                     worker=self.worker_id,
                     ttl=self.lease_seconds,
+                    slots=self._slots(),
                     tokens_per_second=self._rate.per_second,
                 )
                 await self.dispatch.renew(

@@ -9,7 +9,10 @@ import uuid
 
 import httpx
 import pytest
+import redis
+from django.conf import settings
 
+from inference.idempotency import record_key
 from tests.conftest import ALIAS
 
 
@@ -80,23 +83,30 @@ def test_a_retry_while_the_original_runs_is_a_conflict(stack, world):
         httpx.Client(base_url=stack.base_url, timeout=120) as b,
         concurrent.futures.ThreadPoolExecutor(1) as pool,
     ):
+        body = _long(max_tokens=1000)
         original = pool.submit(
-            a.post, "/v1/completions", json=_long(), headers=_headers(world.globex_key, key)
+            a.post, "/v1/completions", json=body, headers=_headers(world.globex_key, key)
         )
-        time.sleep(0.5)  # let the original claim the key first
-        conflict = None
-        deadline = time.monotonic() + 30
-        while conflict is None and time.monotonic() < deadline and not original.done():
-            retry = b.post("/v1/completions", json=_long(), headers=_headers(world.globex_key, key))
-            if retry.status_code == 409:
-                conflict = retry
-            time.sleep(0.05)
-        assert conflict is not None, "the original finished before a retry saw it running"
+        # Retry only once the original owns the key and is queued, or the retry would own it.
+        _wait_until_bound(world.globex.pk, key)
+        conflict = b.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
+        assert not original.done(), "the original finished before the retry"
+        assert conflict.status_code == 409, conflict.text
         assert conflict.json()["error"]["code"] == "idempotency_key_in_use"
         assert int(conflict.headers["Retry-After"]) >= 1
         assert original.result().status_code == 200
-        replay = b.post("/v1/completions", json=_long(), headers=_headers(world.globex_key, key))
+        replay = b.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
         assert replay.content == original.result().content
+
+
+def _wait_until_bound(tenant_id: int, key: str) -> None:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    record = record_key(tenant_id, key)
+    deadline = time.monotonic() + 30
+    while not client.hexists(record, "rid"):
+        assert time.monotonic() < deadline, "the original never claimed its key"
+        time.sleep(0.01)
+    client.close()
 
 
 def _stream_text(response: httpx.Response) -> tuple[str, str]:

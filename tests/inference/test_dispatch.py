@@ -161,6 +161,31 @@ async def test_a_full_queue_refuses_at_once_and_claimed_jobs_do_not_count(dispat
     assert await dispatch.enqueue(_job(deployment), max_queued=2) is None
 
 
+async def test_free_slots_take_jobs_beyond_the_queue_bound(dispatch):
+    deployment = await _served_deployment(dispatch)
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(2, 0))
+    # With no waiting allowed, a job is admitted only while a slot is free for it.
+    assert await dispatch.enqueue(_job(deployment), max_queued=0) is None
+    assert await dispatch.enqueue(_job(deployment), max_queued=0) is None
+    assert await dispatch.enqueue(_job(deployment), max_queued=0) == Refused(Refusal.QUEUE_FULL)
+    claimed = await dispatch.claim(deployment=deployment, count=2, lease_seconds=5)
+    assert await dispatch.enqueue(_job(deployment), max_queued=0) == Refused(Refusal.QUEUE_FULL)
+    usage = usage_for(claimed.run[0], status=Status.OK, finished_at=time.time())
+    done = Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=0)
+    await dispatch.finalize(job=claimed.run[0], terminal=done, usage=usage)
+    assert await dispatch.enqueue(_job(deployment), max_queued=0) is None
+
+
+async def test_reserved_slots_count_as_free_only_for_a_tenant_with_nothing_running(dispatch):
+    deployment = await _served_deployment(dispatch)
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(1, 1))
+    assert await dispatch.enqueue(_job(deployment, tenant=1), max_queued=0) is None
+    await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    refused = await dispatch.enqueue(_job(deployment, tenant=1), max_queued=0)
+    assert refused == Refused(Refusal.QUEUE_FULL)
+    assert await dispatch.enqueue(_job(deployment, tenant=2), max_queued=0) is None
+
+
 async def test_queued_tokens_are_bounded_too(dispatch):
     deployment = await _served_deployment(dispatch)
     # Each job reserves 3 prompt + 8 completion tokens.

@@ -17,7 +17,10 @@ class Command(BaseCommand):
         parser.add_argument("version", help="model@version (or a bare model name for its newest)")
         parser.add_argument("--max-num-seqs", type=int, default=64, help="max concurrent sequences")
         parser.add_argument(
-            "--max-queued", type=int, default=256, help="requests that may wait for a worker"
+            "--max-queued",
+            type=int,
+            default=256,
+            help="requests that may wait for a free slot (0: only what free slots take at once)",
         )
         parser.add_argument(
             "--max-queued-tokens",
