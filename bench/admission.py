@@ -326,7 +326,7 @@ def _plot(rows: list[Neighbour], overload: Overload, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--flood", type=int, default=64, help="tenant A's concurrent streams")
-    parser.add_argument("--light-requests", type=int, default=60, help="tenant B's requests")
+    parser.add_argument("--light-requests", type=int, default=200, help="tenant B's requests")
     parser.add_argument("--capacity-seconds", type=float, default=15.0)
     parser.add_argument("--overload-seconds", type=float, default=20.0)
     parser.add_argument("--overload-factor", type=float, default=10.0)
@@ -340,8 +340,12 @@ def main() -> None:
 
         progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
+        # Each engine on core 0; the load generator (and Switchyard's frontend and ingester) on
+        # core 1, as separate machines would be: otherwise the flood's own client steals the
+        # engine's CPU and the measurement is of the machine, not of admission.
+        os.sched_setaffinity(0, {1})
         progress("noisy neighbour (a): vLLM's own OpenAI server, first come first served")
-        with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
+        with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS, cpus="0") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
         platform = prepare_switchyard(
             model_dir,
@@ -351,16 +355,12 @@ def main() -> None:
             max_queued=4 * args.flood,
         )
         progress("noisy neighbour (b): Switchyard, fair dispatch")
-        with switchyard_stack(platform, work / "sy") as target:
+        with switchyard_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
         from models_registry.models import Deployment
         from workers.management.commands.run_worker import reserved_slots
 
         Deployment.objects.filter(name="tiny").update(max_queued=OVERLOAD_MAX_QUEUED)
-        # The engine on one core, the frontend, ingester and this load generator on the other,
-        # as separate machines would be: otherwise the flood's own client and the platform
-        # steal the engine's CPU and the measurement is of the machine, not of admission.
-        os.sched_setaffinity(0, {1})
         with switchyard_stack(
             platform, work / "sy-overload", engine_cpus="0", platform_cpus="1"
         ) as target:
@@ -389,7 +389,9 @@ def main() -> None:
         f"**Noisy neighbour.** Tenant A keeps {args.flood} streams of {FLOOD_TOKENS} tokens "
         f"going; tenant B sends {args.light_requests} streams of {LIGHT_TOKENS} tokens one "
         "after another, first alone, then under A's flood. Ratio = B's p99 TTFT under the flood "
-        "÷ B's p99 TTFT alone (target for Switchyard ≤ 1.5).\n\n"
+        "÷ B's p99 TTFT alone (target for Switchyard ≤ 1.5). Each engine runs on core 0 (vLLM's "
+        "HTTP server with it); the load generator, and Switchyard's frontend and ingester, on "
+        "core 1.\n\n"
         + neighbour
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
         f"({OVERLOAD_TOKENS}-token streams); then Poisson arrivals at "

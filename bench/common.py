@@ -123,12 +123,20 @@ class Target:
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, work: Path, *, max_num_seqs: int) -> Iterator[Target]:
-    """Run vLLM's own OpenAI server (first come, first served) with the benchmark's settings."""
+def vllm_server(
+    model_dir: Path, work: Path, *, max_num_seqs: int, cpus: str | None = None
+) -> Iterator[Target]:
+    """Run vLLM's own OpenAI server (first come, first served) with the benchmark's settings.
+
+    `cpus` (a taskset list) pins the server and its engine, as `switchyard_stack` pins a worker.
+    """
     port = free_port()
     log = work / "vllm-server.log"
+    env = {**os.environ, **ENGINE_ENV}
+    if cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     popen = spawn(
-        [
+        _pinned(cpus, [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", "tiny",
             "--host", "127.0.0.1", "--port", str(port),
@@ -137,9 +145,9 @@ def vllm_server(model_dir: Path, work: Path, *, max_num_seqs: int) -> Iterator[T
             "--max-num-seqs", str(max_num_seqs),
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
             "--disable-log-stats", "--uvicorn-log-level", "warning",
-        ],
+        ]),
         log,
-        {**os.environ, **ENGINE_ENV},
+        env,
     )  # fmt: skip
     try:
         wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), popen, "vLLM server", log)

@@ -51,7 +51,7 @@ class Ingester:
         """Settle the quota reservations of ended requests whose frontend did not."""
         for event in events:
             cost = costs.get(event.request_id)
-            if cost is None:
+            if cost is None or event.shadow:  # a shadow copy reserved nothing
                 continue
             await self.quotas.release(
                 tenant_id=event.tenant_id,

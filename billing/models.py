@@ -23,6 +23,8 @@ class UsageRecord(models.Model):
     prompt_tokens = models.PositiveIntegerField()
     completion_tokens = models.PositiveIntegerField()
     cost = models.DecimalField(max_digits=14, decimal_places=8)
+    # A shadow copy's record: kept for comparing versions, never billed (cost 0).
+    shadow = models.BooleanField(default=False)
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True)
     first_token_at = models.DateTimeField(null=True)
@@ -30,7 +32,10 @@ class UsageRecord(models.Model):
     ingested_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "finished_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "finished_at"]),
+            models.Index(fields=["model_version", "finished_at"]),
+        ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:

@@ -1,14 +1,18 @@
-"""Read-only queries over usage; every one takes the tenant explicitly."""
+"""Read-only queries over usage: tenant queries take the tenant; version SLIs are for operators."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
+from billing.services import usage_cost
+from models_registry.models import ModelVersion
 
 
 def tenant_month_spend_micros(*, tenant_id: int) -> int:
@@ -19,3 +23,73 @@ def tenant_month_spend_micros(*, tenant_id: int) -> int:
         total=Sum("cost")
     )["total"]
     return math.ceil((total or Decimal(0)) * 1_000_000)
+
+
+@dataclass(frozen=True)
+class Slis:
+    """What one version's requests looked like over a window: the canary's yardstick."""
+
+    requests: int
+    errors: int
+    error_rate_pct: float
+    ttft_p95_ms: float | None
+    itl_p95_ms: float | None
+    cost_per_1k: float | None  # money per 1,000 tokens (prompt + completion) at its prices
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+_FAILED = ("error", "worker_lost", "timeout")
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)], 3)
+
+
+def version_slis(
+    *, version: ModelVersion, since: dt.datetime, until: dt.datetime | None = None
+) -> Slis:
+    """Return a version's request SLIs over a window, shadow copies included.
+
+    Requests the client cancelled count for neither side. TTFT runs from admission to the
+    first token, so time queued for a slow version counts; inter-token latency is a request's
+    mean gap between tokens.
+    """
+    rows = UsageRecord.objects.filter(model_version=version, finished_at__gte=since).exclude(
+        status="cancelled"
+    )
+    if until is not None:
+        rows = rows.filter(finished_at__lt=until)
+    requests = errors = tokens = 0
+    cost = Decimal(0)
+    ttfts: list[float] = []
+    itls: list[float] = []
+    for row in rows.only(
+        "status", "prompt_tokens", "completion_tokens", "enqueued_at", "first_token_at",
+        "finished_at",
+    ).iterator():  # fmt: skip
+        requests += 1
+        errors += row.status in _FAILED
+        tokens += row.prompt_tokens + row.completion_tokens
+        cost += usage_cost(
+            version=version,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+        )
+        if row.first_token_at is not None:
+            ttfts.append((row.first_token_at - row.enqueued_at).total_seconds() * 1000)
+            if row.completion_tokens > 1:
+                gaps = row.completion_tokens - 1
+                itls.append((row.finished_at - row.first_token_at).total_seconds() * 1000 / gaps)
+    return Slis(
+        requests=requests,
+        errors=errors,
+        error_rate_pct=round(100 * errors / requests, 3) if requests else 0.0,
+        ttft_p95_ms=_p95(ttfts),
+        itl_p95_ms=_p95(itls),
+        cost_per_1k=float(round(cost * 1000 / tokens, 6)) if tokens else None,
+    )

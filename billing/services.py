@@ -77,11 +77,14 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 error_code=event.error_code,
                 prompt_tokens=event.prompt_tokens,
                 completion_tokens=event.completion_tokens,
-                cost=usage_cost(
+                cost=Decimal(0)
+                if event.shadow
+                else usage_cost(
                     version=version,
                     prompt_tokens=event.prompt_tokens,
                     completion_tokens=event.completion_tokens,
                 ),
+                shadow=event.shadow,
                 enqueued_at=_when(event.enqueued_at),
                 started_at=_maybe_when(event.started_at),
                 first_token_at=_maybe_when(event.first_token_at),

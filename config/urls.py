@@ -12,6 +12,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include(inference_urls)),
     path("api/", include("tenants.urls")),
+    path("api/", include("models_registry.urls")),
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
     path("", include("django_prometheus.urls")),

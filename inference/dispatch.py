@@ -89,6 +89,19 @@ def heartbeats_key(deployment: str) -> str:
     return f"{_tag(deployment)}:workers"
 
 
+def retire_key(deployment: str) -> str:
+    # Set by the control plane: the deployment's workers finish its queue, then leave.
+    return f"{_tag(deployment)}:retire"
+
+
+def retire_request_sync(client: redis.Redis, deployment: str, *, retire: bool) -> None:
+    """Ask a deployment's workers to drain and leave (or, with retire=False, to stay)."""
+    if retire:
+        client.set(retire_key(deployment), str(time.time()))
+    else:
+        client.delete(retire_key(deployment))
+
+
 class _Keys(NamedTuple):
     """The keys every data-plane script receives, in the order _PRELUDE names them."""
 
@@ -677,24 +690,28 @@ class Dispatch:
         ttl: float,
         slots: tuple[int, int] | None = None,
         tokens_per_second: float | None = None,
-    ) -> None:
+    ) -> bool:
         """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed.
 
         `slots` is how many requests the worker runs at once, as (shared by all tenants,
         reserved for tenants with nothing running there); `tokens_per_second` the reserved
         tokens it finishes per second when busy. Admission sums both over live workers: free
         slots take jobs at once, and the rate estimates waits.
+
+        Returns whether the control plane asked the deployment's workers to retire.
         """
         now = time.time()
         key = heartbeats_key(deployment)
         async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(retire_key(deployment))
             pipe.zadd(key, {worker: now + ttl})
             pipe.zremrangebyscore(key, "-inf", now)
             if slots is not None:
                 pipe.hset(_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
             if tokens_per_second is not None:
                 pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
-            await pipe.execute()
+            results = await pipe.execute()
+        return bool(results[0])
 
     async def leave(self, *, deployment: str, worker: str) -> None:
         """Remove a stopping worker from the live set."""
@@ -906,4 +923,5 @@ def usage_for(
         started_at=started_at,
         first_token_at=first_token_at,
         finished_at=finished_at,
+        shadow=job.shadow,
     )

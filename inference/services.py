@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 import uuid
 from dataclasses import dataclass
 
+import msgspec
 from django.conf import settings
 
 from billing.selectors import tenant_month_spend_micros
@@ -23,8 +25,10 @@ from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
 from inference.tokenization import tokenizer_for
 from inference.types import Failed, Finished, Job, Sampling
-from models_registry.selectors import Route, route_resolve
+from models_registry.selectors import Route, Routing, routing_resolve
 
+log = logging.getLogger(__name__)
+SHADOW_REPLY_TTL_SECONDS = 60
 _dispatch: Dispatch | None = None
 _quotas: Quotas | None = None
 _idempotency: Idempotency | None = None
@@ -62,26 +66,29 @@ def request_id_new() -> str:
     return uuid.uuid4().hex
 
 
-def _route_load(name: str) -> Route | None:
-    return route_resolve(name=name)
+def _routing_load(name: str) -> Routing | None:
+    return routing_resolve(name=name)
 
 
-_routes: RefreshingCache[str, Route | None] = RefreshingCache(
-    _route_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0
+_routings: RefreshingCache[str, Routing | None] = RefreshingCache(
+    _routing_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0
 )
 
 
-async def route_get(name: str) -> Route:
-    """Return the route of a model name, cached briefly, or raise 404."""
-    route = await _routes.get(name)
-    if route is None:
-        raise ApiError(
-            404,
-            "model_not_found",
-            f"The model '{name}' does not exist or you do not have access to it.",
-            param="model",
-        )
-    return route
+async def routing_get(name: str) -> Routing:
+    """Return where a model name routes, cached briefly, or raise 404."""
+    routing = await _routings.get(name)
+    if routing is None:
+        if "@" in name:
+            model, _, version = name.partition("@")
+            message = (
+                f"The model '{model}' has no version '{version}' (pin a version by its label "
+                "or at least 8 characters of its id), or you do not have access to it."
+            )
+        else:
+            message = f"The model '{name}' does not exist or you do not have access to it."
+        raise ApiError(404, "model_not_found", message, param="model")
+    return routing
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,8 @@ async def generation_submit(
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
     platform's maximum.
     """
-    route = await route_get(request.model)
+    routing = await routing_get(request.model)
+    route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
@@ -221,6 +229,7 @@ async def generation_submit(
             settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
         ),
         reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else 0,
+        adapter=route.adapter,
     )
     reserve = Usage(
         tokens=len(prompt) + sampling.max_tokens,
@@ -244,6 +253,9 @@ async def generation_submit(
         raise _refusal_error(refused, model=request.model, job=job).with_headers(
             ratelimit_headers(principal.limits, decision)
         )
+    shadow = routing.shadow_for(request_id=request_id)
+    if shadow is not None and shadow.version_digest != route.version_digest:
+        spawn(_shadow_submit(request, job, shadow))
     submitted = Submitted(
         job=job,
         route=route,
@@ -265,6 +277,35 @@ async def generation_submit(
             ),
         )
     return submitted
+
+
+async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> None:
+    """Enqueue a copy of an accepted request for a candidate version.
+
+    The copy is tokenised with the candidate's tokenizer, runs at batch priority, reserves no
+    quota and is never billed; nobody reads its output. Its usage record (marked shadow) gives
+    the candidate's latencies and errors for comparison.
+    """
+    try:
+        prompt = await asyncio.to_thread(_prompt_ids, request, route)
+        copy = msgspec.structs.replace(
+            job,
+            request_id=f"{job.request_id}-shadow",
+            deployment=route.deployment,
+            model_version=route.version_digest,
+            adapter=route.adapter,
+            prompt_token_ids=prompt,
+            priority="batch",
+            reply_ttl=SHADOW_REPLY_TTL_SECONDS,
+            shadow=True,
+        )
+        refused = await dispatch_get().enqueue(
+            copy, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
+        )
+        if refused is not None:
+            log.info("shadow copy of %s not queued: %s", job.request_id, refused.reason)
+    except Exception:
+        log.warning("shadow copy of %s failed", job.request_id, exc_info=True)
 
 
 def _queue_full(model: str) -> ApiError:

@@ -39,6 +39,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     enqueued_at: float
     deadline: float
     reply_ttl: int = 0  # seconds to keep the reply stream; 0: the platform's default
+    # A LoRA adapter version (its digest) the base model's worker applies; "" for none.
+    adapter: str = ""
+    # A copy for a candidate version: nobody reads its output and it is not billed.
+    shadow: bool = False
 
     @property
     def reserved_tokens(self) -> int:
@@ -101,6 +105,7 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     started_at: float | None = None
     first_token_at: float | None = None
     finished_at: float
+    shadow: bool = False
 
 
 job_encoder = msgspec.msgpack.Encoder()

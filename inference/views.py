@@ -30,7 +30,7 @@ from inference.services import (
     quotas_get,
     ratelimit_headers,
     request_id_new,
-    route_get,
+    routing_get,
     usage_settle,
 )
 from inference.types import Delta, Event, Failed, Finished
@@ -387,16 +387,17 @@ async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
 @api_endpoint("GET")
 async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
     await _principal(request, Scope.MODELS_READ)
-    route = await route_get(name)
-    return _json_response(
-        {
-            "id": name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "switchyard",
-            "version": route.version,
-        }
-    )
+    routing = await routing_get(name)
+    body = {
+        "id": name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "switchyard",
+        "version": routing.primary.version,
+    }
+    if routing.splits:
+        body["traffic"] = routing.weights  # version -> percent of the alias's traffic
+    return _json_response(body)
 
 
 @api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -33,6 +33,12 @@ class ModelVersion(models.Model):
 
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="versions")
     digest = models.CharField(max_length=64, unique=True)
+    # An operator's name for the version ("v2", "2026-11-rc1"); one label names one content.
+    label = models.CharField(max_length=64, blank=True)
+    # A LoRA adapter is a version on a base version: the base's workers serve it.
+    base = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="adapters"
+    )
     manifest = models.JSONField()
     max_model_len = models.PositiveIntegerField()
     price_input_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
@@ -41,6 +47,13 @@ class ModelVersion(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "label"],
+                condition=~models.Q(label=""),
+                name="model_version_label_unique",
+            )
+        ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:
@@ -51,6 +64,10 @@ class ModelVersion(models.Model):
     def version(self) -> str:
         """Return the short version id clients see and pin (`name@version`)."""
         return self.digest[:12]
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.base_id is not None
 
     @property
     def public_name(self) -> str:
@@ -73,7 +90,10 @@ class ModelVersion(models.Model):
 
 
 class Alias(models.Model):
-    """A stable name clients call (e.g. `chat-default`) that points at one version."""
+    """A stable name clients call (e.g. `chat-default`).
+
+    `version` is the primary version: it takes every bucket the splits do not.
+    """
 
     name = models.SlugField(max_length=100, unique=True)
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="aliases")
@@ -81,6 +101,46 @@ class Alias(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} -> {self.version}"
+
+
+BUCKETS = 10_000  # traffic is split in basis points: 1 bucket = 0.01 %
+
+
+class AliasSplit(models.Model):
+    """A share of an alias's traffic sent to another version, in buckets of 10,000."""
+
+    alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="splits")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="splits")
+    buckets = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["alias", "version"], name="alias_split_unique"),
+            models.CheckConstraint(
+                condition=models.Q(buckets__lte=BUCKETS), name="alias_split_buckets_max"
+            ),
+        ]
+
+    @property
+    def percent(self) -> float:
+        return self.buckets * 100 / BUCKETS
+
+    def __str__(self) -> str:
+        return f"{self.alias.name}: {self.percent:g}% -> {self.version}"
+
+
+class AliasShadow(models.Model):
+    """Copy a fraction of an alias's requests to a candidate; its output is discarded."""
+
+    alias = models.OneToOneField(Alias, on_delete=models.CASCADE, related_name="shadow")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="shadows")
+    buckets = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.alias.name}: shadow {self.buckets * 100 / BUCKETS:g}% -> {self.version}"
 
 
 class DeploymentState(models.TextChoices):
@@ -120,3 +180,100 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.version})"
+
+
+class RolloutState(models.TextChoices):
+    RUNNING = "running"
+    PAUSED = "paused"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+
+
+def default_steps() -> list[float]:
+    return [1, 5, 25, 50, 100]
+
+
+def default_guardrails() -> dict[str, float]:
+    return {
+        # The canary's error rate may exceed the baseline's by this many percentage points.
+        "error_rate_points": 2.0,
+        # Ratios canary ÷ baseline that count as a breach.
+        "ttft_p95_ratio": 1.5,
+        "itl_p95_ratio": 1.5,
+        "cost_per_1k_ratio": 1.2,
+    }
+
+
+class Rollout(models.Model):
+    """A canary of one version against an alias's primary version, ramped step by step."""
+
+    alias = models.ForeignKey(Alias, on_delete=models.PROTECT, related_name="rollouts")
+    baseline = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    canary = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(
+        max_length=16, choices=RolloutState.choices, default=RolloutState.RUNNING
+    )
+    steps = models.JSONField(default=default_steps)  # percent of traffic at each step
+    step_index = models.PositiveIntegerField(default=0)
+    step_started_at = models.DateTimeField()
+    # Requests each version must have served in a step before it may advance.
+    min_samples = models.PositiveIntegerField(default=200)
+    min_step_seconds = models.PositiveIntegerField(default=300)
+    guardrails = models.JSONField(default=default_guardrails)
+    # A breach must hold in the step so far and in this recent window, for this many
+    # analyses in a row: a short blip moves neither.
+    short_window_seconds = models.PositiveIntegerField(default=300)
+    breach_checks = models.PositiveIntegerField(default=2)
+    breaches = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["alias"],
+                condition=models.Q(state__in=["running", "paused"]),
+                name="rollout_one_active_per_alias",
+            )
+        ]
+
+    @property
+    def percent(self) -> float:
+        """The canary's share of the alias's traffic now."""
+        if self.state == RolloutState.ROLLED_BACK:
+            return 0.0
+        if self.state == RolloutState.PROMOTED:
+            return 100.0
+        return float(self.steps[self.step_index])
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in (RolloutState.RUNNING, RolloutState.PAUSED)
+
+    def __str__(self) -> str:
+        return f"{self.alias.name}: {self.canary} at {self.percent:g}% ({self.state})"
+
+
+class RolloutDecision(models.Model):
+    """One step of a rollout and the numbers it was based on."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="decisions")
+    action = models.CharField(max_length=16)  # hold, advance, promote, rollback, pause, resume
+    percent = models.FloatField()  # the canary's share once the decision took effect
+    reason = models.TextField()
+    evidence = models.JSONField(default=dict)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.rollout_id}: {self.action} at {self.percent:g}%"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from models_registry.models import Alias, Deployment, DeploymentState, ModelVersion
+from models_registry.models import BUCKETS, Alias, Deployment, DeploymentState, ModelVersion
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Route:
     price_output_per_1k: Decimal
     max_queued: int
     max_queued_tokens: int
+    adapter: str = ""  # the adapter version's digest when the version is a LoRA adapter
 
     @property
     def served_name(self) -> str:
@@ -33,31 +35,32 @@ class Route:
         return f"{self.model_name}@{self.version}"
 
 
-def _deployment_for(version: ModelVersion) -> Deployment | None:
+def _deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deployment | None:
     """Return the deployment serving a version, preferring one whose workers are ready.
 
-    A deployment with no live worker still routes: the frontend then answers 503 (retry),
-    which is the truth, rather than 404 (no such model).
+    An adapter is served by its base version's deployment. A deployment with no live worker
+    still routes a pinned or primary version: the frontend then answers 503 (retry), which is
+    the truth, rather than 404 (no such model).
     """
-    deployments = Deployment.objects.filter(version=version).order_by("-updated_at")
+    served = version.base if version.base_id is not None else version
+    deployments = Deployment.objects.filter(version=served).order_by("-updated_at")
     ranked = sorted(deployments, key=lambda d: d.state != DeploymentState.READY)
+    if ready_only:
+        ranked = [d for d in ranked if d.state == DeploymentState.READY]
     return ranked[0] if ranked else None
 
 
-def _version_for(name: str) -> ModelVersion | None:
-    if "@" in name:
-        model_name, _, short = name.partition("@")
-        return (
-            ModelVersion.objects.select_related("model")
-            .filter(model__name=model_name, digest__startswith=short)
-            .first()
-            if len(short) >= 8
-            else None
-        )
-    alias = Alias.objects.select_related("version__model").filter(name=name).first()
-    if alias is not None:
-        return alias.version
-    # A bare model name goes to its newest version that has a deployment.
+def version_pinned(name: str) -> ModelVersion | None:
+    """Return the version a `model@version` name pins (a label or a digest prefix), or None."""
+    model_name, _, ref = name.partition("@")
+    versions = ModelVersion.objects.select_related("model", "base").filter(model__name=model_name)
+    by_label = versions.filter(label=ref).first() if ref else None
+    if by_label is not None:
+        return by_label
+    return versions.filter(digest__startswith=ref).first() if len(ref) >= 8 else None
+
+
+def _newest_deployed(name: str) -> ModelVersion | None:
     deployment = (
         Deployment.objects.select_related("version__model")
         .filter(version__model__name=name)
@@ -67,28 +70,123 @@ def _version_for(name: str) -> ModelVersion | None:
     return deployment.version if deployment else None
 
 
-def route_resolve(*, name: str) -> Route | None:
-    """Return where a model name (alias, model or `model@version`) routes, or None."""
-    version = _version_for(name)
-    if version is None:
-        return None
-    deployment = _deployment_for(version)
-    if deployment is None:
-        return None
+def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Route:
     return Route(
-        requested=name,
+        requested=requested,
         model_name=version.model.name,
         version=version.version,
         version_digest=version.digest,
         deployment=deployment.name,
         context_length=deployment.context_length,
-        artifact_dir=version.artifact_dir,
+        artifact_dir=(version.base or version).artifact_dir,
         sampling_defaults=version.sampling_defaults,
         price_input_per_1k=version.price_input_per_1k,
         price_output_per_1k=version.price_output_per_1k,
         max_queued=deployment.max_queued,
         max_queued_tokens=deployment.max_queued_tokens,
+        adapter=version.digest if version.base_id is not None else "",
     )
+
+
+def bucket_of(*, alias: str, tenant_id: int, user: str | None) -> int:
+    """Return the traffic bucket (0..9,999) of a tenant's user on an alias.
+
+    The same tenant and `user` land in the same bucket on every frontend; without `user` the
+    tenant's whole traffic shares one bucket.
+    """
+    key = f"{alias}\x1f{tenant_id}\x1f{user or ''}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % BUCKETS
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where a model name sends requests: one route, or an alias's weighted split.
+
+    Splits own bucket ranges from 0 upward in the order they were created and the primary
+    version owns the rest, so when a canary's share grows the buckets it had stay with it:
+    a user sees one version while the weights that cover its bucket do not change.
+    """
+
+    primary: Route
+    splits: tuple[tuple[int, Route], ...] = ()  # (upper bucket bound, route)
+    shadow: Route | None = None
+    shadow_buckets: int = 0
+    weights: dict[str, float] = field(default_factory=dict)  # version -> percent
+
+    def pick(self, *, tenant_id: int, user: str | None) -> Route:
+        if not self.splits:
+            return self.primary
+        bucket = bucket_of(alias=self.primary.requested, tenant_id=tenant_id, user=user)
+        for upper, route in self.splits:
+            if bucket < upper:
+                return route
+        return self.primary
+
+    def shadow_for(self, *, request_id: str) -> Route | None:
+        """Return the shadow route when this request is among the copied fraction."""
+        if self.shadow is None:
+            return None
+        draw = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest())
+        return self.shadow if draw % BUCKETS < self.shadow_buckets else None
+
+
+def _alias_routing(alias: Alias) -> Routing | None:
+    primary_deployment = _deployment_for(alias.version)
+    if primary_deployment is None:
+        return None
+    primary = _route(alias.name, alias.version, primary_deployment)
+    splits: list[tuple[int, Route]] = []
+    weights: dict[str, float] = {}
+    upper = 0
+    for split in alias.splits.select_related("version__model", "version__base"):
+        upper = min(upper + split.buckets, BUCKETS)
+        deployment = _deployment_for(split.version, ready_only=True)
+        # A version whose workers are not ready takes no traffic: its buckets stay primary.
+        if deployment is not None:
+            splits.append((upper, _route(alias.name, split.version, deployment)))
+            weights[split.version.version] = split.buckets * 100 / BUCKETS
+    weights[alias.version.version] = 100 - sum(weights.values())
+    shadow = getattr(alias, "shadow", None)
+    shadow_route = None
+    if shadow is not None:
+        deployment = _deployment_for(shadow.version, ready_only=True)
+        if deployment is not None:
+            shadow_route = _route(alias.name, shadow.version, deployment)
+    return Routing(
+        primary=primary,
+        splits=tuple(splits),
+        shadow=shadow_route,
+        shadow_buckets=shadow.buckets if shadow_route is not None and shadow else 0,
+        weights=weights,
+    )
+
+
+def routing_resolve(*, name: str) -> Routing | None:
+    """Return where a model name (alias, model or `model@version`) routes, or None."""
+    if "@" in name:
+        version = version_pinned(name)
+    else:
+        alias = (
+            Alias.objects.select_related("version__model", "version__base", "shadow__version")
+            .filter(name=name)
+            .first()
+        )
+        if alias is not None:
+            return _alias_routing(alias)
+        # A bare model name goes to its newest version that has a deployment.
+        version = _newest_deployed(name)
+    if version is None:
+        return None
+    deployment = _deployment_for(version)
+    if deployment is None:
+        return None
+    return Routing(primary=_route(name, version, deployment))
+
+
+def route_resolve(*, name: str, tenant_id: int = 0, user: str | None = None) -> Route | None:
+    """Return the route one request for a model name takes, or None."""
+    routing = routing_resolve(name=name)
+    return routing.pick(tenant_id=tenant_id, user=user) if routing else None
 
 
 def model_names_list() -> list[tuple[str, int]]:

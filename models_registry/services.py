@@ -15,6 +15,8 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from inference.dispatch import retire_request_sync
+from inference.redis_client import redis_sync_client
 from models_registry.manifest import (
     MANIFEST_SCHEMA,
     ArtifactError,
@@ -22,7 +24,17 @@ from models_registry.manifest import (
     manifest_files,
     manifest_verify,
 )
-from models_registry.models import Alias, Deployment, Model, ModelVersion, Task
+from models_registry.models import (
+    BUCKETS,
+    Alias,
+    AliasShadow,
+    AliasSplit,
+    Deployment,
+    DeploymentState,
+    Model,
+    ModelVersion,
+    Task,
+)
 from tenants.services import audit_record
 
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 1.0}
@@ -52,18 +64,40 @@ def _store(*, source_dir: Path, digest: str) -> Path:
     return target
 
 
+def _label_check(*, model_name: str, label: str, digest: str) -> None:
+    """Refuse a label that already names other content: registered versions never change."""
+    if not label:
+        return
+    taken = ModelVersion.objects.filter(model__name=model_name, label=label).first()
+    if taken is not None and taken.digest != digest:
+        raise ValidationError(
+            {
+                "label": f"{model_name} {label} is already registered as {taken.public_name} "
+                "with different content; a registered version never changes, so register "
+                "the new content under a new label"
+            }
+        )
+
+
 def model_version_register(
     *,
     model_name: str,
     source_dir: Path,
     task: str = Task.CHAT,
+    label: str = "",
+    base: ModelVersion | None = None,
     engine_args: dict[str, Any] | None = None,
     sampling_defaults: dict[str, Any] | None = None,
     price_input_per_1k: Decimal = Decimal("0"),
     price_output_per_1k: Decimal = Decimal("0"),
     actor: User | None = None,
 ) -> tuple[ModelVersion, bool]:
-    """Register the files of a directory as a version; the same content twice is one version."""
+    """Register the files of a directory as a version; the same content twice is one version.
+
+    With `base`, the directory is a LoRA adapter (PEFT layout) served by the base version's
+    workers. The manifest (files and their hashes, tokenizer, engine arguments, sampling
+    defaults, price, base) determines the version id; the label is an operator's name for it.
+    """
     source_dir = Path(source_dir)
     if not source_dir.is_dir():
         raise ValidationError({"source_dir": f"{source_dir} is not a directory"})
@@ -71,7 +105,14 @@ def model_version_register(
         raise ValidationError({"task": f"task must be one of {', '.join(Task.values)}"})
     if price_input_per_1k < 0 or price_output_per_1k < 0:
         raise ValidationError({"price": "prices cannot be negative"})
-    max_model_len = _max_model_len(source_dir)
+    if base is not None:
+        if base.base_id is not None:
+            raise ValidationError({"base": "an adapter's base must be a full model version"})
+        if not (source_dir / "adapter_config.json").is_file():
+            raise ValidationError({"source_dir": f"no adapter_config.json in {source_dir}"})
+        max_model_len = base.max_model_len
+    else:
+        max_model_len = _max_model_len(source_dir)
     manifest: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
         "model": model_name,
@@ -86,9 +127,20 @@ def model_version_register(
             "output_per_1k": str(price_output_per_1k),
         },
     }
+    if base is not None:
+        manifest["base"] = base.digest
+        manifest["kind"] = "lora"
     digest = manifest_digest(manifest)
+    _label_check(model_name=model_name, label=label, digest=digest)
     existing = ModelVersion.objects.filter(digest=digest).first()
     if existing is not None:
+        if label and existing.label and existing.label != label:
+            raise ValidationError(
+                {
+                    "label": f"this content is already registered as {existing.public_name} "
+                    f"with label {existing.label!r}; a registered version never changes"
+                }
+            )
         return existing, False
     _store(source_dir=source_dir, digest=digest)
     with transaction.atomic():
@@ -97,6 +149,8 @@ def model_version_register(
             digest=digest,
             defaults={
                 "model": model,
+                "label": label,
+                "base": base,
                 "manifest": manifest,
                 "max_model_len": max_model_len,
                 "price_input_per_1k": price_input_per_1k,
@@ -109,7 +163,12 @@ def model_version_register(
                 target_type="model_version",
                 target_id=version.public_name,
                 actor=actor,
-                data={"digest": digest, "files": len(manifest["files"])},
+                data={
+                    "digest": digest,
+                    "files": len(manifest["files"]),
+                    "label": label,
+                    "base": base.public_name if base else None,
+                },
             )
     return version, created
 
@@ -123,18 +182,142 @@ def model_version_verify(*, version: ModelVersion) -> Path:
     return version.artifact_dir
 
 
-def alias_set(*, name: str, version: ModelVersion, actor: User | None = None) -> Alias:
-    """Point an alias at a version."""
+def alias_set(
+    *, name: str, version: ModelVersion, actor: User | None = None, reason: str = ""
+) -> Alias:
+    """Point an alias's primary share at a version."""
     with transaction.atomic():
+        current = Alias.objects.select_related("version__model").filter(name=name).first()
+        before = {"version": current.version.public_name} if current else None
         alias, _ = Alias.objects.update_or_create(name=name, defaults={"version": version})
         audit_record(
             action="alias.set",
             target_type="alias",
             target_id=name,
             actor=actor,
+            reason=reason,
+            before=before,
+            after={"version": version.public_name},
             data={"version": version.public_name},
         )
     return alias
+
+
+def _percent_buckets(percent: float, field: str) -> int:
+    if not 0 <= percent <= 100:
+        raise ValidationError({field: "percent must be between 0 and 100"})
+    return round(percent * BUCKETS / 100)
+
+
+def _splits_of(alias: Alias) -> dict[str, float]:
+    return {s.version.public_name: s.percent for s in alias.splits.select_related("version")}
+
+
+def alias_split_set(
+    *,
+    alias: Alias,
+    version: ModelVersion,
+    percent: float,
+    actor: User | None = None,
+    reason: str = "",
+) -> Alias:
+    """Send a share of an alias's traffic to another version (0 removes the split).
+
+    The alias's primary version takes whatever the splits leave.
+    """
+    buckets = _percent_buckets(percent, "percent")
+    if version.pk == alias.version_id:
+        raise ValidationError({"version": f"{version.public_name} is the alias's primary"})
+    with transaction.atomic():
+        Alias.objects.select_for_update().get(pk=alias.pk)
+        before = _splits_of(alias)
+        others = sum(s.buckets for s in alias.splits.exclude(version=version))
+        if others + buckets > BUCKETS:
+            raise ValidationError({"percent": "the splits of an alias cannot pass 100%"})
+        if buckets == 0:
+            AliasSplit.objects.filter(alias=alias, version=version).delete()
+        else:
+            AliasSplit.objects.update_or_create(
+                alias=alias, version=version, defaults={"buckets": buckets}
+            )
+        audit_record(
+            action="alias.split",
+            target_type="alias",
+            target_id=alias.name,
+            actor=actor,
+            reason=reason,
+            before=before,
+            after=_splits_of(alias),
+            data={"version": version.public_name, "percent": percent},
+        )
+    return alias
+
+
+def alias_shadow_set(
+    *,
+    alias: Alias,
+    version: ModelVersion | None,
+    percent: float = 0.0,
+    actor: User | None = None,
+    reason: str = "",
+) -> Alias:
+    """Copy a share of an alias's requests to a candidate version (None or 0 % stops it)."""
+    buckets = _percent_buckets(percent, "percent")
+    if version is not None and version.pk == alias.version_id:
+        raise ValidationError({"version": f"{version.public_name} already serves the alias"})
+    with transaction.atomic():
+        current = AliasShadow.objects.select_related("version").filter(alias=alias).first()
+        before = (
+            {"version": current.version.public_name, "buckets": current.buckets}
+            if current
+            else None
+        )
+        after = None
+        if version is None or buckets == 0:
+            AliasShadow.objects.filter(alias=alias).delete()
+        else:
+            AliasShadow.objects.update_or_create(
+                alias=alias, defaults={"version": version, "buckets": buckets}
+            )
+            after = {"version": version.public_name, "buckets": buckets}
+        audit_record(
+            action="alias.shadow",
+            target_type="alias",
+            target_id=alias.name,
+            actor=actor,
+            reason=reason,
+            before=before,
+            after=after,
+        )
+    return alias
+
+
+def deployment_retire(
+    *, deployment: Deployment, actor: User | None = None, reason: str = ""
+) -> None:
+    """Ask a deployment's workers to serve what is queued, drain, and leave."""
+    with transaction.atomic():
+        before = {"state": deployment.state}
+        Deployment.objects.filter(pk=deployment.pk, state=DeploymentState.READY).update(
+            state=DeploymentState.DRAINING
+        )
+        audit_record(
+            action="deployment.retire",
+            target_type="deployment",
+            target_id=deployment.name,
+            actor=actor,
+            reason=reason,
+            before=before,
+            after={"state": DeploymentState.DRAINING},
+        )
+        name = deployment.name
+        transaction.on_commit(lambda: retire_request_sync(redis_sync_client(), name, retire=True))
+
+
+def deployment_serve(*, deployment: Deployment, actor: User | None = None) -> None:
+    """Withdraw a retire request: the deployment's workers stay (new ones start serving)."""
+    name = deployment.name
+    transaction.on_commit(lambda: retire_request_sync(redis_sync_client(), name, retire=False))
 
 
 def deployment_create(

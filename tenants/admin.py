@@ -60,10 +60,38 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return False
 
 
+AUDIT_EVENT_FIELDS = (
+    "created_at",
+    "action",
+    "target_type",
+    "target_id",
+    "tenant",
+    "actor",
+    "reason",
+    "data",
+    "before",
+    "after",
+    "prev_hash",
+    "hash",
+)
+
+
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
-    list_display = ["id", "created_at", "action", "target_type", "target_id", "tenant", "actor"]
+    list_display = [
+        "id",
+        "created_at",
+        "action",
+        "target_type",
+        "target_id",
+        "tenant",
+        "actor",
+        "reason",
+    ]
     list_filter = ["action"]
+    # Read-only: the database refuses changes anyway; this page only shows what was recorded.
+    fields = AUDIT_EVENT_FIELDS
+    readonly_fields = AUDIT_EVENT_FIELDS
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from decimal import Decimal
 from typing import Any
 
@@ -90,17 +88,26 @@ class AppendOnlyError(Exception):
 
 
 class AuditEvent(models.Model):
-    """One change to keys, quotas, prices or deployments; hash-chained and never changed."""
+    """One change to keys, quotas, prices or deployments; hash-chained and never changed.
+
+    The database refuses UPDATE, DELETE and TRUNCATE on this table (migration 0003); the guards
+    below only make the mistake fail early in Python. The chain itself lives in tenants.audit.
+    """
 
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT)
+    # PROTECT, not SET_NULL: the actor is hashed and the row cannot change; deactivate users.
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
     )
     action = models.CharField(max_length=64)
     target_type = models.CharField(max_length=64)
     target_id = models.CharField(max_length=64)
     data = models.JSONField(default=dict)
-    created_at = models.DateTimeField(auto_now_add=True)
+    reason = models.TextField(blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    # Set by audit_record before hashing (not auto_now_add), so the stored value is the hashed one.
+    created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
 
@@ -117,9 +124,3 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target_type}:{self.target_id}"
-
-
-def audit_digest(*, prev_hash: str, payload: dict[str, Any]) -> str:
-    """Return the chain hash of an event given the hash of the one before it."""
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"{prev_hash}|{body}".encode()).hexdigest()

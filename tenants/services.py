@@ -13,44 +13,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+# The audit chain lives in tenants.audit; audit_record and GENESIS_HASH are re-exported here.
+from tenants.audit import GENESIS_HASH as GENESIS_HASH
+from tenants.audit import audit_record as audit_record
 from tenants.keys import token_generate, token_hash
-from tenants.models import ApiKey, AuditEvent, Membership, Quota, Role, Scope, Tenant, audit_digest
-
-GENESIS_HASH = "0" * 64
-
-
-def audit_record(
-    *,
-    action: str,
-    target_type: str,
-    target_id: str,
-    tenant: Tenant | None = None,
-    actor: User | None = None,
-    data: dict[str, Any] | None = None,
-) -> AuditEvent:
-    """Append an event to the audit chain."""
-    with transaction.atomic():
-        # The lock serialises writers so the chain has exactly one successor per event.
-        last = AuditEvent.objects.select_for_update().order_by("-id").first()
-        prev_hash = last.hash if last else GENESIS_HASH
-        payload = {
-            "action": action,
-            "target_type": target_type,
-            "target_id": target_id,
-            "tenant": tenant.pk if tenant else None,
-            "actor": actor.pk if actor else None,
-            "data": data or {},
-        }
-        return AuditEvent.objects.create(
-            tenant=tenant,
-            actor=actor,
-            action=action,
-            target_type=target_type,
-            target_id=target_id,
-            data=data or {},
-            prev_hash=prev_hash,
-            hash=audit_digest(prev_hash=prev_hash, payload=payload),
-        )
+from tenants.models import ApiKey, Membership, Quota, Role, Scope, Tenant
 
 
 def tenant_create(*, slug: str, name: str = "", actor: User | None = None) -> Tenant:

@@ -114,6 +114,7 @@ class Worker:
         reserved: int = 0,
         drain_seconds: float = 30.0,
         stream_interval: float = 0.0,
+        retire_quiet_seconds: float = 5.0,
     ) -> None:
         self.deployment = deployment
         self.engine = engine
@@ -132,6 +133,11 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._draining = asyncio.Event()
         self._closing = asyncio.Event()
+        # Retiring (asked by the control plane, e.g. a rolled-back canary): keep serving the
+        # queue until it has been empty this long, then drain and leave.
+        self._retiring = False
+        self.retire_quiet_seconds = retire_quiet_seconds
+        self._last_work = time.monotonic()
         self._recent_cancels: dict[str, float] = {}
         self.served = 0
 
@@ -139,10 +145,21 @@ class Worker:
         """Stop claiming new jobs; in-flight ones finish (see run)."""
         self._draining.set()
 
-    async def run(self, on_ready: Callable[[], Awaitable[None]] | None = None) -> None:
+    def retire(self) -> None:
+        """Serve what is queued, then drain: nothing accepted for this deployment is dropped."""
+        if not self._retiring:
+            log.info("asked to retire: serving the queue, then draining")
+        self._retiring = True
+
+    async def run(
+        self,
+        on_ready: Callable[[], Awaitable[None]] | None = None,
+        on_draining: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Serve until drained, then finish or end in-flight jobs and leave.
 
-        `on_ready` runs once the worker is in the live set, i.e. once frontends route to it.
+        `on_ready` runs once the worker is in the live set, i.e. once frontends route to it;
+        `on_draining` once it stops claiming.
         """
         await self.dispatch.ensure_groups(self.deployment)
         helpers = [
@@ -160,6 +177,8 @@ class Worker:
             if on_ready is not None:
                 await on_ready()
             await self._claim_loop()
+            if on_draining is not None:
+                await on_draining()
             await self._finish_in_flight()
         finally:
             await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
@@ -205,6 +224,11 @@ class Worker:
                 self._finish_unstarted(
                     job, code="deadline_exceeded", status=Status.TIMEOUT, charged=False
                 )
+            if claimed.run or claimed.expired:
+                self._last_work = time.monotonic()
+            elif self._retiring and await self._retire_due():
+                self.drain()
+                continue
             if not claimed.run:
                 if not claimed.expired:
                     # A queued job wakes us; with only reserved slots open, so does a freed
@@ -229,6 +253,13 @@ class Worker:
                 running = self.active.get(rid)
                 if running is not None:
                     running[1].cancel()
+
+    async def _retire_due(self) -> bool:
+        """Whether a retiring worker has seen its queue empty for the quiet period."""
+        if (await self.dispatch.depth(self.deployment)).requests:
+            self._last_work = time.monotonic()
+            return False
+        return time.monotonic() - self._last_work >= self.retire_quiet_seconds
 
     async def _serve(self, job: Job) -> None:
         started_at = time.time()
@@ -374,13 +405,15 @@ class Worker:
         while not self._closing.is_set():
             try:
                 self._rate.tick(busy=len(self.active) >= self.capacity)
-                await self.dispatch.heartbeat(
+                retire = await self.dispatch.heartbeat(
                     deployment=self.deployment,
                     worker=self.worker_id,
                     ttl=self.lease_seconds,
                     slots=self._slots(),
                     tokens_per_second=self._rate.per_second,
                 )
+                if retire:
+                    self.retire()
                 await self.dispatch.renew(
                     deployment=self.deployment,
                     request_ids=list(self.active),

@@ -32,14 +32,17 @@ def worker_plan(*, deployment_name: str) -> WorkerPlan:
     deployment = Deployment.objects.select_related("version__model").get(name=deployment_name)
     version = deployment.version
     model_dir = model_version_verify(version=version)
+    # The version's engine arguments are part of what was registered and tested: where they
+    # name a setting the deployment also has, the version's value wins.
+    extra = version.engine_args
     spec = EngineSpec(
         model_dir=model_dir,
-        max_num_seqs=deployment.max_num_seqs,
+        max_num_seqs=int(extra.pop("max_num_seqs", deployment.max_num_seqs)),
         max_model_len=deployment.context_length,
         kv_cache_bytes=deployment.kv_cache_bytes,
-        enforce_eager=deployment.enforce_eager,
-        dtype=deployment.dtype,
-        extra_args=version.engine_args,
+        enforce_eager=bool(extra.pop("enforce_eager", deployment.enforce_eager)),
+        dtype=str(extra.pop("dtype", deployment.dtype)),
+        extra_args=extra,
     )
     return WorkerPlan(deployment=deployment.name, version=version.public_name, spec=spec)
 

@@ -132,6 +132,10 @@ CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
+    "rollouts-analyze": {
+        "task": "models_registry.tasks.rollouts_analyze",
+        "schedule": env_float("SWITCHYARD_ROLLOUT_ANALYSIS_SECONDS", 30.0),
+    },
     "deployments-reconcile": {
         "task": "workers.tasks.deployments_reconcile",
         "schedule": 10.0,

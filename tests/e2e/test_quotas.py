@@ -75,6 +75,7 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
     key = world.limited_keys["hooli"]
 
     holding = threading.Event()
+    release = threading.Event()
 
     def hold_the_slot() -> None:
         body = {"model": ALIAS, "prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
@@ -90,6 +91,8 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     holding.set()
+                if release.is_set():
+                    break  # hang up: the platform cancels the stream and frees the lease
 
     long_one = threading.Thread(target=hold_the_slot)
     long_one.start()
@@ -99,10 +102,12 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
         with pytest.raises(openai.RateLimitError) as refused:
             impatient.completions.create(model=ALIAS, prompt="x", max_tokens=1)
         assert refused.value.code == "concurrency_limit_exceeded"
+        release.set()
         patient = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=8)
         completion = patient.completions.create(model=ALIAS, prompt="x", max_tokens=1)
         assert completion.usage is not None and completion.usage.completion_tokens == 1
     finally:
+        release.set()
         long_one.join()
 
 

@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -84,3 +85,34 @@ def test_the_alias_and_a_pinned_version_route_to_the_deployment(world):
 
 def test_versions_are_content_addressed(world):
     assert ModelVersion.objects.get(pk=world.version.pk).digest.startswith(world.version.version)
+
+
+def test_a_label_never_names_changed_content(tmp_path, world):
+    first, _ = model_version_register(
+        model_name="small", source_dir=_small_model(tmp_path), label="v1"
+    )
+    changed = tmp_path / "changed"
+    shutil.copytree(tmp_path / "src", changed)
+    (changed / "weights.bin").write_text("other weights")
+    with pytest.raises(ValidationError, match=r"small v1 is already registered as small@"):
+        model_version_register(model_name="small", source_dir=changed, label="v1")
+    with pytest.raises(ValidationError, match=r"already registered as .* with label 'v1'"):
+        model_version_register(model_name="small", source_dir=tmp_path / "src", label="v2")
+    again, created = model_version_register(
+        model_name="small", source_dir=tmp_path / "src", label="v1"
+    )
+    assert again.pk == first.pk and not created
+
+
+def test_the_register_command_names_the_refusal(tmp_path, world):
+    call_command("register_model", "small", str(_small_model(tmp_path)), "--label", "v1")
+    (tmp_path / "src" / "weights.bin").write_text("tampered before re-registering")
+    with pytest.raises(CommandError, match="small v1 is already registered"):
+        call_command("register_model", "small", str(tmp_path / "src"), "--label", "v1")
+
+
+def test_an_adapter_needs_an_adapter_config_and_a_full_base(tmp_path, world):
+    with pytest.raises(ValidationError, match=r"adapter_config\.json"):
+        model_version_register(
+            model_name="small-lora", source_dir=_small_model(tmp_path), base=world.version
+        )

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_registry.models import Task
+from models_registry.selectors import version_pinned
 from models_registry.services import alias_set, model_version_register
 
 
@@ -41,13 +42,26 @@ class Command(BaseCommand):
         parser.add_argument("--price-input", default="0", help="price per 1k input tokens")
         parser.add_argument("--price-output", default="0", help="price per 1k output tokens")
         parser.add_argument("--alias", default=None, help="also point this alias at the version")
+        parser.add_argument("--label", default="", help="an operator's name, e.g. v2")
+        parser.add_argument(
+            "--base",
+            default=None,
+            help="register a LoRA adapter on this base version (model@version)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        base = None
+        if options["base"]:
+            base = version_pinned(options["base"])
+            if base is None:
+                raise CommandError(f"no base version {options['base']!r} (use model@version)")
         try:
             version, created = model_version_register(
                 model_name=options["name"],
                 source_dir=options["source_dir"],
                 task=options["task"],
+                label=options["label"],
+                base=base,
                 engine_args=_json_object(options["engine_args"]),
                 sampling_defaults=_json_object(options["sampling"]),
                 price_input_per_1k=_price(options["price_input"], "--price-input"),

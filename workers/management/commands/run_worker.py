@@ -90,8 +90,11 @@ class Command(BaseCommand):
             self.stdout.write(f"ready: serving {deployment}", ending="\n")
             self.stdout.flush()
 
+        async def draining() -> None:
+            await report(deployment_name=deployment, state=DeploymentState.DRAINING)
+
         try:
-            await worker.run(on_ready=ready)
+            await worker.run(on_ready=ready, on_draining=draining)
         finally:
             await report(deployment_name=deployment, state=DeploymentState.STOPPED)
             engine.shutdown()

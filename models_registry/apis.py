@@ -1,0 +1,226 @@
+"""The management REST API for the registry and rollouts (staff only): one class per operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from inference.dispatch import live_workers_sync
+from inference.redis_client import redis_sync_client
+from models_registry.models import Alias, Deployment, ModelVersion, Rollout, RolloutDecision
+from models_registry.rollouts import RolloutConflict, rollout_act, rollout_start
+from models_registry.selectors import version_pinned
+from models_registry.services import alias_shadow_set, alias_split_set
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+def _version(field: str, ref: str) -> ModelVersion:
+    version = version_pinned(ref) if "@" in ref else None
+    if version is None:
+        raise serializers.ValidationError(
+            {field: f"no version {ref!r}: name one as model@label or model@<8+ id characters>"}
+        )
+    return version
+
+
+def _alias(name: str) -> Alias:
+    try:
+        return Alias.objects.select_related("version__model").get(name=name)
+    except Alias.DoesNotExist as exc:
+        raise Http404(f"no alias {name!r}") from exc
+
+
+def _rollout(pk: int) -> Rollout:
+    try:
+        return Rollout.objects.select_related("alias", "canary__model", "baseline__model").get(
+            pk=pk
+        )
+    except Rollout.DoesNotExist as exc:
+        raise Http404(f"no rollout {pk}") from exc
+
+
+def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
+    return serializers.ValidationError(
+        exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+    )
+
+
+class DecisionSerializer(serializers.ModelSerializer[RolloutDecision]):
+    actor: serializers.StringRelatedField[Any] = serializers.StringRelatedField()
+
+    class Meta:
+        model = RolloutDecision
+        fields = ["id", "action", "percent", "reason", "evidence", "actor", "created_at"]
+
+
+class RolloutSerializer(serializers.ModelSerializer[Rollout]):
+    alias = serializers.CharField(source="alias.name")
+    baseline = serializers.CharField(source="baseline.public_name")
+    canary = serializers.CharField(source="canary.public_name")
+    percent = serializers.FloatField()
+
+    class Meta:
+        model = Rollout
+        fields = [
+            "id", "alias", "baseline", "canary", "state", "percent", "steps", "step_index",
+            "step_started_at", "min_samples", "min_step_seconds", "guardrails",
+            "short_window_seconds", "breach_checks", "breaches", "created_at", "finished_at",
+        ]  # fmt: skip
+
+
+class RolloutStartSerializer(serializers.Serializer[Any]):
+    alias = serializers.CharField()
+    canary = serializers.CharField(help_text="model@label or model@<version id prefix>")
+    steps = serializers.ListField(child=serializers.FloatField(), required=False)
+    min_samples = serializers.IntegerField(min_value=1, default=200)
+    min_step_seconds = serializers.IntegerField(min_value=0, default=300)
+    guardrails = serializers.DictField(child=serializers.FloatField(), required=False)
+    short_window_seconds = serializers.IntegerField(min_value=1, default=300)
+    breach_checks = serializers.IntegerField(min_value=1, default=2)
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+class RolloutListApi(APIView):
+    """GET recent rollouts; POST starts one (the canary gets the first step's share)."""
+
+    def get(self, request: Request) -> Response:
+        rollouts = Rollout.objects.select_related("alias", "canary__model", "baseline__model")
+        return Response(RolloutSerializer(rollouts[:100], many=True).data)
+
+    def post(self, request: Request) -> Response:
+        given = RolloutStartSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        data = dict(given.validated_data)
+        alias = _alias(data.pop("alias"))
+        canary = _version("canary", data.pop("canary"))
+        try:
+            rollout = rollout_start(alias=alias, canary=canary, actor=request.user, **data)  # type: ignore[arg-type]
+        except DjangoValidationError as exc:
+            raise _django_errors(exc) from exc
+        except RolloutConflict as exc:
+            raise Conflict(str(exc)) from exc
+        return Response(RolloutSerializer(rollout).data, status=status.HTTP_201_CREATED)
+
+
+class RolloutDetailApi(APIView):
+    """GET a rollout with every decision and the numbers behind it."""
+
+    def get(self, request: Request, pk: int) -> Response:
+        rollout = _rollout(pk)
+        body = dict(RolloutSerializer(rollout).data)
+        body["decisions"] = DecisionSerializer(rollout.decisions.all(), many=True).data
+        return Response(body)
+
+
+class RolloutActionApi(APIView):
+    """POST promote, pause, resume or rollback, with an optional reason."""
+
+    def post(self, request: Request, pk: int, action: str) -> Response:
+        if action not in ("promote", "pause", "resume", "rollback"):
+            raise Http404(f"no action {action!r}")
+        reason = str(request.data.get("reason", "")) if hasattr(request.data, "get") else ""
+        try:
+            rollout = rollout_act(_rollout(pk), action=action, actor=request.user, reason=reason)  # type: ignore[arg-type]
+        except RolloutConflict as exc:
+            raise Conflict(str(exc)) from exc
+        return Response(RolloutSerializer(rollout).data)
+
+
+class ShareSerializer(serializers.Serializer[Any]):
+    version = serializers.CharField(allow_null=True)
+    percent = serializers.FloatField(min_value=0, max_value=100)
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+def _alias_body(alias: Alias) -> dict[str, Any]:
+    shadow = getattr(alias, "shadow", None)
+    return {
+        "name": alias.name,
+        "primary": alias.version.public_name,
+        "splits": [
+            {"version": s.version.public_name, "percent": s.percent}
+            for s in alias.splits.select_related("version__model")
+        ],
+        "shadow": {"version": shadow.version.public_name, "percent": shadow.buckets / 100}
+        if shadow
+        else None,
+    }
+
+
+class AliasDetailApi(APIView):
+    """GET an alias: its primary version, splits and shadow."""
+
+    def get(self, request: Request, name: str) -> Response:
+        return Response(_alias_body(_alias(name)))
+
+
+class AliasSplitApi(APIView):
+    """PUT a version's share of an alias (percent 0 removes it)."""
+
+    def put(self, request: Request, name: str) -> Response:
+        alias = _alias(name)
+        given = ShareSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        version = _version("version", given.validated_data["version"] or "")
+        try:
+            alias_split_set(
+                alias=alias,
+                version=version,
+                percent=given.validated_data["percent"],
+                actor=request.user,  # type: ignore[arg-type]
+                reason=given.validated_data["reason"],
+            )
+        except DjangoValidationError as exc:
+            raise _django_errors(exc) from exc
+        return Response(_alias_body(_alias(name)))
+
+
+class AliasShadowApi(APIView):
+    """PUT the shadow of an alias (version null or percent 0 stops it)."""
+
+    def put(self, request: Request, name: str) -> Response:
+        alias = _alias(name)
+        given = ShareSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        ref = given.validated_data["version"]
+        version = _version("version", ref) if ref else None
+        try:
+            alias_shadow_set(
+                alias=alias,
+                version=version,
+                percent=given.validated_data["percent"],
+                actor=request.user,  # type: ignore[arg-type]
+                reason=given.validated_data["reason"],
+            )
+        except DjangoValidationError as exc:
+            raise _django_errors(exc) from exc
+        return Response(_alias_body(_alias(name)))
+
+
+class DeploymentListApi(APIView):
+    """GET every deployment with its state and live workers (the worker registry)."""
+
+    def get(self, request: Request) -> Response:
+        client = redis_sync_client()
+        body = [
+            {
+                "name": d.name,
+                "version": d.version.public_name,
+                "state": d.state,
+                "live_workers": live_workers_sync(client, d.name),
+                "last_heartbeat_at": d.last_heartbeat_at,
+            }
+            for d in Deployment.objects.select_related("version__model").order_by("name")
+        ]
+        return Response(body)

@@ -1,0 +1,13 @@
+"""Celery control jobs of the registry: the periodic canary analysis."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from models_registry.rollouts import rollouts_analyze as _rollouts_analyze
+
+
+@shared_task
+def rollouts_analyze() -> dict[int, str]:
+    """Analyse every running rollout: hold, advance, promote or roll back."""
+    return _rollouts_analyze()

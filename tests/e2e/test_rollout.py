@@ -1,0 +1,283 @@
+"""Rollouts with real workers: splits, shadows, and a canary that rolls back on its own.
+
+A second worker serves a canary version of the demo model whose registered engine settings
+make it slower (one sequence at a time), next to the session's worker for the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from models_registry.models import Alias, Deployment, DeploymentState, ModelVersion
+from tests.conftest import CONTEXT, Process, _free_port, _http_ok, _spawn, _wait_for
+
+SLOW = "tiny-slow"
+CANARY_ALIAS = "canary-chat"
+
+
+@dataclass(frozen=True)
+class Canary:
+    version: ModelVersion
+    alias: Alias
+    worker: Process
+    other_frontend: str  # a second frontend's base URL
+
+
+@pytest.fixture(scope="module")
+def canary(
+    stack: Any,
+    world: Any,
+    demo_model_dir: Path,
+    django_db_blocker: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Canary]:
+    from models_registry.services import alias_set, deployment_create, model_version_register
+
+    logs = tmp_path_factory.mktemp("canary-logs")
+    with django_db_blocker.unblock():
+        version, _ = model_version_register(
+            model_name="tiny-llama",
+            source_dir=demo_model_dir,
+            label="slow",
+            engine_args={"max_num_seqs": 1},
+            price_input_per_1k=world.version.price_input_per_1k,
+            price_output_per_1k=world.version.price_output_per_1k,
+        )
+        deployment_create(
+            name=SLOW,
+            version=version,
+            max_model_len=CONTEXT,
+            kv_cache_bytes=32 << 20,
+            enforce_eager=True,
+        )
+        alias = alias_set(name=CANARY_ALIAS, version=world.version)
+    worker = _spawn("worker-slow", ["manage.py", "run_worker", "--deployment", SLOW], logs)
+    port = _free_port()
+    frontend = _spawn(
+        "frontend-2",
+        ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        logs,
+    )
+    try:
+        other = f"http://127.0.0.1:{port}"
+        _wait_for(frontend, lambda: _http_ok(f"{other}/healthz"), timeout=120)
+        _wait_for(worker, lambda: "ready: serving" in worker.tail(400), timeout=600)
+        yield Canary(version=version, alias=alias, worker=worker, other_frontend=other)
+    finally:
+        for process in (worker, frontend):
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in (worker, frontend):
+            try:
+                process.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+
+
+def _chat(base_url: str, key: str, **fields: Any) -> httpx.Response:
+    body = {
+        "model": CANARY_ALIAS,
+        "messages": [{"role": "user", "content": "Tell me about the rail yard."}],
+        "max_tokens": 8,
+        **fields,
+    }
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        return client.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+
+
+def _route_settle(key: str, *base_urls: str) -> None:
+    """Wait until frontends route by the registry's current state.
+
+    Frontends cache a route for 0.5 s in tests, then serve it once more while it reloads in
+    the background: one read after the TTL starts the reload, the pause lets it land.
+    """
+    time.sleep(0.6)
+    for base_url in base_urls:
+        httpx.get(
+            f"{base_url}/v1/models/{CANARY_ALIAS}", headers={"Authorization": f"Bearer {key}"}
+        )
+    time.sleep(0.5)
+
+
+def test_assignment_is_sticky_across_frontends_and_billing_follows_the_version(
+    canary, stack, world, usage_of, django_db_blocker
+):
+    from models_registry.services import alias_split_set
+
+    with django_db_blocker.unblock():
+        alias_split_set(alias=canary.alias, version=canary.version, percent=50)
+    _route_settle(world.acme_key, stack.base_url, canary.other_frontend)
+    try:
+        served: dict[str, str] = {}
+        request_ids: dict[str, str] = {}
+        for i in range(12):
+            user = f"sticky-{i}"
+            first = _chat(stack.base_url, world.acme_key, user=user)
+            second = _chat(canary.other_frontend, world.acme_key, user=user)
+            assert first.status_code == second.status_code == 200, first.text
+            version = first.headers["x-switchyard-model-version"]
+            assert second.headers["x-switchyard-model-version"] == version
+            assert first.json()["model"] == f"tiny-llama@{version}"
+            served[user] = version
+            request_ids[first.headers["x-request-id"]] = version
+        assert set(served.values()) == {world.version.version, canary.version.version}
+        # A pinned version bypasses the split, whatever the user.
+        for user in served:
+            pinned = _chat(stack.base_url, world.acme_key, user=user, model="tiny-llama@slow")
+            assert pinned.headers["x-switchyard-model-version"] == canary.version.version
+        # Usage is billed to the version that served each request.
+        records = usage_of(*request_ids)
+        assert len(records) == len(request_ids)
+        with django_db_blocker.unblock():
+            for record in records:
+                digest = ModelVersion.objects.get(pk=record.model_version_id).digest
+                assert digest.startswith(request_ids[record.request_id])
+                assert record.cost > 0 and not record.shadow
+    finally:
+        with django_db_blocker.unblock():
+            alias_split_set(alias=canary.alias, version=canary.version, percent=0)
+
+
+def test_an_unknown_version_is_a_404_naming_it(stack, world):
+    response = _chat(stack.base_url, world.acme_key, model="tiny-llama@doesnotexist")
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "has no version 'doesnotexist'" in error["message"]
+
+
+def test_shadow_copies_run_on_the_candidate_and_are_not_billed(
+    canary, stack, world, usage_of, django_db_blocker
+):
+    from models_registry.services import alias_shadow_set
+
+    with django_db_blocker.unblock():
+        alias_shadow_set(alias=canary.alias, version=canary.version, percent=100)
+    _route_settle(world.acme_key, stack.base_url)
+    try:
+        ids = []
+        for i in range(3):
+            response = _chat(stack.base_url, world.acme_key, user=f"shadow-{i}")
+            assert response.status_code == 200
+            assert response.headers["x-switchyard-model-version"] == world.version.version
+            ids.append(response.headers["x-request-id"])
+        shadows = usage_of(*(f"{rid}-shadow" for rid in ids))
+        originals = usage_of(*ids)
+    finally:
+        with django_db_blocker.unblock():
+            alias_shadow_set(alias=canary.alias, version=None)
+    assert len(shadows) == 3 and len(originals) == 3
+    with django_db_blocker.unblock():
+        for record in shadows:
+            assert record.shadow and record.cost == 0 and record.status == "ok"
+            assert record.model_version_id == canary.version.pk
+            assert record.first_token_at is not None  # its latencies are there to compare
+        assert all(r.cost > 0 and not r.shadow for r in originals)
+
+
+def _load(base_url: str, key: str, *, prefix: str, n: int = 32) -> list[str]:
+    """Send n short requests, 8 at a time, from n users; return their request ids."""
+
+    def one(i: int) -> str:
+        response = _chat(base_url, key, user=f"{prefix}-{i}")
+        assert response.status_code == 200, response.text
+        return response.headers["x-request-id"]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _long_stream(base_url: str, key: str, out: dict[str, Any], started: threading.Event) -> None:
+    body = {
+        "model": "tiny-llama@slow",
+        "prompt": "Once upon a time",
+        "max_tokens": 160,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    text, finish = [], None
+    with (
+        httpx.Client(base_url=base_url, timeout=120) as client,
+        client.stream(
+            "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response,
+    ):
+        out["request_id"] = response.headers["x-request-id"]
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            text.append(choice.get("text", ""))
+            started.set()
+            finish = choice.get("finish_reason") or finish
+    out["text"], out["finish_reason"] = "".join(text), finish
+
+
+def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_streams(
+    canary, stack, world, usage_of, django_db_blocker
+):
+    from models_registry.rollouts import rollout_start
+    from models_registry.tasks import rollouts_analyze
+
+    with django_db_blocker.unblock():
+        rollout = rollout_start(
+            alias=canary.alias,
+            canary=canary.version,
+            steps=[50, 100],
+            min_samples=8,
+            min_step_seconds=0,
+            breach_checks=2,
+        )
+    _route_settle(world.acme_key, stack.base_url)
+    verdicts = []
+    stream: dict[str, Any] = {}
+    started = threading.Event()
+    streamer = threading.Thread(
+        target=_long_stream, args=(stack.base_url, world.acme_key, stream, started)
+    )
+    for round_ in range(2):
+        usage_of(*_load(stack.base_url, world.acme_key, prefix=f"ramp-{round_}"))
+        if round_ == 1:
+            # A stream in flight on the canary when it is rolled back must still finish.
+            streamer.start()
+            assert started.wait(60)
+        with django_db_blocker.unblock():
+            verdicts.append(rollouts_analyze.apply().get()[rollout.pk])
+    streamer.join(120)
+    assert verdicts == ["hold", "rollback"]
+    assert stream["finish_reason"] == "length"
+    with django_db_blocker.unblock():
+        rollout.refresh_from_db()
+        assert rollout.state == "rolled_back"
+        evidence = rollout.decisions.get(action="rollback").evidence
+        assert "ttft_p95_ratio" in evidence["breached"]
+        ttft = evidence["checks"]["step"]["ttft_p95_ratio"]
+        assert ttft["canary"] > ttft["limit"] * ttft["baseline"]
+        assert not Alias.objects.get(pk=canary.alias.pk).splits.exists()
+    # After the rollback every user is on the baseline again...
+    _route_settle(world.acme_key, stack.base_url)
+    for i in range(4):
+        response = _chat(stack.base_url, world.acme_key, user=f"ramp-0-{i}")
+        assert response.headers["x-switchyard-model-version"] == world.version.version
+    # ...the canary's worker served its queue, drained and left; the baseline stays warm.
+    canary.worker.popen.wait(timeout=90)
+    assert canary.worker.popen.returncode == 0, canary.worker.tail()
+    with django_db_blocker.unblock():
+        assert Deployment.objects.get(name=SLOW).state == DeploymentState.STOPPED
+        assert Deployment.objects.get(version=world.version).state == DeploymentState.READY
+    (record,) = usage_of(stream["request_id"])
+    assert record.status == "ok" and record.completion_tokens == 160

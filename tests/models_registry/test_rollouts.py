@@ -1,0 +1,280 @@
+"""The canary policy over real usage records: ramp, promote, roll back, ignore blips."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from billing.models import UsageRecord
+from models_registry.models import (
+    Alias,
+    AliasSplit,
+    Deployment,
+    DeploymentState,
+    Rollout,
+    RolloutState,
+)
+from models_registry.rollouts import rollout_analyze, rollout_start
+from models_registry.services import alias_set, deployment_create, model_version_register
+from tenants.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+_ids = itertools.count()
+
+
+@pytest.fixture
+def versions(tmp_path, world):
+    made = []
+    for content in ("base", "canary"):
+        source = tmp_path / content
+        source.mkdir()
+        (source / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
+        (source / "weights.bin").write_text(content)
+        version, _ = model_version_register(
+            model_name="roll",
+            source_dir=source,
+            label=content,
+            price_input_per_1k=Decimal("1"),
+            price_output_per_1k=Decimal("2"),
+        )
+        deployment_create(name=f"roll-{content}", version=version)
+        made.append(version)
+    Deployment.objects.filter(name__startswith="roll-").update(state=DeploymentState.READY)
+    alias = alias_set(name="roll-chat", version=made[0])
+    return alias, made[0], made[1]
+
+
+def _served(world, version, *, n, at, ttft_ms=20.0, status="ok", itl_ms=10.0):
+    """Write n usage records of requests a version finished at a time."""
+    rows = []
+    for _ in range(n):
+        enqueued = at - dt.timedelta(milliseconds=ttft_ms + 15 * itl_ms)
+        first = enqueued + dt.timedelta(milliseconds=ttft_ms)
+        rows.append(
+            UsageRecord(
+                request_id=f"roll-{next(_ids)}",
+                tenant=world.acme,
+                model_version=version,
+                deployment="x",
+                endpoint="chat",
+                status=status,
+                prompt_tokens=10,
+                completion_tokens=16,
+                cost=Decimal("0.001"),
+                enqueued_at=enqueued,
+                started_at=enqueued,
+                first_token_at=first if status == "ok" else None,
+                finished_at=first + dt.timedelta(milliseconds=15 * itl_ms),
+            )
+        )
+    UsageRecord.objects.bulk_create(rows)
+
+
+def _start(alias, canary, **policy):
+    defaults = dict(steps=[10, 50, 100], min_samples=20, min_step_seconds=60)
+    return rollout_start(alias=alias, canary=canary, **{**defaults, **policy})
+
+
+def test_a_healthy_canary_is_promoted_step_by_step(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary)
+    assert AliasSplit.objects.get(alias=alias).buckets == 1000  # 10 %
+    t0 = rollout.step_started_at
+    for step, (percent, action) in enumerate([(10, "advance"), (50, "promote")]):
+        now = t0 + dt.timedelta(minutes=2 * (step + 1))
+        _served(world, base, n=30, at=now - dt.timedelta(seconds=30))
+        _served(world, canary, n=30, at=now - dt.timedelta(seconds=30))
+        rollout.refresh_from_db()
+        assert rollout.percent == percent
+        verdict = rollout_analyze(rollout, now=now)
+        assert verdict is not None
+        assert verdict.action == action, verdict.reason
+    rollout.refresh_from_db()
+    alias.refresh_from_db()
+    assert rollout.state == RolloutState.PROMOTED
+    assert alias.version == canary and not alias.splits.exists()
+    actions = list(rollout.decisions.values_list("action", flat=True))
+    assert actions == ["start", "advance", "promote"]
+    promote = rollout.decisions.get(action="promote")
+    assert promote.evidence["step"]["canary"]["requests"] == 30
+    assert AuditEvent.objects.filter(action="rollout.promote", target_id=str(rollout.pk)).exists()
+
+
+def test_a_step_waits_for_its_minimum_sample(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary)
+    now = rollout.step_started_at + dt.timedelta(minutes=5)
+    _served(world, base, n=30, at=now - dt.timedelta(seconds=5))
+    _served(world, canary, n=3, at=now - dt.timedelta(seconds=5))
+    verdict = rollout_analyze(rollout, now=now)
+    assert verdict is not None and verdict.action == "hold"
+    assert "canary 3/20 requests" in verdict.reason
+
+
+def test_a_slower_canary_is_rolled_back_after_consecutive_breaches(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, breach_checks=2)
+    start = rollout.step_started_at
+    actions = []
+    for minute in (1, 2):
+        now = start + dt.timedelta(minutes=minute)
+        _served(world, base, n=20, at=now - dt.timedelta(seconds=10), ttft_ms=20)
+        _served(world, canary, n=20, at=now - dt.timedelta(seconds=10), ttft_ms=400)
+        verdict = rollout_analyze(rollout, now=now)
+        assert verdict is not None
+        actions.append(verdict.action)
+    assert actions == ["hold", "rollback"]
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK
+    assert not AliasSplit.objects.filter(alias=alias).exists()  # weights reverted
+    assert Alias.objects.get(pk=alias.pk).version == base
+    # The canary drains; the prior version stays warm.
+    assert Deployment.objects.get(name="roll-canary").state == DeploymentState.DRAINING
+    assert Deployment.objects.get(name="roll-base").state == DeploymentState.READY
+    evidence = rollout.decisions.get(action="rollback").evidence
+    assert evidence["breached"] == ["ttft_p95_ratio"]
+    ttft = evidence["checks"]["recent"]["ttft_p95_ratio"]
+    assert ttft["canary"] > 10 * ttft["baseline"]
+
+
+def test_a_failing_canary_breaches_the_error_rate(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, breach_checks=1)
+    now = rollout.step_started_at + dt.timedelta(minutes=1)
+    _served(world, base, n=40, at=now - dt.timedelta(seconds=10))
+    _served(world, canary, n=30, at=now - dt.timedelta(seconds=10))
+    _served(world, canary, n=10, at=now - dt.timedelta(seconds=10), status="error")
+    verdict = rollout_analyze(rollout, now=now)
+    assert verdict is not None and verdict.action == "rollback"
+    assert "error_rate_points" in verdict.reason
+
+
+def test_a_short_blip_does_not_roll_back(versions, world):
+    """A slow burst that has passed leaves the recent window healthy: no breach counts."""
+    alias, base, canary = versions
+    rollout = _start(alias, canary, short_window_seconds=60, breach_checks=2, min_samples=40)
+    start = rollout.step_started_at
+    # Minute 1: a blip, the canary is slow for a moment.
+    _served(world, base, n=20, at=start + dt.timedelta(seconds=50))
+    _served(world, canary, n=8, at=start + dt.timedelta(seconds=50), ttft_ms=900)
+    _served(world, canary, n=12, at=start + dt.timedelta(seconds=55))
+    # Minutes 2 to 4: healthy again.
+    for minute in (2, 3, 4):
+        at = start + dt.timedelta(minutes=minute, seconds=-20)
+        _served(world, base, n=20, at=at)
+        _served(world, canary, n=20, at=at)
+        verdict = rollout_analyze(rollout, now=start + dt.timedelta(minutes=minute))
+        assert verdict is not None
+        assert verdict.action != "rollback", verdict.reason
+        assert not verdict.breached
+    rollout.refresh_from_db()
+    assert rollout.state in (RolloutState.RUNNING, RolloutState.PROMOTED)
+    assert not rollout.decisions.filter(action="hold").exists()
+
+
+def test_one_breached_analysis_then_recovery_resets_the_count(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, short_window_seconds=60, breach_checks=2, min_samples=40)
+    start = rollout.step_started_at
+    _served(world, base, n=20, at=start + dt.timedelta(seconds=50))
+    _served(world, canary, n=20, at=start + dt.timedelta(seconds=50), ttft_ms=900)
+    first = rollout_analyze(rollout, now=start + dt.timedelta(minutes=1))
+    assert first is not None and first.action == "hold" and first.breached
+    for minute in (2, 3, 4):
+        at = start + dt.timedelta(minutes=minute, seconds=-20)
+        _served(world, base, n=40, at=at)
+        _served(world, canary, n=40, at=at)
+        verdict = rollout_analyze(rollout, now=start + dt.timedelta(minutes=minute))
+        if verdict is None:  # promoted: nothing left to analyse
+            break
+        assert verdict.action != "rollback", verdict.reason
+    rollout.refresh_from_db()
+    assert rollout.state != RolloutState.ROLLED_BACK and rollout.breaches == 0
+    # The breach is on record with the numbers it saw.
+    hold = rollout.decisions.filter(action="hold").first()
+    assert hold is not None and "1 of 2" in hold.reason
+    assert hold.evidence["checks"]["step"]["ttft_p95_ratio"]["breached"]
+
+
+@pytest.fixture
+def staff() -> APIClient:
+    client = APIClient()
+    client.force_login(User.objects.create_user("otto", is_staff=True))
+    return client
+
+
+def test_operators_start_pause_resume_and_roll_back_through_the_api(staff, versions):
+    _alias, _base, _canary = versions
+    created = staff.post(
+        "/api/rollouts",
+        {"alias": "roll-chat", "canary": "roll@canary", "steps": [5, 25, 100], "reason": "v2"},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    pk = created.json()["id"]
+    assert created.json()["percent"] == 5
+    again = staff.post("/api/rollouts", {"alias": "roll-chat", "canary": "roll@canary"})
+    assert again.status_code == 409
+    assert staff.post(f"/api/rollouts/{pk}/pause", {"reason": "investigating"}).status_code == 200
+    assert Rollout.objects.get(pk=pk).state == RolloutState.PAUSED
+    assert staff.post(f"/api/rollouts/{pk}/pause").status_code == 409
+    assert staff.post(f"/api/rollouts/{pk}/resume").status_code == 200
+    rolled = staff.post(f"/api/rollouts/{pk}/rollback", {"reason": "by hand"})
+    assert rolled.status_code == 200 and rolled.json()["state"] == "rolled_back"
+    detail = staff.get(f"/api/rollouts/{pk}").json()
+    assert [d["action"] for d in detail["decisions"]] == [
+        "start", "pause", "resume", "rollback",
+    ]  # fmt: skip
+    assert detail["decisions"][-1]["actor"] == "otto"
+    event = AuditEvent.objects.filter(action="rollout.rollback").latest("id")
+    assert event.reason == "by hand"
+    assert event.after is not None and event.after["state"] == "rolled_back"
+
+
+def test_the_api_names_an_unknown_version_and_refuses_non_staff(staff, versions, world):
+    response = staff.post("/api/rollouts", {"alias": "roll-chat", "canary": "roll@nope"})
+    assert response.status_code == 400 and "canary" in response.json()
+    assert (
+        staff.post("/api/rollouts", {"alias": "nope", "canary": "roll@canary"}).status_code == 404
+    )
+    outsider = APIClient()
+    outsider.force_login(world.alice)
+    assert outsider.get("/api/rollouts").status_code == 403
+
+
+def test_splits_and_shadow_through_the_api(staff, versions):
+    _alias, _base, canary = versions
+    split = staff.put(
+        "/api/aliases/roll-chat/split", {"version": "roll@canary", "percent": 12.5}, format="json"
+    )
+    assert split.status_code == 200, split.content
+    assert split.json()["splits"] == [{"version": canary.public_name, "percent": 12.5}]
+    shadow = staff.put(
+        "/api/aliases/roll-chat/shadow", {"version": "roll@canary", "percent": 10}, format="json"
+    )
+    assert shadow.json()["shadow"] == {"version": canary.public_name, "percent": 10}
+    too_much = staff.put(
+        "/api/aliases/roll-chat/split", {"version": "roll@canary", "percent": 150}, format="json"
+    )
+    assert too_much.status_code == 400 and "percent" in too_much.json()
+
+
+def test_the_cli_starts_and_promotes_a_rollout(versions, capsys):
+    alias, _base, canary = versions
+    call_command("rollout", "start", "roll-chat", "roll@canary", "--steps", "20,100")
+    rollout = Rollout.objects.get(alias=alias, state=RolloutState.RUNNING)
+    call_command("rollout", "promote", str(rollout.pk), "--reason", "looks good")
+    call_command("rollout", "status", str(rollout.pk))
+    out = capsys.readouterr().out
+    assert "promote at 100%: looks good" in out
+    assert Alias.objects.get(pk=alias.pk).version == canary
+    finished = Rollout.objects.get(pk=rollout.pk).finished_at
+    assert finished is not None and finished <= timezone.now()
