@@ -49,6 +49,7 @@ _FAILURE_STATUS = {
     "deadline_exceeded": 503,
     "worker_lost": 503,
     "engine_error": 503,
+    "adapter_unavailable": 503,
     "cancelled": 503,
 }
 

@@ -170,6 +170,10 @@ class Deployment(models.Model):
     kv_cache_bytes = models.PositiveBigIntegerField(default=256 << 20)
     enforce_eager = models.BooleanField(default=False)
     dtype = models.CharField(max_length=16, default="float32")
+    # LoRA adapters of the version this deployment serves: how many one batch may mix
+    # (0: none are served) and the largest rank accepted.
+    max_loras = models.PositiveIntegerField(default=0)
+    max_lora_rank = models.PositiveIntegerField(default=8)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)

@@ -8,6 +8,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from django.db import models
+
 from models_registry.models import BUCKETS, Alias, Deployment, DeploymentState, ModelVersion
 
 
@@ -44,6 +46,8 @@ def _deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deplo
     """
     served = version.base if version.base_id is not None else version
     deployments = Deployment.objects.filter(version=served).order_by("-updated_at")
+    if version.base_id is not None:
+        deployments = deployments.filter(max_loras__gt=0)  # only these load adapters
     ranked = sorted(deployments, key=lambda d: d.state != DeploymentState.READY)
     if ready_only:
         ranked = [d for d in ranked if d.state == DeploymentState.READY]
@@ -61,13 +65,12 @@ def version_pinned(name: str) -> ModelVersion | None:
 
 
 def _newest_deployed(name: str) -> ModelVersion | None:
-    deployment = (
-        Deployment.objects.select_related("version__model")
-        .filter(version__model__name=name)
-        .order_by("-version__created_at")
-        .first()
-    )
-    return deployment.version if deployment else None
+    """Return a model's newest version that a deployment serves (adapters through their base)."""
+    versions = ModelVersion.objects.select_related("model", "base").filter(model__name=name)
+    for version in versions[:50]:
+        if _deployment_for(version) is not None:
+            return version
+    return None
 
 
 def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Route:
@@ -194,10 +197,13 @@ def model_names_list() -> list[tuple[str, int]]:
     names: dict[str, int] = {}
     for alias in Alias.objects.all():
         names[alias.name] = int(alias.updated_at.timestamp())
-    for deployment in Deployment.objects.select_related("version__model"):
-        model = deployment.version.model
+    served = Deployment.objects.values_list("version_id", flat=True)
+    lora = Deployment.objects.filter(max_loras__gt=0).values_list("version_id", flat=True)
+    versions = ModelVersion.objects.select_related("model").filter(
+        models.Q(pk__in=served) | models.Q(base_id__in=lora)
+    )
+    for version in versions:
+        model = version.model
         names.setdefault(model.name, int(model.created_at.timestamp()))
-        names.setdefault(
-            deployment.version.public_name, int(deployment.version.created_at.timestamp())
-        )
+        names.setdefault(version.public_name, int(version.created_at.timestamp()))
     return sorted(names.items())

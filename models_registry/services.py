@@ -38,6 +38,7 @@ from models_registry.models import (
 from tenants.services import audit_record
 
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 1.0}
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM accepts
 
 
 def _max_model_len(source_dir: Path) -> int:
@@ -331,6 +332,8 @@ def deployment_create(
     kv_cache_bytes: int = 256 << 20,
     enforce_eager: bool = False,
     dtype: str = "float32",
+    max_loras: int = 0,
+    max_lora_rank: int = 8,
     actor: User | None = None,
 ) -> Deployment:
     """Create a deployment of a version; its workers start with `run_worker`."""
@@ -344,6 +347,12 @@ def deployment_create(
         raise ValidationError({"max_queued_tokens": "must be at least 1"})
     if kv_cache_bytes < 1 << 20:
         raise ValidationError({"kv_cache_bytes": "must be at least 1 MiB"})
+    if max_lora_rank not in LORA_RANKS:
+        raise ValidationError(
+            {"max_lora_rank": f"must be one of {', '.join(map(str, LORA_RANKS))}"}
+        )
+    if version.base_id is not None:
+        raise ValidationError({"version": "deploy the adapter's base version; it serves adapters"})
     context = min(max_model_len or version.max_model_len, version.max_model_len)
     with transaction.atomic():
         deployment = Deployment.objects.create(
@@ -356,6 +365,8 @@ def deployment_create(
             kv_cache_bytes=kv_cache_bytes,
             enforce_eager=enforce_eager,
             dtype=dtype,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
         )
         audit_record(
             action="deployment.create",

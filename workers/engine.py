@@ -35,14 +35,34 @@ class EngineSpec:
     enforce_eager: bool
     dtype: str
     extra_args: dict[str, Any]
+    max_loras: int = 0  # adapters in one batch; 0: the engine serves no LoRA adapters
+    max_lora_rank: int = 8
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter the engine applies: vLLM knows it by its integer id only."""
+
+    name: str
+    int_id: int
+    path: Path
 
 
 class Engine(Protocol):
     async def start(self) -> None: ...
 
     def generate(
-        self, *, request_id: str, prompt_token_ids: list[int], sampling: Sampling
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        adapter: AdapterRef | None = None,
     ) -> AsyncIterator[Step]: ...
+
+    async def adapter_load(self, adapter: AdapterRef) -> None: ...
+
+    async def adapter_evict(self, adapter: AdapterRef) -> None: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -76,6 +96,19 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        lora: dict[str, Any] = {}
+        if self.spec.max_loras:
+            from vllm.platforms import current_platform
+
+            lora = {
+                "enable_lora": True,
+                "max_loras": self.spec.max_loras,
+                "max_lora_rank": self.spec.max_lora_rank,
+                # vLLM's own cache of loaded adapters; the worker evicts before it fills.
+                "max_cpu_loras": 2 * self.spec.max_loras,
+            }
+            if current_platform.is_cpu():
+                lora["worker_extension_cls"] = "workers.lora_cpu_fix.LoRANoAdapterFix"
         args = AsyncEngineArgs(
             model=str(self.spec.model_dir),
             tokenizer=str(self.spec.model_dir),
@@ -86,12 +119,18 @@ class VllmEngine:
             kv_cache_memory_bytes=self.spec.kv_cache_bytes,
             enforce_eager=self.spec.enforce_eager,
             disable_log_stats=True,
+            **lora,
             **self.spec.extra_args,
         )
         self._llm = AsyncLLM.from_engine_args(args)
 
     async def generate(
-        self, *, request_id: str, prompt_token_ids: list[int], sampling: Sampling
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        adapter: AdapterRef | None = None,
     ) -> AsyncIterator[Step]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -111,7 +150,8 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
-        async for output in self._llm.generate(prompt, params, request_id):
+        lora = _lora_request(adapter) if adapter is not None else None
+        async for output in self._llm.generate(prompt, params, request_id, lora_request=lora):
             completion = output.outputs[0]
             yield Step(
                 text=completion.text,
@@ -119,6 +159,17 @@ class VllmEngine:
                 finish_reason=completion.finish_reason if output.finished else None,
                 prompt_tokens=len(output.prompt_token_ids or prompt_token_ids),
             )
+
+    async def adapter_load(self, adapter: AdapterRef) -> None:
+        """Load an adapter before its first request.
+
+        A bad adapter raises here and the engine stays up; the same adapter first met inside
+        a generate step would kill the engine with every request in it.
+        """
+        await self._llm.add_lora(_lora_request(adapter))
+
+    async def adapter_evict(self, adapter: AdapterRef) -> None:
+        await self._llm.remove_lora(adapter.int_id)
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -130,3 +181,11 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def _lora_request(adapter: AdapterRef) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(
+        lora_name=adapter.name, lora_int_id=adapter.int_id, lora_path=str(adapter.path)
+    )

@@ -7,12 +7,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from inference.dispatch import Dispatch, cancel_channel, usage_for
 from inference.types import Delta, Event, Failed, Finished, Job, Started, Status, UsageEvent
-from workers.engine import Engine
+from workers.engine import AdapterRef, Engine
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,75 @@ class _RateMeter:
         self._tokens, self._since, self._busy_throughout = 0, time.monotonic(), True
 
 
+class AdapterError(Exception):
+    """A job's LoRA adapter cannot be served here (unknown, tampered, or failed to load)."""
+
+
+class Adapters:
+    """The LoRA adapters loaded into the engine: loaded on first use, evicted least recently used.
+
+    An adapter's files are verified against its manifest before it is loaded; a request for a
+    bad adapter fails on its own instead of taking the engine (and every stream in it) down.
+    Adapters in use by running requests are never evicted.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        resolve: Callable[[str], Awaitable[AdapterRef]],
+        capacity: int,
+    ) -> None:
+        self.engine = engine
+        self.resolve = resolve
+        self.capacity = capacity
+        self._loaded: OrderedDict[str, AdapterRef] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[AdapterRef]] = {}
+        self._in_use: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def using(self, digest: str) -> AsyncIterator[AdapterRef]:
+        """Hold an adapter loaded while a request runs on it."""
+        ref = await self._get(digest)
+        self._in_use[digest] = self._in_use.get(digest, 0) + 1
+        try:
+            yield ref
+        finally:
+            self._in_use[digest] -= 1
+
+    async def _get(self, digest: str) -> AdapterRef:
+        if digest in self._loaded:
+            self._loaded.move_to_end(digest)
+            return self._loaded[digest]
+        task = self._loading.get(digest)
+        if task is None:
+            task = asyncio.create_task(self._load(digest))
+            self._loading[digest] = task
+            task.add_done_callback(lambda _: self._loading.pop(digest, None))
+        return await asyncio.shield(task)
+
+    async def _load(self, digest: str) -> AdapterRef:
+        try:
+            ref = await self.resolve(digest)
+            await self.engine.adapter_load(ref)
+        except Exception as exc:
+            raise AdapterError(f"adapter {digest[:12]} cannot be served: {exc}") from exc
+        self._loaded[digest] = ref
+        log.info("loaded adapter %s", ref.name)
+        await self._evict()
+        return ref
+
+    async def _evict(self) -> None:
+        for digest in list(self._loaded):
+            if len(self._loaded) <= self.capacity:
+                return
+            if self._in_use.get(digest):
+                continue
+            ref = self._loaded.pop(digest)
+            await self.engine.adapter_evict(ref)
+            log.info("evicted adapter %s (least recently used)", ref.name)
+
+
 class Worker:
     """Serve one deployment's queue with one engine until told to drain."""
 
@@ -115,6 +185,7 @@ class Worker:
         drain_seconds: float = 30.0,
         stream_interval: float = 0.0,
         retire_quiet_seconds: float = 5.0,
+        adapters: Adapters | None = None,
     ) -> None:
         self.deployment = deployment
         self.engine = engine
@@ -137,6 +208,7 @@ class Worker:
         # queue until it has been empty this long, then drain and leave.
         self._retiring = False
         self.retire_quiet_seconds = retire_quiet_seconds
+        self.adapters = adapters
         self._last_work = time.monotonic()
         self._recent_cancels: dict[str, float] = {}
         self.served = 0
@@ -254,6 +326,16 @@ class Worker:
                 if running is not None:
                     running[1].cancel()
 
+    @contextlib.asynccontextmanager
+    async def _adapter(self, job: Job) -> AsyncIterator[AdapterRef | None]:
+        if not job.adapter:
+            yield None
+            return
+        if self.adapters is None:
+            raise AdapterError(f"deployment {self.deployment} serves no LoRA adapters")
+        async with self.adapters.using(job.adapter) as ref:
+            yield ref
+
     async def _retire_due(self) -> bool:
         """Whether a retiring worker has seen its queue empty for the quiet period."""
         if (await self.dispatch.depth(self.deployment)).requests:
@@ -272,11 +354,15 @@ class Worker:
         # Nothing runs past its deadline: the engine request is aborted when it passes.
         deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
         try:
-            async with asyncio.timeout_at(deadline):
+            async with (
+                asyncio.timeout_at(deadline),
+                self._adapter(job) as adapter,
+            ):
                 async for step in self.engine.generate(
                     request_id=job.request_id,
                     prompt_token_ids=job.prompt_token_ids,
                     sampling=job.sampling,
+                    adapter=adapter,
                 ):
                     if step.tokens:
                         first = produced == 0
@@ -303,6 +389,15 @@ class Worker:
                 completion_tokens=produced,
             )
             status, code, finish_reason = Status.TIMEOUT, "deadline_exceeded", "abort"
+        except AdapterError as exc:
+            log.warning("request %s: %s", job.request_id, exc)
+            terminal = Failed(
+                code="adapter_unavailable",
+                message=str(exc),
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code = Status.ERROR, "adapter_unavailable"
         except asyncio.CancelledError:
             # Cancelling this task aborted the request inside vLLM; bill what it produced.
             terminal = Failed(

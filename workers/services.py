@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from inference.dispatch import live_workers_sync
 from inference.redis_client import redis_sync_client
-from models_registry.models import Deployment, DeploymentState
+from models_registry.manifest import ArtifactError
+from models_registry.models import Deployment, DeploymentState, ModelVersion
 from models_registry.services import model_version_verify
-from workers.engine import EngineSpec
+from workers.engine import AdapterRef, EngineSpec
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,25 @@ def worker_plan(*, deployment_name: str) -> WorkerPlan:
         enforce_eager=bool(extra.pop("enforce_eager", deployment.enforce_eager)),
         dtype=str(extra.pop("dtype", deployment.dtype)),
         extra_args=extra,
+        max_loras=deployment.max_loras,
+        max_lora_rank=deployment.max_lora_rank,
     )
     return WorkerPlan(deployment=deployment.name, version=version.public_name, spec=spec)
+
+
+def adapter_ref(*, deployment_name: str, digest: str) -> AdapterRef:
+    """Return a LoRA adapter version a deployment may apply, after verifying its files.
+
+    Raises ArtifactError (naming the file) or ModelVersion.DoesNotExist; an adapter of
+    another base version is refused.
+    """
+    deployment = Deployment.objects.get(name=deployment_name)
+    version = ModelVersion.objects.select_related("model").get(digest=digest)
+    if version.base_id != deployment.version_id:
+        raise ArtifactError(f"{version.public_name} is not an adapter of {deployment.version}")
+    path = model_version_verify(version=version)
+    # vLLM tells adapters apart by this integer alone: unique per content, never 0.
+    return AdapterRef(name=version.public_name, int_id=int(digest[:7], 16) + 1, path=path)
 
 
 def deployment_report(*, deployment_name: str, state: str) -> None:

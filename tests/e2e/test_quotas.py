@@ -76,6 +76,7 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
 
     holding = threading.Event()
     release = threading.Event()
+    seen: list[str] = []
 
     def hold_the_slot() -> None:
         body = {"model": ALIAS, "prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
@@ -90,6 +91,7 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
         ):
             for line in response.iter_lines():
                 if line.startswith("data: "):
+                    seen.append(line)
                     holding.set()
                 if release.is_set():
                     break  # hang up: the platform cancels the stream and frees the lease
@@ -101,6 +103,7 @@ def test_the_sdk_raises_then_retries_a_concurrency_limit(stack, client, world):
         impatient = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
         with pytest.raises(openai.RateLimitError) as refused:
             impatient.completions.create(model=ALIAS, prompt="x", max_tokens=1)
+            pytest.fail(f"admitted while a stream held the only slot; the stream saw {seen}")
         assert refused.value.code == "concurrency_limit_exceeded"
         release.set()
         patient = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=8)

@@ -1,7 +1,8 @@
-"""Rollouts with real workers: splits, shadows, and a canary that rolls back on its own.
+"""Rollouts with real workers: splits, shadows, LoRA adapters, canaries that roll back.
 
-A second worker serves a canary version of the demo model whose registered engine settings
-make it slower (one sequence at a time), next to the session's worker for the baseline.
+Two more workers run next to the session's: one serves a version of the demo model whose
+registered engine settings make it slower (one sequence at a time), the other a version
+with LoRA adapters enabled, whose adapters are versions of their own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from models_registry.models import Alias, Deployment, DeploymentState, ModelVers
 from tests.conftest import CONTEXT, Process, _free_port, _http_ok, _spawn, _wait_for
 
 SLOW = "tiny-slow"
+LORA = "tiny-lora"
 CANARY_ALIAS = "canary-chat"
+LORA_ALIAS = "lora-chat"
+ADAPTERS = ("tiny-sql", "tiny-poet", "tiny-pirate")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class Canary:
     alias: Alias
     worker: Process
     other_frontend: str  # a second frontend's base URL
+    lora_base: ModelVersion
+    adapters: dict[str, ModelVersion]
+    lora_worker: Process
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +50,38 @@ def canary(
     django_db_blocker: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Canary]:
+    from models_registry.demo_adapter import demo_adapter_build
     from models_registry.services import alias_set, deployment_create, model_version_register
 
     logs = tmp_path_factory.mktemp("canary-logs")
+    built = tmp_path_factory.mktemp("adapters")
     with django_db_blocker.unblock():
+        lora_base, _ = model_version_register(
+            model_name="tiny-llama",
+            source_dir=demo_model_dir,
+            label="lora-base",
+            sampling_defaults={"top_p": 0.999},
+        )
+        deployment_create(
+            name=LORA,
+            version=lora_base,
+            max_num_seqs=8,
+            max_model_len=CONTEXT,
+            kv_cache_bytes=32 << 20,
+            enforce_eager=True,
+            max_loras=1,  # the worker keeps two adapters loaded: a third evicts one
+        )
+        adapters = {
+            name: model_version_register(
+                model_name=name,
+                source_dir=demo_adapter_build(
+                    base_dir=demo_model_dir, out_dir=built / name, seed=seed
+                ),
+                base=lora_base,
+            )[0]
+            for seed, name in enumerate(ADAPTERS, start=1)
+        }
+        alias_set(name=LORA_ALIAS, version=lora_base)
         version, _ = model_version_register(
             model_name="tiny-llama",
             source_dir=demo_model_dir,
@@ -64,6 +99,7 @@ def canary(
         )
         alias = alias_set(name=CANARY_ALIAS, version=world.version)
     worker = _spawn("worker-slow", ["manage.py", "run_worker", "--deployment", SLOW], logs)
+    lora_worker = _spawn("worker-lora", ["manage.py", "run_worker", "--deployment", LORA], logs)
     port = _free_port()
     frontend = _spawn(
         "frontend-2",
@@ -74,12 +110,21 @@ def canary(
         other = f"http://127.0.0.1:{port}"
         _wait_for(frontend, lambda: _http_ok(f"{other}/healthz"), timeout=120)
         _wait_for(worker, lambda: "ready: serving" in worker.tail(400), timeout=600)
-        yield Canary(version=version, alias=alias, worker=worker, other_frontend=other)
+        _wait_for(lora_worker, lambda: "ready: serving" in lora_worker.tail(400), timeout=600)
+        yield Canary(
+            version=version,
+            alias=alias,
+            worker=worker,
+            other_frontend=other,
+            lora_base=lora_base,
+            adapters=adapters,
+            lora_worker=lora_worker,
+        )
     finally:
-        for process in (worker, frontend):
+        for process in (worker, lora_worker, frontend):
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
-        for process in (worker, frontend):
+        for process in (worker, lora_worker, frontend):
             try:
                 process.popen.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -99,7 +144,7 @@ def _chat(base_url: str, key: str, **fields: Any) -> httpx.Response:
         )
 
 
-def _route_settle(key: str, *base_urls: str) -> None:
+def _route_settle(key: str, *base_urls: str, alias: str = CANARY_ALIAS) -> None:
     """Wait until frontends route by the registry's current state.
 
     Frontends cache a route for 0.5 s in tests, then serve it once more while it reloads in
@@ -107,9 +152,7 @@ def _route_settle(key: str, *base_urls: str) -> None:
     """
     time.sleep(0.6)
     for base_url in base_urls:
-        httpx.get(
-            f"{base_url}/v1/models/{CANARY_ALIAS}", headers={"Authorization": f"Bearer {key}"}
-        )
+        httpx.get(f"{base_url}/v1/models/{alias}", headers={"Authorization": f"Bearer {key}"})
     time.sleep(0.5)
 
 
@@ -189,11 +232,21 @@ def test_shadow_copies_run_on_the_candidate_and_are_not_billed(
         assert all(r.cost > 0 and not r.shadow for r in originals)
 
 
-def _load(base_url: str, key: str, *, prefix: str, n: int = 32) -> list[str]:
-    """Send n short requests, 8 at a time, from n users; return their request ids."""
+def _load(
+    base_url: str,
+    key: str,
+    *,
+    prefix: str,
+    n: int = 32,
+    model: str = CANARY_ALIAS,
+    max_tokens: int = 8,
+) -> list[str]:
+    """Send n requests, 8 at a time, from n users; return their request ids."""
 
     def one(i: int) -> str:
-        response = _chat(base_url, key, user=f"{prefix}-{i}")
+        response = _chat(
+            base_url, key, user=f"{prefix}-{i}", model=model, max_tokens=max_tokens, ignore_eos=True
+        )
         assert response.status_code == 200, response.text
         return response.headers["x-request-id"]
 
@@ -250,13 +303,17 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
         target=_long_stream, args=(stack.base_url, world.acme_key, stream, started)
     )
     for round_ in range(2):
-        usage_of(*_load(stack.base_url, world.acme_key, prefix=f"ramp-{round_}"))
+        # 32-token answers: on one sequence at a time, the canary's queue makes its TTFT
+        # several times the baseline's, whatever else the machine is doing.
+        usage_of(*_load(stack.base_url, world.acme_key, prefix=f"ramp-{round_}", max_tokens=32))
         if round_ == 1:
             # A stream in flight on the canary when it is rolled back must still finish.
             streamer.start()
             assert started.wait(60)
         with django_db_blocker.unblock():
-            verdicts.append(rollouts_analyze.apply().get()[rollout.pk])
+            done = rollouts_analyze.apply().get()
+        assert rollout.pk in done, f"rollout {rollout.pk} was not analysed: {done}"
+        verdicts.append(done[rollout.pk])
     streamer.join(120)
     assert verdicts == ["hold", "rollback"]
     assert stream["finish_reason"] == "length"
@@ -281,3 +338,115 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
         assert Deployment.objects.get(version=world.version).state == DeploymentState.READY
     (record,) = usage_of(stream["request_id"])
     assert record.status == "ok" and record.completion_tokens == 160
+
+
+def _greedy(base_url: str, key: str, model: str) -> tuple[str, str, str]:
+    """Return (text, served model, request id) of a greedy completion."""
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        response = client.post(
+            "/v1/completions",
+            json={"model": model, "prompt": "The yard master said", "max_tokens": 12,
+                  "temperature": 0, "ignore_eos": True},
+            headers={"Authorization": f"Bearer {key}"},
+        )  # fmt: skip
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return body["choices"][0]["text"], body["model"], response.headers["x-request-id"]
+
+
+def test_lora_adapters_load_on_first_use_change_the_output_and_leave_the_base_alone(
+    canary, stack, world, usage_of, django_db_blocker
+):
+    base_name = "tiny-llama@lora-base"
+    sql = canary.adapters["tiny-sql"]
+    base_text, served, _ = _greedy(stack.base_url, world.acme_key, base_name)
+    assert served == canary.lora_base.public_name
+    assert "loaded adapter" not in canary.lora_worker.tail(400)  # nothing loaded up front
+    sql_text, served, sql_id = _greedy(stack.base_url, world.acme_key, "tiny-sql")
+    assert served == sql.public_name and sql_text != base_text
+    assert f"loaded adapter {sql.public_name}" in canary.lora_worker.tail(400)
+    # Base and adapter requests batched together each get their own model's output.
+    models = [base_name, "tiny-sql"] * 4
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        texts = list(pool.map(lambda m: _greedy(stack.base_url, world.acme_key, m)[0], models))
+    assert texts == [base_text, sql_text] * 4
+    # Usage is billed to the adapter version that served the request.
+    (record,) = usage_of(sql_id)
+    assert record.model_version_id == sql.pk
+    # Two adapters stay loaded: a third evicts the least recently used, which reloads later.
+    _greedy(stack.base_url, world.acme_key, "tiny-poet")
+    _greedy(stack.base_url, world.acme_key, "tiny-pirate")
+    assert f"evicted adapter {sql.public_name}" in canary.lora_worker.tail(400)
+    assert _greedy(stack.base_url, world.acme_key, "tiny-sql")[0] == sql_text
+
+
+def test_a_tampered_adapter_fails_its_requests_and_not_the_engine(
+    canary, stack, world, demo_model_dir, tmp_path, django_db_blocker
+):
+    from models_registry.demo_adapter import demo_adapter_build
+    from models_registry.services import model_version_register
+
+    with django_db_blocker.unblock():
+        bad, _ = model_version_register(
+            model_name="tiny-bad",
+            source_dir=demo_adapter_build(
+                base_dir=demo_model_dir, out_dir=tmp_path / "bad", seed=9
+            ),
+            base=canary.lora_base,
+        )
+    stored = bad.artifact_dir / "adapter_model.safetensors"
+    stored.chmod(0o644)
+    stored.write_bytes(b"not weights")
+    with httpx.Client(base_url=stack.base_url, timeout=120) as client:
+        response = client.post(
+            "/v1/completions",
+            json={"model": "tiny-bad", "prompt": "hi", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {world.acme_key}"},
+        )
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["code"] == "adapter_unavailable"
+    assert "adapter_model.safetensors" in error["message"]
+    # The engine and its other adapters carry on.
+    assert _greedy(stack.base_url, world.acme_key, "tiny-llama@lora-base")[0]
+
+
+def test_a_healthy_canary_is_promoted_step_by_step(
+    canary, stack, world, usage_of, django_db_blocker
+):
+    """An adapter on the same engine as the baseline: no worse, so it ramps to 100 %.
+
+    The latency guardrails are looser than the defaults here: with ~10 requests per side a
+    p95 is close to the maximum, and this test is about the ramp, not the thresholds.
+    """
+    from models_registry.rollouts import rollout_start
+    from models_registry.tasks import rollouts_analyze
+
+    with django_db_blocker.unblock():
+        alias = Alias.objects.get(name=LORA_ALIAS)
+        rollout = rollout_start(
+            alias=alias,
+            canary=canary.adapters["tiny-poet"],
+            steps=[25, 50, 100],
+            min_samples=6,
+            min_step_seconds=0,
+            guardrails={"ttft_p95_ratio": 4.0, "itl_p95_ratio": 4.0},
+        )
+    actions = []
+    for round_ in range(2):
+        _route_settle(world.acme_key, stack.base_url, alias=LORA_ALIAS)
+        ids = _load(stack.base_url, world.acme_key, prefix=f"healthy-{round_}", n=40,
+                    model=LORA_ALIAS)  # fmt: skip
+        usage_of(*ids)
+        with django_db_blocker.unblock():
+            actions.append(rollouts_analyze.apply().get()[rollout.pk])
+    assert actions == ["advance", "promote"]
+    with django_db_blocker.unblock():
+        rollout.refresh_from_db()
+        assert rollout.state == "promoted"
+        assert Alias.objects.get(name=LORA_ALIAS).version == canary.adapters["tiny-poet"]
+        percents = list(rollout.decisions.values_list("action", "percent"))
+        assert percents == [("start", 25.0), ("advance", 50.0), ("promote", 100.0)]
+    _route_settle(world.acme_key, stack.base_url, alias=LORA_ALIAS)
+    _, served, _ = _greedy(stack.base_url, world.acme_key, LORA_ALIAS)
+    assert served == canary.adapters["tiny-poet"].public_name

@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_registry.models import ModelVersion
+from models_registry.selectors import version_pinned
 from models_registry.services import deployment_create
 
 
@@ -34,15 +35,19 @@ class Command(BaseCommand):
         )
         parser.add_argument("--enforce-eager", action="store_true", help="skip graph compilation")
         parser.add_argument("--dtype", default="float32", help="engine dtype")
+        parser.add_argument(
+            "--max-loras", type=int, default=0, help="LoRA adapters one batch may mix (0: none)"
+        )
+        parser.add_argument("--max-lora-rank", type=int, default=8, help="largest adapter rank")
         parser.add_argument("--if-missing", action="store_true", help="no error if it exists")
 
     def handle(self, *args: Any, **options: Any) -> None:
         name, ref = options["name"], options["version"]
         model_name, _, short = ref.partition("@")
-        versions = ModelVersion.objects.filter(model__name=model_name)
         if short:
-            versions = versions.filter(digest__startswith=short)
-        version = versions.order_by("-created_at").first()
+            version = version_pinned(ref)
+        else:
+            version = ModelVersion.objects.filter(model__name=model_name).first()
         if version is None:
             raise CommandError(f"no registered version {ref!r}")
         if options["if_missing"] and version.deployments.filter(name=name).exists():
@@ -59,6 +64,8 @@ class Command(BaseCommand):
                 kv_cache_bytes=options["kv_cache_mib"] << 20,
                 enforce_eager=options["enforce_eager"],
                 dtype=options["dtype"],
+                max_loras=options["max_loras"],
+                max_lora_rank=options["max_lora_rank"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc

@@ -18,8 +18,14 @@ from inference.types import Sampling
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState
 from workers.engine import VllmEngine
-from workers.runner import Worker
-from workers.services import deployment_report, lease_seconds, worker_id_new, worker_plan
+from workers.runner import Adapters, Worker
+from workers.services import (
+    adapter_ref,
+    deployment_report,
+    lease_seconds,
+    worker_id_new,
+    worker_plan,
+)
 
 log = logging.getLogger("switchyard.worker")
 
@@ -70,6 +76,14 @@ class Command(BaseCommand):
         gc.freeze()
         client = redis_client_new()
         dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
+        adapters = None
+        if spec.max_loras:
+            resolve = sync_to_async(adapter_ref)
+            adapters = Adapters(
+                engine,
+                resolve=lambda digest: resolve(deployment_name=deployment, digest=digest),
+                capacity=2 * spec.max_loras,
+            )
         worker = Worker(
             deployment=deployment,
             engine=engine,
@@ -80,6 +94,7 @@ class Command(BaseCommand):
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
             stream_interval=settings.SWITCHYARD_STREAM_INTERVAL_MS / 1000,
+            adapters=adapters,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
