@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
+from django.utils import timezone
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing.selectors import version_slis
 from inference.dispatch import live_workers_sync
 from inference.redis_client import redis_sync_client
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout, RolloutDecision
@@ -206,6 +209,24 @@ class AliasShadowApi(APIView):
         except DjangoValidationError as exc:
             raise _django_errors(exc) from exc
         return Response(_alias_body(_alias(name)))
+
+
+class VersionSlisApi(APIView):
+    """GET a version's SLIs over the last `minutes` (default 60), shadow copies included."""
+
+    def get(self, request: Request, ref: str) -> Response:
+        version = version_pinned(ref) if "@" in ref else None
+        if version is None:
+            raise Http404(f"no version {ref!r}")
+        try:
+            minutes = float(request.query_params.get("minutes", "60"))
+        except ValueError as exc:
+            raise serializers.ValidationError({"minutes": "must be a number"}) from exc
+        if not 0 < minutes <= 60 * 24 * 31:
+            raise serializers.ValidationError({"minutes": "must be between 0 and 44640"})
+        since = timezone.now() - dt.timedelta(minutes=minutes)
+        slis = version_slis(version=version, since=since)
+        return Response({"version": version.public_name, "minutes": minutes, **slis.as_dict()})
 
 
 class DeploymentListApi(APIView):

@@ -14,4 +14,5 @@ urlpatterns = [
     path("aliases/<slug:name>/split", apis.AliasSplitApi.as_view()),
     path("aliases/<slug:name>/shadow", apis.AliasShadowApi.as_view()),
     path("deployments", apis.DeploymentListApi.as_view()),
+    path("versions/<str:ref>/slis", apis.VersionSlisApi.as_view()),
 ]

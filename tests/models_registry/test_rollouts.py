@@ -278,3 +278,14 @@ def test_the_cli_starts_and_promotes_a_rollout(versions, capsys):
     assert Alias.objects.get(pk=alias.pk).version == canary
     finished = Rollout.objects.get(pk=rollout.pk).finished_at
     assert finished is not None and finished <= timezone.now()
+
+
+def test_a_versions_slis_are_served_to_operators(staff, versions, world):
+    canary = versions[2]
+    _served(world, canary, n=10, at=timezone.now() - dt.timedelta(minutes=1), ttft_ms=50)
+    response = staff.get("/api/versions/roll@canary/slis", {"minutes": 10})
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["requests"] == 10 and body["ttft_p95_ms"] == pytest.approx(50, abs=1)
+    assert staff.get("/api/versions/roll@nope/slis").status_code == 404
+    assert staff.get("/api/versions/roll@canary/slis", {"minutes": "x"}).status_code == 400
