@@ -1,9 +1,11 @@
-"""Usage: one append-only record per accepted request, priced at the version that served it."""
+"""Usage records, price books, adjustments and invoices: the money side of the platform."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import models
 
 from models_registry.models import ModelVersion
@@ -25,6 +27,13 @@ class UsageRecord(models.Model):
     cost = models.DecimalField(max_digits=14, decimal_places=8)
     # A shadow copy's record: kept for comparing versions, never billed (cost 0).
     shadow = models.BooleanField(default=False)
+    user = models.CharField(max_length=64, blank=True)  # the client's `user` tag
+    priority = models.CharField(max_length=16, default="interactive")
+    cached_tokens = models.PositiveIntegerField(default=0)
+    # The price book in force when the request was admitted; null: the version's own price.
+    price_book = models.ForeignKey(
+        "billing.PriceBook", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True)
     first_token_at = models.DateTimeField(null=True)
@@ -44,3 +53,143 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.status} {self.prompt_tokens}+{self.completion_tokens}"
+
+
+class PriceBook(models.Model):
+    """A version's prices from a moment on. A new price is a new row; history never changes."""
+
+    model_version = models.ForeignKey(
+        ModelVersion, on_delete=models.PROTECT, related_name="price_books"
+    )
+    input_per_1k = models.DecimalField(max_digits=12, decimal_places=6)
+    output_per_1k = models.DecimalField(max_digits=12, decimal_places=6)
+    # Batch-class requests (the Batch API, service_tier "flex") pay this much less.
+    batch_discount_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0))
+    effective_from = models.DateTimeField()
+    note = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model_version", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model_version", "effective_from"], name="price_book_one_per_moment"
+            )
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AppendOnlyError("price books never change; add one effective from later")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.model_version} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class InvoiceState(models.TextChoices):
+    DRAFT = "draft"
+    ISSUED = "issued"
+    PAID = "paid"
+    VOID = "void"
+
+
+class IssuedInvoiceError(Exception):
+    """An issued invoice (or one of its lines) cannot change; correct it on the next one."""
+
+
+class Invoice(models.Model):
+    """A tenant's bill for one UTC calendar month. Immutable once issued."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="invoices")
+    period_start = models.DateField()  # the first day of the month (UTC)
+    period_end = models.DateField()  # the first day of the next month, exclusive
+    state = models.CharField(max_length=8, choices=InvoiceState.choices, default=InvoiceState.DRAFT)
+    number = models.CharField(max_length=32, unique=True, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="USD")
+    usage_total = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal(0))
+    adjustments_total = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal(0))
+    total = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal(0))
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    issued_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    voided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-period_start", "tenant_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "period_start"],
+                condition=~models.Q(state="void"),
+                name="invoice_one_per_tenant_month",
+            )
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            stored = Invoice.objects.filter(pk=self.pk).values("state").first()
+            if (
+                stored
+                and stored["state"] != InvoiceState.DRAFT
+                and not getattr(self, "_transition", False)
+            ):
+                raise IssuedInvoiceError(f"invoice {self.number} is {stored['state']}")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        if self.state != InvoiceState.DRAFT:
+            raise IssuedInvoiceError(f"invoice {self.number} is {self.state}")
+        return super().delete(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.number or 'draft'} {self.tenant} {self.period_start:%Y-%m}"
+
+
+class InvoiceLine(models.Model):
+    """Usage of one version at one priority class in an invoice's month, or an adjustment."""
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    description = models.CharField(max_length=200)
+    model_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    priority = models.CharField(max_length=16, blank=True)
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+
+    class Meta:
+        ordering = ["id"]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.invoice.state != InvoiceState.DRAFT:
+            raise IssuedInvoiceError(f"invoice {self.invoice.number} is {self.invoice.state}")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.description}: {self.amount}"
+
+
+class Adjustment(models.Model):
+    """A credit (negative) or charge for a tenant, billed on the next invoice built."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="adjustments")
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    reason = models.CharField(max_length=200)
+    invoice = models.ForeignKey(
+        Invoice, null=True, blank=True, on_delete=models.SET_NULL, related_name="adjustments"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.amount} ({self.reason})"

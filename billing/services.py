@@ -1,19 +1,26 @@
-"""Turn usage events into usage records, exactly once per request."""
+"""Price usage, record it exactly once per request, and bill it on monthly invoices."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
-from billing.models import UsageRecord
+from billing.models import PriceBook, UsageRecord
 from inference.types import UsageEvent
 from models_registry.models import ModelVersion
 from tenants.models import ApiKey, Tenant
+from tenants.services import audit_record
 
 _THOUSAND = Decimal(1000)
+_HUNDRED = Decimal(100)
 
 
 def _when(ts: float) -> dt.datetime:
@@ -25,10 +32,99 @@ def _maybe_when(ts: float | None) -> dt.datetime | None:
 
 
 def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: int) -> Decimal:
-    """Return what a request costs at its version's prices."""
+    """Return what a request costs at its version's registered prices."""
     return (
         version.price_input_per_1k * prompt_tokens + version.price_output_per_1k * completion_tokens
     ) / _THOUSAND
+
+
+@dataclass(frozen=True)
+class Price:
+    """The prices a request pays: a price book's, or its version's registered ones."""
+
+    input_per_1k: Decimal
+    output_per_1k: Decimal
+    batch_discount_pct: Decimal = Decimal(0)
+    book: PriceBook | None = None
+
+    def cost(self, *, prompt_tokens: int, completion_tokens: int, priority: str) -> Decimal:
+        full = (self.input_per_1k * prompt_tokens + self.output_per_1k * completion_tokens) / (
+            _THOUSAND
+        )
+        if priority == "batch" and self.batch_discount_pct:
+            return full * (_HUNDRED - self.batch_discount_pct) / _HUNDRED
+        return full
+
+
+class PriceBooks:
+    """The price books of some versions, to look up the one in force at a moment."""
+
+    def __init__(self, versions: Iterable[ModelVersion]) -> None:
+        self._versions = {v.pk: v for v in versions}
+        self._books: dict[int, list[PriceBook]] = {}
+        books = PriceBook.objects.filter(model_version_id__in=self._versions).order_by(
+            "effective_from"
+        )
+        for book in books:
+            self._books.setdefault(book.model_version_id, []).append(book)
+
+    def at(self, version: ModelVersion, moment: dt.datetime) -> Price:
+        books = self._books.get(version.pk, [])
+        index = bisect.bisect_right([b.effective_from for b in books], moment) - 1
+        if index < 0:
+            return Price(version.price_input_per_1k, version.price_output_per_1k)
+        book = books[index]
+        return Price(book.input_per_1k, book.output_per_1k, book.batch_discount_pct, book)
+
+
+def price_current(version: ModelVersion) -> Price:
+    """Return the prices a request admitted now pays for a version."""
+    return PriceBooks([version]).at(version, timezone.now())
+
+
+def price_book_add(
+    *,
+    version: ModelVersion,
+    input_per_1k: Decimal,
+    output_per_1k: Decimal,
+    effective_from: dt.datetime,
+    batch_discount_pct: Decimal = Decimal(0),
+    note: str = "",
+    actor: User | None = None,
+) -> PriceBook:
+    """Set a version's prices from a moment on; earlier requests keep the prices they had."""
+    if input_per_1k < 0 or output_per_1k < 0:
+        raise ValidationError({"price": "prices cannot be negative"})
+    if not 0 <= batch_discount_pct <= 100:
+        raise ValidationError({"batch_discount_pct": "must be between 0 and 100"})
+    if effective_from.tzinfo is None:
+        raise ValidationError({"effective_from": "give a time zone (UTC is stored)"})
+    if PriceBook.objects.filter(model_version=version, effective_from=effective_from).exists():
+        raise ValidationError({"effective_from": "a price book already starts at this moment"})
+    with transaction.atomic():
+        before = price_current(version)
+        book = PriceBook.objects.create(
+            model_version=version,
+            input_per_1k=input_per_1k,
+            output_per_1k=output_per_1k,
+            batch_discount_pct=batch_discount_pct,
+            effective_from=effective_from,
+            note=note,
+            created_by=actor,
+        )
+        audit_record(
+            action="price_book.add",
+            target_type="model_version",
+            target_id=version.public_name,
+            actor=actor,
+            reason=note,
+            before={"input_per_1k": str(before.input_per_1k),
+                    "output_per_1k": str(before.output_per_1k)},
+            after={"input_per_1k": str(input_per_1k), "output_per_1k": str(output_per_1k),
+                   "batch_discount_pct": str(batch_discount_pct),
+                   "effective_from": effective_from.isoformat()},
+        )  # fmt: skip
+    return book
 
 
 @dataclass(frozen=True)
@@ -57,6 +153,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
     keys = set(
         ApiKey.objects.filter(pk__in={e.api_key_id for e in events}).values_list("pk", flat=True)
     )
+    prices = PriceBooks(versions.values())
     records = []
     refused = []
     for event in events:
@@ -64,6 +161,14 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
         if version is None or event.tenant_id not in tenants:
             refused.append(event)
             continue
+        admitted = _when(event.enqueued_at)
+        # Priced once, at the price book in force when the request was admitted.
+        price = prices.at(version, admitted)
+        cost = price.cost(
+            prompt_tokens=event.prompt_tokens,
+            completion_tokens=event.completion_tokens,
+            priority=event.priority,
+        )
         records.append(
             UsageRecord(
                 request_id=event.request_id,
@@ -77,15 +182,13 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 error_code=event.error_code,
                 prompt_tokens=event.prompt_tokens,
                 completion_tokens=event.completion_tokens,
-                cost=Decimal(0)
-                if event.shadow
-                else usage_cost(
-                    version=version,
-                    prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                ),
+                cached_tokens=event.cached_tokens,
+                cost=Decimal(0) if event.shadow else cost,
                 shadow=event.shadow,
-                enqueued_at=_when(event.enqueued_at),
+                user=event.user,
+                priority=event.priority,
+                price_book=price.book,
+                enqueued_at=admitted,
                 started_at=_maybe_when(event.started_at),
                 first_token_at=_maybe_when(event.first_token_at),
                 finished_at=_when(event.finished_at),

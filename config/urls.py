@@ -13,6 +13,7 @@ urlpatterns = [
     path("v1/", include(inference_urls)),
     path("api/", include("tenants.urls")),
     path("api/", include("models_registry.urls")),
+    path("api/finance/", include("billing.urls")),
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
     path("", include("django_prometheus.urls")),

@@ -905,6 +905,7 @@ def usage_for(
     completion_tokens: int = 0,
     finish_reason: str = "",
     error_code: str = "",
+    cached_tokens: int = 0,
 ) -> UsageEvent:
     """Build the usage event of a job."""
     return UsageEvent(
@@ -924,4 +925,7 @@ def usage_for(
         first_token_at=first_token_at,
         finished_at=finished_at,
         shadow=job.shadow,
+        user=job.user,
+        priority=job.priority,
+        cached_tokens=cached_tokens,
     )

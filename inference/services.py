@@ -230,6 +230,7 @@ async def generation_submit(
         ),
         reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else 0,
         adapter=route.adapter,
+        user=(request.user or "")[:64],
     )
     reserve = Usage(
         tokens=len(prompt) + sampling.max_tokens,

@@ -43,6 +43,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     adapter: str = ""
     # A copy for a candidate version: nobody reads its output and it is not billed.
     shadow: bool = False
+    user: str = ""  # the client's `user` tag, kept on the usage record
 
     @property
     def reserved_tokens(self) -> int:
@@ -106,6 +107,9 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     first_token_at: float | None = None
     finished_at: float
     shadow: bool = False
+    user: str = ""
+    priority: str = "interactive"
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
 
 
 job_encoder = msgspec.msgpack.Encoder()

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import models
 
+from billing.services import price_current
 from models_registry.models import BUCKETS, Alias, Deployment, DeploymentState, ModelVersion
 
 
@@ -74,6 +75,7 @@ def _newest_deployed(name: str) -> ModelVersion | None:
 
 
 def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Route:
+    price = price_current(version)
     return Route(
         requested=requested,
         model_name=version.model.name,
@@ -83,8 +85,8 @@ def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Rou
         context_length=deployment.context_length,
         artifact_dir=(version.base or version).artifact_dir,
         sampling_defaults=version.sampling_defaults,
-        price_input_per_1k=version.price_input_per_1k,
-        price_output_per_1k=version.price_output_per_1k,
+        price_input_per_1k=price.input_per_1k,
+        price_output_per_1k=price.output_per_1k,
         max_queued=deployment.max_queued,
         max_queued_tokens=deployment.max_queued_tokens,
         adapter=version.digest if version.base_id is not None else "",

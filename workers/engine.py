@@ -24,6 +24,7 @@ class Step:
     tokens: int
     finish_reason: str | None
     prompt_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class VllmEngine:
                 tokens=len(completion.token_ids),
                 finish_reason=completion.finish_reason if output.finished else None,
                 prompt_tokens=len(output.prompt_token_ids or prompt_token_ids),
+                cached_tokens=output.num_cached_tokens or 0,
             )
 
     async def adapter_load(self, adapter: AdapterRef) -> None:

@@ -347,6 +347,7 @@ class Worker:
         started_at = time.time()
         first_token_at: float | None = None
         produced = 0
+        cached = 0
         finish_reason = "stop"
         prompt_tokens = len(job.prompt_token_ids)
         self._outbox.put(job, Started(at=started_at))
@@ -375,6 +376,7 @@ class Worker:
                     if step.finish_reason:
                         finish_reason = step.finish_reason
                     prompt_tokens = step.prompt_tokens
+                    cached = max(cached, step.cached_tokens)
             terminal = Finished(
                 finish_reason=finish_reason,
                 prompt_tokens=prompt_tokens,
@@ -425,6 +427,7 @@ class Worker:
             completion_tokens=produced,
             finish_reason=finish_reason if status is Status.OK else "",
             error_code=code,
+            cached_tokens=cached,
         )
         self._outbox.put(job, terminal, usage, urgent=True)
         self.active.pop(job.request_id, None)

@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -135,6 +136,11 @@ CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
         "task": "models_registry.tasks.rollouts_analyze",
         "schedule": env_float("SWITCHYARD_ROLLOUT_ANALYSIS_SECONDS", 30.0),
+    },
+    # Drafts for the month that ended, at 01:00 UTC on the 1st; finance issues them.
+    "invoices-build": {
+        "task": "billing.tasks.invoices_build_last_month",
+        "schedule": crontab(minute=0, hour=1, day_of_month=1),
     },
     "deployments-reconcile": {
         "task": "workers.tasks.deployments_reconcile",

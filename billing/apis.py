@@ -1,0 +1,337 @@
+"""The finance REST API: invoices, usage aggregates and exports, adjustments, price books.
+
+Staff see every tenant; a tenant's `finance` and `admin` members see their own tenant only,
+and another tenant's invoice is a 404. Only staff build, issue, settle or void invoices,
+add adjustments and set prices.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import TruncDay
+from django.http import Http404, HttpResponse
+from rest_framework import serializers, status
+from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.invoices import (
+    adjustment_add,
+    invoice_build,
+    invoice_csv_rows,
+    invoice_issue,
+    invoice_mark_paid,
+    invoice_void,
+)
+from billing.models import Invoice, InvoiceLine, UsageRecord
+from billing.pdf import invoice_pdf
+from billing.services import price_book_add
+from models_registry.selectors import version_pinned
+from tenants.models import Membership, Role, Tenant
+
+
+def _tenants_of(request: Request) -> QuerySet[Tenant]:
+    """The tenants whose money this user may see."""
+    if request.user.is_staff:
+        return Tenant.objects.all()
+    member_of = Membership.objects.filter(
+        user_id=request.user.pk or 0, role__in=[Role.FINANCE, Role.ADMIN]
+    ).values("tenant_id")
+    return Tenant.objects.filter(pk__in=member_of)
+
+
+def _tenant(request: Request, slug: str | None) -> Tenant:
+    """The tenant a query is about: named (staff must name one), or the user's only one."""
+    tenants = _tenants_of(request)
+    if slug:
+        found = tenants.filter(slug=slug).first()
+        if found is None:
+            raise Http404(f"no tenant {slug!r}")
+        return found
+    if request.user.is_staff or tenants.count() != 1:
+        raise serializers.ValidationError({"tenant": "name the tenant (?tenant=<slug>)"})
+    return tenants.get()
+
+
+def _invoice(request: Request, pk: int) -> Invoice:
+    invoice = (
+        Invoice.objects.select_related("tenant").filter(tenant__in=_tenants_of(request), pk=pk)
+    ).first()
+    if invoice is None:
+        raise Http404(f"no invoice {pk}")
+    return invoice
+
+
+def _month(raw: str, field: str = "month") -> dt.date:
+    try:
+        return dt.datetime.strptime(raw, "%Y-%m").date()
+    except ValueError as exc:
+        raise serializers.ValidationError({field: "use YYYY-MM"}) from exc
+
+
+def _day(raw: str | None, field: str) -> dt.datetime | None:
+    if not raw:
+        return None
+    try:
+        return dt.datetime.strptime(raw, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+    except ValueError as exc:
+        raise serializers.ValidationError({field: "use YYYY-MM-DD (UTC)"}) from exc
+
+
+def _field(request: Request, name: str) -> str:
+    data = request.data
+    return str(data.get(name, "")) if isinstance(data, dict) else ""
+
+
+def _errors(exc: DjangoValidationError) -> serializers.ValidationError:
+    return serializers.ValidationError(
+        exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+    )
+
+
+def _csv(rows: Iterable[list[str]], filename: str) -> HttpResponse:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(rows)
+    response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+class LineSerializer(serializers.ModelSerializer[InvoiceLine]):
+    class Meta:
+        model = InvoiceLine
+        fields = ["description", "priority", "requests", "prompt_tokens", "completion_tokens",
+                  "amount"]  # fmt: skip
+
+
+class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
+    tenant = serializers.CharField(source="tenant.slug")
+
+    class Meta:
+        model = Invoice
+        fields = ["id", "number", "tenant", "period_start", "period_end", "state", "currency",
+                  "usage_total", "adjustments_total", "total", "issued_at", "paid_at",
+                  "voided_at"]  # fmt: skip
+
+
+class FinanceView(APIView):
+    permission_classes = [IsAuthenticated]
+
+
+class InvoiceListApi(FinanceView):
+    """GET invoices (?tenant=<slug>&month=YYYY-MM&state=issued)."""
+
+    def get(self, request: Request) -> Response:
+        invoices = Invoice.objects.select_related("tenant").filter(tenant__in=_tenants_of(request))
+        if request.query_params.get("tenant"):
+            invoices = invoices.filter(tenant=_tenant(request, request.query_params["tenant"]))
+        if request.query_params.get("month"):
+            invoices = invoices.filter(period_start=_month(request.query_params["month"]))
+        if request.query_params.get("state"):
+            invoices = invoices.filter(state=request.query_params["state"])
+        return Response(InvoiceSerializer(invoices[:500], many=True).data)
+
+
+class InvoiceDetailApi(FinanceView):
+    """GET an invoice with its lines."""
+
+    def get(self, request: Request, pk: int) -> Response:
+        invoice = _invoice(request, pk)
+        body = dict(InvoiceSerializer(invoice).data)
+        body["lines"] = LineSerializer(invoice.lines.all(), many=True).data
+        return Response(body)
+
+
+class InvoiceCsvApi(FinanceView):
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        invoice = _invoice(request, pk)
+        return _csv(invoice_csv_rows(invoice), f"{invoice.number or f'draft-{pk}'}.csv")
+
+
+class InvoicePdfApi(FinanceView):
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        invoice = _invoice(request, pk)
+        response = HttpResponse(invoice_pdf(invoice), content_type="application/pdf")
+        name = invoice.number or f"draft-{pk}"
+        response["Content-Disposition"] = f'attachment; filename="{name}.pdf"'
+        return response
+
+
+class InvoiceBuildApi(APIView):
+    """POST {tenant, month}: build (or rebuild) the tenant's draft for a finished month."""
+
+    permission_classes = [IsAdminUser]
+
+    def post(self, request: Request) -> Response:
+        tenant = _tenant(request, _field(request, "tenant"))
+        try:
+            invoice = invoice_build(
+                tenant=tenant,
+                month=_month(_field(request, "month")),
+                actor=request.user,  # type: ignore[arg-type]
+            )
+        except DjangoValidationError as exc:
+            raise _errors(exc) from exc
+        return Response(InvoiceSerializer(invoice).data, status=status.HTTP_201_CREATED)
+
+
+class InvoiceActionApi(APIView):
+    """POST issue, pay or void an invoice (staff)."""
+
+    permission_classes = [IsAdminUser]
+    actions = {"issue": invoice_issue, "pay": invoice_mark_paid}
+
+    def post(self, request: Request, pk: int, action: str) -> Response:
+        invoice = _invoice(request, pk)
+        try:
+            if action == "void":
+                reason = _field(request, "reason")
+                invoice = invoice_void(invoice=invoice, actor=request.user, reason=reason)  # type: ignore[arg-type]
+            elif action in self.actions:
+                invoice = self.actions[action](invoice=invoice, actor=request.user)  # type: ignore[arg-type]
+            else:
+                raise Http404(f"no action {action!r}")
+        except DjangoValidationError as exc:
+            raise _errors(exc) from exc
+        return Response(InvoiceSerializer(invoice).data)
+
+
+class AdjustmentSerializer(serializers.Serializer[Any]):
+    tenant = serializers.SlugField()
+    amount = serializers.DecimalField(max_digits=14, decimal_places=2)
+    reason = serializers.CharField(max_length=200)
+
+
+class AdjustmentCreateApi(APIView):
+    """POST {tenant, amount, reason}: a credit (negative) or charge for the next invoice."""
+
+    permission_classes = [IsAdminUser]
+
+    def post(self, request: Request) -> Response:
+        given = AdjustmentSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        tenant = _tenant(request, given.validated_data["tenant"])
+        adjustment = adjustment_add(
+            tenant=tenant,
+            amount=given.validated_data["amount"],
+            reason=given.validated_data["reason"],
+            actor=request.user,  # type: ignore[arg-type]
+        )
+        return Response(
+            {"id": adjustment.pk, "tenant": tenant.slug, "amount": str(adjustment.amount)},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class PriceBookSerializer(serializers.Serializer[Any]):
+    version = serializers.CharField(help_text="model@label or model@<version id prefix>")
+    input_per_1k = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=Decimal(0))
+    output_per_1k = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=Decimal(0))
+    batch_discount_pct = serializers.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal(0)
+    )
+    effective_from = serializers.DateTimeField()
+    note = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
+
+
+class PriceBookCreateApi(APIView):
+    """POST a version's prices from a moment on (never edits earlier ones)."""
+
+    permission_classes = [IsAdminUser]
+
+    def post(self, request: Request) -> Response:
+        given = PriceBookSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        data = dict(given.validated_data)
+        version = version_pinned(data.pop("version"))
+        if version is None:
+            raise serializers.ValidationError({"version": "no such version (use model@version)"})
+        try:
+            book = price_book_add(version=version, actor=request.user, **data)  # type: ignore[arg-type]
+        except DjangoValidationError as exc:
+            raise _errors(exc) from exc
+        return Response(
+            {"id": book.pk, "version": version.public_name,
+             "effective_from": book.effective_from.isoformat()},
+            status=status.HTTP_201_CREATED,
+        )  # fmt: skip
+
+
+_GROUPS = {
+    "day": "day",
+    "model": "model_version__model__name",
+    "version": "model_version__digest",
+    "key": "api_key__public_id",
+    "user": "user",
+}
+
+
+class UsageApi(FinanceView):
+    """GET usage aggregated by day, model, version, key or user (?export=csv for a file).
+
+    Filters: tenant (staff must name one), from / to (UTC days, `to` exclusive), model, key,
+    user. Shadow copies are not usage and never appear.
+    """
+
+    def get(self, request: Request) -> Response | HttpResponse:
+        params = request.query_params
+        tenant = _tenant(request, params.get("tenant"))
+        group = params.get("group_by", "day")
+        if group not in _GROUPS:
+            raise serializers.ValidationError({"group_by": f"one of {', '.join(_GROUPS)}"})
+        rows = UsageRecord.objects.filter(tenant=tenant, shadow=False)
+        start, end = _day(params.get("from"), "from"), _day(params.get("to"), "to")
+        if start:
+            rows = rows.filter(finished_at__gte=start)
+        if end:
+            rows = rows.filter(finished_at__lt=end)
+        filters = {"model": "model_version__model__name", "key": "api_key__public_id",
+                   "user": "user"}  # fmt: skip
+        for param, column in filters.items():
+            if params.get(param):
+                rows = rows.filter(**{column: params[param]})
+        if group == "day":
+            rows = rows.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
+        aggregated = (
+            rows.values(_GROUPS[group])
+            .annotate(
+                requests=Count("id"),
+                errors=Count("id", filter=~Q(status="ok")),
+                prompt_tokens=Sum("prompt_tokens"),
+                completion_tokens=Sum("completion_tokens"),
+                cached_tokens=Sum("cached_tokens"),
+                cost=Sum("cost"),
+            )
+            .order_by(_GROUPS[group])
+        )
+        data = [
+            {
+                group: (
+                    row[_GROUPS[group]].date().isoformat()
+                    if group == "day"
+                    else row[_GROUPS[group]] or ""
+                ),
+                "requests": row["requests"],
+                "errors": row["errors"],
+                "prompt_tokens": row["prompt_tokens"] or 0,
+                "completion_tokens": row["completion_tokens"] or 0,
+                "cached_tokens": row["cached_tokens"] or 0,
+                "cost": str(row["cost"] or Decimal(0)),
+            }
+            for row in aggregated
+        ]
+        if params.get("export") == "csv":
+            header = [group, "requests", "errors", "prompt_tokens", "completion_tokens",
+                      "cached_tokens", "cost"]  # fmt: skip
+            body = [[str(row[h]) for h in header] for row in data]
+            return _csv([header, *body], f"usage-{tenant.slug}-by-{group}.csv")
+        return Response({"tenant": tenant.slug, "group_by": group, "rows": data})
