@@ -89,6 +89,15 @@ def heartbeats_key(deployment: str) -> str:
     return f"{_tag(deployment)}:workers"
 
 
+def ledger_key(deployment: str) -> str:
+    return f"{_tag(deployment)}:ledger"
+
+
+def ledger_hour(ts: float) -> str:
+    """The hour a request was admitted in (UTC), as the ledger and reconciliation name it."""
+    return time.strftime("%Y%m%d%H", time.gmtime(ts))
+
+
 def retire_key(deployment: str) -> str:
     # Set by the control plane: the deployment's workers finish its queue, then leave.
     return f"{_tag(deployment)}:retire"
@@ -120,6 +129,7 @@ class _Keys(NamedTuple):
     rate: str  # hash: worker -> measured reserved tokens per second
     slots: str  # hash: worker -> "<shared slots> <reserved slots>"
     usage: str
+    ledger: str  # hash: "<admission hour>:<field>" -> admitted / finished requests, tokens
 
 
 def _keys(deployment: str) -> _Keys:
@@ -140,6 +150,7 @@ def _keys(deployment: str) -> _Keys:
         rate=f"{tag}:rate",
         slots=f"{tag}:slots",
         usage=usage_key(deployment),
+        ledger=ledger_key(deployment),
     )
 
 
@@ -150,7 +161,13 @@ def live_workers_sync(client: redis.Redis, deployment: str) -> int:
 
 _PRELUDE = """
 local JOBS, META, QI, QB, RI, RB, VTC, DEADLINES, DEPTH, LEASES, WORKERS, WAKE, RATE, SLOTS,
-  USAGE = unpack(KEYS, 1, 15)
+  USAGE, LEDGER = unpack(KEYS, 1, 16)
+
+-- Per admission hour, what the data plane admitted and finished: reconciliation compares it
+-- with the usage records and the admission reservations.
+local function ledger_add(hour, field, n)
+  redis.call('HINCRBY', LEDGER, hour .. ':' .. field, n)
+end
 local QUEUE = {interactive = QI, batch = QB}
 local READY = {interactive = RI, batch = RB}
 
@@ -293,6 +310,7 @@ redis.call('ZADD', DEADLINES, deadline, rid)
 depth_add(cls, tenant, 1, cost)
 backlog(cls, tenant)
 wake(tonumber(ARGV[11]))
+ledger_add(ARGV[12], 'admitted', 1)
 return {0, 0}
 """
 )
@@ -364,13 +382,15 @@ return {ok, expired}
 _FINALIZE = (
     _PRELUDE
     + """
-local FINAL, REPLY = KEYS[16], KEYS[17]
+local FINAL, REPLY = KEYS[17], KEYS[18]
 local rid = ARGV[4]
 local won = redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3])
 if won then
   redis.call('XADD', REPLY, '*', 'e', ARGV[1])
   redis.call('EXPIRE', REPLY, ARGV[5])
   redis.call('XADD', USAGE, '*', 'u', ARGV[2])
+  ledger_add(ARGV[7], 'finished', 1)
+  ledger_add(ARGV[7], 'tokens', tonumber(ARGV[8]))
 end
 local m = redis.call('HGET', META, rid)
 if m and redis.call('ZSCORE', LEASES, rid) then
@@ -393,7 +413,7 @@ return 0
 _UNQUEUE = (
     _PRELUDE
     + """
-local FINAL, REPLY, FLAG = KEYS[16], KEYS[17], KEYS[18]
+local FINAL, REPLY, FLAG = KEYS[17], KEYS[18], KEYS[19]
 local rid = ARGV[1]
 if ARGV[2] == '1' then
   redis.call('SET', FLAG, '1', 'EX', ARGV[3])
@@ -408,6 +428,8 @@ if redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3]) then
   redis.call('XADD', REPLY, '*', 'e', ARGV[4])
   redis.call('EXPIRE', REPLY, ARGV[6])
   redis.call('XADD', USAGE, '*', 'u', ARGV[5])
+  ledger_add(ARGV[8], 'finished', 1)
+  ledger_add(ARGV[8], 'tokens', tonumber(ARGV[9]))
   return 1
 end
 return 0
@@ -522,6 +544,7 @@ class Dispatch:
                     job.weight,
                     job.deadline,
                     _WAKE_CAP,
+                    ledger_hour(job.enqueued_at),
                 ],
                 client=pipe,
             )
@@ -620,6 +643,8 @@ class Dispatch:
             encode(usage),
             self._reply_ttl(job),
             cancel_channel(job.deployment),
+            ledger_hour(job.enqueued_at),
+            usage.prompt_tokens + usage.completion_tokens,
         ]
         return bool(await self._unqueue(keys=keys, args=args))
 
@@ -775,6 +800,8 @@ class Dispatch:
             job.request_id,
             self._reply_ttl(job),
             used,
+            ledger_hour(job.enqueued_at),
+            usage.prompt_tokens + usage.completion_tokens,
         ]
         return keys, args
 
