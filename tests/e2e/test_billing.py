@@ -29,7 +29,7 @@ def test_finished_requests_and_usage_records_reconcile(stack, world, usage_of, d
     while True:
         with django_db_blocker.unblock():
             rows = [r for r in usage_reconcile(hours=2) if r.deployment == DEPLOYMENT]
-        if rows and all(not r.problems for r in rows) or time.monotonic() > deadline:
+        if (rows and all(not r.problems for r in rows)) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert rows, "the ledger recorded nothing for the deployment"
