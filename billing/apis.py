@@ -24,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing.budgets import budget_banner, tenant_month_spend
 from billing.invoices import (
     adjustment_add,
     invoice_build,
@@ -264,6 +265,27 @@ class PriceBookCreateApi(APIView):
              "effective_from": book.effective_from.isoformat()},
             status=status.HTTP_201_CREATED,
         )  # fmt: skip
+
+
+class BudgetApi(FinanceView):
+    """GET a tenant's budget, this month's spend and its current budget alert (the banner)."""
+
+    def get(self, request: Request) -> Response:
+        tenant = _tenant(request, request.query_params.get("tenant"))
+        budget = tenant.quota.monthly_budget
+        spent = tenant_month_spend(tenant=tenant)
+        banner = budget_banner(tenant=tenant)
+        return Response(
+            {
+                "tenant": tenant.slug,
+                "monthly_budget": str(budget),
+                "spent": str(spent.quantize(Decimal("0.01"))),
+                "percent": round(float(spent * 100 / budget), 1) if budget else None,
+                "banner": {"threshold": banner.threshold, "message": banner.message}
+                if banner
+                else None,
+            }
+        )
 
 
 _GROUPS = {

@@ -193,3 +193,39 @@ class Adjustment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}: {self.amount} ({self.reason})"
+
+
+class BudgetAlert(models.Model):
+    """A tenant's month spend crossed a share of its budget; sent once per threshold."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="budget_alerts")
+    month = models.DateField()  # the first day of the month (UTC)
+    threshold = models.PositiveSmallIntegerField()  # percent: 50, 80, 100
+    spent = models.DecimalField(max_digits=14, decimal_places=2)
+    budget = models.DecimalField(max_digits=12, decimal_places=2)
+    recipients = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-month", "-threshold"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "month", "threshold"], name="budget_alert_once"
+            )
+        ]
+
+    @property
+    def message(self) -> str:
+        if self.threshold >= 100:
+            return (
+                f"{self.tenant.slug} has spent {self.spent} of its {self.budget} monthly budget: "
+                "new requests are refused (budget_exceeded) until the budget is raised or the "
+                "month ends."
+            )
+        return (
+            f"{self.tenant.slug} has spent {self.spent} of its {self.budget} monthly budget "
+            f"({self.threshold}% reached)."
+        )
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.month:%Y-%m} {self.threshold}%"

@@ -14,6 +14,7 @@ urlpatterns = [
     path("invoices/<int:pk>/pdf", apis.InvoicePdfApi.as_view()),
     path("invoices/<int:pk>/<slug:action>", apis.InvoiceActionApi.as_view()),
     path("usage", apis.UsageApi.as_view()),
+    path("budget", apis.BudgetApi.as_view()),
     path("adjustments", apis.AdjustmentCreateApi.as_view()),
     path("price-books", apis.PriceBookCreateApi.as_view()),
 ]

@@ -128,6 +128,14 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("SWITCHYARD_FROM_EMAIL", "switchyard@localhost")
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_str("DJANGO_EMAIL_TLS", "0") == "1"
+
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
@@ -141,6 +149,10 @@ CELERY_BEAT_SCHEDULE = {
     "invoices-build": {
         "task": "billing.tasks.invoices_build_last_month",
         "schedule": crontab(minute=0, hour=1, day_of_month=1),
+    },
+    "budget-alerts": {
+        "task": "billing.tasks.budget_alerts_check",
+        "schedule": 60.0,
     },
     "deployments-reconcile": {
         "task": "workers.tasks.deployments_reconcile",
