@@ -42,6 +42,7 @@ pytest: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/stream_overhead.py
 	$(PY) bench/admission.py
+	$(PY) bench/usage_ingest.py
 
 services-stop: $(STAMP)
 	$(PY) manage.py embedded stop

@@ -15,7 +15,7 @@ from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 
-from billing.services import usage_ingest
+from billing.services import IngestResult, usage_ingest
 from inference.dispatch import Dispatch
 from inference.quotas import MICROS, Quotas, Usage
 from inference.types import UsageEvent
@@ -23,7 +23,7 @@ from models_registry.models import Deployment
 
 log = logging.getLogger(__name__)
 
-BATCH = 500
+BATCH = 4000
 STALE_PENDING_MS = 30_000
 GATHER_SECONDS = 0.25
 
@@ -49,29 +49,38 @@ class Ingester:
 
     async def _settle(self, events: list[UsageEvent], costs: dict[str, Decimal]) -> None:
         """Settle the quota reservations of ended requests whose frontend did not."""
-        for event in events:
-            cost = costs.get(event.request_id)
-            if cost is None or event.shadow:  # a shadow copy reserved nothing
-                continue
-            await self.quotas.release(
-                tenant_id=event.tenant_id,
-                request_id=event.request_id,
-                admitted_at=event.enqueued_at,
-                used=Usage(
-                    tokens=event.prompt_tokens + event.completion_tokens,
-                    cost_micros=math.ceil(cost * MICROS),
-                ),
-            )
+        await self.quotas.release_many(
+            [
+                (
+                    event.tenant_id,
+                    event.request_id,
+                    event.enqueued_at,
+                    Usage(
+                        tokens=event.prompt_tokens + event.completion_tokens,
+                        cost_micros=math.ceil(costs[event.request_id] * MICROS),
+                    ),
+                )
+                for event in events
+                # A shadow copy reserved nothing; a refused event has no cost.
+                if event.request_id in costs and not event.shadow
+            ]
+        )
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
         last_reap = 0.0
+        # While one batch is settled and acknowledged in Redis, the next is read and written
+        # to PostgreSQL: two stages, one batch each, so neither server waits for the other.
+        finishing: asyncio.Task[None] | None = None
         while not self._stopping.is_set():
             deployments = await self._refresh_deployments()
             if time.monotonic() - last_reap >= 1.0:
                 last_reap = time.monotonic()
+                if finishing is not None:
+                    await finishing
+                    finishing = None
                 await self._reap(deployments)
             entries = await self.dispatch.read_usage(
                 deployments=deployments, consumer=self.consumer, count=BATCH, block_ms=500
@@ -80,11 +89,16 @@ class Ingester:
                 if not deployments:
                     await asyncio.sleep(0.5)
                 continue
-            await self._ingest(entries)
+            recorded = await self._record(entries)
+            if finishing is not None:
+                await finishing
+            finishing = asyncio.create_task(self._finish(entries, recorded))
             if len(entries) < BATCH:
                 # Let a few more events gather: one insert per fraction of a second instead of
                 # one per request keeps the ingester's CPU off the machine's hot path.
                 await asyncio.sleep(GATHER_SECONDS)
+        if finishing is not None:
+            await finishing  # stopping: the last batch is settled and acknowledged first
 
     async def _refresh_deployments(self) -> list[str]:
         if time.monotonic() - self._deployments_at > 5.0:
@@ -113,15 +127,24 @@ class Ingester:
                 log.exception("reaping %s failed", name)
 
     async def _ingest(self, entries: list[tuple[str, str, UsageEvent]]) -> None:
+        await self._finish(entries, await self._record(entries))
+
+    async def _record(self, entries: list[tuple[str, str, UsageEvent]]) -> IngestResult:
+        """Write a batch's usage records (committed when this returns)."""
         events = [event for _, _, event in entries]
         while True:
             try:
-                result = await sync_to_async(usage_ingest)(events=events)
-                break
+                return await sync_to_async(usage_ingest)(events=events)
             except Exception:
                 # Postgres is unavailable: keep the batch unacknowledged and retry.
                 log.exception("usage ingest failed; retrying")
                 await asyncio.sleep(1.0)
+
+    async def _finish(
+        self, entries: list[tuple[str, str, UsageEvent]], result: IngestResult
+    ) -> None:
+        """Settle a recorded batch's reservations, then acknowledge it."""
+        events = [event for _, _, event in entries]
         deployments = {event.request_id: deployment for deployment, _, event in entries}
         for event in result.refused:
             log.error("usage of %s refused: its tenant or version is gone", event.request_id)

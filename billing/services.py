@@ -10,10 +10,10 @@ from decimal import Decimal
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from billing.models import PriceBook, UsageRecord
+from billing.models import PriceBook
 from inference.types import UsageEvent
 from models_registry.models import ModelVersion
 from tenants.models import ApiKey, Tenant
@@ -154,8 +154,10 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
         ApiKey.objects.filter(pk__in={e.api_key_id for e in events}).values_list("pk", flat=True)
     )
     prices = PriceBooks(versions.values())
-    records = []
+    rows: list[tuple[object, ...]] = []
     refused = []
+    costs: dict[str, Decimal] = {}
+    now = timezone.now()
     for event in events:
         version = versions.get(event.model_version)
         if version is None or event.tenant_id not in tenants:
@@ -164,40 +166,72 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
         admitted = _when(event.enqueued_at)
         # Priced once, at the price book in force when the request was admitted.
         price = prices.at(version, admitted)
-        cost = price.cost(
-            prompt_tokens=event.prompt_tokens,
-            completion_tokens=event.completion_tokens,
-            priority=event.priority,
-        )
-        records.append(
-            UsageRecord(
-                request_id=event.request_id,
-                tenant_id=event.tenant_id,
-                api_key_id=event.api_key_id if event.api_key_id in keys else None,
-                model_version=version,
-                deployment=event.deployment,
-                endpoint=event.endpoint,
-                status=str(event.status),
-                finish_reason=event.finish_reason,
-                error_code=event.error_code,
+        cost = Decimal(0)
+        if not event.shadow:
+            cost = price.cost(
                 prompt_tokens=event.prompt_tokens,
                 completion_tokens=event.completion_tokens,
-                cached_tokens=event.cached_tokens,
-                cost=Decimal(0) if event.shadow else cost,
-                shadow=event.shadow,
-                user=event.user,
                 priority=event.priority,
-                price_book=price.book,
-                enqueued_at=admitted,
-                started_at=_maybe_when(event.started_at),
-                first_token_at=_maybe_when(event.first_token_at),
-                finished_at=_when(event.finished_at),
+            )
+        costs[event.request_id] = cost
+        rows.append(
+            (
+                event.request_id,
+                event.tenant_id,
+                event.api_key_id if event.api_key_id in keys else None,
+                version.pk,
+                event.deployment,
+                event.endpoint,
+                str(event.status),
+                event.finish_reason,
+                event.error_code,
+                event.prompt_tokens,
+                event.completion_tokens,
+                event.cached_tokens,
+                cost,
+                event.shadow,
+                event.user,
+                event.priority,
+                price.book.pk if price.book else None,
+                admitted,
+                _maybe_when(event.started_at),
+                _maybe_when(event.first_token_at),
+                _when(event.finished_at),
+                now,
             )
         )
-    ids = [r.request_id for r in records]
-    with transaction.atomic():
-        before = UsageRecord.objects.filter(request_id__in=ids).count()
-        UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
-        after = UsageRecord.objects.filter(request_id__in=ids).count()
-    costs = {r.request_id: r.cost for r in records}
-    return IngestResult(recorded=after - before, refused=refused, costs=costs)
+    return IngestResult(recorded=_copy_in(rows), refused=refused, costs=costs)
+
+
+_COLUMNS = (
+    "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
+    "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
+    "cached_tokens", "cost", "shadow", "user", "priority", "price_book_id", "enqueued_at",
+    "started_at", "first_token_at", "finished_at", "ingested_at",
+)  # fmt: skip
+_COLUMN_LIST = ", ".join(f'"{c}"' for c in _COLUMNS)
+
+
+def _copy_in(rows: list[tuple[object, ...]]) -> int:
+    """Insert rows whose request id is not recorded yet; return how many were new.
+
+    COPY into a session-private staging table, then one INSERT … ON CONFLICT DO NOTHING:
+    a batch is one statement whatever its size, and a replayed request id is skipped by
+    the unique index rather than counted twice.
+    """
+    if not rows:
+        return 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS usage_staging ON COMMIT DELETE ROWS AS "
+            f"SELECT {_COLUMN_LIST} FROM billing_usagerecord WITH NO DATA"
+        )
+        with cursor.copy(f"COPY usage_staging ({_COLUMN_LIST}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(
+            f"INSERT INTO billing_usagerecord ({_COLUMN_LIST}) "
+            f"SELECT {_COLUMN_LIST} FROM usage_staging "
+            "ON CONFLICT (request_id) DO NOTHING"
+        )
+        return cursor.rowcount

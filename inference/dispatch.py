@@ -892,16 +892,19 @@ class Dispatch:
     ) -> list[tuple[str, str, UsageEvent]]:
         """Take over usage events another ingester read but never acknowledged."""
         response: Any = await self.redis.xautoclaim(
-            usage_key(deployment), INGEST_GROUP, consumer, min_idle_time=min_idle_ms, count=500
+            usage_key(deployment), INGEST_GROUP, consumer, min_idle_time=min_idle_ms, count=4000
         )
         return self._usage_entries([(usage_key(deployment).encode(), response[1])])
 
     async def ack_usage(self, *, entries: list[tuple[str, str]]) -> None:
         """Acknowledge and delete ingested usage entries given as (deployment, entry id)."""
+        by_stream: dict[str, list[str]] = {}
+        for deployment, entry_id in entries:
+            by_stream.setdefault(usage_key(deployment), []).append(entry_id)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for deployment, entry_id in entries:
-                pipe.xack(usage_key(deployment), INGEST_GROUP, entry_id)
-                pipe.xdel(usage_key(deployment), entry_id)
+            for key, ids in by_stream.items():
+                pipe.xack(key, INGEST_GROUP, *ids)
+                pipe.xdel(key, *ids)
             await pipe.execute()
 
     async def dead_letter_usage(self, *, deployment: str, event: UsageEvent, reason: str) -> None:

@@ -82,25 +82,35 @@ return {0, math.floor(req_level - 1), math.floor(tok_level - tokens), reset_requ
 
 # Settle a reservation to actual use, once: unused tokens go back to the bucket, the budget is
 # charged the actual cost, and the concurrency slot is freed.
+# Settle reservations of one tenant admitted in one month: KEYS = tpm, inflight, spent, then
+# one held key per request; ARGV = now, then (request id, used tokens, used cost) per request.
+# A reservation already settled is skipped; returns how many were settled here.
 _RELEASE = """
-local held = redis.call('HMGET', KEYS[5], 'tokens', 'cost')
-if held[1] == false then return 0 end
-local now, used_tokens, used_cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local refund = tonumber(held[1]) - used_tokens
-if refund > 0 then
-  local v = redis.call('HMGET', KEYS[2], 'level', 'ts', 'cap')
-  local lvl, ts, cap = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-  if lvl ~= nil then
-    lvl = math.min(cap, lvl + (now - ts) * cap / 60000 + refund)
-    redis.call('HSET', KEYS[2], 'level', lvl, 'ts', now)
+local now = tonumber(ARGV[1])
+local settled = 0
+for i = 4, #KEYS do
+  local a = 2 + (i - 4) * 3
+  local held = redis.call('HMGET', KEYS[i], 'tokens', 'cost')
+  if held[1] ~= false then
+    local used_tokens, used_cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local refund = tonumber(held[1]) - used_tokens
+    if refund > 0 then
+      local v = redis.call('HMGET', KEYS[1], 'level', 'ts', 'cap')
+      local lvl, ts, cap = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+      if lvl ~= nil then
+        lvl = math.min(cap, lvl + (now - ts) * cap / 60000 + refund)
+        redis.call('HSET', KEYS[1], 'level', lvl, 'ts', now)
+      end
+    end
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+      redis.call('INCRBY', KEYS[3], used_cost - tonumber(held[2]))
+    end
+    redis.call('ZREM', KEYS[2], ARGV[a])
+    redis.call('DEL', KEYS[i])
+    settled = settled + 1
   end
 end
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('INCRBY', KEYS[4], used_cost - tonumber(held[2]))
-end
-redis.call('ZREM', KEYS[3], ARGV[4])
-redis.call('DEL', KEYS[5])
-return 1
+return settled
 """
 
 
@@ -183,6 +193,7 @@ class Quotas:
     """Admission and settlement against one Redis."""
 
     def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
         self._admit = client.register_script(_ADMIT)
         self._release = client.register_script(_RELEASE)
         self._peek = client.register_script(_PEEK)
@@ -253,8 +264,27 @@ class Quotas:
         self, *, tenant_id: int, request_id: str, admitted_at: float, used: Usage
     ) -> bool:
         """Settle a request's reservation to what it used; True the first time only."""
-        result = await self._release(
-            keys=_keys(tenant_id, request_id, month_of(admitted_at)),
-            args=[int(time.time() * 1000), used.tokens, used.cost_micros, request_id],
-        )
-        return bool(result)
+        return await self.release_many([(tenant_id, request_id, admitted_at, used)]) == 1
+
+    async def release_many(self, settlements: list[tuple[int, str, float, Usage]]) -> int:
+        """Settle reservations given as (tenant, request id, admitted at, used); return how many.
+
+        One script call per tenant and month however many requests: the ingester settles
+        thousands at a time.
+        """
+        groups: dict[tuple[int, str], list[tuple[str, Usage]]] = {}
+        for tenant_id, request_id, admitted_at, used in settlements:
+            groups.setdefault((tenant_id, month_of(admitted_at)), []).append((request_id, used))
+        if not groups:
+            return 0
+        now_ms = int(time.time() * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for (tenant_id, month), items in groups.items():
+                _, tpm, inflight, spent, _ = _keys(tenant_id, "", month)
+                held = [_keys(tenant_id, rid, month)[4] for rid, _ in items]
+                args: list[int | str] = [now_ms]
+                for rid, used in items:
+                    args += [rid, used.tokens, used.cost_micros]
+                await self._release(keys=[tpm, inflight, spent, *held], args=args, client=pipe)
+            results = await pipe.execute()
+        return sum(int(n) for n in results)
