@@ -15,7 +15,8 @@ from tenants.models import ApiKey, AppendOnlyError, Tenant
 class UsageRecord(models.Model):
     request_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage")
-    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
+    # A key with usage is revoked, never deleted: its records keep pointing at it.
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.PROTECT)
     model_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT)
     deployment = models.CharField(max_length=100)
     endpoint = models.CharField(max_length=32)

@@ -278,3 +278,20 @@ def test_the_admin_shows_an_issued_invoice_and_refuses_to_change_it(world, clien
     deleted = client.post(f"/admin/billing/invoice/{invoice.pk}/delete/", {"post": "yes"})
     assert deleted.status_code == 403
     assert Invoice.objects.get(pk=invoice.pk).total == Decimal("2.00")
+
+
+def test_usage_records_cannot_be_changed_or_deleted(world):
+    record = _use(world, at=_at(2026, 10, 3))
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        UsageRecord.objects.filter(pk=record.pk).update(cost=Decimal("0"))
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        UsageRecord.objects.filter(pk=record.pk).delete()
+
+
+def test_the_api_has_no_way_to_edit_an_invoice(staff, world):
+    _use(world, at=_at(2026, 10, 3))
+    invoice = invoice_issue(invoice=invoice_build(tenant=world.acme, month=OCTOBER))
+    url = f"/api/finance/invoices/{invoice.pk}"
+    for method in (staff.put, staff.patch, staff.delete):
+        assert method(url, {"total": "0.00"}, format="json").status_code == 405
+    assert Invoice.objects.get(pk=invoice.pk).total == Decimal("2.00")
