@@ -20,7 +20,7 @@ from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
@@ -30,6 +30,7 @@ from tenants.models import Tenant
 from tenants.services import audit_record
 
 CENT = Decimal("0.01")
+_NUMBERING_LOCK = 0x5359_0000_0000  # advisory lock keys: this + the month's ordinal
 
 
 def month_bounds(month: dt.date) -> tuple[dt.date, dt.date]:
@@ -211,7 +212,13 @@ def _transition(invoice: Invoice, *, to: str, actor: User | None, reason: str = 
 
 
 def _number(invoice: Invoice) -> str:
+    """The month's next invoice number; called inside the issuing transaction."""
     prefix = f"SY-{invoice.period_start:%Y%m}-"
+    with connection.cursor() as cursor:
+        # Issuers of one month take turns until their transactions end: no two get one number.
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(%s)", [_NUMBERING_LOCK + invoice.period_start.toordinal()]
+        )
     taken = Invoice.objects.filter(number__startswith=prefix).count()
     return f"{prefix}{taken + 1:05d}"
 
