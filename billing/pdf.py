@@ -53,7 +53,11 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         pdf.cell(width, 7, title, border=1, fill=True, align="L" if width > 30 else "R")
     pdf.ln()
     pdf.set_font("Helvetica", "", 9)
-    for line in invoice.lines.all():
+    lines = list(invoice.lines.all())
+    if not lines:
+        pdf.cell(sum(w for _, w in _COLUMNS), 6, "No usage in this period.", border=1)
+        pdf.ln()
+    for line in lines:
         values = (
             _latin1(line.description)[:60],
             f"{line.requests:,}",
