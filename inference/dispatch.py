@@ -154,6 +154,12 @@ def _keys(deployment: str) -> _Keys:
     )
 
 
+def depth_sync(client: redis.Redis, deployment: str) -> tuple[int, int]:
+    """Return (requests, reserved tokens) waiting in a deployment's queues, for control code."""
+    found: Any = client.hmget(_keys(deployment).depth, ["n", "tok"])
+    return int(found[0] or 0), int(found[1] or 0)
+
+
 def live_workers_sync(client: redis.Redis, deployment: str) -> int:
     """Return how many workers of a deployment are alive, for control-plane code."""
     return int(client.zcount(heartbeats_key(deployment), time.time(), "+inf"))

@@ -78,11 +78,14 @@ INSTALLED_APPS = [
     "inference",
     "billing",
     "workers",
+    "console",
 ]
 
 # The /v1 data plane bypasses this stack (see config/asgi.py): these serve the admin and console.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the console's and admin's static files (collected, or found in place in dev).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -127,6 +130,22 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+# `make install` copies the npm packages the console uses (Chart.js, htmx) into static/vendor.
+STATICFILES_DIRS = [BASE_DIR / "static"]
+WHITENOISE_USE_FINDERS = True  # no collectstatic needed for the demo and tests
+# Shared by every frontend: sign-in lockout counters live here.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "sy:cache",
+    }
+}
+LOGIN_URL = "console:login"
+LOGIN_REDIRECT_URL = "console:home"
+# Sign-in lockout: this many failures for one username within the window lock it for the window.
+SWITCHYARD_LOGIN_FAILURES = env_int("SWITCHYARD_LOGIN_FAILURES", 5)
+SWITCHYARD_LOGIN_LOCK_SECONDS = env_int("SWITCHYARD_LOGIN_LOCK_SECONDS", 900)
 
 EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("SWITCHYARD_FROM_EMAIL", "switchyard@localhost")

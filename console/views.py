@@ -1,0 +1,431 @@
+"""The web console: server-rendered pages for tenant admins, finance people and operators.
+
+Every tenant page takes the tenant from the URL and checks the signed-in user's membership:
+a tenant the user does not belong to is a 404, exactly like one that does not exist.
+Operators are Django staff. Lists are paginated; model output is never shown unescaped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncDay
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from billing.budgets import budget_banner, tenant_month_spend
+from billing.models import Invoice, UsageRecord
+from billing.selectors import version_slis
+from inference.dispatch import depth_sync, live_workers_sync
+from inference.redis_client import redis_sync_client
+from models_registry.models import Alias, Deployment, Rollout
+from models_registry.rollouts import RolloutConflict, rollout_act
+from models_registry.services import alias_split_set
+from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
+from tenants.services import api_key_issue, api_key_revoke
+
+PAGE_SIZE = 50
+
+
+# --- sign-in with lockout -------------------------------------------------------------------
+
+
+def _lock_key(username: str) -> str:
+    return f"console:login-failures:{username.lower()}"
+
+
+class LockoutAuthenticationForm(AuthenticationForm):
+    """Refuse a username after repeated failures, whatever password comes next, for a while."""
+
+    def clean(self) -> dict[str, Any]:
+        from django.conf import settings
+
+        username = self.cleaned_data.get("username") or ""
+        key = _lock_key(username)
+        if (cache.get(key) or 0) >= settings.SWITCHYARD_LOGIN_FAILURES:
+            minutes = settings.SWITCHYARD_LOGIN_LOCK_SECONDS // 60
+            raise ValidationError(
+                f"Too many failed sign-ins for this account: try again in {minutes} minutes.",
+                code="locked",
+            )
+        try:
+            return super().clean()
+        except ValidationError:
+            cache.add(key, 0, settings.SWITCHYARD_LOGIN_LOCK_SECONDS)
+            cache.incr(key)
+            raise
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "console/login.html"
+    authentication_form = LockoutAuthenticationForm
+    redirect_authenticated_user = True
+
+
+# --- who may see what ------------------------------------------------------------------------
+
+
+def _tenant(request: HttpRequest, slug: str, *roles: str) -> Tenant:
+    """The tenant of a page, if the user is staff or a member with one of the roles; else 404."""
+    tenant = Tenant.objects.filter(slug=slug).select_related("quota").first()
+    if tenant is None:
+        raise Http404("no such tenant")
+    if request.user.is_staff:
+        return tenant
+    allowed = Membership.objects.filter(tenant=tenant, user_id=request.user.pk or 0)
+    if roles:
+        allowed = allowed.filter(role__in=roles)
+    if not allowed.exists():
+        raise Http404("no such tenant")
+    return tenant
+
+
+def _staff(request: HttpRequest) -> None:
+    if not request.user.is_staff:
+        raise Http404("no such page")
+
+
+def _user(request: HttpRequest) -> User:
+    assert isinstance(request.user, User)
+    return request.user
+
+
+def _nav(request: HttpRequest, tenant: Tenant | None = None) -> dict[str, Any]:
+    role = None
+    if tenant is not None and not request.user.is_staff:
+        membership = Membership.objects.filter(tenant=tenant, user_id=request.user.pk or 0).first()
+        role = membership.role if membership else None
+    return {"tenant": tenant, "role": role, "is_staff": request.user.is_staff}
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """Send operators to operations and members to their (first) tenant."""
+    if request.user.is_staff:
+        return redirect("console:ops")
+    membership = (
+        Membership.objects.filter(user_id=request.user.pk or 0).select_related("tenant").first()
+    )
+    if membership is None:
+        return render(request, "console/no_tenant.html", _nav(request))
+    return redirect("console:overview", slug=membership.tenant.slug)
+
+
+# --- tenant pages ----------------------------------------------------------------------------
+
+
+def _month_start() -> dt.datetime:
+    return timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+@login_required
+def overview(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant(request, slug)
+    since = _month_start()
+    usage = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=since)
+    totals = usage.aggregate(
+        requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+    )
+    daily = (
+        usage.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
+        .values("day")
+        .annotate(cost=Sum("cost"), tokens=Sum("completion_tokens"))
+        .order_by("day")
+    )
+    spend = tenant_month_spend(tenant=tenant)
+    budget = tenant.quota.monthly_budget
+    running = Decimal(0)
+    chart: dict[str, list[Any]] = {"labels": [], "spend": [], "budget": []}
+    for row in daily:
+        running += row["cost"] or Decimal(0)
+        chart["labels"].append(row["day"].strftime("%m-%d"))
+        chart["spend"].append(float(round(running, 4)))
+        chart["budget"].append(float(budget))
+    return render(
+        request,
+        "console/overview.html",
+        {
+            **_nav(request, tenant),
+            "totals": totals,
+            "spend": spend,
+            "budget": budget,
+            "percent": round(float(spend * 100 / budget), 1) if budget else None,
+            "banner": budget_banner(tenant=tenant),
+            "chart": json.dumps(chart),
+            "quota": tenant.quota,
+        },
+    )
+
+
+@login_required
+def keys(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN)
+    # The new secret travels once through the session (post, redirect, get): a reload or the
+    # back button cannot show it again or create a second key.
+    issued = request.session.pop("issued_key", None)
+    if request.method == "POST":
+        name = (request.POST.get("name") or "").strip()[:200]
+        scopes = request.POST.getlist("scopes") or [Scope.INFERENCE, Scope.MODELS_READ]
+        days = request.POST.get("expires_in_days") or ""
+        expires = timezone.now() + dt.timedelta(days=int(days)) if days.isdigit() else None
+        if not name:
+            messages.error(request, "Give the key a name.")
+        else:
+            try:
+                made = api_key_issue(
+                    tenant=tenant,
+                    name=name,
+                    scopes=scopes,
+                    expires_at=expires,
+                    actor=_user(request),
+                )
+            except ValidationError as exc:
+                messages.error(request, "; ".join(exc.messages))
+            else:
+                request.session["issued_key"] = {"name": made.key.name, "token": made.token}
+                return redirect("console:keys", slug=slug)
+    page = Paginator(ApiKey.objects.filter(tenant=tenant).order_by("-created_at"), PAGE_SIZE)
+    return render(
+        request,
+        "console/keys.html",
+        {
+            **_nav(request, tenant),
+            "page": page.get_page(request.GET.get("page")),
+            "issued": issued,
+            "scopes": Scope.choices,
+        },
+    )
+
+
+@login_required
+@require_POST
+def key_revoke(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN)
+    key = ApiKey.objects.filter(tenant=tenant, public_id=public_id).first()
+    if key is None:
+        raise Http404("no such key")
+    api_key_revoke(key=key, actor=_user(request))
+    messages.success(request, f"Key {key.name} ({key.public_id}) revoked.")
+    return redirect("console:keys", slug=slug)
+
+
+_GROUPS = {
+    "day": "day",
+    "model": "model_version__model__name",
+    "key": "api_key__name",
+    "user": "user",
+}
+
+
+@login_required
+def usage(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN, Role.FINANCE)
+    group = request.GET.get("group_by", "day")
+    if group not in _GROUPS:
+        group = "day"
+    rows = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=_month_start())
+    if group == "day":
+        rows = rows.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
+    aggregated = list(
+        rows.values(_GROUPS[group])
+        .annotate(
+            requests=Count("id"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cost=Sum("cost"),
+        )
+        .order_by(_GROUPS[group])[:500]
+    )
+    for row in aggregated:
+        value = row[_GROUPS[group]]
+        row["label"] = value.strftime("%Y-%m-%d") if group == "day" else (value or "(none)")
+    chart = {
+        "labels": [row["label"] for row in aggregated],
+        "tokens": [(row["prompt"] or 0) + (row["completion"] or 0) for row in aggregated],
+    }
+    return render(
+        request,
+        "console/usage.html",
+        {
+            **_nav(request, tenant),
+            "rows": aggregated,
+            "group": group,
+            "groups": list(_GROUPS),
+            "chart": json.dumps(chart),
+        },
+    )
+
+
+@login_required
+def invoices(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN, Role.FINANCE)
+    page = Paginator(Invoice.objects.filter(tenant=tenant).order_by("-period_start"), PAGE_SIZE)
+    return render(
+        request,
+        "console/invoices.html",
+        {**_nav(request, tenant), "page": page.get_page(request.GET.get("page"))},
+    )
+
+
+@login_required
+def invoice_detail(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN, Role.FINANCE)
+    invoice = Invoice.objects.filter(tenant=tenant, pk=pk).first()
+    if invoice is None:
+        raise Http404("no such invoice")
+    return render(
+        request,
+        "console/invoice.html",
+        {**_nav(request, tenant), "invoice": invoice, "lines": invoice.lines.all()},
+    )
+
+
+# --- operator pages --------------------------------------------------------------------------
+
+
+@login_required
+def ops(request: HttpRequest) -> HttpResponse:
+    _staff(request)
+    return render(request, "console/ops.html", {**_nav(request), **_ops_state()})
+
+
+@login_required
+def ops_live(request: HttpRequest) -> HttpResponse:
+    """The deployments table alone: htmx swaps it in every few seconds."""
+    _staff(request)
+    return render(request, "console/_deployments.html", _ops_state())
+
+
+def _ops_state() -> dict[str, Any]:
+    client = redis_sync_client()
+    deployments = []
+    for deployment in Deployment.objects.select_related("version__model").order_by("name"):
+        queued, queued_tokens = depth_sync(client, deployment.name)
+        deployments.append(
+            {
+                "deployment": deployment,
+                "live": live_workers_sync(client, deployment.name),
+                "queued": queued,
+                "queued_tokens": queued_tokens,
+            }
+        )
+    return {
+        "deployments": deployments,
+        "aliases": Alias.objects.select_related("version__model").order_by("name"),
+        "now": timezone.now(),
+    }
+
+
+@login_required
+def canary(request: HttpRequest, name: str) -> HttpResponse:
+    _staff(request)
+    alias = Alias.objects.select_related("version__model").filter(name=name).first()
+    if alias is None:
+        raise Http404("no such alias")
+    rollout = (
+        Rollout.objects.filter(alias=alias)
+        .select_related("canary__model", "baseline__model")
+        .order_by("-id")
+        .first()
+    )
+    since = timezone.now() - dt.timedelta(hours=1)
+    versions = [alias.version] + [s.version for s in alias.splits.select_related("version__model")]
+    if rollout is not None and rollout.canary not in versions:
+        versions.append(rollout.canary)
+    comparison = [
+        {"version": v.public_name, **version_slis(version=v, since=since).as_dict()}
+        for v in versions
+    ]
+    split = alias.splits.select_related("version__model").first()
+    return render(
+        request,
+        "console/canary.html",
+        {
+            **_nav(request),
+            "alias": alias,
+            "rollout": rollout,
+            "decisions": rollout.decisions.order_by("-id")[:20] if rollout else [],
+            "split": split,
+            "candidates": [v for v in versions if v != alias.version],
+            "comparison": comparison,
+            "chart": json.dumps(comparison, default=str),
+        },
+    )
+
+
+@login_required
+@require_POST
+def canary_split(request: HttpRequest, name: str) -> HttpResponse:
+    _staff(request)
+    alias = Alias.objects.filter(name=name).first()
+    if alias is None:
+        raise Http404("no such alias")
+    from models_registry.selectors import version_pinned
+
+    version = version_pinned(request.POST.get("version", ""))
+    try:
+        percent = float(request.POST.get("percent", ""))
+        if version is None:
+            raise ValidationError("choose a version")
+        alias_split_set(
+            alias=alias,
+            version=version,
+            percent=percent,
+            actor=_user(request),
+            reason=request.POST.get("reason", ""),
+        )
+        messages.success(request, f"{version.public_name} now gets {percent:g}% of {name}.")
+    except (ValueError, ValidationError) as exc:
+        messages.error(request, f"Split not changed: {exc}")
+    return redirect("console:canary", name=name)
+
+
+@login_required
+@require_POST
+def canary_action(request: HttpRequest, name: str, pk: int, action: str) -> HttpResponse:
+    _staff(request)
+    rollout = Rollout.objects.filter(pk=pk, alias__name=name).first()
+    if rollout is None or action not in ("promote", "pause", "resume", "rollback"):
+        raise Http404("no such rollout action")
+    reason = (request.POST.get("reason") or "").strip()
+    if not reason:
+        messages.error(request, f"Say why you {action} (the reason goes in the audit log).")
+        return redirect("console:canary", name=name)
+    try:
+        rollout_act(rollout, action=action, actor=_user(request), reason=reason)
+        messages.success(request, f"Rollout {pk}: {action} done.")
+    except RolloutConflict as exc:
+        messages.error(request, str(exc))
+    return redirect("console:canary", name=name)
+
+
+@login_required
+def audit(request: HttpRequest) -> HttpResponse:
+    _staff(request)
+    events = AuditEvent.objects.select_related("actor", "tenant").order_by("-id")
+    action = request.GET.get("action", "").strip()
+    target = request.GET.get("target", "").strip()
+    if action:
+        events = events.filter(action__startswith=action)
+    if target:
+        events = events.filter(target_id__icontains=target)
+    page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "console/audit.html",
+        {**_nav(request), "page": page, "action": action, "target": target},
+    )

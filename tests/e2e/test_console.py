@@ -1,0 +1,216 @@
+"""The console in a real browser: Playwright driving Debian's Chromium against the running stack.
+
+Each role's journey, as its user would click through it. Every main page is saved as a
+screenshot under docs/screenshots/ (shown in the README).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pypdfium2
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.conftest import ROOT
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = ROOT / "docs" / "screenshots"
+PASSWORD = "console-pw-1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright() -> Iterator[None]:
+    """Playwright's sync API keeps an event loop in the test's thread, which makes Django
+    refuse ORM calls there; these tests only set up rows between browser steps."""
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: `make test` installs it (make browser)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"],
+        )  # fmt: skip
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def people(world: Any, django_db_blocker: Any) -> dict[str, str]:
+    """Give the fixture world's users passwords, and add an operator."""
+    from django.contrib.auth.models import User
+
+    with django_db_blocker.unblock():
+        for user in (world.alice, world.fiona, world.gina):
+            user.set_password(PASSWORD)
+            user.save()
+        User.objects.create_user("olga", password=PASSWORD, is_staff=True)
+    return {"alice": "alice", "fiona": "fiona", "gina": "gina", "olga": "olga"}
+
+
+@pytest.fixture
+def page(browser: Browser, stack: Any) -> Iterator[Page]:
+    context = browser.new_context(base_url=stack.base_url, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations say yes
+    yield page
+    context.close()
+
+
+def _sign_in(page: Page, username: str) -> None:
+    page.goto("/console/login")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+
+
+def _shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _api_status(stack: Any, token: str) -> int:
+    return httpx.get(
+        f"{stack.base_url}/v1/models", headers={"Authorization": f"Bearer {token}"}
+    ).status_code
+
+
+def test_an_admin_creates_a_key_sees_it_once_and_revokes_it(page, stack, people, world):
+    page.goto("/console/login")
+    _shot(page, "login")
+    _sign_in(page, "alice")
+    expect(page.locator("h1")).to_contain_text("this month")
+    _shot(page, "overview")
+    page.click("text=API keys")
+    page.fill("input[name=name]", "console-key")
+    page.click("text=Create key")
+    token = page.locator("#secret").inner_text().strip()
+    assert token.startswith("sy-")
+    _shot(page, "keys")
+    assert _api_status(stack, token) == 200
+    page.reload()  # shown once: never again
+    expect(page.locator("#secret")).to_have_count(0)
+    assert token not in page.content()
+    row = page.locator("tr", has_text="console-key")
+    row.locator("button.danger").click()
+    expect(page.locator(".msg.success")).to_contain_text("revoked")
+    deadline = time.monotonic() + 10
+    while _api_status(stack, token) != 401 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _api_status(stack, token) == 401
+    page.click("text=Usage")
+    expect(page.locator("h1")).to_contain_text("Usage")
+    _shot(page, "usage")
+
+
+def test_another_tenants_admin_gets_404(page, people):
+    _sign_in(page, "gina")
+    for path in ("/console/t/acme/", "/console/t/acme/keys", "/console/t/acme/invoices"):
+        response = page.goto(path)
+        assert response is not None and response.status == 404, path
+    response = page.goto("/console/t/globex/")
+    assert response is not None and response.status == 200
+
+
+def test_finance_downloads_an_invoice_pdf(page, people, world, django_db_blocker, tmp_path):
+    from billing.invoices import invoice_build, invoice_issue
+
+    last_month = dt.date.today().replace(day=1) - dt.timedelta(days=1)
+    with django_db_blocker.unblock():
+        invoice = invoice_issue(invoice=invoice_build(tenant=world.acme, month=last_month))
+    _sign_in(page, "fiona")
+    page.goto("/console/t/acme/invoices")
+    _shot(page, "invoices")
+    page.click(f"text={invoice.number}")
+    _shot(page, "invoice")
+    with page.expect_download() as download:
+        page.click("#pdf")
+    path = tmp_path / "invoice.pdf"
+    download.value.save_as(path)
+    text = pypdfium2.PdfDocument(path)[0].get_textpage().get_text_range()
+    assert invoice.number in text and "Total due" in text and "acme" in text
+    # Finance people see money, not keys.
+    response = page.goto("/console/t/acme/keys")
+    assert response is not None and response.status == 404
+
+
+def test_an_operator_moves_a_split_promotes_and_rolls_back_with_a_reason(
+    page, people, world, demo_model_dir, django_db_blocker
+):
+    from models_registry.models import Alias, Rollout
+    from models_registry.rollouts import rollout_start
+    from models_registry.services import alias_set, deployment_create, model_version_register
+
+    with django_db_blocker.unblock():
+        v2, _ = model_version_register(
+            model_name="tiny-llama",
+            source_dir=demo_model_dir,
+            label="console-v2",
+            sampling_defaults={"temperature": 0.9},
+        )
+        deployment_create(name="tiny-console-v2", version=v2, kv_cache_bytes=32 << 20)
+        alias = alias_set(name="console-chat", version=world.version)
+        first = rollout_start(alias=alias, canary=v2, steps=[10, 50, 100])
+    _sign_in(page, "olga")
+    expect(page.locator("#deployments")).to_contain_text("tiny-chat")
+    _shot(page, "operations")
+    page.goto("/console/ops/aliases/console-chat")
+    page.locator("input[type=range]").fill("30")
+    page.fill("#split-form input[name=reason]", "more canary traffic")
+    page.click("#split-form button")
+    expect(page.locator("#split-percent")).to_have_text("30.0%")
+    _shot(page, "canary")
+    page.fill("input[data-action=promote]", "canary healthy for a day")
+    page.locator("input[data-action=promote] + button").click()
+    expect(page.locator(".msg.success")).to_contain_text("promote done")
+    with django_db_blocker.unblock():
+        assert Rollout.objects.get(pk=first.pk).state == "promoted"
+        assert Alias.objects.get(name="console-chat").version == v2
+        second = rollout_start(alias=Alias.objects.get(name="console-chat"), canary=world.version)
+    page.reload()
+    page.fill("input[data-action=rollback]", "TTFT regression seen by acme")
+    page.locator("input[data-action=rollback] + button").click()
+    expect(page.locator(".msg.success")).to_contain_text("rollback done")
+    with django_db_blocker.unblock():
+        assert Rollout.objects.get(pk=second.pk).state == "rolled_back"
+    page.goto("/console/ops/audit?action=rollout.rollback")
+    expect(page.locator("table")).to_contain_text("TTFT regression seen by acme")
+    _shot(page, "audit")
+
+
+def test_sign_in_locks_out_after_repeated_failures(page, people):
+    for _ in range(5):
+        page.goto("/console/login")
+        page.fill("input[name=username]", "gina")
+        page.fill("input[name=password]", "wrong")
+        page.click("button[type=submit]")
+    _sign_in(page, "gina")  # the right password, too late
+    expect(page.locator(".msg.error")).to_contain_text(re.compile("Too many failed sign-ins"))
+
+
+def test_model_output_and_names_are_escaped(page, people, world, django_db_blocker):
+    from tenants.services import api_key_issue
+
+    with django_db_blocker.unblock():
+        api_key_issue(tenant=world.acme, name="<script>window.pwned=1</script>")
+    _sign_in(page, "alice")
+    page.goto("/console/t/acme/keys")
+    assert page.evaluate("window.pwned") is None
+    expect(page.locator("table")).to_contain_text("<script>window.pwned=1</script>")
