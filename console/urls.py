@@ -16,6 +16,8 @@ urlpatterns = [
     path("t/<slug:slug>/", views.overview, name="overview"),
     path("t/<slug:slug>/keys", views.keys, name="keys"),
     path("t/<slug:slug>/keys/<str:public_id>/revoke", views.key_revoke, name="key_revoke"),
+    path("t/<slug:slug>/keys/<str:public_id>/rotate", views.key_rotate, name="key_rotate"),
+    path("t/<slug:slug>/requests", views.requests_recent, name="requests"),
     path("t/<slug:slug>/usage", views.usage, name="usage"),
     path("t/<slug:slug>/invoices", views.invoices, name="invoices"),
     path("t/<slug:slug>/invoices/<int:pk>", views.invoice_detail, name="invoice"),
@@ -29,4 +31,6 @@ urlpatterns = [
         name="canary_action",
     ),
     path("ops/audit", views.audit, name="audit"),
+    path("ops/versions", views.versions, name="versions"),
+    path("ops/tenants", views.tenants, name="tenants"),
 ]

@@ -30,13 +30,13 @@ from django.views.decorators.http import require_POST
 from billing.budgets import budget_banner, tenant_month_spend
 from billing.models import Invoice, UsageRecord
 from billing.selectors import version_slis
-from inference.dispatch import depth_sync, live_workers_sync
+from inference.dispatch import depth_sync, live_workers_sync, rate_sync
 from inference.redis_client import redis_sync_client
-from models_registry.models import Alias, Deployment, Rollout
+from models_registry.models import Alias, Deployment, ModelVersion, Rollout
 from models_registry.rollouts import RolloutConflict, rollout_act
 from models_registry.services import alias_split_set
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
-from tenants.services import api_key_issue, api_key_revoke
+from tenants.services import api_key_issue, api_key_revoke, api_key_rotate
 
 PAGE_SIZE = 50
 
@@ -223,6 +223,53 @@ def key_revoke(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
     return redirect("console:keys", slug=slug)
 
 
+@login_required
+@require_POST
+def key_rotate(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN)
+    key = ApiKey.objects.filter(tenant=tenant, public_id=public_id).first()
+    if key is None:
+        raise Http404("no such key")
+    hours = request.POST.get("overlap_hours", "24")
+    try:
+        made = api_key_rotate(
+            key=key,
+            overlap=dt.timedelta(hours=int(hours) if hours.isdigit() else 24),
+            actor=_user(request),
+        )
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+        return redirect("console:keys", slug=slug)
+    request.session["issued_key"] = {"name": made.key.name, "token": made.token}
+    key.refresh_from_db()
+    until = f"{key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "it is revoked"
+    messages.success(request, f"The old key {key.public_id} keeps working until {until}.")
+    return redirect("console:keys", slug=slug)
+
+
+@login_required
+def requests_recent(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's recent requests with their latency breakdown (prompts are not stored)."""
+    tenant = _tenant(request, slug, Role.ADMIN)
+    records = (
+        UsageRecord.objects.filter(tenant=tenant, shadow=False)
+        .select_related("model_version__model", "api_key")
+        .order_by("-finished_at")
+    )
+    page = Paginator(records, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows: list[dict[str, Any]] = []
+    for r in page:
+        queue = (r.started_at - r.enqueued_at).total_seconds() * 1000 if r.started_at else None
+        ttft = (
+            (r.first_token_at - r.enqueued_at).total_seconds() * 1000 if r.first_token_at else None
+        )
+        total = (r.finished_at - r.enqueued_at).total_seconds() * 1000
+        rows.append({"r": r, "queue_ms": queue, "ttft_ms": ttft, "total_ms": total})
+    return render(
+        request, "console/requests.html", {**_nav(request, tenant), "page": page, "rows": rows}
+    )
+
+
 _GROUPS = {
     "day": "day",
     "model": "model_version__model__name",
@@ -321,6 +368,7 @@ def _ops_state() -> dict[str, Any]:
                 "live": live_workers_sync(client, deployment.name),
                 "queued": queued,
                 "queued_tokens": queued_tokens,
+                "tokens_per_second": rate_sync(client, deployment.name),
             }
         )
     return {
@@ -411,6 +459,38 @@ def canary_action(request: HttpRequest, name: str, pk: int, action: str) -> Http
     except RolloutConflict as exc:
         messages.error(request, str(exc))
     return redirect("console:canary", name=name)
+
+
+@login_required
+def versions(request: HttpRequest) -> HttpResponse:
+    """Every model version with its manifest: files and hashes, engine args, prices, base."""
+    _staff(request)
+    page = Paginator(
+        ModelVersion.objects.select_related("model", "base__model").order_by("-created_at"), 20
+    ).get_page(request.GET.get("page"))
+    return render(request, "console/versions.html", {**_nav(request), "page": page})
+
+
+@login_required
+def tenants(request: HttpRequest) -> HttpResponse:
+    """Tenants with their quotas and this month's usage (staff: finance and operations)."""
+    _staff(request)
+    since = _month_start()
+    usage = {
+        row["tenant_id"]: row
+        for row in UsageRecord.objects.filter(shadow=False, finished_at__gte=since)
+        .values("tenant_id")
+        .annotate(
+            requests=Count("id"),
+            tokens=Sum("prompt_tokens") + Sum("completion_tokens"),
+            cost=Sum("cost"),
+        )
+    }
+    page = Paginator(Tenant.objects.select_related("quota").order_by("slug"), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    rows: list[dict[str, Any]] = [{"tenant": t, "usage": usage.get(t.pk, {})} for t in page]
+    return render(request, "console/tenants.html", {**_nav(request), "page": page, "rows": rows})
 
 
 @login_required

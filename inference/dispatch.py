@@ -160,6 +160,12 @@ def depth_sync(client: redis.Redis, deployment: str) -> tuple[int, int]:
     return int(found[0] or 0), int(found[1] or 0)
 
 
+def rate_sync(client: redis.Redis, deployment: str) -> float:
+    """Return the reserved tokens per second a deployment's workers last measured (summed)."""
+    values: Any = client.hvals(_keys(deployment).rate)
+    return sum(float(v) for v in values)
+
+
 def live_workers_sync(client: redis.Redis, deployment: str) -> int:
     """Return how many workers of a deployment are alive, for control-plane code."""
     return int(client.zcount(heartbeats_key(deployment), time.time(), "+inf"))

@@ -115,6 +115,44 @@ def api_key_issue(
     return IssuedKey(key=key, token=token)
 
 
+def api_key_rotate(
+    *, key: ApiKey, overlap: dt.timedelta = dt.timedelta(hours=24), actor: User | None = None
+) -> IssuedKey:
+    """Issue a successor with the same name and scopes; the old key expires after the overlap.
+
+    Clients switch to the new token while the old one still works; after the overlap the
+    old key is refused like any expired key.
+    """
+    if key.revoked_at is not None:
+        raise ValidationError({"key": "a revoked key cannot be rotated; issue a new one"})
+    if overlap < dt.timedelta(0):
+        raise ValidationError({"overlap": "the overlap cannot be negative"})
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().get(pk=key.pk)
+        successor = api_key_issue(
+            tenant=key.tenant,
+            name=key.name,
+            scopes=list(key.scopes),
+            expires_at=key.expires_at
+            if key.expires_at and key.expires_at > timezone.now() + overlap
+            else None,
+            actor=actor,
+        )
+        ends = timezone.now() + overlap
+        if key.expires_at is None or key.expires_at > ends:
+            key.expires_at = ends
+            key.save(update_fields=["expires_at"])
+        audit_record(
+            action="api_key.rotate",
+            target_type="api_key",
+            target_id=key.public_id,
+            tenant=key.tenant,
+            actor=actor,
+            after={"successor": successor.key.public_id, "old_key_expires_at": ends.isoformat()},
+        )
+    return successor
+
+
 def api_key_revoke(*, key: ApiKey, actor: User | None = None) -> ApiKey:
     """Revoke a key everywhere within seconds; revoking twice is a no-op."""
     from inference.auth import key_revocation_publish

@@ -118,6 +118,25 @@ def test_an_admin_creates_a_key_sees_it_once_and_revokes_it(page, stack, people,
     page.click("text=Usage")
     expect(page.locator("h1")).to_contain_text("Usage")
     _shot(page, "usage")
+    page.click("text=Requests")
+    expect(page.locator("h1")).to_contain_text("Recent requests")
+    _shot(page, "requests")
+
+
+def test_rotating_a_key_keeps_the_old_one_working_for_the_overlap(page, stack, people):
+    _sign_in(page, "alice")
+    page.goto("/console/t/acme/keys")
+    page.fill("input[name=name]", "rotating-key")
+    page.click("text=Create key")
+    old = page.locator("#secret").inner_text().strip()
+    row = page.locator("tr", has_text="rotating-key")
+    row.locator("select[name=overlap_hours]").select_option("24")
+    row.locator("text=Rotate").click()
+    new = page.locator("#secret").inner_text().strip()
+    assert new.startswith("sy-") and new != old
+    expect(page.locator(".msg.success").first).to_contain_text("keeps working until")
+    assert _api_status(stack, new) == 200
+    assert _api_status(stack, old) == 200  # the overlap: both work until the old one expires
 
 
 def test_another_tenants_admin_gets_404(page, people):
@@ -193,6 +212,12 @@ def test_an_operator_moves_a_split_promotes_and_rolls_back_with_a_reason(
     page.goto("/console/ops/audit?action=rollout.rollback")
     expect(page.locator("table")).to_contain_text("TTFT regression seen by acme")
     _shot(page, "audit")
+    page.goto("/console/ops/versions")
+    expect(page.locator("main")).to_contain_text(world.version.digest)
+    _shot(page, "versions")
+    page.goto("/console/ops/tenants")
+    expect(page.locator("table")).to_contain_text("acme")
+    _shot(page, "tenants")
 
 
 def test_sign_in_locks_out_after_repeated_failures(page, people):
