@@ -30,7 +30,7 @@ from django.views.decorators.http import require_POST
 from billing.budgets import budget_banner, tenant_month_spend
 from billing.models import Invoice, UsageRecord
 from billing.selectors import version_slis
-from inference.dispatch import depth_sync, live_workers_sync, rate_sync
+from inference.dispatch import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
 from inference.redis_client import redis_sync_client
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout
 from models_registry.rollouts import RolloutConflict, rollout_act
@@ -369,6 +369,7 @@ def _ops_state() -> dict[str, Any]:
                 "queued": queued,
                 "queued_tokens": queued_tokens,
                 "tokens_per_second": rate_sync(client, deployment.name),
+                "kv_cache_usage": kv_cache_usage_sync(client, deployment.name),
             }
         )
     return {

@@ -160,6 +160,17 @@ def depth_sync(client: redis.Redis, deployment: str) -> tuple[int, int]:
     return int(found[0] or 0), int(found[1] or 0)
 
 
+def gauges_key(deployment: str) -> str:
+    # hash: worker -> "<kv cache use 0..1>", reported with each heartbeat; read by operators
+    return f"{_tag(deployment)}:gauges"
+
+
+def kv_cache_usage_sync(client: redis.Redis, deployment: str) -> float | None:
+    """Return the highest KV-cache use any live worker of a deployment last reported."""
+    values: Any = client.hvals(gauges_key(deployment))
+    return max((float(v) for v in values), default=None)
+
+
 def rate_sync(client: redis.Redis, deployment: str) -> float:
     """Return the reserved tokens per second a deployment's workers last measured (summed)."""
     values: Any = client.hvals(_keys(deployment).rate)
@@ -727,6 +738,7 @@ class Dispatch:
         ttl: float,
         slots: tuple[int, int] | None = None,
         tokens_per_second: float | None = None,
+        kv_cache_usage: float | None = None,
     ) -> bool:
         """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed.
 
@@ -747,6 +759,8 @@ class Dispatch:
                 pipe.hset(_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
             if tokens_per_second is not None:
                 pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
+            if kv_cache_usage is not None:
+                pipe.hset(gauges_key(deployment), worker, round(kv_cache_usage, 4))
             results = await pipe.execute()
         return bool(results[0])
 
@@ -756,6 +770,7 @@ class Dispatch:
             pipe.zrem(heartbeats_key(deployment), worker)
             pipe.hdel(_keys(deployment).rate, worker)
             pipe.hdel(_keys(deployment).slots, worker)
+            pipe.hdel(gauges_key(deployment), worker)
             await pipe.execute()
 
     async def publish(self, *, job: Job, events: list[Event]) -> None:

@@ -69,6 +69,8 @@ class Engine(Protocol):
 
     async def health(self) -> None: ...
 
+    def kv_cache_usage(self) -> float | None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -85,12 +87,37 @@ def _engine_environment() -> None:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
+class _Gauges:
+    """What the engine last said about itself, read by the worker's heartbeat."""
+
+    kv_cache_usage: float | None = None
+
+
+def _gauge_logger(gauges: _Gauges) -> Any:
+    """A vLLM stat logger factory that keeps the latest KV-cache use and logs nothing."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class GaugeLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
+            if scheduler_stats is not None:
+                gauges.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return GaugeLogger
+
+
 class VllmEngine:
     """One in-process vLLM `AsyncLLM` with continuous batching."""
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self._llm: Any = None
+        self._gauges = _Gauges()
 
     async def start(self) -> None:
         _engine_environment()
@@ -123,7 +150,8 @@ class VllmEngine:
             **lora,
             **self.spec.extra_args,
         )
-        self._llm = AsyncLLM.from_engine_args(args)
+        # vLLM's own stat loggers stay off; this one only keeps the KV-cache gauge.
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_gauge_logger(self._gauges)])
 
     async def generate(
         self,
@@ -178,6 +206,10 @@ class VllmEngine:
 
     async def health(self) -> None:
         await self._llm.check_health()
+
+    def kv_cache_usage(self) -> float | None:
+        """The share of KV-cache blocks in use at the last engine step (0..1), if known."""
+        return self._gauges.kv_cache_usage
 
     def shutdown(self) -> None:
         if self._llm is not None:

@@ -509,6 +509,7 @@ class Worker:
                     ttl=self.lease_seconds,
                     slots=self._slots(),
                     tokens_per_second=self._rate.per_second,
+                    kv_cache_usage=self.engine.kv_cache_usage(),
                 )
                 if retire:
                     self.retire()

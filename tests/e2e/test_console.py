@@ -189,6 +189,8 @@ def test_an_operator_moves_a_split_promotes_and_rolls_back_with_a_reason(
         first = rollout_start(alias=alias, canary=v2, steps=[10, 50, 100])
     _sign_in(page, "olga")
     expect(page.locator("#deployments")).to_contain_text("tiny-chat")
+    # The worker reports its engine's KV-cache use with every heartbeat.
+    expect(page.locator("#deployments tr", has_text="tiny-chat").first).to_contain_text("%")
     _shot(page, "operations")
     page.goto("/console/ops/aliases/console-chat")
     page.locator("input[type=range]").fill("30")
