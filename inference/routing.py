@@ -4,4 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from inference.ws import GenerationConsumer
+
+websocket_urlpatterns: list[Any] = [
+    path("v1/ws", GenerationConsumer.as_asgi()),
+]

@@ -1,0 +1,191 @@
+"""Streaming over a WebSocket (`/v1/ws`): many concurrent generations on one connection.
+
+Protocol (JSON text frames):
+
+- connect with `Authorization: Bearer sy-…` (or, from a browser, the subprotocol
+  `switchyard.key.sy-…`); a bad key is refused before the handshake completes.
+- client → server:
+  `{"type": "request", "id": "<client id>", "endpoint": "chat.completions" | "completions",
+    "body": {… the body of the HTTP endpoint …}}` and `{"type": "cancel", "id": "<client id>"}`.
+- server → client, each tagged with the client's id:
+  `started` (request id, model), `delta` (text, tokens), `finished` (finish reason, usage) or
+  `error` (an OpenAI-shaped error: code, message, param). Every accepted request ends with
+  exactly one `finished` or `error`.
+
+Closing the socket cancels every request still running on it; a cancelled request is
+billed for the tokens it produced, like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from inference import relay
+from inference.auth import Principal, authenticate
+from inference.errors import ApiError
+from inference.params import CHAT, COMPLETIONS, generation_parse
+from inference.services import dispatch_get, generation_submit, request_id_new, usage_settle
+from inference.types import Delta, Failed, Finished, Started
+from tenants.models import Scope
+
+log = logging.getLogger(__name__)
+KEY_PROTOCOL = "switchyard.key."
+MAX_IN_FLIGHT = 64  # concurrent requests one socket may have running
+_ENDPOINTS = {"chat.completions": CHAT, "completions": COMPLETIONS}
+
+
+def _authorization(scope: dict[str, Any]) -> tuple[str | None, str | None]:
+    """Return (Authorization header, the key subprotocol to echo) from a connection scope."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            return value.decode("latin-1"), None
+    for protocol in scope.get("subprotocols", []):
+        if protocol.startswith(KEY_PROTOCOL):
+            return f"Bearer {protocol[len(KEY_PROTOCOL) :]}", protocol
+    return None, None
+
+
+class GenerationConsumer(AsyncWebsocketConsumer):
+    principal: Principal
+    running: dict[str, asyncio.Task[None]]
+
+    async def connect(self) -> None:
+        self.running = {}
+        authorization, protocol = _authorization(self.scope)
+        try:
+            self.principal = await authenticate(authorization, scope=Scope.INFERENCE)
+        except ApiError as exc:
+            log.info("websocket refused: %s", exc.code)
+            await self.close(code=4401 if exc.status == 401 else 4403)
+            return
+        await self.accept(subprotocol=protocol)
+
+    async def disconnect(self, code: int) -> None:
+        # The client is gone: every request it still has running is cancelled (and billed).
+        for task in list(self.running.values()):
+            task.cancel()
+        if self.running:
+            await asyncio.gather(*self.running.values(), return_exceptions=True)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = json.loads(text_data or "")
+        except ValueError:
+            await self._error(None, ApiError(400, "invalid_json", "Send JSON text frames."))
+            return
+        if not isinstance(message, dict):
+            await self._error(None, ApiError(400, "invalid_message", "Send a JSON object."))
+            return
+        client_id = message.get("id")
+        if not isinstance(client_id, str) or not client_id or len(client_id) > 128:
+            error = ApiError(400, "invalid_id", "Every message needs a string 'id'.", param="id")
+            await self._error(None, error)
+            return
+        kind = message.get("type")
+        if kind == "cancel":
+            task = self.running.get(client_id)
+            if task is not None:
+                task.cancel()
+            return
+        if kind != "request":
+            error = ApiError(400, "invalid_type", "'type' is 'request' or 'cancel'.", param="type")
+            await self._error(client_id, error)
+            return
+        if client_id in self.running:
+            error = ApiError(409, "duplicate_id", f"'{client_id}' is still running.", param="id")
+            await self._error(client_id, error)
+            return
+        if len(self.running) >= MAX_IN_FLIGHT:
+            error = ApiError(
+                429, "too_many_streams", f"At most {MAX_IN_FLIGHT} requests run per socket."
+            )
+            await self._error(client_id, error)
+            return
+        task = asyncio.create_task(self._generate(client_id, message))
+        self.running[client_id] = task
+        task.add_done_callback(lambda _: self.running.pop(client_id, None))
+
+    async def _generate(self, client_id: str, message: dict[str, Any]) -> None:
+        try:
+            endpoint = _ENDPOINTS.get(message.get("endpoint", "chat.completions"))
+            body = message.get("body")
+            if endpoint is None:
+                raise ApiError(
+                    400,
+                    "invalid_endpoint",
+                    "Use chat.completions or completions.",
+                    param="endpoint",
+                )
+            if not isinstance(body, dict):
+                raise ApiError(400, "invalid_body", "'body' must be a JSON object.", param="body")
+            parsed = generation_parse({**body, "stream": True}, endpoint=endpoint)
+            submitted = await generation_submit(
+                principal=self.principal,
+                request=parsed,
+                request_id=request_id_new(),
+                timeout=parsed.timeout,
+                priority=parsed.priority,
+            )
+        except ApiError as exc:
+            await self._error(client_id, exc)
+            return
+        except asyncio.CancelledError:
+            return
+        await self._send(
+            {
+                "type": "started",
+                "id": client_id,
+                "request_id": submitted.job.request_id,
+                "model": submitted.route.served_name,
+            }
+        )
+        ended: Finished | Failed | None = None
+        try:
+            async for event in relay.events(dispatch_get(), submitted):
+                if isinstance(event, Delta):
+                    await self._send(
+                        {
+                            "type": "delta",
+                            "id": client_id,
+                            "text": event.text,
+                            "tokens": event.tokens,
+                        }
+                    )
+                elif isinstance(event, Finished):
+                    ended = event
+                    await self._send(
+                        {
+                            "type": "finished",
+                            "id": client_id,
+                            "finish_reason": event.finish_reason,
+                            "usage": {
+                                "prompt_tokens": event.prompt_tokens,
+                                "completion_tokens": event.completion_tokens,
+                                "total_tokens": event.prompt_tokens + event.completion_tokens,
+                            },
+                        }
+                    )
+                elif isinstance(event, Failed):
+                    ended = event
+                    await self._error(client_id, ApiError(503, event.code, event.message))
+                elif isinstance(event, Started):
+                    continue
+        except asyncio.CancelledError:
+            # A cancel message or a closed socket: relay.events cancels the request itself.
+            with contextlib.suppress(Exception):
+                await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
+        finally:
+            if ended is not None:
+                await usage_settle(submitted, ended)
+
+    async def _error(self, client_id: str | None, exc: ApiError) -> None:
+        await self._send({"type": "error", "id": client_id, **exc.body()})
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(message, ensure_ascii=False))

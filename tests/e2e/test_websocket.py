@@ -1,0 +1,154 @@
+"""Streaming over `/v1/ws`: in-process with Channels' communicator, and over the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import websockets
+from asgiref.testing import ApplicationCommunicator
+from channels.routing import URLRouter
+
+from inference.routing import websocket_urlpatterns
+from tests.conftest import ALIAS
+
+
+def _ws_url(stack: Any) -> str:
+    return stack.base_url.replace("http://", "ws://") + "/v1/ws"
+
+
+def _request(client_id: str, *, max_tokens: int = 8, **body: Any) -> str:
+    return json.dumps(
+        {
+            "type": "request",
+            "id": client_id,
+            "endpoint": "completions",
+            "body": {"model": ALIAS, "prompt": "The yard", "max_tokens": max_tokens, **body},
+        }
+    )
+
+
+async def _until_end(socket: Any, ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Collect messages until every id in ids has finished or failed."""
+    seen: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+    open_ids = set(ids)
+    while open_ids:
+        message = json.loads(await asyncio.wait_for(socket.recv(), 60))
+        seen[message["id"]].append(message)
+        if message["type"] in ("finished", "error"):
+            open_ids.discard(message["id"])
+    return seen
+
+
+def _communicator(token: str) -> ApplicationCommunicator:
+    """The consumer in-process, driven over ASGI messages (what Channels' WebsocketCommunicator
+    does; importing that one needs daphne, which this project does not run)."""
+    scope = {
+        "type": "websocket",
+        "path": "/v1/ws",
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {token}".encode())],
+        "subprotocols": [],
+    }
+    return ApplicationCommunicator(URLRouter(websocket_urlpatterns), scope)
+
+
+async def test_the_communicator_refuses_a_bad_key_before_accepting(stack, django_db_blocker):
+    with django_db_blocker.unblock():
+        communicator = _communicator("sy-notakey-at-all")
+        await communicator.send_input({"type": "websocket.connect"})
+        answer = await communicator.receive_output(timeout=10)
+    assert answer == {"type": "websocket.close", "code": 4401, "reason": ""} or (
+        answer["type"] == "websocket.close" and answer["code"] == 4401
+    )
+
+
+async def test_the_communicator_streams_a_request(stack, world, django_db_blocker):
+    with django_db_blocker.unblock():
+        communicator = _communicator(world.acme_key)
+        await communicator.send_input({"type": "websocket.connect"})
+        assert (await communicator.receive_output(timeout=10))["type"] == "websocket.accept"
+        await communicator.send_input(
+            {"type": "websocket.receive", "text": _request("one", max_tokens=5, ignore_eos=True)}
+        )
+        kinds: list[str] = []
+        text = ""
+        while not kinds or kinds[-1] not in ("finished", "error"):
+            output = await communicator.receive_output(timeout=60)
+            message = json.loads(output["text"])
+            assert message["id"] == "one"
+            kinds.append(message["type"])
+            text += message.get("text", "")
+        await communicator.send_input({"type": "websocket.disconnect", "code": 1000})
+        await communicator.wait(timeout=10)
+    assert kinds[0] == "started" and kinds[-1] == "finished" and text
+
+
+async def test_a_bad_key_is_refused_by_the_server(stack):
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(
+            _ws_url(stack), additional_headers={"Authorization": "Bearer sy-wrong"}
+        ):
+            pass
+    assert refused.value.response.status_code == 403
+
+
+async def test_interleaved_requests_and_a_browser_style_key(stack, world):
+    protocol = f"switchyard.key.{world.acme_key}"
+    async with websockets.connect(_ws_url(stack), subprotocols=[protocol]) as socket:  # type: ignore[list-item]
+        assert socket.subprotocol == protocol
+        for client_id in ("a", "b", "c"):
+            await socket.send(_request(client_id, max_tokens=6, ignore_eos=True, user=client_id))
+        seen = await _until_end(socket, {"a", "b", "c"})
+    for messages in seen.values():
+        kinds = [m["type"] for m in messages]
+        assert kinds[0] == "started" and kinds[-1] == "finished", kinds
+        assert sum(m.get("tokens", 0) for m in messages if m["type"] == "delta") == 6
+        assert messages[-1]["usage"]["completion_tokens"] == 6
+
+
+async def test_bad_messages_get_errors_naming_the_field(stack, world):
+    headers = {"Authorization": f"Bearer {world.acme_key}"}
+    async with websockets.connect(_ws_url(stack), additional_headers=headers) as socket:
+        await socket.send("not json")
+        assert json.loads(await socket.recv())["error"]["code"] == "invalid_json"
+        await socket.send(json.dumps({"type": "request", "id": "x", "body": {"model": ALIAS}}))
+        error = json.loads(await socket.recv())
+        assert error["id"] == "x" and error["error"]["param"] == "messages"
+        await socket.send(_request("y", max_tokens=10_000_000))
+        error = json.loads(await socket.recv())
+        assert error["id"] == "y" and error["error"]["param"] == "max_tokens"
+
+
+async def test_cancel_aborts_one_request_and_closing_aborts_the_rest(stack, world, usage_of):
+    headers = {"Authorization": f"Bearer {world.acme_key}"}
+    async with websockets.connect(_ws_url(stack), additional_headers=headers) as socket:
+        await socket.send(_request("keep", max_tokens=6, ignore_eos=True))
+        await socket.send(_request("stop", max_tokens=180, ignore_eos=True))
+        started: dict[str, str] = {}
+        while "stop" not in started or "keep" not in started:
+            message = json.loads(await asyncio.wait_for(socket.recv(), 60))
+            if message["type"] == "started":
+                started[message["id"]] = message["request_id"]
+        await socket.send(json.dumps({"type": "cancel", "id": "stop"}))
+        seen = await _until_end(socket, {"stop", "keep"})
+        assert seen["keep"][-1]["type"] == "finished"
+        assert seen["stop"][-1]["error"]["code"] == "cancelled"
+        # Abrupt close: a long request left running is aborted in the engine and billed.
+        await socket.send(_request("orphan", max_tokens=180, ignore_eos=True))
+        while True:
+            message = json.loads(await asyncio.wait_for(socket.recv(), 60))
+            if message["type"] == "delta" and message["id"] == "orphan":
+                orphan = message
+                break
+            if message["type"] == "started" and message["id"] == "orphan":
+                started["orphan"] = message["request_id"]
+    del orphan
+    found = await asyncio.to_thread(usage_of, started["stop"], started["orphan"], started["keep"])
+    records = {r.request_id: r for r in found}
+    assert records[started["keep"]].status == "ok"
+    for name in ("stop", "orphan"):
+        record = records[started[name]]
+        assert record.status == "cancelled" and record.completion_tokens < 180
