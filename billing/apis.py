@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.budgets import budget_banner, tenant_month_spend
+from billing.budgets import budget_banner
 from billing.invoices import (
     adjustment_add,
     invoice_build,
@@ -35,6 +35,7 @@ from billing.invoices import (
 )
 from billing.models import Invoice, InvoiceLine, UsageRecord
 from billing.pdf import invoice_pdf
+from billing.selectors import tenant_month_spend
 from billing.services import price_book_add
 from models_registry.selectors import version_pinned
 from tenants.models import Membership, Role, Tenant
@@ -273,7 +274,7 @@ class BudgetApi(FinanceView):
     def get(self, request: Request) -> Response:
         tenant = _tenant(request, request.query_params.get("tenant"))
         budget = tenant.quota.monthly_budget
-        spent = tenant_month_spend(tenant=tenant)
+        spent = tenant_month_spend(tenant_id=tenant.pk)
         banner = budget_banner(tenant=tenant)
         return Response(
             {

@@ -9,33 +9,20 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from billing.invoices import CENT
-from billing.models import BudgetAlert, UsageRecord
+from billing.models import BudgetAlert
+from billing.selectors import month_start, tenant_month_spend
 from tenants.models import Membership, Role, Tenant
 
 log = logging.getLogger(__name__)
 THRESHOLDS = (50, 80, 100)
-
-
-def _month_start(now: dt.datetime) -> dt.datetime:
-    return now.astimezone(dt.UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def tenant_month_spend(*, tenant: Tenant, now: dt.datetime | None = None) -> Decimal:
-    """Return what a tenant's usage has cost this UTC month so far."""
-    since = _month_start(now or timezone.now())
-    total = UsageRecord.objects.filter(tenant=tenant, finished_at__gte=since).aggregate(
-        total=Sum("cost")
-    )["total"]
-    return total or Decimal(0)
 
 
 def _recipients(tenant: Tenant) -> list[str]:
@@ -46,12 +33,12 @@ def _recipients(tenant: Tenant) -> list[str]:
 def budget_alerts_check(*, now: dt.datetime | None = None) -> list[BudgetAlert]:
     """Send the alerts every tenant has newly crossed this month; return them."""
     now = now or timezone.now()
-    month = _month_start(now).date()
+    month = month_start(now).date()
     sent = []
     tenants = Tenant.objects.filter(is_active=True, quota__monthly_budget__gt=0)
     for tenant in tenants.select_related("quota"):
         budget = tenant.quota.monthly_budget
-        spent = tenant_month_spend(tenant=tenant, now=now)
+        spent = tenant_month_spend(tenant_id=tenant.pk, now=now)
         done = set(
             BudgetAlert.objects.filter(tenant=tenant, month=month).values_list(
                 "threshold", flat=True
@@ -94,5 +81,5 @@ def budget_alerts_check(*, now: dt.datetime | None = None) -> list[BudgetAlert]:
 
 def budget_banner(*, tenant: Tenant, now: dt.datetime | None = None) -> BudgetAlert | None:
     """Return this month's highest budget alert of a tenant, for the console's banner."""
-    month = _month_start(now or timezone.now()).date()
+    month = month_start(now).date()
     return BudgetAlert.objects.filter(tenant=tenant, month=month).order_by("-threshold").first()

@@ -15,14 +15,24 @@ from billing.services import usage_cost
 from models_registry.models import ModelVersion
 
 
-def tenant_month_spend_micros(*, tenant_id: int) -> int:
-    """Return what a tenant's usage records cost this calendar month (UTC), in micros."""
-    now = timezone.now()
-    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    total = UsageRecord.objects.filter(tenant_id=tenant_id, finished_at__gte=month_start).aggregate(
+def month_start(now: dt.datetime | None = None) -> dt.datetime:
+    """Return the start of the UTC calendar month of a moment (default: now)."""
+    now = (now or timezone.now()).astimezone(dt.UTC)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def tenant_month_spend(*, tenant_id: int, now: dt.datetime | None = None) -> Decimal:
+    """Return what a tenant's usage has cost this UTC month so far."""
+    since = month_start(now)
+    total = UsageRecord.objects.filter(tenant_id=tenant_id, finished_at__gte=since).aggregate(
         total=Sum("cost")
     )["total"]
-    return math.ceil((total or Decimal(0)) * 1_000_000)
+    return total or Decimal(0)
+
+
+def tenant_month_spend_micros(*, tenant_id: int) -> int:
+    """Return what a tenant's usage records cost this calendar month (UTC), in micros."""
+    return math.ceil(tenant_month_spend(tenant_id=tenant_id) * 1_000_000)
 
 
 @dataclass(frozen=True)

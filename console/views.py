@@ -27,9 +27,9 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from billing.budgets import budget_banner, tenant_month_spend
+from billing.budgets import budget_banner
 from billing.models import Invoice, UsageRecord
-from billing.selectors import version_slis
+from billing.selectors import month_start, tenant_month_spend, version_slis
 from inference.dispatch import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
 from inference.redis_client import redis_sync_client
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout
@@ -128,14 +128,10 @@ def home(request: HttpRequest) -> HttpResponse:
 # --- tenant pages ----------------------------------------------------------------------------
 
 
-def _month_start() -> dt.datetime:
-    return timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
 @login_required
 def overview(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant(request, slug)
-    since = _month_start()
+    since = month_start()
     usage = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=since)
     totals = usage.aggregate(
         requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
@@ -146,7 +142,7 @@ def overview(request: HttpRequest, slug: str) -> HttpResponse:
         .annotate(cost=Sum("cost"), tokens=Sum("completion_tokens"))
         .order_by("day")
     )
-    spend = tenant_month_spend(tenant=tenant)
+    spend = tenant_month_spend(tenant_id=tenant.pk)
     budget = tenant.quota.monthly_budget
     running = Decimal(0)
     chart: dict[str, list[Any]] = {"labels": [], "spend": [], "budget": []}
@@ -284,7 +280,7 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
     group = request.GET.get("group_by", "day")
     if group not in _GROUPS:
         group = "day"
-    rows = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=_month_start())
+    rows = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=month_start())
     if group == "day":
         rows = rows.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
     aggregated = list(
@@ -476,7 +472,7 @@ def versions(request: HttpRequest) -> HttpResponse:
 def tenants(request: HttpRequest) -> HttpResponse:
     """Tenants with their quotas and this month's usage (staff: finance and operations)."""
     _staff(request)
-    since = _month_start()
+    since = month_start()
     usage = {
         row["tenant_id"]: row
         for row in UsageRecord.objects.filter(shadow=False, finished_at__gte=since)

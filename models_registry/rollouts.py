@@ -37,6 +37,7 @@ from models_registry.models import (
     RolloutState,
     default_guardrails,
 )
+from models_registry.selectors import deployment_for
 from models_registry.services import deployment_retire, deployment_serve
 from tenants.services import audit_record
 
@@ -77,11 +78,6 @@ def _guardrails_check(guardrails: dict[str, float] | None) -> dict[str, float]:
     if any(float(v) <= 0 for v in merged.values()):
         raise ValidationError({"guardrails": "every guardrail must be positive"})
     return {k: float(v) for k, v in merged.items()}
-
-
-def _serving_deployment(version: ModelVersion) -> Deployment | None:
-    served = version.base if version.base_id is not None else version
-    return Deployment.objects.filter(version=served).order_by("-updated_at").first()
 
 
 def _split_set(rollout: Rollout, percent: float) -> None:
@@ -148,7 +144,7 @@ def rollout_start(
         raise ValidationError({"canary": "the canary must do the same task as the alias"})
     if min_samples < 1 or breach_checks < 1:
         raise ValidationError({"min_samples": "min_samples and breach_checks must be ≥ 1"})
-    deployment = _serving_deployment(canary)
+    deployment = deployment_for(canary)
     if deployment is None:
         raise ValidationError({"canary": f"{canary.public_name} has no deployment; create one"})
     with transaction.atomic():

@@ -38,7 +38,7 @@ class Route:
         return f"{self.model_name}@{self.version}"
 
 
-def _deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deployment | None:
+def deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deployment | None:
     """Return the deployment serving a version, preferring one whose workers are ready.
 
     An adapter is served by its base version's deployment. A deployment with no live worker
@@ -69,7 +69,7 @@ def _newest_deployed(name: str) -> ModelVersion | None:
     """Return a model's newest version that a deployment serves (adapters through their base)."""
     versions = ModelVersion.objects.select_related("model", "base").filter(model__name=name)
     for version in versions[:50]:
-        if _deployment_for(version) is not None:
+        if deployment_for(version) is not None:
             return version
     return None
 
@@ -136,7 +136,7 @@ class Routing:
 
 
 def _alias_routing(alias: Alias) -> Routing | None:
-    primary_deployment = _deployment_for(alias.version)
+    primary_deployment = deployment_for(alias.version)
     if primary_deployment is None:
         return None
     primary = _route(alias.name, alias.version, primary_deployment)
@@ -145,7 +145,7 @@ def _alias_routing(alias: Alias) -> Routing | None:
     upper = 0
     for split in alias.splits.select_related("version__model", "version__base"):
         upper = min(upper + split.buckets, BUCKETS)
-        deployment = _deployment_for(split.version, ready_only=True)
+        deployment = deployment_for(split.version, ready_only=True)
         # A version whose workers are not ready takes no traffic: its buckets stay primary.
         if deployment is not None:
             splits.append((upper, _route(alias.name, split.version, deployment)))
@@ -154,7 +154,7 @@ def _alias_routing(alias: Alias) -> Routing | None:
     shadow = getattr(alias, "shadow", None)
     shadow_route = None
     if shadow is not None:
-        deployment = _deployment_for(shadow.version, ready_only=True)
+        deployment = deployment_for(shadow.version, ready_only=True)
         if deployment is not None:
             shadow_route = _route(alias.name, shadow.version, deployment)
     return Routing(
@@ -182,7 +182,7 @@ def routing_resolve(*, name: str) -> Routing | None:
         version = _newest_deployed(name)
     if version is None:
         return None
-    deployment = _deployment_for(version)
+    deployment = deployment_for(version)
     if deployment is None:
         return None
     return Routing(primary=_route(name, version, deployment))
