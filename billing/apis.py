@@ -38,6 +38,7 @@ from billing.pdf import invoice_pdf
 from billing.selectors import tenant_month_spend
 from billing.services import price_book_add
 from models_registry.selectors import version_pinned
+from tenants.apis import drf_validation_error
 from tenants.models import Membership, Role, Tenant
 
 
@@ -92,12 +93,6 @@ def _day(raw: str | None, field: str) -> dt.datetime | None:
 def _field(request: Request, name: str) -> str:
     data = request.data
     return str(data.get(name, "")) if isinstance(data, dict) else ""
-
-
-def _errors(exc: DjangoValidationError) -> serializers.ValidationError:
-    return serializers.ValidationError(
-        exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
-    )
 
 
 def _csv(rows: Iterable[list[str]], filename: str) -> HttpResponse:
@@ -182,7 +177,7 @@ class InvoiceBuildApi(APIView):
                 actor=request.user,  # type: ignore[arg-type]
             )
         except DjangoValidationError as exc:
-            raise _errors(exc) from exc
+            raise drf_validation_error(exc) from exc
         return Response(InvoiceSerializer(invoice).data, status=status.HTTP_201_CREATED)
 
 
@@ -203,7 +198,7 @@ class InvoiceActionApi(APIView):
             else:
                 raise Http404(f"no action {action!r}")
         except DjangoValidationError as exc:
-            raise _errors(exc) from exc
+            raise drf_validation_error(exc) from exc
         return Response(InvoiceSerializer(invoice).data)
 
 
@@ -260,7 +255,7 @@ class PriceBookCreateApi(APIView):
         try:
             book = price_book_add(version=version, actor=request.user, **data)  # type: ignore[arg-type]
         except DjangoValidationError as exc:
-            raise _errors(exc) from exc
+            raise drf_validation_error(exc) from exc
         return Response(
             {"id": book.pk, "version": version.public_name,
              "effective_from": book.effective_from.isoformat()},

@@ -21,6 +21,7 @@ from models_registry.models import Alias, Deployment, ModelVersion, Rollout, Rol
 from models_registry.rollouts import RolloutConflict, rollout_act, rollout_start
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_shadow_set, alias_split_set
+from tenants.apis import drf_validation_error
 
 
 class Conflict(APIException):
@@ -51,12 +52,6 @@ def _rollout(pk: int) -> Rollout:
         )
     except Rollout.DoesNotExist as exc:
         raise Http404(f"no rollout {pk}") from exc
-
-
-def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
-    return serializers.ValidationError(
-        exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
-    )
 
 
 class DecisionSerializer(serializers.ModelSerializer[RolloutDecision]):
@@ -110,7 +105,7 @@ class RolloutListApi(APIView):
         try:
             rollout = rollout_start(alias=alias, canary=canary, actor=request.user, **data)  # type: ignore[arg-type]
         except DjangoValidationError as exc:
-            raise _django_errors(exc) from exc
+            raise drf_validation_error(exc) from exc
         except RolloutConflict as exc:
             raise Conflict(str(exc)) from exc
         return Response(RolloutSerializer(rollout).data, status=status.HTTP_201_CREATED)
@@ -185,7 +180,7 @@ class AliasSplitApi(APIView):
                 reason=given.validated_data["reason"],
             )
         except DjangoValidationError as exc:
-            raise _django_errors(exc) from exc
+            raise drf_validation_error(exc) from exc
         return Response(_alias_body(_alias(name)))
 
 
@@ -207,7 +202,7 @@ class AliasShadowApi(APIView):
                 reason=given.validated_data["reason"],
             )
         except DjangoValidationError as exc:
-            raise _django_errors(exc) from exc
+            raise drf_validation_error(exc) from exc
         return Response(_alias_body(_alias(name)))
 
 

@@ -22,6 +22,13 @@ class QuotaSerializer(serializers.ModelSerializer[Quota]):
         read_only_fields = ["updated_at"]
 
 
+def drf_validation_error(exc: DjangoValidationError) -> serializers.ValidationError:
+    """A service's ValidationError as the API's 400, field by field where it names fields."""
+    return serializers.ValidationError(
+        exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+    )
+
+
 def _tenant(slug: str) -> Tenant:
     try:
         return Tenant.objects.get(slug=slug)
@@ -43,5 +50,5 @@ class QuotaDetailApi(APIView):
         try:
             quota = quota_update(tenant=tenant, changes=changes, actor=request.user)  # type: ignore[arg-type]
         except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.message_dict) from exc
+            raise drf_validation_error(exc) from exc
         return Response(QuotaSerializer(quota).data)
