@@ -15,8 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Count, Q, QuerySet, Sum
-from django.db.models.functions import TruncDay
+from django.db.models import QuerySet
 from django.http import Http404, HttpResponse
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser, IsAuthenticated
@@ -33,9 +32,9 @@ from billing.invoices import (
     invoice_mark_paid,
     invoice_void,
 )
-from billing.models import Invoice, InvoiceLine, UsageRecord
+from billing.models import Invoice, InvoiceLine
 from billing.pdf import invoice_pdf
-from billing.selectors import tenant_month_spend
+from billing.selectors import USAGE_FILTERS, USAGE_GROUPS, tenant_month_spend, usage_aggregate
 from billing.services import price_book_add
 from models_registry.selectors import version_pinned
 from tenants.apis import drf_validation_error
@@ -284,15 +283,6 @@ class BudgetApi(FinanceView):
         )
 
 
-_GROUPS = {
-    "day": "day",
-    "model": "model_version__model__name",
-    "version": "model_version__digest",
-    "key": "api_key__public_id",
-    "user": "user",
-}
-
-
 class UsageApi(FinanceView):
     """GET usage aggregated by day, model, version, key or user (?export=csv for a file).
 
@@ -304,48 +294,26 @@ class UsageApi(FinanceView):
         params = request.query_params
         tenant = _tenant(request, params.get("tenant"))
         group = params.get("group_by", "day")
-        if group not in _GROUPS:
-            raise serializers.ValidationError({"group_by": f"one of {', '.join(_GROUPS)}"})
-        rows = UsageRecord.objects.filter(tenant=tenant, shadow=False)
-        start, end = _day(params.get("from"), "from"), _day(params.get("to"), "to")
-        if start:
-            rows = rows.filter(finished_at__gte=start)
-        if end:
-            rows = rows.filter(finished_at__lt=end)
-        filters = {"model": "model_version__model__name", "key": "api_key__public_id",
-                   "user": "user"}  # fmt: skip
-        for param, column in filters.items():
-            if params.get(param):
-                rows = rows.filter(**{column: params[param]})
-        if group == "day":
-            rows = rows.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
-        aggregated = (
-            rows.values(_GROUPS[group])
-            .annotate(
-                requests=Count("id"),
-                errors=Count("id", filter=~Q(status="ok")),
-                prompt_tokens=Sum("prompt_tokens"),
-                completion_tokens=Sum("completion_tokens"),
-                cached_tokens=Sum("cached_tokens"),
-                cost=Sum("cost"),
-            )
-            .order_by(_GROUPS[group])
+        if group not in USAGE_GROUPS:
+            raise serializers.ValidationError({"group_by": f"one of {', '.join(USAGE_GROUPS)}"})
+        rows = usage_aggregate(
+            tenant_id=tenant.pk,
+            group=group,
+            since=_day(params.get("from"), "from"),
+            until=_day(params.get("to"), "to"),
+            filters={name: params[name] for name in USAGE_FILTERS if params.get(name)},
         )
         data = [
             {
-                group: (
-                    row[_GROUPS[group]].date().isoformat()
-                    if group == "day"
-                    else row[_GROUPS[group]] or ""
-                ),
-                "requests": row["requests"],
-                "errors": row["errors"],
-                "prompt_tokens": row["prompt_tokens"] or 0,
-                "completion_tokens": row["completion_tokens"] or 0,
-                "cached_tokens": row["cached_tokens"] or 0,
-                "cost": str(row["cost"] or Decimal(0)),
+                group: row.label,
+                "requests": row.requests,
+                "errors": row.errors,
+                "prompt_tokens": row.prompt_tokens,
+                "completion_tokens": row.completion_tokens,
+                "cached_tokens": row.cached_tokens,
+                "cost": str(row.cost),
             }
-            for row in aggregated
+            for row in rows
         ]
         if params.get("export") == "csv":
             header = [group, "requests", "errors", "prompt_tokens", "completion_tokens",

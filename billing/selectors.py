@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncDay
 from django.utils import timezone
 
 from billing.models import UsageRecord
@@ -33,6 +34,78 @@ def tenant_month_spend(*, tenant_id: int, now: dt.datetime | None = None) -> Dec
 def tenant_month_spend_micros(*, tenant_id: int) -> int:
     """Return what a tenant's usage records cost this calendar month (UTC), in micros."""
     return math.ceil(tenant_month_spend(tenant_id=tenant_id) * 1_000_000)
+
+
+USAGE_GROUPS = {
+    "day": "day",
+    "model": "model_version__model__name",
+    "version": "model_version__digest",
+    "key": "api_key__public_id",
+    "user": "user",
+}
+USAGE_FILTERS = {"model": "model_version__model__name", "key": "api_key__public_id", "user": "user"}
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    label: str  # the group's value: a UTC day, model name, version id, key id or user tag
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost: Decimal
+
+
+def usage_aggregate(
+    *,
+    tenant_id: int,
+    group: str,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    filters: dict[str, str] | None = None,
+    limit: int | None = None,
+) -> list[UsageRow]:
+    """Return a tenant's usage summed by one of USAGE_GROUPS (shadow copies are not usage).
+
+    `filters` maps USAGE_FILTERS names to exact values; `until` is exclusive.
+    """
+    column = USAGE_GROUPS[group]
+    rows = UsageRecord.objects.filter(tenant_id=tenant_id, shadow=False)
+    if since is not None:
+        rows = rows.filter(finished_at__gte=since)
+    if until is not None:
+        rows = rows.filter(finished_at__lt=until)
+    for name, value in (filters or {}).items():
+        rows = rows.filter(**{USAGE_FILTERS[name]: value})
+    if group == "day":
+        rows = rows.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
+    aggregated = (
+        rows.values(column)
+        .annotate(
+            requests=Count("id"),
+            errors=Count("id", filter=~Q(status="ok")),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cached=Sum("cached_tokens"),
+            spent=Sum("cost"),
+        )
+        .order_by(column)
+    )
+    if limit is not None:
+        aggregated = aggregated[:limit]
+    return [
+        UsageRow(
+            label=row[column].date().isoformat() if group == "day" else row[column] or "",
+            requests=row["requests"],
+            errors=row["errors"],
+            prompt_tokens=row["prompt"] or 0,
+            completion_tokens=row["completion"] or 0,
+            cached_tokens=row["cached"] or 0,
+            cost=row["spent"] or Decimal(0),
+        )
+        for row in aggregated
+    ]
 
 
 @dataclass(frozen=True)

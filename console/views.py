@@ -29,7 +29,7 @@ from django.views.decorators.http import require_POST
 
 from billing.budgets import budget_banner
 from billing.models import Invoice, UsageRecord
-from billing.selectors import month_start, tenant_month_spend, version_slis
+from billing.selectors import month_start, tenant_month_spend, usage_aggregate, version_slis
 from inference.dispatch import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
 from inference.redis_client import redis_sync_client
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout
@@ -266,48 +266,28 @@ def requests_recent(request: HttpRequest, slug: str) -> HttpResponse:
     )
 
 
-_GROUPS = {
-    "day": "day",
-    "model": "model_version__model__name",
-    "key": "api_key__name",
-    "user": "user",
-}
+CONSOLE_GROUPS = ("day", "model", "key", "user")
 
 
 @login_required
 def usage(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant(request, slug, Role.ADMIN, Role.FINANCE)
     group = request.GET.get("group_by", "day")
-    if group not in _GROUPS:
+    if group not in CONSOLE_GROUPS:
         group = "day"
-    rows = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=month_start())
-    if group == "day":
-        rows = rows.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
-    aggregated = list(
-        rows.values(_GROUPS[group])
-        .annotate(
-            requests=Count("id"),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            cost=Sum("cost"),
-        )
-        .order_by(_GROUPS[group])[:500]
-    )
-    for row in aggregated:
-        value = row[_GROUPS[group]]
-        row["label"] = value.strftime("%Y-%m-%d") if group == "day" else (value or "(none)")
+    rows = usage_aggregate(tenant_id=tenant.pk, group=group, since=month_start(), limit=500)
     chart = {
-        "labels": [row["label"] for row in aggregated],
-        "tokens": [(row["prompt"] or 0) + (row["completion"] or 0) for row in aggregated],
+        "labels": [row.label for row in rows],
+        "tokens": [row.prompt_tokens + row.completion_tokens for row in rows],
     }
     return render(
         request,
         "console/usage.html",
         {
             **_nav(request, tenant),
-            "rows": aggregated,
+            "rows": rows,
             "group": group,
-            "groups": list(_GROUPS),
+            "groups": CONSOLE_GROUPS,
             "chart": json.dumps(chart),
         },
     )
