@@ -722,14 +722,6 @@ class Dispatch:
         flags = await self.redis.mget([cancel_key(deployment, rid) for rid in request_ids])
         return {rid for rid, flag in zip(request_ids, flags, strict=True) if flag is not None}
 
-    async def renew(self, *, deployment: str, request_ids: list[str], lease_seconds: float) -> None:
-        """Extend the leases of a worker's claimed jobs."""
-        if request_ids:
-            until = time.time() + lease_seconds
-            await self.redis.zadd(
-                _keys(deployment).leases, dict.fromkeys(request_ids, until), xx=True
-            )
-
     async def heartbeat(
         self,
         *,
@@ -739,6 +731,7 @@ class Dispatch:
         slots: tuple[int, int] | None = None,
         tokens_per_second: float | None = None,
         kv_cache_usage: float | None = None,
+        leased: list[str] | None = None,
     ) -> bool:
         """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed.
 
@@ -746,6 +739,9 @@ class Dispatch:
         reserved for tenants with nothing running there); `tokens_per_second` the reserved
         tokens it finishes per second when busy. Admission sums both over live workers: free
         slots take jobs at once, and the rate estimates waits.
+
+        `leased` are the worker's running requests: their leases are extended to the same
+        end, in the same round trip.
 
         Returns whether the control plane asked the deployment's workers to retire.
         """
@@ -761,6 +757,8 @@ class Dispatch:
                 pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
             if kv_cache_usage is not None:
                 pipe.hset(gauges_key(deployment), worker, round(kv_cache_usage, 4))
+            if leased:
+                pipe.zadd(_keys(deployment).leases, dict.fromkeys(leased, now + ttl), xx=True)
             results = await pipe.execute()
         return bool(results[0])
 

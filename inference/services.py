@@ -233,7 +233,7 @@ async def generation_submit(
         user=(request.user or "")[:64],
     )
     reserve = Usage(
-        tokens=len(prompt) + sampling.max_tokens,
+        tokens=job.reserved_tokens,
         cost_micros=_cost(route, prompt=len(prompt), completion=sampling.max_tokens),
     )
     decision = await _admit(principal=principal, request_id=request_id, reserve=reserve)

@@ -27,7 +27,6 @@ from django.utils import timezone
 
 from billing.selectors import Slis, version_slis
 from models_registry.models import (
-    BUCKETS,
     Alias,
     AliasSplit,
     Deployment,
@@ -36,9 +35,10 @@ from models_registry.models import (
     RolloutDecision,
     RolloutState,
     default_guardrails,
+    default_steps,
 )
 from models_registry.selectors import deployment_for
-from models_registry.services import deployment_retire, deployment_serve
+from models_registry.services import deployment_retire, deployment_serve, percent_buckets
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def _split_set(rollout: Rollout, percent: float) -> None:
     AliasSplit.objects.update_or_create(
         alias=rollout.alias,
         version=rollout.canary,
-        defaults={"buckets": round(percent * BUCKETS / 100)},
+        defaults={"buckets": percent_buckets(percent, "percent")},
     )
 
 
@@ -136,7 +136,7 @@ def rollout_start(
     reason: str = "",
 ) -> Rollout:
     """Start sending the first step's share of an alias's traffic to a canary version."""
-    steps = _steps_check(steps if steps is not None else [1, 5, 25, 50, 100])
+    steps = _steps_check(steps if steps is not None else default_steps())
     guardrails = _guardrails_check(guardrails)
     if canary.pk == alias.version_id:
         raise ValidationError({"canary": f"{canary.public_name} already serves {alias.name}"})
@@ -167,7 +167,7 @@ def rollout_start(
             created_by=actor,
         )
         # A deployment retired by an earlier rollback serves again.
-        deployment_serve(deployment=deployment, actor=actor)
+        deployment_serve(deployment=deployment)
         _split_set(rollout, rollout.percent)
         _decide(
             rollout,

@@ -49,9 +49,9 @@ def deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deploy
     deployments = Deployment.objects.filter(version=served).order_by("-updated_at")
     if version.base_id is not None:
         deployments = deployments.filter(max_loras__gt=0)  # only these load adapters
-    ranked = sorted(deployments, key=lambda d: d.state != DeploymentState.READY)
     if ready_only:
-        ranked = [d for d in ranked if d.state == DeploymentState.READY]
+        deployments = deployments.filter(state=DeploymentState.READY)
+    ranked = sorted(deployments, key=lambda d: d.state != DeploymentState.READY)
     return ranked[0] if ranked else None
 
 
@@ -67,11 +67,13 @@ def version_pinned(name: str) -> ModelVersion | None:
 
 def _newest_deployed(name: str) -> ModelVersion | None:
     """Return a model's newest version that a deployment serves (adapters through their base)."""
-    versions = ModelVersion.objects.select_related("model", "base").filter(model__name=name)
-    for version in versions[:50]:
-        if deployment_for(version) is not None:
-            return version
-    return None
+    return (
+        ModelVersion.objects.select_related("model", "base")
+        .filter(model__name=name)
+        .filter(models.Q(deployments__isnull=False) | models.Q(base__deployments__max_loras__gt=0))
+        .distinct()
+        .first()
+    )
 
 
 def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Route:

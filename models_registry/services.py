@@ -204,14 +204,14 @@ def alias_set(
     return alias
 
 
-def _percent_buckets(percent: float, field: str) -> int:
+def percent_buckets(percent: float, field: str) -> int:
     if not 0 <= percent <= 100:
         raise ValidationError({field: "percent must be between 0 and 100"})
     return round(percent * BUCKETS / 100)
 
 
 def _splits_of(alias: Alias) -> dict[str, float]:
-    return {s.version.public_name: s.percent for s in alias.splits.select_related("version")}
+    return {s.version.public_name: s.percent for s in alias.splits.select_related("version__model")}
 
 
 def alias_split_set(
@@ -226,7 +226,7 @@ def alias_split_set(
 
     The alias's primary version takes whatever the splits leave.
     """
-    buckets = _percent_buckets(percent, "percent")
+    buckets = percent_buckets(percent, "percent")
     if version.pk == alias.version_id:
         raise ValidationError({"version": f"{version.public_name} is the alias's primary"})
     with transaction.atomic():
@@ -263,11 +263,11 @@ def alias_shadow_set(
     reason: str = "",
 ) -> Alias:
     """Copy a share of an alias's requests to a candidate version (None or 0 % stops it)."""
-    buckets = _percent_buckets(percent, "percent")
+    buckets = percent_buckets(percent, "percent")
     if version is not None and version.pk == alias.version_id:
         raise ValidationError({"version": f"{version.public_name} already serves the alias"})
     with transaction.atomic():
-        current = AliasShadow.objects.select_related("version").filter(alias=alias).first()
+        current = AliasShadow.objects.select_related("version__model").filter(alias=alias).first()
         before = (
             {"version": current.version.public_name, "buckets": current.buckets}
             if current
@@ -315,7 +315,7 @@ def deployment_retire(
         transaction.on_commit(lambda: retire_request_sync(redis_sync_client(), name, retire=True))
 
 
-def deployment_serve(*, deployment: Deployment, actor: User | None = None) -> None:
+def deployment_serve(*, deployment: Deployment) -> None:
     """Withdraw a retire request: the deployment's workers stay (new ones start serving)."""
     name = deployment.name
     transaction.on_commit(lambda: retire_request_sync(redis_sync_client(), name, retire=False))

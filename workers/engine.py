@@ -39,6 +39,11 @@ class EngineSpec:
     max_loras: int = 0  # adapters in one batch; 0: the engine serves no LoRA adapters
     max_lora_rank: int = 8
 
+    @property
+    def adapters_kept(self) -> int:
+        """Adapters loaded at once: the worker evicts beyond this, so vLLM's cache never does."""
+        return 2 * self.max_loras
+
 
 @dataclass(frozen=True)
 class AdapterRef:
@@ -133,7 +138,7 @@ class VllmEngine:
                 "max_loras": self.spec.max_loras,
                 "max_lora_rank": self.spec.max_lora_rank,
                 # vLLM's own cache of loaded adapters; the worker evicts before it fills.
-                "max_cpu_loras": 2 * self.spec.max_loras,
+                "max_cpu_loras": self.spec.adapters_kept,
             }
             if current_platform.is_cpu():
                 lora["worker_extension_cls"] = "workers.lora_cpu_fix.LoRANoAdapterFix"

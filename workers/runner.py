@@ -510,14 +510,10 @@ class Worker:
                     slots=self._slots(),
                     tokens_per_second=self._rate.per_second,
                     kv_cache_usage=self.engine.kv_cache_usage(),
+                    leased=list(self.active),  # renewed for as long as the worker is alive
                 )
                 if retire:
                     self.retire()
-                await self.dispatch.renew(
-                    deployment=self.deployment,
-                    request_ids=list(self.active),
-                    lease_seconds=self.lease_seconds,
-                )
                 await self.engine.health()
             except asyncio.CancelledError:
                 raise

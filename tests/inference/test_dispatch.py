@@ -138,7 +138,7 @@ async def test_a_renewed_lease_is_not_reaped(dispatch):
     await dispatch.enqueue(job)
     await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.25)
     await asyncio.sleep(0.15)
-    await dispatch.renew(deployment=deployment, request_ids=[job.request_id], lease_seconds=5)
+    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=5, leased=[job.request_id])
     await asyncio.sleep(0.15)
     assert await dispatch.reclaim_expired(deployment=deployment) == 0
 

@@ -76,21 +76,22 @@ class Command(BaseCommand):
         gc.freeze()
         client = redis_client_new()
         dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
+        reserved = reserved_slots(spec.max_num_seqs)
         adapters = None
         if spec.max_loras:
             resolve = sync_to_async(adapter_ref)
             adapters = Adapters(
                 engine,
                 resolve=lambda digest: resolve(deployment_name=deployment, digest=digest),
-                capacity=2 * spec.max_loras,
+                capacity=spec.adapters_kept,
             )
         worker = Worker(
             deployment=deployment,
             engine=engine,
             dispatch=dispatch,
             worker_id=worker_id_new(),
-            capacity=spec.max_num_seqs - reserved_slots(spec.max_num_seqs),
-            reserved=reserved_slots(spec.max_num_seqs),
+            capacity=spec.max_num_seqs - reserved,
+            reserved=reserved,
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
             stream_interval=settings.SWITCHYARD_STREAM_INTERVAL_MS / 1000,
