@@ -8,10 +8,10 @@ Operators are Django staff. Lists are paginated; model output is never shown une
 from __future__ import annotations
 
 import datetime as dt
-import json
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
@@ -21,7 +21,6 @@ from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count, Sum
-from django.db.models.functions import TruncDay
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -34,8 +33,10 @@ from inference.dispatch import depth_sync, kv_cache_usage_sync, live_workers_syn
 from inference.redis_client import redis_sync_client
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout
 from models_registry.rollouts import RolloutConflict, rollout_act
+from models_registry.selectors import version_pinned
 from models_registry.services import alias_split_set
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
+from tenants.selectors import api_key_get, api_key_list
 from tenants.services import api_key_issue, api_key_revoke, api_key_rotate
 
 PAGE_SIZE = 50
@@ -52,8 +53,6 @@ class LockoutAuthenticationForm(AuthenticationForm):
     """Refuse a username after repeated failures, whatever password comes next, for a while."""
 
     def clean(self) -> dict[str, Any]:
-        from django.conf import settings
-
         username = self.cleaned_data.get("username") or ""
         key = _lock_key(username)
         if (cache.get(key) or 0) >= settings.SWITCHYARD_LOGIN_FAILURES:
@@ -79,6 +78,9 @@ class LoginView(auth_views.LoginView):
 # --- who may see what ------------------------------------------------------------------------
 
 
+_ROLE = "_switchyard_console_role"
+
+
 def _tenant(request: HttpRequest, slug: str, *roles: str) -> Tenant:
     """The tenant of a page, if the user is staff or a member with one of the roles; else 404."""
     tenant = Tenant.objects.filter(slug=slug).select_related("quota").first()
@@ -86,11 +88,10 @@ def _tenant(request: HttpRequest, slug: str, *roles: str) -> Tenant:
         raise Http404("no such tenant")
     if request.user.is_staff:
         return tenant
-    allowed = Membership.objects.filter(tenant=tenant, user_id=request.user.pk or 0)
-    if roles:
-        allowed = allowed.filter(role__in=roles)
-    if not allowed.exists():
+    membership = Membership.objects.filter(tenant=tenant, user_id=request.user.pk or 0).first()
+    if membership is None or (roles and membership.role not in roles):
         raise Http404("no such tenant")
+    setattr(request, _ROLE, membership.role)  # for the page's navigation (_nav)
     return tenant
 
 
@@ -105,10 +106,7 @@ def _user(request: HttpRequest) -> User:
 
 
 def _nav(request: HttpRequest, tenant: Tenant | None = None) -> dict[str, Any]:
-    role = None
-    if tenant is not None and not request.user.is_staff:
-        membership = Membership.objects.filter(tenant=tenant, user_id=request.user.pk or 0).first()
-        role = membership.role if membership else None
+    role = getattr(request, _ROLE, None) if tenant is not None else None
     return {"tenant": tenant, "role": role, "is_staff": request.user.is_staff}
 
 
@@ -131,24 +129,19 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def overview(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant(request, slug)
-    since = month_start()
-    usage = UsageRecord.objects.filter(tenant=tenant, shadow=False, finished_at__gte=since)
-    totals = usage.aggregate(
-        requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
-    )
-    daily = (
-        usage.annotate(day=TruncDay("finished_at", tzinfo=dt.UTC))
-        .values("day")
-        .annotate(cost=Sum("cost"), tokens=Sum("completion_tokens"))
-        .order_by("day")
-    )
+    daily = usage_aggregate(tenant_id=tenant.pk, group="day", since=month_start())
+    totals = {
+        "requests": sum(row.requests for row in daily),
+        "prompt": sum(row.prompt_tokens for row in daily),
+        "completion": sum(row.completion_tokens for row in daily),
+    }
     spend = tenant_month_spend(tenant_id=tenant.pk)
     budget = tenant.quota.monthly_budget
     running = Decimal(0)
     chart: dict[str, list[Any]] = {"labels": [], "spend": [], "budget": []}
     for row in daily:
-        running += row["cost"] or Decimal(0)
-        chart["labels"].append(row["day"].strftime("%m-%d"))
+        running += row.cost
+        chart["labels"].append(row.label[5:])  # MM-DD
         chart["spend"].append(float(round(running, 4)))
         chart["budget"].append(float(budget))
     return render(
@@ -161,7 +154,7 @@ def overview(request: HttpRequest, slug: str) -> HttpResponse:
             "budget": budget,
             "percent": round(float(spend * 100 / budget), 1) if budget else None,
             "banner": budget_banner(tenant=tenant),
-            "chart": json.dumps(chart),
+            "chart": chart,
             "quota": tenant.quota,
         },
     )
@@ -194,7 +187,7 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
             else:
                 request.session["issued_key"] = {"name": made.key.name, "token": made.token}
                 return redirect("console:keys", slug=slug)
-    page = Paginator(ApiKey.objects.filter(tenant=tenant).order_by("-created_at"), PAGE_SIZE)
+    page = Paginator(api_key_list(tenant=tenant), PAGE_SIZE)
     return render(
         request,
         "console/keys.html",
@@ -207,13 +200,18 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
     )
 
 
+def _key(tenant: Tenant, public_id: str) -> ApiKey:
+    try:
+        return api_key_get(tenant=tenant, public_id=public_id)
+    except ApiKey.DoesNotExist as exc:
+        raise Http404("no such key") from exc
+
+
 @login_required
 @require_POST
 def key_revoke(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
     tenant = _tenant(request, slug, Role.ADMIN)
-    key = ApiKey.objects.filter(tenant=tenant, public_id=public_id).first()
-    if key is None:
-        raise Http404("no such key")
+    key = _key(tenant, public_id)
     api_key_revoke(key=key, actor=_user(request))
     messages.success(request, f"Key {key.name} ({key.public_id}) revoked.")
     return redirect("console:keys", slug=slug)
@@ -223,9 +221,7 @@ def key_revoke(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
 @require_POST
 def key_rotate(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
     tenant = _tenant(request, slug, Role.ADMIN)
-    key = ApiKey.objects.filter(tenant=tenant, public_id=public_id).first()
-    if key is None:
-        raise Http404("no such key")
+    key = _key(tenant, public_id)
     hours = request.POST.get("overlap_hours", "24")
     try:
         made = api_key_rotate(
@@ -237,8 +233,8 @@ def key_rotate(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
         messages.error(request, "; ".join(exc.messages))
         return redirect("console:keys", slug=slug)
     request.session["issued_key"] = {"name": made.key.name, "token": made.token}
-    key.refresh_from_db()
-    until = f"{key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "it is revoked"
+    key.refresh_from_db()  # rotation set the old key's expiry
+    until = f"{key.expires_at:%Y-%m-%d %H:%M} UTC"
     messages.success(request, f"The old key {key.public_id} keeps working until {until}.")
     return redirect("console:keys", slug=slug)
 
@@ -288,7 +284,7 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
             "rows": rows,
             "group": group,
             "groups": CONSOLE_GROUPS,
-            "chart": json.dumps(chart),
+            "chart": chart,
         },
     )
 
@@ -368,14 +364,15 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
         .first()
     )
     since = timezone.now() - dt.timedelta(hours=1)
-    versions = [alias.version] + [s.version for s in alias.splits.select_related("version__model")]
+    splits = list(alias.splits.select_related("version__model"))
+    versions = [alias.version] + [s.version for s in splits]
     if rollout is not None and rollout.canary not in versions:
         versions.append(rollout.canary)
     comparison = [
         {"version": v.public_name, **version_slis(version=v, since=since).as_dict()}
         for v in versions
     ]
-    split = alias.splits.select_related("version__model").first()
+    split = splits[0] if splits else None
     return render(
         request,
         "console/canary.html",
@@ -387,7 +384,6 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
             "split": split,
             "candidates": [v for v in versions if v != alias.version],
             "comparison": comparison,
-            "chart": json.dumps(comparison, default=str),
         },
     )
 
@@ -399,8 +395,6 @@ def canary_split(request: HttpRequest, name: str) -> HttpResponse:
     alias = Alias.objects.filter(name=name).first()
     if alias is None:
         raise Http404("no such alias")
-    from models_registry.selectors import version_pinned
-
     version = version_pinned(request.POST.get("version", ""))
     try:
         percent = float(request.POST.get("percent", ""))
@@ -452,10 +446,14 @@ def versions(request: HttpRequest) -> HttpResponse:
 def tenants(request: HttpRequest) -> HttpResponse:
     """Tenants with their quotas and this month's usage (staff: finance and operations)."""
     _staff(request)
-    since = month_start()
+    page = Paginator(Tenant.objects.select_related("quota").order_by("slug"), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     usage = {
         row["tenant_id"]: row
-        for row in UsageRecord.objects.filter(shadow=False, finished_at__gte=since)
+        for row in UsageRecord.objects.filter(
+            shadow=False, finished_at__gte=month_start(), tenant_id__in=[t.pk for t in page]
+        )
         .values("tenant_id")
         .annotate(
             requests=Count("id"),
@@ -463,9 +461,6 @@ def tenants(request: HttpRequest) -> HttpResponse:
             cost=Sum("cost"),
         )
     }
-    page = Paginator(Tenant.objects.select_related("quota").order_by("slug"), PAGE_SIZE).get_page(
-        request.GET.get("page")
-    )
     rows: list[dict[str, Any]] = [{"tenant": t, "usage": usage.get(t.pk, {})} for t in page]
     return render(request, "console/tenants.html", {**_nav(request), "page": page, "rows": rows})
 

@@ -394,6 +394,30 @@ async def _admit(*, principal: Principal, request_id: str, reserve: Usage) -> De
     )
 
 
+# Failures that happen after admission; none of them is the client's fault.
+_FAILURE_STATUS = {
+    "timeout": 503,
+    "deadline_exceeded": 503,
+    "worker_lost": 503,
+    "engine_error": 503,
+    "adapter_unavailable": 503,
+    "cancelled": 503,
+}
+
+
+def request_failure(event: Failed) -> ApiError:
+    """The error a client sees for a request that failed after it was admitted."""
+    return ApiError(_FAILURE_STATUS.get(event.code, 503), event.code, event.message, retry_after=1)
+
+
+def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
+    """Settle a request's reservation; free its Idempotency-Key if it failed."""
+    spawn(usage_settle(submitted, event))
+    key = submitted.idempotency_key
+    if key is not None and isinstance(event, Failed):
+        spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
+
+
 async def usage_settle(submitted: Submitted, event: Finished | Failed) -> None:
     """Settle an ended request's reservation to what it used (the ingester does it otherwise).
 

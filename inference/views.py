@@ -23,15 +23,15 @@ from inference.idempotency import Original, body_digest, key_validate
 from inference.openai_format import DONE, Formatter, error_chunk
 from inference.params import CHAT, COMPLETIONS, GenerationRequest, body_parse, generation_parse
 from inference.services import (
-    Submitted,
     dispatch_get,
     generation_submit,
     idempotency_get,
     quotas_get,
     ratelimit_headers,
+    request_ended,
+    request_failure,
     request_id_new,
     routing_get,
-    usage_settle,
 )
 from inference.types import Delta, Event, Failed, Finished
 from models_registry.selectors import model_names_list
@@ -42,16 +42,6 @@ _json = msgspec.json.Encoder()
 View = Callable[..., Awaitable[HttpResponseBase]]
 # Django's stubs type views as sync callables; URL patterns accept async ones at run time.
 Routable = Callable[..., Any]
-
-# Failures that happen after admission; none of them is the client's fault.
-_FAILURE_STATUS = {
-    "timeout": 503,
-    "deadline_exceeded": 503,
-    "worker_lost": 503,
-    "engine_error": 503,
-    "adapter_unavailable": 503,
-    "cancelled": 503,
-}
 
 
 def api_endpoint(*methods: str) -> Callable[[View], Routable]:
@@ -193,7 +183,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         created=int(submitted.job.enqueued_at),
     )
     events = relay.events(dispatch_get(), submitted)
-    on_end = functools.partial(_ended, submitted)
+    on_end = functools.partial(request_ended, submitted)
     if parsed.stream:
         response: HttpResponseBase = _streaming(_sse(events, parsed, formatter, on_end))
     else:
@@ -215,14 +205,6 @@ def _formatter(
         created=created,
         fingerprint=f"sy-{version}",
     )
-
-
-def _ended(submitted: Submitted, event: Finished | Failed) -> None:
-    """Settle a request's reservation; free its Idempotency-Key if it failed."""
-    spawn(usage_settle(submitted, event))
-    key = submitted.idempotency_key
-    if key is not None and isinstance(event, Failed):
-        spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
 
 
 async def _replay_or_claim(
@@ -316,12 +298,8 @@ async def _collect(
         elif isinstance(event, Failed):
             if on_end is not None:
                 on_end(event)
-            raise _failure(event)
+            raise request_failure(event)
     raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
-
-
-def _failure(event: Failed) -> ApiError:
-    return ApiError(_FAILURE_STATUS.get(event.code, 503), event.code, event.message, retry_after=1)
 
 
 async def _sse(
@@ -354,7 +332,7 @@ async def _sse(
         elif isinstance(event, Failed):
             if on_end is not None:
                 on_end(event)
-            yield error_chunk(_failure(event).body())
+            yield error_chunk(request_failure(event).body())
             yield DONE
             return
 

@@ -30,8 +30,14 @@ from inference import relay
 from inference.auth import Principal, authenticate
 from inference.errors import ApiError
 from inference.params import CHAT, COMPLETIONS, generation_parse
-from inference.services import dispatch_get, generation_submit, request_id_new, usage_settle
-from inference.types import Delta, Failed, Finished, Started
+from inference.services import (
+    dispatch_get,
+    generation_submit,
+    request_ended,
+    request_failure,
+    request_id_new,
+)
+from inference.types import Delta, Failed, Finished
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -145,7 +151,6 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                 "model": submitted.route.served_name,
             }
         )
-        ended: Finished | Failed | None = None
         try:
             async for event in relay.events(dispatch_get(), submitted):
                 if isinstance(event, Delta):
@@ -158,7 +163,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                         }
                     )
                 elif isinstance(event, Finished):
-                    ended = event
+                    request_ended(submitted, event)
                     await self._send(
                         {
                             "type": "finished",
@@ -172,17 +177,12 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                         }
                     )
                 elif isinstance(event, Failed):
-                    ended = event
-                    await self._error(client_id, ApiError(503, event.code, event.message))
-                elif isinstance(event, Started):
-                    continue
+                    request_ended(submitted, event)
+                    await self._error(client_id, request_failure(event))
         except asyncio.CancelledError:
             # A cancel message or a closed socket: relay.events cancels the request itself.
             with contextlib.suppress(Exception):
                 await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
-        finally:
-            if ended is not None:
-                await usage_settle(submitted, ended)
 
     async def _error(self, client_id: str | None, exc: ApiError) -> None:
         await self._send({"type": "error", "id": client_id, **exc.body()})

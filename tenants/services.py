@@ -123,22 +123,21 @@ def api_key_rotate(
     Clients switch to the new token while the old one still works; after the overlap the
     old key is refused like any expired key.
     """
-    if key.revoked_at is not None:
-        raise ValidationError({"key": "a revoked key cannot be rotated; issue a new one"})
     if overlap < dt.timedelta(0):
         raise ValidationError({"overlap": "the overlap cannot be negative"})
     with transaction.atomic():
         key = ApiKey.objects.select_for_update().get(pk=key.pk)
+        if key.revoked_at is not None:
+            raise ValidationError({"key": "a revoked key cannot be rotated; issue a new one"})
+        ends = timezone.now() + overlap
         successor = api_key_issue(
             tenant=key.tenant,
             name=key.name,
             scopes=list(key.scopes),
-            expires_at=key.expires_at
-            if key.expires_at and key.expires_at > timezone.now() + overlap
-            else None,
+            # A key that expires after the overlap passes its own expiry on to the successor.
+            expires_at=key.expires_at if key.expires_at and key.expires_at > ends else None,
             actor=actor,
         )
-        ends = timezone.now() + overlap
         if key.expires_at is None or key.expires_at > ends:
             key.expires_at = ends
             key.save(update_fields=["expires_at"])

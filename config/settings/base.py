@@ -132,7 +132,6 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 # `make install` copies the npm packages the console uses (Chart.js, htmx) into static/vendor.
 STATICFILES_DIRS = [BASE_DIR / "static"]
-WHITENOISE_USE_FINDERS = True  # no collectstatic needed for the demo and tests
 # Shared by every frontend: sign-in lockout counters live here.
 CACHES = {
     "default": {

@@ -9,3 +9,4 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SWITCHYARD_KEY_CACHE_SECONDS = 0.5
 SWITCHYARD_ROUTE_CACHE_SECONDS = 0.5
 SWITCHYARD_LEASE_SECONDS = 3.0
+WHITENOISE_USE_FINDERS = True  # static files served in place: no collectstatic needed
