@@ -97,7 +97,7 @@ class InvoiceState(models.TextChoices):
     VOID = "void"
 
 
-class IssuedInvoiceError(Exception):
+class IssuedInvoiceError(AppendOnlyError):
     """An issued invoice (or one of its lines) cannot change; correct it on the next one."""
 
 

@@ -21,7 +21,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncHour
 
 from billing.models import UsageRecord
-from inference.dispatch import ledger_key
+from inference.dispatch import ledger_hour, ledger_key
 from inference.redis_client import redis_sync_client
 from models_registry.models import Deployment
 
@@ -59,7 +59,8 @@ def usage_reconcile(*, hours: int = 24, now: dt.datetime | None = None) -> list[
     since = (now - dt.timedelta(hours=hours)).replace(minute=0, second=0, microsecond=0)
     # An hour is settled once its last request's longest possible life has passed.
     settled_before = now - dt.timedelta(seconds=settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS + 60)
-    prune_before = (now - dt.timedelta(days=LEDGER_DAYS)).strftime("%Y%m%d%H")
+    prune_before = ledger_hour((now - dt.timedelta(days=LEDGER_DAYS)).timestamp())
+    since_hour = ledger_hour(since.timestamp())
     client = redis_sync_client()
     counts: dict[tuple[str, str], HourCount] = {}
 
@@ -83,7 +84,7 @@ def usage_reconcile(*, hours: int = 24, now: dt.datetime | None = None) -> list[
         if stale:
             client.hdel(ledger_key(name), *stale)
         for hour, values in fields.items():
-            if hour >= since.strftime("%Y%m%d%H"):
+            if hour >= since_hour:
                 ledgered = count(name, hour)
                 ledgered.admitted = values.get("admitted", 0)
                 ledgered.finished = values.get("finished", 0)
@@ -95,7 +96,7 @@ def usage_reconcile(*, hours: int = 24, now: dt.datetime | None = None) -> list[
         .annotate(n=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
     )
     for row in recorded:
-        hourly = count(row["deployment"], row["hour"].strftime("%Y%m%d%H"))
+        hourly = count(row["deployment"], ledger_hour(row["hour"].timestamp()))
         hourly.recorded = row["n"]
         hourly.recorded_tokens = (row["prompt"] or 0) + (row["completion"] or 0)
     return sorted(counts.values(), key=lambda c: (c.hour, c.deployment))

@@ -147,8 +147,8 @@ def version_slis(
     )
     if until is not None:
         rows = rows.filter(finished_at__lt=until)
-    requests = errors = tokens = 0
-    cost = Decimal(0)
+    requests = errors = 0
+    prompt = completion = 0
     ttfts: list[float] = []
     itls: list[float] = []
     for row in rows.only(
@@ -157,17 +157,16 @@ def version_slis(
     ).iterator():  # fmt: skip
         requests += 1
         errors += row.status in _FAILED
-        tokens += row.prompt_tokens + row.completion_tokens
-        cost += usage_cost(
-            version=version,
-            prompt_tokens=row.prompt_tokens,
-            completion_tokens=row.completion_tokens,
-        )
+        prompt += row.prompt_tokens
+        completion += row.completion_tokens
         if row.first_token_at is not None:
             ttfts.append((row.first_token_at - row.enqueued_at).total_seconds() * 1000)
             if row.completion_tokens > 1:
                 gaps = row.completion_tokens - 1
                 itls.append((row.finished_at - row.first_token_at).total_seconds() * 1000 / gaps)
+    # Priced once for the window: cost is linear in tokens (shadow rows are stored at 0).
+    tokens = prompt + completion
+    cost = usage_cost(version=version, prompt_tokens=prompt, completion_tokens=completion)
     return Slis(
         requests=requests,
         errors=errors,

@@ -31,13 +31,6 @@ def _maybe_when(ts: float | None) -> dt.datetime | None:
     return _when(ts) if ts is not None else None
 
 
-def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: int) -> Decimal:
-    """Return what a request costs at its version's registered prices."""
-    return (
-        version.price_input_per_1k * prompt_tokens + version.price_output_per_1k * completion_tokens
-    ) / _THOUSAND
-
-
 @dataclass(frozen=True)
 class Price:
     """The prices a request pays: a price book's, or its version's registered ones."""
@@ -56,21 +49,28 @@ class Price:
         return full
 
 
+def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: int) -> Decimal:
+    """Return what tokens cost at a version's registered prices (no price book, no discount)."""
+    price = Price(version.price_input_per_1k, version.price_output_per_1k)
+    return price.cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, priority="")
+
+
 class PriceBooks:
     """The price books of some versions, to look up the one in force at a moment."""
 
     def __init__(self, versions: Iterable[ModelVersion]) -> None:
-        self._versions = {v.pk: v for v in versions}
         self._books: dict[int, list[PriceBook]] = {}
-        books = PriceBook.objects.filter(model_version_id__in=self._versions).order_by(
+        self._starts: dict[int, list[dt.datetime]] = {}
+        books = PriceBook.objects.filter(model_version_id__in={v.pk for v in versions}).order_by(
             "effective_from"
         )
         for book in books:
             self._books.setdefault(book.model_version_id, []).append(book)
+            self._starts.setdefault(book.model_version_id, []).append(book.effective_from)
 
     def at(self, version: ModelVersion, moment: dt.datetime) -> Price:
         books = self._books.get(version.pk, [])
-        index = bisect.bisect_right([b.effective_from for b in books], moment) - 1
+        index = bisect.bisect_right(self._starts.get(version.pk, []), moment) - 1
         if index < 0:
             return Price(version.price_input_per_1k, version.price_output_per_1k)
         book = books[index]

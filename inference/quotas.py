@@ -80,11 +80,11 @@ return {0, math.floor(req_level - 1), math.floor(tok_level - tokens), reset_requ
 """
 )
 
-# Settle a reservation to actual use, once: unused tokens go back to the bucket, the budget is
-# charged the actual cost, and the concurrency slot is freed.
-# Settle reservations of one tenant admitted in one month: KEYS = tpm, inflight, spent, then
-# one held key per request; ARGV = now, then (request id, used tokens, used cost) per request.
-# A reservation already settled is skipped; returns how many were settled here.
+# Settle reservations to actual use, once each: unused tokens go back to the bucket, the budget
+# is charged the actual cost, and the concurrency slot is freed. One call covers one tenant's
+# requests admitted in one month: KEYS = tpm, inflight, spent, then one held key per request;
+# ARGV = now, then (request id, used tokens, used cost) per request. A reservation already
+# settled is skipped; returns how many were settled here.
 _RELEASE = """
 local now = tonumber(ARGV[1])
 local settled = 0
@@ -189,6 +189,18 @@ def _keys(tenant_id: int, request_id: str, month: str) -> list[str]:
     ]
 
 
+def _release_call(
+    tenant_id: int, month: str, items: list[tuple[str, Usage]]
+) -> tuple[list[str], list[int | str]]:
+    """The keys and arguments of one _RELEASE call for a tenant's requests of one month."""
+    _, tpm, inflight, spent, held_prefix = _keys(tenant_id, "", month)
+    keys = [tpm, inflight, spent, *(held_prefix + rid for rid, _ in items)]
+    args: list[int | str] = [int(time.time() * 1000)]
+    for rid, used in items:
+        args += [rid, used.tokens, used.cost_micros]
+    return keys, args
+
+
 class Quotas:
     """Admission and settlement against one Redis."""
 
@@ -264,7 +276,8 @@ class Quotas:
         self, *, tenant_id: int, request_id: str, admitted_at: float, used: Usage
     ) -> bool:
         """Settle a request's reservation to what it used; True the first time only."""
-        return await self.release_many([(tenant_id, request_id, admitted_at, used)]) == 1
+        keys, args = _release_call(tenant_id, month_of(admitted_at), [(request_id, used)])
+        return int(await self._release(keys=keys, args=args)) == 1
 
     async def release_many(self, settlements: list[tuple[int, str, float, Usage]]) -> int:
         """Settle reservations given as (tenant, request id, admitted at, used); return how many.
@@ -277,14 +290,9 @@ class Quotas:
             groups.setdefault((tenant_id, month_of(admitted_at)), []).append((request_id, used))
         if not groups:
             return 0
-        now_ms = int(time.time() * 1000)
         async with self.redis.pipeline(transaction=False) as pipe:
             for (tenant_id, month), items in groups.items():
-                _, tpm, inflight, spent, _ = _keys(tenant_id, "", month)
-                held = [_keys(tenant_id, rid, month)[4] for rid, _ in items]
-                args: list[int | str] = [now_ms]
-                for rid, used in items:
-                    args += [rid, used.tokens, used.cost_micros]
-                await self._release(keys=[tpm, inflight, spent, *held], args=args, client=pipe)
+                keys, args = _release_call(tenant_id, month, items)
+                await self._release(keys=keys, args=args, client=pipe)
             results = await pipe.execute()
         return sum(int(n) for n in results)
