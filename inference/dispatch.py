@@ -961,8 +961,9 @@ def usage_for(
     finish_reason: str = "",
     error_code: str = "",
     cached_tokens: int = 0,
+    prompt_tokens: int | None = None,
 ) -> UsageEvent:
-    """Build the usage event of a job."""
+    """Build the usage event of a job; its prompt counts in full unless told otherwise."""
     return UsageEvent(
         request_id=job.request_id,
         tenant_id=job.tenant_id,
@@ -973,7 +974,7 @@ def usage_for(
         status=status,
         finish_reason=finish_reason,
         error_code=error_code,
-        prompt_tokens=len(job.prompt_token_ids),
+        prompt_tokens=len(job.prompt_token_ids) if prompt_tokens is None else prompt_tokens,
         completion_tokens=completion_tokens,
         enqueued_at=job.enqueued_at,
         started_at=started_at,

@@ -98,3 +98,33 @@ def error_chunk(body: dict[str, Any]) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+
+
+def embeddings_body(
+    *, vectors: bytes, native: int, dimensions: int, encoding_format: str, model: str, tokens: int
+) -> dict[str, Any]:
+    """The body of an embeddings response, vectors as floats or base64 float32 (little-endian).
+
+    A vector cut to fewer `dimensions` (a Matryoshka model) is normalised again to unit length.
+    """
+    import base64
+
+    import numpy as np
+
+    rows = np.frombuffer(vectors, dtype="<f4").reshape(-1, native)
+    if dimensions < native:
+        rows = rows[:, :dimensions]
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        rows = (rows / np.maximum(norms, 1e-12)).astype("<f4")
+    if encoding_format == "base64":
+        items: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
+    else:
+        items = rows.tolist()
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

@@ -217,6 +217,14 @@ _TIERS = {
 }
 
 
+def _user(body: dict[str, Any]) -> str | None:
+    """The client's `user` tag; it is kept on usage records, so it cannot hold a NUL."""
+    user = _string(body, "user")
+    if user is not None and "\x00" in user:
+        raise invalid("user", "'user' cannot contain the NUL character.")
+    return user
+
+
 def _priority(body: dict[str, Any]) -> str:
     tier = _string(body, "service_tier")
     if tier is None:
@@ -261,8 +269,83 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, default=0.0) or 0.0,
         stream=stream,
         include_usage=include_usage,
-        user=_string(body, "user"),
+        user=_user(body),
         priority=_priority(body),
         # Switchyard's own: the seconds the client will wait, like the x-request-timeout header.
+        timeout=_number(body, "timeout", 0.001, 86400.0),
+    )
+
+
+EMBEDDINGS = "embeddings"
+MAX_EMBEDDING_INPUTS = 2048
+ENCODING_FORMATS = ("float", "base64")
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    model: str
+    inputs: list[str] | list[list[int]]  # texts, or inputs already as token ids
+    encoding_format: str
+    dimensions: int | None
+    user: str | None
+    priority: str = "interactive"
+    timeout: float | None = None
+
+    @property
+    def tokenized(self) -> bool:
+        return bool(self.inputs) and isinstance(self.inputs[0], list)
+
+
+def _embedding_inputs(body: dict[str, Any]) -> list[str] | list[list[int]]:
+    """Return `input` as a list of texts or of token-id lists, or raise a 400 naming it."""
+    value = body.get("input")
+    if value is None:
+        raise invalid("input", "Missing required parameter: 'input'.", "missing_required_parameter")
+    single_tokens = isinstance(value, list) and value and all(_is_token(t) for t in value)
+    if isinstance(value, str) or single_tokens:
+        value = [value]  # one input
+    if not isinstance(value, list):
+        raise _type_error("input", "a string, an array of strings or of token arrays", value)
+    if not value:
+        raise invalid("input", "'input' cannot be an empty array.")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise invalid(
+            "input", f"'input' takes at most {MAX_EMBEDDING_INPUTS} items, got {len(value)}."
+        )
+    if all(isinstance(item, str) for item in value):
+        for index, item in enumerate(value):
+            if not item.strip():
+                raise invalid(f"input[{index}]", f"'input[{index}]' cannot be an empty string.")
+        return value
+    if all(isinstance(item, list) for item in value):
+        for index, item in enumerate(value):
+            if not item:
+                raise invalid(f"input[{index}]", f"'input[{index}]' cannot be an empty array.")
+            if not all(_is_token(t) for t in item):
+                raise invalid(f"input[{index}]", f"'input[{index}]' must hold token ids (>= 0).")
+        return value
+    raise _type_error("input", "a string, an array of strings or of token arrays", value)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
+    """Return the typed request of an embeddings body, or raise a 400."""
+    model = _string(body, "model", required=True)
+    assert model is not None
+    encoding = _string(body, "encoding_format") or "float"
+    if encoding not in ENCODING_FORMATS:
+        raise invalid(
+            "encoding_format", f"'encoding_format' must be one of {', '.join(ENCODING_FORMATS)}."
+        )
+    return EmbeddingRequest(
+        model=model,
+        inputs=_embedding_inputs(body),
+        encoding_format=encoding,
+        dimensions=_integer(body, "dimensions", 1, 1 << 16),
+        user=_user(body),
+        priority=_priority(body),
         timeout=_number(body, "timeout", 0.001, 86400.0),
     )

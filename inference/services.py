@@ -18,13 +18,14 @@ from inference.background import spawn
 from inference.cache import RefreshingCache
 from inference.db import db_call
 from inference.dispatch import Dispatch, Refusal, Refused
-from inference.errors import ApiError
+from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
-from inference.params import CHAT, GenerationRequest
+from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
 from inference.tokenization import tokenizer_for
 from inference.types import Failed, Finished, Job, Sampling
+from models_registry.models import Task
 from models_registry.selectors import Route, Routing, routing_resolve
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ async def generation_submit(
     timeout: float | None = None,
     priority: str = "interactive",
     idempotency_key: str | None = None,
+    reply_ttl: int = 0,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
 
@@ -197,6 +199,7 @@ async def generation_submit(
     """
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
+    _task_check(route, embeddings=False, model=request.model)
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
@@ -222,38 +225,12 @@ async def generation_submit(
         priority=priority,
         weight=principal.priority_weight,
         enqueued_at=now,
-        deadline=now
-        + min(
-            timeout or math.inf,
-            principal.max_request_seconds,
-            settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
-        ),
-        reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else 0,
+        deadline=_deadline(principal, now, timeout),
+        reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else reply_ttl,
         adapter=route.adapter,
         user=(request.user or "")[:64],
     )
-    reserve = Usage(
-        tokens=job.reserved_tokens,
-        cost_micros=_cost(route, prompt=len(prompt), completion=sampling.max_tokens),
-    )
-    decision = await _admit(principal=principal, request_id=request_id, reserve=reserve)
-    refused = await dispatch_get().enqueue(
-        job, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
-    )
-    if refused is not None:
-        if refused.reason is Refusal.QUEUE_FULL:
-            _full_until[route.deployment] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
-        spawn(
-            quotas_get().release(
-                tenant_id=principal.tenant_id,
-                request_id=request_id,
-                admitted_at=now,
-                used=Usage(tokens=0, cost_micros=0),
-            )
-        )
-        raise _refusal_error(refused, model=request.model, job=job).with_headers(
-            ratelimit_headers(principal.limits, decision)
-        )
+    decision = await _job_submit(principal=principal, route=route, job=job, model=request.model)
     shadow = routing.shadow_for(request_id=request_id)
     if shadow is not None and shadow.version_digest != route.version_digest:
         spawn(_shadow_submit(request, job, shadow))
@@ -278,6 +255,123 @@ async def generation_submit(
             ),
         )
     return submitted
+
+
+async def _job_submit(*, principal: Principal, route: Route, job: Job, model: str) -> Decision:
+    """Reserve a built job's share of its tenant's limits and queue it, or raise why not."""
+    reserve = Usage(
+        tokens=job.reserved_tokens,
+        cost_micros=_cost(
+            route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
+        ),
+    )
+    decision = await _admit(principal=principal, request_id=job.request_id, reserve=reserve)
+    refused = await dispatch_get().enqueue(
+        job, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
+    )
+    if refused is not None:
+        if refused.reason is Refusal.QUEUE_FULL:
+            _full_until[route.deployment] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
+        spawn(
+            quotas_get().release(
+                tenant_id=principal.tenant_id,
+                request_id=job.request_id,
+                admitted_at=job.enqueued_at,
+                used=Usage(tokens=0, cost_micros=0),
+            )
+        )
+        raise _refusal_error(refused, model=model, job=job).with_headers(
+            ratelimit_headers(principal.limits, decision)
+        )
+    return decision
+
+
+def _deadline(principal: Principal, now: float, timeout: float | None) -> float:
+    """The soonest of the client's timeout, the tenant's maximum and the platform's maximum."""
+    return now + min(
+        timeout or math.inf,
+        principal.max_request_seconds,
+        settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+    )
+
+
+def _task_check(route: Route, *, embeddings: bool, model: str) -> None:
+    """Refuse a request sent to an endpoint its model does not serve."""
+    if (route.task == Task.EMBEDDING) == embeddings:
+        return
+    if embeddings:
+        message = f"'{model}' is a {route.task} model; call /v1/chat/completions instead."
+    else:
+        message = f"'{model}' is an embedding model; call /v1/embeddings instead."
+    raise ApiError(400, "wrong_endpoint_for_model", message, param="model")
+
+
+def _input_ids(request: EmbeddingRequest, route: Route) -> list[list[int]]:
+    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    if not request.tokenized:
+        return tokenizer.encode_inputs(list(request.inputs))  # type: ignore[arg-type]
+    vocab = tokenizer.vocab_size
+    for index, ids in enumerate(request.inputs):
+        if any(t >= vocab for t in ids):  # type: ignore[operator]
+            raise invalid(f"input[{index}]", f"Token ids must be in [0, {vocab}).")
+    return list(request.inputs)  # type: ignore[arg-type]
+
+
+async def embedding_submit(
+    *,
+    principal: Principal,
+    request: EmbeddingRequest,
+    request_id: str,
+    timeout: float | None = None,
+    priority: str | None = None,
+    reply_ttl: int = 0,
+) -> Submitted:
+    """Admit an embeddings request and enqueue it for its encoder deployment's workers."""
+    routing = await routing_get(request.model)
+    route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
+    _task_check(route, embeddings=True, model=request.model)
+    if request.dimensions is not None and request.dimensions not in route.dimensions:
+        allowed = ", ".join(str(d) for d in route.dimensions)
+        raise invalid(
+            "dimensions",
+            f"'{request.model}' returns vectors of {allowed} dimensions, not {request.dimensions}.",
+        )
+    if _full_until.get(route.deployment, 0.0) > time.monotonic():
+        raise _queue_full(request.model)
+    if sum(len(i) for i in request.inputs) > _INLINE_TOKENIZE_CHARS:
+        inputs = await asyncio.to_thread(_input_ids, request, route)
+    else:
+        inputs = _input_ids(request, route)
+    context = min(route.context_length, principal.max_context_tokens)
+    for index, ids in enumerate(inputs):
+        if len(ids) > context:
+            raise ApiError(
+                400,
+                "context_length_exceeded",
+                f"'input[{index}]' is {len(ids)} tokens; this model takes at most {context} "
+                "tokens per input.",
+                param=f"input[{index}]",
+            )
+    now = time.time()
+    job = Job(
+        request_id=request_id,
+        tenant_id=principal.tenant_id,
+        api_key_id=principal.key_id,
+        deployment=route.deployment,
+        model_version=route.version_digest,
+        endpoint=EMBEDDINGS,
+        prompt_token_ids=[t for ids in inputs for t in ids],
+        input_lengths=[len(ids) for ids in inputs],
+        sampling=Sampling(max_tokens=0),
+        priority=priority or request.priority,
+        weight=principal.priority_weight,
+        enqueued_at=now,
+        deadline=_deadline(principal, now, timeout),
+        user=(request.user or "")[:64],
+        reply_ttl=reply_ttl,
+    )
+    decision = await _job_submit(principal=principal, route=route, job=job, model=request.model)
+    return Submitted(job=job, route=route, principal=principal, decision=decision)
 
 
 async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> None:

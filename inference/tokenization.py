@@ -20,9 +20,17 @@ class Tokenizer:
 
         self._hf: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         self._fast = self._hf.backend_tokenizer
+        # Some tokenizer files pad or truncate every encoding (all-MiniLM-L6-v2's pad to 128):
+        # lengths are checked against the context here, and padding is the engine's business.
+        self._fast.no_padding()
+        self._fast.no_truncation()
 
     def encode_text(self, text: str) -> list[int]:
         return list(self._fast.encode(text, add_special_tokens=False).ids)
+
+    def encode_inputs(self, texts: list[str]) -> list[list[int]]:
+        """Encode many encoder inputs at once (the tokenizer parallelises the batch)."""
+        return [list(e.ids) for e in self._fast.encode_batch(texts, add_special_tokens=True)]
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self._hf, "chat_template", None):

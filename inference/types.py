@@ -44,6 +44,16 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     # A copy for a candidate version: nobody reads its output and it is not billed.
     shadow: bool = False
     user: str = ""  # the client's `user` tag, kept on the usage record
+    # An embeddings request: prompt_token_ids holds its inputs end to end, these long each.
+    input_lengths: list[int] = []
+
+    def inputs(self) -> list[list[int]]:
+        """The token ids of each input of an embeddings request."""
+        out, start = [], 0
+        for length in self.input_lengths:
+            out.append(self.prompt_token_ids[start : start + length])
+            start += length
+        return out
 
     @property
     def reserved_tokens(self) -> int:
@@ -70,6 +80,13 @@ class Delta(msgspec.Struct, frozen=True, tag="delta"):
     tokens: int
 
 
+class Embeddings(msgspec.Struct, frozen=True, tag="embeddings"):
+    """The vectors of an embeddings request: float32, little-endian, one row per input."""
+
+    data: bytes
+    dimensions: int
+
+
 class Finished(msgspec.Struct, frozen=True, tag="finished"):
     finish_reason: str
     prompt_tokens: int
@@ -83,7 +100,7 @@ class Failed(msgspec.Struct, frozen=True, tag="error"):
     completion_tokens: int
 
 
-Event = Started | Delta | Finished | Failed
+Event = Started | Delta | Embeddings | Finished | Failed
 TERMINAL = (Finished, Failed)
 
 

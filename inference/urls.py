@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
+from batches import views as batches
 from inference import views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions),
     path("completions", views.completions),
+    path("embeddings", views.embeddings),
+    path("files", batches.files),
+    path("files/<str:file_id>", batches.file_detail),
+    path("files/<str:file_id>/content", batches.file_content),
+    path("batches", batches.batches),
+    path("batches/<str:batch_id>", batches.batch_detail),
+    path("batches/<str:batch_id>/cancel", batches.batch_cancel),
     path("models", views.models_list),
     path("requests/<str:target>/cancel", views.request_cancel),
     path("models/<path:name>", views.models_detail),

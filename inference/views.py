@@ -21,9 +21,18 @@ from inference.db import db_call
 from inference.errors import ApiError
 from inference.idempotency import Original, body_digest, key_validate
 from inference.openai_format import DONE, Formatter, error_chunk
-from inference.params import CHAT, COMPLETIONS, GenerationRequest, body_parse, generation_parse
+from inference.params import (
+    CHAT,
+    COMPLETIONS,
+    GenerationRequest,
+    body_parse,
+    embeddings_parse,
+    generation_parse,
+)
+from inference.results import OnEnd, completion_collect, embeddings_collect
 from inference.services import (
     dispatch_get,
+    embedding_submit,
     generation_submit,
     idempotency_get,
     quotas_get,
@@ -82,12 +91,13 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
     return decorate
 
 
-def _json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
+def json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
     payload = body if isinstance(body, bytes) else _json.encode(body)
     return HttpResponse(payload, status=status, content_type="application/json")
 
 
-async def _body(request: HttpRequest) -> bytes:
+async def request_body(request: HttpRequest) -> bytes:
+    """The request's body, or a 413 when it is larger than the API accepts."""
     length = request.headers.get("Content-Length")
     limit = settings.MAX_REQUEST_BYTES
     if length is not None and length.isdigit() and int(length) > limit:
@@ -124,7 +134,8 @@ def _timeout(raw: str | None) -> float | None:
 _PRINCIPAL = "switchyard.principal"
 
 
-async def _principal(request: HttpRequest, scope: str) -> Principal:
+async def request_principal(request: HttpRequest, scope: str) -> Principal:
+    """Authenticate a request's API key for a scope; later headers name its limits."""
     principal = await authenticate(request.headers.get("Authorization"), scope=scope)
     request.META[_PRINCIPAL] = principal
     return principal
@@ -150,13 +161,40 @@ async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase
     return await _generate(request, request_id, endpoint=COMPLETIONS)
 
 
+def _client_timeout(request: HttpRequest, body_timeout: float | None) -> float | None:
+    """The sooner of the `x-request-timeout` header and the body's `timeout`, if either."""
+    timeouts = [t for t in (_timeout(request.headers.get("x-request-timeout")), body_timeout) if t]
+    return min(timeouts, default=None)
+
+
+@api_endpoint("POST")
+async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
+    principal = await request_principal(request, Scope.INFERENCE)
+    parsed = embeddings_parse(body_parse(await request_body(request)))
+    submitted = await embedding_submit(
+        principal=principal,
+        request=parsed,
+        request_id=request_id,
+        timeout=_client_timeout(request, parsed.timeout),
+    )
+    route = submitted.route
+    body = await embeddings_collect(
+        relay.events(dispatch_get(), submitted),
+        parsed,
+        model=route.served_name,
+        on_end=functools.partial(request_ended, submitted),
+    )
+    response = json_response(body)
+    response["x-switchyard-model-version"] = route.version
+    for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
+        response[name] = value
+    return response
+
+
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
-    principal = await _principal(request, Scope.INFERENCE)
-    body = body_parse(await _body(request))
+    principal = await request_principal(request, Scope.INFERENCE)
+    body = body_parse(await request_body(request))
     parsed = generation_parse(body, endpoint=endpoint)
-    timeouts = [
-        t for t in (_timeout(request.headers.get("x-request-timeout")), parsed.timeout) if t
-    ]
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:
         replayed = await _replay_or_claim(principal, key, body, parsed)
@@ -167,7 +205,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             principal=principal,
             request=parsed,
             request_id=request_id,
-            timeout=min(timeouts, default=None),
+            timeout=_client_timeout(request, parsed.timeout),
             priority=parsed.priority,
             idempotency_key=key,
         )
@@ -274,32 +312,10 @@ def _streaming(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
     return response
 
 
-OnEnd = Callable[[Finished | Failed], None] | None
-
-
 async def _collect(
     events: AsyncIterator[Event], formatter: Formatter, on_end: OnEnd
 ) -> HttpResponse:
-    parts: list[str] = []
-    async for event in events:
-        if isinstance(event, Delta):
-            parts.append(event.text)
-        elif isinstance(event, Finished):
-            if on_end is not None:
-                on_end(event)
-            return _json_response(
-                formatter.complete(
-                    text="".join(parts),
-                    finish_reason=event.finish_reason,
-                    prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                )
-            )
-        elif isinstance(event, Failed):
-            if on_end is not None:
-                on_end(event)
-            raise request_failure(event)
-    raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
+    return json_response(await completion_collect(events, formatter, on_end))
 
 
 async def _sse(
@@ -340,32 +356,32 @@ async def _sse(
 @api_endpoint("POST")
 async def request_cancel(request: HttpRequest, request_id: str, target: str) -> HttpResponse:
     """Cancel one of the caller's tenant's requests by id (the `x-request-id` it got)."""
-    principal = await _principal(request, Scope.INFERENCE)
+    principal = await request_principal(request, Scope.INFERENCE)
     dispatch = dispatch_get()
     rid = target.removeprefix("chatcmpl-").removeprefix("cmpl-")
     where = await dispatch.whereabouts(rid)
     if where is None or where.tenant_id != principal.tenant_id:
         raise ApiError(404, "request_not_found", f"No recent request '{target}'.", param="id")
     cancelled = await dispatch.cancel_by_id(where=where, request_id=rid)
-    return _json_response(
+    return json_response(
         {"id": rid, "object": "request", "status": "cancelling" if cancelled else "finished"}
     )
 
 
 @api_endpoint("GET")
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
-    await _principal(request, Scope.MODELS_READ)
+    await request_principal(request, Scope.MODELS_READ)
     names = await db_call(model_names_list)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
         for name, created in names
     ]
-    return _json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": data})
 
 
 @api_endpoint("GET")
 async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
-    await _principal(request, Scope.MODELS_READ)
+    await request_principal(request, Scope.MODELS_READ)
     routing = await routing_get(name)
     body = {
         "id": name,
@@ -376,7 +392,7 @@ async def models_detail(request: HttpRequest, request_id: str, name: str) -> Htt
     }
     if routing.splits:
         body["traffic"] = routing.weights  # version -> percent of the alias's traffic
-    return _json_response(body)
+    return json_response(body)
 
 
 @api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -387,7 +403,7 @@ async def not_found(request: HttpRequest, request_id: str, path: str = "") -> Ht
 @api_endpoint("GET")
 async def healthz(request: HttpRequest, request_id: str) -> HttpResponse:
     """Report that this process serves requests (liveness)."""
-    return _json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 def _database_ok() -> bool:
@@ -404,4 +420,4 @@ async def readyz(request: HttpRequest, request_id: str) -> HttpResponse:
         await db_call(_database_ok)
     except Exception as exc:
         raise ApiError(503, "not_ready", f"dependency unavailable: {type(exc).__name__}") from exc
-    return _json_response({"status": "ready"})
+    return json_response({"status": "ready"})

@@ -85,6 +85,11 @@ class ModelVersion(models.Model):
     def sampling_defaults(self) -> dict[str, Any]:
         return dict(self.manifest.get("sampling_defaults", {}))
 
+    @property
+    def encoder(self) -> dict[str, Any]:
+        """An embedding model's head: dimensions, pooling, normalisation ({} for others)."""
+        return dict(self.manifest.get("encoder", {}))
+
     def __str__(self) -> str:
         return self.public_name
 
@@ -174,6 +179,10 @@ class Deployment(models.Model):
     # (0: none are served) and the largest rank accepted.
     max_loras = models.PositiveIntegerField(default=0)
     max_lora_rank = models.PositiveIntegerField(default=8)
+    # Encoder deployments: inputs per forward pass, and the latency the dynamic batcher aims
+    # for (its queue delay is this minus a full batch's measured compute time).
+    max_batch_size = models.PositiveIntegerField(default=64)
+    latency_slo_ms = models.PositiveIntegerField(default=250)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)

@@ -31,11 +31,26 @@ class Route:
     max_queued: int
     max_queued_tokens: int
     adapter: str = ""  # the adapter version's digest when the version is a LoRA adapter
+    task: str = "chat"  # the model's task: chat, completion or embedding
+    dimensions: tuple[int, ...] = ()  # an embedding model's vector sizes, native first
 
     @property
     def served_name(self) -> str:
         """The `model` field of responses: the model pinned to the version that served it."""
         return f"{self.model_name}@{self.version}"
+
+
+def encoder_dimensions(encoder: dict[str, Any]) -> tuple[int, ...]:
+    """The vector sizes an embedding model returns: its own, then any shorter Matryoshka ones.
+
+    Only a model trained for it (`matryoshka_dimensions` in its engine args) keeps its meaning
+    when a vector is cut short; others serve their native size alone.
+    """
+    if not encoder:
+        return ()
+    native = int(encoder["dimensions"])
+    shorter = sorted({int(d) for d in encoder.get("matryoshka_dimensions", []) if d < native})
+    return (native, *reversed(shorter))
 
 
 def deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deployment | None:
@@ -92,6 +107,8 @@ def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Rou
         max_queued=deployment.max_queued,
         max_queued_tokens=deployment.max_queued_tokens,
         adapter=version.digest if version.base_id is not None else "",
+        task=version.model.task,
+        dimensions=encoder_dimensions(version.encoder),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,7 +47,47 @@ def _max_model_len(source_dir: Path) -> int:
         config = json.loads((source_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ValidationError({"source_dir": f"no readable config.json in {source_dir}"}) from exc
-    return int(config.get("max_position_embeddings", 2048))
+    limit = int(config.get("max_position_embeddings", 2048))
+    # A sentence-transformers encoder was trained on inputs up to its own, shorter limit.
+    try:
+        encoder = json.loads((source_dir / "sentence_bert_config.json").read_text())
+    except (OSError, ValueError):
+        return limit
+    return min(limit, int(encoder.get("max_seq_length", limit)))
+
+
+def _encoder_head(source_dir: Path, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """Return how an encoder turns hidden states into one vector (sentence-transformers layout).
+
+    Pooling comes from `1_Pooling/config.json` (mean unless it says CLS) and normalisation from
+    a Normalize module in `modules.json`; without those files: mean pooling, normalised.
+    """
+    config = json.loads((source_dir / "config.json").read_text())
+    dimensions = int(config.get("hidden_size", 0))
+    if dimensions <= 0:
+        raise ValidationError({"source_dir": "config.json has no hidden_size"})
+    pooling = "mean"
+    with contextlib.suppress(OSError, ValueError):
+        pooled = json.loads((source_dir / "1_Pooling" / "config.json").read_text())
+        if pooled.get("pooling_mode_cls_token"):
+            pooling = "cls"
+    normalize = True
+    with contextlib.suppress(OSError, ValueError):
+        modules = json.loads((source_dir / "modules.json").read_text())
+        normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    matryoshka = engine_args.get("matryoshka_dimensions", [])
+    if not isinstance(matryoshka, list) or not all(
+        isinstance(d, int) and 0 < d < dimensions for d in matryoshka
+    ):
+        raise ValidationError(
+            {"engine_args": f"matryoshka_dimensions must be sizes below {dimensions}"}
+        )
+    return {
+        "dimensions": dimensions,
+        "pooling": pooling,
+        "normalize": normalize,
+        "matryoshka_dimensions": sorted(matryoshka),
+    }
 
 
 def _store(*, source_dir: Path, digest: str) -> Path:
@@ -128,6 +169,8 @@ def model_version_register(
             "output_per_1k": str(price_output_per_1k),
         },
     }
+    if task == Task.EMBEDDING:
+        manifest["encoder"] = _encoder_head(source_dir, engine_args or {})
     if base is not None:
         manifest["base"] = base.digest
         manifest["kind"] = "lora"
@@ -334,6 +377,8 @@ def deployment_create(
     dtype: str = "float32",
     max_loras: int = 0,
     max_lora_rank: int = 8,
+    max_batch_size: int = 64,
+    latency_slo_ms: int = 250,
     actor: User | None = None,
 ) -> Deployment:
     """Create a deployment of a version; its workers start with `run_worker`."""
@@ -353,6 +398,10 @@ def deployment_create(
         )
     if version.base_id is not None:
         raise ValidationError({"version": "deploy the adapter's base version; it serves adapters"})
+    if max_batch_size < 1:
+        raise ValidationError({"max_batch_size": "must be at least 1"})
+    if latency_slo_ms < 1:
+        raise ValidationError({"latency_slo_ms": "must be at least 1"})
     context = min(max_model_len or version.max_model_len, version.max_model_len)
     with transaction.atomic():
         deployment = Deployment.objects.create(
@@ -367,6 +416,8 @@ def deployment_create(
             dtype=dtype,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
+            max_batch_size=max_batch_size,
+            latency_slo_ms=latency_slo_ms,
         )
         audit_record(
             action="deployment.create",

@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENT = "tiny-chat"
 ALIAS = "tiny-chat"
 ACME_MAX_TOKENS = 200
+ENCODER = "minilm"  # all-MiniLM-L6-v2, on its own encoder worker when a test asks for it
+ENCODER_PRICE_PER_1K = Decimal("0.02")
 CONTEXT = 2048
 
 
@@ -124,6 +126,7 @@ LIMITED: dict[str, dict[str, Any]] = {
     "hooli": {"max_concurrency": 1},
     "umbrella": {"monthly_budget": Decimal("0.00")},
     "pied-piper": {"requests_per_minute": 5},
+    "wayne": {"requests_per_minute": 5},
 }
 
 
@@ -243,6 +246,36 @@ def stack(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
                 process.popen.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.popen.kill()
+
+
+@pytest.fixture(scope="session")
+def encoder(
+    stack: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Process]:
+    """The packaged all-MiniLM-L6-v2, registered like any version, on its own encoder worker."""
+    from models_registry.packaged import minilm_dir
+    from models_registry.services import alias_set, deployment_create, model_version_register
+
+    with django_db_blocker.unblock():
+        version, _ = model_version_register(
+            model_name="all-minilm-l6-v2",
+            source_dir=minilm_dir(),
+            task="embedding",
+            price_input_per_1k=ENCODER_PRICE_PER_1K,
+        )
+        alias_set(name=ENCODER, version=version)
+        deployment_create(name=ENCODER, version=version, dtype="auto", max_batch_size=32)
+    logs = tmp_path_factory.mktemp("encoder-logs")
+    worker = _spawn("encoder", ["manage.py", "run_worker", "--deployment", ENCODER], logs)
+    try:
+        _wait_for(worker, lambda: "ready: serving" in worker.tail(200), timeout=300)
+        yield worker
+    finally:
+        worker.popen.send_signal(signal.SIGTERM)
+        try:
+            worker.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.popen.kill()
 
 
 @pytest.fixture

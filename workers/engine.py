@@ -54,6 +54,14 @@ class AdapterRef:
     path: Path
 
 
+class Monitored(Protocol):
+    """What a worker's heartbeat asks of any engine."""
+
+    async def health(self) -> None: ...
+
+    def kv_cache_usage(self) -> float | None: ...
+
+
 class Engine(Protocol):
     async def start(self) -> None: ...
 

@@ -10,10 +10,22 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference.dispatch import Dispatch, cancel_channel, usage_for
-from inference.types import Delta, Event, Failed, Finished, Job, Started, Status, UsageEvent
-from workers.engine import AdapterRef, Engine
+from inference.types import (
+    Delta,
+    Embeddings,
+    Event,
+    Failed,
+    Finished,
+    Job,
+    Started,
+    Status,
+    UsageEvent,
+)
+from workers.batcher import DeadlineUnattainable, DynamicBatcher
+from workers.engine import AdapterRef, Engine, Monitored
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +182,17 @@ class Adapters:
 
 
 class Worker:
-    """Serve one deployment's queue with one engine until told to drain."""
+    """Serve one deployment's queue with one engine until told to drain.
+
+    This base claims jobs fairly, renews their leases, publishes their events and usage and
+    drains; a subclass runs each job on its kind of engine (`_serve`).
+    """
 
     def __init__(
         self,
         *,
         deployment: str,
-        engine: Engine,
+        engine: Monitored,
         dispatch: Dispatch,
         worker_id: str,
         capacity: int,
@@ -185,7 +201,6 @@ class Worker:
         drain_seconds: float = 30.0,
         stream_interval: float = 0.0,
         retire_quiet_seconds: float = 5.0,
-        adapters: Adapters | None = None,
     ) -> None:
         self.deployment = deployment
         self.engine = engine
@@ -208,7 +223,6 @@ class Worker:
         # queue until it has been empty this long, then drain and leave.
         self._retiring = False
         self.retire_quiet_seconds = retire_quiet_seconds
-        self.adapters = adapters
         self._last_work = time.monotonic()
         self._recent_cancels: dict[str, float] = {}
         self.served = 0
@@ -326,16 +340,6 @@ class Worker:
                 if running is not None:
                     running[1].cancel()
 
-    @contextlib.asynccontextmanager
-    async def _adapter(self, job: Job) -> AsyncIterator[AdapterRef | None]:
-        if not job.adapter:
-            yield None
-            return
-        if self.adapters is None:
-            raise AdapterError(f"deployment {self.deployment} serves no LoRA adapters")
-        async with self.adapters.using(job.adapter) as ref:
-            yield ref
-
     async def _retire_due(self) -> bool:
         """Whether a retiring worker has seen its queue empty for the quiet period."""
         if (await self.dispatch.depth(self.deployment)).requests:
@@ -344,91 +348,11 @@ class Worker:
         return time.monotonic() - self._last_work >= self.retire_quiet_seconds
 
     async def _serve(self, job: Job) -> None:
-        started_at = time.time()
-        first_token_at: float | None = None
-        produced = 0
-        cached = 0
-        finish_reason = "stop"
-        prompt_tokens = len(job.prompt_token_ids)
-        self._outbox.put(job, Started(at=started_at))
-        terminal: Event
-        # Nothing runs past its deadline: the engine request is aborted when it passes.
-        deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
-        try:
-            async with (
-                asyncio.timeout_at(deadline),
-                self._adapter(job) as adapter,
-            ):
-                async for step in self.engine.generate(
-                    request_id=job.request_id,
-                    prompt_token_ids=job.prompt_token_ids,
-                    sampling=job.sampling,
-                    adapter=adapter,
-                ):
-                    if step.tokens:
-                        first = produced == 0
-                        produced += step.tokens
-                        first_token_at = first_token_at or time.time()
-                        delta = Delta(text=step.text, tokens=step.tokens)
-                        self._outbox.put(job, delta, urgent=first)
-                    elif step.text:
-                        self._outbox.put(job, Delta(text=step.text, tokens=0))
-                    if step.finish_reason:
-                        finish_reason = step.finish_reason
-                    prompt_tokens = step.prompt_tokens
-                    cached = max(cached, step.cached_tokens)
-            terminal = Finished(
-                finish_reason=finish_reason,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code = Status.OK, ""
-        except TimeoutError:
-            terminal = Failed(
-                code="deadline_exceeded",
-                message="the request's deadline passed while it ran",
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code, finish_reason = Status.TIMEOUT, "deadline_exceeded", "abort"
-        except AdapterError as exc:
-            log.warning("request %s: %s", job.request_id, exc)
-            terminal = Failed(
-                code="adapter_unavailable",
-                message=str(exc),
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code = Status.ERROR, "adapter_unavailable"
-        except asyncio.CancelledError:
-            # Cancelling this task aborted the request inside vLLM; bill what it produced.
-            terminal = Failed(
-                code="cancelled",
-                message="request cancelled",
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code, finish_reason = Status.CANCELLED, "cancelled", "abort"
-        except Exception as exc:
-            log.exception("request %s failed in the engine", job.request_id)
-            terminal = Failed(
-                code="engine_error",
-                message=f"the engine failed: {type(exc).__name__}",
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code = Status.ERROR, "engine_error"
-        usage = usage_for(
-            job,
-            status=status,
-            finished_at=time.time(),
-            started_at=started_at,
-            first_token_at=first_token_at,
-            completion_tokens=produced,
-            finish_reason=finish_reason if status is Status.OK else "",
-            error_code=code,
-            cached_tokens=cached,
-        )
+        """Run one claimed job to its end; put its events, terminal event and usage."""
+        raise NotImplementedError
+
+    def _ended(self, job: Job, terminal: Event, usage: UsageEvent) -> None:
+        """Record a served job's end and free its slot."""
         self._outbox.put(job, terminal, usage, urgent=True)
         self.active.pop(job.request_id, None)
         self._rate.add(job.reserved_tokens)
@@ -561,3 +485,188 @@ class Worker:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+class GenerativeWorker(Worker):
+    """A worker whose engine streams tokens (vLLM), optionally applying LoRA adapters."""
+
+    def __init__(self, *, engine: Engine, adapters: Adapters | None = None, **kwargs: Any) -> None:
+        super().__init__(engine=engine, **kwargs)
+        self.generator = engine
+        self.adapters = adapters
+
+    @contextlib.asynccontextmanager
+    async def _adapter(self, job: Job) -> AsyncIterator[AdapterRef | None]:
+        if not job.adapter:
+            yield None
+            return
+        if self.adapters is None:
+            raise AdapterError(f"deployment {self.deployment} serves no LoRA adapters")
+        async with self.adapters.using(job.adapter) as ref:
+            yield ref
+
+    async def _serve(self, job: Job) -> None:
+        started_at = time.time()
+        first_token_at: float | None = None
+        produced = 0
+        cached = 0
+        finish_reason = "stop"
+        prompt_tokens = len(job.prompt_token_ids)
+        self._outbox.put(job, Started(at=started_at))
+        terminal: Event
+        # Nothing runs past its deadline: the engine request is aborted when it passes.
+        deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
+        try:
+            async with (
+                asyncio.timeout_at(deadline),
+                self._adapter(job) as adapter,
+            ):
+                async for step in self.generator.generate(
+                    request_id=job.request_id,
+                    prompt_token_ids=job.prompt_token_ids,
+                    sampling=job.sampling,
+                    adapter=adapter,
+                ):
+                    if step.tokens:
+                        first = produced == 0
+                        produced += step.tokens
+                        first_token_at = first_token_at or time.time()
+                        delta = Delta(text=step.text, tokens=step.tokens)
+                        self._outbox.put(job, delta, urgent=first)
+                    elif step.text:
+                        self._outbox.put(job, Delta(text=step.text, tokens=0))
+                    if step.finish_reason:
+                        finish_reason = step.finish_reason
+                    prompt_tokens = step.prompt_tokens
+                    cached = max(cached, step.cached_tokens)
+            terminal = Finished(
+                finish_reason=finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code = Status.OK, ""
+        except TimeoutError:
+            terminal = Failed(
+                code="deadline_exceeded",
+                message="the request's deadline passed while it ran",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code, finish_reason = Status.TIMEOUT, "deadline_exceeded", "abort"
+        except AdapterError as exc:
+            log.warning("request %s: %s", job.request_id, exc)
+            terminal = Failed(
+                code="adapter_unavailable",
+                message=str(exc),
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code = Status.ERROR, "adapter_unavailable"
+        except asyncio.CancelledError:
+            # Cancelling this task aborted the request inside vLLM; bill what it produced.
+            terminal = Failed(
+                code="cancelled",
+                message="request cancelled",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code, finish_reason = Status.CANCELLED, "cancelled", "abort"
+        except Exception as exc:
+            log.exception("request %s failed in the engine", job.request_id)
+            terminal = Failed(
+                code="engine_error",
+                message=f"the engine failed: {type(exc).__name__}",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=produced,
+            )
+            status, code = Status.ERROR, "engine_error"
+        usage = usage_for(
+            job,
+            status=status,
+            finished_at=time.time(),
+            started_at=started_at,
+            first_token_at=first_token_at,
+            completion_tokens=produced,
+            finish_reason=finish_reason if status is Status.OK else "",
+            error_code=code,
+            cached_tokens=cached,
+        )
+        self._ended(job, terminal, usage)
+
+
+class EncoderWorker(Worker):
+    """A worker whose requests' inputs go through a dynamic batcher to an encoder model."""
+
+    def __init__(self, *, engine: Monitored, batcher: DynamicBatcher, **kwargs: Any) -> None:
+        super().__init__(engine=engine, **kwargs)
+        self.batcher = batcher
+
+    async def run(
+        self,
+        on_ready: Callable[[], Awaitable[None]] | None = None,
+        on_draining: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        batching = asyncio.create_task(self.batcher.run(), name="batcher")
+        try:
+            await super().run(on_ready=on_ready, on_draining=on_draining)
+        finally:
+            batching.cancel()
+            await asyncio.gather(batching, return_exceptions=True)
+
+    async def _serve(self, job: Job) -> None:
+        started_at = time.time()
+        self._outbox.put(job, Started(at=started_at))
+        tokens = len(job.prompt_token_ids)
+        terminal: Event
+        status, code = Status.OK, ""
+        # The batcher keeps time on the monotonic clock; the job's deadline is wall time.
+        deadline = time.monotonic() + (job.deadline - started_at)
+        try:
+            vectors = await self.batcher.embed(job.inputs(), deadline=deadline)
+            self._outbox.put(
+                job, Embeddings(data=b"".join(vectors), dimensions=len(vectors[0]) // 4)
+            )
+            terminal = Finished(finish_reason="stop", prompt_tokens=tokens, completion_tokens=0)
+        except DeadlineUnattainable as exc:
+            status, code = Status.TIMEOUT, "deadline_unattainable"
+            terminal = Failed(
+                code=code,
+                message=f"{exc}, longer than the request's deadline allows",
+                prompt_tokens=tokens,
+                completion_tokens=0,
+            )
+        except TimeoutError:
+            status, code = Status.TIMEOUT, "deadline_exceeded"
+            terminal = Failed(
+                code=code,
+                message="the request's deadline passed while it waited for a batch",
+                prompt_tokens=tokens,
+                completion_tokens=0,
+            )
+        except asyncio.CancelledError:
+            status, code = Status.CANCELLED, "cancelled"
+            terminal = Failed(
+                code=code, message="request cancelled", prompt_tokens=tokens, completion_tokens=0
+            )
+        except Exception as exc:
+            log.exception("request %s failed in the encoder", job.request_id)
+            status, code = Status.ERROR, "engine_error"
+            terminal = Failed(
+                code=code,
+                message=f"the encoder failed: {type(exc).__name__}",
+                prompt_tokens=tokens,
+                completion_tokens=0,
+            )
+        finished_at = time.time()
+        usage = usage_for(
+            job,
+            status=status,
+            finished_at=finished_at,
+            started_at=started_at,
+            first_token_at=finished_at if status is Status.OK else None,
+            finish_reason="stop" if status is Status.OK else "",
+            error_code=code,
+            # Inputs that never went through the model are not billed.
+            prompt_tokens=tokens if status is Status.OK else 0,
+        )
+        self._ended(job, terminal, usage)

@@ -13,8 +13,9 @@ from django.utils import timezone
 from inference.dispatch import live_workers_sync
 from inference.redis_client import redis_sync_client
 from models_registry.manifest import ArtifactError
-from models_registry.models import Deployment, DeploymentState, ModelVersion
+from models_registry.models import Deployment, DeploymentState, ModelVersion, Task
 from models_registry.services import model_version_verify
+from workers.encoder import EncoderSpec
 from workers.engine import AdapterRef, EngineSpec
 
 
@@ -23,6 +24,7 @@ class WorkerPlan:
     deployment: str
     version: str
     spec: EngineSpec
+    encoder: EncoderSpec | None = None  # set for an embedding model: no vLLM engine then
 
 
 def worker_plan(*, deployment_name: str) -> WorkerPlan:
@@ -47,7 +49,22 @@ def worker_plan(*, deployment_name: str) -> WorkerPlan:
         max_loras=deployment.max_loras,
         max_lora_rank=deployment.max_lora_rank,
     )
-    return WorkerPlan(deployment=deployment.name, version=version.public_name, spec=spec)
+    encoder = None
+    if version.model.task == Task.EMBEDDING:
+        head = version.encoder
+        encoder = EncoderSpec(
+            model_dir=model_dir,
+            dtype=spec.dtype,
+            pooling=head["pooling"],
+            normalize=head["normalize"],
+            dimensions=head["dimensions"],
+            max_batch_size=deployment.max_batch_size,
+            latency_slo_seconds=deployment.latency_slo_ms / 1000,
+            max_length=deployment.context_length,
+        )
+    return WorkerPlan(
+        deployment=deployment.name, version=version.public_name, spec=spec, encoder=encoder
+    )
 
 
 def adapter_ref(*, deployment_name: str, digest: str) -> AdapterRef:

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "inference",
     "billing",
     "workers",
+    "batches",
     "console",
 ]
 
@@ -172,6 +173,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "billing.tasks.budget_alerts_check",
         "schedule": 60.0,
     },
+    # Batches whose runner died are taken over (a Celery worker that starts does it at once).
+    "batches-resume": {
+        "task": "batches.tasks.batches_resume",
+        "schedule": 60.0,
+    },
     "deployments-reconcile": {
         "task": "workers.tasks.deployments_reconcile",
         "schedule": 10.0,
@@ -234,3 +240,17 @@ SWITCHYARD_DEFAULT_QUOTA: dict[str, int | Decimal] = {
     "monthly_budget": Decimal(env_str("SWITCHYARD_DEFAULT_MONTHLY_BUDGET", "100.00")),
     "priority_weight": env_int("SWITCHYARD_DEFAULT_PRIORITY_WEIGHT", 1),
 }
+
+# The Files and Batch APIs: the largest batch input file and the most requests it may hold.
+SWITCHYARD_MAX_FILE_BYTES = env_int("SWITCHYARD_MAX_FILE_BYTES", 64 * 1024 * 1024)
+SWITCHYARD_MAX_FILE_LINES = env_int("SWITCHYARD_MAX_FILE_LINES", 50_000)
+# A batch job works in steps of this many seconds (short, so a Celery worker's warm shutdown
+# is quick) and holds the batch's lease, renewed as it goes, which lapses this long after its
+# runner dies; then the next step takes the batch over.
+SWITCHYARD_BATCH_STEP_SECONDS = env_float("SWITCHYARD_BATCH_STEP_SECONDS", 20.0)
+SWITCHYARD_BATCH_LEASE_SECONDS = env_int("SWITCHYARD_BATCH_LEASE_SECONDS", 30)
+# Requests one batch keeps admitted at once (they wait in the `batch` class for idle capacity).
+SWITCHYARD_BATCH_IN_FLIGHT = env_int("SWITCHYARD_BATCH_IN_FLIGHT", 64)
+# Encoder workers: how long arrivals must pause before a partial batch runs (at most the
+# queue delay derived from the deployment's SLO). 0: whenever the engine is free.
+SWITCHYARD_BATCHER_QUIET_MS = env_float("SWITCHYARD_BATCHER_QUIET_MS", 0.0)

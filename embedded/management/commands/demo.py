@@ -20,12 +20,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from embedded.servers import ServiceConfig, ServiceError, services_start, services_stop
 from embedded.supervisor import Supervisor
 from models_registry.models import Alias, Deployment, DeploymentState
+from models_registry.packaged import minilm_dir
 from tenants.models import Role, Tenant
 from tenants.services import api_key_issue, membership_add, tenant_create
 
 DEMO_TENANT = "acme"
 DEMO_ALIAS = "tiny-chat"
 DEMO_DEPLOYMENT = "tiny-chat"
+EMBEDDING_ALIAS = "minilm"  # all-MiniLM-L6-v2, from its PyPI package
 ADMIN_USER = "admin"
 
 
@@ -124,6 +126,23 @@ class Command(BaseCommand):
                 # On CPU, graph compilation costs ~20 s of start-up for ~10% throughput.
                 *(["--enforce-eager"] if not _has_gpu() else []),
             )
+        if not Alias.objects.filter(name=EMBEDDING_ALIAS).exists():
+            call_command(
+                "register_model",
+                "all-minilm-l6-v2",
+                str(minilm_dir()),
+                "--task",
+                "embedding",
+                "--price-input",
+                "0.00002",
+                "--alias",
+                EMBEDDING_ALIAS,
+            )
+        if not Deployment.objects.filter(name=EMBEDDING_ALIAS).exists():
+            version = Alias.objects.get(name=EMBEDDING_ALIAS).version
+            call_command(
+                "create_deployment", EMBEDDING_ALIAS, version.public_name, "--dtype", "auto"
+            )
         if not Tenant.objects.filter(slug=DEMO_TENANT).exists():
             tenant_create(slug=DEMO_TENANT, name="Acme Corp")
 
@@ -149,6 +168,9 @@ class Command(BaseCommand):
              "--port", str(port), "--no-access-log"],
         )  # fmt: skip
         supervisor.start("worker", [py, "manage.py", "run_worker", "--deployment", DEMO_DEPLOYMENT])
+        supervisor.start(
+            "encoder", [py, "manage.py", "run_worker", "--deployment", EMBEDDING_ALIAS]
+        )
         supervisor.start("ingester", [py, "manage.py", "run_ingester"])
         if celery:
             supervisor.start(
@@ -195,7 +217,7 @@ class Command(BaseCommand):
         self.stdout.write(
             "\n"
             "==================== Switchyard is running ====================\n"
-            f"  API         {base_url}/v1   (model: {DEMO_ALIAS})\n"
+            f"  API         {base_url}/v1   (models: {DEMO_ALIAS}, {EMBEDDING_ALIAS})\n"
             f"  API key     {token}\n"
             f"  console     {base_url}/console/   user {ADMIN_USER}  password {password}\n"
             f"  admin       {base_url}/admin/   (same user)\n"

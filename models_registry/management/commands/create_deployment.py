@@ -39,6 +39,15 @@ class Command(BaseCommand):
             "--max-loras", type=int, default=0, help="LoRA adapters one batch may mix (0: none)"
         )
         parser.add_argument("--max-lora-rank", type=int, default=8, help="largest adapter rank")
+        parser.add_argument(
+            "--max-batch-size", type=int, default=64, help="encoders: inputs per forward pass"
+        )
+        parser.add_argument(
+            "--latency-slo-ms",
+            type=int,
+            default=250,
+            help="encoders: the latency the dynamic batcher aims for",
+        )
         parser.add_argument("--if-missing", action="store_true", help="no error if it exists")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -66,6 +75,8 @@ class Command(BaseCommand):
                 dtype=options["dtype"],
                 max_loras=options["max_loras"],
                 max_lora_rank=options["max_lora_rank"],
+                max_batch_size=options["max_batch_size"],
+                latency_slo_ms=options["latency_slo_ms"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc

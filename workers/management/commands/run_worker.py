@@ -17,8 +17,10 @@ from inference.redis_client import redis_client_new
 from inference.types import Sampling
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState
+from workers.batcher import REFERENCE_LENGTH, CostModel, DynamicBatcher
+from workers.encoder import EncoderEngine, EncoderSpec
 from workers.engine import VllmEngine
-from workers.runner import Adapters, Worker
+from workers.runner import Adapters, EncoderWorker, GenerativeWorker, Worker
 from workers.services import (
     adapter_ref,
     deployment_report,
@@ -59,7 +61,66 @@ class Command(BaseCommand):
             raise CommandError(f"refusing to start: {exc}") from exc
         self.stdout.write(f"worker for {name} serving {plan.version} from {plan.spec.model_dir}")
         # uvloop: the worker relays every token, so event-loop overhead is on the hot path.
-        uvloop.run(self._serve(plan.deployment, plan.spec, options["drain_seconds"]))
+        if plan.encoder is not None:
+            serve = self._serve_encoder(plan.deployment, plan.encoder, options["drain_seconds"])
+        else:
+            serve = self._serve(plan.deployment, plan.spec, options["drain_seconds"])
+        uvloop.run(serve)
+
+    async def _serve_encoder(
+        self, deployment: str, spec: EncoderSpec, drain_seconds: float
+    ) -> None:
+        report = sync_to_async(deployment_report)
+        await report(deployment_name=deployment, state=DeploymentState.LOADING)
+        engine = EncoderEngine(spec)
+        started = time.monotonic()
+        await asyncio.to_thread(engine.start)
+        await report(deployment_name=deployment, state=DeploymentState.WARMING)
+        # Warming up measures the model: a full batch's compute time sets the queue delay.
+        cost = await asyncio.to_thread(
+            CostModel.measure,
+            engine.compute,
+            max_batch_size=spec.max_batch_size,
+            length=min(REFERENCE_LENGTH, spec.max_length),
+        )
+        batcher = DynamicBatcher.for_slo(
+            engine.compute,
+            max_batch_size=spec.max_batch_size,
+            slo_seconds=spec.latency_slo_seconds,
+            cost=cost,
+            quiet_seconds=settings.SWITCHYARD_BATCHER_QUIET_MS / 1000,
+        )
+        self.stdout.write(
+            f"encoder ready in {time.monotonic() - started:.1f}s ({engine.dtype}): batches of "
+            f"up to {spec.max_batch_size}, a full one of {REFERENCE_LENGTH}-token inputs "
+            f"{cost.seconds(inputs=spec.max_batch_size, longest=REFERENCE_LENGTH) * 1000:.0f} ms, "
+            "queue delay "
+            f"{batcher.max_queue_delay * 1000:.0f} ms"
+        )
+        gc.collect()
+        gc.freeze()
+        client = redis_client_new()
+        worker = EncoderWorker(
+            deployment=deployment,
+            engine=engine,
+            batcher=batcher,
+            dispatch=Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS),
+            worker_id=worker_id_new(),
+            # Requests held at once: enough to fill a few batches while one computes.
+            capacity=4 * spec.max_batch_size,
+            lease_seconds=lease_seconds(),
+            drain_seconds=drain_seconds,
+        )
+        try:
+            await self._run(worker, deployment, report)
+        finally:
+            engine.shutdown()
+            await client.aclose()
+            mean = batcher.batched_inputs / max(batcher.batches, 1)
+            self.stdout.write(
+                f"batched {batcher.batched_inputs} inputs in {batcher.batches} batches "
+                f"(mean {mean:.1f} inputs per batch)"
+            )
 
     async def _serve(self, deployment: str, spec: Any, drain_seconds: float) -> None:
         report = sync_to_async(deployment_report)
@@ -85,7 +146,7 @@ class Command(BaseCommand):
                 resolve=lambda digest: resolve(deployment_name=deployment, digest=digest),
                 capacity=spec.adapters_kept,
             )
-        worker = Worker(
+        worker = GenerativeWorker(
             deployment=deployment,
             engine=engine,
             dispatch=dispatch,
@@ -97,6 +158,14 @@ class Command(BaseCommand):
             stream_interval=settings.SWITCHYARD_STREAM_INTERVAL_MS / 1000,
             adapters=adapters,
         )
+        try:
+            await self._run(worker, deployment, report)
+        finally:
+            engine.shutdown()
+            await client.aclose()
+
+    async def _run(self, worker: Worker, deployment: str, report: Any) -> None:
+        """Serve until SIGTERM or SIGINT drains the worker; report each state on the way."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.drain)
@@ -113,8 +182,6 @@ class Command(BaseCommand):
             await worker.run(on_ready=ready, on_draining=draining)
         finally:
             await report(deployment_name=deployment, state=DeploymentState.STOPPED)
-            engine.shutdown()
-            await client.aclose()
             log.info("stopped after serving %d requests", worker.served)
 
 

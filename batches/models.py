@@ -1,0 +1,156 @@
+"""Uploaded files and asynchronous batches of requests (OpenAI's Files and Batch APIs)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from django.db import models
+
+from tenants.models import ApiKey, Tenant
+
+
+def file_id_new() -> str:
+    return f"file-{secrets.token_hex(12)}"
+
+
+def batch_id_new() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+class FilePurpose(models.TextChoices):
+    BATCH = "batch"  # an uploaded batch input
+    BATCH_OUTPUT = "batch_output"  # a batch's output or error file, written by the platform
+
+
+class File(models.Model):
+    """A tenant's JSONL file, kept in PostgreSQL so every frontend and job host can read it."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=file_id_new, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="files")
+    purpose = models.CharField(max_length=16, choices=FilePurpose.choices)
+    filename = models.CharField(max_length=255)
+    size = models.PositiveBigIntegerField()
+    lines = models.PositiveIntegerField()
+    content = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.filename})"
+
+
+class BatchStatus(models.TextChoices):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+ENDED = (BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
+
+
+class Batch(models.Model):
+    """A file of requests run at batch priority within a completion window."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=batch_id_new, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="batches")
+    # The key that created the batch: its lines run with that key's limits and are billed to it.
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="batches")
+    endpoint = models.CharField(max_length=32)
+    input_file = models.ForeignKey(File, on_delete=models.PROTECT, related_name="+")
+    output_file = models.ForeignKey(
+        File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    error_file = models.ForeignKey(
+        File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    completion_window = models.CharField(max_length=8)
+    status = models.CharField(
+        max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+    errors = models.JSONField(null=True, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["status"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+
+class JsonText(models.Field):  # type: ignore[type-arg]
+    """JSON stored as text.
+
+    PostgreSQL's jsonb refuses the NUL character, which request bodies and model output may
+    hold; as text with JSON escapes (\\u0000) every value round-trips exactly.
+    """
+
+    _pyi_private_set_type: Any
+    _pyi_private_get_type: Any
+
+    def get_internal_type(self) -> str:
+        return "TextField"
+
+    def from_db_value(self, value: str | None, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+    def get_prep_value(self, value: Any) -> str | None:
+        return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class LineState(models.TextChoices):
+    PENDING = "pending"
+    SUBMITTED = "submitted"  # handed to admission; its request id says where it went
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class BatchLine(models.Model):
+    """One request of a batch and, once it ended, its result."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
+    index = models.PositiveIntegerField()  # 0-based line number in the input file
+    custom_id = models.CharField(max_length=512, blank=True)
+    body = JsonText(null=True)  # the request body; null for a malformed line
+    state = models.CharField(max_length=16, choices=LineState.choices, default=LineState.PENDING)
+    # Derived from the batch and line: a resumed line can never become a second request.
+    request_id = models.CharField(max_length=64)
+    result = JsonText(null=True, blank=True)  # {"status_code", "body"} of the response
+    error = JsonText(null=True, blank=True)  # {"code", "message"} for a line that never ran
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["batch", "index"], name="batch_line_unique")]
+        indexes = [models.Index(fields=["batch", "state", "index"])]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}#{self.index}"

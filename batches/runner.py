@@ -1,0 +1,335 @@
+"""Run a batch's lines through the platform at batch priority, one time-boxed step at a time.
+
+A step holds the batch's lease (a Redis lock), so one runner at a time drives a batch. It keeps
+up to SWITCHYARD_BATCH_IN_FLIGHT lines admitted: each through the same admission as an API call
+(quotas, fair dispatch, usage), queued in the `batch` class so interactive work always goes
+first. When its time is up it leaves its admitted lines running and the next step follows them.
+
+Every line has one request id, derived from the batch and the line, and is marked submitted
+before it is queued. A step that starts after a crash follows each submitted line's request if
+it exists and queues it only if it never was: no line is lost or run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError
+
+from batches.models import Batch, BatchLine, BatchStatus, LineState
+from batches.services import (
+    ENDPOINTS,
+    batch_finalize,
+    batch_validate,
+    counts_refresh,
+)
+from inference import relay
+from inference.auth import Principal, principal_of_key
+from inference.db import db_call
+from inference.errors import ApiError
+from inference.openai_format import Formatter
+from inference.params import embeddings_parse, generation_parse
+from inference.results import completion_collect, embeddings_collect
+from inference.services import (
+    Submitted,
+    dispatch_get,
+    embedding_submit,
+    generation_submit,
+    request_ended,
+)
+from inference.types import Event
+
+log = logging.getLogger(__name__)
+# Refusals that mean "not now" (limits, a full or absent deployment): the line waits and retries.
+_RETRY_LATER = {
+    "rate_limit_exceeded",
+    "tokens_per_minute_exceeded",
+    "concurrency_limit_exceeded",
+    "queue_full",
+    "model_unavailable",
+    "deadline_unattainable",
+}
+
+
+def lease_name(batch_id: str) -> str:
+    return f"sy:batch:{batch_id}:lease"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class BatchRun:
+    """One step of one batch: validate if needed, then keep lines in flight until time is up."""
+
+    def __init__(self, batch: Batch, lock: Lock, *, until: float) -> None:
+        self.batch = batch
+        self.key_public_id = batch.api_key.public_id  # loaded with the batch
+        self.lock = lock
+        self.until = until
+        self.kind = ENDPOINTS[batch.endpoint]
+        self.dispatch = dispatch_get()
+        self.in_flight: dict[int, asyncio.Task[Outcome]] = {}
+        self.retry_at = 0.0  # monotonic: no new lines before this (after a "not now")
+
+    async def step(self) -> bool:
+        """Advance the batch; return True once it has ended."""
+        if self.batch.status == BatchStatus.VALIDATING:
+            self.batch = await db_call(batch_validate, batch=self.batch)
+        if self.batch.ended:
+            return True
+        try:
+            principal = await db_call(principal_of_key, self.key_public_id)
+        except ApiError as exc:
+            await db_call(_pending_fail, batch=self.batch, error=exc)
+            return await self._finish(BatchStatus.COMPLETED)
+        for line in await db_call(_lines, batch=self.batch, state=LineState.SUBMITTED, limit=None):
+            self._start(line, principal, resumed=True)
+        while time.monotonic() < self.until:
+            status = await db_call(_status, batch=self.batch)
+            if status == BatchStatus.CANCELLING:
+                return await self._stop(BatchStatus.CANCELLED)
+            if timezone.now() >= self.batch.expires_at:
+                return await self._stop(BatchStatus.EXPIRED)
+            await self._top_up(principal)
+            idle = not self.in_flight
+            if idle and not await db_call(_lines, batch=self.batch, state="pending", limit=1):
+                return await self._finish(BatchStatus.COMPLETED)
+            await self._record(await self._wait_some(timeout=1.0))
+            await self.lock.reacquire()
+        # Time is up: the admitted lines keep running; the next step follows them.
+        await self._abandon()
+        return False
+
+    async def _top_up(self, principal: Principal) -> None:
+        room = settings.SWITCHYARD_BATCH_IN_FLIGHT - len(self.in_flight)
+        if room <= 0 or time.monotonic() < self.retry_at:
+            return
+        lines = await db_call(_claim, batch=self.batch, limit=room)
+        for line in lines:
+            self._start(line, principal, resumed=False)
+
+    def _start(self, line: BatchLine, principal: Principal, *, resumed: bool) -> None:
+        self.in_flight[line.index] = asyncio.create_task(
+            self._run_line(line, principal, resumed=resumed), name=line.request_id
+        )
+
+    async def _run_line(self, line: BatchLine, principal: Principal, *, resumed: bool) -> Outcome:
+        """Run (or, resumed, follow) one line to its end; pending again if it must wait."""
+        assert line.body is not None
+        rid = line.request_id
+        deadline = self.batch.expires_at.timestamp()
+        try:
+            if resumed:
+                where = await self.dispatch.whereabouts(rid)
+                if where is not None:
+                    events = relay.attach(
+                        self.dispatch,
+                        deployment=where.deployment,
+                        request_id=rid,
+                        deadline=deadline,
+                    )
+                    return _succeeded(await self._collect(line.body, rid, events))
+            submitted = await self._submit(line.body, principal, rid, deadline)
+            events = relay.attach(
+                self.dispatch,
+                deployment=submitted.job.deployment,
+                request_id=rid,
+                deadline=submitted.job.deadline,
+            )
+            return _succeeded(await self._collect(line.body, rid, events, submitted=submitted))
+        except ApiError as exc:
+            if exc.code in _RETRY_LATER:
+                wait = exc.retry_after or 1.0
+                self.retry_at = max(self.retry_at, time.monotonic() + min(wait, 30.0))
+                return Outcome(state=LineState.PENDING)
+            return Outcome(
+                state=LineState.FAILED,
+                result={"status_code": exc.status, "body": exc.body()},
+            )
+
+    async def _submit(
+        self, body: dict[str, Any], principal: Principal, rid: str, deadline: float
+    ) -> Submitted:
+        timeout = max(deadline - time.time(), 0.001)
+        # Replies are kept while the batch may still be resumed and read them.
+        reply_ttl = int(timeout) + 3600
+        if self.kind == "embeddings":
+            return await embedding_submit(
+                principal=principal,
+                request=embeddings_parse(body),
+                request_id=rid,
+                timeout=timeout,
+                priority="batch",
+                reply_ttl=reply_ttl,
+            )
+        return await generation_submit(
+            principal=principal,
+            request=generation_parse(body, endpoint=self.kind),
+            request_id=rid,
+            timeout=timeout,
+            priority="batch",
+            reply_ttl=reply_ttl,
+        )
+
+    async def _collect(
+        self,
+        body: dict[str, Any],
+        rid: str,
+        events: AsyncIterator[Event],
+        *,
+        submitted: Submitted | None = None,
+    ) -> bytes:
+        """The line's response body; a resumed line (no `submitted`) names the model as asked."""
+        on_end = functools.partial(request_ended, submitted) if submitted else None
+        served = submitted.route.served_name if submitted else str(body.get("model", ""))
+        if self.kind == "embeddings":
+            return await embeddings_collect(events, embeddings_parse(body), model=served,
+                                            on_end=on_end)  # fmt: skip
+        formatter = Formatter(
+            endpoint=self.kind,
+            request_id=rid,
+            model=served,
+            created=int(time.time()),
+            fingerprint=f"sy-{submitted.route.version}" if submitted else "sy",
+        )
+        return await completion_collect(events, formatter, on_end)
+
+    async def _wait_some(self, *, timeout: float) -> dict[int, Outcome]:
+        if not self.in_flight:
+            await asyncio.sleep(min(timeout, max(self.retry_at - time.monotonic(), 0.05)))
+            return {}
+        await asyncio.wait(
+            self.in_flight.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        # Let lines ending together be recorded in one write.
+        await asyncio.sleep(0.05)
+        finished = {i: t for i, t in self.in_flight.items() if t.done()}
+        outcomes = {}
+        for index, task in finished.items():
+            del self.in_flight[index]
+            outcomes[index] = task.result()
+        return outcomes
+
+    async def _record(self, outcomes: dict[int, Outcome]) -> None:
+        if outcomes:
+            await db_call(_outcomes_save, batch=self.batch, outcomes=outcomes)
+
+    async def _stop(self, status: str) -> bool:
+        """Cancel or expire: abort the admitted lines, keep what finished, end the batch."""
+        for line in await db_call(_lines, batch=self.batch, state=LineState.SUBMITTED, limit=None):
+            where = await self.dispatch.whereabouts(line.request_id)
+            if where is not None:
+                await self.dispatch.cancel_by_id(where=where, request_id=line.request_id)
+        # The aborted requests end at once; record what each finished with.
+        if self.in_flight:
+            await asyncio.wait(self.in_flight.values(), timeout=30)
+        outcomes = {i: t.result() for i, t in self.in_flight.items() if t.done()}
+        self.in_flight.clear()
+        await self._record({i: o for i, o in outcomes.items() if o.state == LineState.SUCCEEDED})
+        return await self._finish(status)
+
+    async def _finish(self, status: str) -> bool:
+        self.batch = await db_call(batch_finalize, batch=self.batch, status=status)
+        log.info(
+            "batch %s %s: %d completed, %d failed of %d",
+            self.batch.id, status, self.batch.completed, self.batch.failed, self.batch.total,
+        )  # fmt: skip
+        return True
+
+    async def _abandon(self) -> None:
+        """Stop following lines (their requests keep running) and record those that ended."""
+        outcomes = {i: t.result() for i, t in self.in_flight.items() if t.done()}
+        for task in self.in_flight.values():
+            task.cancel()
+        await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+        self.in_flight.clear()
+        await self._record(outcomes)
+
+
+def _succeeded(body: bytes) -> Outcome:
+    return Outcome(state=LineState.SUCCEEDED, result={"status_code": 200, "body": json.loads(body)})
+
+
+def _status(*, batch: Batch) -> str:
+    return str(Batch.objects.values_list("status", flat=True).get(pk=batch.pk))
+
+
+def _lines(*, batch: Batch, state: str, limit: int | None) -> list[BatchLine]:
+    lines = BatchLine.objects.filter(batch=batch, state=state).order_by("index")
+    return list(lines[:limit] if limit is not None else lines)
+
+
+def _claim(*, batch: Batch, limit: int) -> list[BatchLine]:
+    """Mark the next pending lines submitted (before they are queued) and return them."""
+    with transaction.atomic():
+        lines = list(
+            BatchLine.objects.select_for_update(skip_locked=True)
+            .filter(batch=batch, state=LineState.PENDING)
+            .order_by("index")[:limit]
+        )
+        BatchLine.objects.filter(pk__in=[line.pk for line in lines]).update(
+            state=LineState.SUBMITTED
+        )
+    return lines
+
+
+def _outcomes_save(*, batch: Batch, outcomes: dict[int, Outcome]) -> None:
+    now = timezone.now()
+    lines = list(BatchLine.objects.filter(batch=batch, index__in=list(outcomes)))
+    for line in lines:
+        outcome = outcomes[line.index]
+        line.state, line.result, line.error = outcome.state, outcome.result, outcome.error
+        line.ended_at = None if outcome.state == LineState.PENDING else now
+    with transaction.atomic():
+        BatchLine.objects.bulk_update(lines, ["state", "result", "error", "ended_at"])
+        counts_refresh(batch=batch)
+
+
+def _pending_fail(*, batch: Batch, error: ApiError) -> None:
+    """End every line not yet run with the error that stops the batch (e.g. a revoked key)."""
+    batch.lines.filter(state__in=[LineState.PENDING, LineState.SUBMITTED]).update(
+        state=LineState.FAILED,
+        result={"status_code": error.status, "body": error.body()},
+        ended_at=timezone.now(),
+    )
+
+
+async def batch_step(batch_id: str) -> bool | None:
+    """Run one step of a batch; True when it has ended, None when another runner holds it."""
+    batch = await db_call(_batch, batch_id=batch_id)
+    if batch is None or batch.ended:
+        return True
+    redis = dispatch_get().redis
+    lease = settings.SWITCHYARD_BATCH_LEASE_SECONDS
+    lock = Lock(redis, lease_name(batch_id), timeout=lease, blocking=False)
+    try:
+        if not await lock.acquire():
+            return None
+        try:
+            until = time.monotonic() + settings.SWITCHYARD_BATCH_STEP_SECONDS
+            return await BatchRun(batch, lock, until=until).step()
+        finally:
+            with contextlib.suppress(LockError):
+                await lock.release()
+    finally:
+        await redis.aclose()
+
+
+def _batch(*, batch_id: str) -> Batch | None:
+    return Batch.objects.select_related("api_key", "input_file").filter(pk=batch_id).first()

@@ -1,0 +1,49 @@
+"""Read a tenant's files and batches; another tenant's are not found."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from batches.models import Batch, File
+from inference.errors import ApiError
+from tenants.models import Tenant
+
+
+def file_get(*, tenant: Tenant | int, file_id: str) -> File:
+    found = File.objects.filter(tenant=tenant, pk=file_id).defer("content").first()
+    if found is None:
+        raise ApiError(404, "file_not_found", f"No file '{file_id}'.", param="file_id")
+    return found
+
+
+def file_content(*, tenant: Tenant | int, file_id: str) -> tuple[File, bytes]:
+    found = File.objects.filter(tenant=tenant, pk=file_id).first()
+    if found is None:
+        raise ApiError(404, "file_not_found", f"No file '{file_id}'.", param="file_id")
+    return found, bytes(found.content)
+
+
+def file_list(*, tenant: Tenant | int, purpose: str | None = None, limit: int = 100) -> list[File]:
+    files: QuerySet[File] = File.objects.filter(tenant=tenant).defer("content")
+    if purpose:
+        files = files.filter(purpose=purpose)
+    return list(files.order_by("-created_at")[:limit])
+
+
+def batch_get(*, tenant: Tenant | int, batch_id: str) -> Batch:
+    found = Batch.objects.filter(tenant=tenant, pk=batch_id).first()
+    if found is None:
+        raise ApiError(404, "batch_not_found", f"No batch '{batch_id}'.", param="batch_id")
+    return found
+
+
+def batch_list(*, tenant: Tenant | int, after: str | None, limit: int) -> tuple[list[Batch], bool]:
+    """Return a page of batches, newest first, after the batch `after`; and whether more exist."""
+    batches = Batch.objects.filter(tenant=tenant).order_by("-created_at", "-pk")
+    if after:
+        cursor = batch_get(tenant=tenant, batch_id=after)
+        batches = batches.filter(created_at__lt=cursor.created_at) | batches.filter(
+            created_at=cursor.created_at, pk__lt=cursor.pk
+        )
+    page = list(batches[: limit + 1])
+    return page[:limit], len(page) > limit

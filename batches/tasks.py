@@ -1,0 +1,61 @@
+"""Celery jobs that drive batches: one time-boxed step per task, then the next step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from batches.models import Batch, BatchStatus
+from batches.runner import batch_step
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="batches.tasks.batch_run", ignore_result=True)
+def batch_run(batch_id: str, retry_if_busy: bool = True) -> str:
+    """Run one step of a batch and queue the next, until the batch has ended.
+
+    Steps are short, so a Celery worker's warm shutdown waits seconds, not hours. If another
+    runner holds the batch's lease, look once more after the lease could have lapsed: a
+    runner that died leaves a lease that expires, and this task then takes the batch over.
+    """
+    try:
+        ended = asyncio.run(batch_step(batch_id))
+    except Exception:
+        # A step that fails (a database or Redis outage) is tried again; its lines are safe.
+        log.exception("batch %s: step failed; retrying", batch_id)
+        batch_run.apply_async((batch_id,), countdown=settings.SWITCHYARD_BATCH_LEASE_SECONDS + 1)
+        return "retrying"
+    if ended is None:
+        if retry_if_busy:
+            batch_run.apply_async(
+                (batch_id,),
+                {"retry_if_busy": False},
+                countdown=settings.SWITCHYARD_BATCH_LEASE_SECONDS + 1,
+            )
+        return "busy"
+    if not ended:
+        batch_run.delay(batch_id)
+        return "continuing"
+    return "ended"
+
+
+@shared_task(name="batches.tasks.batches_resume", ignore_result=True)
+def batches_resume() -> int:
+    """Queue a step for every unfinished batch (after a Celery worker starts, and periodically).
+
+    A batch whose runner is alive is left to it; one whose runner died is taken over.
+    """
+    unfinished = Batch.objects.filter(
+        status__in=[BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING]
+    ).values_list("pk", flat=True)
+    count = 0
+    for batch_id in unfinished:
+        batch_run.delay(batch_id)
+        count += 1
+    if count:
+        log.info("resuming %d unfinished batches", count)
+    return count

@@ -1,0 +1,193 @@
+"""The Files and Batch APIs under /v1, OpenAI-compatible, for the caller's tenant only."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+
+from batches import selectors, services
+from batches.models import Batch, File
+from inference.db import db_call
+from inference.errors import ApiError, invalid
+from inference.params import body_parse
+from inference.views import api_endpoint, json_response, request_body, request_principal
+from tenants.models import Scope
+
+log = logging.getLogger(__name__)
+_MULTIPART_SLACK = 64 * 1024  # the form's own bytes around the file
+
+
+def _ts(at: dt.datetime | None) -> int | None:
+    return int(at.timestamp()) if at is not None else None
+
+
+def file_object(file: File) -> dict[str, Any]:
+    return {
+        "id": file.id,
+        "object": "file",
+        "bytes": file.size,
+        "created_at": _ts(file.created_at),
+        "filename": file.filename,
+        "purpose": file.purpose,
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
+def batch_object(batch: Batch) -> dict[str, Any]:
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": batch.errors,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": _ts(batch.created_at),
+        "in_progress_at": _ts(batch.in_progress_at),
+        "expires_at": _ts(batch.expires_at),
+        "finalizing_at": _ts(batch.finalizing_at),
+        "completed_at": _ts(batch.completed_at),
+        "failed_at": _ts(batch.failed_at),
+        "expired_at": _ts(batch.expired_at),
+        "cancelling_at": _ts(batch.cancelling_at),
+        "cancelled_at": _ts(batch.cancelled_at),
+        "request_counts": {
+            "total": batch.total,
+            "completed": batch.completed,
+            "failed": batch.failed,
+        },
+        "metadata": batch.metadata or None,
+    }
+
+
+def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
+    """Return the (filename, purpose, content) of a multipart upload, or raise a 400/413."""
+    limit = settings.SWITCHYARD_MAX_FILE_BYTES
+    length = request.headers.get("Content-Length", "")
+    if length.isdigit() and int(length) > limit + _MULTIPART_SLACK:
+        raise ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
+    if not (request.content_type or "").startswith("multipart/form-data"):
+        raise invalid("file", "Upload the file as multipart/form-data with 'file' and 'purpose'.")
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise invalid("file", "Missing required parameter: 'file'.", "missing_required_parameter")
+    purpose = request.POST.get("purpose")
+    if not purpose:
+        raise invalid(
+            "purpose", "Missing required parameter: 'purpose'.", "missing_required_parameter"
+        )
+    if upload.size is not None and upload.size > limit:
+        raise ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
+    return upload.name or "upload.jsonl", purpose, upload.read()
+
+
+@api_endpoint("GET", "POST")
+async def files(request: HttpRequest, request_id: str) -> HttpResponse:
+    principal = await request_principal(request, Scope.INFERENCE)
+    if request.method == "POST":
+        filename, purpose, content = await asyncio.to_thread(_upload, request)
+        created = await db_call(
+            services.file_create,
+            tenant_id=principal.tenant_id,
+            filename=filename,
+            purpose=purpose,
+            content=content,
+        )
+        return json_response(file_object(created))
+    found = await db_call(
+        selectors.file_list, tenant=principal.tenant_id, purpose=request.GET.get("purpose")
+    )
+    return json_response({"object": "list", "data": [file_object(f) for f in found]})
+
+
+@api_endpoint("GET")
+async def file_detail(request: HttpRequest, request_id: str, file_id: str) -> HttpResponse:
+    principal = await request_principal(request, Scope.INFERENCE)
+    found = await db_call(selectors.file_get, tenant=principal.tenant_id, file_id=file_id)
+    return json_response(file_object(found))
+
+
+@api_endpoint("GET")
+async def file_content(request: HttpRequest, request_id: str, file_id: str) -> HttpResponse:
+    principal = await request_principal(request, Scope.INFERENCE)
+    found, content = await db_call(
+        selectors.file_content, tenant=principal.tenant_id, file_id=file_id
+    )
+    response = HttpResponse(content, content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    return response
+
+
+def _start(batch_id: str) -> None:
+    from batches.tasks import batch_run
+
+    try:
+        batch_run.delay(batch_id)
+    except Exception:
+        # The periodic resume job starts it once the broker answers again.
+        log.warning("could not queue batch %s now; it will be resumed", batch_id, exc_info=True)
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return 20
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise invalid("limit", "'limit' must be an integer from 1 to 100.")
+    return int(raw)
+
+
+@api_endpoint("GET", "POST")
+async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
+    principal = await request_principal(request, Scope.INFERENCE)
+    if request.method == "POST":
+        body = body_parse(await request_body(request))
+        batch = await db_call(
+            services.batch_create,
+            tenant_id=principal.tenant_id,
+            api_key_id=principal.key_id,
+            input_file_id=body.get("input_file_id"),
+            endpoint=body.get("endpoint"),
+            completion_window=body.get("completion_window", "24h"),
+            metadata=body.get("metadata"),
+        )
+        await asyncio.to_thread(_start, batch.id)
+        return json_response(batch_object(batch))
+    page, more = await db_call(
+        selectors.batch_list,
+        tenant=principal.tenant_id,
+        after=request.GET.get("after"),
+        limit=_limit(request.GET.get("limit")),
+    )
+    return json_response(
+        {
+            "object": "list",
+            "data": [batch_object(b) for b in page],
+            "first_id": page[0].id if page else None,
+            "last_id": page[-1].id if page else None,
+            "has_more": more,
+        }
+    )
+
+
+@api_endpoint("GET")
+async def batch_detail(request: HttpRequest, request_id: str, batch_id: str) -> HttpResponse:
+    principal = await request_principal(request, Scope.INFERENCE)
+    batch = await db_call(selectors.batch_get, tenant=principal.tenant_id, batch_id=batch_id)
+    return json_response(batch_object(batch))
+
+
+@api_endpoint("POST")
+async def batch_cancel(request: HttpRequest, request_id: str, batch_id: str) -> HttpResponse:
+    principal = await request_principal(request, Scope.INFERENCE)
+    batch = await db_call(selectors.batch_get, tenant=principal.tenant_id, batch_id=batch_id)
+    batch = await db_call(services.batch_cancel, batch=batch)
+    return json_response(batch_object(batch))

@@ -1,0 +1,69 @@
+"""Collect a request's reply events into its whole OpenAI response body (no streaming)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+
+from inference.errors import ApiError
+from inference.openai_format import Formatter, embeddings_body
+from inference.params import EmbeddingRequest
+from inference.services import request_failure
+from inference.types import Delta, Embeddings, Event, Failed, Finished
+
+_json = msgspec.json.Encoder()
+OnEnd = Callable[[Finished | Failed], None] | None
+
+
+def _stream_ended() -> ApiError:
+    return ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
+
+
+async def completion_collect(
+    events: AsyncIterator[Event], formatter: Formatter, on_end: OnEnd
+) -> bytes:
+    """Return a chat or text completion's body, or raise the ApiError it ended with."""
+    parts: list[str] = []
+    async for event in events:
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, Finished | Failed):
+            if on_end is not None:
+                on_end(event)
+            if isinstance(event, Failed):
+                raise request_failure(event)
+            return formatter.complete(
+                text="".join(parts),
+                finish_reason=event.finish_reason,
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+            )
+    raise _stream_ended()
+
+
+async def embeddings_collect(
+    events: AsyncIterator[Event], request: EmbeddingRequest, *, model: str, on_end: OnEnd
+) -> bytes:
+    """Return an embeddings body, or raise the ApiError the request ended with."""
+    vectors: Embeddings | None = None
+    async for event in events:
+        if isinstance(event, Embeddings):
+            vectors = event
+        elif isinstance(event, Finished | Failed):
+            if on_end is not None:
+                on_end(event)
+            if isinstance(event, Failed):
+                raise request_failure(event)
+            if vectors is None:
+                raise ApiError(503, "engine_error", "The worker sent no vectors.", retry_after=1)
+            body = embeddings_body(
+                vectors=vectors.data,
+                native=vectors.dimensions,
+                dimensions=request.dimensions or vectors.dimensions,
+                encoding_format=request.encoding_format,
+                model=model,
+                tokens=event.prompt_tokens,
+            )
+            return _json.encode(body)
+    raise _stream_ended()

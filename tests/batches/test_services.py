@@ -1,0 +1,134 @@
+"""Files and batches below the API: limits, windows, line validation and the result files."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from django.test import override_settings
+
+from batches.models import Batch, BatchLine, BatchStatus, LineState
+from batches.services import (
+    batch_cancel,
+    batch_create,
+    batch_finalize,
+    batch_validate,
+    file_create,
+    line_request_id,
+    window_parse,
+)
+from inference.errors import ApiError
+from tenants.models import ApiKey
+
+pytestmark = pytest.mark.django_db
+
+
+def _line(custom_id: str, **body: object) -> str:
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "tiny-chat", "prompt": "x", "max_tokens": 2, **body},
+        }
+    )
+
+
+def _batch(world, lines: list[str]) -> Batch:
+    content = ("\n".join(lines) + "\n").encode()
+    file = file_create(
+        tenant_id=world.acme.pk, filename="in.jsonl", purpose="batch", content=content
+    )
+    return batch_create(
+        tenant_id=world.acme.pk,
+        api_key_id=ApiKey.objects.filter(tenant=world.acme).values_list("pk", flat=True)[0],
+        input_file_id=file.id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
+
+
+@override_settings(SWITCHYARD_MAX_FILE_BYTES=100)
+def test_a_file_over_the_size_limit_is_a_413(world):
+    with pytest.raises(ApiError) as refused:
+        file_create(tenant_id=world.acme.pk, filename="f", purpose="batch", content=b"x" * 101)
+    assert (refused.value.status, refused.value.param) == (413, "file")
+
+
+@override_settings(SWITCHYARD_MAX_FILE_LINES=3)
+def test_a_file_over_the_line_limit_names_its_count(world):
+    with pytest.raises(ApiError) as refused:
+        file_create(tenant_id=world.acme.pk, filename="f", purpose="batch", content=b"{}\n" * 4)
+    assert refused.value.code == "too_many_lines"
+    assert "4 requests" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "minutes"), [("24h", 1440), ("30m", 30), ("168h", 10080), ("1m", 1)]
+)
+def test_completion_windows(raw, minutes):
+    assert window_parse(raw) == dt.timedelta(minutes=minutes)
+
+
+@pytest.mark.parametrize("raw", ["0m", "169h", "1d", "24", 24, None, "h"])
+def test_bad_completion_windows(raw):
+    with pytest.raises(ApiError) as refused:
+        window_parse(raw)
+    assert refused.value.param == "completion_window"
+
+
+def test_validation_turns_each_line_into_a_pending_or_failed_line(world):
+    batch = _batch(
+        world,
+        [
+            _line("a"),
+            "[1, 2]",
+            _line("b", temperature=9),
+            _line("c", stream=True),
+            json.dumps({"custom_id": "d", "method": "GET", "url": "/v1/completions", "body": {}}),
+            _line("e"),
+        ],
+    )
+    batch = batch_validate(batch=batch)
+    assert batch.status == BatchStatus.IN_PROGRESS
+    assert (batch.total, batch.failed) == (6, 4)
+    lines = {line.index: line for line in batch.lines.all()}
+    assert [lines[i].state for i in range(6)] == [
+        LineState.PENDING, LineState.FAILED, LineState.FAILED,
+        LineState.FAILED, LineState.FAILED, LineState.PENDING,
+    ]  # fmt: skip
+    errors = {i: line.error or {} for i, line in lines.items()}
+    assert errors[2]["param"] == "temperature"
+    assert errors[3]["param"] == "body.stream"
+    assert errors[4]["code"] == "invalid_method"
+    assert lines[0].request_id == line_request_id(batch.id, 0) != lines[5].request_id
+    # Validating again (a resumed job) changes nothing.
+    assert batch_validate(batch=batch).lines.count() == 6
+
+
+def test_finalizing_a_cancelled_batch_writes_both_files_in_line_order(world):
+    batch = batch_validate(batch=_batch(world, [_line("a"), _line("b"), "oops"]))
+    BatchLine.objects.filter(batch=batch, index=0).update(
+        # Model output may hold NUL characters (jsonb refuses them): they must round-trip.
+        state=LineState.SUCCEEDED,
+        result={"status_code": 200, "body": {"text": "a\x00b"}},
+    )
+    batch = batch_cancel(batch=batch)
+    assert batch.status == BatchStatus.CANCELLING
+    batch = batch_finalize(batch=batch, status=BatchStatus.CANCELLED)
+    assert (batch.status, batch.completed, batch.failed) == ("cancelled", 1, 2)
+    assert batch.cancelled_at is not None
+    assert batch.output_file is not None and batch.error_file is not None
+    output = [json.loads(x) for x in bytes(batch.output_file.content).splitlines()]
+    errors = [json.loads(x) for x in bytes(batch.error_file.content).splitlines()]
+    assert [o["custom_id"] for o in output] == ["a"]
+    assert output[0]["response"]["request_id"] == line_request_id(batch.id, 0)
+    assert output[0]["response"]["body"] == {"text": "a\x00b"}
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("b", "batch_cancelled"),
+        (None, "invalid_json"),
+    ]
+    with pytest.raises(ApiError) as refused:
+        batch_cancel(batch=batch)
+    assert refused.value.status == 409

@@ -1,0 +1,314 @@
+"""The Files and Batch APIs end to end: real Celery worker, real admission, real engines."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ALIAS, ENCODER, ENCODER_PRICE_PER_1K, Process, _spawn, _wait_for
+
+CELERY = ["-m", "celery", "-A", "config", "worker", "--pool", "solo", "--loglevel", "INFO",
+          "--without-gossip", "--without-mingle"]  # fmt: skip
+
+
+@dataclass
+class Celery:
+    """The Celery worker the batch jobs run on; a test may kill it and start another."""
+
+    logs: Path
+    process: Process | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        self.process = _spawn(f"celery-{self.starts}", CELERY, self.logs)
+        process = self.process
+        _wait_for(process, lambda: " ready." in process.tail(200), timeout=120)
+
+    def kill(self) -> None:
+        """Die as a crashed host does: no warm shutdown, nothing handed back."""
+        assert self.process is not None
+        os.killpg(self.process.popen.pid, signal.SIGKILL)
+        self.process.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.popen.poll() is None:
+            os.killpg(self.process.popen.pid, signal.SIGTERM)
+            self.process.popen.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def celery(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Celery]:
+    worker = Celery(logs=tmp_path_factory.mktemp("celery-logs"))
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def sdk(stack: Any, world: Any, celery: Celery) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
+
+
+def _chat_line(custom_id: str, content: str, max_tokens: int = 8, **body: Any) -> str:
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": ALIAS,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens,
+                **body,
+            },
+        }
+    )
+
+
+def _upload(sdk: openai.OpenAI, lines: list[str]) -> str:
+    data = ("\n".join(lines) + "\n").encode()
+    return sdk.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def _wait(sdk: openai.OpenAI, batch_id: str, *, until: Any, timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = sdk.batches.retrieve(batch_id)
+        if until(batch):
+            return batch
+        assert time.monotonic() < deadline, f"batch stuck: {batch}"
+        time.sleep(0.3)
+
+
+def _ended(batch: Any) -> bool:
+    return batch.status in ("completed", "failed", "cancelled", "expired")
+
+
+def _entries(sdk: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in sdk.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_runs_with_the_sdk_and_malformed_lines_become_error_entries(sdk, world, usage_of):
+    lines = [_chat_line(f"ok-{i}", f"Say hello number {i}") for i in range(5)]
+    lines.insert(2, "{this is not json")
+    lines.append(_chat_line("wrong-url", "x").replace("/v1/chat/completions", "/v1/embeddings"))
+    lines.append(_chat_line("ok-0", "a duplicate custom_id"))
+    lines.append(_chat_line("too-long", "x", max_tokens=10_000))
+    file_id = _upload(sdk, lines)
+    assert sdk.files.retrieve(file_id).bytes > 0
+    batch = sdk.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
+    assert batch.status == "validating"
+    batch = _wait(sdk, batch.id, until=_ended)
+    assert batch.status == "completed"
+    assert batch.request_counts.total == 9
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (5, 4)
+    assert batch.metadata == {"job": "nightly"}
+    output = _entries(sdk, batch.output_file_id)
+    assert [e["custom_id"] for e in output] == [f"ok-{i}" for i in range(5)]
+    for entry in output:
+        response = entry["response"]
+        assert response["status_code"] == 200
+        assert response["body"]["object"] == "chat.completion"
+        assert response["body"]["choices"][0]["message"]["content"]
+        assert entry["error"] is None
+    errors = {e["custom_id"]: e for e in _entries(sdk, batch.error_file_id)}
+    assert errors[None]["error"]["code"] == "invalid_json"
+    assert errors[None]["error"]["line"] == 3
+    assert errors["wrong-url"]["error"]["code"] == "mismatched_url"
+    assert errors["ok-0"]["error"]["code"] == "duplicate_custom_id"
+    # Valid JSON, but more than the tenant allows: refused at admission, like an API call.
+    refused = errors["too-long"]["response"]
+    assert refused["status_code"] == 400
+    assert refused["body"]["error"]["code"] == "max_tokens_exceeded"
+    # Each line that ran is one request, billed to the tenant in the batch class.
+    request_ids = [e["response"]["request_id"] for e in output]
+    records = usage_of(*request_ids)
+    assert len(records) == 5
+    assert {(r.tenant_id, r.priority, r.status) for r in records} == {
+        (world.acme.pk, "batch", "ok")
+    }
+    assert batch.id in [b.id for b in sdk.batches.list(limit=100).data]
+
+
+def test_embedding_batches_bill_at_the_batch_discount(
+    sdk, world, encoder, usage_of, django_db_blocker
+):
+    from billing.services import price_book_add
+    from models_registry.models import Alias
+
+    with django_db_blocker.unblock():
+        price_book_add(
+            version=Alias.objects.get(name=ENCODER).version,
+            input_per_1k=ENCODER_PRICE_PER_1K,
+            output_per_1k=Decimal("0"),
+            batch_discount_pct=Decimal("50"),
+            effective_from=dt.datetime.now(dt.UTC),
+        )
+    texts = ["the yard at dawn", "switches and signals", "a freight train"]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": ENCODER, "input": text},
+            }
+        )
+        for i, text in enumerate(texts)
+    ]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/embeddings", completion_window="1h"
+    )
+    batch = _wait(sdk, batch.id, until=_ended)
+    assert (batch.status, batch.request_counts.completed) == ("completed", 3)
+    output = _entries(sdk, batch.output_file_id)
+    assert all(len(e["response"]["body"]["data"][0]["embedding"]) == 384 for e in output)
+    records = usage_of(*[e["response"]["request_id"] for e in output])
+    for record in records:
+        full = ENCODER_PRICE_PER_1K * record.prompt_tokens / 1000
+        assert record.priority == "batch"
+        assert record.cost == full / 2
+
+
+def test_cancelling_a_batch_aborts_its_in_flight_lines(sdk, world, usage_of):
+    lines = [
+        _chat_line(f"c{i}", f"Count slowly {i}", max_tokens=150, ignore_eos=True)
+        for i in range(120)
+    ]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    _wait(sdk, batch.id, until=lambda b: b.request_counts.completed >= 3, timeout=120)
+    cancelling = sdk.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    batch = _wait(sdk, batch.id, until=_ended, timeout=60)
+    assert batch.status == "cancelled"
+    counts = batch.request_counts
+    assert counts.total == 120
+    assert counts.completed + counts.failed == 120
+    assert 3 <= counts.completed < 120
+    errors = _entries(sdk, batch.error_file_id)
+    assert len(errors) == counts.failed
+    assert {e["error"]["code"] for e in errors if e["error"]} <= {"batch_cancelled"}
+    # Lines that were running when the batch was cancelled were aborted in the engine: their
+    # usage records say so and bill the tokens produced until then.
+    aborted = [e["response"]["request_id"] for e in errors if e["response"] is not None]
+    aborted += [e["id"].removeprefix("batch_req_") for e in errors if e["response"] is None]
+    records = usage_of(*aborted, timeout=10)
+    assert any(r.status == "cancelled" and r.completion_tokens < 150 for r in records)
+    with pytest.raises(openai.ConflictError):
+        sdk.batches.cancel(batch.id)
+
+
+def test_a_batch_survives_its_celery_worker_dying_mid_way(sdk, world, celery, usage_of):
+    count = 60
+    lines = [_chat_line(f"r{i}", f"Line {i}", max_tokens=80, ignore_eos=True) for i in range(count)]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    _wait(sdk, batch.id, until=lambda b: b.request_counts.completed >= 5, timeout=120)
+    celery.kill()
+    progress = sdk.batches.retrieve(batch.id).request_counts.completed
+    assert progress < count, "the batch finished before the worker could be killed"
+    celery.start()
+    batch = _wait(sdk, batch.id, until=_ended, timeout=240)
+    assert batch.status == "completed"
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (count, 0)
+    output = _entries(sdk, batch.output_file_id)
+    assert sorted(e["custom_id"] for e in output) == sorted(f"r{i}" for i in range(count))
+    request_ids = [e["response"]["request_id"] for e in output]
+    assert len(set(request_ids)) == count
+    # Exactly one request per line: every line billed once, none lost, none run twice.
+    records = usage_of(*request_ids)
+    assert len(records) == count
+    assert all(r.status == "ok" and r.completion_tokens == 80 for r in records)
+
+
+def _files_post(stack: Any, key: str, content: bytes, purpose: str = "batch") -> httpx.Response:
+    return httpx.post(
+        f"{stack.base_url}/v1/files",
+        files={"file": ("in.jsonl", content)},
+        data={"purpose": purpose},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "purpose", "code", "param"),
+    [
+        (b'{"custom_id": "a"}\n', "fine-tune", "invalid_value", "purpose"),
+        (b"\n\n", "batch", "invalid_value", "file"),
+        (b"\xff\xfe not utf-8\n", "batch", "invalid_value", "file"),
+    ],
+)
+def test_bad_uploads_are_clear_errors(stack, world, celery, content, purpose, code, param):
+    response = _files_post(stack, world.acme_key, content, purpose)
+    assert response.status_code == 400, response.text
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (code, param)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"endpoint": "/v1/chat/completions", "completion_window": "24h"}, 400, "input_file_id"),
+        ({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions"}, 404, "input_file_id"),
+        ({"input_file_id": "F", "endpoint": "/v1/images", "completion_window": "24h"}, 400,
+         "endpoint"),
+        ({"input_file_id": "F", "endpoint": "/v1/completions", "completion_window": "9y"}, 400,
+         "completion_window"),
+    ],
+)  # fmt: skip
+def test_bad_batches_are_clear_errors(stack, world, celery, body, status, param):
+    uploaded = _files_post(stack, world.acme_key, (_chat_line("a", "b") + "\n").encode()).json()
+    body = {k: uploaded["id"] if v == "F" else v for k, v in body.items()}
+    response = httpx.post(
+        f"{stack.base_url}/v1/batches",
+        json=body,
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_another_tenants_files_and_batches_are_not_found(stack, world, sdk):
+    file_id = _upload(sdk, [_chat_line("x", "y")])
+    batch = sdk.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    other = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.globex_key, max_retries=0)
+    for call in (
+        lambda: other.files.retrieve(file_id),
+        lambda: other.files.content(file_id),
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+        lambda: other.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert batch.id not in [b.id for b in other.batches.list().data]
+    _wait(sdk, batch.id, until=_ended)

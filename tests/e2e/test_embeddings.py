@@ -1,0 +1,146 @@
+"""`/v1/embeddings` end to end: all-MiniLM-L6-v2 on an encoder worker with a dynamic batcher."""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import ALIAS, Process
+from tests.conftest import ENCODER as MODEL
+from tests.conftest import ENCODER_PRICE_PER_1K as PRICE_PER_1K
+
+
+@pytest.fixture
+def sdk(stack: Any, world: Any, encoder: Process) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
+
+
+def _embed(stack: Any, key: str, **body: Any) -> httpx.Response:
+    return httpx.post(
+        f"{stack.base_url}/v1/embeddings",
+        json={"model": MODEL, **body},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
+def test_the_sdk_embeds_and_paraphrases_are_closer_than_unrelated_sentences(sdk, world, usage_of):
+    sentences = [
+        "A man is playing a guitar.",
+        "Someone is strumming a guitar.",
+        "The central bank raised interest rates again.",
+    ]
+    reply = sdk.embeddings.create(model=MODEL, input=sentences)
+    vectors = np.array([item.embedding for item in reply.data], dtype=np.float32)
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    similarity = vectors @ vectors.T
+    assert similarity[0, 1] > 0.6
+    assert similarity[0, 1] > similarity[0, 2] + 0.4
+    assert similarity[1, 2] < 0.3
+    assert reply.model.startswith("all-minilm-l6-v2@")
+    assert reply.usage.prompt_tokens == reply.usage.total_tokens > 3 * 3
+    # Billed like any request: one usage record, input tokens at the version's price.
+    response = sdk.embeddings.with_raw_response.create(model=MODEL, input="billing check")
+    request_id = response.headers["x-request-id"]
+    tokens = response.parse().usage.prompt_tokens
+    (record,) = usage_of(request_id)
+    assert record.endpoint == "embeddings"
+    assert record.status == "ok"
+    assert (record.prompt_tokens, record.completion_tokens) == (tokens, 0)
+    assert record.cost == PRICE_PER_1K * tokens / 1000
+
+
+def test_inputs_of_mixed_lengths_batched_together_get_the_vectors_they_get_alone(stack, sdk):
+    short = "Tea."
+    medium = "The ferry leaves the harbour at seven every morning in summer."
+    long = " ".join(["Freight trains are sorted in the yard by gravity and switches."] * 8)
+    alone = {
+        text: np.array(sdk.embeddings.create(model=MODEL, input=text).data[0].embedding)
+        for text in (short, medium, long)
+    }
+    texts = [short, long, medium, short, long, medium] * 4
+
+    def one(i: int) -> list[list[float]]:
+        # Concurrent requests, each mixing lengths, so batches mix requests and lengths.
+        mixed = texts[i % 6 :] + texts[: i % 6]
+        return [d.embedding for d in sdk.embeddings.create(model=MODEL, input=mixed).data]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    for i, vectors in enumerate(results):
+        mixed = texts[i % 6 :] + texts[: i % 6]
+        for text, vector in zip(mixed, vectors, strict=True):
+            assert np.dot(alone[text], np.array(vector)) > 0.995, text
+
+
+def test_base64_vectors_decode_to_the_float_ones(stack, world, encoder):
+    floats = _embed(stack, world.acme_key, input=["round trip"]).json()
+    packed = _embed(stack, world.acme_key, input=["round trip"], encoding_format="base64").json()
+    encoded = packed["data"][0]["embedding"]
+    assert isinstance(encoded, str)
+    decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
+    assert np.allclose(decoded, floats["data"][0]["embedding"], atol=1e-6)
+
+
+def test_token_id_inputs_are_accepted(stack, world, encoder):
+    reply = _embed(stack, world.acme_key, input=[[101, 7592, 2088, 102], [101, 102]])
+    assert reply.status_code == 200, reply.text
+    assert [d["index"] for d in reply.json()["data"]] == [0, 1]
+    assert reply.json()["usage"]["prompt_tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"input": ""}, 400, "invalid_value", "input[0]"),
+        ({"input": ["fine", "  "]}, 400, "invalid_value", "input[1]"),
+        ({"input": []}, 400, "invalid_value", "input"),
+        ({"input": [[]]}, 400, "invalid_value", "input[0]"),
+        ({"input": ["ok", "word " * 400]}, 400, "context_length_exceeded", "input[1]"),
+        ({"input": [[101, 99999999]]}, 400, "invalid_value", "input[0]"),
+        ({"input": 5}, 400, "invalid_type", "input"),
+        ({}, 400, "missing_required_parameter", "input"),
+        ({"input": "x", "encoding_format": "int8"}, 400, "invalid_value", "encoding_format"),
+        ({"input": "x", "dimensions": 128}, 400, "invalid_value", "dimensions"),
+        ({"input": "x", "model": ALIAS}, 400, "wrong_endpoint_for_model", "model"),
+        ({"input": "x", "model": "no-such-encoder"}, 404, "model_not_found", "model"),
+    ],
+)
+def test_bad_input_is_a_clear_error_naming_the_field(
+    stack, world, encoder, body, status, code, param
+):
+    reply = _embed(stack, world.acme_key, **body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+
+
+def test_native_dimensions_may_be_asked_for(stack, world, encoder):
+    reply = _embed(stack, world.acme_key, input="x", dimensions=384)
+    assert reply.status_code == 200
+    assert len(reply.json()["data"][0]["embedding"]) == 384
+
+
+def test_an_embedding_model_is_refused_on_the_chat_endpoint(stack, world, encoder):
+    reply = httpx.post(
+        f"{stack.base_url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "wrong_endpoint_for_model"
+
+
+def test_embeddings_need_a_valid_key_and_count_against_quotas(stack, world, encoder):
+    assert _embed(stack, "sk-nope", input="x").status_code == 401
+    limited = world.limited_keys["wayne"]  # 5 requests a minute
+    codes = [_embed(stack, limited, input="quota").status_code for _ in range(7)]
+    assert codes.count(200) <= 5
+    assert 429 in codes
