@@ -14,7 +14,9 @@ import time
 from decimal import Decimal
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
+from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
 from inference.dispatch import Dispatch
 from inference.quotas import MICROS, Quotas, Usage
@@ -38,8 +40,10 @@ class Ingester:
         *,
         dispatch: Dispatch,
         consumer: str,
+        tenant_labels: TenantLabels | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.tenant_labels = tenant_labels or TenantLabels(settings.SWITCHYARD_METRICS_MAX_TENANTS)
         self.quotas = Quotas(dispatch.redis)
         self.consumer = consumer
         self._stopping = asyncio.Event()
@@ -154,3 +158,4 @@ class Ingester:
         await self._settle(events, result.costs)
         await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
         self.ingested += result.recorded
+        usage_recorded(result.tenant_tokens, recorded=result.recorded, labels=self.tenant_labels)

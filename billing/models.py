@@ -31,6 +31,8 @@ class UsageRecord(models.Model):
     user = models.CharField(max_length=64, blank=True)  # the client's `user` tag
     priority = models.CharField(max_length=16, default="interactive")
     cached_tokens = models.PositiveIntegerField(default=0)
+    # The W3C trace the request ran under: finds its log lines and spans from a bill line.
+    trace_id = models.CharField(max_length=32, blank=True, default="")
     # The price book in force when the request was admitted; null: the version's own price.
     price_book = models.ForeignKey(
         "billing.PriceBook", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.contrib.auth.models import User
@@ -132,6 +132,8 @@ class IngestResult:
     recorded: int
     refused: list[UsageEvent]
     costs: dict[str, Decimal]  # request id -> cost, for every event not refused
+    # tenant slug -> (prompt, completion) tokens of the records this call wrote (not replays)
+    tenant_tokens: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
@@ -147,8 +149,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
         v.digest: v
         for v in ModelVersion.objects.filter(digest__in={e.model_version for e in events})
     }
-    tenants = set(
-        Tenant.objects.filter(pk__in={e.tenant_id for e in events}).values_list("pk", flat=True)
+    tenants = dict(
+        Tenant.objects.filter(pk__in={e.tenant_id for e in events}).values_list("pk", "slug")
     )
     keys = set(
         ApiKey.objects.filter(pk__in={e.api_key_id for e in events}).values_list("pk", flat=True)
@@ -188,6 +190,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 event.prompt_tokens,
                 event.completion_tokens,
                 event.cached_tokens,
+                event.trace_id,
                 cost,
                 event.shadow,
                 event.user,
@@ -200,27 +203,36 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 now,
             )
         )
-    return IngestResult(recorded=_copy_in(rows), refused=refused, costs=costs)
+    new = _copy_in(rows)
+    recorded = len(new)
+    tokens: dict[str, tuple[int, int]] = {}
+    for event in events:
+        if event.request_id in new:
+            new.discard(event.request_id)  # a request repeated within the batch counts once
+            slug = tenants[event.tenant_id]
+            prompt, completion = tokens.get(slug, (0, 0))
+            tokens[slug] = (prompt + event.prompt_tokens, completion + event.completion_tokens)
+    return IngestResult(recorded=recorded, refused=refused, costs=costs, tenant_tokens=tokens)
 
 
 _COLUMNS = (
     "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "cost", "shadow", "user", "priority", "price_book_id", "enqueued_at",
-    "started_at", "first_token_at", "finished_at", "ingested_at",
+    "cached_tokens", "trace_id", "cost", "shadow", "user", "priority", "price_book_id",
+    "enqueued_at", "started_at", "first_token_at", "finished_at", "ingested_at",
 )  # fmt: skip
 _COLUMN_LIST = ", ".join(f'"{c}"' for c in _COLUMNS)
 
 
-def _copy_in(rows: list[tuple[object, ...]]) -> int:
-    """Insert rows whose request id is not recorded yet; return how many were new.
+def _copy_in(rows: list[tuple[object, ...]]) -> set[str]:
+    """Insert rows whose request id is not recorded yet; return the request ids that were new.
 
     COPY into a session-private staging table, then one INSERT … ON CONFLICT DO NOTHING:
     a batch is one statement whatever its size, and a replayed request id is skipped by
     the unique index rather than counted twice.
     """
     if not rows:
-        return 0
+        return set()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "CREATE TEMP TABLE IF NOT EXISTS usage_staging ON COMMIT DELETE ROWS AS "
@@ -232,6 +244,6 @@ def _copy_in(rows: list[tuple[object, ...]]) -> int:
         cursor.execute(
             f"INSERT INTO billing_usagerecord ({_COLUMN_LIST}) "
             f"SELECT {_COLUMN_LIST} FROM usage_staging "
-            "ON CONFLICT (request_id) DO NOTHING"
+            "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
         )
-        return cursor.rowcount
+        return {row[0] for row in cursor.fetchall()}

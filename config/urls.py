@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from inference import scrape
 from inference import urls as inference_urls
 from inference import views as inference_views
 
@@ -19,5 +20,5 @@ urlpatterns = [
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
     path("", RedirectView.as_view(pattern_name="console:home"), name="root"),
-    path("", include("django_prometheus.urls")),
+    path("metrics", scrape.metrics, name="metrics"),
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import redis
 import redis.asyncio as aredis
@@ -180,6 +180,82 @@ def rate_sync(client: redis.Redis, deployment: str) -> float:
 def live_workers_sync(client: redis.Redis, deployment: str) -> int:
     """Return how many workers of a deployment are alive, for control-plane code."""
     return int(client.zcount(heartbeats_key(deployment), time.time(), "+inf"))
+
+
+def autoscale_key(deployment: str) -> str:
+    # hash: the autoscaling signal's hysteresis state (desired, below_since, window_max)
+    return f"{_tag(deployment)}:autoscale"
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """What a deployment's shared state in Redis says now, for metrics and autoscaling."""
+
+    waiting: dict[str, int]  # priority class -> queued jobs
+    oldest_age: dict[str, float]  # priority class -> seconds the oldest queued job has waited
+    backlog_tokens: int
+    running: int  # jobs claimed by workers and not finished
+    live_workers: int
+    slots_per_worker: float  # shared slots, mean over live workers
+    tokens_per_second: float | None  # measured capacity of one worker, mean; None if unknown
+    ingest_lag_events: int
+    ingest_lag_seconds: float
+
+
+# Oldest-job ages are read from at most this many queued jobs per class (the queue is bounded
+# by max_queued, so this only matters for very deep batch queues).
+_SNAPSHOT_SCAN = 5000
+
+
+def queue_snapshot_sync(client: redis.Redis, deployment: str) -> QueueSnapshot:
+    """Read a deployment's queues, workers and usage stream in two round trips."""
+    keys = _keys(deployment)
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(keys.depth, "tok")
+    for queue in (keys.queue_interactive, keys.queue_batch):
+        pipe.zcard(queue)
+        pipe.zrange(queue, 0, _SNAPSHOT_SCAN - 1)
+    pipe.zcard(keys.leases)
+    pipe.zrangebyscore(keys.workers, now, "+inf")
+    pipe.hgetall(keys.slots)
+    pipe.hgetall(keys.rate)
+    pipe.xrange(keys.usage, "-", "+", count=1)
+    pipe.xlen(keys.usage)
+    tok, n_i, members_i, n_b, members_b, running, live, slots, rates, first, length = pipe.execute()
+    oldest: dict[str, str] = {}
+    for cls, members in (("interactive", members_i), ("batch", members_b)):
+        if members:
+            # Members are "<tenant:10>:<seq:16>:<request id>"; the global sequence orders them.
+            oldest[cls] = min((m.decode() for m in members), key=lambda m: m[11:27])[28:]
+    ages = dict.fromkeys(("interactive", "batch"), 0.0)
+    if oldest:
+        encoded = client.hmget(keys.jobs, list(oldest.values()))
+        for cls, payload in zip(oldest, cast(list[bytes | None], encoded), strict=True):
+            if payload is not None:
+                ages[cls] = max(now - job_decoder.decode(payload).enqueued_at, 0.0)
+    alive = {w.decode() for w in live}
+    shared = [float(v.split()[0]) for w, v in _decoded(slots).items() if w in alive]
+    rate = [float(v) for w, v in _decoded(rates).items() if w in alive]
+    lag_seconds = 0.0
+    if first:
+        # Stream ids start with their append time in milliseconds.
+        lag_seconds = max(now - int(first[0][0].decode().split("-")[0]) / 1000, 0.0)
+    return QueueSnapshot(
+        waiting={"interactive": int(n_i), "batch": int(n_b)},
+        oldest_age=ages,
+        backlog_tokens=int(tok or 0),
+        running=int(running),
+        live_workers=len(alive),
+        slots_per_worker=sum(shared) / len(shared) if shared else 0.0,
+        tokens_per_second=sum(rate) / len(rate) if rate else None,
+        ingest_lag_events=int(length),
+        ingest_lag_seconds=lag_seconds,
+    )
+
+
+def _decoded(values: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in values.items()}
 
 
 _PRELUDE = """
@@ -984,4 +1060,5 @@ def usage_for(
         user=job.user,
         priority=job.priority,
         cached_tokens=cached_tokens,
+        trace_id=job.trace_id,
     )

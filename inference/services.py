@@ -20,10 +20,12 @@ from inference.db import db_call
 from inference.dispatch import Dispatch, Refusal, Refused
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
+from inference.metrics import RequestClock, admission_decided
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
 from inference.tokenization import tokenizer_for
+from inference.tracing import TraceContext
 from inference.types import Failed, Finished, Job, Sampling
 from models_registry.models import Task
 from models_registry.selectors import Route, Routing, routing_resolve
@@ -191,19 +193,24 @@ async def generation_submit(
     priority: str = "interactive",
     idempotency_key: str | None = None,
     reply_ttl: int = 0,
+    clock: RequestClock | None = None,
+    trace: TraceContext | None = None,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
 
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
-    platform's maximum.
+    platform's maximum. `clock` times its preprocessing and admission; `trace` is the
+    caller's span, which the worker continues.
     """
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     _task_check(route, embeddings=False, model=request.model)
+    if clock is not None:
+        clock.deployment = route.deployment
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
-        raise _queue_full(request.model)
+        raise _queue_full(request.model, deployment=route.deployment)
     if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
         prompt = await asyncio.to_thread(_prompt_ids, request, route)
@@ -229,8 +236,12 @@ async def generation_submit(
         reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else reply_ttl,
         adapter=route.adapter,
         user=(request.user or "")[:64],
+        trace_id=trace.trace_id if trace else "",
+        parent_span_id=trace.span_id if trace else "",
     )
-    decision = await _job_submit(principal=principal, route=route, job=job, model=request.model)
+    decision = await _job_submit(
+        principal=principal, route=route, job=job, model=request.model, clock=clock
+    )
     shadow = routing.shadow_for(request_id=request_id)
     if shadow is not None and shadow.version_digest != route.version_digest:
         spawn(_shadow_submit(request, job, shadow))
@@ -257,8 +268,29 @@ async def generation_submit(
     return submitted
 
 
-async def _job_submit(*, principal: Principal, route: Route, job: Job, model: str) -> Decision:
+async def _job_submit(
+    *, principal: Principal, route: Route, job: Job, model: str, clock: RequestClock | None
+) -> Decision:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not."""
+    if clock is not None:
+        clock.lap("preprocess")
+    try:
+        decision = await _reserve_and_enqueue(
+            principal=principal, route=route, job=job, model=model
+        )
+    except ApiError as exc:
+        admission_decided(deployment=route.deployment, reason=exc.code)
+        raise
+    finally:
+        if clock is not None:
+            clock.lap("admission")
+    admission_decided(deployment=route.deployment, reason="admitted")
+    return decision
+
+
+async def _reserve_and_enqueue(
+    *, principal: Principal, route: Route, job: Job, model: str
+) -> Decision:
     reserve = Usage(
         tokens=job.reserved_tokens,
         cost_micros=_cost(
@@ -325,11 +357,15 @@ async def embedding_submit(
     timeout: float | None = None,
     priority: str | None = None,
     reply_ttl: int = 0,
+    clock: RequestClock | None = None,
+    trace: TraceContext | None = None,
 ) -> Submitted:
     """Admit an embeddings request and enqueue it for its encoder deployment's workers."""
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     _task_check(route, embeddings=True, model=request.model)
+    if clock is not None:
+        clock.deployment = route.deployment
     if request.dimensions is not None and request.dimensions not in route.dimensions:
         allowed = ", ".join(str(d) for d in route.dimensions)
         raise invalid(
@@ -337,7 +373,7 @@ async def embedding_submit(
             f"'{request.model}' returns vectors of {allowed} dimensions, not {request.dimensions}.",
         )
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
-        raise _queue_full(request.model)
+        raise _queue_full(request.model, deployment=route.deployment)
     if sum(len(i) for i in request.inputs) > _INLINE_TOKENIZE_CHARS:
         inputs = await asyncio.to_thread(_input_ids, request, route)
     else:
@@ -369,8 +405,12 @@ async def embedding_submit(
         deadline=_deadline(principal, now, timeout),
         user=(request.user or "")[:64],
         reply_ttl=reply_ttl,
+        trace_id=trace.trace_id if trace else "",
+        parent_span_id=trace.span_id if trace else "",
     )
-    decision = await _job_submit(principal=principal, route=route, job=job, model=request.model)
+    decision = await _job_submit(
+        principal=principal, route=route, job=job, model=request.model, clock=clock
+    )
     return Submitted(job=job, route=route, principal=principal, decision=decision)
 
 
@@ -403,7 +443,10 @@ async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> 
         log.warning("shadow copy of %s failed", job.request_id, exc_info=True)
 
 
-def _queue_full(model: str) -> ApiError:
+def _queue_full(model: str, *, deployment: str | None = None) -> ApiError:
+    """The fast refusal of a full queue; counted here when no enqueue attempt counts it."""
+    if deployment is not None:
+        admission_decided(deployment=deployment, reason="queue_full")
     return ApiError(
         503,
         "queue_full",

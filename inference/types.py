@@ -46,6 +46,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     user: str = ""  # the client's `user` tag, kept on the usage record
     # An embeddings request: prompt_token_ids holds its inputs end to end, these long each.
     input_lengths: list[int] = []
+    # W3C trace context: the trace and the frontend's span, the worker's parent.
+    trace_id: str = ""
+    parent_span_id: str = ""
 
     def inputs(self) -> list[list[int]]:
         """The token ids of each input of an embeddings request."""
@@ -127,6 +130,7 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     user: str = ""
     priority: str = "interactive"
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    trace_id: str = ""
 
 
 job_encoder = msgspec.msgpack.Encoder()

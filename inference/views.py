@@ -20,6 +20,7 @@ from inference.background import spawn
 from inference.db import db_call
 from inference.errors import ApiError
 from inference.idempotency import Original, body_digest, key_validate
+from inference.metrics import RequestClock, requests_total
 from inference.openai_format import DONE, Formatter, error_chunk
 from inference.params import (
     CHAT,
@@ -42,6 +43,7 @@ from inference.services import (
     request_id_new,
     routing_get,
 )
+from inference.tracing import TraceContext, bind, trace_start
 from inference.types import Delta, Event, Failed, Finished
 from models_registry.selectors import model_names_list
 from tenants.models import Scope
@@ -60,6 +62,11 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             request_id = request_id_new()
+            clock = RequestClock(endpoint=view.__name__)
+            trace = trace_start(request.headers.get("traceparent"))
+            request.META[_CLOCK] = clock
+            request.META[_TRACE] = trace
+            bind(request_id=request_id, trace_id=trace.trace_id)
             try:
                 if request.method not in methods:
                     raise ApiError(
@@ -81,6 +88,12 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 await _add_ratelimit_headers(response, principal)
             if "x-request-id" not in response:
                 response["x-request-id"] = request_id
+            response["traceparent"] = trace.traceparent
+            requests_total.labels(endpoint=view.__name__, code=str(response.status_code)).inc()
+            if not isinstance(response, StreamingHttpResponse):
+                if clock.dispatched:
+                    clock.lap("relay")
+                clock.finish()  # a stream's ends when its last chunk is written
             # A refusal is an answer, not a server fault: Django need not log each one (a flood
             # of 503s would otherwise cost a log line apiece). Real faults are logged above.
             response._has_been_logged = True  # type: ignore[attr-defined]
@@ -132,12 +145,27 @@ def _timeout(raw: str | None) -> float | None:
 
 
 _PRINCIPAL = "switchyard.principal"
+_CLOCK = "switchyard.clock"
+_TRACE = "switchyard.trace"
+
+
+def request_clock(request: HttpRequest) -> RequestClock:
+    clock: RequestClock = request.META[_CLOCK]
+    return clock
+
+
+def request_trace(request: HttpRequest) -> TraceContext:
+    trace: TraceContext = request.META[_TRACE]
+    return trace
 
 
 async def request_principal(request: HttpRequest, scope: str) -> Principal:
     """Authenticate a request's API key for a scope; later headers name its limits."""
     principal = await authenticate(request.headers.get("Authorization"), scope=scope)
     request.META[_PRINCIPAL] = principal
+    clock = request.META.get(_CLOCK)
+    if clock is not None:
+        clock.lap("auth")
     return principal
 
 
@@ -171,11 +199,14 @@ def _client_timeout(request: HttpRequest, body_timeout: float | None) -> float |
 async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
     parsed = embeddings_parse(body_parse(await request_body(request)))
+    clock = request_clock(request)
     submitted = await embedding_submit(
         principal=principal,
         request=parsed,
         request_id=request_id,
         timeout=_client_timeout(request, parsed.timeout),
+        clock=clock,
+        trace=request_trace(request),
     )
     route = submitted.route
     body = await embeddings_collect(
@@ -184,6 +215,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
         model=route.served_name,
         on_end=functools.partial(request_ended, submitted),
     )
+    clock.skip()
     response = json_response(body)
     response["x-switchyard-model-version"] = route.version
     for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
@@ -197,9 +229,10 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     parsed = generation_parse(body, endpoint=endpoint)
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:
-        replayed = await _replay_or_claim(principal, key, body, parsed)
+        replayed = await _replay_or_claim(principal, key, body, parsed, request_clock(request))
         if replayed is not None:
             return replayed
+    clock = request_clock(request)
     try:
         submitted = await generation_submit(
             principal=principal,
@@ -208,6 +241,8 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             timeout=_client_timeout(request, parsed.timeout),
             priority=parsed.priority,
             idempotency_key=key,
+            clock=clock,
+            trace=request_trace(request),
         )
     except BaseException:
         if key is not None:
@@ -223,9 +258,10 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     events = relay.events(dispatch_get(), submitted)
     on_end = functools.partial(request_ended, submitted)
     if parsed.stream:
-        response: HttpResponseBase = _streaming(_sse(events, parsed, formatter, on_end))
+        response: HttpResponseBase = _streaming(_sse(events, parsed, formatter, on_end, clock))
     else:
         response = await _collect(events, formatter, on_end)
+        clock.skip()
     response["x-switchyard-model-version"] = submitted.route.version
     for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
         response[name] = value
@@ -246,7 +282,11 @@ def _formatter(
 
 
 async def _replay_or_claim(
-    principal: Principal, key: str, body: dict[str, Any], parsed: GenerationRequest
+    principal: Principal,
+    key: str,
+    body: dict[str, Any],
+    parsed: GenerationRequest,
+    clock: RequestClock,
 ) -> HttpResponseBase | None:
     """Answer a retry with its original's result, or claim the key for this request (None)."""
     keys = idempotency_get()
@@ -254,7 +294,7 @@ async def _replay_or_claim(
     original = await keys.begin(tenant_id=principal.tenant_id, key=key, digest=digest)
     if original is None:
         return None
-    replayed = await _replay(original, parsed)
+    replayed = await _replay(original, parsed, clock)
     if replayed is not None:
         replayed["Idempotent-Replayed"] = "true"
         replayed["x-request-id"] = original.request_id
@@ -273,7 +313,9 @@ async def _replay_or_claim(
     return None
 
 
-async def _replay(original: Original, parsed: GenerationRequest) -> HttpResponseBase | None:
+async def _replay(
+    original: Original, parsed: GenerationRequest, clock: RequestClock
+) -> HttpResponseBase | None:
     """Return the original's response again, or None when the original failed."""
     dispatch = dispatch_get()
     formatter = _formatter(
@@ -290,7 +332,7 @@ async def _replay(original: Original, parsed: GenerationRequest) -> HttpResponse
         deadline=original.deadline,
     )
     if parsed.stream:
-        return _streaming(_sse(events, parsed, formatter, on_end=None))
+        return _streaming(_sse(events, parsed, formatter, None, clock))
     if not await dispatch.finished(deployment=original.deployment, request_id=original.request_id):
         raise ApiError(
             409,
@@ -319,11 +361,32 @@ async def _collect(
 
 
 async def _sse(
-    events: AsyncIterator[Event], parsed: GenerationRequest, formatter: Formatter, on_end: OnEnd
+    events: AsyncIterator[Event],
+    parsed: GenerationRequest,
+    formatter: Formatter,
+    on_end: OnEnd,
+    clock: RequestClock,
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _sse_chunks(events, parsed, formatter, on_end, clock):
+            yield chunk
+        clock.lap("relay")
+    finally:
+        clock.finish()
+
+
+async def _sse_chunks(
+    events: AsyncIterator[Event],
+    parsed: GenerationRequest,
+    formatter: Formatter,
+    on_end: OnEnd,
+    clock: RequestClock,
 ) -> AsyncIterator[bytes]:
     include_usage = parsed.include_usage
     first = True
     async for event in events:
+        if isinstance(event, Finished | Failed):
+            clock.skip()  # the worker timed everything up to its terminal event
         if isinstance(event, Delta):
             if event.text or first:
                 yield formatter.chunk(

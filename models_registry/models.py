@@ -183,6 +183,15 @@ class Deployment(models.Model):
     # for (its queue delay is this minus a full batch's measured compute time).
     max_batch_size = models.PositiveIntegerField(default=64)
     latency_slo_ms = models.PositiveIntegerField(default=250)
+    # Service level objectives, read by alerts, the autoscaling signal and the capacity planner:
+    # time to first token (from admission) and inter-token latency at the 95th percentile, and
+    # the share of requests that must not fail on the platform's side.
+    slo_ttft_p95_ms = models.PositiveIntegerField(default=2000)
+    slo_itl_p95_ms = models.PositiveIntegerField(default=200)
+    slo_availability = models.DecimalField(max_digits=6, decimal_places=5, default=Decimal("0.999"))
+    # Bounds of the autoscaling signal: the warm pool kept however idle, and the ceiling.
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(default=8)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)

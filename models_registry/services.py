@@ -379,6 +379,11 @@ def deployment_create(
     max_lora_rank: int = 8,
     max_batch_size: int = 64,
     latency_slo_ms: int = 250,
+    slo_ttft_p95_ms: int = 2000,
+    slo_itl_p95_ms: int = 200,
+    slo_availability: Decimal = Decimal("0.999"),
+    min_replicas: int = 1,
+    max_replicas: int = 8,
     actor: User | None = None,
 ) -> Deployment:
     """Create a deployment of a version; its workers start with `run_worker`."""
@@ -402,6 +407,12 @@ def deployment_create(
         raise ValidationError({"max_batch_size": "must be at least 1"})
     if latency_slo_ms < 1:
         raise ValidationError({"latency_slo_ms": "must be at least 1"})
+    if slo_ttft_p95_ms < 1 or slo_itl_p95_ms < 1:
+        raise ValidationError({"slo_ttft_p95_ms": "latency objectives must be at least 1 ms"})
+    if not Decimal(0) < slo_availability < Decimal(1):
+        raise ValidationError({"slo_availability": "must be between 0 and 1, e.g. 0.999"})
+    if not 0 <= min_replicas <= max_replicas or max_replicas < 1:
+        raise ValidationError({"max_replicas": "needs 0 <= min_replicas <= max_replicas, max >= 1"})
     context = min(max_model_len or version.max_model_len, version.max_model_len)
     with transaction.atomic():
         deployment = Deployment.objects.create(
@@ -418,6 +429,11 @@ def deployment_create(
             max_lora_rank=max_lora_rank,
             max_batch_size=max_batch_size,
             latency_slo_ms=latency_slo_ms,
+            slo_ttft_p95_ms=slo_ttft_p95_ms,
+            slo_itl_p95_ms=slo_itl_p95_ms,
+            slo_availability=slo_availability,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
         )
         audit_record(
             action="deployment.create",

@@ -165,12 +165,15 @@ class Process:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _spawn(name: str, args: list[str], logs: Path) -> Process:
+def _spawn(
+    name: str, args: list[str], logs: Path, env_extra: dict[str, str] | None = None
+) -> Process:
     log = logs / f"{name}.log"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.test",
         "PYTHONUNBUFFERED": "1",
+        **(env_extra or {}),
     }
     popen = subprocess.Popen(
         [sys.executable, *args],
@@ -209,14 +212,27 @@ class Stack:
     worker: Process
     frontend: Process
     ingester: Process
+    worker_metrics_url: str
+    ingester_metrics_url: str
 
 
 @pytest.fixture(scope="session")
 def stack(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("logs")
-    port = _free_port()
-    worker = _spawn("worker", ["manage.py", "run_worker", "--deployment", DEPLOYMENT], logs)
-    ingester = _spawn("ingester", ["manage.py", "run_ingester"], logs)
+    port, worker_metrics, ingester_metrics = _free_port(), _free_port(), _free_port()
+    worker = _spawn(
+        "worker",
+        [
+            "manage.py", "run_worker", "--deployment", DEPLOYMENT,
+            "--metrics-port", str(worker_metrics),
+        ],
+        logs,
+    )  # fmt: skip
+    ingester = _spawn(
+        "ingester", ["manage.py", "run_ingester", "--metrics-port", str(ingester_metrics)], logs
+    )
+    # The frontend runs as production does: metrics in multi-process files.
+    multiproc = tmp_path_factory.mktemp("prometheus-multiproc")
     frontend = _spawn(
         "frontend",
         [
@@ -230,13 +246,21 @@ def stack(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
             "--no-access-log",
         ],
         logs,
+        env_extra={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)},
     )
     processes = [worker, ingester, frontend]
     try:
         base_url = f"http://127.0.0.1:{port}"
         _wait_for(frontend, lambda: _http_ok(f"{base_url}/healthz"), timeout=120)
         _wait_for(worker, lambda: "ready: serving" in worker.tail(400), timeout=600)
-        yield Stack(base_url=base_url, worker=worker, frontend=frontend, ingester=ingester)
+        yield Stack(
+            base_url=base_url,
+            worker=worker,
+            frontend=frontend,
+            ingester=ingester,
+            worker_metrics_url=f"http://127.0.0.1:{worker_metrics}/metrics",
+            ingester_metrics_url=f"http://127.0.0.1:{ingester_metrics}/metrics",
+        )
     finally:
         for process in processes:
             if process.popen.poll() is None:

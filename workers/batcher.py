@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,14 @@ log = logging.getLogger(__name__)
 REFERENCE_LENGTH = 64
 # Computes one batch (token ids per input) and returns one vector per input as float32 bytes.
 Compute = Callable[[list[list[int]]], list[bytes]]
+
+
+class BatchStats(Protocol):
+    """Where a batcher reports each forward pass (the worker's metrics)."""
+
+    def batch(
+        self, *, inputs: int, max_batch_size: int, seconds: float, waits: list[float]
+    ) -> None: ...
 
 
 class DeadlineUnattainable(Exception):
@@ -100,8 +109,10 @@ class DynamicBatcher:
         max_queue_delay: float,
         cost: CostModel,
         quiet_seconds: float = 0.0,
+        stats: BatchStats | None = None,
     ) -> None:
         self.compute = compute
+        self.stats = stats
         self.max_batch_size = max_batch_size
         self.max_queue_delay = max_queue_delay
         self.cost = cost
@@ -124,6 +135,7 @@ class DynamicBatcher:
         slo_seconds: float,
         cost: CostModel,
         quiet_seconds: float = 0.0,
+        stats: BatchStats | None = None,
     ) -> DynamicBatcher:
         """A batcher whose queue delay is what the latency SLO leaves after a full batch runs."""
         full = cost.seconds(inputs=max_batch_size, longest=REFERENCE_LENGTH)
@@ -133,6 +145,7 @@ class DynamicBatcher:
             max_queue_delay=max(slo_seconds - full, 0.0),
             cost=cost,
             quiet_seconds=quiet_seconds,
+            stats=stats,
         )
 
     def estimated_wait(self, extra: Sequence[list[int]] = ()) -> float:
@@ -225,7 +238,8 @@ class DynamicBatcher:
     async def _compute(self, batch: list[_Input]) -> None:
         longest = max(len(i.ids) for i in batch)
         estimate = self.cost.seconds(inputs=len(batch), longest=longest)
-        self._busy_until = time.monotonic() + estimate
+        began = time.monotonic()
+        self._busy_until = began + estimate
         started = time.perf_counter()
         try:
             vectors = await asyncio.to_thread(self.compute, [i.ids for i in batch])
@@ -236,7 +250,19 @@ class DynamicBatcher:
             return
         finally:
             self._busy_until = 0.0
-        self.cost.observe(inputs=len(batch), longest=longest, seconds=time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.cost.observe(inputs=len(batch), longest=longest, seconds=seconds)
+        if self.stats is not None:
+            # One wait per request: its earliest input's time in the queue.
+            waits: dict[int, float] = {}
+            for item in batch:
+                waits[id(item.owner)] = max(waits.get(id(item.owner), 0.0), began - item.arrived)
+            self.stats.batch(
+                inputs=len(batch),
+                max_batch_size=self.max_batch_size,
+                seconds=seconds,
+                waits=list(waits.values()),
+            )
         self.batches += 1
         self.batched_inputs += len(batch)
         for item, vector in zip(batch, vectors, strict=True):

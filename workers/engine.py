@@ -38,6 +38,7 @@ class EngineSpec:
     extra_args: dict[str, Any]
     max_loras: int = 0  # adapters in one batch; 0: the engine serves no LoRA adapters
     max_lora_rank: int = 8
+    served_name: str = ""  # the `model_name` label of vLLM's series
 
     @property
     def adapters_kept(self) -> int:
@@ -100,14 +101,24 @@ def _engine_environment() -> None:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
+class EngineStats(Protocol):
+    """Where an engine reports what it measures (the worker's metrics)."""
+
+    def finished(self, *, queued: float, prefill: float, decode: float) -> None: ...
+
+
 class _Gauges:
     """What the engine last said about itself, read by the worker's heartbeat."""
 
     kv_cache_usage: float | None = None
+    stats: EngineStats | None = None  # set once the engine serves (warm-up is not counted)
 
 
 def _gauge_logger(gauges: _Gauges) -> Any:
-    """A vLLM stat logger factory that keeps the latest KV-cache use and logs nothing."""
+    """A vLLM stat logger factory: the latest KV-cache use, and each request's engine stages.
+
+    vLLM's own Prometheus logger runs beside it (the `vllm:*` series).
+    """
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class GaugeLogger(StatLoggerBase):
@@ -117,6 +128,13 @@ def _gauge_logger(gauges: _Gauges) -> Any:
         def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
             if scheduler_stats is not None:
                 gauges.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            stats = gauges.stats
+            if iteration_stats is None or stats is None:
+                return
+            for done in iteration_stats.finished_requests:
+                stats.finished(
+                    queued=done.queued_time, prefill=done.prefill_time, decode=done.decode_time
+                )
 
         def log_engine_initialized(self) -> None:
             pass
@@ -159,11 +177,12 @@ class VllmEngine:
             # Sized explicitly: left alone, vLLM on CPU claims most of the machine's memory.
             kv_cache_memory_bytes=self.spec.kv_cache_bytes,
             enforce_eager=self.spec.enforce_eager,
+            served_model_name=[self.spec.served_name] if self.spec.served_name else None,
             disable_log_stats=True,
             **lora,
             **self.spec.extra_args,
         )
-        # vLLM's own stat loggers stay off; this one only keeps the KV-cache gauge.
+        # vLLM's logging stat logger stays off; its Prometheus one and ours run.
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_gauge_logger(self._gauges)])
 
     async def generate(
@@ -223,6 +242,10 @@ class VllmEngine:
     def kv_cache_usage(self) -> float | None:
         """The share of KV-cache blocks in use at the last engine step (0..1), if known."""
         return self._gauges.kv_cache_usage
+
+    def report_to(self, stats: EngineStats) -> None:
+        """Send the engine's per-step and per-request measurements to `stats` from now on."""
+        self._gauges.stats = stats
 
     def shutdown(self) -> None:
         if self._llm is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.dispatch import Dispatch, cancel_channel, usage_for
+from inference.tracing import bind
 from inference.types import (
     Delta,
     Embeddings,
@@ -26,6 +27,7 @@ from inference.types import (
 )
 from workers.batcher import DeadlineUnattainable, DynamicBatcher
 from workers.engine import AdapterRef, Engine, Monitored
+from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +203,10 @@ class Worker:
         drain_seconds: float = 30.0,
         stream_interval: float = 0.0,
         retire_quiet_seconds: float = 5.0,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.deployment = deployment
+        self.metrics = metrics
         self.engine = engine
         self.dispatch = dispatch
         self.worker_id = worker_id
@@ -327,7 +331,7 @@ class Worker:
                     )
                 continue
             for job in claimed.run:
-                task = asyncio.create_task(self._serve(job), name=job.request_id)
+                task = asyncio.create_task(self._serve_traced(job), name=job.request_id)
                 task.add_done_callback(functools.partial(self._served, job))
                 self.active[job.request_id] = (job, task)
             # Checked after starting, off the first token's path: a request cancelled while
@@ -347,6 +351,10 @@ class Worker:
             return False
         return time.monotonic() - self._last_work >= self.retire_quiet_seconds
 
+    async def _serve_traced(self, job: Job) -> None:
+        bind(request_id=job.request_id, trace_id=job.trace_id)  # this task's log records
+        await self._serve(job)
+
     async def _serve(self, job: Job) -> None:
         """Run one claimed job to its end; put its events, terminal event and usage."""
         raise NotImplementedError
@@ -354,6 +362,8 @@ class Worker:
     def _ended(self, job: Job, terminal: Event, usage: UsageEvent) -> None:
         """Record a served job's end and free its slot."""
         self._outbox.put(job, terminal, usage, urgent=True)
+        if self.metrics is not None:
+            self.metrics.request_ended(job, usage)
         self.active.pop(job.request_id, None)
         self._rate.add(job.reserved_tokens)
         self.served += 1
@@ -378,6 +388,8 @@ class Worker:
         )
         usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
         self._outbox.put(job, terminal, usage, urgent=True, charged=charged)
+        if self.metrics is not None:
+            self.metrics.request_ended(job, usage)
 
     async def _flush_loop(self) -> None:
         last_flush = 0.0

@@ -192,11 +192,24 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
 }
 
+# Logs: one JSON object per line (`json`, the default: what log pipelines parse) or readable
+# lines (`plain`, what `make demo` uses); both carry the request and trace ids.
+SWITCHYARD_LOG_FORMAT = env_str("SWITCHYARD_LOG_FORMAT", "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "inference.tracing.ContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "inference.tracing.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain" if SWITCHYARD_LOG_FORMAT == "plain" else "json",
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.request": {"level": "ERROR"},
@@ -204,6 +217,14 @@ LOGGING = {
         "httpcore": {"level": "WARNING"},
     },
 }
+
+# Metrics (docs/metrics.md). Workers and the ingester serve theirs on these ports (0: off).
+SWITCHYARD_WORKER_METRICS_PORT = env_int("SWITCHYARD_WORKER_METRICS_PORT", 0)
+SWITCHYARD_INGESTER_METRICS_PORT = env_int("SWITCHYARD_INGESTER_METRICS_PORT", 0)
+# Tenants named in the per-tenant token series; later ones are counted as `other`.
+SWITCHYARD_METRICS_MAX_TENANTS = env_int("SWITCHYARD_METRICS_MAX_TENANTS", 200)
+# The autoscaling signal falls only after its raw value stayed lower for this long.
+SWITCHYARD_SCALE_DOWN_SECONDS = env_float("SWITCHYARD_SCALE_DOWN_SECONDS", 300.0)
 
 # Largest request body the API accepts; larger ones get 413.
 MAX_REQUEST_BYTES = env_int("SWITCHYARD_MAX_REQUEST_BYTES", 4 * 1024 * 1024)

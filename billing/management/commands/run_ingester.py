@@ -7,11 +7,12 @@ from typing import Any
 
 import uvloop
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from billing.ingester import Ingester
 from inference.dispatch import Dispatch
 from inference.redis_client import redis_client_new
+from workers.metrics import metrics_serve
 from workers.services import worker_id_new
 
 log = logging.getLogger("switchyard.ingester")
@@ -20,7 +21,16 @@ log = logging.getLogger("switchyard.ingester")
 class Command(BaseCommand):
     help = "Move usage events from Redis into Postgres and reclaim jobs whose lease lapsed."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=settings.SWITCHYARD_INGESTER_METRICS_PORT,
+            help="serve Prometheus metrics on this port (0: off)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
+        metrics_serve(options["metrics_port"], what="ingester")
         uvloop.run(self._run())
 
     async def _run(self) -> None:

@@ -160,6 +160,7 @@ class Command(BaseCommand):
     def _start(self, port: int, celery: bool) -> Supervisor:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+        env.setdefault("SWITCHYARD_LOG_FORMAT", "plain")  # people read these; pipelines get JSON
         supervisor = Supervisor(cwd=Path(settings.BASE_DIR), env=env, out=sys.stdout)
         py = sys.executable
         supervisor.start(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -48,6 +49,22 @@ class Command(BaseCommand):
             default=250,
             help="encoders: the latency the dynamic batcher aims for",
         )
+        parser.add_argument(
+            "--slo-ttft-ms", type=int, default=2000, help="objective: TTFT p95 from admission"
+        )
+        parser.add_argument("--slo-itl-ms", type=int, default=200, help="objective: ITL p95")
+        parser.add_argument(
+            "--slo-availability",
+            type=Decimal,
+            default=Decimal("0.999"),
+            help="objective: share of requests that do not fail on the platform's side",
+        )
+        parser.add_argument(
+            "--min-replicas", type=int, default=1, help="autoscaling: warm workers kept at least"
+        )
+        parser.add_argument(
+            "--max-replicas", type=int, default=8, help="autoscaling: workers at most"
+        )
         parser.add_argument("--if-missing", action="store_true", help="no error if it exists")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -77,6 +94,11 @@ class Command(BaseCommand):
                 max_lora_rank=options["max_lora_rank"],
                 max_batch_size=options["max_batch_size"],
                 latency_slo_ms=options["latency_slo_ms"],
+                slo_ttft_p95_ms=options["slo_ttft_ms"],
+                slo_itl_p95_ms=options["slo_itl_ms"],
+                slo_availability=options["slo_availability"],
+                min_replicas=options["min_replicas"],
+                max_replicas=options["max_replicas"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc

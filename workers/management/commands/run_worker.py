@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import signal
@@ -20,6 +21,7 @@ from models_registry.models import Deployment, DeploymentState
 from workers.batcher import REFERENCE_LENGTH, CostModel, DynamicBatcher
 from workers.encoder import EncoderEngine, EncoderSpec
 from workers.engine import VllmEngine
+from workers.metrics import WorkerMetrics, metrics_serve
 from workers.runner import Adapters, EncoderWorker, GenerativeWorker, Worker
 from workers.services import (
     adapter_ref,
@@ -50,6 +52,12 @@ class Command(BaseCommand):
             default=30.0,
             help="on SIGTERM, how long in-flight requests may take to finish",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=settings.SWITCHYARD_WORKER_METRICS_PORT,
+            help="serve Prometheus metrics on this port (0: off)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["deployment"]
@@ -60,15 +68,20 @@ class Command(BaseCommand):
         except ArtifactError as exc:
             raise CommandError(f"refusing to start: {exc}") from exc
         self.stdout.write(f"worker for {name} serving {plan.version} from {plan.spec.model_dir}")
+        metrics_serve(options["metrics_port"], what="worker", deployment=plan.deployment)
+        metrics = WorkerMetrics(deployment=plan.deployment)
         # uvloop: the worker relays every token, so event-loop overhead is on the hot path.
         if plan.encoder is not None:
-            serve = self._serve_encoder(plan.deployment, plan.encoder, options["drain_seconds"])
+            serve = self._serve_encoder(
+                plan.deployment, plan.encoder, options["drain_seconds"], metrics
+            )
         else:
-            serve = self._serve(plan.deployment, plan.spec, options["drain_seconds"])
+            spec = dataclasses.replace(plan.spec, served_name=str(plan.version))
+            serve = self._serve(plan.deployment, spec, options["drain_seconds"], metrics)
         uvloop.run(serve)
 
     async def _serve_encoder(
-        self, deployment: str, spec: EncoderSpec, drain_seconds: float
+        self, deployment: str, spec: EncoderSpec, drain_seconds: float, metrics: WorkerMetrics
     ) -> None:
         report = sync_to_async(deployment_report)
         await report(deployment_name=deployment, state=DeploymentState.LOADING)
@@ -89,6 +102,7 @@ class Command(BaseCommand):
             slo_seconds=spec.latency_slo_seconds,
             cost=cost,
             quiet_seconds=settings.SWITCHYARD_BATCHER_QUIET_MS / 1000,
+            stats=metrics,
         )
         self.stdout.write(
             f"encoder ready in {time.monotonic() - started:.1f}s ({engine.dtype}): batches of "
@@ -110,6 +124,7 @@ class Command(BaseCommand):
             capacity=4 * spec.max_batch_size,
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
+            metrics=metrics,
         )
         try:
             await self._run(worker, deployment, report)
@@ -122,7 +137,9 @@ class Command(BaseCommand):
                 f"(mean {mean:.1f} inputs per batch)"
             )
 
-    async def _serve(self, deployment: str, spec: Any, drain_seconds: float) -> None:
+    async def _serve(
+        self, deployment: str, spec: Any, drain_seconds: float, metrics: WorkerMetrics
+    ) -> None:
         report = sync_to_async(deployment_report)
         await report(deployment_name=deployment, state=DeploymentState.LOADING)
         engine = VllmEngine(spec)
@@ -130,6 +147,7 @@ class Command(BaseCommand):
         await engine.start()
         await report(deployment_name=deployment, state=DeploymentState.WARMING)
         await _warm_up(engine, spec.max_model_len)
+        engine.report_to(metrics)
         log.info("engine ready in %.1fs", time.monotonic() - started)
         # Long-lived objects of the engine and Django stay out of later collections, which
         # would otherwise pause the loop that relays every stream.
@@ -157,6 +175,7 @@ class Command(BaseCommand):
             drain_seconds=drain_seconds,
             stream_interval=settings.SWITCHYARD_STREAM_INTERVAL_MS / 1000,
             adapters=adapters,
+            metrics=metrics,
         )
         try:
             await self._run(worker, deployment, report)

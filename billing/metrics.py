@@ -1,0 +1,39 @@
+"""The usage ingester's Prometheus series (docs/metrics.md), served on its own port."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+tenant_tokens = Counter(
+    "switchyard_tenant_tokens",
+    "Billed tokens, counted once per usage record written.",
+    ["tenant", "kind"],
+)
+usage_ingested = Counter("switchyard_usage_ingested", "Usage records written.")
+
+
+class TenantLabels:
+    """Tenant label values with a cap: the first `limit` tenants by name, then `other`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+
+    def __call__(self, slug: str) -> str:
+        if slug in self._named:
+            return slug
+        if len(self._named) < self.limit:
+            self._named.add(slug)
+            return slug
+        return "other"
+
+
+def usage_recorded(
+    tokens: dict[str, tuple[int, int]], *, recorded: int, labels: TenantLabels
+) -> None:
+    """Count a written batch: its records and each tenant's prompt and completion tokens."""
+    usage_ingested.inc(recorded)
+    for slug, (prompt, completion) in tokens.items():
+        tenant = labels(slug)
+        tenant_tokens.labels(tenant=tenant, kind="prompt").inc(prompt)
+        tenant_tokens.labels(tenant=tenant, kind="completion").inc(completion)

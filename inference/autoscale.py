@@ -1,0 +1,82 @@
+"""The autoscaling signal: how many workers a deployment needs (docs/metrics.md).
+
+`replicas_needed` is the arithmetic; `Autoscaler.desired` adds the hysteresis, with its state
+in Redis so every frontend that is scraped reports the same value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import redis
+
+from inference.dispatch import QueueSnapshot, autoscale_key
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    target_wait_seconds: float  # the backlog should clear within this (the TTFT objective)
+    min_replicas: int
+    max_replicas: int
+
+
+def replicas_needed(snapshot: QueueSnapshot, policy: ScalingPolicy) -> int:
+    """Return the workers the current load needs, before hysteresis.
+
+    busy: the replicas' worth of requests running; drain: the workers that clear the backlog
+    within the target wait at the measured rate. Without a measured rate the signal holds
+    at the workers alive (never below the warm pool).
+    """
+    rate = snapshot.tokens_per_second
+    if not rate or snapshot.slots_per_worker <= 0:
+        raw = snapshot.live_workers
+    else:
+        busy = snapshot.running / snapshot.slots_per_worker
+        drain = snapshot.backlog_tokens / (rate * max(policy.target_wait_seconds, 1e-3))
+        raw = math.ceil(busy + drain - 1e-9)
+    if snapshot.live_workers == 0 and sum(snapshot.waiting.values()) > 0:
+        raw = max(raw, 1)  # work waits and nobody serves it: at least one worker
+    return min(max(raw, policy.min_replicas), policy.max_replicas)
+
+
+# KEYS[1]: the state hash. ARGV: raw, now, window seconds. Up at once; down only after raw has
+# stayed below the current value for the whole window, and then to the highest raw seen in it.
+_HYSTERESIS = """
+local raw, now, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local desired = tonumber(redis.call('HGET', KEYS[1], 'desired') or '')
+if desired == nil or raw >= desired then
+  redis.call('HSET', KEYS[1], 'desired', raw, 'below_since', '', 'window_max', raw)
+  return raw
+end
+local since = tonumber(redis.call('HGET', KEYS[1], 'below_since') or '')
+local peak = tonumber(redis.call('HGET', KEYS[1], 'window_max') or '') or raw
+if since == nil then
+  redis.call('HSET', KEYS[1], 'below_since', now, 'window_max', raw)
+  return desired
+end
+peak = math.max(peak, raw)
+if now - since >= window then
+  redis.call('HSET', KEYS[1], 'desired', peak, 'below_since', now, 'window_max', raw)
+  return peak
+end
+redis.call('HSET', KEYS[1], 'window_max', peak)
+return desired
+"""
+
+
+class Autoscaler:
+    """The desired replica count of deployments, with scale-down hysteresis kept in Redis."""
+
+    def __init__(self, client: redis.Redis, *, scale_down_seconds: float) -> None:
+        self.scale_down_seconds = scale_down_seconds
+        self._script = client.register_script(_HYSTERESIS)
+
+    def desired(
+        self, *, deployment: str, snapshot: QueueSnapshot, policy: ScalingPolicy, now: float
+    ) -> int:
+        raw = replicas_needed(snapshot, policy)
+        result = self._script(
+            keys=[autoscale_key(deployment)], args=[raw, now, self.scale_down_seconds]
+        )
+        return int(result)

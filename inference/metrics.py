@@ -1,0 +1,102 @@
+"""The frontend's Prometheus series (docs/metrics.md) and the clock that times a request's stages.
+
+With PROMETHEUS_MULTIPROC_DIR set, prometheus_client writes these to files there and one
+scrape of any process sums every process's (the `/metrics` view).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Histogram
+
+# Seconds, from a cache hit to a long generation; shared by every latency series here so that
+# stages add up bucket by bucket.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+# Time to first token: the SLO thresholds an operator may pick are bucket boundaries, so a
+# latency objective is an exact ratio of two counters.
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+
+STAGES = (
+    "auth", "preprocess", "admission", "platform_queue", "engine_queue", "prefill", "decode",
+    "relay",
+)  # fmt: skip
+
+stage_seconds = Histogram(
+    "switchyard_stage_seconds",
+    "Time a request spent in one stage of its path.",
+    ["stage", "deployment"],
+    buckets=LATENCY_BUCKETS,
+)
+request_seconds = Histogram(
+    "switchyard_request_seconds",
+    "End to end as the frontend sees it: request in to last byte out.",
+    ["endpoint", "deployment"],
+    buckets=LATENCY_BUCKETS,
+)
+requests_total = Counter(
+    "switchyard_requests", "/v1 responses by HTTP status.", ["endpoint", "code"]
+)
+admission_decisions = Counter(
+    "switchyard_admission_decisions",
+    "Admission decisions: admitted, or the refusal's code.",
+    ["deployment", "reason"],
+)
+
+
+def admission_decided(*, deployment: str, reason: str) -> None:
+    admission_decisions.labels(deployment=deployment, reason=reason).inc()
+
+
+@dataclass
+class RequestClock:
+    """Laps of one request through the frontend's stages, observed when it ends.
+
+    The deployment is known only once the model is routed, so laps wait until `finish`.
+    """
+
+    endpoint: str
+    started: float = field(default_factory=time.perf_counter)
+    deployment: str = ""
+    _last: float = 0.0
+    _laps: list[tuple[str, float]] = field(default_factory=list)
+    _finished: bool = False
+    # Whether the request went through a worker (its reply is then relayed).
+    dispatched: bool = False
+
+    def __post_init__(self) -> None:
+        self._last = self.started
+
+    def lap(self, stage: str) -> None:
+        """Close the stage that began at the previous lap (or at the start)."""
+        now = time.perf_counter()
+        self._laps.append((stage, now - self._last))
+        self._last = now
+
+    def skip(self) -> None:
+        """Start the next stage now: what happened since is measured elsewhere (the worker)."""
+        self._last = time.perf_counter()
+        self.dispatched = True
+
+    def finish(self) -> None:
+        """Observe the stages and the end-to-end time; once."""
+        if self._finished:
+            return
+        self._finished = True
+        deployment = self.deployment
+        for stage, seconds in self._laps:
+            stage_seconds.labels(stage=stage, deployment=deployment).observe(seconds)
+        request_seconds.labels(endpoint=self.endpoint, deployment=deployment).observe(
+            time.perf_counter() - self.started
+        )
