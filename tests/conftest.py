@@ -159,6 +159,7 @@ class Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    metrics_url: str = ""  # where it serves Prometheus metrics, if it does
 
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -290,7 +291,13 @@ def encoder(
         alias_set(name=ENCODER, version=version)
         deployment_create(name=ENCODER, version=version, dtype="auto", max_batch_size=32)
     logs = tmp_path_factory.mktemp("encoder-logs")
-    worker = _spawn("encoder", ["manage.py", "run_worker", "--deployment", ENCODER], logs)
+    port = _free_port()
+    worker = _spawn(
+        "encoder",
+        ["manage.py", "run_worker", "--deployment", ENCODER, "--metrics-port", str(port)],
+        logs,
+    )
+    worker.metrics_url = f"http://127.0.0.1:{port}/metrics"
     try:
         _wait_for(worker, lambda: "ready: serving" in worker.tail(200), timeout=300)
         yield worker

@@ -245,3 +245,28 @@ def test_process_logs_are_json_lines(stack):
     ready = [e for e in entries if e["message"].startswith("engine ready")]
     assert ready, stack.worker.tail(40)
     assert {"ts", "level", "logger", "message", "process"} <= set(ready[0])
+
+
+def test_encoder_workers_report_their_batches(stack, world, encoder, client):
+    from tests.conftest import ENCODER
+
+    response = client.post(
+        "/v1/embeddings",
+        json={"model": ENCODER, "input": ["one", "two words", "three short words"]},
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code == 200, response.text
+    _until(lambda: _value(_scrape(encoder.metrics_url), "switchyard_encoder_batch_size_count") > 0)
+    samples = _scrape(encoder.metrics_url)
+    labels = {"deployment": ENCODER}
+    assert _value(samples, "switchyard_encoder_batch_size_sum", **labels) >= 3
+    assert (
+        0
+        < _value(samples, "switchyard_encoder_batch_fill_ratio_sum", **labels)
+        <= (_value(samples, "switchyard_encoder_batch_fill_ratio_count", **labels))
+    )
+    assert _value(samples, "switchyard_encoder_batch_seconds_count", **labels) >= 1
+    for stage in ("platform_queue", "engine_queue", "prefill"):
+        assert _value(samples, "switchyard_stage_seconds_count", stage=stage, **labels), stage
+    frontend = _scrape(f"{stack.base_url}/metrics")
+    assert _value(frontend, "switchyard_stage_seconds_count", stage="relay", **labels) >= 1
