@@ -5,9 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.utils import timezone
 
 from inference.dispatch import live_workers_sync
@@ -15,8 +19,10 @@ from inference.redis_client import redis_sync_client
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState, ModelVersion, Task
 from models_registry.services import model_version_verify
+from workers.capacity import Level
 from workers.encoder import EncoderSpec
 from workers.engine import AdapterRef, EngineSpec
+from workers.models import ThroughputPoint
 
 
 @dataclass(frozen=True)
@@ -118,3 +124,54 @@ def worker_id_new() -> str:
 
 def lease_seconds() -> float:
     return settings.SWITCHYARD_LEASE_SECONDS
+
+
+def throughput_record(
+    *,
+    deployment: Deployment,
+    run: uuid.UUID,
+    levels: Sequence[Level],
+    measured_at: dt.datetime | None = None,
+) -> list[ThroughputPoint]:
+    """Store a measurement run of a deployment: one point of its curve per concurrency level.
+
+    The version and the effective max_num_seqs (the version's engine arguments win, as in
+    worker_plan) are the deployment's now. All points or none are stored.
+    """
+    if not levels:
+        raise ValidationError("a measurement run needs at least one level")
+    concurrencies = [level.concurrency for level in levels]
+    if len(set(concurrencies)) != len(concurrencies):
+        raise ValidationError(f"each concurrency is measured once per run: {concurrencies}")
+    if any(level.workers < 1 for level in levels):
+        raise ValidationError("every level needs the live worker count it ran on (1 or more)")
+    version = deployment.version
+    max_num_seqs = int(version.engine_args.get("max_num_seqs", deployment.max_num_seqs))
+    when = measured_at or timezone.now()
+    points = [
+        ThroughputPoint(
+            run=run,
+            deployment=deployment,
+            version_digest=version.digest,
+            measured_at=when,
+            workers=level.workers,
+            max_num_seqs=max_num_seqs,
+            concurrency=level.concurrency,
+            requests=level.requests,
+            errors=level.errors,
+            prompt_tokens_mean=level.prompt_tokens_mean,
+            output_tokens_mean=level.output_tokens_mean,
+            requests_per_second=level.requests_per_second,
+            output_tokens_per_second=level.output_tokens_per_second,
+            total_tokens_per_second=level.total_tokens_per_second,
+            ttft_p50_seconds=level.ttft_p50,
+            ttft_p95_seconds=level.ttft_p95,
+            itl_p50_seconds=level.itl_p50,
+            itl_p95_seconds=level.itl_p95,
+        )
+        for level in levels
+    ]
+    with transaction.atomic():
+        if ThroughputPoint.objects.filter(run=run).exists():
+            raise ValidationError(f"run {run} is already recorded")
+        return ThroughputPoint.objects.bulk_create(points)
