@@ -26,8 +26,11 @@ def replicas_needed(snapshot: QueueSnapshot, policy: ScalingPolicy) -> int:
 
     busy: the replicas' worth of requests running; drain: the workers that clear the backlog
     within the target wait at the measured rate. Without a measured rate the signal holds
-    at the workers alive (never below the warm pool).
+    at the workers alive (never below the warm pool). A retired deployment (a rolled-back
+    canary) wants none.
     """
+    if snapshot.retiring:
+        return 0
     rate = snapshot.tokens_per_second
     if not rate or snapshot.slots_per_worker <= 0:
         raw = snapshot.live_workers

@@ -200,6 +200,7 @@ class QueueSnapshot:
     tokens_per_second: float | None  # measured capacity of one worker, mean; None if unknown
     ingest_lag_events: int
     ingest_lag_seconds: float
+    retiring: bool = False  # the control plane asked its workers to drain and leave
 
 
 # Oldest-job ages are read from at most this many queued jobs per class (the queue is bounded
@@ -222,7 +223,10 @@ def queue_snapshot_sync(client: redis.Redis, deployment: str) -> QueueSnapshot:
     pipe.hgetall(keys.rate)
     pipe.xrange(keys.usage, "-", "+", count=1)
     pipe.xlen(keys.usage)
-    tok, n_i, members_i, n_b, members_b, running, live, slots, rates, first, length = pipe.execute()
+    pipe.exists(retire_key(deployment))
+    tok, n_i, members_i, n_b, members_b, running, live, slots, rates, first, length, retire = (
+        pipe.execute()
+    )
     oldest: dict[str, str] = {}
     for cls, members in (("interactive", members_i), ("batch", members_b)):
         if members:
@@ -251,6 +255,7 @@ def queue_snapshot_sync(client: redis.Redis, deployment: str) -> QueueSnapshot:
         tokens_per_second=sum(rate) / len(rate) if rate else None,
         ingest_lag_events=int(length),
         ingest_lag_seconds=lag_seconds,
+        retiring=bool(retire),
     )
 
 

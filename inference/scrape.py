@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from inference.autoscale import Autoscaler, ScalingPolicy
 from inference.dispatch import queue_snapshot_sync
 from inference.redis_client import redis_sync_client
-from models_registry.models import Deployment, DeploymentState
+from models_registry.models import Deployment
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ class _Objectives:
 
 
 def _deployments() -> list[_Objectives]:
-    rows = Deployment.objects.exclude(state=DeploymentState.STOPPED).select_related(
-        "version__model"
-    )
+    # Stopped ones too: a deployment whose workers all left (scaled to zero) still has a queue
+    # and an autoscaling signal; a retired one reports 0 desired replicas.
+    rows = Deployment.objects.select_related("version__model")
     return [
         _Objectives(
             name=d.name,

@@ -39,6 +39,10 @@ def test_the_raw_signal_counts_running_work_and_the_backlog_to_drain():
     assert replicas_needed(_snapshot(running=80, backlog_tokens=10**9), POLICY) == 10  # ceiling
 
 
+def test_a_retired_deployment_wants_no_workers():
+    assert replicas_needed(_snapshot(running=16, backlog_tokens=6000, retiring=True), POLICY) == 0
+
+
 def test_without_a_measured_rate_it_holds_at_the_live_workers():
     snap = _snapshot(live_workers=3, tokens_per_second=None, backlog_tokens=10**6)
     assert replicas_needed(snap, POLICY) == 3
