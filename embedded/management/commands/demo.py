@@ -168,11 +168,19 @@ class Command(BaseCommand):
             [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
              "--port", str(port), "--no-access-log"],
         )  # fmt: skip
-        supervisor.start("worker", [py, "manage.py", "run_worker", "--deployment", DEMO_DEPLOYMENT])
+        # Metrics ports beside the API's: 9400 the chat worker, 9401 the ingester, 9402 the
+        # encoder (a busy port only costs that process its metrics, with a warning).
         supervisor.start(
-            "encoder", [py, "manage.py", "run_worker", "--deployment", EMBEDDING_ALIAS]
-        )
-        supervisor.start("ingester", [py, "manage.py", "run_ingester"])
+            "worker",
+            [py, "manage.py", "run_worker", "--deployment", DEMO_DEPLOYMENT,
+             "--metrics-port", "9400"],
+        )  # fmt: skip
+        supervisor.start(
+            "encoder",
+            [py, "manage.py", "run_worker", "--deployment", EMBEDDING_ALIAS,
+             "--metrics-port", "9402"],
+        )  # fmt: skip
+        supervisor.start("ingester", [py, "manage.py", "run_ingester", "--metrics-port", "9401"])
         if celery:
             supervisor.start(
                 "celery",
@@ -222,7 +230,7 @@ class Command(BaseCommand):
             f"  API key     {token}\n"
             f"  console     {base_url}/console/   user {ADMIN_USER}  password {password}\n"
             f"  admin       {base_url}/admin/   (same user)\n"
-            f"  metrics     {base_url}/metrics\n"
+            f"  metrics     {base_url}/metrics (workers :9400 :9402, ingester :9401)\n"
             f"  saved to    {env_file}\n"
             "\n"
             f"  curl {base_url}/v1/chat/completions \\\n"
