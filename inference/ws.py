@@ -37,6 +37,7 @@ from inference.services import (
     request_failure,
     request_id_new,
 )
+from inference.tracing import TraceContext, bind, trace_start
 from inference.types import Delta, Failed, Finished
 from tenants.models import Scope
 
@@ -46,11 +47,18 @@ MAX_IN_FLIGHT = 64  # concurrent requests one socket may have running
 _ENDPOINTS = {"chat.completions": CHAT, "completions": COMPLETIONS}
 
 
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
 def _authorization(scope: dict[str, Any]) -> tuple[str | None, str | None]:
     """Return (Authorization header, the key subprotocol to echo) from a connection scope."""
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            return value.decode("latin-1"), None
+    header = _header(scope, b"authorization")
+    if header is not None:
+        return header, None
     for protocol in scope.get("subprotocols", []):
         if protocol.startswith(KEY_PROTOCOL):
             return f"Bearer {protocol[len(KEY_PROTOCOL) :]}", protocol
@@ -60,9 +68,11 @@ def _authorization(scope: dict[str, Any]) -> tuple[str | None, str | None]:
 class GenerationConsumer(AsyncWebsocketConsumer):
     principal: Principal
     running: dict[str, asyncio.Task[None]]
+    trace: TraceContext  # the socket's; each request runs in a span of its own
 
     async def connect(self) -> None:
         self.running = {}
+        self.trace = trace_start(_header(self.scope, b"traceparent"))
         authorization, protocol = _authorization(self.scope)
         try:
             self.principal = await authenticate(authorization, scope=Scope.INFERENCE)
@@ -131,12 +141,17 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             if not isinstance(body, dict):
                 raise ApiError(400, "invalid_body", "'body' must be a JSON object.", param="body")
             parsed = generation_parse({**body, "stream": True}, endpoint=endpoint)
+            traceparent = message.get("traceparent")
+            trace = trace_start(traceparent) if isinstance(traceparent, str) else self.trace.child()
+            request_id = request_id_new()
+            bind(request_id=request_id, trace_id=trace.trace_id)
             submitted = await generation_submit(
                 principal=self.principal,
                 request=parsed,
-                request_id=request_id_new(),
+                request_id=request_id,
                 timeout=parsed.timeout,
                 priority=parsed.priority,
+                trace=trace,
             )
         except ApiError as exc:
             await self._error(client_id, exc)

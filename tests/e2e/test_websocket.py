@@ -152,3 +152,22 @@ async def test_cancel_aborts_one_request_and_closing_aborts_the_rest(stack, worl
     for name in ("stop", "orphan"):
         record = records[started[name]]
         assert record.status == "cancelled" and record.completion_tokens < 180
+
+
+async def test_websocket_requests_carry_the_sockets_trace_or_their_own(stack, world, usage_of):
+    socket_trace = "5c3a9e0d6b1f4a27b8e2d4c6f1a3b5d7"
+    own_trace = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+    headers = {
+        "Authorization": f"Bearer {world.acme_key}",
+        "traceparent": f"00-{socket_trace}-1111111111111111-01",
+    }
+    async with websockets.connect(_ws_url(stack), additional_headers=headers) as socket:
+        own = json.loads(_request("own"))
+        own["traceparent"] = f"00-{own_trace}-2222222222222222-01"
+        await socket.send(_request("inherits"))
+        await socket.send(json.dumps(own))
+        seen = await _until_end(socket, {"inherits", "own"})
+    ids = {key: next(m["request_id"] for m in seen[key] if m["type"] == "started") for key in seen}
+    found = await asyncio.to_thread(usage_of, ids["inherits"], ids["own"])
+    traces = {r.request_id: r.trace_id for r in found}
+    assert traces == {ids["inherits"]: socket_trace, ids["own"]: own_trace}
