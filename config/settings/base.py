@@ -84,6 +84,8 @@ INSTALLED_APPS = [
 
 # The /v1 data plane bypasses this stack (see config/asgi.py): these serve the admin and console.
 MIDDLEWARE = [
+    # django-prometheus times every console and management request (django_http_* series).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the console's and admin's static files (collected, or found in place in dev).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -93,6 +95,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -115,7 +118,11 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60), conn_health_checks=True
+        DATABASE_URL,
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+        # PostgreSQL through django-prometheus's wrapper: queries and errors as django_db_*.
+        engine="django_prometheus.db.backends.postgresql",
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -121,7 +121,12 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
     assert ("switchyard_usage_ingest_lag_events", frozenset({("deployment", DEPLOYMENT)})) in (
         frontend
     )
-    assert _value(frontend, "django_http_requests_total_by_method_total") >= 0  # django-prometheus
+    # django-prometheus: the sign-in page passes its middleware; the scrape queries the database.
+    assert client.get("/console/login").status_code == 200
+    django = _scrape(f"{stack.base_url}/metrics")
+    assert _value(django, "django_http_requests_total_by_method_total", method="GET") >= 1
+    assert _value(django, "django_http_responses_total_by_status_total", status="200") >= 1
+    assert _value(django, "django_db_execute_total", vendor="postgresql") >= 1
 
     worker = _scrape(stack.worker_metrics_url)
     engine = {"deployment": DEPLOYMENT}
