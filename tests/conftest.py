@@ -127,6 +127,7 @@ LIMITED: dict[str, dict[str, Any]] = {
     "umbrella": {"monthly_budget": Decimal("0.00")},
     "pied-piper": {"requests_per_minute": 5},
     "wayne": {"requests_per_minute": 5},
+    "soylent": {"requests_per_minute": 3},
 }
 
 

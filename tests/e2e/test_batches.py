@@ -18,7 +18,17 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ALIAS, ENCODER, ENCODER_PRICE_PER_1K, Process, _spawn, _wait_for
+from inference.dispatch import ledger_key
+from inference.redis_client import redis_sync_client
+from tests.conftest import (
+    ALIAS,
+    DEPLOYMENT,
+    ENCODER,
+    ENCODER_PRICE_PER_1K,
+    Process,
+    _spawn,
+    _wait_for,
+)
 
 CELERY = ["-m", "celery", "-A", "config", "worker", "--pool", "solo", "--loglevel", "INFO",
           "--without-gossip", "--without-mingle"]  # fmt: skip
@@ -223,8 +233,15 @@ def test_cancelling_a_batch_aborts_its_in_flight_lines(sdk, world, usage_of):
         sdk.batches.cancel(batch.id)
 
 
+def _admitted(deployment: str) -> int:
+    """Requests the deployment's enqueue script admitted, over every hour of its ledger."""
+    ledger = redis_sync_client().hgetall(ledger_key(deployment))
+    return sum(int(v) for f, v in ledger.items() if f.decode().endswith(":admitted"))
+
+
 def test_a_batch_survives_its_celery_worker_dying_mid_way(sdk, world, celery, usage_of):
     count = 60
+    admitted_before = _admitted(DEPLOYMENT)
     lines = [_chat_line(f"r{i}", f"Line {i}", max_tokens=80, ignore_eos=True) for i in range(count)]
     batch = sdk.batches.create(
         input_file_id=_upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
@@ -245,6 +262,35 @@ def test_a_batch_survives_its_celery_worker_dying_mid_way(sdk, world, celery, us
     records = usage_of(*request_ids)
     assert len(records) == count
     assert all(r.status == "ok" and r.completion_tokens == 80 for r in records)
+    # Usage records are unique per request id, so a line sent twice would still show one:
+    # the admission ledger counts every enqueue.
+    assert _admitted(DEPLOYMENT) - admitted_before == count
+
+
+def test_a_batch_past_its_completion_window_expires_and_keeps_what_finished(stack, world, celery):
+    # Three requests a minute: the one-minute window cannot hold twenty lines.
+    sdk = openai.OpenAI(
+        base_url=f"{stack.base_url}/v1", api_key=world.limited_keys["soylent"], max_retries=0
+    )
+    count = 20
+    lines = [_chat_line(f"w{i}", f"Window {i}") for i in range(count)]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="1m"
+    )
+    assert 59 <= batch.expires_at - batch.created_at <= 60
+    batch = _wait(sdk, batch.id, until=_ended, timeout=150)
+    assert batch.status == "expired"
+    assert batch.expired_at is not None and batch.expired_at >= batch.expires_at
+    counts = batch.request_counts
+    assert 1 <= counts.completed < count
+    assert (counts.total, counts.completed + counts.failed) == (count, count)
+    output = _entries(sdk, batch.output_file_id)
+    errors = _entries(sdk, batch.error_file_id)
+    assert len(output) == counts.completed
+    assert all(e["response"]["status_code"] == 200 for e in output)
+    assert len(errors) == counts.failed
+    assert {e["error"]["code"] for e in errors if e["error"]} == {"batch_expired"}
+    assert {e["custom_id"] for e in output + errors} == {f"w{i}" for i in range(count)}
 
 
 def _files_post(stack: Any, key: str, content: bytes, purpose: str = "batch") -> httpx.Response:
