@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import models
@@ -40,6 +41,10 @@ class ModelVersion(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="adapters"
     )
     manifest = models.JSONField()
+    # Where workers fetch the files from: a directory URI (file:// or http(s)://) under which
+    # each manifest path is found. Blank: the registry's own store. Not part of the digest: the
+    # content is what the hashes say, wherever it is kept.
+    weights_uri = models.CharField(max_length=1024, blank=True)
     max_model_len = models.PositiveIntegerField()
     price_input_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
     price_output_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
@@ -76,6 +81,11 @@ class ModelVersion(models.Model):
     @property
     def artifact_dir(self) -> Path:
         return settings.SWITCHYARD_ARTIFACT_ROOT / self.digest
+
+    def file_uri(self, path: str) -> str:
+        """Return the URI a worker fetches one of the version's files from."""
+        base = self.weights_uri or self.artifact_dir.as_uri()
+        return f"{base.rstrip('/')}/{quote(path)}"
 
     @property
     def engine_args(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import tempfile
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -132,6 +133,7 @@ def model_version_register(
     sampling_defaults: dict[str, Any] | None = None,
     price_input_per_1k: Decimal = Decimal("0"),
     price_output_per_1k: Decimal = Decimal("0"),
+    weights_uri: str = "",
     actor: User | None = None,
 ) -> tuple[ModelVersion, bool]:
     """Register the files of a directory as a version; the same content twice is one version.
@@ -147,6 +149,10 @@ def model_version_register(
         raise ValidationError({"task": f"task must be one of {', '.join(Task.values)}"})
     if price_input_per_1k < 0 or price_output_per_1k < 0:
         raise ValidationError({"price": "prices cannot be negative"})
+    if weights_uri and urlparse(weights_uri).scheme not in ("file", "http", "https"):
+        raise ValidationError(
+            {"weights_uri": "weights_uri must be a file://, http:// or https:// directory URI"}
+        )
     if base is not None:
         if base.base_id is not None:
             raise ValidationError({"base": "an adapter's base must be a full model version"})
@@ -196,6 +202,7 @@ def model_version_register(
                 "label": label,
                 "base": base,
                 "manifest": manifest,
+                "weights_uri": weights_uri,
                 "max_model_len": max_model_len,
                 "price_input_per_1k": price_input_per_1k,
                 "price_output_per_1k": price_output_per_1k,
@@ -212,6 +219,7 @@ def model_version_register(
                     "files": len(manifest["files"]),
                     "label": label,
                     "base": base.public_name if base else None,
+                    "weights_uri": weights_uri,
                 },
             )
     return version, created

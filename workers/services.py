@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -16,13 +18,13 @@ from django.utils import timezone
 
 from inference.dispatch import live_workers_sync
 from inference.redis_client import redis_sync_client
-from models_registry.manifest import ArtifactError
+from models_registry.manifest import ArtifactError, manifest_verify
 from models_registry.models import Deployment, DeploymentState, ModelVersion, Task
-from models_registry.services import model_version_verify
 from workers.capacity import Level
 from workers.encoder import EncoderSpec
 from workers.engine import AdapterRef, EngineSpec
 from workers.models import ThroughputPoint
+from workers.weights import HashMismatch, ProgressCallback, WeightFile, WeightsCache, WeightsError
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,81 @@ class WorkerPlan:
     encoder: EncoderSpec | None = None  # set for an embedding model: no vLLM engine then
 
 
-def worker_plan(*, deployment_name: str) -> WorkerPlan:
-    """Return what a worker of a deployment runs, after verifying every artifact file.
+# Versions this process has pinned in the weights cache, by digest: held until the process
+# exits, so eviction (by this or any other process of the host) never removes files an engine
+# loaded.
+_pins = contextlib.ExitStack()
+_pinned: dict[tuple[Path, str], Path] = {}
+
+
+def weights_cache() -> WeightsCache:
+    """Return this host's weights cache."""
+    limit = settings.SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES
+    return WeightsCache(root=settings.SWITCHYARD_WEIGHTS_CACHE_DIR, max_bytes=limit or None)
+
+
+def weight_files(*, version: ModelVersion) -> list[WeightFile]:
+    """Return a version's files with the URIs a worker fetches them from."""
+    return [
+        WeightFile(
+            path=f["path"], sha256=f["sha256"], size=f["size"], uri=version.file_uri(f["path"])
+        )
+        for f in version.manifest["files"]
+    ]
+
+
+def version_fetch(*, version: ModelVersion, progress: ProgressCallback | None = None) -> Path:
+    """Return the directory of a version in this host's weights cache, pinned and verified.
+
+    Fetches what is missing from the version's weights URI, each file checked against its
+    sha256. The cached copy is verified again before each use; one that changed on disk
+    before this process pinned it is fetched anew. Raises ArtifactError naming the file.
+    """
+    cache = weights_cache()
+    key = (cache.root, version.digest)
+    if key in _pinned:
+        return _verified(version, _pinned[key])
+    files = weight_files(version=version)
+    for attempt in range(2):
+        pin = contextlib.ExitStack()
+        try:
+            directory = pin.enter_context(cache.use(version.digest, files, progress=progress))
+        except HashMismatch as exc:
+            raise ArtifactError(
+                f"{version.public_name} failed verification: {exc.path} (sha256 mismatch)"
+            ) from exc
+        except WeightsError as exc:
+            raise ArtifactError(f"{version.public_name} could not be fetched: {exc}") from exc
+        try:
+            _verified(version, directory)
+        except ArtifactError:
+            pin.close()
+            if attempt:
+                raise
+            cache.remove(version.digest)
+            continue
+        _pins.enter_context(pin)
+        _pinned[key] = directory
+        return directory
+    raise AssertionError("unreachable")
+
+
+def _verified(version: ModelVersion, directory: Path) -> Path:
+    problems = manifest_verify(manifest=version.manifest, directory=directory)
+    if problems:
+        detail = ", ".join(f"{p.path} ({p.reason})" for p in problems)
+        raise ArtifactError(f"{version.public_name} failed verification: {detail}")
+    return directory
+
+
+def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = None) -> WorkerPlan:
+    """Return what a worker of a deployment runs, its files fetched into the weights cache.
 
     Raises Deployment.DoesNotExist or ArtifactError (naming the file) before any model loads.
     """
     deployment = Deployment.objects.select_related("version__model").get(name=deployment_name)
     version = deployment.version
-    model_dir = model_version_verify(version=version)
+    model_dir = version_fetch(version=version, progress=progress)
     # The version's engine arguments are part of what was registered and tested: where they
     # name a setting the deployment also has, the version's value wins.
     extra = version.engine_args
@@ -83,7 +152,7 @@ def adapter_ref(*, deployment_name: str, digest: str) -> AdapterRef:
     version = ModelVersion.objects.select_related("model").get(digest=digest)
     if version.base_id != deployment.version_id:
         raise ArtifactError(f"{version.public_name} is not an adapter of {deployment.version}")
-    path = model_version_verify(version=version)
+    path = version_fetch(version=version)
     # vLLM tells adapters apart by this integer alone: unique per content, never 0.
     return AdapterRef(name=version.public_name, int_id=int(digest[:7], 16) + 1, path=path)
 

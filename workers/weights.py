@@ -51,6 +51,12 @@ class WeightsError(Exception):
 class HashMismatch(WeightsError):
     """A fetched file's bytes do not have the SHA-256 its manifest names."""
 
+    def __init__(self, f: WeightFile, actual: str) -> None:
+        super().__init__(
+            f"{f.path}: sha256 mismatch, expected {f.sha256}, got {actual} (from {f.uri})"
+        )
+        self.path = f.path
+
 
 class DownloadError(WeightsError):
     """A file could not be downloaded completely, even after resuming."""
@@ -234,10 +240,7 @@ class WeightsCache:
                     self._download(f, part, report)
                     actual = _file_sha256(part)
                     if actual != f.sha256:
-                        raise HashMismatch(
-                            f"{f.path}: sha256 mismatch, expected {f.sha256}, got {actual} "
-                            f"(from {f.uri})"
-                        )
+                        raise HashMismatch(f, actual)
                 except HashMismatch:
                     part.unlink(missing_ok=True)
                     lock.unlink(missing_ok=True)
@@ -330,6 +333,14 @@ class WeightsCache:
                     evicted.append(version)
                     self._garbage_collect()
         return evicted
+
+    def remove(self, version: str) -> bool:
+        """Remove a version and the blobs only it used, unless a process uses it."""
+        with _locked(self.root / ".evict.lock"):
+            removed = self._version_remove(version)
+            if removed:
+                self._garbage_collect()
+        return removed
 
     def _version_remove(self, version: str) -> bool:
         """Remove a version unless a process uses it; return whether it was removed."""

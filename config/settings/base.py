@@ -241,6 +241,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 SWITCHYARD_ARTIFACT_ROOT = Path(
     env_str("SWITCHYARD_ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))
 ).resolve()
+# Each worker host's copy of the versions it serves, fetched from their weights URIs (a
+# version registered without one is fetched from the store above). 0: no size limit; above
+# the limit, least recently used versions no worker process holds are evicted.
+SWITCHYARD_WEIGHTS_CACHE_DIR = Path(
+    env_str("SWITCHYARD_WEIGHTS_CACHE_DIR", str(DATA_DIR / "weights-cache"))
+).resolve()
+SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES = env_int("SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES", 0)
 # How long an authenticated key stays cached in a frontend; revocation also publishes.
 SWITCHYARD_KEY_CACHE_SECONDS = env_float("SWITCHYARD_KEY_CACHE_SECONDS", 5.0)
 # How long a model name resolves from a frontend's cache before asking Postgres again.

@@ -15,10 +15,15 @@ from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 
+from models_registry.manifest import ArtifactError
+from models_registry.models import ModelVersion
+from models_registry.services import model_version_register
+from workers.services import version_fetch, weight_files
 from workers.weights import (
     DownloadError,
     HashMismatch,
@@ -351,22 +356,70 @@ def test_it_rejects_a_path_that_escapes_the_version(tmp_path: Path) -> None:
         cache.fetch("v1", [WeightFile("../x.bin", f.sha256, f.size, f.uri)])
 
 
-def test_fetch_weights_prints_a_line_per_file(tmp_path: Path, server: WeightsServer) -> None:
-    files = [_served(server, "config.json", b"{}"), _served(server, "model.bin", os.urandom(999))]
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps([f.__dict__ for f in files]))
+def _registered(tmp_path: Path, server: WeightsServer, **fields: Any) -> ModelVersion:
+    """Register a small version whose files the server also serves, at its weights URI."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    (source / "weights.bin").write_bytes(os.urandom(4096))
+    for path in source.iterdir():
+        server.files[f"small/{path.name}"] = path.read_bytes()
+    version, _ = model_version_register(
+        model_name="small", source_dir=source, weights_uri=server.url("small/"), **fields
+    )
+    return version
+
+
+@pytest.fixture
+def host_cache(tmp_path: Path, settings: Any) -> Path:
+    settings.SWITCHYARD_WEIGHTS_CACHE_DIR = tmp_path / "host-cache"
+    return settings.SWITCHYARD_WEIGHTS_CACHE_DIR
+
+
+@pytest.mark.django_db
+def test_fetch_weights_prefetches_a_registered_version_from_its_uri(
+    tmp_path: Path, server: WeightsServer, host_cache: Path
+) -> None:
+    version = _registered(tmp_path, server, label="v1")
     out = io.StringIO()
 
-    call_command(
-        "fetch_weights",
-        manifest=manifest,
-        version="v1",
-        cache_root=tmp_path / "cache",
-        stdout=out,
-    )
+    call_command("fetch_weights", "small@v1", stdout=out)
 
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("config.json  2 bytes")
-    assert lines[1].startswith("model.bin  999 bytes  (1001/1001")
-    assert "2 files in" in lines[2]
-    assert (tmp_path / "cache/versions/v1/model.bin").stat().st_size == 999
+    assert lines[0] == f"{version.public_name}:"
+    assert lines[1].startswith("  config.json ")
+    assert lines[2].startswith("  weights.bin  4096 bytes")
+    assert f"2 files in {host_cache}" in lines[3]
+    assert server.gets == Counter({"small/config.json": 1, "small/weights.bin": 1})
+    cached = host_cache / "versions" / version.digest / "weights.bin"
+    assert cached.read_bytes() == server.files["small/weights.bin"]
+    # The worker that starts later finds it there and downloads nothing.
+    assert version_fetch(version=version) == cached.parent
+    assert sum(server.gets.values()) == 2
+
+
+@pytest.mark.django_db
+def test_a_worker_refuses_a_version_whose_source_does_not_match_its_manifest(
+    tmp_path: Path, server: WeightsServer, host_cache: Path
+) -> None:
+    version = _registered(tmp_path, server)
+    server.corrupt.add("small/weights.bin")
+    with pytest.raises(ArtifactError, match=r"weights\.bin \(sha256 mismatch\)"):
+        version_fetch(version=version)
+    assert not (host_cache / "versions" / version.digest).exists()
+
+
+@pytest.mark.django_db
+def test_a_cached_copy_changed_on_disk_is_fetched_again(
+    tmp_path: Path, server: WeightsServer, host_cache: Path
+) -> None:
+    version = _registered(tmp_path, server)
+    # Fetched (and pinned) by another process earlier, then altered on this host's disk.
+    cache = WeightsCache(root=host_cache)
+    cache.fetch(version.digest, weight_files(version=version))
+    cached = host_cache / "versions" / version.digest / "weights.bin"
+    cached.write_bytes(b"tampered")
+
+    assert version_fetch(version=version) == cached.parent
+    assert cached.read_bytes() == server.files["small/weights.bin"]
+    assert server.gets["small/weights.bin"] == 2

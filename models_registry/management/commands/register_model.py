@@ -44,6 +44,12 @@ class Command(BaseCommand):
         parser.add_argument("--alias", default=None, help="also point this alias at the version")
         parser.add_argument("--label", default="", help="an operator's name, e.g. v2")
         parser.add_argument(
+            "--weights-uri",
+            default="",
+            help="where workers fetch the files (file:// or http(s):// directory with the same "
+            "files); default: the registry's own store",
+        )
+        parser.add_argument(
             "--base",
             default=None,
             help="register a LoRA adapter on this base version (model@version)",
@@ -66,6 +72,7 @@ class Command(BaseCommand):
                 sampling_defaults=_json_object(options["sampling"]),
                 price_input_per_1k=_price(options["price_input"], "--price-input"),
                 price_output_per_1k=_price(options["price_output"], "--price-output"),
+                weights_uri=options["weights_uri"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc

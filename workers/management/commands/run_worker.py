@@ -30,6 +30,7 @@ from workers.services import (
     worker_id_new,
     worker_plan,
 )
+from workers.weights import Progress
 
 log = logging.getLogger("switchyard.worker")
 
@@ -61,8 +62,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["deployment"]
+        fetched: set[str] = set()
+
+        def progress(p: Progress) -> None:
+            # One line per file as it lands in the cache (cached files report at once).
+            if p.file_done == p.file_size and p.path not in fetched:
+                fetched.add(p.path)
+                self.stdout.write(f"weights {p.path}: {p.done >> 20}/{p.total >> 20} MiB")
+
         try:
-            plan = worker_plan(deployment_name=name)
+            plan = worker_plan(deployment_name=name, progress=progress)
         except Deployment.DoesNotExist as exc:
             raise CommandError(f"no deployment {name!r}") from exc
         except ArtifactError as exc:
