@@ -76,6 +76,36 @@ class ContextFilter(logging.Filter):
         return True
 
 
+# An API key's secret (what follows `sy-` and its 12-character public id), and any bearer
+# credential: what a log line must never carry.
+_KEY_SECRET = re.compile(r"\b(sy-[A-Za-z0-9]{12})[A-Za-z0-9_-]{16,}")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\[redacted\])[^\s'\"]+")
+
+
+def redact(text: str) -> str:
+    """Return text with API key secrets and bearer credentials replaced; public ids stay."""
+    return _BEARER.sub(r"\1[redacted]", _KEY_SECRET.sub(r"\1[redacted]", text))
+
+
+class RedactFilter(logging.Filter):
+    """Redact credentials from every record's message and traceback, whoever logged it.
+
+    Prompts and completions are never logged by the platform's own code; this catches what a
+    library or an exception message would echo (a header, a request line, a key).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request and trace ids."""
 
@@ -93,6 +123,8 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, "")
             if value:
                 entry[name] = value
-        if record.exc_info:
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        elif record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

@@ -145,18 +145,27 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             trace = trace_start(traceparent) if isinstance(traceparent, str) else self.trace.child()
             request_id = request_id_new()
             bind(request_id=request_id, trace_id=trace.trace_id)
-            submitted = await generation_submit(
-                principal=self.principal,
-                request=parsed,
-                request_id=request_id,
-                timeout=parsed.timeout,
-                priority=parsed.priority,
-                trace=trace,
+            admission = asyncio.ensure_future(
+                generation_submit(
+                    principal=self.principal,
+                    request=parsed,
+                    request_id=request_id,
+                    timeout=parsed.timeout,
+                    priority=parsed.priority,
+                    trace=trace,
+                )
             )
+            submitted = await asyncio.shield(admission)
         except ApiError as exc:
             await self._error(client_id, exc)
             return
         except asyncio.CancelledError:
+            # Cancelled while being admitted: let admission finish so that a request it
+            # admitted is cancelled too (nothing runs unread), then end this id like any other.
+            with contextlib.suppress(Exception):
+                relay.cancel_soon(dispatch_get(), await admission)
+            with contextlib.suppress(Exception):
+                await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
             return
         await self._send(
             {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -183,7 +184,7 @@ class Adapters:
             log.info("evicted adapter %s (least recently used)", ref.name)
 
 
-class Worker:
+class Worker(abc.ABC):
     """Serve one deployment's queue with one engine until told to drain.
 
     This base claims jobs fairly, renews their leases, publishes their events and usage and
@@ -355,9 +356,9 @@ class Worker:
         bind(request_id=job.request_id, trace_id=job.trace_id)  # this task's log records
         await self._serve(job)
 
+    @abc.abstractmethod
     async def _serve(self, job: Job) -> None:
         """Run one claimed job to its end; put its events, terminal event and usage."""
-        raise NotImplementedError
 
     def _ended(self, job: Job, terminal: Event, usage: UsageEvent) -> None:
         """Record a served job's end and free its slot."""

@@ -11,7 +11,7 @@ Layout under the cache root:
 
 A version directory appears by an atomic rename of a fully built staging directory, so a
 directory under versions/ always holds every file, verified. A blob whose link count is 1 is
-referenced by no version and may be removed. Pure Python (no Django), so any process can use it.
+referenced by no version and may be removed. No Django, so any process can use it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,8 @@ from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
 import httpx
+
+from models_registry.manifest import file_sha256
 
 _CHUNK = 1 << 20
 _IN_USE = ".in_use"
@@ -238,7 +239,7 @@ class WeightsCache:
                 part = _sibling(blob, ".part")
                 try:
                     self._download(f, part, report)
-                    actual = _file_sha256(part)
+                    actual = file_sha256(part)
                     if actual != f.sha256:
                         raise HashMismatch(f, actual)
                 except HashMismatch:
@@ -466,14 +467,6 @@ def _file_uri_path(uri: str) -> Path:
     if parsed.netloc not in ("", "localhost"):
         raise WeightsError(f"file uri on another host: {uri!r}")
     return Path(url2pathname(unquote(parsed.path)))
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _link_or_copy(blob: Path, dest: Path) -> None:

@@ -205,7 +205,10 @@ SWITCHYARD_LOG_FORMAT = env_str("SWITCHYARD_LOG_FORMAT", "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "inference.tracing.ContextFilter"}},
+    "filters": {
+        "context": {"()": "inference.tracing.ContextFilter"},
+        "redact": {"()": "inference.tracing.RedactFilter"},
+    },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         "json": {"()": "inference.tracing.JsonFormatter"},
@@ -214,7 +217,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain" if SWITCHYARD_LOG_FORMAT == "plain" else "json",
-            "filters": ["context"],
+            "filters": ["context", "redact"],
         }
     },
     "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},

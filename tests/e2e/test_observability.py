@@ -236,6 +236,28 @@ def test_trace_ids_flow_from_the_client_through_the_worker_to_the_usage_record(
     (record,) = usage_of(response.headers["x-request-id"])
     assert record.trace_id == trace_id
 
+    # A streamed request carries its trace the same way.
+    streamed_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": ALIAS,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "stream": True,
+        },
+        headers={
+            "Authorization": f"Bearer {world.acme_key}",
+            "traceparent": f"00-{streamed_trace}-00f067aa0ba902b7-01",
+        },
+    ) as streamed:
+        assert streamed.status_code == 200
+        streamed.read()
+    assert streamed.headers["traceparent"].split("-")[1] == streamed_trace
+    (record,) = usage_of(streamed.headers["x-request-id"])
+    assert record.trace_id == streamed_trace
+
     # Without a traceparent the platform starts a trace, and the record keeps that one.
     response = _chat(client, world.acme_key)
     started = response.headers["traceparent"].split("-")[1]

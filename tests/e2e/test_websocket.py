@@ -171,3 +171,17 @@ async def test_websocket_requests_carry_the_sockets_trace_or_their_own(stack, wo
     found = await asyncio.to_thread(usage_of, ids["inherits"], ids["own"])
     traces = {r.request_id: r.trace_id for r in found}
     assert traces == {ids["inherits"]: socket_trace, ids["own"]: own_trace}
+
+
+async def test_a_request_cancelled_at_once_ends_with_one_cancelled_event(stack, world):
+    headers = {"Authorization": f"Bearer {world.acme_key}"}
+    async with websockets.connect(_ws_url(stack), additional_headers=headers) as socket:
+        # The cancel lands while the request is still being admitted, or just after.
+        await socket.send(_request("quick", max_tokens=200, ignore_eos=True))
+        await socket.send(json.dumps({"type": "cancel", "id": "quick"}))
+        await socket.send(_request("after"))
+        seen = await _until_end(socket, {"quick", "after"})
+    ends = [m for m in seen["quick"] if m["type"] in ("finished", "error")]
+    assert len(ends) == 1 and ends[0]["type"] == "error"
+    assert ends[0]["error"]["code"] == "cancelled"
+    assert seen["after"][-1]["type"] == "finished"

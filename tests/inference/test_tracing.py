@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+from typing import Any
 
 import pytest
 
-from inference.tracing import ContextFilter, JsonFormatter, bind, trace_start
+from inference.tracing import ContextFilter, JsonFormatter, RedactFilter, bind, trace_start
+from tenants.keys import token_generate
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -54,3 +57,44 @@ def test_json_log_lines_carry_the_request_and_trace_ids():
     assert line["level"] == "info"
     assert line["request_id"] == "r123" and line["trace_id"] == TRACE
     assert line["ts"].endswith("Z")
+
+
+def _logged(logger_name: str, emit: Any) -> str:
+    """What the platform's log handler writes when emit logs to a fresh logger."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactFilter())
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        emit(logger)
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+def test_it_redacts_an_api_key_secret_and_keeps_its_public_id():
+    public, token = token_generate()
+    out = _logged("t.key", lambda log: log.warning("refused key %s for %s", token, "acme"))
+    assert token not in out and public in out
+    assert f"sy-{public}[redacted] for acme" in json.loads(out)["message"]
+
+
+def test_it_redacts_bearer_credentials_in_messages_and_tracebacks():
+    def emit(log: logging.Logger) -> None:
+        try:
+            raise ValueError("upstream said: Authorization: Bearer abc.def-ghi rejected")
+        except ValueError:
+            log.exception("call failed with Bearer s3cr3t-t0ken")
+
+    entry = json.loads(_logged("t.bearer", emit))
+    assert "s3cr3t-t0ken" not in entry["message"] and "Bearer [redacted]" in entry["message"]
+    assert "abc.def-ghi" not in entry["exception"]
+    assert "Bearer [redacted] rejected" in entry["exception"]
+
+
+def test_it_leaves_ordinary_lines_alone():
+    out = _logged("t.plain", lambda log: log.info("engine ready in %.1fs", 1.25))
+    assert json.loads(out)["message"] == "engine ready in 1.2s"
