@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -87,6 +88,12 @@ class Quota(models.Model):
     priority_weight = models.PositiveIntegerField(default=1)
     # The longest a request may take, end to end; a client's x-request-timeout can only shorten it.
     max_request_seconds = models.PositiveIntegerField(default=600)
+    # Response cache (opt-in): how long a deterministic request's answer is reused for this
+    # tenant's identical requests (0: off), and what share of the full price a reuse bills.
+    response_cache_seconds = models.PositiveIntegerField(default=0)
+    response_cache_bill_percent = models.PositiveSmallIntegerField(
+        default=100, validators=[MaxValueValidator(100)]
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

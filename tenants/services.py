@@ -182,6 +182,8 @@ QUOTA_FIELDS = (
     "monthly_budget",
     "priority_weight",
     "max_request_seconds",
+    "response_cache_seconds",
+    "response_cache_bill_percent",
 )
 
 

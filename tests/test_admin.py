@@ -44,6 +44,8 @@ def test_a_quota_edited_in_the_admin_is_audited(operator, world):
         "monthly_budget": quota.monthly_budget,
         "priority_weight": quota.priority_weight,
         "max_request_seconds": quota.max_request_seconds,
+        "response_cache_seconds": quota.response_cache_seconds,
+        "response_cache_bill_percent": quota.response_cache_bill_percent,
     }
     assert operator.post(url, form).status_code == 302
     event = AuditEvent.objects.filter(action="quota.update").latest("id")
