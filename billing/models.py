@@ -33,6 +33,8 @@ class UsageRecord(models.Model):
     cached_tokens = models.PositiveIntegerField(default=0)
     # The W3C trace the request ran under: finds its log lines and spans from a bill line.
     trace_id = models.CharField(max_length=32, blank=True, default="")
+    # Answered from the tenant's response cache (no engine time), billed at its quota's share.
+    response_cache = models.BooleanField(default=False)
     # The price book in force when the request was admitted; null: the version's own price.
     price_book = models.ForeignKey(
         "billing.PriceBook", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -175,6 +175,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 completion_tokens=event.completion_tokens,
                 priority=event.priority,
             )
+            if event.bill_percent != 100:
+                cost = cost * event.bill_percent / _HUNDRED
         costs[event.request_id] = cost
         rows.append(
             (
@@ -193,6 +195,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 event.trace_id,
                 cost,
                 event.shadow,
+                event.response_cache,
                 event.user,
                 event.priority,
                 price.book.pk if price.book else None,
@@ -218,7 +221,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
 _COLUMNS = (
     "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "trace_id", "cost", "shadow", "user", "priority", "price_book_id",
+    "cached_tokens", "trace_id", "cost", "shadow", "response_cache", "user", "priority",
+    "price_book_id",
     "enqueued_at", "started_at", "first_token_at", "finished_at", "ingested_at",
 )  # fmt: skip
 _COLUMN_LIST = ", ".join(f'"{c}"' for c in _COLUMNS)

@@ -41,6 +41,8 @@ class Principal:
     limits: Limits
     priority_weight: float = 1.0
     max_request_seconds: float = 600.0
+    response_cache_seconds: int = 0  # 0: the tenant did not opt in
+    response_cache_bill_percent: int = 100
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def _load(public_id: str) -> _Cached:
         ),
         priority_weight=float(max(quota.priority_weight, 1)),
         max_request_seconds=float(quota.max_request_seconds),
+        response_cache_seconds=quota.response_cache_seconds,
+        response_cache_bill_percent=quota.response_cache_bill_percent,
     )
     expires = key.expires_at.timestamp() if key.expires_at else None
     return _Cached(key.secret_hash, principal, problem, expires)

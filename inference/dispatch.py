@@ -890,6 +890,21 @@ class Dispatch:
         keys, args = self._finalize_call(job=job, terminal=terminal, usage=usage, charged=charged)
         return bool(await self._finalize(keys=keys, args=args))
 
+    async def answer_here(
+        self, *, job: Job, events: list[Event], terminal: Event, usage: UsageEvent
+    ) -> bool:
+        """Answer a request without a worker (from a cache): reply, finish, ledger, one trip.
+
+        It is admitted in the ledger as a queued request would be, so reconciliation counts it.
+        """
+        keys, args = self._finalize_call(job=job, terminal=terminal, usage=usage, charged=False)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(ledger_key(job.deployment), f"{ledger_hour(job.enqueued_at)}:admitted", 1)
+            self.publish_into(pipe, job=job, events=events)
+            await self._finalize(keys=keys, args=args, client=pipe)
+            results = await pipe.execute()
+        return bool(results[-1])
+
     def _finalize_call(
         self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool
     ) -> tuple[list[str], list[ScriptArg]]:

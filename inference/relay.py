@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from inference.background import spawn
 from inference.dispatch import Dispatch
-from inference.services import Submitted
+from inference.response_cache import Stored
+from inference.services import Submitted, responses_get
 from inference.types import Delta, Event, Failed, Finished, Started
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     """
     job = submitted.job
     finished = False
+    # A cacheable answer the tenant's cache lacks is kept as it streams, stored if it ends well.
+    fill = submitted.cache if submitted.cache is not None and not submitted.cache.hit else None
+    text: list[str] = []
     try:
         async for event in _follow(
             dispatch,
@@ -42,6 +46,12 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
             at_deadline=lambda: dispatch.expire(job),
         ):
             finished = isinstance(event, Finished | Failed)
+            if fill is not None:
+                if isinstance(event, Delta):
+                    text.append(event.text)
+                elif isinstance(event, Finished):
+                    answer = Stored("".join(text), event.finish_reason, event.completion_tokens)
+                    spawn(responses_get().put(fill.key, answer, seconds=fill.seconds))
             yield event
         if not finished:
             finished = True

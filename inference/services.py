@@ -17,16 +17,17 @@ from inference.auth import Principal
 from inference.background import spawn
 from inference.cache import RefreshingCache
 from inference.db import db_call
-from inference.dispatch import Dispatch, Refusal, Refused
+from inference.dispatch import Dispatch, Refusal, Refused, usage_for
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
 from inference.metrics import RequestClock, admission_decided
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from inference.redis_client import redis_client_new
+from inference.response_cache import ResponseCache, Stored, cache_key, cacheable
 from inference.tokenization import tokenizer_for
 from inference.tracing import TraceContext
-from inference.types import Failed, Finished, Job, Sampling
+from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status
 from models_registry.models import Task
 from models_registry.selectors import Route, Routing, routing_resolve
 
@@ -35,18 +36,20 @@ SHADOW_REPLY_TTL_SECONDS = 60
 _dispatch: Dispatch | None = None
 _quotas: Quotas | None = None
 _idempotency: Idempotency | None = None
+_responses: ResponseCache | None = None
 _dispatch_loop: asyncio.AbstractEventLoop | None = None
 
 
 def dispatch_get() -> Dispatch:
     """Return this process's data-plane client, bound to the running loop."""
-    global _dispatch, _quotas, _idempotency, _dispatch_loop
+    global _dispatch, _quotas, _idempotency, _responses, _dispatch_loop
     loop = asyncio.get_running_loop()
     if _dispatch is None or _quotas is None or _dispatch_loop is not loop:
         client = redis_client_new()
         _dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         _quotas = Quotas(client)
         _idempotency = Idempotency(client)
+        _responses = ResponseCache(client)
         _dispatch_loop = loop
     return _dispatch
 
@@ -56,6 +59,13 @@ def idempotency_get() -> Idempotency:
     dispatch_get()
     assert _idempotency is not None
     return _idempotency
+
+
+def responses_get() -> ResponseCache:
+    """Return this process's response cache, bound to the running loop."""
+    dispatch_get()
+    assert _responses is not None
+    return _responses
 
 
 def quotas_get() -> Quotas:
@@ -95,12 +105,28 @@ async def routing_get(name: str) -> Routing:
 
 
 @dataclass(frozen=True)
+class CacheUse:
+    """How a request uses its tenant's response cache: answered from it, or to fill it."""
+
+    key: str
+    seconds: int
+    hit: bool
+    bill_percent: int = 100
+
+
+@dataclass(frozen=True)
 class Submitted:
     job: Job
     route: Route
     principal: Principal
     decision: Decision
     idempotency_key: str | None = None
+    cache: CacheUse | None = None
+
+    @property
+    def bill_percent(self) -> int:
+        """The share of the full price this request bills."""
+        return self.cache.bill_percent if self.cache is not None and self.cache.hit else 100
 
 
 _INLINE_TOKENIZE_CHARS = 16_000
@@ -239,8 +265,9 @@ async def generation_submit(
         trace_id=trace.trace_id if trace else "",
         parent_span_id=trace.span_id if trace else "",
     )
+    cache = await _cache_use(principal, job)
     decision = await _job_submit(
-        principal=principal, route=route, job=job, model=request.model, clock=clock
+        principal=principal, route=route, job=job, model=request.model, clock=clock, cache=cache
     )
     shadow = routing.shadow_for(request_id=request_id)
     if shadow is not None and shadow.version_digest != route.version_digest:
@@ -251,6 +278,7 @@ async def generation_submit(
         principal=principal,
         decision=decision,
         idempotency_key=idempotency_key,
+        cache=cache.use if cache is not None else None,
     )
     if idempotency_key is not None:
         await idempotency_get().bind(
@@ -268,16 +296,52 @@ async def generation_submit(
     return submitted
 
 
+@dataclass(frozen=True)
+class _Lookup:
+    use: CacheUse
+    answer: Stored | None
+
+
+async def _cache_use(principal: Principal, job: Job) -> _Lookup | None:
+    """Look a request up in its tenant's response cache, if the tenant uses one."""
+    if not principal.response_cache_seconds or not cacheable(job):
+        return None
+    key = cache_key(job)
+    answer = await responses_get().get(key)
+    use = CacheUse(
+        key=key,
+        seconds=principal.response_cache_seconds,
+        hit=answer is not None,
+        bill_percent=principal.response_cache_bill_percent,
+    )
+    return _Lookup(use=use, answer=answer)
+
+
 async def _job_submit(
-    *, principal: Principal, route: Route, job: Job, model: str, clock: RequestClock | None
+    *,
+    principal: Principal,
+    route: Route,
+    job: Job,
+    model: str,
+    clock: RequestClock | None,
+    cache: _Lookup | None = None,
 ) -> Decision:
-    """Reserve a built job's share of its tenant's limits and queue it, or raise why not."""
+    """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
+
+    A request found in its tenant's response cache is admitted the same way, then answered
+    from the cache instead of queued.
+    """
     if clock is not None:
         clock.lap("preprocess")
     try:
-        decision = await _reserve_and_enqueue(
-            principal=principal, route=route, job=job, model=model
-        )
+        if cache is not None and cache.answer is not None:
+            decision = await _answer_from_cache(
+                principal=principal, route=route, job=job, use=cache.use, answer=cache.answer
+            )
+        else:
+            decision = await _reserve_and_enqueue(
+                principal=principal, route=route, job=job, model=model
+            )
     except ApiError as exc:
         admission_decided(deployment=route.deployment, reason=exc.code)
         raise
@@ -315,6 +379,42 @@ async def _reserve_and_enqueue(
         raise _refusal_error(refused, model=model, job=job).with_headers(
             ratelimit_headers(principal.limits, decision)
         )
+    return decision
+
+
+async def _answer_from_cache(
+    *, principal: Principal, route: Route, job: Job, use: CacheUse, answer: Stored
+) -> Decision:
+    """Admit a cached request and answer it: its reply stream and usage, as a worker would."""
+    reserve = Usage(
+        tokens=job.reserved_tokens,
+        cost_micros=_cost(
+            route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
+        ),
+    )
+    decision = await _admit(principal=principal, request_id=job.request_id, reserve=reserve)
+    now = time.time()
+    usage = usage_for(
+        job,
+        status=Status.OK,
+        finished_at=now,
+        started_at=now,
+        first_token_at=now,
+        completion_tokens=answer.completion_tokens,
+        finish_reason=answer.finish_reason,
+    )
+    usage = msgspec.structs.replace(usage, response_cache=True, bill_percent=use.bill_percent)
+    terminal = Finished(
+        finish_reason=answer.finish_reason,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=answer.completion_tokens,
+    )
+    await dispatch_get().answer_here(
+        job=job,
+        events=[Started(at=now), Delta(text=answer.text, tokens=answer.completion_tokens)],
+        terminal=terminal,
+        usage=usage,
+    )
     return decision
 
 
@@ -563,11 +663,10 @@ async def usage_settle(submitted: Submitted, event: Finished | Failed) -> None:
     """
     if isinstance(event, Failed) and event.code == "timeout":
         return
+    full = _cost(submitted.route, prompt=event.prompt_tokens, completion=event.completion_tokens)
     used = Usage(
         tokens=event.prompt_tokens + event.completion_tokens,
-        cost_micros=_cost(
-            submitted.route, prompt=event.prompt_tokens, completion=event.completion_tokens
-        ),
+        cost_micros=full * submitted.bill_percent // 100,
     )
     await quotas_get().release(
         tenant_id=submitted.job.tenant_id,

@@ -131,6 +131,9 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     priority: str = "interactive"
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
     trace_id: str = ""
+    # Answered from the tenant's response cache, billed at this share of the full price.
+    response_cache: bool = False
+    bill_percent: int = 100
 
 
 job_encoder = msgspec.msgpack.Encoder()

@@ -263,6 +263,8 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         response = await _collect(events, formatter, on_end)
         clock.skip()
     response["x-switchyard-model-version"] = submitted.route.version
+    if submitted.cache is not None:
+        response["x-switchyard-cache"] = "hit" if submitted.cache.hit else "miss"
     for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
         response[name] = value
     return response

@@ -167,14 +167,15 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):
                 await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
             return
-        await self._send(
-            {
-                "type": "started",
-                "id": client_id,
-                "request_id": submitted.job.request_id,
-                "model": submitted.route.served_name,
-            }
-        )
+        started = {
+            "type": "started",
+            "id": client_id,
+            "request_id": submitted.job.request_id,
+            "model": submitted.route.served_name,
+        }
+        if submitted.cache is not None:
+            started["cache"] = "hit" if submitted.cache.hit else "miss"
+        await self._send(started)
         try:
             async for event in relay.events(dispatch_get(), submitted):
                 if isinstance(event, Delta):

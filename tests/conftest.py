@@ -128,6 +128,10 @@ LIMITED: dict[str, dict[str, Any]] = {
     "pied-piper": {"requests_per_minute": 5},
     "wayne": {"requests_per_minute": 5},
     "soylent": {"requests_per_minute": 3},
+    # Response cache: opted in at half price, opted in at full price, and a one-second cache.
+    "cyberdyne": {"response_cache_seconds": 60, "response_cache_bill_percent": 50},
+    "tyrell": {"response_cache_seconds": 60},
+    "massive": {"response_cache_seconds": 1},
 }
 
 

@@ -1,0 +1,87 @@
+"""Response cache: a tenant's repeated deterministic request answered without the engine.
+
+Opt-in per tenant (`Quota.response_cache_seconds`; 0 is off). A request qualifies when its
+answer is a function of its input: greedy sampling (temperature 0, so top_p, top_k and seed
+change nothing) of a full model version or adapter. Its key hashes the version, the adapter,
+the endpoint, the prompt's token ids (after the chat template, so spacing in JSON or message
+objects that render the same share an entry) and the sampling parameters, under the tenant's
+own Redis hash tag: two tenants never share an entry, whatever they send.
+
+Only answers that ended normally (`stop` or `length`) are stored, by the frontend that relayed
+them. A hit is admitted like any request (rate, tokens, concurrency, budget), then written to
+its reply stream and finished with a usage event here, so every path that relays, replays or
+bills a request treats it as any other; its usage record is marked `response_cache` and
+billed at the tenant's `response_cache_bill_percent` of the full price.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import msgspec
+import redis.asyncio as aredis
+
+from inference.types import Job, Sampling, encode
+
+log = logging.getLogger(__name__)
+
+_NORMAL_ENDS = ("stop", "length")
+
+
+class Stored(msgspec.Struct, frozen=True):
+    """An answer as the cache keeps it."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+
+
+_stored_decoder = msgspec.msgpack.Decoder(Stored)
+
+
+def cacheable(job: Job) -> bool:
+    """Return whether a job's answer depends on nothing but its input."""
+    return job.sampling.temperature == 0 and not job.shadow and not job.input_lengths
+
+
+def _normalised(sampling: Sampling) -> Sampling:
+    # Greedy decoding ignores these: requests differing only in them get the same answer.
+    return msgspec.structs.replace(sampling, top_p=1.0, top_k=0, seed=None)
+
+
+def cache_key(job: Job) -> str:
+    """Return a cacheable job's key: its tenant's tag, then a digest of what decides the answer."""
+    digest = hashlib.sha256()
+    for part in (job.model_version, job.adapter, job.endpoint):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(encode(_normalised(job.sampling)))
+    digest.update(b"\0")
+    digest.update(b",".join(str(t).encode() for t in job.prompt_token_ids))
+    return f"sy:{{t{job.tenant_id}}}:rc:{digest.hexdigest()}"
+
+
+class ResponseCache:
+    """Stored answers in Redis, each for its tenant's configured time."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
+
+    async def get(self, key: str) -> Stored | None:
+        """Return the stored answer of a key, or None (a broken entry counts as a miss)."""
+        raw = await self.redis.get(key)
+        if not isinstance(raw, bytes):
+            return None
+        try:
+            return _stored_decoder.decode(raw)
+        except msgspec.DecodeError:
+            log.warning("discarding an undecodable response cache entry")
+            return None
+
+    async def put(self, key: str, answer: Stored, *, seconds: int) -> bool:
+        """Store an answer that ended normally for `seconds`; return whether it was stored."""
+        if seconds <= 0 or answer.finish_reason not in _NORMAL_ENDS:
+            return False
+        await self.redis.set(key, encode(answer), ex=seconds)
+        return True
