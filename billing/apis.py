@@ -318,6 +318,9 @@ class UsageApi(FinanceView):
         if params.get("export") == "csv":
             header = [group, "requests", "errors", "prompt_tokens", "completion_tokens",
                       "cached_tokens", "cost"]  # fmt: skip
-            body = [[str(row[h]) for h in header] for row in data]
-            return _csv([header, *body], f"usage-{tenant.slug}-by-{group}.csv")
+            # A column, not a comment line above the header: CSV has no comments, so a "#" line
+            # breaks spreadsheets, csv.DictReader and loaders, while a column survives sorting,
+            # filtering and concatenating exports of several tenants.
+            body = [[*(str(row[h]) for h in header), tenant.training_use] for row in data]
+            return _csv([[*header, "training_use"], *body], f"usage-{tenant.slug}-by-{group}.csv")
         return Response({"tenant": tenant.slug, "group_by": group, "rows": data})

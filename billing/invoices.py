@@ -21,7 +21,7 @@ from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from billing.models import Adjustment, Invoice, InvoiceLine, InvoiceState, UsageRecord
@@ -165,10 +165,15 @@ def invoice_build(*, tenant: Tenant, month: dt.date, actor: User | None = None) 
 
 
 def invoices_build(*, month: dt.date) -> list[Invoice]:
-    """Build the month's draft invoice of every active tenant."""
+    """Build the month's draft invoice of every active tenant.
+
+    A tenant deleted during or after the month is billed for it too: its last invoice.
+    """
+    start, _ = month_bounds(month)
+    billed = Q(is_active=True) | Q(deleted_at__gte=_midnight(start))
     return [
         invoice_build(tenant=tenant, month=month)
-        for tenant in Tenant.objects.filter(is_active=True).order_by("pk")
+        for tenant in Tenant.objects.filter(billed).order_by("pk")
     ]
 
 
@@ -259,14 +264,19 @@ def adjustment_add(
 
 
 def invoice_csv_rows(invoice: Invoice) -> Iterator[list[str]]:
-    """Yield an invoice as CSV rows: a header, one row per line, then the totals."""
+    """Yield an invoice as CSV rows: a header, one row per line, then the totals.
+
+    Like the invoice number, tenant and period, the tenant's training flag is on every row (the
+    last column), so a row read on its own still says it.
+    """
     yield ["invoice", "tenant", "period", "description", "requests", "prompt_tokens",
-           "completion_tokens", "amount", "currency"]  # fmt: skip
+           "completion_tokens", "amount", "currency", "training_use"]  # fmt: skip
     period = f"{invoice.period_start:%Y-%m}"
     number = invoice.number or f"draft-{invoice.pk}"
+    training_use = invoice.tenant.training_use
     for line in invoice.lines.all():
         yield [number, invoice.tenant.slug, period, line.description, str(line.requests),
                str(line.prompt_tokens), str(line.completion_tokens), str(line.amount),
-               invoice.currency]  # fmt: skip
+               invoice.currency, training_use]  # fmt: skip
     yield [number, invoice.tenant.slug, period, "TOTAL", "", "", "", str(invoice.total),
-           invoice.currency]  # fmt: skip
+           invoice.currency, training_use]  # fmt: skip

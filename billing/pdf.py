@@ -40,6 +40,7 @@ def invoice_pdf(invoice: Invoice) -> bytes:
                    "end exclusive)"),
         ("Issued", f"{invoice.issued_at:%Y-%m-%d}" if invoice.issued_at else "-"),
         ("Status", invoice.state),
+        ("Training use", invoice.tenant.training_use),
     ]  # fmt: skip
     for label, value in facts:
         pdf.set_font("Helvetica", "B", 10)

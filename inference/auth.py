@@ -43,6 +43,7 @@ class Principal:
     max_request_seconds: float = 600.0
     response_cache_seconds: int = 0  # 0: the tenant did not opt in
     response_cache_bill_percent: int = 100
+    retention_days: int = 0  # 0: the request's text is never stored
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def _load(public_id: str) -> _Cached:
         max_request_seconds=float(quota.max_request_seconds),
         response_cache_seconds=quota.response_cache_seconds,
         response_cache_bill_percent=quota.response_cache_bill_percent,
+        retention_days=key.tenant.retention_days,
     )
     expires = key.expires_at.timestamp() if key.expires_at else None
     return _Cached(key.secret_hash, principal, problem, expires)

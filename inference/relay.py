@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from inference.background import spawn
 from inference.dispatch import Dispatch
 from inference.response_cache import Stored
-from inference.services import Submitted, responses_get
+from inference.services import CacheUse, Submitted, content_keep, responses_get
 from inference.types import Delta, Event, Failed, Finished, Started
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,10 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     """
     job = submitted.job
     finished = False
-    # A cacheable answer the tenant's cache lacks is kept as it streams, stored if it ends well.
+    # A cacheable answer the tenant's cache lacks is kept as it streams, stored if it ends well;
+    # a tenant that retains its text keeps what the request produced, however it ended.
     fill = submitted.cache if submitted.cache is not None and not submitted.cache.hit else None
+    keep = fill is not None or submitted.prompt_text is not None
     text: list[str] = []
     try:
         async for event in _follow(
@@ -46,12 +48,11 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
             at_deadline=lambda: dispatch.expire(job),
         ):
             finished = isinstance(event, Finished | Failed)
-            if fill is not None:
+            if keep:
                 if isinstance(event, Delta):
                     text.append(event.text)
-                elif isinstance(event, Finished):
-                    answer = Stored("".join(text), event.finish_reason, event.completion_tokens)
-                    spawn(responses_get().put(fill.key, answer, seconds=fill.seconds))
+                elif finished:
+                    _ended(submitted, "".join(text), event, fill=fill)
             yield event
         if not finished:
             finished = True
@@ -60,6 +61,15 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     finally:
         if not finished:
             cancel_soon(dispatch, submitted)
+
+
+def _ended(submitted: Submitted, text: str, event: Event, *, fill: CacheUse | None) -> None:
+    """Fill the response cache and retain the text, off the client's path."""
+    if fill is not None and isinstance(event, Finished):
+        answer = Stored(text, event.finish_reason, event.completion_tokens)
+        spawn(responses_get().put(fill.key, answer, seconds=fill.seconds))
+    if submitted.prompt_text is not None:
+        spawn(content_keep(submitted, text))
 
 
 async def attach(

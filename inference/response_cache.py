@@ -20,6 +20,7 @@ import hashlib
 import logging
 
 import msgspec
+import redis
 import redis.asyncio as aredis
 
 from inference.types import Job, Sampling, encode
@@ -50,6 +51,24 @@ def _normalised(sampling: Sampling) -> Sampling:
     return msgspec.structs.replace(sampling, top_p=1.0, top_k=0, seed=None)
 
 
+def _prefix(tenant_id: int) -> str:
+    return f"sy:{{t{tenant_id}}}:rc:"
+
+
+def tenant_answers_forget(client: redis.Redis, *, tenant_id: int) -> int:
+    """Delete every answer cached for a tenant (when it is deleted); return how many."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=_prefix(tenant_id) + "*", count=1000):
+        batch.append(key)
+        if len(batch) == 500:
+            deleted += int(client.unlink(*batch))
+            batch.clear()
+    if batch:
+        deleted += int(client.unlink(*batch))
+    return deleted
+
+
 def cache_key(job: Job) -> str:
     """Return a cacheable job's key: its tenant's tag, then a digest of what decides the answer."""
     digest = hashlib.sha256()
@@ -59,7 +78,7 @@ def cache_key(job: Job) -> str:
     digest.update(encode(_normalised(job.sampling)))
     digest.update(b"\0")
     digest.update(b",".join(str(t).encode() for t in job.prompt_token_ids))
-    return f"sy:{{t{job.tenant_id}}}:rc:{digest.hexdigest()}"
+    return _prefix(job.tenant_id) + digest.hexdigest()
 
 
 class ResponseCache:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -30,6 +31,7 @@ from inference.tracing import TraceContext
 from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status
 from models_registry.models import Task
 from models_registry.selectors import Route, Routing, routing_resolve
+from privacy.services import content_retain
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
@@ -122,6 +124,8 @@ class Submitted:
     decision: Decision
     idempotency_key: str | None = None
     cache: CacheUse | None = None
+    # The prompt as the client sent it, kept only for a tenant that retains its text.
+    prompt_text: str | None = None
 
     @property
     def bill_percent(self) -> int:
@@ -140,6 +144,15 @@ def _prompt_chars(request: GenerationRequest) -> int:
     if request.messages is not None:
         return sum(len(m["content"]) for m in request.messages)
     return len(request.prompt) if isinstance(request.prompt, str) else 0
+
+
+def _prompt_text(request: GenerationRequest) -> str:
+    """The prompt as retained: chat messages as JSON, a completion prompt as it came."""
+    if request.messages is not None:
+        return json.dumps(request.messages, ensure_ascii=False)
+    if isinstance(request.prompt, list):
+        return json.dumps(request.prompt)
+    return request.prompt or ""
 
 
 def _prompt_ids(request: GenerationRequest, route: Route) -> list[int]:
@@ -279,6 +292,7 @@ async def generation_submit(
         decision=decision,
         idempotency_key=idempotency_key,
         cache=cache.use if cache is not None else None,
+        prompt_text=_prompt_text(request) if principal.retention_days > 0 else None,
     )
     if idempotency_key is not None:
         await idempotency_get().bind(
@@ -653,6 +667,24 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
     key = submitted.idempotency_key
     if key is not None and isinstance(event, Failed):
         spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
+
+
+async def content_keep(submitted: Submitted, completion: str) -> None:
+    """Store an ended request's text for a tenant that retains it; never fail the request."""
+    if submitted.prompt_text is None:
+        return
+    try:
+        await db_call(
+            content_retain,
+            tenant_id=submitted.job.tenant_id,
+            request_id=submitted.job.request_id,
+            prompt=submitted.prompt_text,
+            completion=completion,
+            retention_days=submitted.principal.retention_days,
+        )
+    except Exception:
+        # The text itself is never logged, only that it could not be kept.
+        log.warning("could not retain the text of %s", submitted.job.request_id, exc_info=True)
 
 
 async def usage_settle(submitted: Submitted, event: Finished | Failed) -> None:

@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest
 
 from tenants.models import ApiKey, AuditEvent, Membership, Quota, Tenant
-from tenants.services import QUOTA_FIELDS, quota_update
+from tenants.services import PRIVACY_FIELDS, QUOTA_FIELDS, quota_update, tenant_privacy_update
 
 
 class QuotaInline(admin.StackedInline):
@@ -24,8 +24,34 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "is_active", "created_at"]
+    list_display = [
+        "slug",
+        "name",
+        "is_active",
+        "retention_days",
+        "no_training",
+        "deleted_at",
+        "created_at",
+    ]
+    list_filter = ["is_active", "no_training"]
+    readonly_fields = ["deleted_at"]
     inlines = [QuotaInline, MembershipInline]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # `manage.py tenant_delete` deletes a tenant: usage and invoices must keep their row.
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        privacy = {name: getattr(obj, name) for name in form.changed_data if name in PRIVACY_FIELDS}
+        if not change or not privacy:
+            super().save_model(request, obj, form, change)
+            return
+        others = [name for name in form.changed_data if name not in PRIVACY_FIELDS]
+        if others:
+            obj.save(update_fields=others)
+        # Through the service, so the change is validated and audited like any other.
+        user = request.user if isinstance(request.user, User) else None
+        tenant_privacy_update(tenant=obj, actor=user, **privacy)
 
 
 @admin.register(Quota)

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants.models import Quota, Tenant
-from tenants.services import QUOTA_FIELDS, quota_update
+from tenants.services import PRIVACY_FIELDS, QUOTA_FIELDS, quota_update, tenant_privacy_update
 
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
@@ -20,6 +20,13 @@ class QuotaSerializer(serializers.ModelSerializer[Quota]):
         model = Quota
         fields = [*QUOTA_FIELDS, "updated_at"]
         read_only_fields = ["updated_at"]
+
+
+class TenantPrivacySerializer(serializers.ModelSerializer[Tenant]):
+    class Meta:
+        model = Tenant
+        fields = [*PRIVACY_FIELDS, "deleted_at"]
+        read_only_fields = ["deleted_at"]
 
 
 def drf_validation_error(exc: DjangoValidationError) -> serializers.ValidationError:
@@ -52,3 +59,24 @@ class QuotaDetailApi(APIView):
         except DjangoValidationError as exc:
             raise drf_validation_error(exc) from exc
         return Response(QuotaSerializer(quota).data)
+
+
+class TenantPrivacyApi(APIView):
+    """GET a tenant's retention period and training flag; PATCH them (audited)."""
+
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(TenantPrivacySerializer(_tenant(slug)).data)
+
+    def patch(self, request: Request, slug: str) -> Response:
+        tenant = _tenant(slug)
+        serializer = TenantPrivacySerializer(tenant, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        try:
+            tenant = tenant_privacy_update(
+                tenant=tenant,
+                actor=request.user,  # type: ignore[arg-type]
+                **serializer.validated_data,
+            )
+        except DjangoValidationError as exc:
+            raise drf_validation_error(exc) from exc
+        return Response(TenantPrivacySerializer(tenant).data)

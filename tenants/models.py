@@ -16,6 +16,19 @@ class Tenant(models.Model):
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Prompt and completion text is kept only when a tenant asks for it: 0 stores none. At most
+    # ten years, so an expiry date always fits a datetime.
+    retention_days = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(3650)])
+    # Opt-in, not opt-out: a tenant's data is not used for training unless it says so, because
+    # the safe default for text we did not ask permission for is not to use it.
+    no_training = models.BooleanField(default=True)
+    # Set by tenant_delete; the row stays because usage records and invoices point at it.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def training_use(self) -> str:
+        """What exports print about training on this tenant's data."""
+        return "not permitted" if self.no_training else "permitted"
 
     def __str__(self) -> str:
         return self.slug

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,13 +12,21 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
+
+from batches.models import Batch, File
+from billing.models import UsageRecord
+from privacy.services import content_delete, content_expiry_shorten
 
 # The audit chain lives in tenants.audit; audit_record and GENESIS_HASH are re-exported here.
 from tenants.audit import GENESIS_HASH as GENESIS_HASH
 from tenants.audit import audit_record as audit_record
 from tenants.keys import token_generate, token_hash
 from tenants.models import ApiKey, Membership, Quota, Role, Scope, Tenant
+
+log = logging.getLogger(__name__)
 
 
 def tenant_create(*, slug: str, name: str = "", actor: User | None = None) -> Tenant:
@@ -217,3 +226,160 @@ def quota_update(*, tenant: Tenant, changes: dict[str, Any], actor: User | None 
             data=diff,
         )
     return quota
+
+
+PRIVACY_FIELDS = ("retention_days", "no_training")
+
+
+def tenant_privacy_update(
+    *,
+    tenant: Tenant,
+    retention_days: int | None = None,
+    no_training: bool | None = None,
+    actor: User | None = None,
+) -> Tenant:
+    """Change how long a tenant's text is kept and whether it may train models (audited).
+
+    None leaves a setting as it is. A shorter retention period applies to text already kept.
+    Frontends pick the new period up within their key cache time (a few seconds).
+    """
+    changes: dict[str, Any] = {
+        name: value
+        for name, value in (("retention_days", retention_days), ("no_training", no_training))
+        if value is not None
+    }
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        if tenant.deleted_at is not None:
+            raise ValidationError({"tenant": f"tenant {tenant.slug!r} is deleted"})
+        diff = {
+            name: {"from": getattr(tenant, name), "to": value}
+            for name, value in changes.items()
+            if getattr(tenant, name) != value
+        }
+        if not diff:
+            return tenant
+        for name, value in changes.items():
+            setattr(tenant, name, value)
+        tenant.full_clean()
+        tenant.save(update_fields=list(diff))
+        retention = diff.get("retention_days")
+        if retention and retention["to"] < retention["from"]:
+            content_expiry_shorten(tenant=tenant, retention_days=tenant.retention_days)
+        audit_record(
+            action="tenant.privacy_update",
+            target_type="tenant",
+            target_id=tenant.slug,
+            tenant=tenant,
+            actor=actor,
+            data=diff,
+        )
+    return tenant
+
+
+# Stored in place of a deleted tenant's key hash: not hex, so no token's SHA-256 matches it.
+SCRUBBED_SECRET_HASH = "!deleted"
+
+
+@dataclass(frozen=True)
+class DeletionSummary:
+    """What tenant_delete removed, and the keys it kept (revoked, scrubbed) for billing."""
+
+    tenant: str
+    retained_texts_deleted: int
+    memberships_deleted: int
+    batches_deleted: int
+    files_deleted: int
+    keys_deleted: int
+    keys_scrubbed: int
+
+    def __str__(self) -> str:
+        return (
+            f"deleted tenant {self.tenant}: {self.retained_texts_deleted} retained texts, "
+            f"{self.memberships_deleted} memberships, {self.batches_deleted} batches, "
+            f"{self.files_deleted} files and {self.keys_deleted} API keys removed; "
+            f"{self.keys_scrubbed} keys with usage revoked and scrubbed; usage records and "
+            "invoices kept"
+        )
+
+
+def tenant_delete(*, tenant: Tenant, actor: User | None = None) -> DeletionSummary:
+    """Delete a tenant's content, people and keys, keeping what finance needs.
+
+    Retained text, batches and files (the tenant's own text), memberships and unused keys go.
+    Keys that usage records name are revoked and scrubbed (no hash, scopes, creator or name) so
+    invoices still resolve their public ids. Usage records, invoices, adjustments, budget
+    alerts, the quota and the audit trail stay; the tenant row stays, deactivated and marked
+    deleted. Deleting a deleted tenant is a ValidationError.
+    """
+    from inference.auth import key_revocation_publish
+    from inference.redis_client import redis_sync_client
+    from inference.response_cache import tenant_answers_forget
+
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        if tenant.deleted_at is not None:
+            when = f"{tenant.deleted_at:%Y-%m-%d %H:%M} UTC"
+            raise ValidationError({"tenant": f"tenant {tenant.slug!r} was deleted on {when}"})
+        texts = content_delete(tenant=tenant)
+        memberships, _ = Membership.objects.filter(tenant=tenant).delete()
+        # Batches first: they hold their input file and their key (both PROTECT).
+        _, deleted = Batch.objects.filter(tenant=tenant).delete()
+        batches = deleted.get(Batch._meta.label, 0)
+        files, _ = File.objects.filter(tenant=tenant).delete()
+        keys = list(ApiKey.objects.select_for_update().filter(tenant=tenant))
+        billed = set(
+            UsageRecord.objects.filter(api_key__in=keys)
+            .values_list("api_key_id", flat=True)
+            .distinct()
+        )
+        now = timezone.now()
+        ApiKey.objects.filter(pk__in=[k.pk for k in keys if k.pk not in billed]).delete()
+        ApiKey.objects.filter(pk__in=billed).update(
+            name="deleted key",
+            secret_hash=SCRUBBED_SECRET_HASH,
+            scopes=[],
+            created_by=None,
+            revoked_at=Coalesce(F("revoked_at"), Value(now)),
+        )
+        tenant.is_active = False
+        tenant.deleted_at = now
+        tenant.save(update_fields=["is_active", "deleted_at"])
+        summary = DeletionSummary(
+            tenant=tenant.slug,
+            retained_texts_deleted=texts,
+            memberships_deleted=memberships,
+            batches_deleted=batches,
+            files_deleted=files,
+            keys_deleted=len(keys) - len(billed),
+            keys_scrubbed=len(billed),
+        )
+        audit_record(
+            action="tenant.delete",
+            target_type="tenant",
+            target_id=tenant.slug,
+            tenant=tenant,
+            actor=actor,
+            after={
+                "retained_texts_deleted": texts,
+                "memberships_deleted": memberships,
+                "batches_deleted": batches,
+                "files_deleted": files,
+                "keys_deleted": sorted(k.public_id for k in keys if k.pk not in billed),
+                "keys_scrubbed": sorted(k.public_id for k in keys if k.pk in billed),
+            },
+        )
+        public_ids = [k.public_id for k in keys]
+
+        def publish() -> None:
+            for public_id in public_ids:
+                key_revocation_publish(public_id=public_id)
+            try:
+                tenant_answers_forget(redis_sync_client(), tenant_id=tenant.pk)
+            except Exception:
+                # Unreachable Redis: the answers still expire with the tenant's cache time.
+                log.warning("could not drop the response cache of %s", tenant.slug, exc_info=True)
+
+        # Every key, deleted ones too: a frontend's cache could still admit them until its TTL.
+        transaction.on_commit(publish)
+    return summary

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from tenants.apis import QuotaDetailApi
+from tenants.apis import QuotaDetailApi, TenantPrivacyApi
 
 urlpatterns = [
     path("tenants/<slug:slug>/quota", QuotaDetailApi.as_view()),
+    path("tenants/<slug:slug>/privacy", TenantPrivacyApi.as_view()),
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 from decimal import Decimal
@@ -62,6 +64,26 @@ SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "*").split(",") if h]
 
+
+def content_keys_parse(raw: str) -> list[str]:
+    return [key.strip() for key in raw.split(",") if key.strip()]
+
+
+def content_key_derive(secret_key: str) -> str:
+    """Return a Fernet key derived from a secret (development and tests only)."""
+    digest = hashlib.sha256(b"switchyard-content-key|" + secret_key.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+# Fernet keys for retained prompt and completion text (the privacy app), comma-separated: the
+# first encrypts, every one decrypts, so a new key goes first and an old one is dropped once the
+# text it sealed has expired. Without the variable, development and tests use one key derived
+# from SECRET_KEY: deterministic, so a dev database stays readable across restarts, and never
+# used in production, where prod.py refuses to start without the variable.
+SWITCHYARD_CONTENT_KEYS = content_keys_parse(env_str("SWITCHYARD_CONTENT_KEYS", "")) or [
+    content_key_derive(SECRET_KEY)
+]
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -74,6 +96,7 @@ INSTALLED_APPS = [
     "django_prometheus",
     "embedded",
     "tenants",
+    "privacy",
     "models_registry",
     "inference",
     "billing",
@@ -188,6 +211,11 @@ CELERY_BEAT_SCHEDULE = {
     "deployments-reconcile": {
         "task": "workers.tasks.deployments_reconcile",
         "schedule": 10.0,
+    },
+    # Retained prompt and completion text past its tenant's retention period is deleted.
+    "privacy-content-purge": {
+        "task": "privacy.tasks.content_purge",
+        "schedule": crontab(minute=0),
     },
 }
 

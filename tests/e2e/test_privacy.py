@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import time
+from typing import Any
+
 import httpx
 
+from privacy.models import RetainedContent
+from privacy.selectors import content_get
+from tenants.services import api_key_issue, tenant_create, tenant_privacy_update
 from tests.conftest import ALIAS
 
 PROMPT = "Quietly remember the violet heron 7731"
@@ -38,3 +45,49 @@ def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
     assert PROMPT not in logs
     if len(completion.strip()) >= 12:
         assert completion not in logs
+
+
+def _retaining_tenant(slug: str, days: int) -> tuple[Any, str]:
+    tenant = tenant_create(slug=slug)
+    tenant_privacy_update(tenant=tenant, retention_days=days)
+    return tenant, api_key_issue(tenant=tenant, name="tests").token
+
+
+def test_a_retaining_tenant_keeps_its_text_encrypted_and_others_keep_none(
+    stack, world, django_db_blocker, usage_of
+):
+    with django_db_blocker.unblock():
+        keeper, token = _retaining_tenant("stark", 7)
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        kept = client.post(
+            "/v1/chat/completions",
+            json={"model": ALIAS, "messages": [{"role": "user", "content": PROMPT}],
+                  "max_tokens": 8, "stream": True},
+            headers={"Authorization": f"Bearer {token}"},
+        )  # fmt: skip
+        plain = client.post(
+            "/v1/completions",
+            json={"model": ALIAS, "prompt": PROMPT, "max_tokens": 8},
+            headers={"Authorization": f"Bearer {world.acme_key}"},
+        )
+    assert kept.status_code == plain.status_code == 200
+    streamed = [
+        json.loads(line[6:]) for line in kept.text.splitlines() if line.startswith("data: {")
+    ]
+    answer = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in streamed if c["choices"]
+    )
+    kept_id, plain_id = kept.headers["x-request-id"], plain.headers["x-request-id"]
+    usage_of(kept_id, plain_id)
+    with django_db_blocker.unblock():
+        deadline = time.monotonic() + 10
+        while (text := content_get(tenant=keeper, request_id=kept_id)) is None:
+            assert time.monotonic() < deadline, "the text was never retained"
+            time.sleep(0.1)
+        assert json.loads(text.prompt) == [{"role": "user", "content": PROMPT}]
+        assert text.completion == answer
+        raw = RetainedContent.objects.get(request_id=kept_id).ciphertext
+        assert PROMPT.encode() not in bytes(raw)
+        # A tenant without retention keeps nothing; another tenant cannot read the text.
+        assert not RetainedContent.objects.filter(request_id=plain_id).exists()
+        assert content_get(tenant=world.acme, request_id=kept_id) is None
