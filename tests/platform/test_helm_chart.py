@@ -29,6 +29,7 @@ SECRETS = {
         "DATABASE_URL": "postgresql://switchyard:pw@postgres:5432/switchyard",
         "REDIS_URL": "redis://valkey:6379/0",
         "DJANGO_SECRET_KEY": "k" * 50,
+        "SWITCHYARD_CONTENT_KEYS": "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleTA=",
     }
 }
 CUSTOM_KINDS = {"ScaledObject", "PrometheusRule", "ServiceMonitor", "PodMonitor"}
