@@ -7,7 +7,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from config.settings.base import *  # noqa: F403
-from config.settings.base import content_keys_parse
+from config.settings.base import content_keys_parse, env_bool, env_int
 
 DEBUG = False
 SECRET_KEY = os.environ["DJANGO_SECRET_KEY"]
@@ -19,3 +19,13 @@ if not SWITCHYARD_CONTENT_KEYS:
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The console and admin are HTTPS only: plain HTTP is redirected and browsers are told to
+# remember that for a year. /v1, health and metrics skip this stack (config/asgi.py), so
+# probes and scrapers inside the cluster keep working over plain HTTP.
+SECURE_SSL_REDIRECT = env_bool("SWITCHYARD_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = env_int("SWITCHYARD_HSTS_SECONDS", 365 * 24 * 3600)
+# These two bind every subdomain of the operator's domain, which this app cannot know about:
+# off unless the operator opts in, and their deployment-check warnings waived for that reason.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SWITCHYARD_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SWITCHYARD_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
