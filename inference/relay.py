@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from inference.background import spawn
+from inference.content_policy import output_filtered
 from inference.dispatch import Dispatch
 from inference.response_cache import Stored
 from inference.services import CacheUse, Submitted, content_keep, responses_get
@@ -38,15 +39,26 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     fill = submitted.cache if submitted.cache is not None and not submitted.cache.hit else None
     keep = fill is not None or submitted.prompt_text is not None
     text: list[str] = []
-    try:
-        async for event in _follow(
-            dispatch,
-            deployment=job.deployment,
+    followed = _follow(
+        dispatch,
+        deployment=job.deployment,
+        request_id=job.request_id,
+        deadline=job.deadline,
+        # Still queued: it ends now, in the queue. Running: its worker ends it.
+        at_deadline=lambda: dispatch.expire(job),
+    )
+    policy = submitted.policy
+    if policy is not None and policy.apply_to_output:
+        followed = output_filtered(
+            followed,
+            policy=policy,
+            tenant_id=job.tenant_id,
             request_id=job.request_id,
-            deadline=job.deadline,
-            # Still queued: it ends now, in the queue. Running: its worker ends it.
-            at_deadline=lambda: dispatch.expire(job),
-        ):
+            prompt_tokens=len(job.prompt_token_ids),
+            stop=lambda: dispatch.cancel(job=job),
+        )
+    try:
+        async for event in followed:
             finished = isinstance(event, Finished | Failed)
             if keep:
                 if isinstance(event, Delta):

@@ -17,6 +17,7 @@ from billing.selectors import tenant_month_spend_micros
 from inference.auth import Principal
 from inference.background import spawn
 from inference.cache import RefreshingCache
+from inference.content_policy import input_screen, policy_get
 from inference.db import db_call
 from inference.dispatch import Dispatch, Refusal, Refused, usage_for
 from inference.errors import ApiError, invalid
@@ -32,6 +33,7 @@ from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Sta
 from models_registry.models import Task
 from models_registry.selectors import Route, Routing, routing_resolve
 from privacy.services import content_retain
+from safety.policy import Policy
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
@@ -126,6 +128,7 @@ class Submitted:
     cache: CacheUse | None = None
     # The prompt as the client sent it, kept only for a tenant that retains its text.
     prompt_text: str | None = None
+    policy: Policy | None = None  # the tenant's safety policy, which filters the output
 
     @property
     def bill_percent(self) -> int:
@@ -250,6 +253,10 @@ async def generation_submit(
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
         raise _queue_full(request.model, deployment=route.deployment)
+    policy = await policy_get(tenant_id=principal.tenant_id, model=request.model)
+    request = await input_screen(
+        request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
+    )
     if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
         prompt = await asyncio.to_thread(_prompt_ids, request, route)
@@ -293,6 +300,7 @@ async def generation_submit(
         idempotency_key=idempotency_key,
         cache=cache.use if cache is not None else None,
         prompt_text=_prompt_text(request) if principal.retention_days > 0 else None,
+        policy=policy,
     )
     if idempotency_key is not None:
         await idempotency_get().bind(

@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "tenants",
     "privacy",
     "models_registry",
+    "safety",
     "inference",
     "billing",
     "workers",

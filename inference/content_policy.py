@@ -1,0 +1,172 @@
+"""A tenant's safety policy on the request path: screen the input, filter the output stream.
+
+The input is screened before admission (a blocked request costs the tenant nothing and never
+reaches a queue); PII is redacted in place when the pack says so. The output is filtered as it
+streams, in the relay, so SSE, JSON bodies, WebSockets and batches all get the same text: PII
+redacted, and toxic or denied text stopped before it is sent, the generation aborted in the
+engine and ended with `finish_reason: "content_filter"`; the tenant is billed for the tokens
+generated up to the stop. Every intervention is recorded for the tenant, without the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+from django.conf import settings
+
+from inference.background import spawn
+from inference.cache import RefreshingCache
+from inference.db import db_call
+from inference.errors import ApiError
+from inference.params import GenerationRequest
+from inference.types import Delta, Event, Failed, Finished
+from safety.detectors import Finding
+from safety.policy import OutputFilter, Policy
+from safety.selectors import policy_load
+from safety.services import interventions_record
+
+log = logging.getLogger(__name__)
+
+# Text longer than this is screened off the event loop: the classifier is CPU work.
+_INLINE_CHARS = 4_000
+
+
+def _load(key: tuple[int, str]) -> Policy | None:
+    tenant_id, alias = key
+    return policy_load(tenant_id=tenant_id, alias=alias)
+
+
+_policies: RefreshingCache[tuple[int, str], Policy | None] = RefreshingCache(
+    _load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0
+)
+
+
+async def policy_get(*, tenant_id: int, model: str) -> Policy | None:
+    """Return the policy for a tenant calling a model name (its alias part), cached briefly."""
+    return await _policies.get((tenant_id, model.partition("@")[0]))
+
+
+def _record(
+    request_id: str, tenant_id: int, stage: str, findings: Sequence[Finding], action: str
+) -> None:
+    # The audit of what a policy did never holds up the client and never fails its request.
+    async def write() -> None:
+        try:
+            await db_call(
+                interventions_record,
+                tenant_id=tenant_id,
+                request_id=request_id,
+                stage=stage,
+                findings=list(findings),
+                action=action,
+            )
+        except Exception:
+            log.warning("could not record a %s intervention", stage, exc_info=True)
+
+    spawn(write())
+
+
+def _screened(policy: Policy, texts: list[str]) -> tuple[list[str], list[Finding], str]:
+    """Each text as the policy lets it through, what it found, and the strongest action."""
+    out: list[str] = []
+    found: list[Finding] = []
+    action = "allow"
+    for text in texts:
+        verdict = policy.check_input(text)
+        found.extend(verdict.findings)
+        if verdict.action == "block":
+            return [], found, "block"
+        if verdict.action == "redact":
+            action = "redact"
+        out.append(verdict.text)
+    return out, found, action
+
+
+async def input_screen(
+    request: GenerationRequest, *, policy: Policy | None, tenant_id: int, request_id: str
+) -> GenerationRequest:
+    """Return the request as its tenant's policy lets it through, or raise 400 if it blocks."""
+    if policy is None or not policy.apply_to_input:
+        return request
+    if request.messages is not None:
+        texts = [str(m["content"]) for m in request.messages]
+        param = "messages"
+    elif isinstance(request.prompt, str):
+        texts, param = [request.prompt], "prompt"
+    else:
+        return request  # token ids: nothing to read
+    if sum(len(t) for t in texts) > _INLINE_CHARS:
+        passed, found, action = await asyncio.to_thread(_screened, policy, texts)
+    else:
+        passed, found, action = _screened(policy, texts)
+    if action == "allow":
+        return request
+    if action == "block":
+        _record(request_id, tenant_id, "input", found, "block")
+        detectors = ", ".join(sorted({f.detector for f in found}))
+        raise ApiError(
+            400,
+            "content_policy_violation",
+            f"The input was blocked by this tenant's content policy ({detectors}).",
+            param=param,
+        )
+    _record(request_id, tenant_id, "input", found, "redact")
+    if request.messages is not None:
+        messages = [{**m, "content": t} for m, t in zip(request.messages, passed, strict=True)]
+        return dataclasses.replace(request, messages=messages)
+    return dataclasses.replace(request, prompt=passed[0])
+
+
+async def output_filtered(
+    events: AsyncIterator[Event],
+    *,
+    policy: Policy,
+    tenant_id: int,
+    request_id: str,
+    prompt_tokens: int,
+    stop: Callable[[], Awaitable[object]],
+) -> AsyncIterator[Event]:
+    """Yield a request's events with its text filtered; end with content_filter on a stop.
+
+    `stop` aborts the request in the engine. Deltas keep their token counts so that streamed
+    usage still adds up; text held back for checking goes out with a later delta or at the end.
+    """
+    screen = OutputFilter(policy)
+    tokens = 0
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                tokens += event.tokens
+                step = screen.feed(event.text)
+                if step.stop is not None:
+                    if step.text:
+                        yield Delta(text=step.text, tokens=event.tokens)
+                    await stop()
+                    yield Finished(
+                        finish_reason="content_filter",
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=tokens,
+                    )
+                    return
+                if step.text or event.tokens:
+                    yield Delta(text=step.text, tokens=event.tokens)
+                continue
+            if isinstance(event, Finished | Failed):
+                step = screen.finish()
+                if step.text:
+                    yield Delta(text=step.text, tokens=0)
+                if step.stop is not None and isinstance(event, Finished):
+                    event = Finished(
+                        finish_reason="content_filter",
+                        prompt_tokens=event.prompt_tokens,
+                        completion_tokens=event.completion_tokens,
+                    )
+            yield event
+    finally:
+        if screen.redactions:
+            _record(request_id, tenant_id, "output", screen.redactions, "redact")
+        if screen.stopped is not None:
+            _record(request_id, tenant_id, "output", [screen.stopped], "stop")

@@ -1,0 +1,7 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class SafetyConfig(AppConfig):
+    name = "safety"

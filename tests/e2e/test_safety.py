@@ -1,0 +1,140 @@
+"""Safety packs on the request path: input screened before admission, output filtered live."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from billing.models import UsageRecord
+from privacy.selectors import content_get
+from safety.models import Intervention
+from safety.services import policy_assign, policy_pack_save
+from tenants.services import api_key_issue, tenant_create, tenant_privacy_update
+from tests.conftest import ALIAS
+
+TOXIC = "you are a fucking idiot and I hate you"
+
+
+@pytest.fixture
+def client(stack):
+    with httpx.Client(base_url=stack.base_url, timeout=60) as c:
+        yield c
+
+
+def _tenant_with_pack(slug: str, retain: bool = False, **pack: Any) -> tuple[Any, str]:
+    tenant = tenant_create(slug=slug)
+    policy_assign(tenant=tenant, pack=policy_pack_save(name=f"{slug}-pack", **pack))
+    if retain:
+        tenant_privacy_update(tenant=tenant, retention_days=1)
+    return tenant, api_key_issue(tenant=tenant, name="tests").token
+
+
+def _chat(client: httpx.Client, key: str, content: str, **fields: Any) -> httpx.Response:
+    body = {"model": ALIAS, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+    return client.post(
+        "/v1/chat/completions",
+        json={**body, **fields},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+def _interventions(django_db_blocker: Any, tenant: Any) -> list[Intervention]:
+    with django_db_blocker.unblock():
+        deadline = time.monotonic() + 10
+        while not (found := list(Intervention.objects.filter(tenant=tenant))):
+            assert time.monotonic() < deadline, "no intervention was recorded"
+            time.sleep(0.1)
+        return found
+
+
+def test_a_toxic_prompt_is_blocked_before_admission_and_recorded_without_its_text(
+    client, world, django_db_blocker
+):
+    with django_db_blocker.unblock():
+        tenant, key = _tenant_with_pack("oscorp", toxicity_threshold=0.8)
+    refused = _chat(client, key, TOXIC)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("content_policy_violation", "messages")
+    assert "toxicity" in error["message"]
+    assert "x-ratelimit-limit-requests" in refused.headers
+    (found,) = _interventions(django_db_blocker, tenant)
+    assert (found.stage, found.detector, found.action) == ("input", "toxicity", "block")
+    assert found.request_id == refused.headers["x-request-id"] and found.excerpt == ""
+    with django_db_blocker.unblock():
+        # Not admitted: no usage record, nothing billed.
+        assert not UsageRecord.objects.filter(request_id=found.request_id).exists()
+    assert _chat(client, key, "a kind word about rivers").status_code == 200
+    # A tenant without the pack is unaffected.
+    assert _chat(client, world.acme_key, TOXIC).status_code == 200
+
+
+def test_pii_is_redacted_or_blocked_as_the_pack_says(client, django_db_blocker):
+    with django_db_blocker.unblock():
+        redacting, redact_key = _tenant_with_pack(
+            "umbrella-eu", retain=True, pii_kinds=["email", "card"], pii_action="redact"
+        )
+        _, block_key = _tenant_with_pack("cyberlife", pii_kinds=["email"], pii_action="block")
+    prompt = "Mail jane.doe@example.com about card 4111 1111 1111 1111 today"
+    redacted = _chat(client, redact_key, prompt)
+    assert redacted.status_code == 200, redacted.text
+    blocked = _chat(client, block_key, prompt)
+    assert blocked.status_code == 400
+    assert blocked.json()["error"]["code"] == "content_policy_violation"
+    # What reached the engine (and the tenant's retained text) had the PII replaced.
+    rid = redacted.headers["x-request-id"]
+    with django_db_blocker.unblock():
+        deadline = time.monotonic() + 10
+        while (kept := content_get(tenant=redacting, request_id=rid)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    sent = json.loads(kept.prompt)[0]["content"]
+    assert "jane.doe@example.com" not in sent and "4111" not in sent
+    assert "[REDACTED:email]" in sent and "[REDACTED:card]" in sent
+    kinds = {(i.detector, i.kind, i.action) for i in _interventions(django_db_blocker, redacting)}
+    assert kinds == {("pii", "email", "redact"), ("pii", "card", "redact")}
+
+
+def test_a_generation_that_turns_unsafe_stops_with_content_filter_and_bills_what_was_made(
+    client, world, django_db_blocker, usage_of
+):
+    question = {"messages": [{"role": "user", "content": "Tell me about the yard"}]}
+    asked = {**question, "max_tokens": 96, "temperature": 0, "ignore_eos": True}
+    free = client.post(
+        "/v1/chat/completions",
+        json={"model": ALIAS, **asked},
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    full = free.json()["choices"][0]["message"]["content"]
+    # A word the model (greedy, so the same again) says well into its answer becomes denied.
+    words = [m for m in re.finditer(r"\b[A-Za-z]{4,}\b", full) if m.start() >= 24]
+    assert words, full
+    term = next(m.group() for m in words if full.lower().find(m.group().lower()) == m.start())
+    with django_db_blocker.unblock():
+        tenant, key = _tenant_with_pack("weyland", deny_terms=[term])
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": ALIAS, **asked, "stream": True, "stream_options": {"include_usage": True}},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as streamed:
+        assert streamed.status_code == 200
+        chunks = [json.loads(line[6:]) for line in streamed.iter_lines()
+                  if line.startswith("data: {")]  # fmt: skip
+        rid = streamed.headers["x-request-id"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    reasons = [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]]
+    assert reasons[-1] == "content_filter"
+    assert term.lower() not in text.lower()
+    assert full.startswith(text)
+    # Aborted in the engine and billed for the tokens generated up to the stop.
+    (record,) = usage_of(rid)
+    assert record.status == "cancelled"
+    assert 0 < record.completion_tokens < 96
+    (found,) = _interventions(django_db_blocker, tenant)
+    assert (found.stage, found.detector, found.action) == ("output", "deny_list", "stop")

@@ -1,0 +1,82 @@
+"""A compiled policy's verdict on a request's input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from safety.detectors import PII_KINDS, DenyList, Finding, Pii, Toxicity
+from safety.policy import Policy, redact
+
+REDACTING = Policy(
+    detectors=(DenyList(terms=["falcon"]), Pii(PII_KINDS), Toxicity(0.8)), pii_action="redact"
+)
+BLOCKING = Policy(detectors=(Pii(PII_KINDS),), pii_action="block")
+
+
+def test_clean_input_is_allowed():
+    verdict = REDACTING.check_input("Summarise the attached report in 3 bullet points.")
+    assert (verdict.action, verdict.findings) == ("allow", ())
+    assert verdict.text == "Summarise the attached report in 3 bullet points."
+
+
+def test_toxic_input_is_blocked():
+    verdict = REDACTING.check_input("Hello. You are a stupid idiot and I hate you.")
+    assert verdict.action == "block"
+    assert verdict.text == ""
+    assert [(f.detector, f.kind) for f in verdict.findings] == [("toxicity", "toxic")]
+
+
+def test_input_with_a_deny_term_is_blocked_even_with_pii_to_redact():
+    verdict = REDACTING.check_input("Mail bob@example.com about Falcon.")
+    assert verdict.action == "block"
+    assert {f.detector for f in verdict.findings} == {"deny_list", "pii"}
+
+
+def test_pii_in_input_is_redacted_under_a_redacting_pack():
+    verdict = REDACTING.check_input("Mail bob@example.com or call 555-123-4567 re 4111111111111111")
+    assert verdict.action == "redact"
+    assert verdict.text == "Mail [REDACTED:email] or call [REDACTED:phone] re [REDACTED:card]"
+    assert [f.kind for f in verdict.findings] == ["email", "phone", "card"]
+
+
+def test_pii_in_input_is_blocked_under_a_blocking_pack():
+    verdict = BLOCKING.check_input("my key: sk-proj-abcDEF1234567890ghijKLMN")
+    assert (verdict.action, verdict.text) == ("block", "")
+    assert [f.kind for f in verdict.findings] == ["secret"]
+
+
+def test_a_private_key_block_is_redacted_whole():
+    block = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADAN\nBgkqhkiG9w0B\n-----END PRIVATE KEY-----"
+    text = f"key:\n{block}\nok?"
+    verdict = REDACTING.check_input(text)
+    assert verdict.text == "key:\n[REDACTED:private_key]\nok?"
+
+
+def test_a_pack_off_for_input_allows_anything():
+    policy = Policy(detectors=(DenyList(terms=["falcon"]),), apply_to_input=False)
+    assert policy.check_input("falcon").action == "allow"
+
+
+def test_overlapping_spans_are_redacted_once():
+    text = "abcdefghij"
+    spans = [Finding("pii", "a", 1, 5), Finding("pii", "b", 3, 8), Finding("pii", "c", 4, 6)]
+    assert redact(text, spans) == "a[REDACTED:a]ij"
+
+
+def test_importing_safety_does_not_load_the_classifier():
+    code = (
+        "import sys, django; django.setup();"
+        "import safety.admin, safety.policy, safety.selectors, safety.services;"
+        "from safety.detectors import Toxicity; Toxicity(0.5);"
+        "print('profanity_check' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
+    )
+    assert result.stdout.strip() == "False"
