@@ -67,6 +67,8 @@ bench: $(STAMP)
 	$(PY) bench/admission.py
 	$(PY) bench/usage_ingest.py
 	$(PY) bench/embeddings.py
+	$(PY) bench/prefix_cache.py
+	$(PY) bench/output_filter.py
 
 services-stop: $(STAMP)
 	$(PY) manage.py embedded stop

@@ -16,12 +16,32 @@ Interactive jobs always go before batch jobs.
 
 Leases. A claimed job moves to a sorted set scored by its lease's end; its worker renews the
 lease with each heartbeat and the reaper takes back jobs whose lease lapsed.
+
+Prefix affinity. vLLM reuses the KV cache of a prompt prefix it has seen (prefix caching), but
+only on the replica that computed it, so requests sharing a long prefix (a system prompt, a
+document) should meet on one replica. Enqueue keys a job by a hash of its first PREFIX_TOKENS
+prompt tokens (and its LoRA adapter); shorter prompts and embeddings get no key. A fixed window
+rather than the whole prompt, so requests that share a system prompt and differ after it get
+the same key. The fair order is untouched: the claim script still picks the next job as above,
+charges its tenant, and leases it. Only who runs it may change: when a worker claiming with
+affinity takes a keyed job, the job's owner is the live worker with the highest rendezvous hash
+of (key, worker); if the owner is another worker with a free shared slot whose load (jobs it
+holds) stays within PREFIX_LOAD_BOUND times the mean load (consistent hashing with bounded
+loads), the job is handed to it: leased and held in its name, noted in the handoffs hash and
+the owner told on its handoff channel; the claimer goes on to the next job in fair order.
+Otherwise (owner dead, draining, full or over the bound) the claimer keeps the job: it is a
+worker with a free slot asking for work. A worker takes the jobs handed to it, in the order they
+were handed, before claiming; one that stops claiming puts them back in the queue, and the
+reaper requeues any whose lease lapses before its new holder took them. Cancel, whereabouts and
+finishing do not care who holds a job.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -50,6 +70,12 @@ KEY_REVOCATIONS_CHANNEL = "sy:keys:revoked"
 MARKER_TTL_SECONDS = 24 * 3600
 CLASSES = ("interactive", "batch")
 _WAKE_CAP = 256
+# Prompt tokens that key a job's prefix for replica affinity: vLLM's KV-cache block on CPU (128
+# tokens), eight blocks on GPU. A prompt must be longer to have a key: the cache reuses only full
+# blocks and always computes the last prompt token.
+PREFIX_TOKENS = 128
+# A replica takes a job for its prefix only while it holds at most this many times the mean load.
+PREFIX_LOAD_BOUND = 1.25
 
 
 def _tag(deployment: str) -> str:
@@ -83,6 +109,23 @@ def cancel_channel(deployment: str) -> str:
 def whereabouts_key(request_id: str) -> str:
     # Tagged by the request: the one key a frontend can find knowing only a request id.
     return f"sy:{{r{request_id}}}:where"
+
+
+def handoff_channel(deployment: str, worker: str) -> str:
+    # Published when a job is handed to the worker, so it claims at once.
+    return f"{_tag(deployment)}:handoff:{worker}"
+
+
+def prefix_key(job: Job, *, tokens: int = PREFIX_TOKENS) -> str:
+    """Return the key of a job's prompt prefix for replica affinity; "" when it has none.
+
+    Embeddings and prompts of `tokens` tokens or fewer have none.
+    """
+    if job.input_lengths or len(job.prompt_token_ids) <= tokens:
+        return ""
+    digest = hashlib.blake2b(job.adapter.encode(), digest_size=8)
+    digest.update(array("q", job.prompt_token_ids[:tokens]).tobytes())
+    return digest.hexdigest()
 
 
 def heartbeats_key(deployment: str) -> str:
@@ -130,6 +173,10 @@ class _Keys(NamedTuple):
     slots: str  # hash: worker -> "<shared slots> <reserved slots>"
     usage: str
     ledger: str  # hash: "<admission hour>:<field>" -> admitted / finished requests, tokens
+    prefixes: str  # hash: request id -> prefix key, for jobs that have one
+    holders: str  # hash: claimed request id -> worker that runs it (claims naming a worker)
+    held: str  # hash: worker -> jobs it holds (run, or handed to it and not yet taken)
+    handoffs: str  # hash: request id -> "<seq> <worker>", handed to a worker not yet taken
 
 
 def _keys(deployment: str) -> _Keys:
@@ -151,6 +198,10 @@ def _keys(deployment: str) -> _Keys:
         slots=f"{tag}:slots",
         usage=usage_key(deployment),
         ledger=ledger_key(deployment),
+        prefixes=f"{tag}:prefixes",
+        holders=f"{tag}:holders",
+        held=f"{tag}:held",
+        handoffs=f"{tag}:handoffs",
     )
 
 
@@ -265,7 +316,7 @@ def _decoded(values: dict[bytes, bytes]) -> dict[str, str]:
 
 _PRELUDE = """
 local JOBS, META, QI, QB, RI, RB, VTC, DEADLINES, DEPTH, LEASES, WORKERS, WAKE, RATE, SLOTS,
-  USAGE, LEDGER = unpack(KEYS, 1, 16)
+  USAGE, LEDGER, PREFIXES, HOLDERS, HELD, HANDOFFS = unpack(KEYS, 1, 20)
 
 -- Per admission hour, what the data plane admitted and finished: reconciliation compares it
 -- with the usage records and the admission reservations.
@@ -365,6 +416,21 @@ local function wake(cap)
   redis.call('LPUSH', WAKE, '1')
   redis.call('LTRIM', WAKE, 0, cap - 1)
 end
+
+-- Who runs a claimed job, and how many jobs each worker holds: the load prefix affinity bounds.
+local function hold(rid, worker)
+  redis.call('HSET', HOLDERS, rid, worker)
+  redis.call('HINCRBY', HELD, worker, 1)
+end
+
+local function release(rid)
+  redis.call('HDEL', HANDOFFS, rid)
+  local w = redis.call('HGET', HOLDERS, rid)
+  if not w then return end
+  redis.call('HDEL', HOLDERS, rid)
+  -- A worker that left is forgotten (its last jobs may end after it left).
+  if redis.call('HEXISTS', HELD, w) == 1 then redis.call('HINCRBY', HELD, w, -1) end
+end
 """
 
 # Admit a job to its tenant's queue, unless no worker serves the deployment, the queue is full,
@@ -411,6 +477,7 @@ redis.call('HSET', META, rid,
 redis.call('HSET', VTC, 'w:' .. tenant, weight)
 redis.call('ZADD', QUEUE[cls], 0, member)
 redis.call('ZADD', DEADLINES, deadline, rid)
+if ARGV[13] and ARGV[13] ~= '' then redis.call('HSET', PREFIXES, rid, ARGV[13]) end
 depth_add(cls, tenant, 1, cost)
 backlog(cls, tenant)
 wake(tonumber(ARGV[11]))
@@ -423,14 +490,90 @@ return {0, 0}
 # tenant with the lowest virtual counter, first in first out within a tenant. Jobs whose
 # deadline passed while queued are leased too but returned apart, uncharged, for the worker
 # to end without running them.
+#
+# A claim naming its worker (ARGV[5]) first takes the jobs handed to that worker, and holds what
+# it claims in the worker's name; with affinity (ARGV[6]) it hands keyed jobs to their owners
+# (see the module docstring; ARGV[7] is the load bound).
 _CLAIM = (
     _PRELUDE
     + """
 local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local skip = ARGV[4]  -- ",<tenant>,<tenant>,": tenants not to take jobs from this time
+local worker, affinity, bound = ARGV[5] or '', ARGV[6] == '1', tonumber(ARGV[7] or '0')
 local scan = 0
 if skip ~= ',' then scan = 31 end
 local ok, expired = {}, {}
+
+-- Jobs handed to this worker were dispatched in fair order already: they go first, oldest first.
+if worker ~= '' then
+  local mine = {}
+  local handed = redis.call('HGETALL', HANDOFFS)
+  for i = 1, #handed, 2 do
+    local seq, to = string.match(handed[i + 1], '^(%d+) (%S+)$')
+    if to == worker then table.insert(mine, {rid = handed[i], seq = tonumber(seq)}) end
+  end
+  table.sort(mine, function(a, b) return a.seq < b.seq end)
+  for _, h in ipairs(mine) do
+    if #ok >= count then break end
+    redis.call('HDEL', HANDOFFS, h.rid)
+    local m = redis.call('HGET', META, h.rid)
+    local holder = redis.call('HGET', HOLDERS, h.rid)
+    if m and holder == worker and redis.call('ZSCORE', LEASES, h.rid) then
+      local j = meta_parse(m)
+      local payload = redis.call('HGET', JOBS, h.rid)
+      redis.call('ZADD', LEASES, lease_until, h.rid)
+      if j.deadline <= now then
+        -- Its deadline passed on the way: returned uncharged, like one that expired queued.
+        charge(j.cls, j.tenant, -j.cost / j.weight)
+        table.insert(expired, payload)
+      else
+        table.insert(ok, payload)
+      end
+    end
+  end
+end
+
+-- The workers a keyed job may go to: live, with shared slots, holding jobs in their name.
+local replicas = nil
+local function replicas_load()
+  local found = {list = {}, total = 0}
+  local values = redis.call('HGETALL', SLOTS)
+  for i = 1, #values, 2 do
+    local alive = redis.call('ZSCORE', WORKERS, values[i])
+    local shared = tonumber(string.match(values[i + 1], '^(%d+)'))
+    local held = redis.call('HGET', HELD, values[i])
+    if alive and tonumber(alive) >= now and shared > 0 and held then
+      held = math.max(tonumber(held), 0)
+      table.insert(found.list, {name = values[i], shared = shared, held = held})
+      found.total = found.total + held
+    end
+  end
+  return found
+end
+
+local function held_add(name)
+  if replicas == nil then return end
+  replicas.total = replicas.total + 1
+  for _, r in ipairs(replicas.list) do
+    if r.name == name then r.held = r.held + 1 end
+  end
+end
+
+-- The worker that runs a job with this prefix key: its owner by rendezvous hashing when the
+-- owner has a free shared slot and stays within the load bound, else the claimer.
+local function placed(key)
+  if replicas == nil then replicas = replicas_load() end
+  local owner, best = nil, -1
+  for _, r in ipairs(replicas.list) do
+    local score = tonumber(string.sub(redis.sha1hex(key .. ' ' .. r.name), 1, 12), 16)
+    if score > best then owner, best = r, score end
+  end
+  if owner == nil or owner.name == worker then return worker end
+  local limit = math.ceil(bound * (replicas.total + 1) / #replicas.list)
+  if owner.held < owner.shared and owner.held + 1 <= limit then return owner.name end
+  return worker
+end
+
 local steps = 0
 while #ok < count and steps < count * 4 + 16 do
   steps = steps + 1
@@ -460,15 +603,28 @@ while #ok < count and steps < count * 4 + 16 do
     else
       local j = meta_parse(m)
       local payload = redis.call('HGET', JOBS, rid)
+      local holder = worker
       redis.call('ZADD', LEASES, lease_until, rid)
       running_add(tenant, 1)
       if j.deadline <= now then
         table.insert(expired, payload)
       else
-        table.insert(ok, payload)
+        local key = affinity and redis.call('HGET', PREFIXES, rid)
+        if key then holder = placed(key) end
+        if holder == worker then
+          table.insert(ok, payload)
+        else
+          local seq = redis.call('HINCRBY', VTC, 'handoff', 1)
+          redis.call('HSET', HANDOFFS, rid, seq .. ' ' .. holder)
+          redis.call('PUBLISH', ARGV[8] .. holder, rid)
+        end
         local clock = tonumber(redis.call('HGET', VTC, 'v:' .. cls) or '0')
         if counter > clock then redis.call('HSET', VTC, 'v:' .. cls, counter) end
         charge(cls, tenant, j.cost / j.weight)
+      end
+      if worker ~= '' then
+        hold(rid, holder)
+        held_add(holder)
       end
       unqueue(rid, j)
     end
@@ -486,7 +642,7 @@ return {ok, expired}
 _FINALIZE = (
     _PRELUDE
     + """
-local FINAL, REPLY = KEYS[17], KEYS[18]
+local FINAL, REPLY = KEYS[21], KEYS[22]
 local rid = ARGV[4]
 local won = redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3])
 if won then
@@ -502,8 +658,10 @@ if m and redis.call('ZSCORE', LEASES, rid) then
   local used = tonumber(ARGV[6])
   if used >= 0 then charge(j.cls, j.tenant, (used - j.cost) / j.weight) end
   running_add(j.tenant, -1)
+  release(rid)
   redis.call('HDEL', JOBS, rid)
   redis.call('HDEL', META, rid)
+  redis.call('HDEL', PREFIXES, rid)
   redis.call('ZREM', LEASES, rid)
 end
 if won then return 1 end
@@ -517,7 +675,7 @@ return 0
 _UNQUEUE = (
     _PRELUDE
     + """
-local FINAL, REPLY, FLAG = KEYS[17], KEYS[18], KEYS[19]
+local FINAL, REPLY, FLAG = KEYS[21], KEYS[22], KEYS[23]
 local rid = ARGV[1]
 if ARGV[2] == '1' then
   redis.call('SET', FLAG, '1', 'EX', ARGV[3])
@@ -528,6 +686,7 @@ if not m or redis.call('ZSCORE', LEASES, rid) then return 0 end
 unqueue(rid, meta_parse(m))
 redis.call('HDEL', JOBS, rid)
 redis.call('HDEL', META, rid)
+redis.call('HDEL', PREFIXES, rid)
 if redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3]) then
   redis.call('XADD', REPLY, '*', 'e', ARGV[4])
   redis.call('EXPIRE', REPLY, ARGV[6])
@@ -540,15 +699,24 @@ return 0
 """
 )
 
-# Put a job whose lease lapsed before it started back at the head of its tenant's queue.
+# Put a job whose lease lapsed before it started back at the head of its tenant's queue. With a
+# worker (ARGV[4]), put back instead a job handed to that worker that it has not taken, whatever
+# its lease.
 _REQUEUE = (
     _PRELUDE
     + """
-local rid, now = ARGV[1], tonumber(ARGV[2])
+local rid, now, from = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local lease = redis.call('ZSCORE', LEASES, rid)
-if not lease or tonumber(lease) >= now then return 0 end
+if not lease then return 0 end
+if from ~= '' then
+  local handed = redis.call('HGET', HANDOFFS, rid)
+  if not handed or string.match(handed, '^%d+ (%S+)$') ~= from then return 0 end
+elseif tonumber(lease) >= now then
+  return 0
+end
 local m = redis.call('HGET', META, rid)
 redis.call('ZREM', LEASES, rid)
+release(rid)
 if not m then return 0 end
 local j = meta_parse(m)
 running_add(j.tenant, -1)
@@ -649,6 +817,7 @@ class Dispatch:
                     job.deadline,
                     _WAKE_CAP,
                     ledger_hour(job.enqueued_at),
+                    prefix_key(job),
                 ],
                 client=pipe,
             )
@@ -776,16 +945,32 @@ class Dispatch:
         count: int,
         lease_seconds: float,
         skip_tenants: frozenset[int] = frozenset(),
+        worker: str = "",
+        affinity: bool = False,
     ) -> Claimed:
         """Take up to count jobs in fair order, leased for lease_seconds.
 
         Jobs of `skip_tenants` stay queued: a worker filling its reserved slots takes only
         tenants that have nothing running on it.
+
+        A `worker` takes the jobs handed to it first and holds what it claims in its name; with
+        `affinity` it hands jobs whose prefix another live worker owns to that worker, within
+        the load bound, and takes the next ones in fair order instead.
         """
         now = time.time()
         skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
         ok, expired = await self._claim(
-            keys=list(_keys(deployment)), args=[now, count, now + lease_seconds, skip]
+            keys=list(_keys(deployment)),
+            args=[
+                now,
+                count,
+                now + lease_seconds,
+                skip,
+                worker,
+                "1" if affinity and worker else "0",
+                PREFIX_LOAD_BOUND,
+                handoff_channel(deployment, ""),
+            ],
         )
         return Claimed(
             run=[job_decoder.decode(p) for p in ok],
@@ -834,6 +1019,8 @@ class Dispatch:
             pipe.zremrangebyscore(key, "-inf", now)
             if slots is not None:
                 pipe.hset(_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
+                # Listed among the holders: jobs may be handed to it (see claim).
+                pipe.hsetnx(_keys(deployment).held, worker, 0)
             if tokens_per_second is not None:
                 pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
             if kv_cache_usage is not None:
@@ -850,7 +1037,22 @@ class Dispatch:
             pipe.hdel(_keys(deployment).rate, worker)
             pipe.hdel(_keys(deployment).slots, worker)
             pipe.hdel(gauges_key(deployment), worker)
+            pipe.hdel(_keys(deployment).held, worker)
             await pipe.execute()
+
+    async def handoffs_return(self, *, deployment: str, worker: str) -> int:
+        """Put the jobs handed to a worker that stops claiming back in the queue; return how many.
+
+        Call it once the worker's heartbeat says it has no slots, so nothing more is handed to it.
+        """
+        keys = _keys(deployment)
+        handed: Any = await self.redis.hgetall(keys.handoffs)
+        mine = [rid.decode() for rid, to in handed.items() if to.decode().split()[1] == worker]
+        returned = 0
+        for rid in mine:
+            args: list[ScriptArg] = [rid, time.time(), _WAKE_CAP, worker]
+            returned += int(await self._requeue(keys=list(keys), args=args))
+        return returned
 
     async def publish(self, *, job: Job, events: list[Event]) -> None:
         """Append non-terminal events to a request's reply stream."""

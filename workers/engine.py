@@ -39,6 +39,8 @@ class EngineSpec:
     max_loras: int = 0  # adapters in one batch; 0: the engine serves no LoRA adapters
     max_lora_rank: int = 8
     served_name: str = ""  # the `model_name` label of vLLM's series
+    # vLLM's automatic prefix caching: the KV cache of a seen prompt prefix is reused.
+    prefix_caching: bool = True
 
     @property
     def adapters_kept(self) -> int:
@@ -64,6 +66,11 @@ class Monitored(Protocol):
 
 
 class Engine(Protocol):
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the engine reuses the KV cache of prompt prefixes it has seen."""
+        ...
+
     async def start(self) -> None: ...
 
     def generate(
@@ -150,6 +157,10 @@ class VllmEngine:
         self._llm: Any = None
         self._gauges = _Gauges()
 
+    @property
+    def prefix_caching(self) -> bool:
+        return self.spec.prefix_caching
+
     async def start(self) -> None:
         _engine_environment()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -177,6 +188,7 @@ class VllmEngine:
             # Sized explicitly: left alone, vLLM on CPU claims most of the machine's memory.
             kv_cache_memory_bytes=self.spec.kv_cache_bytes,
             enforce_eager=self.spec.enforce_eager,
+            enable_prefix_caching=self.spec.prefix_caching,
             served_model_name=[self.spec.served_name] if self.spec.served_name else None,
             disable_log_stats=True,
             **lora,

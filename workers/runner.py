@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.dispatch import Dispatch, cancel_channel, usage_for
+from inference.dispatch import Dispatch, cancel_channel, handoff_channel, usage_for
 from inference.tracing import bind
 from inference.types import (
     Delta,
@@ -205,6 +205,7 @@ class Worker(abc.ABC):
         stream_interval: float = 0.0,
         retire_quiet_seconds: float = 5.0,
         metrics: WorkerMetrics | None = None,
+        prefix_routing: bool = False,
     ) -> None:
         self.deployment = deployment
         self.metrics = metrics
@@ -218,10 +219,13 @@ class Worker(abc.ABC):
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
         self.stream_interval = stream_interval
+        # Hand jobs whose prompt prefix another worker owns to that worker (inference/dispatch.py)
+        self.prefix_routing = prefix_routing
         self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         self._rate = _RateMeter()
         self._outbox = _Outbox()
         self._slot_free = asyncio.Event()
+        self._handed = asyncio.Event()  # another worker handed this one a job
         self._draining = asyncio.Event()
         self._closing = asyncio.Event()
         # Retiring (asked by the control plane, e.g. a rolled-back canary): keep serving the
@@ -268,6 +272,7 @@ class Worker(abc.ABC):
             if on_ready is not None:
                 await on_ready()
             await self._claim_loop()
+            await self._handoffs_return()
             if on_draining is not None:
                 await on_draining()
             await self._finish_in_flight()
@@ -286,14 +291,36 @@ class Worker(abc.ABC):
                 task.cancel()
             await asyncio.wait(helpers, timeout=5)
 
+    async def _handoffs_return(self) -> None:
+        """Put back in the queue the jobs handed to this worker that it will not take."""
+        try:
+            # No slots first, so nothing more is handed to it.
+            await self.dispatch.heartbeat(
+                deployment=self.deployment,
+                worker=self.worker_id,
+                ttl=self.lease_seconds,
+                slots=self._slots(),
+            )
+            returned = await self.dispatch.handoffs_return(
+                deployment=self.deployment, worker=self.worker_id
+            )
+        except Exception:
+            # Their leases lapse and the reaper requeues them.
+            log.exception("could not return the jobs handed to this worker")
+            return
+        if returned:
+            log.info("returned %d jobs handed to this worker to the queue", returned)
+
     def _slots(self) -> tuple[int, int]:
         """The slots this worker fills (shared, reserved); none once it drains."""
         return (0, 0) if self._draining.is_set() else (self.capacity, self.reserved)
 
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():
-            # Cleared before counting, so a slot freed from here on wakes the waits below.
+            # Cleared before counting, so a slot freed (or a job handed here) from here on wakes
+            # the waits below.
             self._slot_free.clear()
+            self._handed.clear()
             free = self.capacity - len(self.active)
             skip: frozenset[int] = frozenset()
             if free <= 0:
@@ -310,6 +337,8 @@ class Worker(abc.ABC):
                 count=free,
                 lease_seconds=self.lease_seconds,
                 skip_tenants=skip,
+                worker=self.worker_id,
+                affinity=self.prefix_routing,
             )
             for job in claimed.expired:
                 self._finish_unstarted(
@@ -327,6 +356,7 @@ class Worker(abc.ABC):
                     await _first_of(
                         self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5),
                         self._draining.wait(),
+                        self._handed.wait(),
                         *([self._slot_free.wait()] if skip else []),
                         timeout=1.0,
                     )
@@ -464,17 +494,23 @@ class Worker(abc.ABC):
         while not self._closing.is_set():
             pubsub = self.dispatch.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(cancel_channel(self.deployment))
+                handoffs = handoff_channel(self.deployment, self.worker_id)
+                await pubsub.subscribe(cancel_channel(self.deployment), handoffs)
                 while not self._closing.is_set():
                     message = await pubsub.get_message(timeout=1.0)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if message["channel"] in (handoffs, handoffs.encode()):
+                        self._handed.set()
+                    else:
                         self._on_cancel(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception:
                 if self._closing.is_set():
                     return
-                # Claim-time checks of the cancel flags still catch what a gap here misses.
+                # Claim-time checks of the cancel flags still catch what a gap here misses, and
+                # the claim loop's short waits the jobs handed to this worker.
                 log.exception("cancel listener lost its connection; resubscribing")
                 await asyncio.sleep(0.5)
             finally:
@@ -504,6 +540,8 @@ class GenerativeWorker(Worker):
     """A worker whose engine streams tokens (vLLM), optionally applying LoRA adapters."""
 
     def __init__(self, *, engine: Engine, adapters: Adapters | None = None, **kwargs: Any) -> None:
+        # Routing by prefix pays only where the engine keeps the prefixes it has seen.
+        kwargs.setdefault("prefix_routing", engine.prefix_caching)
         super().__init__(engine=engine, **kwargs)
         self.generator = engine
         self.adapters = adapters

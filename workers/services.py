@@ -120,6 +120,7 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
         kv_cache_bytes=deployment.kv_cache_bytes,
         enforce_eager=bool(extra.pop("enforce_eager", deployment.enforce_eager)),
         dtype=str(extra.pop("dtype", deployment.dtype)),
+        prefix_caching=bool(extra.pop("enable_prefix_caching", deployment.prefix_caching)),
         extra_args=extra,
         max_loras=deployment.max_loras,
         max_lora_rank=deployment.max_lora_rank,

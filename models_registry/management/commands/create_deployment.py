@@ -37,6 +37,12 @@ class Command(BaseCommand):
         parser.add_argument("--enforce-eager", action="store_true", help="skip graph compilation")
         parser.add_argument("--dtype", default="float32", help="engine dtype")
         parser.add_argument(
+            "--no-prefix-caching",
+            dest="prefix_caching",
+            action="store_false",
+            help="turn off vLLM's prefix caching (and prefix-aware routing between replicas)",
+        )
+        parser.add_argument(
             "--max-loras", type=int, default=0, help="LoRA adapters one batch may mix (0: none)"
         )
         parser.add_argument("--max-lora-rank", type=int, default=8, help="largest adapter rank")
@@ -90,6 +96,7 @@ class Command(BaseCommand):
                 kv_cache_bytes=options["kv_cache_mib"] << 20,
                 enforce_eager=options["enforce_eager"],
                 dtype=options["dtype"],
+                prefix_caching=options["prefix_caching"],
                 max_loras=options["max_loras"],
                 max_lora_rank=options["max_lora_rank"],
                 max_batch_size=options["max_batch_size"],
