@@ -45,6 +45,7 @@ def everything_on() -> dict[str, Any]:
     values = two_models()
     values["metrics"]["podAnnotations"] = True
     values["frontend"] = {"autoscaling": {"requestsPerSecond": {"enabled": True}}}
+    values["weightsCache"] = {"prefetch": ["llama@v2"]}
     return values
 
 
@@ -609,3 +610,41 @@ def test_per_deployment_objectives_alert_each_deployment_on_its_own_budget(
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_workers_keep_their_weights_in_the_nodes_cache(two_model_objects):
+    for name, pod in pods(two_model_objects).items():
+        if pod["metadata"]["labels"]["app.kubernetes.io/component"] != "worker":
+            continue
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SWITCHYARD_WEIGHTS_CACHE_DIR"] == "/var/cache/switchyard/weights", name
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["weights-cache"] == "/var/cache/switchyard/weights"
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["weights-cache"]["hostPath"] == {
+            "path": "/var/cache/switchyard/weights",
+            "type": "DirectoryOrCreate",
+        }
+    assert not by_kind(two_model_objects, "DaemonSet")  # nothing to prefetch
+
+
+def test_a_prefetch_list_runs_a_warm_pool_daemonset_on_the_worker_nodes():
+    values = everything_on()
+    values["weightsCache"] = {"prefetch": ["llama@v2", "llama@v3"], "maxBytes": 500 << 30}
+    objects = render(values)
+    (daemonset,) = by_kind(objects, "DaemonSet").values()
+    spec = daemonset["spec"]["template"]["spec"]
+    (fetch,) = spec["initContainers"]
+    assert fetch["command"] == [
+        "python", "manage.py", "fetch_weights", "llama@v2", "llama@v3",
+    ]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in fetch["env"]}
+    assert env["SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES"] == str(500 << 30)
+    assert {m["name"] for m in fetch["volumeMounts"]} >= {"artifacts", "weights-cache"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert daemonset["spec"]["template"]["metadata"]["annotations"]["switchyard.io/prefetch"] == (
+        "llama@v2,llama@v3"
+    )

@@ -159,3 +159,23 @@ matcher as a whole selector (`braces`); both are empty when no deployment has it
 {{- end -}}
 {{- toYaml $result -}}
 {{- end -}}
+
+{{/* A worker node's weights cache: the hostPath volume, its mount and the settings naming it. */}}
+{{- define "switchyard.weightsCacheVolume" -}}
+- name: weights-cache
+  hostPath:
+    path: {{ .Values.weightsCache.hostPath }}
+    type: DirectoryOrCreate
+{{- end -}}
+
+{{- define "switchyard.weightsCacheMount" -}}
+- name: weights-cache
+  mountPath: {{ .Values.weightsCache.hostPath }}
+{{- end -}}
+
+{{- define "switchyard.weightsCacheEnv" -}}
+- name: SWITCHYARD_WEIGHTS_CACHE_DIR
+  value: {{ .Values.weightsCache.hostPath | quote }}
+- name: SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES
+  value: {{ .Values.weightsCache.maxBytes | int64 | quote }}
+{{- end -}}
