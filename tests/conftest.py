@@ -334,3 +334,9 @@ def usage_of(django_db_blocker: Any) -> Any:
                 time.sleep(0.2)
 
     return wait
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests marked run_last after all others (after pytest-django's own ordering)."""
+    items.sort(key=lambda item: item.get_closest_marker("run_last") is not None)

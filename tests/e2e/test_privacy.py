@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
 import httpx
+import pytest
 
 from privacy.models import RetainedContent
 from privacy.selectors import content_get
@@ -16,6 +18,7 @@ from tests.conftest import ALIAS
 PROMPT = "Quietly remember the violet heron 7731"
 
 
+@pytest.mark.run_last
 def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
     with httpx.Client(base_url=stack.base_url, timeout=60) as client:
         answered = client.post(
@@ -34,7 +37,7 @@ def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
                     headers={"Authorization": f"Bearer {world.acme_key}"})  # fmt: skip
     assert answered.status_code == 200, answered.text
     completion = answered.json()["choices"][0]["message"]["content"]
-    # Everything the frontend, worker and ingester logged in this session so far.
+    # Everything the frontend, worker and ingester logged in the whole run (this test runs last).
     logs = "\n".join(p.tail(1_000_000) for p in (stack.frontend, stack.worker, stack.ingester))
     assert "engine ready" in logs  # the logs are really there
     secrets = [world.acme_key, world.globex_key, world.revoked_key, world.expired_key,
@@ -42,6 +45,8 @@ def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
     for token in secrets:
         assert token not in logs
         assert token[16:] not in logs  # not even the secret part alone
+    # Nor any key another test issued: no key-shaped secret at all.
+    assert not re.search(r"sy-[A-Za-z0-9]{12}[A-Za-z0-9_-]{16,}", logs)
     assert PROMPT not in logs
     if len(completion.strip()) >= 12:
         assert completion not in logs
