@@ -37,6 +37,7 @@ from batches.services import (
 )
 from inference import relay
 from inference.auth import Principal, principal_of_key
+from inference.content_policy import policy_get
 from inference.db import db_call
 from inference.errors import ApiError
 from inference.openai_format import Formatter
@@ -138,11 +139,14 @@ class BatchRun:
             if resumed:
                 where = await self.dispatch.whereabouts(rid)
                 if where is not None:
+                    model = str(line.body.get("model", ""))
                     events = relay.attach(
                         self.dispatch,
                         deployment=where.deployment,
                         request_id=rid,
                         deadline=deadline,
+                        policy=await policy_get(tenant_id=principal.tenant_id, model=model),
+                        tenant_id=principal.tenant_id,
                     )
                     return _succeeded(await self._collect(line.body, rid, events))
             submitted = await self._submit(line.body, principal, rid, deadline)
@@ -151,6 +155,8 @@ class BatchRun:
                 deployment=submitted.job.deployment,
                 request_id=rid,
                 deadline=submitted.job.deadline,
+                policy=submitted.policy,
+                tenant_id=principal.tenant_id,
             )
             return _succeeded(await self._collect(line.body, rid, events, submitted=submitted))
         except ApiError as exc:

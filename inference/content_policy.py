@@ -24,7 +24,7 @@ from inference.errors import ApiError
 from inference.params import GenerationRequest
 from inference.types import Delta, Event, Failed, Finished
 from safety.detectors import Finding
-from safety.policy import OutputFilter, Policy
+from safety.policy import Policy
 from safety.selectors import policy_load
 from safety.services import interventions_record
 
@@ -133,8 +133,9 @@ async def output_filtered(
 
     `stop` aborts the request in the engine. Deltas keep their token counts so that streamed
     usage still adds up; text held back for checking goes out with a later delta or at the end.
+    A stop reports `prompt_tokens` (0 when the caller does not know them: an attached reader).
     """
-    screen = OutputFilter(policy)
+    screen = policy.output_filter()
     tokens = 0
     try:
         async for event in events:

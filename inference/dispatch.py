@@ -136,6 +136,11 @@ def ledger_key(deployment: str) -> str:
     return f"{_tag(deployment)}:ledger"
 
 
+def ledger_field(ts: float, field: str) -> str:
+    """The ledger field counting `field` for the hour of ts (as the scripts' ledger_add)."""
+    return f"{ledger_hour(ts)}:{field}"
+
+
 def ledger_hour(ts: float) -> str:
     """The hour a request was admitted in (UTC), as the ledger and reconciliation name it."""
     return time.strftime("%Y%m%d%H", time.gmtime(ts))
@@ -822,11 +827,7 @@ class Dispatch:
                 client=pipe,
             )
             # Same round trip: where the request lives, so it can be cancelled by id.
-            pipe.hset(
-                whereabouts_key(job.request_id),
-                mapping={"tenant": job.tenant_id, "deployment": job.deployment},
-            )
-            pipe.expire(whereabouts_key(job.request_id), self._reply_ttl(job))
+            self._whereabouts_into(pipe, job)
             outcome, *_ = await pipe.execute()
         code, wait_ms = int(outcome[0]), int(outcome[1])
         if code == -1:
@@ -1094,18 +1095,26 @@ class Dispatch:
 
     async def answer_here(
         self, *, job: Job, events: list[Event], terminal: Event, usage: UsageEvent
-    ) -> bool:
+    ) -> None:
         """Answer a request without a worker (from a cache): reply, finish, ledger, one trip.
 
-        It is admitted in the ledger as a queued request would be, so reconciliation counts it.
+        It is admitted in the ledger and recorded where it lives as a queued request would be,
+        so reconciliation counts it and it can be looked up (and attached to) by id.
         """
-        keys, args = self._finalize_call(job=job, terminal=terminal, usage=usage, charged=False)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(ledger_key(job.deployment), f"{ledger_hour(job.enqueued_at)}:admitted", 1)
+            pipe.hincrby(ledger_key(job.deployment), ledger_field(job.enqueued_at, "admitted"), 1)
+            self._whereabouts_into(pipe, job)
             self.publish_into(pipe, job=job, events=events)
-            await self._finalize(keys=keys, args=args, client=pipe)
-            results = await pipe.execute()
-        return bool(results[-1])
+            await self.finalize_into(pipe, job=job, terminal=terminal, usage=usage, charged=False)
+            await pipe.execute()
+
+    def _whereabouts_into(self, pipe: aredis.client.Pipeline, job: Job) -> None:
+        """Record where a request lives, so it can be cancelled and followed by id alone."""
+        pipe.hset(
+            whereabouts_key(job.request_id),
+            mapping={"tenant": job.tenant_id, "deployment": job.deployment},
+        )
+        pipe.expire(whereabouts_key(job.request_id), self._reply_ttl(job))
 
     def _finalize_call(
         self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from inference.background import spawn
 from inference.content_policy import output_filtered
-from inference.dispatch import Dispatch
+from inference.dispatch import Dispatch, Whereabouts
 from inference.response_cache import Stored
 from inference.services import CacheUse, Submitted, content_keep, responses_get
 from inference.types import Delta, Event, Failed, Finished, Started
+from safety.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +86,33 @@ def _ended(submitted: Submitted, text: str, event: Event, *, fill: CacheUse | No
 
 
 async def attach(
-    dispatch: Dispatch, *, deployment: str, request_id: str, deadline: float
+    dispatch: Dispatch,
+    *,
+    deployment: str,
+    request_id: str,
+    deadline: float,
+    policy: Policy | None = None,
+    tenant_id: int = 0,
 ) -> AsyncIterator[Event]:
-    """Yield another request's events from its start (an Idempotency-Key retry).
+    """Yield another request's events from its start (an Idempotency-Key retry, a batch line).
 
-    The attached client does not own the request: leaving early cancels nothing.
+    The attached client does not own the request: leaving early cancels nothing. Its tenant's
+    policy filters the text as it does for the request's own client; text it stops is never
+    sent, and the request is cancelled if it still runs.
     """
+    followed = _follow(dispatch, deployment=deployment, request_id=request_id, deadline=deadline)
+    if policy is not None and policy.apply_to_output:
+        where = Whereabouts(tenant_id=tenant_id, deployment=deployment)
+        followed = output_filtered(
+            followed,
+            policy=policy,
+            tenant_id=tenant_id,
+            request_id=request_id,
+            prompt_tokens=0,
+            stop=lambda: dispatch.cancel_by_id(where=where, request_id=request_id),
+        )
     finished = False
-    async for event in _follow(
-        dispatch, deployment=deployment, request_id=request_id, deadline=deadline
-    ):
+    async for event in followed:
         finished = isinstance(event, Finished | Failed)
         yield event
     if not finished:

@@ -356,14 +356,30 @@ async def _job_submit(
     if clock is not None:
         clock.lap("preprocess")
     try:
-        if cache is not None and cache.answer is not None:
-            decision = await _answer_from_cache(
-                principal=principal, route=route, job=job, use=cache.use, answer=cache.answer
+        reserve = Usage(
+            tokens=job.reserved_tokens,
+            cost_micros=_cost(
+                route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
+            ),
+        )
+        decision = await _admit(principal=principal, request_id=job.request_id, reserve=reserve)
+        try:
+            if cache is not None and cache.answer is not None:
+                await _answer_from_cache(job=job, use=cache.use, answer=cache.answer)
+            else:
+                await _enqueue(route=route, job=job, model=model)
+        except ApiError as exc:
+            # Admitted, then refused by the queue: give the reservation back at once. (On any
+            # other failure it is unknown whether the job got in; the lease settles it.)
+            spawn(
+                quotas_get().release(
+                    tenant_id=principal.tenant_id,
+                    request_id=job.request_id,
+                    admitted_at=job.enqueued_at,
+                    used=Usage(tokens=0, cost_micros=0),
+                )
             )
-        else:
-            decision = await _reserve_and_enqueue(
-                principal=principal, route=route, job=job, model=model
-            )
+            raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
     except ApiError as exc:
         admission_decided(deployment=route.deployment, reason=exc.code)
         raise
@@ -374,47 +390,19 @@ async def _job_submit(
     return decision
 
 
-async def _reserve_and_enqueue(
-    *, principal: Principal, route: Route, job: Job, model: str
-) -> Decision:
-    reserve = Usage(
-        tokens=job.reserved_tokens,
-        cost_micros=_cost(
-            route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
-        ),
-    )
-    decision = await _admit(principal=principal, request_id=job.request_id, reserve=reserve)
+async def _enqueue(*, route: Route, job: Job, model: str) -> None:
+    """Queue an admitted job for its deployment's workers, or raise why the queue refused it."""
     refused = await dispatch_get().enqueue(
         job, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
     )
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
             _full_until[route.deployment] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
-        spawn(
-            quotas_get().release(
-                tenant_id=principal.tenant_id,
-                request_id=job.request_id,
-                admitted_at=job.enqueued_at,
-                used=Usage(tokens=0, cost_micros=0),
-            )
-        )
-        raise _refusal_error(refused, model=model, job=job).with_headers(
-            ratelimit_headers(principal.limits, decision)
-        )
-    return decision
+        raise _refusal_error(refused, model=model, job=job)
 
 
-async def _answer_from_cache(
-    *, principal: Principal, route: Route, job: Job, use: CacheUse, answer: Stored
-) -> Decision:
-    """Admit a cached request and answer it: its reply stream and usage, as a worker would."""
-    reserve = Usage(
-        tokens=job.reserved_tokens,
-        cost_micros=_cost(
-            route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
-        ),
-    )
-    decision = await _admit(principal=principal, request_id=job.request_id, reserve=reserve)
+async def _answer_from_cache(*, job: Job, use: CacheUse, answer: Stored) -> None:
+    """Answer an admitted request from the cache: its reply stream and usage, as a worker would."""
     now = time.time()
     usage = usage_for(
         job,
@@ -437,7 +425,6 @@ async def _answer_from_cache(
         terminal=terminal,
         usage=usage,
     )
-    return decision
 
 
 def _deadline(principal: Principal, now: float, timeout: float | None) -> float:

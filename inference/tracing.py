@@ -16,6 +16,9 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from tenants.keys import PREFIX as KEY_PREFIX
+from tenants.keys import PUBLIC_ID_LENGTH
+
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -78,7 +81,9 @@ class ContextFilter(logging.Filter):
 
 # An API key's secret (what follows `sy-` and its 12-character public id), and any bearer
 # credential: what a log line must never carry.
-_KEY_SECRET = re.compile(r"\b(sy-[A-Za-z0-9]{12})[A-Za-z0-9_-]{16,}")
+_KEY_SECRET = re.compile(
+    rf"\b({re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})[A-Za-z0-9_-]{{16,}}"
+)
 _BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\[redacted\])[^\s'\"]+")
 
 

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from inference import relay
 from inference.auth import Principal, authenticate
 from inference.background import spawn
+from inference.content_policy import policy_get
 from inference.db import db_call
 from inference.errors import ApiError
 from inference.idempotency import Original, body_digest, key_validate
@@ -296,7 +297,7 @@ async def _replay_or_claim(
     original = await keys.begin(tenant_id=principal.tenant_id, key=key, digest=digest)
     if original is None:
         return None
-    replayed = await _replay(original, parsed, clock)
+    replayed = await _replay(original, parsed, clock, tenant_id=principal.tenant_id)
     if replayed is not None:
         replayed["Idempotent-Replayed"] = "true"
         replayed["x-request-id"] = original.request_id
@@ -316,9 +317,12 @@ async def _replay_or_claim(
 
 
 async def _replay(
-    original: Original, parsed: GenerationRequest, clock: RequestClock
+    original: Original, parsed: GenerationRequest, clock: RequestClock, *, tenant_id: int
 ) -> HttpResponseBase | None:
-    """Return the original's response again, or None when the original failed."""
+    """Return the original's response again, or None when the original failed.
+
+    The tenant's safety policy filters the replayed text as it filtered the original's.
+    """
     dispatch = dispatch_get()
     formatter = _formatter(
         endpoint=parsed.endpoint,
@@ -332,6 +336,8 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
+        policy=await policy_get(tenant_id=tenant_id, model=parsed.model),
+        tenant_id=tenant_id,
     )
     if parsed.stream:
         return _streaming(_sse(events, parsed, formatter, None, clock))

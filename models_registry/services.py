@@ -225,13 +225,17 @@ def model_version_register(
     return version, created
 
 
-def model_version_verify(*, version: ModelVersion) -> Path:
-    """Return the version's directory after checking every file against the manifest."""
-    problems = manifest_verify(manifest=version.manifest, directory=version.artifact_dir)
+def model_version_verify(*, version: ModelVersion, directory: Path | None = None) -> Path:
+    """Return a copy of the version (the store's by default) after checking every file.
+
+    Raises ArtifactError naming each file that is missing, resized or changed.
+    """
+    directory = directory or version.artifact_dir
+    problems = manifest_verify(manifest=version.manifest, directory=directory)
     if problems:
         detail = ", ".join(f"{p.path} ({p.reason})" for p in problems)
         raise ArtifactError(f"{version.public_name} failed verification: {detail}")
-    return version.artifact_dir
+    return directory
 
 
 def alias_set(

@@ -89,7 +89,6 @@ INTERVENTION_FIELDS = (
     "detector",
     "kind",
     "action",
-    "excerpt",
 )
 
 

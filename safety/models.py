@@ -81,7 +81,8 @@ class InterventionAction(models.TextChoices):
 class Intervention(models.Model):
     """One finding a policy acted on: which detector, what it did, in which request.
 
-    No text by default: `excerpt` is filled only for tenants that retain content.
+    Never the text: a tenant that retains content finds it by the request id, encrypted, in
+    the privacy app's store (and gone with it when it expires).
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="interventions")
@@ -90,7 +91,6 @@ class Intervention(models.Model):
     detector = models.CharField(max_length=32)
     action = models.CharField(max_length=8, choices=InterventionAction.choices)
     kind = models.CharField(max_length=32)
-    excerpt = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -189,11 +189,10 @@ def interventions_record(
     stage: str,
     findings: Sequence[Finding],
     action: str,
-    excerpt: str = "",
 ) -> None:
     """Record what a policy did to a request, one row per finding, and count it.
 
-    No text is stored unless an `excerpt` is given (tenants that retain content).
+    No text is stored: only which detector found what kind, and what was done.
     """
     if stage not in Stage.values:
         raise ValueError(f"unknown stage {stage!r}")
@@ -209,7 +208,6 @@ def interventions_record(
             detector=f.detector,
             action=action,
             kind=f.kind,
-            excerpt=excerpt,
         )
         for f in findings
     )

@@ -41,6 +41,13 @@ class TenantAdmin(admin.ModelAdmin):
         # `manage.py tenant_delete` deletes a tenant: usage and invoices must keep their row.
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A deleted tenant stays deleted: reactivating it would bring back a tenant without
+        # keys, members or text, and its privacy settings can no longer change.
+        if obj is not None and obj.deleted_at is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         privacy = {name: getattr(obj, name) for name in form.changed_data if name in PRIVACY_FIELDS}
         if not change or not privacy:

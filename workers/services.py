@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from inference.dispatch import live_workers_sync
 from inference.redis_client import redis_sync_client
-from models_registry.manifest import ArtifactError, manifest_verify
+from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState, ModelVersion, Task
+from models_registry.services import model_version_verify
 from workers.capacity import Level
 from workers.encoder import EncoderSpec
 from workers.engine import AdapterRef, EngineSpec
@@ -62,15 +63,17 @@ def version_fetch(*, version: ModelVersion, progress: ProgressCallback | None = 
     """Return the directory of a version in this host's weights cache, pinned and verified.
 
     Fetches what is missing from the version's weights URI, each file checked against its
-    sha256. The cached copy is verified again before each use; one that changed on disk
-    before this process pinned it is fetched anew. Raises ArtifactError naming the file.
+    sha256 as it lands. A copy that was already cached is verified again before use (the
+    cache is a directory on a shared host); one that changed on disk since it was fetched is
+    fetched anew. Raises ArtifactError naming the file.
     """
     cache = weights_cache()
     key = (cache.root, version.digest)
     if key in _pinned:
-        return _verified(version, _pinned[key])
+        return model_version_verify(version=version, directory=_pinned[key])
     files = weight_files(version=version)
     for attempt in range(2):
+        fetched_now = not cache.version_dir(version.digest).is_dir()
         pin = contextlib.ExitStack()
         try:
             directory = pin.enter_context(cache.use(version.digest, files, progress=progress))
@@ -81,7 +84,8 @@ def version_fetch(*, version: ModelVersion, progress: ProgressCallback | None = 
         except WeightsError as exc:
             raise ArtifactError(f"{version.public_name} could not be fetched: {exc}") from exc
         try:
-            _verified(version, directory)
+            if not fetched_now:
+                model_version_verify(version=version, directory=directory)
         except ArtifactError:
             pin.close()
             if attempt:
@@ -91,15 +95,7 @@ def version_fetch(*, version: ModelVersion, progress: ProgressCallback | None = 
         _pins.enter_context(pin)
         _pinned[key] = directory
         return directory
-    raise AssertionError("unreachable")
-
-
-def _verified(version: ModelVersion, directory: Path) -> Path:
-    problems = manifest_verify(manifest=version.manifest, directory=directory)
-    if problems:
-        detail = ", ".join(f"{p.path} ({p.reason})" for p in problems)
-        raise ArtifactError(f"{version.public_name} failed verification: {detail}")
-    return directory
+    raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = None) -> WorkerPlan:

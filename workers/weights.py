@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -29,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlunparse
 from urllib.request import url2pathname
 
 import httpx
@@ -54,7 +53,8 @@ class HashMismatch(WeightsError):
 
     def __init__(self, f: WeightFile, actual: str) -> None:
         super().__init__(
-            f"{f.path}: sha256 mismatch, expected {f.sha256}, got {actual} (from {f.uri})"
+            f"{f.path}: sha256 mismatch, expected {f.sha256}, got {actual} "
+            f"(from {uri_shown(f.uri)})"
         )
         self.path = f.path
 
@@ -257,7 +257,7 @@ class WeightsCache:
         elif scheme in ("http", "https"):
             self._download_http(f, part, report)
         else:
-            raise WeightsError(f"{f.path}: unsupported uri scheme in {f.uri!r}")
+            raise WeightsError(f"{f.path}: unsupported uri scheme in {uri_shown(f.uri)!r}")
 
     def _download_http(self, f: WeightFile, part: Path, report: Callable[[int], None]) -> None:
         """Download a file to part, resuming what part holds; retry a cut-off transfer."""
@@ -291,7 +291,8 @@ class WeightsCache:
                     return
                 last_error = f"connection closed after {have} of {f.size} bytes"
         raise DownloadError(
-            f"{f.path}: download from {f.uri} incomplete after {self.retries + 1} attempts "
+            f"{f.path}: download from {uri_shown(f.uri)} incomplete after "
+            f"{self.retries + 1} attempts "
             f"({last_error})"
         )
 
@@ -389,6 +390,15 @@ class WeightsCache:
                 os.close(fd)
 
 
+def uri_shown(uri: str) -> str:
+    """Return a URI fit for messages and logs: no credentials, no query (signed URLs)."""
+    parsed = urlparse(uri)
+    host = parsed.hostname or ""
+    if parsed.port:
+        host = f"{host}:{parsed.port}"
+    return urlunparse((parsed.scheme, host, parsed.path, "", "", ""))
+
+
 # -- files and locks ----------------------------------------------------------------------
 
 
@@ -448,7 +458,7 @@ def _response_start(response: httpx.Response, have: int, f: WeightFile) -> int:
         raise DownloadError(f"{f.path}: server answered a range other than bytes={have}-")
     if response.status_code == 200:
         return 0
-    raise DownloadError(f"{f.path}: GET {f.uri} answered {response.status_code}")
+    raise DownloadError(f"{f.path}: GET {uri_shown(f.uri)} answered {response.status_code}")
 
 
 def _copy_file(source: Path, part: Path, report: Callable[[int], None]) -> None:
@@ -465,7 +475,7 @@ def _copy_file(source: Path, part: Path, report: Callable[[int], None]) -> None:
 def _file_uri_path(uri: str) -> Path:
     parsed = urlparse(uri)
     if parsed.netloc not in ("", "localhost"):
-        raise WeightsError(f"file uri on another host: {uri!r}")
+        raise WeightsError(f"file uri on another host: {uri_shown(uri)!r}")
     return Path(url2pathname(unquote(parsed.path)))
 
 
@@ -521,14 +531,3 @@ def _check_file(f: WeightFile) -> None:
         raise WeightsError(f"{f.path}: invalid sha256 {f.sha256!r}")
     if f.size < 0:
         raise WeightsError(f"{f.path}: invalid size {f.size}")
-
-
-def manifest_load(path: Path) -> list[WeightFile]:
-    """Return the files of a JSON manifest: a list of {path, sha256, size, uri}."""
-    data = json.loads(path.read_text())
-    if not isinstance(data, list):
-        raise WeightsError(f"{path}: expected a JSON list of files")
-    try:
-        return [WeightFile.from_dict(entry) for entry in data]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WeightsError(f"{path}: invalid file entry ({exc})") from exc

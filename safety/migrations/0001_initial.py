@@ -43,7 +43,6 @@ class Migration(migrations.Migration):
                 ('detector', models.CharField(max_length=32)),
                 ('action', models.CharField(choices=[('block', 'Block'), ('redact', 'Redact'), ('stop', 'Stop')], max_length=8)),
                 ('kind', models.CharField(max_length=32)),
-                ('excerpt', models.TextField(blank=True, default='')),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='interventions', to='tenants.tenant')),
             ],

@@ -65,7 +65,7 @@ def test_a_toxic_prompt_is_blocked_before_admission_and_recorded_without_its_tex
     assert "x-ratelimit-limit-requests" in refused.headers
     (found,) = _interventions(django_db_blocker, tenant)
     assert (found.stage, found.detector, found.action) == ("input", "toxicity", "block")
-    assert found.request_id == refused.headers["x-request-id"] and found.excerpt == ""
+    assert found.request_id == refused.headers["x-request-id"]
     with django_db_blocker.unblock():
         # Not admitted: no usage record, nothing billed.
         assert not UsageRecord.objects.filter(request_id=found.request_id).exists()
@@ -117,24 +117,34 @@ def test_a_generation_that_turns_unsafe_stops_with_content_filter_and_bills_what
     term = next(m.group() for m in words if full.lower().find(m.group().lower()) == m.start())
     with django_db_blocker.unblock():
         tenant, key = _tenant_with_pack("weyland", deny_terms=[term])
-    with client.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={"model": ALIAS, **asked, "stream": True, "stream_options": {"include_usage": True}},
-        headers={"Authorization": f"Bearer {key}"},
-    ) as streamed:
-        assert streamed.status_code == 200
-        chunks = [json.loads(line[6:]) for line in streamed.iter_lines()
-                  if line.startswith("data: {")]  # fmt: skip
-        rid = streamed.headers["x-request-id"]
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-    reasons = [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]]
+
+    def stream() -> tuple[str, list[str | None], str]:
+        with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": ALIAS, **asked, "stream": True},
+            headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "unsafe-1"},
+        ) as streamed:
+            assert streamed.status_code == 200
+            chunks = [json.loads(line[6:]) for line in streamed.iter_lines()
+                      if line.startswith("data: {")]  # fmt: skip
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        text = "".join(c["delta"].get("content") or "" for c in choices)
+        return text, [c.get("finish_reason") for c in choices], streamed.headers["x-request-id"]
+
+    text, reasons, rid = stream()
     assert reasons[-1] == "content_filter"
     assert term.lower() not in text.lower()
     assert full.startswith(text)
+    # A retry with the same Idempotency-Key replays the filtered answer, never the raw one.
+    replayed, replay_reasons, replay_rid = stream()
+    assert (replayed, replay_reasons[-1], replay_rid) == (text, "content_filter", rid)
     # Aborted in the engine and billed for the tokens generated up to the stop.
     (record,) = usage_of(rid)
     assert record.status == "cancelled"
     assert 0 < record.completion_tokens < 96
-    (found,) = _interventions(django_db_blocker, tenant)
-    assert (found.stage, found.detector, found.action) == ("output", "deny_list", "stop")
+    # Each time the text was withheld (the answer, then its replay) is an intervention.
+    found = _interventions(django_db_blocker, tenant)
+    assert {(f.request_id, f.stage, f.detector, f.action) for f in found} == {
+        (rid, "output", "deny_list", "stop")
+    }

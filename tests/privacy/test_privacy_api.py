@@ -113,3 +113,18 @@ def test_the_admin_does_not_delete_tenants(world):
     url = reverse("admin:tenants_tenant_delete", args=[world.globex.pk])
     assert operator.post(url, {"post": "yes"}).status_code == 403
     assert Tenant.objects.filter(slug="globex", deleted_at__isnull=True).exists()
+
+
+def test_the_admin_shows_a_deleted_tenant_read_only(world):
+    operator = Client()
+    operator.force_login(User.objects.create_superuser("root-deleted"))
+    tenant = tenant_create(slug="deleted-in-admin")
+    tenant_delete(tenant=tenant)
+    url = reverse("admin:tenants_tenant_change", args=[tenant.pk])
+    page = operator.get(url)
+    assert page.status_code == 200
+    assert b'name="retention_days"' not in page.content  # shown, not editable
+    refused = operator.post(url, {"slug": tenant.slug, "is_active": "on"})
+    assert refused.status_code == 403
+    tenant.refresh_from_db()
+    assert not tenant.is_active

@@ -31,6 +31,7 @@ from workers.weights import (
     WeightFile,
     WeightsCache,
     WeightsError,
+    uri_shown,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -423,3 +424,9 @@ def test_a_cached_copy_changed_on_disk_is_fetched_again(
     assert version_fetch(version=version) == cached.parent
     assert cached.read_bytes() == server.files["small/weights.bin"]
     assert server.gets["small/weights.bin"] == 2
+
+
+def test_messages_show_no_credentials_or_signatures_of_a_uri():
+    signed = "https://user:s3cret@store.example.com:8443/v/model.bin?X-Sig=abc123&expires=9"
+    assert uri_shown(signed) == "https://store.example.com:8443/v/model.bin"
+    assert uri_shown("file:///srv/artifacts/x/model.bin") == "file:///srv/artifacts/x/model.bin"
