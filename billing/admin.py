@@ -6,10 +6,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from billing.models import Adjustment, Invoice, InvoiceLine, PriceBook, UsageRecord
+from tenants.admin import ReadOnlyAdmin
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(ReadOnlyAdmin):
     list_display = [
         "request_id",
         "tenant",
@@ -21,15 +22,6 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "finished_at",
     ]
     list_filter = ["status", "tenant"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class InvoiceLineInline(admin.TabularInline):
@@ -44,22 +36,13 @@ class InvoiceLineInline(admin.TabularInline):
 
 
 @admin.register(Invoice)
-class InvoiceAdmin(admin.ModelAdmin):
+class InvoiceAdmin(ReadOnlyAdmin):
     """Invoices are built, issued and settled by the billing services; here they are read."""
 
     list_display = ["__str__", "tenant", "period_start", "state", "total", "issued_at"]
     list_filter = ["state", "period_start"]
     readonly_fields = [f.name for f in Invoice._meta.fields]
     inlines = [InvoiceLineInline]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(PriceBook)

@@ -14,6 +14,7 @@ from safety.services import (
     policy_pack_save,
     policy_unassign,
 )
+from tenants.admin import ReadOnlyAdmin
 
 
 def _actor(request: HttpRequest) -> User | None:
@@ -93,19 +94,10 @@ INTERVENTION_FIELDS = (
 
 
 @admin.register(Intervention)
-class InterventionAdmin(admin.ModelAdmin):
+class InterventionAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "tenant", "request_id", "stage", "detector", "kind", "action"]
     list_filter = ["stage", "action", "detector"]
     search_fields = ["request_id"]
     # Read-only: a record of what happened to a request.
     fields = INTERVENTION_FIELDS
     readonly_fields = INTERVENTION_FIELDS
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

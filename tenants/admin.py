@@ -10,6 +10,19 @@ from tenants.models import ApiKey, AuditEvent, Membership, Quota, Tenant
 from tenants.services import PRIVACY_FIELDS, QUOTA_FIELDS, quota_update, tenant_privacy_update
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An admin page that shows records and lets nobody add, change or delete them."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class QuotaInline(admin.StackedInline):
     model = Quota
     # Edited on the Quota page, where every change goes through the audited service.
@@ -110,7 +123,7 @@ AUDIT_EVENT_FIELDS = (
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "created_at",
@@ -125,12 +138,3 @@ class AuditEventAdmin(admin.ModelAdmin):
     # Read-only: the database refuses changes anyway; this page only shows what was recorded.
     fields = AUDIT_EVENT_FIELDS
     readonly_fields = AUDIT_EVENT_FIELDS
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -1,15 +1,13 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
+from tenants.admin import ReadOnlyAdmin
 from workers.models import ThroughputPoint
 
 
 @admin.register(ThroughputPoint)
-class ThroughputPointAdmin(admin.ModelAdmin):
+class ThroughputPointAdmin(ReadOnlyAdmin):
     """Curves are written by capacity_measure; here they are read."""
 
     list_display = [
@@ -29,12 +27,3 @@ class ThroughputPointAdmin(admin.ModelAdmin):
     list_select_related = ["deployment"]
     search_fields = ["run", "deployment__name", "version_digest"]
     readonly_fields = [f.name for f in ThroughputPoint._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
