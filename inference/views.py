@@ -13,6 +13,8 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inference import relay
 from inference.auth import Principal, authenticate
@@ -78,6 +80,16 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
             except ApiError as exc:
                 response = exc.response()
+            except (RedisConnectionError, RedisTimeoutError):
+                # The platform, not the client, is at fault, and retrying soon may work: a fast
+                # 503 rather than a 500 or a hang (connections time out in seconds).
+                log.warning("the queue store is unreachable (%s)", request.path)
+                response = ApiError(
+                    503,
+                    "service_unavailable",
+                    "The platform cannot reach its queue store right now; retry shortly.",
+                    retry_after=1,
+                ).response()
             except Exception:
                 log.exception("unhandled error in %s", request.path)
                 response = ApiError(
