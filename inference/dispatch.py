@@ -754,6 +754,10 @@ class Refused:
 class Whereabouts:
     tenant_id: int
     deployment: str
+    # What a client resuming the request's stream needs to format it again.
+    endpoint: str = ""
+    version_digest: str = ""
+    created: int = 0
 
 
 @dataclass(frozen=True)
@@ -840,10 +844,18 @@ class Dispatch:
 
     async def whereabouts(self, request_id: str) -> Whereabouts | None:
         """Return where a recent request lives, or None."""
-        found: Any = await self.redis.hmget(whereabouts_key(request_id), ["tenant", "deployment"])
+        found: Any = await self.redis.hmget(
+            whereabouts_key(request_id), ["tenant", "deployment", "endpoint", "version", "created"]
+        )
         if not found or found[0] is None or found[1] is None:
             return None
-        return Whereabouts(tenant_id=int(found[0]), deployment=found[1].decode())
+        return Whereabouts(
+            tenant_id=int(found[0]),
+            deployment=found[1].decode(),
+            endpoint=(found[2] or b"").decode(),
+            version_digest=(found[3] or b"").decode(),
+            created=int(found[4] or 0),
+        )
 
     async def cancel_by_id(self, *, where: Whereabouts, request_id: str) -> bool:
         """Cancel a request knowing only its id; return False if it had already finished."""
@@ -859,6 +871,14 @@ class Dispatch:
                 pipe.publish(cancel_channel(where.deployment), request_id)
                 await pipe.execute()
         return True
+
+    async def reply_last_id(self, *, deployment: str, request_id: str) -> str | None:
+        """Return the id of the newest entry of a request's reply stream, or None."""
+        newest: Any = await self.redis.xrevrange(reply_key(deployment, request_id), count=1)
+        if not newest:
+            return None
+        entry_id = newest[0][0]
+        return str(entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
 
     async def read_events(
         self, *, deployment: str, request_id: str, after: str, block_ms: int
@@ -1112,7 +1132,13 @@ class Dispatch:
         """Record where a request lives, so it can be cancelled and followed by id alone."""
         pipe.hset(
             whereabouts_key(job.request_id),
-            mapping={"tenant": job.tenant_id, "deployment": job.deployment},
+            mapping={
+                "tenant": job.tenant_id,
+                "deployment": job.deployment,
+                "endpoint": job.endpoint,
+                "version": job.model_version,
+                "created": int(job.enqueued_at),
+            },
         )
         pipe.expire(whereabouts_key(job.request_id), self._reply_ttl(job))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from inference.background import spawn
 from inference.content_policy import output_filtered
@@ -17,6 +18,17 @@ from safety.policy import Policy
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Cursor:
+    """Where a reader is in a reply stream: the entry id of the last event it was given.
+
+    SSE sends it as each event's `id:`, so a client cut off mid-stream (its frontend died, its
+    network dropped) resumes after it with `Last-Event-ID` and gets every token once.
+    """
+
+    last: str = "0-0"
+
+
 def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
     """Cancel a request without waiting, even from a task that is itself being cancelled."""
     spawn(dispatch.cancel(job=submitted.job))
@@ -27,7 +39,9 @@ def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
 _GRACE_SECONDS = 2.0
 
 
-async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Event]:
+async def events(
+    dispatch: Dispatch, submitted: Submitted, *, cursor: Cursor | None = None
+) -> AsyncIterator[Event]:
     """Yield a request's events until its terminal one; consecutive deltas arrive merged.
 
     If the consumer stops early (client disconnect), the request is cancelled so the worker
@@ -40,6 +54,8 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
     fill = submitted.cache if submitted.cache is not None and not submitted.cache.hit else None
     keep = fill is not None or submitted.prompt_text is not None
     text: list[str] = []
+    policy = submitted.policy
+    filtered = policy is not None and policy.apply_to_output
     followed = _follow(
         dispatch,
         deployment=job.deployment,
@@ -47,9 +63,10 @@ async def events(dispatch: Dispatch, submitted: Submitted) -> AsyncIterator[Even
         deadline=job.deadline,
         # Still queued: it ends now, in the queue. Running: its worker ends it.
         at_deadline=lambda: dispatch.expire(job),
+        # Filtered text is held back: the stream's position is not the client's.
+        cursor=None if filtered else cursor,
     )
-    policy = submitted.policy
-    if policy is not None and policy.apply_to_output:
+    if policy is not None and filtered:
         followed = output_filtered(
             followed,
             policy=policy,
@@ -93,15 +110,27 @@ async def attach(
     deadline: float,
     policy: Policy | None = None,
     tenant_id: int = 0,
+    after: str = "0-0",
+    cursor: Cursor | None = None,
 ) -> AsyncIterator[Event]:
-    """Yield another request's events from its start (an Idempotency-Key retry, a batch line).
+    """Yield another request's events from its start, or after an entry id (a resumed stream).
+
+    Used for an Idempotency-Key retry, a batch line and a client resuming with Last-Event-ID.
 
     The attached client does not own the request: leaving early cancels nothing. Its tenant's
     policy filters the text as it does for the request's own client; text it stops is never
     sent, and the request is cancelled if it still runs.
     """
-    followed = _follow(dispatch, deployment=deployment, request_id=request_id, deadline=deadline)
-    if policy is not None and policy.apply_to_output:
+    filtered = policy is not None and policy.apply_to_output
+    followed = _follow(
+        dispatch,
+        deployment=deployment,
+        request_id=request_id,
+        deadline=deadline,
+        after=after,
+        cursor=None if filtered else cursor,
+    )
+    if policy is not None and filtered:
         where = Whereabouts(tenant_id=tenant_id, deployment=deployment)
         followed = output_filtered(
             followed,
@@ -126,13 +155,14 @@ async def _follow(
     request_id: str,
     deadline: float,
     at_deadline: Callable[[], Awaitable[object]] | None = None,
+    after: str = "0-0",
+    cursor: Cursor | None = None,
 ) -> AsyncIterator[Event]:
-    """Yield a reply stream's events (deltas merged) up to its terminal one.
+    """Yield a reply stream's events after an entry id (deltas merged) up to its terminal one.
 
     Stops without a terminal event if none arrives within the grace time after the deadline;
     `at_deadline` runs once when the deadline passes.
     """
-    after = "0-0"
     overdue = False
     while True:
         now = time.time()
@@ -150,20 +180,28 @@ async def _follow(
             block_ms=max(int(min(remaining, 5.0) * 1000), 1),
         )
         pending: Delta | None = None
+        pending_last = after
         for entry_id, event in batch:
-            after = entry_id
             if isinstance(event, Delta):
                 pending = _merge(pending, event)
+                pending_last = after = entry_id
                 continue
             if pending is not None:
+                if cursor is not None:
+                    cursor.last = pending_last
                 yield pending
                 pending = None
+            after = entry_id
+            if cursor is not None:
+                cursor.last = entry_id
             if isinstance(event, Started):
                 continue
             yield event
             if isinstance(event, Finished | Failed):
                 return
         if pending is not None:
+            if cursor is not None:
+                cursor.last = pending_last
             yield pending
 
 

@@ -19,6 +19,7 @@ urlpatterns = [
     path("batches/<str:batch_id>/cancel", batches.batch_cancel),
     path("models", views.models_list),
     path("requests/<str:target>/cancel", views.request_cancel),
+    path("requests/<str:target>/stream", views.request_stream),
     path("models/<path:name>", views.models_detail),
     re_path(r"^(?P<path>.*)$", views.not_found),
 ]

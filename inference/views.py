@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -48,7 +49,7 @@ from inference.services import (
 )
 from inference.tracing import TraceContext, bind, trace_start
 from inference.types import Delta, Event, Failed, Finished
-from models_registry.selectors import model_names_list
+from models_registry.selectors import model_names_list, version_served_name
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -268,10 +269,13 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         version=submitted.route.version,
         created=int(submitted.job.enqueued_at),
     )
-    events = relay.events(dispatch_get(), submitted)
+    cursor = relay.Cursor() if parsed.stream else None
+    events = relay.events(dispatch_get(), submitted, cursor=cursor)
     on_end = functools.partial(request_ended, submitted)
     if parsed.stream:
-        response: HttpResponseBase = _streaming(_sse(events, parsed, formatter, on_end, clock))
+        response: HttpResponseBase = _streaming(
+            _sse(events, parsed.include_usage, formatter, on_end, clock, cursor=cursor)
+        )
     else:
         response = await _collect(events, formatter, on_end)
         clock.skip()
@@ -352,7 +356,7 @@ async def _replay(
         tenant_id=tenant_id,
     )
     if parsed.stream:
-        return _streaming(_sse(events, parsed, formatter, None, clock))
+        return _streaming(_sse(events, parsed.include_usage, formatter, None, clock))
     if not await dispatch.finished(deployment=original.deployment, request_id=original.request_id):
         raise ApiError(
             409,
@@ -382,14 +386,23 @@ async def _collect(
 
 async def _sse(
     events: AsyncIterator[Event],
-    parsed: GenerationRequest,
+    include_usage: bool,
     formatter: Formatter,
     on_end: OnEnd,
     clock: RequestClock,
+    *,
+    cursor: relay.Cursor | None = None,
+    first: bool = True,
 ) -> AsyncIterator[bytes]:
+    """Write a request's events as SSE; with a cursor, each event carries its stream id.
+
+    A client that loses the stream resumes it after the last id it saw
+    (`GET /v1/requests/{id}/stream` with `Last-Event-ID`). Tenants whose output is filtered
+    get no ids: their text is held back, so the stream's position is not theirs.
+    """
     try:
-        async for chunk in _sse_chunks(events, parsed, formatter, on_end, clock):
-            yield chunk
+        async for chunk in _sse_chunks(events, include_usage, formatter, on_end, clock, first):
+            yield chunk if cursor is None else b"id: " + cursor.last.encode() + b"\n" + chunk
         clock.lap("relay")
     finally:
         clock.finish()
@@ -397,13 +410,12 @@ async def _sse(
 
 async def _sse_chunks(
     events: AsyncIterator[Event],
-    parsed: GenerationRequest,
+    include_usage: bool,
     formatter: Formatter,
     on_end: OnEnd,
     clock: RequestClock,
+    first: bool = True,
 ) -> AsyncIterator[bytes]:
-    include_usage = parsed.include_usage
-    first = True
     async for event in events:
         if isinstance(event, Finished | Failed):
             clock.skip()  # the worker timed everything up to its terminal event
@@ -434,6 +446,83 @@ async def _sse_chunks(
             yield error_chunk(request_failure(event).body())
             yield DONE
             return
+
+
+_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+@api_endpoint("GET")
+async def request_stream(request: HttpRequest, request_id: str, target: str) -> HttpResponseBase:
+    """Stream one of the tenant's recent requests again, after the `Last-Event-ID` it saw.
+
+    Without the header the whole stream is sent from its start. `?include_usage=true` adds
+    the usage chunk, as `stream_options.include_usage` does.
+    """
+    principal = await request_principal(request, Scope.INFERENCE)
+    dispatch = dispatch_get()
+    rid = target.removeprefix("chatcmpl-").removeprefix("cmpl-")
+    where = await dispatch.whereabouts(rid)
+    if (
+        where is None
+        or where.tenant_id != principal.tenant_id
+        or where.endpoint not in (CHAT, COMPLETIONS)
+    ):
+        raise ApiError(404, "request_not_found", f"No recent stream '{target}'.", param="id")
+    after = request.headers.get("Last-Event-ID", "").strip() or "0-0"
+    if not _ENTRY_ID.match(after):
+        raise ApiError(
+            400,
+            "invalid_value",
+            "Last-Event-ID is an event id this API sent.",
+            param="Last-Event-ID",
+        )
+    model = await db_call(version_served_name, digest=where.version_digest) or ""
+    formatter = _formatter(
+        endpoint=where.endpoint,
+        request_id=rid,
+        model=model,
+        version=where.version_digest[:12],
+        created=where.created,
+    )
+    include_usage = request.GET.get("include_usage", "").lower() in ("1", "true")
+    finished = await dispatch.finished(deployment=where.deployment, request_id=rid)
+    newest = await dispatch.reply_last_id(deployment=where.deployment, request_id=rid)
+    if finished and (newest is None or _entry_key(newest) <= _entry_key(after)):
+        # The client saw the end already: nothing but the stream's close is left.
+        return _streaming(_done_only())
+    cursor = relay.Cursor(after)
+    events = relay.attach(
+        dispatch,
+        deployment=where.deployment,
+        request_id=rid,
+        deadline=time.time() + settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+        policy=await policy_get(tenant_id=principal.tenant_id, model=model),
+        tenant_id=principal.tenant_id,
+        after=after,
+        cursor=cursor,
+    )
+    response = _streaming(
+        _sse(
+            events,
+            include_usage,
+            formatter,
+            None,
+            request_clock(request),
+            cursor=cursor,
+            first=after == "0-0",
+        )
+    )
+    response["x-request-id"] = rid
+    return response
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    millis, _, seq = entry_id.partition("-")
+    return int(millis), int(seq or 0)
+
+
+async def _done_only() -> AsyncIterator[bytes]:
+    yield DONE
 
 
 @api_endpoint("POST")

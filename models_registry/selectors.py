@@ -70,6 +70,12 @@ def deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deploy
     return ranked[0] if ranked else None
 
 
+def version_served_name(*, digest: str) -> str | None:
+    """Return how responses name a version (`model@version`), or None if it is unknown."""
+    version = ModelVersion.objects.select_related("model").filter(digest=digest).first()
+    return version.public_name if version is not None else None
+
+
 def version_pinned(name: str) -> ModelVersion | None:
     """Return the version a `model@version` name pins (a label or a digest prefix), or None."""
     model_name, _, ref = name.partition("@")
