@@ -55,6 +55,7 @@ test: $(STAMP) lint typecheck pytest
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/bandit -q -c pyproject.toml -r . -x ./.venv,./tests,./bench,./node_modules
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy .

@@ -20,7 +20,9 @@ import pwd
 import signal
 import socket
 import stat
-import subprocess
+
+# Starts the embedded servers' own binaries.
+import subprocess  # nosec B404
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -310,7 +312,8 @@ def _pg_account() -> pwd.struct_passwd | None:
     except KeyError:
         pass
     # initdb/postgres refuse to run as root, so create a system account for them.
-    subprocess.run(
+    # Fixed arguments, the system's useradd.
+    subprocess.run(  # nosec B603 B607
         [
             "useradd",
             "--system",
@@ -349,7 +352,8 @@ def _run_pg(args: Sequence[str], account: pwd.struct_passwd | None, cwd: Path) -
     """Run a PostgreSQL tool as the postgres account; raise ServiceError on failure."""
     with tempfile.TemporaryFile("w+") as output:
         # Output goes to a file, not a pipe: a pipe inherited by the postmaster could block us.
-        result = subprocess.run(
+        # The bundled PostgreSQL tools, our arguments.
+        result = subprocess.run(  # nosec B603
             list(args),
             stdin=subprocess.DEVNULL,
             stdout=output,
@@ -624,7 +628,8 @@ def _valkey_start(layout: _Layout, config: ServiceConfig, recorded_port: int | N
     layout.valkey_dir.mkdir(exist_ok=True)
     layout.valkey_pidfile.unlink(missing_ok=True)
     port = _pick_port("valkey", config.host, config.redis_port)
-    launcher = subprocess.run(
+    # The bundled Valkey binary, our arguments.
+    launcher = subprocess.run(  # nosec B603
         [
             str(_valkey_bin()),
             "--bind",

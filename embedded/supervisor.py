@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
+
+# Supervises the demo's own processes.
+import subprocess  # nosec B404
 import sys
 import threading
 import time
@@ -38,7 +40,8 @@ class Supervisor:
 
     def start(self, name: str, args: list[str]) -> Child:
         child = Child(name=name, args=args)
-        child.popen = subprocess.Popen(
+        # The demo's own manage.py commands.
+        child.popen = subprocess.Popen(  # nosec B603
             args,
             cwd=self.cwd,
             env=self.env,

@@ -18,7 +18,8 @@ class Tokenizer:
     def __init__(self, directory: Path) -> None:
         from transformers import AutoTokenizer
 
-        self._hf: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        # A verified local directory (local_files_only): nothing is downloaded.
+        self._hf: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)  # nosec B615
         self._fast = self._hf.backend_tokenizer
         # Some tokenizer files pad or truncate every encoding (all-MiniLM-L6-v2's pad to 128):
         # lengths are checked against the context here, and padding is the engine's business.

@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 VOCAB_SIZE = 4096
-BOS_TOKEN = "<|begin_of_text|>"
-EOS_TOKEN = "<|end_of_text|>"
-IM_START_TOKEN = "<|im_start|>"
-IM_END_TOKEN = "<|im_end|>"
-PAD_TOKEN = "<|pad|>"
+# Special tokens of the tokenizer (bandit's B105 takes "_TOKEN" names for passwords).
+BOS_TOKEN = "<|begin_of_text|>"  # nosec B105
+EOS_TOKEN = "<|end_of_text|>"  # nosec B105
+IM_START_TOKEN = "<|im_start|>"  # nosec B105
+IM_END_TOKEN = "<|im_end|>"  # nosec B105
+PAD_TOKEN = "<|pad|>"  # nosec B105
 # Order fixes the ids: the trainer assigns special tokens ids 0..4 in this order.
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
 

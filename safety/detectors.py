@@ -158,7 +158,7 @@ class _PiiPattern:
 
 
 _SECRET_LABEL = (
-    r"(?i:\b[a-z0-9_.-]{0,20}(?:api[_-]?key|secret|token|passw(?:or)?d|pwd|access[_-]?key"
+    r"(?i:\b[a-z0-9_.-]{0,20}(?:api[_-]?key|secret|token|passw(?:or)?d|pwd|access[_-]?key"  # nosec B105
     r"|private[_-]?key|auth)\b)"
 )
 _PII_PATTERNS = (

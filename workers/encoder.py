@@ -64,10 +64,11 @@ class EncoderEngine:
         self._torch = torch
         if not torch.cuda.is_available():
             torch.set_num_threads(len(os.sched_getaffinity(0)))
-        config = AutoConfig.from_pretrained(str(self.spec.model_dir), local_files_only=True)
+        # The version's verified local files (local_files_only): nothing is downloaded.
+        config = AutoConfig.from_pretrained(str(self.spec.model_dir), local_files_only=True)  # nosec B615
         self._pad_id = int(getattr(config, "pad_token_id", 0) or 0)
         self._token_types = getattr(config, "type_vocab_size", 0) > 0
-        model = AutoModel.from_pretrained(str(self.spec.model_dir), local_files_only=True)
+        model = AutoModel.from_pretrained(str(self.spec.model_dir), local_files_only=True)  # nosec B615
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype = _auto_dtype(torch) if self.spec.dtype == "auto" else self.spec.dtype
         self._model = model.to(device=device, dtype=getattr(torch, self.dtype)).eval()
