@@ -5,14 +5,19 @@ These start their own worker for their own deployment so the shared one keeps se
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import signal
+import time
 from decimal import Decimal
 
 import httpx
 import pytest
 
+from inference.dispatch import Dispatch
+from inference.redis_client import redis_client_new
 from models_registry.models import ModelVersion
 from models_registry.services import deployment_create, model_version_register
 from tests.conftest import _spawn, _wait_for
@@ -112,3 +117,59 @@ def test_a_killed_worker_ends_its_streams_with_an_error_and_bills_them(
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "model_unavailable"
     assert int(response.headers["Retry-After"]) > 0
+
+
+def test_a_job_a_dead_worker_claimed_but_never_started_runs_on_another_worker(
+    stack, world, fragile, tmp_path, usage_of
+):
+    """A worker that dies between claiming and starting a job strands nothing.
+
+    The dead worker is this test speaking the worker's side of the protocol (a heartbeat, then
+    one claim), then falling silent as a SIGKILLed process does, at the one moment a real
+    worker cannot be stopped at on purpose. The reaper (in the ingester) takes the job back
+    once its lease lapses, and a real worker started afterwards runs it.
+    """
+    ghost = "ghost-worker"
+
+    async def claim_then_die() -> list[str]:
+        dispatch = Dispatch(redis_client_new())
+        try:
+            await dispatch.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=2.0, slots=(1, 0))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                claimed = await dispatch.claim(
+                    deployment=DEPLOYMENT, count=1, lease_seconds=2.0, worker=ghost
+                )
+                if claimed.run:
+                    return [job.request_id for job in claimed.run]
+                await dispatch.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=2.0)
+                await asyncio.sleep(0.05)
+            return []
+        finally:
+            await dispatch.redis.aclose()
+
+    body = {"model": fragile.public_name, "prompt": "Once", "max_tokens": 16, "ignore_eos": True}
+    with (
+        httpx.Client(base_url=stack.base_url, timeout=180) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        asked = pool.submit(
+            client.post,
+            "/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {world.globex_key}"},
+        )
+        # The ghost is the deployment's only live worker, so the request waits for it.
+        taken = asyncio.run(claim_then_die())
+        assert len(taken) == 1, "the ghost never got the job"
+        worker = _start_worker(tmp_path, "heir-worker")
+        try:
+            response = asked.result(timeout=180)
+        finally:
+            worker.popen.send_signal(signal.SIGTERM)
+            worker.popen.wait(timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-request-id"] == taken[0]
+    assert response.json()["usage"]["completion_tokens"] == 16
+    [record] = usage_of(taken[0])
+    assert (record.status, record.completion_tokens) == ("ok", 16)
