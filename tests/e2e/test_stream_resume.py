@@ -98,3 +98,53 @@ def test_a_stream_cut_by_a_dying_frontend_resumes_elsewhere_with_every_token_onc
     # The request ran to its end once, billed once.
     (record,) = usage_of(rid)
     assert (record.status, record.completion_tokens) == ("ok", 200)
+
+
+def test_a_frontend_stopped_gracefully_finishes_the_streams_it_relays(
+    stack, world, tmp_path, usage_of
+):
+    port = _free_port()
+    leaving = _spawn(
+        "frontend-leaving",
+        ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        tmp_path,
+    )
+    body = {
+        "model": ALIAS,
+        "messages": [{"role": "user", "content": "Tell a long story"}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    try:
+        _wait_for(leaving, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=120)
+        lines: list[str] = []
+        with (
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client,
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {world.acme_key}"},
+            ) as response,
+        ):
+            assert response.status_code == 200
+            rid = response.headers["x-request-id"]
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(lines) == 2:
+                    # A rolling update: SIGTERM, and the stream in flight still runs to its end.
+                    leaving.popen.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
+        assert leaving.popen.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Finished server process" in leaving.tail(20)
+    finally:
+        if leaving.popen.poll() is None:
+            leaving.popen.kill()
+            leaving.popen.wait(timeout=30)
+    events = _events(lines)
+    assert events[-1][1] is None  # [DONE]
+    finish = events[-2][1]
+    assert finish is not None and finish["choices"][0]["finish_reason"] == "length"
+    (record,) = usage_of(rid)
+    assert (record.status, record.completion_tokens) == ("ok", 200)
