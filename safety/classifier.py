@@ -58,11 +58,6 @@ def _linear(vectorizer: Any, model: Any, reference: Predict) -> Predict | None:
     return predict
 
 
-def classifier_warm() -> None:
-    """Load the classifier now (at a process's start) instead of on its first use."""
-    _predict()
-
-
 def toxicity_scores(texts: Sequence[str]) -> list[float]:
     """Return the probability that each text is toxic, in one call to the classifier."""
     if not texts:

@@ -119,6 +119,16 @@ def _alias_clean(alias: str) -> str:
     return alias
 
 
+def _assignment_locked(*, tenant: Tenant, alias: str) -> PolicyAssignment | None:
+    """Return a tenant's assignment for an alias, locked for the transaction, or None."""
+    return (
+        PolicyAssignment.objects.select_for_update()
+        .select_related("pack")
+        .filter(tenant=tenant, alias=alias)
+        .first()
+    )
+
+
 def policy_assign(
     *,
     tenant: Tenant,
@@ -130,12 +140,7 @@ def policy_assign(
     """Make a tenant's requests (to `alias`, or by default) use a pack."""
     alias = _alias_clean(alias)
     with transaction.atomic():
-        current = (
-            PolicyAssignment.objects.select_for_update()
-            .select_related("pack")
-            .filter(tenant=tenant, alias=alias)
-            .first()
-        )
+        current = _assignment_locked(tenant=tenant, alias=alias)
         if current is not None and current.pack_id == pack.pk:
             return current
         assignment, _ = PolicyAssignment.objects.update_or_create(
@@ -161,12 +166,7 @@ def policy_unassign(
     """Remove a tenant's pack for `alias` (or its default); removing none is a no-op."""
     alias = _alias_clean(alias)
     with transaction.atomic():
-        current = (
-            PolicyAssignment.objects.select_for_update()
-            .select_related("pack")
-            .filter(tenant=tenant, alias=alias)
-            .first()
-        )
+        current = _assignment_locked(tenant=tenant, alias=alias)
         if current is None:
             return
         current.delete()
