@@ -13,6 +13,7 @@ import math
 import time
 from decimal import Decimal
 
+import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -20,6 +21,7 @@ from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
 from inference.dispatch import Dispatch
 from inference.quotas import MICROS, Quotas, Usage
+from inference.redis_client import UNREACHABLE, Outage
 from inference.types import UsageEvent
 from models_registry.models import Deployment
 
@@ -49,6 +51,9 @@ class Ingester:
         self._stopping = asyncio.Event()
         self._deployments: list[str] = []
         self._deployments_at = 0.0
+        self._finishing: asyncio.Task[None] | None = None
+        self._last_reap = 0.0
+        self._reap_after = 0.0
         self.ingested = 0
 
     async def _settle(self, events: list[UsageEvent], costs: dict[str, Decimal]) -> None:
@@ -74,35 +79,53 @@ class Ingester:
         self._stopping.set()
 
     async def run(self) -> None:
-        last_reap = 0.0
         # While one batch is settled and acknowledged in Redis, the next is read and written
         # to PostgreSQL: two stages, one batch each, so neither server waits for the other.
-        finishing: asyncio.Task[None] | None = None
+        outage = Outage("ingesting usage", log)
         while not self._stopping.is_set():
-            deployments = await self._refresh_deployments()
-            if time.monotonic() - last_reap >= 1.0:
-                last_reap = time.monotonic()
-                if finishing is not None:
-                    await finishing
-                    finishing = None
-                await self._reap(deployments)
-            entries = await self.dispatch.read_usage(
-                deployments=deployments, consumer=self.consumer, count=BATCH, block_ms=500
-            )
-            if not entries:
-                if not deployments:
-                    await asyncio.sleep(0.5)
-                continue
-            recorded = await self._record(entries)
-            if finishing is not None:
-                await finishing
-            finishing = asyncio.create_task(self._finish(entries, recorded))
-            if len(entries) < BATCH:
-                # Let a few more events gather: one insert per fraction of a second instead of
-                # one per request keeps the ingester's CPU off the machine's hot path.
-                await asyncio.sleep(GATHER_SECONDS)
-        if finishing is not None:
-            await finishing  # stopping: the last batch is settled and acknowledged first
+            try:
+                await self._step()
+                if outage.since is not None:
+                    # Workers renew their leases within a quarter lease of Redis coming back;
+                    # reaping before then would end requests that are still running.
+                    self._reap_after = time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
+                outage.ok()
+            except UNREACHABLE as exc:
+                await asyncio.sleep(outage.failed(exc))
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # Redis came back without its data (no persistence): make the groups again.
+                log.error("usage consumer groups are gone; creating them again")
+                self._deployments_at = 0.0
+                self._deployments = []
+        if self._finishing is not None:
+            await self._finishing  # stopping: the last batch is settled and acknowledged first
+
+    async def _step(self) -> None:
+        """Reap when due, then read a batch of usage events and record it."""
+        deployments = await self._refresh_deployments()
+        if time.monotonic() - self._last_reap >= 1.0 and time.monotonic() >= self._reap_after:
+            self._last_reap = time.monotonic()
+            if self._finishing is not None:
+                await self._finishing
+                self._finishing = None
+            await self._reap(deployments)
+        entries = await self.dispatch.read_usage(
+            deployments=deployments, consumer=self.consumer, count=BATCH, block_ms=500
+        )
+        if not entries:
+            if not deployments:
+                await asyncio.sleep(0.5)
+            return
+        recorded = await self._record(entries)
+        if self._finishing is not None:
+            await self._finishing
+        self._finishing = asyncio.create_task(self._finish(entries, recorded))
+        if len(entries) < BATCH:
+            # Let a few more events gather: one insert per fraction of a second instead of
+            # one per request keeps the ingester's CPU off the machine's hot path.
+            await asyncio.sleep(GATHER_SECONDS)
 
     async def _refresh_deployments(self) -> list[str]:
         if time.monotonic() - self._deployments_at > 5.0:
@@ -155,7 +178,18 @@ class Ingester:
             await self.dispatch.dead_letter_usage(
                 deployment=deployments[event.request_id], event=event, reason="unknown owner"
             )
-        await self._settle(events, result.costs)
-        await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
+        outage = Outage("settling usage", log)
+        while True:
+            try:
+                # Settling is idempotent per request, so a retry after a half-done try is safe.
+                await self._settle(events, result.costs)
+                await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
+                break
+            except UNREACHABLE as exc:
+                if self._stopping.is_set():
+                    # Left pending: the next ingester takes it over and records it once.
+                    return
+                await asyncio.sleep(outage.failed(exc))
+        outage.ok()
         self.ingested += result.recorded
         usage_recorded(result.tenant_tokens, recorded=result.recorded, labels=self.tenant_labels)

@@ -11,6 +11,7 @@ configured.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import importlib.util
@@ -137,6 +138,27 @@ def services_stop(config: ServiceConfig) -> None:
     with _locked(layout):
         _pg_stop(layout)
         _valkey_stop(layout)
+
+
+@contextlib.contextmanager
+def valkey_restarted(config: ServiceConfig) -> Iterator[None]:
+    """Stop Valkey cleanly; when the block ends, start it again on its port with its data.
+
+    The time inside the block is the outage (a restarted pod, a failover). The fault tests
+    use it; `--appendonly yes` is what brings the data back.
+    """
+    layout = _layout(config)
+    with _locked(layout):
+        port = _recorded_port(_read_state(layout), "valkey")
+        if port is None:
+            raise ServiceError("valkey is not running from this data dir")
+        _valkey_stop(layout)
+    try:
+        yield
+    finally:
+        with _locked(layout):
+            _wait_for(lambda: _port_free(config.host, port), STOP_TIMEOUT)
+            _valkey_start(layout, dataclasses.replace(config, redis_port=port), port)
 
 
 def services_status(config: ServiceConfig) -> dict[str, object]:
@@ -638,11 +660,15 @@ def _valkey_start(layout: _Layout, config: ServiceConfig, recorded_port: int | N
             str(port),
             "--protected-mode",
             "yes",
-            # Cache/broker only: no RDB snapshots, no AOF.
+            # Queues, reply streams, reservations and usage not yet ingested live here, so a
+            # restart must keep them: an append-only file synced every second (and on a clean
+            # shutdown), no RDB snapshots.
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes",
+            "--appendfsync",
+            "everysec",
             "--maxclients",
             str(VALKEY_MAX_CLIENTS),
             "--dir",

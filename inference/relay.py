@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from inference.background import spawn
 from inference.content_policy import output_filtered
 from inference.dispatch import Dispatch, Whereabouts
+from inference.redis_client import UNREACHABLE, Outage
 from inference.response_cache import Stored
 from inference.services import CacheUse, Submitted, content_keep, responses_get
 from inference.types import Delta, Event, Failed, Finished, Started
@@ -164,21 +167,31 @@ async def _follow(
     `at_deadline` runs once when the deadline passes.
     """
     overdue = False
+    outage = Outage(f"relaying {request_id}", log)
     while True:
         now = time.time()
         if now >= deadline and not overdue:
             overdue = True
             if at_deadline is not None:
-                await at_deadline()
+                # Unreachable, the reaper ends the queued job at its deadline instead.
+                with contextlib.suppress(*UNREACHABLE):
+                    await at_deadline()
         remaining = (deadline + _GRACE_SECONDS if overdue else deadline) - now
         if overdue and remaining <= 0:
             return
-        batch = await dispatch.read_events(
-            deployment=deployment,
-            request_id=request_id,
-            after=after,
-            block_ms=max(int(min(remaining, 5.0) * 1000), 1),
-        )
+        try:
+            batch = await dispatch.read_events(
+                deployment=deployment,
+                request_id=request_id,
+                after=after,
+                block_ms=max(int(min(remaining, 5.0) * 1000), 1),
+            )
+            outage.ok()
+        except UNREACHABLE as exc:
+            # The request runs on and its events are kept: read on from the same entry once
+            # Redis is back (or end, as above, if the deadline passes first).
+            await asyncio.sleep(min(outage.failed(exc), max(remaining, 0.0)))
+            continue
         pending: Delta | None = None
         pending_last = after
         for entry_id, event in batch:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.dispatch import Dispatch, cancel_channel, handoff_channel, usage_for
+from inference.redis_client import UNREACHABLE, Outage
 from inference.tracing import bind
 from inference.types import (
     Delta,
@@ -75,6 +76,14 @@ class _Outbox:
         self.ready.clear()
         self.urgent.clear()
         return items
+
+    def restore(self, items: list[tuple[Job, Event, UsageEvent | None, bool]]) -> None:
+        """Put back what a failed write took, ahead of what arrived since, in order."""
+        self.items = [*items, *self.items]
+        self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
+        if self.items:
+            self.ready.set()
+            self.urgent.set()
 
 
 async def _first_of(*waits: Awaitable[object], timeout: float) -> None:
@@ -316,64 +325,77 @@ class Worker(abc.ABC):
         return (0, 0) if self._draining.is_set() else (self.capacity, self.reserved)
 
     async def _claim_loop(self) -> None:
+        outage = Outage("claiming jobs", log)
         while not self._draining.is_set():
-            # Cleared before counting, so a slot freed (or a job handed here) from here on wakes
-            # the waits below.
-            self._slot_free.clear()
-            self._handed.clear()
-            free = self.capacity - len(self.active)
-            skip: frozenset[int] = frozenset()
-            if free <= 0:
-                # Every shared slot is taken: the reserved ones go only to tenants that have
-                # nothing running here, so a newcomer starts at the next engine step rather
-                # than after the next long request ends.
-                free = self.capacity + self.reserved - len(self.active)
-                skip = frozenset(job.tenant_id for job, _ in self.active.values())
-            if free <= 0:
-                await _first_of(self._slot_free.wait(), self._draining.wait(), timeout=1.0)
-                continue
-            claimed = await self.dispatch.claim(
-                deployment=self.deployment,
-                count=free,
-                lease_seconds=self.lease_seconds,
-                skip_tenants=skip,
-                worker=self.worker_id,
-                affinity=self.prefix_routing,
-            )
-            for job in claimed.expired:
-                self._finish_unstarted(
-                    job, code="deadline_exceeded", status=Status.TIMEOUT, charged=False
+            try:
+                await self._claim_round()
+                outage.ok()
+            except UNREACHABLE as exc:
+                # Running jobs go on; what a claim took in a reply that never came back is
+                # requeued by the reaper when its lease lapses.
+                await _first_of(
+                    asyncio.sleep(outage.failed(exc)), self._draining.wait(), timeout=1.0
                 )
-            if claimed.run or claimed.expired:
-                self._last_work = time.monotonic()
-            elif self._retiring and await self._retire_due():
-                self.drain()
-                continue
-            if not claimed.run:
-                if not claimed.expired:
-                    # A queued job wakes us; with only reserved slots open, so does a freed
-                    # shared slot (the tenants skipped this time may then be served).
-                    await _first_of(
-                        self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5),
-                        self._draining.wait(),
-                        self._handed.wait(),
-                        *([self._slot_free.wait()] if skip else []),
-                        timeout=1.0,
-                    )
-                continue
-            for job in claimed.run:
-                task = asyncio.create_task(self._serve_traced(job), name=job.request_id)
-                task.add_done_callback(functools.partial(self._served, job))
-                self.active[job.request_id] = (job, task)
-            # Checked after starting, off the first token's path: a request cancelled while
-            # queued is aborted here before it has produced much.
-            cancelled = await self.dispatch.cancelled(
-                deployment=self.deployment, request_ids=[job.request_id for job in claimed.run]
+
+    async def _claim_round(self) -> None:
+        """Claim as many jobs as the free slots take and start them, or wait for work."""
+        # Cleared before counting, so a slot freed (or a job handed here) from here on wakes
+        # the waits below.
+        self._slot_free.clear()
+        self._handed.clear()
+        free = self.capacity - len(self.active)
+        skip: frozenset[int] = frozenset()
+        if free <= 0:
+            # Every shared slot is taken: the reserved ones go only to tenants that have
+            # nothing running here, so a newcomer starts at the next engine step rather
+            # than after the next long request ends.
+            free = self.capacity + self.reserved - len(self.active)
+            skip = frozenset(job.tenant_id for job, _ in self.active.values())
+        if free <= 0:
+            await _first_of(self._slot_free.wait(), self._draining.wait(), timeout=1.0)
+            return
+        claimed = await self.dispatch.claim(
+            deployment=self.deployment,
+            count=free,
+            lease_seconds=self.lease_seconds,
+            skip_tenants=skip,
+            worker=self.worker_id,
+            affinity=self.prefix_routing,
+        )
+        for job in claimed.expired:
+            self._finish_unstarted(
+                job, code="deadline_exceeded", status=Status.TIMEOUT, charged=False
             )
-            for rid in cancelled | (self._recent_cancels.keys() & self.active.keys()):
-                running = self.active.get(rid)
-                if running is not None:
-                    running[1].cancel()
+        if claimed.run or claimed.expired:
+            self._last_work = time.monotonic()
+        elif self._retiring and await self._retire_due():
+            self.drain()
+            return
+        if not claimed.run:
+            if not claimed.expired:
+                # A queued job wakes us; with only reserved slots open, so does a freed
+                # shared slot (the tenants skipped this time may then be served).
+                await _first_of(
+                    self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5),
+                    self._draining.wait(),
+                    self._handed.wait(),
+                    *([self._slot_free.wait()] if skip else []),
+                    timeout=1.0,
+                )
+            return
+        for job in claimed.run:
+            task = asyncio.create_task(self._serve_traced(job), name=job.request_id)
+            task.add_done_callback(functools.partial(self._served, job))
+            self.active[job.request_id] = (job, task)
+        # Checked after starting, off the first token's path: a request cancelled while
+        # queued is aborted here before it has produced much.
+        cancelled = await self.dispatch.cancelled(
+            deployment=self.deployment, request_ids=[job.request_id for job in claimed.run]
+        )
+        for rid in cancelled | (self._recent_cancels.keys() & self.active.keys()):
+            running = self.active.get(rid)
+            if running is not None:
+                running[1].cancel()
 
     async def _retire_due(self) -> bool:
         """Whether a retiring worker has seen its queue empty for the quiet period."""
@@ -424,6 +446,7 @@ class Worker(abc.ABC):
 
     async def _flush_loop(self) -> None:
         last_flush = 0.0
+        outage = Outage("publishing events", log)
         while True:
             await self._outbox.ready.wait()
             # Between token-only flushes wait out the stream interval, so deltas merge; a first
@@ -435,8 +458,12 @@ class Worker(abc.ABC):
             last_flush = time.monotonic()
             try:
                 await self._flush_once()
+                outage.ok()
+            except UNREACHABLE as exc:
+                # Kept and written again when Redis is back: the ends (and usage) of requests
+                # that finished during an outage are not lost, and their clients get them.
+                await asyncio.sleep(outage.failed(exc))
             except Exception:
-                # Redis hiccup: the leases will lapse and the reaper settles these requests.
                 log.exception("could not publish events")
                 await asyncio.sleep(0.1)
             if self._closing.is_set() and not self._outbox.items:
@@ -455,19 +482,27 @@ class Worker(abc.ABC):
         items = self._outbox.take()
         if not items:
             return
-        async with self.dispatch.redis.pipeline(transaction=False) as pipe:
-            for job, event, usage, charged in items:
-                if usage is None:
-                    self.dispatch.publish_into(pipe, job=job, events=[event])
-                else:
-                    await self.dispatch.finalize_into(
-                        pipe, job=job, terminal=event, usage=usage, charged=charged
-                    )
-            await pipe.execute()
+        try:
+            async with self.dispatch.redis.pipeline(transaction=False) as pipe:
+                for job, event, usage, charged in items:
+                    if usage is None:
+                        self.dispatch.publish_into(pipe, job=job, events=[event])
+                    else:
+                        await self.dispatch.finalize_into(
+                            pipe, job=job, terminal=event, usage=usage, charged=charged
+                        )
+                await pipe.execute()
+        except UNREACHABLE:
+            # Finishing is exactly-once (a marker per request), so writing an end again after
+            # a write that broke half-way cannot bill twice.
+            self._outbox.restore(items)
+            raise
 
     async def _heartbeat_loop(self) -> None:
         interval = max(self.lease_seconds / 4, 0.25)
+        outage = Outage("heartbeat", log)
         while not self._closing.is_set():
+            pause = interval
             try:
                 self._rate.tick(busy=len(self.active) >= self.capacity)
                 retire = await self.dispatch.heartbeat(
@@ -482,13 +517,17 @@ class Worker(abc.ABC):
                 if retire:
                     self.retire()
                 await self.engine.health()
+                outage.ok()
             except asyncio.CancelledError:
                 raise
+            except UNREACHABLE as exc:
+                # Beat again soon: the first beat after an outage renews the running leases.
+                pause = min(interval, outage.failed(exc))
             except Exception:
                 log.exception("heartbeat failed")
             cutoff = time.monotonic() - 60
             self._recent_cancels = {r: t for r, t in self._recent_cancels.items() if t > cutoff}
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
 
     async def _cancel_listener(self) -> None:
         while not self._closing.is_set():

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import psutil
 import pytest
+import redis
+from django.conf import settings
 
-from embedded.servers import services_status
+from embedded.servers import services_status, valkey_restarted
+from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin
 from tests.conftest import ALIAS
 
@@ -65,3 +72,152 @@ def test_a_stalled_database_delays_usage_but_loses_and_duplicates_none(stack, wo
     records = usage_of(*answered, timeout=60)
     assert sorted(r.request_id for r in records) == sorted(answered)
     assert all(r.status == "ok" and r.completion_tokens == 4 for r in records)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    status: int
+    request_id: str | None
+    end: str  # finish reason, error code of the stream or of the refusal, or "broken"
+    started: float  # time.monotonic()
+    seconds: float
+
+
+def _stream_once(client: httpx.Client, key: str, tag: str) -> _Outcome:
+    """Stream one chat completion to its end and say how it ended."""
+    started = time.monotonic()
+    body = {
+        "model": ALIAS,
+        "messages": [{"role": "user", "content": f"restart {tag}"}],
+        "max_tokens": 24,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    request_id = None
+    try:
+        with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            request_id = r.headers.get("x-request-id")
+            if r.status_code != 200:
+                r.read()
+                code = r.json()["error"]["code"]
+                assert "Retry-After" in r.headers, r.headers
+                return _Outcome(
+                    r.status_code, request_id, code, started, time.monotonic() - started
+                )
+            data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    except httpx.HTTPError:
+        return _Outcome(200, request_id, "broken", started, time.monotonic() - started)
+    assert data[-1] == "[DONE]", data
+    last = json.loads(data[-2])
+    end = last["error"]["code"] if "error" in last else last["choices"][0]["finish_reason"]
+    return _Outcome(200, request_id, end, started, time.monotonic() - started)
+
+
+# Longer than a lease (3 s in the tests): running requests must not be reaped as lost when
+# Redis comes back before their workers have renewed them.
+OUTAGE_SECONDS = 4.0
+
+
+@pytest.fixture(scope="module")
+def restart_key(world, django_db_blocker) -> tuple[int, str]:
+    """A tenant of its own with room for the load, so its reservations can be counted."""
+    with django_db_blocker.unblock():
+        tenant = tenant_create(slug="initrode")
+        tenant.quota.requests_per_minute = 100_000
+        tenant.quota.tokens_per_minute = 10_000_000
+        tenant.quota.max_concurrency = 100
+        tenant.quota.save()
+        return tenant.pk, api_key_issue(tenant=tenant, name="tests").token
+
+
+def test_a_valkey_restart_under_load_fails_fast_recovers_and_loses_no_usage(
+    stack, restart_key, usage_of
+):
+    """Valkey stops cleanly under streaming load, stays down longer than a lease, comes back.
+
+    Requests that arrive while it is down get a 503 at once; the streams that were running
+    finish (their workers keep their events until they can write them); the platform serves
+    again without a restart; every accepted request has its usage record and no reservation
+    stays open.
+    """
+    if services_plugin._config is None:
+        pytest.skip("the tests run against external servers")
+    tenant_id, key = restart_key
+    outcomes: list[_Outcome] = []
+    stop = threading.Event()
+
+    def load(n: int) -> None:
+        with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+            i = 0
+            while not stop.is_set():
+                outcomes.append(_stream_once(client, key, f"{n}-{i}"))
+                i += 1
+
+    def served() -> int:
+        return sum(o.status == 200 for o in outcomes)
+
+    probes: list[_Outcome] = []
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        clients = [pool.submit(load, n) for n in range(6)]
+        try:
+            deadline = time.monotonic() + 120
+            while served() < 12 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert served() >= 12, outcomes
+            with (
+                valkey_restarted(services_plugin._config),
+                httpx.Client(base_url=stack.base_url, timeout=30) as client,
+            ):
+                down = time.monotonic()
+                while time.monotonic() - down < OUTAGE_SECONDS:
+                    probes.append(_stream_once(client, key, "probe"))
+                    time.sleep(0.2)
+            # Back: the frontend, worker and ingester find it again by themselves.
+            back = time.monotonic()
+            with httpx.Client(base_url=stack.base_url, timeout=30) as client:
+                while (first := _stream_once(client, key, "after")).status != 200:
+                    assert time.monotonic() - back < 10, first
+                    time.sleep(0.1)
+            recovered = time.monotonic() - back
+            at_recovery = served()
+            while served() < at_recovery + 12 and time.monotonic() - back < 60:
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for future in clients:
+                future.result()
+
+    assert probes and all(p.status == 503 and p.end == "service_unavailable" for p in probes)
+    # Refused while it was down, or in the moment after, before the worker's first heartbeat
+    # put it back among the live ones: a 503 with Retry-After either way.
+    refused = [o for o in outcomes if o.status != 200]
+    assert all(
+        o.status == 503 and o.end in ("service_unavailable", "model_unavailable") for o in refused
+    ), refused
+    accepted = [o for o in outcomes if o.status == 200] + [first]
+    # The streams that ran across the restart finished; none broke or lost its end.
+    assert all(o.end in ("stop", "length") for o in accepted), [
+        o for o in accepted if o.end not in ("stop", "length")
+    ]
+    across = [o for o in accepted if o.started < down and o.started + o.seconds > back]
+    print(
+        f"{len(probes)} probes during the outage, each refused in at most "
+        f"{max(p.seconds for p in probes) * 1000:.0f} ms; served again {recovered:.2f} s after "
+        f"Valkey came back; {served()} streams accepted ({len(across)} across the restart), "
+        f"{sum(o.status == 503 for o in outcomes)} refused"
+    )
+    assert across, "no stream ran across the restart"
+    ids = [o.request_id for o in accepted if o.request_id is not None]
+    assert len(ids) == len(accepted)
+    records = usage_of(*ids, timeout=60)
+    assert sorted(r.request_id for r in records) == sorted(ids)
+    # Every reservation the accepted requests held has been settled.
+    store = redis.Redis.from_url(settings.REDIS_URL)
+    deadline = time.monotonic() + 30
+    while True:
+        open_held = store.keys(f"sy:{{t{tenant_id}}}:held:*")
+        inflight = store.zcard(f"sy:{{t{tenant_id}}}:inflight")
+        if (not open_held and not inflight) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not open_held and not inflight
