@@ -267,6 +267,35 @@ def test_a_batch_survives_its_celery_worker_dying_mid_way(sdk, world, celery, us
     assert _admitted(DEPLOYMENT) - admitted_before == count
 
 
+def test_a_batch_survives_its_celery_worker_stopping_gracefully(sdk, world, celery, usage_of):
+    """A rolling update: SIGTERM lets the worker end its step and exit; the next one goes on."""
+    count = 40
+    admitted_before = _admitted(DEPLOYMENT)
+    lines = [_chat_line(f"g{i}", f"Line {i}", max_tokens=80, ignore_eos=True) for i in range(count)]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    _wait(sdk, batch.id, until=lambda b: b.request_counts.completed >= 5, timeout=120)
+    assert celery.process is not None
+    stopping = celery.process
+    os.killpg(stopping.popen.pid, signal.SIGTERM)
+    # A warm shutdown: the step in hand finishes (steps are short), then a clean exit.
+    assert stopping.popen.wait(timeout=60) == 0, stopping.tail()
+    progress = sdk.batches.retrieve(batch.id).request_counts.completed
+    assert progress < count, "the batch finished before the worker was stopped"
+    celery.start()
+    batch = _wait(sdk, batch.id, until=_ended, timeout=240)
+    assert batch.status == "completed"
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (count, 0)
+    output = _entries(sdk, batch.output_file_id)
+    assert sorted(e["custom_id"] for e in output) == sorted(f"g{i}" for i in range(count))
+    request_ids = {e["response"]["request_id"] for e in output}
+    records = usage_of(*request_ids)
+    assert len(records) == count
+    assert all(r.status == "ok" and r.completion_tokens == 80 for r in records)
+    assert _admitted(DEPLOYMENT) - admitted_before == count  # no line sent twice
+
+
 def test_a_batch_past_its_completion_window_expires_and_keeps_what_finished(stack, world, celery):
     # Three requests a minute: the one-minute window cannot hold twenty lines.
     sdk = openai.OpenAI(

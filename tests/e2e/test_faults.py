@@ -19,9 +19,10 @@ import redis
 from django.conf import settings
 
 from embedded.servers import services_status, valkey_restarted
+from inference.dispatch import INGEST_GROUP, usage_key
 from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin
-from tests.conftest import ALIAS
+from tests.conftest import ALIAS, DEPLOYMENT, _spawn, _wait_for
 
 
 @contextlib.contextmanager
@@ -221,3 +222,37 @@ def test_a_valkey_restart_under_load_fails_fast_recovers_and_loses_no_usage(
             break
         time.sleep(0.2)
     assert not open_held and not inflight
+
+
+def test_an_ingester_stopped_gracefully_leaves_nothing_unacknowledged(
+    stack, world, usage_of, tmp_path
+):
+    """A second ingester takes the usage stream over, then gets SIGTERM while usage flows.
+
+    It finishes the batch it holds (recorded, settled, acknowledged) and exits cleanly:
+    nothing it read waits for another ingester to take over, and no record is lost or doubled.
+    """
+    spare = _spawn("ingester-spare", ["manage.py", "run_ingester"], tmp_path)
+    _wait_for(spare, lambda: "ingester running as consumer" in spare.tail(), timeout=60)
+    consumer = spare.tail().split("ingester running as consumer ")[1].split()[0]
+    with (
+        httpx.Client(base_url=stack.base_url, timeout=60) as client,
+        concurrent.futures.ThreadPoolExecutor(6) as pool,
+    ):
+        # The platform's own ingester is held still, so the spare reads what flows meanwhile.
+        with _frozen(stack.ingester.popen.pid):
+            answers = [pool.submit(_ask, client, world.acme_key, n) for n in range(36)]
+            while sum(a.done() for a in answers) < 12:
+                time.sleep(0.05)
+            spare.popen.send_signal(signal.SIGTERM)
+            assert spare.popen.wait(timeout=30) == 0, spare.tail()
+        ids = [a.result().headers["x-request-id"] for a in answers]
+    stopped = spare.tail().split("ingester stopped after ")[1].split()[0]
+    print(f"the spare ingester recorded {stopped} requests before its clean exit")
+    assert int(stopped) > 0
+    records = usage_of(*ids, timeout=60)
+    assert sorted(r.request_id for r in records) == sorted(ids)
+    store = redis.Redis.from_url(settings.REDIS_URL)
+    consumers = store.xinfo_consumers(usage_key(DEPLOYMENT), INGEST_GROUP)
+    [mine] = [c for c in consumers if c["name"].decode() == consumer]
+    assert mine["pending"] == 0

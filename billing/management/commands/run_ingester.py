@@ -43,7 +43,7 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ingester.stop)
-        self.stdout.write("ingester running")
+        self.stdout.write(f"ingester running as consumer {ingester.consumer}")
         self.stdout.flush()
         try:
             await ingester.run()
