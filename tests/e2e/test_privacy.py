@@ -52,6 +52,35 @@ def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
         assert completion not in logs
 
 
+@pytest.mark.run_last
+def test_the_database_holds_no_key_secret_in_plain_text(stack, world, django_db_blocker):
+    """Every text, JSON and binary column of every table, after the whole run, searched."""
+    from django.db import connection
+
+    secrets = [world.acme_key, world.globex_key, world.revoked_key, world.expired_key,
+               world.models_only_key, *world.limited_keys.values()]  # fmt: skip
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = 'public' "
+            "AND data_type IN ('text', 'character varying', 'jsonb', 'json', 'bytea')"
+        )
+        columns = cursor.fetchall()
+        assert len(columns) > 50  # the platform's tables are really there
+        found = []
+        for table, column, kind in columns:
+            name = f'"{table}"."{column}"'
+            name = f"encode({name}, 'escape')" if kind == "bytea" else f"{name}::text"
+            cursor.execute(
+                f'SELECT count(*) FROM "{table}" WHERE {name} ~ %s '
+                f"OR {name} LIKE ANY(%s)",
+                [r"sy-[A-Za-z0-9]{12}[A-Za-z0-9_-]{16,}", [f"%{t[16:]}%" for t in secrets]],
+            )
+            if cursor.fetchone()[0]:
+                found.append(name)
+    assert not found, f"key secrets stored in plain text in {found}"
+
+
 def _retaining_tenant(slug: str, days: int) -> tuple[Any, str]:
     tenant = tenant_create(slug=slug)
     tenant_privacy_update(tenant=tenant, retention_days=days)
