@@ -14,11 +14,11 @@ import time
 from decimal import Decimal
 
 import redis
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
+from inference.db import db_call
 from inference.dispatch import Dispatch
 from inference.quotas import MICROS, Quotas, Usage
 from inference.redis_client import UNREACHABLE, Outage
@@ -129,7 +129,7 @@ class Ingester:
 
     async def _refresh_deployments(self) -> list[str]:
         if time.monotonic() - self._deployments_at > 5.0:
-            names = await sync_to_async(_deployment_names)()
+            names = await db_call(_deployment_names)
             for name in set(names) - set(self._deployments):
                 await self.dispatch.ensure_groups(name)
             self._deployments = names
@@ -161,7 +161,7 @@ class Ingester:
         events = [event for _, _, event in entries]
         while True:
             try:
-                return await sync_to_async(usage_ingest)(events=events)
+                return await db_call(usage_ingest, events=events)
             except Exception:
                 # Postgres is unavailable: keep the batch unacknowledged and retry.
                 log.exception("usage ingest failed; retrying")

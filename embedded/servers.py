@@ -161,6 +161,23 @@ def valkey_restarted(config: ServiceConfig) -> Iterator[None]:
             _valkey_start(layout, dataclasses.replace(config, redis_port=port), port)
 
 
+@contextlib.contextmanager
+def postgres_restarted(config: ServiceConfig) -> Iterator[None]:
+    """Fast-stop PostgreSQL; when the block ends, start it again on its port with its data."""
+    layout = _layout(config)
+    with _locked(layout):
+        port = _recorded_port(_read_state(layout), "postgres")
+        if port is None:
+            raise ServiceError("postgres is not running from this data dir")
+        _pg_stop(layout)
+    try:
+        yield
+    finally:
+        with _locked(layout):
+            _wait_for(lambda: _port_free(config.host, port), STOP_TIMEOUT)
+            _pg_start(layout, dataclasses.replace(config, pg_port=port))
+
+
 def services_status(config: ServiceConfig) -> dict[str, object]:
     """Report running, pid, port, url, data dir and log for each service."""
     layout = _layout(config)

@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 import uvloop
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from inference.db import db_call
 from inference.dispatch import Dispatch
 from inference.redis_client import redis_client_new
 from inference.types import Sampling
@@ -40,6 +40,11 @@ def reserved_slots(max_num_seqs: int) -> int:
     if max_num_seqs < 4:
         return 0
     return max(1, round(max_num_seqs * settings.SWITCHYARD_RESERVED_SLOTS))
+
+
+async def _report(*, deployment_name: str, state: str) -> None:
+    """Record the deployment's state, on a fresh connection if the database restarted."""
+    await db_call(deployment_report, deployment_name=deployment_name, state=state)
 
 
 class Command(BaseCommand):
@@ -92,12 +97,11 @@ class Command(BaseCommand):
     async def _serve_encoder(
         self, deployment: str, spec: EncoderSpec, drain_seconds: float, metrics: WorkerMetrics
     ) -> None:
-        report = sync_to_async(deployment_report)
-        await report(deployment_name=deployment, state=DeploymentState.LOADING)
+        await _report(deployment_name=deployment, state=DeploymentState.LOADING)
         engine = EncoderEngine(spec)
         started = time.monotonic()
         await asyncio.to_thread(engine.start)
-        await report(deployment_name=deployment, state=DeploymentState.WARMING)
+        await _report(deployment_name=deployment, state=DeploymentState.WARMING)
         # Warming up measures the model: a full batch's compute time sets the queue delay.
         cost = await asyncio.to_thread(
             CostModel.measure,
@@ -136,7 +140,7 @@ class Command(BaseCommand):
             metrics=metrics,
         )
         try:
-            await self._run(worker, deployment, report)
+            await self._run(worker, deployment)
         finally:
             engine.shutdown()
             await client.aclose()
@@ -149,12 +153,11 @@ class Command(BaseCommand):
     async def _serve(
         self, deployment: str, spec: Any, drain_seconds: float, metrics: WorkerMetrics
     ) -> None:
-        report = sync_to_async(deployment_report)
-        await report(deployment_name=deployment, state=DeploymentState.LOADING)
+        await _report(deployment_name=deployment, state=DeploymentState.LOADING)
         engine = VllmEngine(spec)
         started = time.monotonic()
         await engine.start()
-        await report(deployment_name=deployment, state=DeploymentState.WARMING)
+        await _report(deployment_name=deployment, state=DeploymentState.WARMING)
         await _warm_up(engine, spec.max_model_len)
         engine.report_to(metrics)
         log.info("engine ready in %.1fs", time.monotonic() - started)
@@ -167,10 +170,11 @@ class Command(BaseCommand):
         reserved = reserved_slots(spec.max_num_seqs)
         adapters = None
         if spec.max_loras:
-            resolve = sync_to_async(adapter_ref)
             adapters = Adapters(
                 engine,
-                resolve=lambda digest: resolve(deployment_name=deployment, digest=digest),
+                resolve=lambda digest: db_call(
+                    adapter_ref, deployment_name=deployment, digest=digest
+                ),
                 capacity=spec.adapters_kept,
             )
         worker = GenerativeWorker(
@@ -187,29 +191,29 @@ class Command(BaseCommand):
             metrics=metrics,
         )
         try:
-            await self._run(worker, deployment, report)
+            await self._run(worker, deployment)
         finally:
             engine.shutdown()
             await client.aclose()
 
-    async def _run(self, worker: Worker, deployment: str, report: Any) -> None:
+    async def _run(self, worker: Worker, deployment: str) -> None:
         """Serve until SIGTERM or SIGINT drains the worker; report each state on the way."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.drain)
 
         async def ready() -> None:
-            await report(deployment_name=deployment, state=DeploymentState.READY)
+            await _report(deployment_name=deployment, state=DeploymentState.READY)
             self.stdout.write(f"ready: serving {deployment}", ending="\n")
             self.stdout.flush()
 
         async def draining() -> None:
-            await report(deployment_name=deployment, state=DeploymentState.DRAINING)
+            await _report(deployment_name=deployment, state=DeploymentState.DRAINING)
 
         try:
             await worker.run(on_ready=ready, on_draining=draining)
         finally:
-            await report(deployment_name=deployment, state=DeploymentState.STOPPED)
+            await _report(deployment_name=deployment, state=DeploymentState.STOPPED)
             log.info("stopped after serving %d requests", worker.served)
 
 
