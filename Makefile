@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(PY) bench/embeddings.py
 	$(PY) bench/prefix_cache.py
 	$(PY) bench/output_filter.py
+	$(PY) bench/summary.py
 
 # Known vulnerabilities in every pinned package, from PyPI's advisory data (its per-release JSON
 # API). Strict: a package it cannot look up fails the audit rather than passing unchecked. Not

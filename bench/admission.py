@@ -12,7 +12,8 @@ admitted requests relative to the TTFT at capacity.
 
     .venv/bin/python bench/admission.py [--flood 96] [--light-requests 30] [--overload-seconds 20]
 
-Writes its section of docs/benchmarks.md and docs/admission.png. Asserts nothing.
+Writes its section of docs/benchmarks.md, docs/admission.png and the raw results (every
+latency sample) to docs/bench-data/admission.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from bench.common import (  # noqa: E402
     platform_stop,
     prepare_switchyard,
     progress,
+    results_write,
     section_write,
     switchyard_stack,
     vllm_server,
@@ -52,6 +54,13 @@ FLOOD_TOKENS = 256
 LIGHT_TOKENS = 8
 OVERLOAD_TOKENS = 512
 OVERLOAD_MAX_QUEUED = 0
+# What the issue asks, by the keys of the results' summary.
+TARGETS = {
+    "neighbour_p99_ratio_switchyard": "≤ 1.5",
+    "goodput": "≥ 0.9",
+    "rejection_p99_ms": "≤ 50",
+    "admitted_ttft_ratio": "≤ 1.5",
+}
 
 
 @dataclass
@@ -280,18 +289,89 @@ def _overload_table(o: Overload) -> str:
             f"| requests sent / completed / rejected | {len(o.outcomes)} / {len(o.good)} / "
             f"{len(o.rejected)} | |",
             f"| **goodput** (completed/s after the first quarter ÷ capacity) "
-            f"| **{o.goodput:.2f}** | ≥ 0.9 |",
+            f"| **{o.goodput:.2f}** | {TARGETS['goodput']} |",
             f"| **rejection latency p50 / p99** (ms) | {percentile(rejected_ms, 0.5):.1f} / "
-            f"**{percentile(rejected_ms, 0.99):.1f}** | p99 ≤ 50 |",
+            f"**{percentile(rejected_ms, 0.99):.1f}** | p99 {TARGETS['rejection_p99_ms']} |",
             f"| admitted TTFT p50 / p99 (ms) | {percentile(admitted, 0.5):.1f} / "
             f"{percentile(admitted, 0.99):.1f} | |",
             f"| TTFT p50 / p99 at capacity (ms) | {percentile(o.baseline_ttft_ms, 0.5):.1f} / "
             f"{percentile(o.baseline_ttft_ms, 0.99):.1f} | |",
-            f"| **admitted TTFT p99 ÷ at-capacity TTFT p99** | **{o.ttft_ratio:.2f}** | ≤ 1.5 |",
+            f"| **admitted TTFT p99 ÷ at-capacity TTFT p99** | **{o.ttft_ratio:.2f}** "
+            f"| {TARGETS['admitted_ttft_ratio']} |",
             f"| responses by status | {', '.join(f'{k}: {v}' for k, v in sorted(codes.items()))}"
             " | |",
         ]
     )
+
+
+def _results(rows: list[Neighbour], o: Overload, args: argparse.Namespace) -> dict[str, object]:
+    """Return what docs/bench-data/admission.json keeps: headline figures and every sample."""
+    rejected_ms = [r.latency * 1000 for r in o.rejected]
+    admitted = [g.ttft * 1000 for g in o.good if g.ttft is not None]
+    codes: dict[str, int] = {}
+    for outcome in o.outcomes:
+        codes[str(outcome.status)] = codes.get(str(outcome.status), 0) + 1
+    summary: dict[str, object] = {f"neighbour_p99_ratio_{r.target}": r.ratio for r in rows}
+    summary.update(
+        capacity_rps=o.capacity_rps,
+        offered_rps=o.offered_rps,
+        sent=len(o.outcomes),
+        completed=len(o.good),
+        rejected=len(o.rejected),
+        goodput=o.goodput,
+        rejection_p50_ms=percentile(rejected_ms, 0.5),
+        rejection_p99_ms=percentile(rejected_ms, 0.99),
+        admitted_ttft_p50_ms=percentile(admitted, 0.5),
+        admitted_ttft_p99_ms=percentile(admitted, 0.99),
+        capacity_ttft_p50_ms=percentile(o.baseline_ttft_ms, 0.5),
+        capacity_ttft_p99_ms=percentile(o.baseline_ttft_ms, 0.99),
+        admitted_ttft_ratio=o.ttft_ratio,
+        statuses=codes,
+    )
+    return {
+        "section": "admission",
+        "settings": {
+            "cpu_count": os.cpu_count(),
+            "max_num_seqs": MAX_NUM_SEQS,
+            "flood": args.flood,
+            "flood_tokens": FLOOD_TOKENS,
+            "light_requests": args.light_requests,
+            "light_tokens": LIGHT_TOKENS,
+            "capacity_seconds": args.capacity_seconds,
+            "overload_seconds": args.overload_seconds,
+            "overload_factor": args.overload_factor,
+            "overload_tokens": OVERLOAD_TOKENS,
+            "overload_max_queued": OVERLOAD_MAX_QUEUED,
+        },
+        "summary": summary,
+        "targets": TARGETS,
+        "neighbour": [
+            {
+                "target": r.target,
+                "alone_ttft_p50_ms": percentile(r.alone_ms, 0.5),
+                "alone_ttft_p99_ms": percentile(r.alone_ms, 0.99),
+                "flooded_ttft_p50_ms": percentile(r.flooded_ms, 0.5),
+                "flooded_ttft_p99_ms": percentile(r.flooded_ms, 0.99),
+                "p99_ratio": r.ratio,
+                "flood_tokens_per_s": r.flood_tokens_per_s,
+                "alone_ttft_ms": r.alone_ms,
+                "flooded_ttft_ms": r.flooded_ms,
+            }
+            for r in rows
+        ],
+        "overload": {
+            "streams": o.streams,
+            "capacity_ttft_ms": o.baseline_ttft_ms,
+            # One entry per request sent, in order; ttft_ms is null for rejections.
+            "requests": {
+                "sent_s": [x.sent - o.started for x in o.outcomes],
+                "status": [x.status for x in o.outcomes],
+                "ttft_ms": [None if x.ttft is None else x.ttft * 1000 for x in o.outcomes],
+                "latency_ms": [x.latency * 1000 for x in o.outcomes],
+                "tokens": [x.tokens for x in o.outcomes],
+            },
+        },
+    }
 
 
 def _plot(rows: list[Neighbour], overload: Overload, path: Path) -> None:
@@ -389,7 +469,8 @@ def main() -> None:
         f"**Noisy neighbour.** Tenant A keeps {args.flood} streams of {FLOOD_TOKENS} tokens "
         f"going; tenant B sends {args.light_requests} streams of {LIGHT_TOKENS} tokens one "
         "after another, first alone, then under A's flood. Ratio = B's p99 TTFT under the flood "
-        "÷ B's p99 TTFT alone (target for Switchyard ≤ 1.5). Each engine runs on core 0 (vLLM's "
+        "÷ B's p99 TTFT alone (target for Switchyard "
+        f"{TARGETS['neighbour_p99_ratio_switchyard']}). Each engine runs on core 0 (vLLM's "
         "HTTP server with it); the load generator, and Switchyard's frontend and ingester, on "
         "core 1.\n\n"
         + neighbour
@@ -400,7 +481,11 @@ def main() -> None:
         "slot is free for it. The engine runs on core 0, the frontend, ingester and load "
         "generator on core 1.\n\n" + overload_table + "\n\n![admission](admission.png)\n",
     )
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'admission.png'}")
+    results_write(args.docs, "admission", _results(rows, overload, args))
+    progress(
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'admission.png'} and "
+        f"{args.docs / 'bench-data' / 'admission.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ settings, and writes its section of docs/benchmarks.md.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import re
 import signal
@@ -332,3 +334,66 @@ def section_write(docs: Path, name: str, text: str) -> Path:
         updated = current.rstrip() + "\n\n" + block + "\n"
     path.write_text(updated)
     return path
+
+
+def section_write_first(docs: Path, name: str, text: str) -> Path:
+    """Put a section right under the title of docs/benchmarks.md, replacing its previous run.
+
+    A section already in the file stays where it is.
+    """
+    path = docs / "benchmarks.md"
+    docs.mkdir(exist_ok=True)
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{text.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    title = re.search(r"^# .*$", current, re.M)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: block, current)
+    elif title:
+        below = current[title.end() :].lstrip("\n")
+        updated = current[: title.end()] + "\n\n" + block + "\n" + ("\n" + below if below else "")
+    else:
+        updated = "# Benchmarks\n\n" + block + "\n\n" + current
+    path.write_text(updated)
+    return path
+
+
+def results_write(docs: Path, name: str, data: dict[str, Any]) -> Path:
+    """Save one benchmark's raw results as docs/bench-data/<name>.json, for bench/summary.py.
+
+    `benchmark` (the name) and `measured` (today's date) are added unless given. By convention
+    `summary` holds the headline figures, `targets` what the issue asks of some of them by the
+    same keys ("≤ 1.5", "≥ 0.9"), and `section` the benchmarks.md section they belong to.
+    Floats are rounded to 3 decimals; NaN and infinities are written as null.
+    """
+    path = docs / "bench-data" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"benchmark": name, "measured": time.strftime("%Y-%m-%d"), **data}
+    path.write_text(_json_text(_json_ready(record)) + "\n", encoding="utf-8")
+    return path
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def _json_text(value: Any, depth: int = 0) -> str:
+    """Indent objects and lists of objects; keep a list of samples on one line."""
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(value, dict) and value:
+        items = [
+            f"{inner}{json.dumps(k, ensure_ascii=False)}: {_json_text(v, depth + 1)}"
+            for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        items = [f"{inner}{_json_text(v, depth + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)

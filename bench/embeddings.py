@@ -6,11 +6,11 @@ dynamic batcher (up to --max-batch-size inputs per forward pass) and (b) batches
 is driven with one sentence per request at concurrency 1, 16 and 64 (closed loop) through
 the real HTTP API, and we report inputs/s and p50/p99 latency, and the ratio of (a) to (b).
 
-    .venv/bin/python bench/embeddings.py [--seconds 15] [--max-batch-size 64]
+    .venv/bin/python bench/embeddings.py [--seconds 15] [--max-batch-size 64] [--levels 1,16,64]
 
 The encoder worker runs on core 0; the frontend, ingester and load generator on core 1, as
-separate machines would. Writes its section of docs/benchmarks.md and docs/embeddings.png.
-Asserts nothing.
+separate machines would. Writes its section of docs/benchmarks.md, docs/embeddings.png and the
+raw results (every request's latency) to docs/bench-data/embeddings.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from bench.common import (  # noqa: E402
     http_ok,
     percentile,
     progress,
+    results_write,
     section_write,
     spawn,
     stop,
@@ -203,7 +204,9 @@ async def _drive_queue(direct: Direct, deployment: str, concurrency: int, second
     )
 
 
-def _in_process(inputs: list[list[int]], max_batch_size: int, seconds: float) -> list[Run]:
+def _in_process(
+    inputs: list[list[int]], max_batch_size: int, seconds: float, levels: list[int]
+) -> list[Run]:
     """The batcher and the model alone in this process (core 0): no Redis, no HTTP."""
     from models_registry.packaged import minilm_dir
     from workers.batcher import CostModel, DynamicBatcher
@@ -226,7 +229,7 @@ def _in_process(inputs: list[list[int]], max_batch_size: int, seconds: float) ->
     runs = []
     for size in (max_batch_size, 1):
         cost = CostModel.measure(engine.compute, max_batch_size=size, length=64)
-        for concurrency in CONCURRENCY:
+        for concurrency in levels:
 
             async def drive(
                 size: int = size, concurrency: int = concurrency, cost: CostModel = cost
@@ -332,6 +335,7 @@ def _measure(
     direct: Direct,
     deployment: str,
     seconds: float,
+    levels: list[int],
 ) -> tuple[list[Run], list[Run], str]:
     """Start one deployment's encoder worker on core 0, drive it, stop it; return its log."""
     log = work / f"worker-{deployment}.log"
@@ -347,7 +351,7 @@ def _measure(
         # Both deployments serve the alias's version; requests go to the one whose worker is
         # ready once the frontend's route cache has turned over.
         time.sleep(3)
-        for concurrency in CONCURRENCY:
+        for concurrency in levels:
             progress(f"{deployment}: concurrency {concurrency} for {seconds:.0f}s")
             run = asyncio.run(_drive(base_url, key, MODEL, concurrency, seconds))
             run.mode = deployment
@@ -356,7 +360,7 @@ def _measure(
                 f"p50 {run.p50:.1f} ms, p99 {run.p99:.1f} ms, {run.errors} errors"
             )
             runs.append(run)
-        for concurrency in CONCURRENCY:
+        for concurrency in levels:
             run = asyncio.run(_drive_queue(direct, deployment, concurrency, seconds))
             progress(
                 f"{deployment} c={concurrency} (queue): {run.inputs_per_s:.0f} inputs/s, "
@@ -387,6 +391,50 @@ def _table(batched: list[Run], single: list[Run]) -> str:
             f"| {b.p50:.1f} / {b.p99:.1f} | {a.errors + b.errors} |"
         )
     return "\n".join(lines)
+
+
+def _results(
+    runs: dict[str, tuple[list[Run], list[Run]]], args: argparse.Namespace, levels: list[int]
+) -> dict[str, object]:
+    """Return what docs/bench-data/embeddings.json keeps: the three tables and every latency.
+
+    `runs` maps a path (http, queue, in_process) to its (batcher, one-at-a-time) runs.
+    """
+    summary = {
+        path: [
+            {
+                "concurrency": a.concurrency,
+                "batched_inputs_per_s": a.inputs_per_s,
+                "single_inputs_per_s": b.inputs_per_s,
+                "speedup": a.inputs_per_s / b.inputs_per_s,
+                "batched_p50_ms": a.p50,
+                "batched_p99_ms": a.p99,
+                "single_p50_ms": b.p50,
+                "single_p99_ms": b.p99,
+                "errors": a.errors + b.errors,
+            }
+            for a, b in zip(batched, single, strict=True)
+        ]
+        for path, (batched, single) in runs.items()
+    }
+    return {
+        "section": "embeddings",
+        "settings": {
+            "cpu_count": os.cpu_count(),
+            "seconds": args.seconds,
+            "max_batch_size": args.max_batch_size,
+            "levels": levels,
+            "slo_ms": SLO_MS,
+        },
+        "summary": summary,
+        "runs": {
+            path: {
+                "batched": [asdict(r) for r in batched],
+                "single": [asdict(r) for r in single],
+            }
+            for path, (batched, single) in runs.items()
+        },
+    }
 
 
 def _plot(
@@ -423,16 +471,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="per concurrency level")
     parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument(
+        "--levels",
+        default=",".join(str(c) for c in CONCURRENCY),
+        help="comma-separated concurrency levels",
+    )
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
+    levels = [int(c) for c in args.levels.split(",")]
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
     services = None
     others = []
     try:
         progress("starting embedded servers and registering all-MiniLM-L6-v2")
         services, env, key, direct = _prepare(work, args.max_batch_size)
-        local = _in_process(direct.inputs, args.max_batch_size, args.seconds)
-        local_batched, local_single = local[: len(CONCURRENCY)], local[len(CONCURRENCY) :]
+        local = _in_process(direct.inputs, args.max_batch_size, args.seconds, levels)
+        local_batched, local_single = local[: len(levels)], local[len(levels) :]
         os.sched_setaffinity(0, {1})
         port = free_port()
         py = sys.executable
@@ -451,10 +505,10 @@ def main() -> None:
         base_url = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_ok(f"{base_url}/healthz"), web, "frontend", web_log)
         batched, batched_q, batched_log = _measure(
-            env, work, base_url, key, direct, "batched", args.seconds
+            env, work, base_url, key, direct, "batched", args.seconds, levels
         )
         single, single_q, single_log = _measure(
-            env, work, base_url, key, direct, "single", args.seconds
+            env, work, base_url, key, direct, "single", args.seconds, levels
         )
     finally:
         stop(others)
@@ -493,7 +547,16 @@ def main() -> None:
         + local_table
         + "\n\n![embeddings](embeddings.png)\n",
     )
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'embeddings.png'}")
+    runs = {
+        "http": (batched, single),
+        "queue": (batched_q, single_q),
+        "in_process": (local_batched, local_single),
+    }
+    results_write(args.docs, "embeddings", _results(runs, args, levels))
+    progress(
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'embeddings.png'} and "
+        f"{args.docs / 'bench-data' / 'embeddings.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ compete with the engine for the same cores.
 
     .venv/bin/python bench/stream_overhead.py [--requests-per-level 8] [--levels 1,8,32]
 
-Writes docs/benchmarks.md and docs/stream_overhead.png. Asserts nothing.
+Writes docs/benchmarks.md, docs/stream_overhead.png and the raw results (every TTFT of every
+round) to docs/bench-data/stream_overhead.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -39,6 +40,7 @@ from bench.common import (  # noqa: E402
     platform_stop,
     prepare_switchyard,
     progress,
+    results_write,
     section_write,
     switchyard_stack,
     vllm_server,
@@ -58,6 +60,7 @@ class Level:
     errors: int
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    ttfts_ms: list[float] = field(default_factory=list)
 
 
 async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, int]:
@@ -133,6 +136,7 @@ async def _level(target: Target, concurrency: int, requests: int) -> Level:
         errors=errors,
         cpu_seconds={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after},
         wall_s=wall,
+        ttfts_ms=ttfts,
     )
 
 
@@ -195,6 +199,51 @@ def _cpu_table(switchyard: list[Level], vllm: list[Level]) -> str:
         vllm_share = f"{100 * sum(v.cpu_seconds.values()) / v.wall_s:.0f}%"
         rows.append(f"| {s.concurrency} | {vllm_share} | " + " | ".join(share) + " |")
     return "\n".join(rows)
+
+
+def _results(
+    vllm: list[Level],
+    switchyard: list[Level],
+    vllm_rounds: list[list[Level]],
+    switchyard_rounds: list[list[Level]],
+    args: argparse.Namespace,
+) -> dict[str, object]:
+    """Return what docs/bench-data/stream_overhead.json keeps: the table, then every round."""
+    summary = [
+        {
+            "concurrency": a.concurrency,
+            "vllm_tokens_per_s": a.tokens_per_s,
+            "switchyard_tokens_per_s": b.tokens_per_s,
+            "throughput_ratio": b.tokens_per_s / a.tokens_per_s,
+            "vllm_ttft_p50_ms": a.ttft_p50_ms,
+            "vllm_ttft_p99_ms": a.ttft_p99_ms,
+            "switchyard_ttft_p50_ms": b.ttft_p50_ms,
+            "switchyard_ttft_p99_ms": b.ttft_p99_ms,
+            "ttft_p50_delta_ms": b.ttft_p50_ms - a.ttft_p50_ms,
+            "errors": a.errors + b.errors,
+        }
+        for a, b in zip(vllm, switchyard, strict=True)
+    ]
+    return {
+        "section": "stream_overhead",
+        "settings": {
+            "cpu_count": os.cpu_count(),
+            "output_tokens": OUTPUT_TOKENS,
+            "max_num_seqs": MAX_NUM_SEQS,
+            "levels": [lvl.concurrency for lvl in vllm],
+            "requests_per_level": args.requests_per_level,
+            "rounds": args.rounds,
+        },
+        "summary": {"levels": summary},
+        "median": {
+            "vllm": [asdict(lvl) for lvl in vllm],
+            "switchyard": [asdict(lvl) for lvl in switchyard],
+        },
+        "rounds": {
+            "vllm": [[asdict(lvl) for lvl in r] for r in vllm_rounds],
+            "switchyard": [[asdict(lvl) for lvl in r] for r in switchyard_rounds],
+        },
+    }
 
 
 def _plot(vllm: list[Level], switchyard: list[Level], path: Path) -> None:
@@ -285,7 +334,15 @@ def main() -> None:
         "(CPU seconds / wall seconds; 100% = one core of the machine's "
         f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](stream_overhead.png)\n",
     )
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'stream_overhead.png'}")
+    results_write(
+        args.docs,
+        "stream_overhead",
+        _results(vllm, switchyard, vllm_rounds, switchyard_rounds, args),
+    )
+    progress(
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'stream_overhead.png'} and "
+        f"{args.docs / 'bench-data' / 'stream_overhead.json'}"
+    )
 
 
 if __name__ == "__main__":
