@@ -9,15 +9,24 @@ from inference.errors import ApiError
 from tenants.models import Tenant
 
 
+def _comparable(value: str) -> bool:
+    """Whether PostgreSQL can compare a client's text with a column (not with a NUL in it)."""
+    return "\x00" not in value
+
+
 def file_get(*, tenant: Tenant | int, file_id: str) -> File:
-    found = File.objects.filter(tenant=tenant, pk=file_id).defer("content").first()
+    found = None
+    if _comparable(file_id):
+        found = File.objects.filter(tenant=tenant, pk=file_id).defer("content").first()
     if found is None:
         raise ApiError(404, "file_not_found", f"No file '{file_id}'.", param="file_id")
     return found
 
 
 def file_content(*, tenant: Tenant | int, file_id: str) -> tuple[File, bytes]:
-    found = File.objects.filter(tenant=tenant, pk=file_id).first()
+    found = None
+    if _comparable(file_id):
+        found = File.objects.filter(tenant=tenant, pk=file_id).first()
     if found is None:
         raise ApiError(404, "file_not_found", f"No file '{file_id}'.", param="file_id")
     return found, bytes(found.content)
@@ -26,12 +35,14 @@ def file_content(*, tenant: Tenant | int, file_id: str) -> tuple[File, bytes]:
 def file_list(*, tenant: Tenant | int, purpose: str | None = None, limit: int = 100) -> list[File]:
     files: QuerySet[File] = File.objects.filter(tenant=tenant).defer("content")
     if purpose:
-        files = files.filter(purpose=purpose)
+        files = files.filter(purpose=purpose) if _comparable(purpose) else files.none()
     return list(files.order_by("-created_at")[:limit])
 
 
 def batch_get(*, tenant: Tenant | int, batch_id: str) -> Batch:
-    found = Batch.objects.filter(tenant=tenant, pk=batch_id).first()
+    found = None
+    if _comparable(batch_id):
+        found = Batch.objects.filter(tenant=tenant, pk=batch_id).first()
     if found is None:
         raise ApiError(404, "batch_not_found", f"No batch '{batch_id}'.", param="batch_id")
     return found

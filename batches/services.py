@@ -31,7 +31,8 @@ ENDPOINTS = {
     "/v1/completions": COMPLETIONS,
     "/v1/embeddings": "embeddings",
 }
-_WINDOW = re.compile(r"^(\d+)([mh])$")
+# At most five ASCII digits: 168h is 10080m, and the column holds eight characters.
+_WINDOW = re.compile(r"([0-9]{1,5})([mh])")
 MAX_WINDOW = dt.timedelta(days=7)
 
 
@@ -75,7 +76,7 @@ def file_create(*, tenant_id: int, filename: str, purpose: str, content: bytes) 
 
 def window_parse(raw: Any) -> dt.timedelta:
     """Return a completion window such as "24h" (OpenAI's) or "30m" as a duration."""
-    match = _WINDOW.match(raw) if isinstance(raw, str) else None
+    match = _WINDOW.fullmatch(raw) if isinstance(raw, str) else None
     window = None
     if match:
         amount, unit = int(match[1]), match[2]
@@ -100,7 +101,9 @@ def batch_create(
     """Create a batch over one of the tenant's files; the batch job validates and runs it."""
     if not isinstance(input_file_id, str):
         raise invalid("input_file_id", "'input_file_id' is required.", "missing_required_parameter")
-    if endpoint not in ENDPOINTS:
+    if "\x00" in input_file_id:
+        raise invalid("input_file_id", "'input_file_id' cannot contain the NUL character.")
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
         raise invalid("endpoint", f"'endpoint' must be one of {', '.join(ENDPOINTS)}.")
     window = window_parse(completion_window)
     if metadata is not None and (

@@ -8,7 +8,9 @@ import logging
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse
+from django.http.multipartparser import MultiPartParserError
 
 from batches import selectors, services
 from batches.models import Batch, File
@@ -77,10 +79,18 @@ def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
         raise ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
     if not (request.content_type or "").startswith("multipart/form-data"):
         raise invalid("file", "Upload the file as multipart/form-data with 'file' and 'purpose'.")
-    upload = request.FILES.get("file")
+    try:
+        upload = request.FILES.get("file")
+        purpose = request.POST.get("purpose")
+    except RequestDataTooBig as exc:
+        raise ApiError(
+            413, "file_too_large", f"The file exceeds {limit} bytes.", param="file"
+        ) from exc
+    except (MultiPartParserError, SuspiciousOperation) as exc:
+        # A form without a boundary, or with more fields than Django reads: the client's fault.
+        raise invalid("file", f"The multipart body cannot be read: {exc}") from exc
     if upload is None:
         raise invalid("file", "Missing required parameter: 'file'.", "missing_required_parameter")
-    purpose = request.POST.get("purpose")
     if not purpose:
         raise invalid(
             "purpose", "Missing required parameter: 'purpose'.", "missing_required_parameter"
@@ -140,7 +150,7 @@ def _start(batch_id: str) -> None:
 def _limit(raw: str | None) -> int:
     if raw is None:
         return 20
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
         raise invalid("limit", "'limit' must be an integer from 1 to 100.")
     return int(raw)
 

@@ -17,6 +17,8 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.http import Http404, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser, IsAuthenticated
 from rest_framework.request import Request
@@ -32,12 +34,12 @@ from billing.invoices import (
     invoice_mark_paid,
     invoice_void,
 )
-from billing.models import Invoice, InvoiceLine
+from billing.models import Invoice, InvoiceLine, InvoiceState
 from billing.pdf import invoice_pdf
 from billing.selectors import USAGE_FILTERS, USAGE_GROUPS, tenant_month_spend, usage_aggregate
 from billing.services import price_book_add
 from models_registry.selectors import version_pinned
-from tenants.apis import drf_validation_error
+from tenants.apis import FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 from tenants.models import Membership, Role, Tenant
 
 
@@ -55,7 +57,7 @@ def _tenant(request: Request, slug: str | None) -> Tenant:
     """The tenant a query is about: named (staff must name one), or the user's only one."""
     tenants = _tenants_of(request)
     if slug:
-        found = tenants.filter(slug=slug).first()
+        found = tenants.filter(slug=slug).first() if "\x00" not in slug else None
         if found is None:
             raise Http404(f"no tenant {slug!r}")
         return found
@@ -89,11 +91,6 @@ def _day(raw: str | None, field: str) -> dt.datetime | None:
         raise serializers.ValidationError({field: "use YYYY-MM-DD (UTC)"}) from exc
 
 
-def _field(request: Request, name: str) -> str:
-    data = request.data
-    return str(data.get(name, "")) if isinstance(data, dict) else ""
-
-
 def _csv(rows: Iterable[list[str]], filename: str) -> HttpResponse:
     buffer = io.StringIO()
     csv.writer(buffer).writerows(rows)
@@ -119,6 +116,20 @@ class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
                   "voided_at"]  # fmt: skip
 
 
+class InvoiceDetailSerializer(InvoiceSerializer):
+    lines = LineSerializer(many=True, read_only=True)
+
+    class Meta(InvoiceSerializer.Meta):
+        fields = [*InvoiceSerializer.Meta.fields, "lines"]
+
+
+def _query(name: str, description: str, **kwargs: Any) -> OpenApiParameter:
+    return OpenApiParameter(name, OpenApiTypes.STR, description=description, **kwargs)
+
+
+TENANT_QUERY = _query("tenant", "The tenant's slug (staff must name one; members may omit it).")
+
+
 class FinanceView(APIView):
     permission_classes = [IsAuthenticated]
 
@@ -126,34 +137,56 @@ class FinanceView(APIView):
 class InvoiceListApi(FinanceView):
     """GET invoices (?tenant=<slug>&month=YYYY-MM&state=issued)."""
 
+    @extend_schema(
+        parameters=[
+            TENANT_QUERY,
+            _query("month", "The invoiced month, YYYY-MM."),
+            _query("state", "Only invoices in this state.", enum=list(InvoiceState.values)),
+        ],
+        responses={
+            200: InvoiceSerializer(many=True),
+            400: FIELD_ERRORS,
+            403: REFUSED,
+            404: NOT_FOUND,
+        },
+    )
     def get(self, request: Request) -> Response:
         invoices = Invoice.objects.select_related("tenant").filter(tenant__in=_tenants_of(request))
         if request.query_params.get("tenant"):
             invoices = invoices.filter(tenant=_tenant(request, request.query_params["tenant"]))
         if request.query_params.get("month"):
             invoices = invoices.filter(period_start=_month(request.query_params["month"]))
-        if request.query_params.get("state"):
-            invoices = invoices.filter(state=request.query_params["state"])
+        state = request.query_params.get("state")
+        if state:
+            if state not in InvoiceState.values:
+                raise serializers.ValidationError({"state": f"one of {', '.join(InvoiceState)}"})
+            invoices = invoices.filter(state=state)
         return Response(InvoiceSerializer(invoices[:500], many=True).data)
 
 
 class InvoiceDetailApi(FinanceView):
     """GET an invoice with its lines."""
 
+    @extend_schema(responses={200: InvoiceDetailSerializer, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, pk: int) -> Response:
-        invoice = _invoice(request, pk)
-        body = dict(InvoiceSerializer(invoice).data)
-        body["lines"] = LineSerializer(invoice.lines.all(), many=True).data
-        return Response(body)
+        return Response(InvoiceDetailSerializer(_invoice(request, pk)).data)
 
 
 class InvoiceCsvApi(FinanceView):
+    """GET an invoice's lines as CSV."""
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, pk: int) -> HttpResponse:
         invoice = _invoice(request, pk)
         return _csv(invoice_csv_rows(invoice), f"{invoice.number or f'draft-{pk}'}.csv")
 
 
 class InvoicePdfApi(FinanceView):
+    """GET an invoice as a PDF."""
+
+    @extend_schema(
+        responses={(200, "application/pdf"): OpenApiTypes.BINARY, 403: REFUSED, 404: NOT_FOUND}
+    )
     def get(self, request: Request, pk: int) -> HttpResponse:
         invoice = _invoice(request, pk)
         response = HttpResponse(invoice_pdf(invoice), content_type="application/pdf")
@@ -162,22 +195,39 @@ class InvoicePdfApi(FinanceView):
         return response
 
 
+class InvoiceBuildSerializer(serializers.Serializer[Any]):
+    tenant = serializers.CharField(help_text="The tenant's slug.")
+    month = serializers.CharField(help_text="A finished month, YYYY-MM.")
+
+
 class InvoiceBuildApi(APIView):
     """POST {tenant, month}: build (or rebuild) the tenant's draft for a finished month."""
 
     permission_classes = [IsAdminUser]
 
+    @extend_schema(
+        request=InvoiceBuildSerializer,
+        responses={201: InvoiceSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def post(self, request: Request) -> Response:
-        tenant = _tenant(request, _field(request, "tenant"))
+        given = InvoiceBuildSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        tenant = _tenant(request, given.validated_data["tenant"])
         try:
             invoice = invoice_build(
                 tenant=tenant,
-                month=_month(_field(request, "month")),
+                month=_month(given.validated_data["month"]),
                 actor=request.user,  # type: ignore[arg-type]
             )
         except DjangoValidationError as exc:
             raise drf_validation_error(exc) from exc
         return Response(InvoiceSerializer(invoice).data, status=status.HTTP_201_CREATED)
+
+
+class InvoiceActionSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(
+        required=False, default="", allow_blank=True, help_text="Why (void needs one)."
+    )
 
 
 class InvoiceActionApi(APIView):
@@ -186,11 +236,23 @@ class InvoiceActionApi(APIView):
     permission_classes = [IsAdminUser]
     actions = {"issue": invoice_issue, "pay": invoice_mark_paid}
 
+    @extend_schema(
+        operation_id="finance_invoices_act",
+        parameters=[
+            OpenApiParameter(
+                "action", OpenApiTypes.STR, OpenApiParameter.PATH, enum=["issue", "pay", "void"]
+            )
+        ],
+        request=InvoiceActionSerializer,
+        responses={200: InvoiceSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def post(self, request: Request, pk: int, action: str) -> Response:
         invoice = _invoice(request, pk)
+        given = InvoiceActionSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
         try:
             if action == "void":
-                reason = _field(request, "reason")
+                reason = given.validated_data["reason"]
                 invoice = invoice_void(invoice=invoice, actor=request.user, reason=reason)  # type: ignore[arg-type]
             elif action in self.actions:
                 invoice = self.actions[action](invoice=invoice, actor=request.user)  # type: ignore[arg-type]
@@ -207,11 +269,26 @@ class AdjustmentSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(max_length=200)
 
 
+class AdjustmentCreatedSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    tenant = serializers.CharField()
+    amount = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
 class AdjustmentCreateApi(APIView):
     """POST {tenant, amount, reason}: a credit (negative) or charge for the next invoice."""
 
     permission_classes = [IsAdminUser]
 
+    @extend_schema(
+        request=AdjustmentSerializer,
+        responses={
+            201: AdjustmentCreatedSerializer,
+            400: FIELD_ERRORS,
+            403: REFUSED,
+            404: NOT_FOUND,
+        },
+    )
     def post(self, request: Request) -> Response:
         given = AdjustmentSerializer(data=request.data)
         given.is_valid(raise_exception=True)
@@ -239,11 +316,21 @@ class PriceBookSerializer(serializers.Serializer[Any]):
     note = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
 
 
+class PriceBookCreatedSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    version = serializers.CharField()
+    effective_from = serializers.DateTimeField()
+
+
 class PriceBookCreateApi(APIView):
     """POST a version's prices from a moment on (never edits earlier ones)."""
 
     permission_classes = [IsAdminUser]
 
+    @extend_schema(
+        request=PriceBookSerializer,
+        responses={201: PriceBookCreatedSerializer, 400: FIELD_ERRORS, 403: REFUSED},
+    )
     def post(self, request: Request) -> Response:
         given = PriceBookSerializer(data=request.data)
         given.is_valid(raise_exception=True)
@@ -262,9 +349,26 @@ class PriceBookCreateApi(APIView):
         )  # fmt: skip
 
 
+class BannerSerializer(serializers.Serializer[Any]):
+    threshold = serializers.IntegerField(help_text="The percent of the budget crossed.")
+    message = serializers.CharField()
+
+
+class BudgetSerializer(serializers.Serializer[Any]):
+    tenant = serializers.CharField()
+    monthly_budget = serializers.DecimalField(max_digits=12, decimal_places=2)
+    spent = serializers.DecimalField(max_digits=14, decimal_places=2)
+    percent = serializers.FloatField(allow_null=True, help_text="Null without a budget.")
+    banner = BannerSerializer(allow_null=True)
+
+
 class BudgetApi(FinanceView):
     """GET a tenant's budget, this month's spend and its current budget alert (the banner)."""
 
+    @extend_schema(
+        parameters=[TENANT_QUERY],
+        responses={200: BudgetSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def get(self, request: Request) -> Response:
         tenant = _tenant(request, request.query_params.get("tenant"))
         budget = tenant.quota.monthly_budget
@@ -283,6 +387,27 @@ class BudgetApi(FinanceView):
         )
 
 
+class UsageRowSerializer(serializers.Serializer[Any]):
+    # The row's group, named by group_by: one of these is present.
+    day = serializers.CharField(required=False, help_text="A UTC day, YYYY-MM-DD.")
+    model = serializers.CharField(required=False)
+    version = serializers.CharField(required=False)
+    key = serializers.CharField(required=False)
+    user = serializers.CharField(required=False)
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()  # type: ignore[assignment]  # a field: DRF moves it off the class
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    cost = serializers.DecimalField(max_digits=14, decimal_places=8)
+
+
+class UsageSerializer(serializers.Serializer[Any]):
+    tenant = serializers.CharField()
+    group_by = serializers.ChoiceField(choices=list(USAGE_GROUPS))
+    rows = UsageRowSerializer(many=True)
+
+
 class UsageApi(FinanceView):
     """GET usage aggregated by day, model, version, key or user (?export=csv for a file).
 
@@ -290,18 +415,41 @@ class UsageApi(FinanceView):
     user. Shadow copies are not usage and never appear.
     """
 
+    @extend_schema(
+        parameters=[
+            TENANT_QUERY,
+            _query("group_by", "What a row sums (default day).", enum=list(USAGE_GROUPS)),
+            _query("from", "The first UTC day, YYYY-MM-DD."),
+            _query("to", "The UTC day after the last, YYYY-MM-DD."),
+            _query("model", "Only this model's usage."),
+            _query("key", "Only this API key's usage (its public id)."),
+            _query("user", "Only this user tag's usage."),
+            _query("export", "csv: the rows as a CSV file.", enum=["csv"]),
+        ],
+        responses={
+            (200, "application/json"): UsageSerializer,
+            (200, "text/csv"): OpenApiTypes.STR,
+            400: FIELD_ERRORS,
+            403: REFUSED,
+            404: NOT_FOUND,
+        },
+    )
     def get(self, request: Request) -> Response | HttpResponse:
         params = request.query_params
         tenant = _tenant(request, params.get("tenant"))
         group = params.get("group_by", "day")
         if group not in USAGE_GROUPS:
             raise serializers.ValidationError({"group_by": f"one of {', '.join(USAGE_GROUPS)}"})
+        filters = {name: params[name] for name in USAGE_FILTERS if params.get(name)}
+        for name, value in filters.items():
+            if "\x00" in value:
+                raise serializers.ValidationError({name: "cannot contain the NUL character"})
         rows = usage_aggregate(
             tenant_id=tenant.pk,
             group=group,
             since=_day(params.get("from"), "from"),
             until=_day(params.get("to"), "to"),
-            filters={name: params[name] for name in USAGE_FILTERS if params.get(name)},
+            filters=filters,
         )
         data = [
             {

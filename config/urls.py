@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView
 
 from inference import scrape
 from inference import urls as inference_urls
 from inference import views as inference_views
+from tenants import apis as tenants_apis
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),
     path("v1/", include(inference_urls)),
+    # The management API's OpenAPI document (/v1's is at /v1/openapi.json).
+    path("api/schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/", include("tenants.urls")),
     path("api/", include("models_registry.urls")),
     path("api/finance/", include("billing.urls")),
+    re_path(r"^api/(?P<path>.*)$", tenants_apis.not_found),
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
     path("", RedirectView.as_view(pattern_name="console:home"), name="root"),

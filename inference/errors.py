@@ -6,7 +6,7 @@ import json
 
 from django.http import HttpResponse
 
-_TYPES = {
+ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -52,7 +52,7 @@ class ApiError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": _TYPES.get(self.status, "invalid_request_error"),
+                "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
                 "param": self.param,
                 "code": self.code,
             }

@@ -183,6 +183,15 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return messages
 
 
+def _token_ids(value: Any) -> bool:
+    """Whether a prompt is token ids (ones outside the vocabulary are refused later, saying so)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
 def _prompt(body: dict[str, Any]) -> str | list[int]:
     value = body.get("prompt")
     if value is None:
@@ -192,12 +201,12 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        if value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if _token_ids(value):
             return list(value)
         if len(value) == 1 and isinstance(value[0], str):
             return str(value[0])
-        if len(value) == 1 and isinstance(value[0], list):
-            return _prompt({"prompt": value[0]})
+        if len(value) == 1 and _token_ids(value[0]):
+            return list(value[0])
         if len(value) > 1 and all(isinstance(p, str | list) for p in value):
             raise ApiError(
                 400,
@@ -209,12 +218,20 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
 
 
 # OpenAI's `service_tier`: "flex" trades latency for price, which is our batch class.
-_TIERS = {
+SERVICE_TIERS = {
     "auto": "interactive",
     "default": "interactive",
     "priority": "interactive",
     "flex": "batch",
 }
+
+
+def _top_p(body: dict[str, Any]) -> float | None:
+    """The client's `top_p`: above 0 (the engine has no token to sample from at 0) up to 1."""
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise invalid("top_p", "'top_p' must be above 0 and at most 1, got 0.")
+    return top_p
 
 
 def _user(body: dict[str, Any]) -> str | None:
@@ -229,9 +246,11 @@ def _priority(body: dict[str, Any]) -> str:
     tier = _string(body, "service_tier")
     if tier is None:
         return "interactive"
-    if tier not in _TIERS:
-        raise invalid("service_tier", f"'service_tier' must be one of {', '.join(sorted(_TIERS))}.")
-    return _TIERS[tier]
+    if tier not in SERVICE_TIERS:
+        raise invalid(
+            "service_tier", f"'service_tier' must be one of {', '.join(sorted(SERVICE_TIERS))}."
+        )
+    return SERVICE_TIERS[tier]
 
 
 def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
@@ -259,7 +278,7 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         prompt=_prompt(body) if endpoint == COMPLETIONS else None,
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 0.0, 1.0),
+        top_p=_top_p(body),
         top_k=top_k,
         seed=_integer(body, "seed", -(1 << 63), (1 << 63) - 1),
         stop=_stop(body),

@@ -178,6 +178,10 @@ def sampling_build(
 ) -> Sampling:
     """Return the sampling parameters of a request after enforcing token and context limits."""
     prompt_param = "messages" if request.endpoint == CHAT else "prompt"
+    if prompt_tokens == 0:
+        # The engine refuses an empty prompt; the client hears why, not a 503.
+        message = f"The {prompt_param} is empty: it has no tokens."
+        raise ApiError(400, "invalid_value", message, param=prompt_param)
     context = min(route.context_length, principal.max_context_tokens)
     if prompt_tokens >= context:
         raise ApiError(

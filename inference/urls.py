@@ -18,6 +18,7 @@ urlpatterns = [
     path("batches/<str:batch_id>", batches.batch_detail),
     path("batches/<str:batch_id>/cancel", batches.batch_cancel),
     path("models", views.models_list),
+    path("openapi.json", views.openapi),
     path("requests/<str:target>/cancel", views.request_cancel),
     path("requests/<str:target>/stream", views.request_stream),
     path("models/<path:name>", views.models_detail),

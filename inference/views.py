@@ -26,6 +26,7 @@ from inference.errors import ApiError
 from inference.idempotency import Original, body_digest, key_validate
 from inference.metrics import RequestClock, requests_total
 from inference.openai_format import DONE, Formatter, error_chunk
+from inference.openapi import openapi_json
 from inference.params import (
     CHAT,
     COMPLETIONS,
@@ -77,6 +78,7 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                         405,
                         "method_not_allowed",
                         f"{request.method} is not allowed here; use {', '.join(methods)}.",
+                        headers={"Allow": ", ".join(methods)},
                     )
                 response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
             except ApiError as exc:
@@ -565,6 +567,12 @@ async def models_detail(request: HttpRequest, request_id: str, name: str) -> Htt
     if routing.splits:
         body["traffic"] = routing.weights  # version -> percent of the alias's traffic
     return json_response(body)
+
+
+@api_endpoint("GET")
+async def openapi(request: HttpRequest, request_id: str) -> HttpResponse:
+    """Serve this API's OpenAPI document; no key needed."""
+    return json_response(openapi_json())
 
 
 @api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")

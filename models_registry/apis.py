@@ -8,6 +8,8 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
@@ -21,7 +23,7 @@ from models_registry.models import Alias, Deployment, ModelVersion, Rollout, Rol
 from models_registry.rollouts import RolloutConflict, rollout_act, rollout_start
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_shadow_set, alias_split_set
-from tenants.apis import drf_validation_error
+from tenants.apis import CONFLICT, FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 
 
 class Conflict(APIException):
@@ -55,7 +57,8 @@ def _rollout(pk: int) -> Rollout:
 
 
 class DecisionSerializer(serializers.ModelSerializer[RolloutDecision]):
-    actor: serializers.StringRelatedField[Any] = serializers.StringRelatedField()
+    # Null for the decisions the analysis makes on its own.
+    actor: serializers.StringRelatedField[Any] = serializers.StringRelatedField(allow_null=True)
 
     class Meta:
         model = RolloutDecision
@@ -77,6 +80,13 @@ class RolloutSerializer(serializers.ModelSerializer[Rollout]):
         ]  # fmt: skip
 
 
+class RolloutDetailSerializer(RolloutSerializer):
+    decisions = DecisionSerializer(many=True, read_only=True)
+
+    class Meta(RolloutSerializer.Meta):
+        fields = [*RolloutSerializer.Meta.fields, "decisions"]
+
+
 class RolloutStartSerializer(serializers.Serializer[Any]):
     alias = serializers.CharField()
     canary = serializers.CharField(help_text="model@label or model@<version id prefix>")
@@ -92,10 +102,21 @@ class RolloutStartSerializer(serializers.Serializer[Any]):
 class RolloutListApi(APIView):
     """GET recent rollouts; POST starts one (the canary gets the first step's share)."""
 
+    @extend_schema(responses={200: RolloutSerializer(many=True), 403: REFUSED})
     def get(self, request: Request) -> Response:
         rollouts = Rollout.objects.select_related("alias", "canary__model", "baseline__model")
         return Response(RolloutSerializer(rollouts[:100], many=True).data)
 
+    @extend_schema(
+        request=RolloutStartSerializer,
+        responses={
+            201: RolloutSerializer,
+            400: FIELD_ERRORS,
+            403: REFUSED,
+            404: NOT_FOUND,
+            409: CONFLICT,
+        },
+    )
     def post(self, request: Request) -> Response:
         given = RolloutStartSerializer(data=request.data)
         given.is_valid(raise_exception=True)
@@ -114,22 +135,46 @@ class RolloutListApi(APIView):
 class RolloutDetailApi(APIView):
     """GET a rollout with every decision and the numbers behind it."""
 
+    @extend_schema(responses={200: RolloutDetailSerializer, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, pk: int) -> Response:
-        rollout = _rollout(pk)
-        body = dict(RolloutSerializer(rollout).data)
-        body["decisions"] = DecisionSerializer(rollout.decisions.all(), many=True).data
-        return Response(body)
+        return Response(RolloutDetailSerializer(_rollout(pk)).data)
+
+
+class RolloutActionSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
 
 
 class RolloutActionApi(APIView):
     """POST promote, pause, resume or rollback, with an optional reason."""
 
+    @extend_schema(
+        operation_id="rollouts_act",
+        parameters=[
+            OpenApiParameter(
+                "action",
+                OpenApiTypes.STR,
+                OpenApiParameter.PATH,
+                enum=["promote", "pause", "resume", "rollback"],
+            )
+        ],
+        request=RolloutActionSerializer,
+        responses={
+            200: RolloutSerializer,
+            400: FIELD_ERRORS,
+            403: REFUSED,
+            404: NOT_FOUND,
+            409: CONFLICT,
+        },
+    )
     def post(self, request: Request, pk: int, action: str) -> Response:
         if action not in ("promote", "pause", "resume", "rollback"):
             raise Http404(f"no action {action!r}")
-        reason = str(request.data.get("reason", "")) if hasattr(request.data, "get") else ""
+        rollout = _rollout(pk)
+        given = RolloutActionSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        reason = given.validated_data["reason"]
         try:
-            rollout = rollout_act(_rollout(pk), action=action, actor=request.user, reason=reason)  # type: ignore[arg-type]
+            rollout = rollout_act(rollout, action=action, actor=request.user, reason=reason)  # type: ignore[arg-type]
         except RolloutConflict as exc:
             raise Conflict(str(exc)) from exc
         return Response(RolloutSerializer(rollout).data)
@@ -139,6 +184,20 @@ class ShareSerializer(serializers.Serializer[Any]):
     version = serializers.CharField(allow_null=True)
     percent = serializers.FloatField(min_value=0, max_value=100)
     reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+class ShareBodySerializer(serializers.Serializer[Any]):
+    version = serializers.CharField()
+    percent = serializers.FloatField()
+
+
+class AliasSerializer(serializers.Serializer[Any]):
+    """An alias as the API shows it (built by _alias_body)."""
+
+    name = serializers.CharField()
+    primary = serializers.CharField()
+    splits = ShareBodySerializer(many=True)
+    shadow = ShareBodySerializer(allow_null=True)
 
 
 def _alias_body(alias: Alias) -> dict[str, Any]:
@@ -159,6 +218,7 @@ def _alias_body(alias: Alias) -> dict[str, Any]:
 class AliasDetailApi(APIView):
     """GET an alias: its primary version, splits and shadow."""
 
+    @extend_schema(responses={200: AliasSerializer, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, name: str) -> Response:
         return Response(_alias_body(_alias(name)))
 
@@ -166,6 +226,10 @@ class AliasDetailApi(APIView):
 class AliasSplitApi(APIView):
     """PUT a version's share of an alias (percent 0 removes it)."""
 
+    @extend_schema(
+        request=ShareSerializer,
+        responses={200: AliasSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def put(self, request: Request, name: str) -> Response:
         alias = _alias(name)
         given = ShareSerializer(data=request.data)
@@ -187,6 +251,10 @@ class AliasSplitApi(APIView):
 class AliasShadowApi(APIView):
     """PUT the shadow of an alias (version null or percent 0 stops it)."""
 
+    @extend_schema(
+        request=ShareSerializer,
+        responses={200: AliasSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def put(self, request: Request, name: str) -> Response:
         alias = _alias(name)
         given = ShareSerializer(data=request.data)
@@ -206,9 +274,33 @@ class AliasShadowApi(APIView):
         return Response(_alias_body(_alias(name)))
 
 
+class SlisSerializer(serializers.Serializer[Any]):
+    version = serializers.CharField()
+    minutes = serializers.FloatField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()  # type: ignore[assignment]  # a field: DRF moves it off the class
+    error_rate_pct = serializers.FloatField()
+    ttft_p95_ms = serializers.FloatField(allow_null=True)
+    itl_p95_ms = serializers.FloatField(allow_null=True)
+    cost_per_1k = serializers.FloatField(allow_null=True)
+
+
 class VersionSlisApi(APIView):
     """GET a version's SLIs over the last `minutes` (default 60), shadow copies included."""
 
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "ref", OpenApiTypes.STR, OpenApiParameter.PATH, description="model@version"
+            ),
+            OpenApiParameter(
+                "minutes",
+                OpenApiTypes.FLOAT,
+                description="The window, more than 0 and at most 44640 (31 days).",
+            ),
+        ],
+        responses={200: SlisSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def get(self, request: Request, ref: str) -> Response:
         version = version_pinned(ref) if "@" in ref else None
         if version is None:
@@ -224,9 +316,18 @@ class VersionSlisApi(APIView):
         return Response({"version": version.public_name, "minutes": minutes, **slis.as_dict()})
 
 
+class DeploymentSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    version = serializers.CharField()
+    state = serializers.CharField()
+    live_workers = serializers.IntegerField()
+    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+
+
 class DeploymentListApi(APIView):
     """GET every deployment with its state and live workers (the worker registry)."""
 
+    @extend_schema(responses={200: DeploymentSerializer(many=True), 403: REFUSED})
     def get(self, request: Request) -> Response:
         client = redis_sync_client()
         body = [

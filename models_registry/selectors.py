@@ -78,6 +78,8 @@ def version_served_name(*, digest: str) -> str | None:
 
 def version_pinned(name: str) -> ModelVersion | None:
     """Return the version a `model@version` name pins (a label or a digest prefix), or None."""
+    if "\x00" in name:
+        return None  # no name holds one, and PostgreSQL cannot compare text that does
     model_name, _, ref = name.partition("@")
     versions = ModelVersion.objects.select_related("model", "base").filter(model__name=model_name)
     by_label = versions.filter(label=ref).first() if ref else None
@@ -193,6 +195,8 @@ def _alias_routing(alias: Alias) -> Routing | None:
 
 def routing_resolve(*, name: str) -> Routing | None:
     """Return where a model name (alias, model or `model@version`) routes, or None."""
+    if "\x00" in name:
+        return None  # no name holds one, and PostgreSQL cannot compare text that does
     if "@" in name:
         version = version_pinned(name)
     else:

@@ -6,7 +6,11 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -29,11 +33,37 @@ class TenantPrivacySerializer(serializers.ModelSerializer[Tenant]):
         read_only_fields = ["deleted_at"]
 
 
+class ErrorSerializer(serializers.Serializer[Any]):
+    """The body of a refusal: what went wrong, in a sentence."""
+
+    detail = serializers.CharField()
+
+
+# The management API's documented refusals, shared by its three apps.
+FIELD_ERRORS = OpenApiResponse(
+    {"type": "object", "additionalProperties": {}},
+    description="The request is invalid: each field at fault names its problem.",
+)
+REFUSED = OpenApiResponse(
+    ErrorSerializer, description="Not signed in, or not allowed (most operations are staff only)."
+)
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such object, or not one of yours.")
+CONFLICT = OpenApiResponse(ErrorSerializer, description="The object's state does not allow it.")
+
+
 def drf_validation_error(exc: DjangoValidationError) -> serializers.ValidationError:
     """A service's ValidationError as the API's 400, field by field where it names fields."""
     return serializers.ValidationError(
         exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
     )
+
+
+@extend_schema(exclude=True)
+@api_view(["GET", "POST", "PUT", "PATCH", "DELETE"])
+@permission_classes([AllowAny])
+def not_found(request: Request, path: str = "") -> Response:
+    """Answer a path under /api/ that no route takes with a JSON 404, as every API path does."""
+    raise NotFound(f"No endpoint {request.method} {request.path}.")
 
 
 def _tenant(slug: str) -> Tenant:
@@ -46,9 +76,14 @@ def _tenant(slug: str) -> Tenant:
 class QuotaDetailApi(APIView):
     """GET a tenant's quota; PATCH some of its fields (audited)."""
 
+    @extend_schema(responses={200: QuotaSerializer, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, slug: str) -> Response:
         return Response(QuotaSerializer(_tenant(slug).quota).data)
 
+    @extend_schema(
+        request=QuotaSerializer,
+        responses={200: QuotaSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def patch(self, request: Request, slug: str) -> Response:
         tenant = _tenant(slug)
         serializer = QuotaSerializer(tenant.quota, data=request.data, partial=True)
@@ -64,9 +99,14 @@ class QuotaDetailApi(APIView):
 class TenantPrivacyApi(APIView):
     """GET a tenant's retention period and training flag; PATCH them (audited)."""
 
+    @extend_schema(responses={200: TenantPrivacySerializer, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, slug: str) -> Response:
         return Response(TenantPrivacySerializer(_tenant(slug)).data)
 
+    @extend_schema(
+        request=TenantPrivacySerializer,
+        responses={200: TenantPrivacySerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
     def patch(self, request: Request, slug: str) -> Response:
         tenant = _tenant(slug)
         serializer = TenantPrivacySerializer(tenant, data=request.data, partial=True)

@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "channels",
     "django_prometheus",
     "embedded",
@@ -226,6 +227,28 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.BasicAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+# The management API's OpenAPI document, served at /api/schema. It is public, like the /v1
+# one: it describes what the code already says, and each operation still checks who calls it.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchyard management API",
+    "DESCRIPTION": "Tenants' quotas and privacy, the model registry and rollouts, and finance. "
+    "Staff only, except the finance reads a tenant's finance and admin members may make.",
+    "VERSION": "1",
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # What Django's path converters match, so a client never builds a URL no route takes.
+    "PATH_CONVERTER_OVERRIDES": {
+        "int": {"type": "integer", "minimum": 0},
+        "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
+        "str": {"type": "string", "pattern": "^[^/]+$"},
+    },
+    "ENUM_NAME_OVERRIDES": {
+        "InvoiceStateEnum": "billing.models.InvoiceState",
+        "RolloutStateEnum": "models_registry.models.RolloutState",
+    },
 }
 
 # Logs: one JSON object per line (`json`, the default: what log pipelines parse) or readable

@@ -267,8 +267,19 @@ def test_a_batch_survives_its_celery_worker_dying_mid_way(sdk, world, celery, us
     assert _admitted(DEPLOYMENT) - admitted_before == count
 
 
-def test_a_batch_survives_its_celery_worker_stopping_gracefully(sdk, world, celery, usage_of):
+def test_a_batch_survives_its_celery_worker_stopping_gracefully(
+    stack, world, celery, usage_of, django_db_blocker
+):
     """A rolling update: SIGTERM lets the worker end its step and exit; the next one goes on."""
+    from tenants.services import api_key_issue, tenant_create
+
+    with django_db_blocker.unblock():
+        # Two lines at a time, so the batch is still running when its worker is stopped.
+        tenant = tenant_create(slug="prestige")
+        tenant.quota.max_concurrency = 2
+        tenant.quota.save()
+        key = api_key_issue(tenant=tenant, name="tests").token
+    sdk = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
     count = 40
     admitted_before = _admitted(DEPLOYMENT)
     lines = [_chat_line(f"g{i}", f"Line {i}", max_tokens=80, ignore_eos=True) for i in range(count)]
@@ -278,12 +289,16 @@ def test_a_batch_survives_its_celery_worker_stopping_gracefully(sdk, world, cele
     _wait(sdk, batch.id, until=lambda b: b.request_counts.completed >= 5, timeout=120)
     assert celery.process is not None
     stopping = celery.process
-    os.killpg(stopping.popen.pid, signal.SIGTERM)
-    # A warm shutdown: the step in hand finishes (steps are short), then a clean exit.
-    assert stopping.popen.wait(timeout=60) == 0, stopping.tail()
-    progress = sdk.batches.retrieve(batch.id).request_counts.completed
+    try:
+        os.killpg(stopping.popen.pid, signal.SIGTERM)
+        # A warm shutdown: the step in hand finishes (steps are short), then a clean exit.
+        assert stopping.popen.wait(timeout=60) == 0, stopping.tail()
+        counts = sdk.batches.retrieve(batch.id).request_counts
+    finally:
+        celery.start()
+    assert counts is not None
+    progress = counts.completed
     assert progress < count, "the batch finished before the worker was stopped"
-    celery.start()
     batch = _wait(sdk, batch.id, until=_ended, timeout=240)
     assert batch.status == "completed"
     assert (batch.request_counts.completed, batch.request_counts.failed) == (count, 0)

@@ -72,8 +72,7 @@ def test_the_database_holds_no_key_secret_in_plain_text(stack, world, django_db_
             name = f'"{table}"."{column}"'
             name = f"encode({name}, 'escape')" if kind == "bytea" else f"{name}::text"
             cursor.execute(
-                f'SELECT count(*) FROM "{table}" WHERE {name} ~ %s '
-                f"OR {name} LIKE ANY(%s)",
+                f'SELECT count(*) FROM "{table}" WHERE {name} ~ %s OR {name} LIKE ANY(%s)',
                 [r"sy-[A-Za-z0-9]{12}[A-Za-z0-9_-]{16,}", [f"%{t[16:]}%" for t in secrets]],
             )
             if cursor.fetchone()[0]:

@@ -44,7 +44,7 @@ def test_it_names_a_field_of_the_wrong_type(field, value):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("temperature", 3), ("top_p", -0.1), ("max_tokens", 0), ("presence_penalty", 9)],
+    [("temperature", 3), ("top_p", -0.1), ("top_p", 0), ("max_tokens", 0), ("presence_penalty", 9)],
 )
 def test_it_names_a_field_out_of_range(field, value):
     error = _error(_chat(**{field: value}))
@@ -93,3 +93,6 @@ def test_completions_take_text_or_token_ids():
     assert by_ids.prompt == [1, 2]
     error = _error({"model": "m", "prompt": ["a", "b"]}, endpoint=COMPLETIONS)
     assert error.param == "prompt"
+    nested = generation_parse({"model": "m", "prompt": [[1, 2]]}, endpoint=COMPLETIONS)
+    assert nested.prompt == [1, 2]
+    assert _error({"model": "m", "prompt": [["a"]]}, endpoint=COMPLETIONS).param == "prompt"
