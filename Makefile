@@ -70,6 +70,8 @@ bench: $(STAMP)
 	$(PY) bench/embeddings.py
 	$(PY) bench/prefix_cache.py
 	$(PY) bench/output_filter.py
+	$(PY) bench/gateway_overhead.py
+	$(PY) bench/soak.py
 	$(PY) bench/summary.py
 
 # Known vulnerabilities in every pinned package, from PyPI's advisory data (its per-release JSON

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from inference.dispatch import Dispatch
-from inference.redis_client import redis_client_new
+from inference.redis_client import redis_client_new, redis_sync_client
 from models_registry.models import ModelVersion
 from models_registry.services import deployment_create, model_version_register
 from tests.conftest import _spawn, _wait_for
@@ -101,12 +101,24 @@ def test_a_killed_worker_ends_its_streams_with_an_error_and_bills_them(
         lines = response.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         os.killpg(worker.popen.pid, signal.SIGKILL)
+        killed = time.monotonic()
         events = _payloads([first, *lines])
+        told = time.monotonic() - killed
     assert events[-1] == "[DONE]"
     assert events[-2]["error"]["code"] == "worker_lost"
+    # The lease (3 s here) lapses and the reaper, which looks every second, ends the request.
+    print(f"the client was told its worker was lost {told:.1f} s after the kill")
+    assert told < 5.0
     [record] = usage_of(request_id)
     assert record.status == "worker_lost"
     assert record.completion_tokens > 0
+    # Billed once for what it produced, and its reservation settled.
+    store = redis_sync_client()
+    deadline = time.monotonic() + 30
+    while store.exists(f"sy:{{t{world.globex.pk}}}:held:{request_id}"):
+        assert time.monotonic() < deadline, "the killed request's reservation stayed open"
+        time.sleep(0.2)
+    assert not store.zscore(f"sy:{{t{world.globex.pk}}}:inflight", request_id)
 
     with httpx.Client(base_url=stack.base_url, timeout=30) as client:
         response = client.post(
