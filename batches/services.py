@@ -287,10 +287,12 @@ def batch_finalize(*, batch: Batch, status: str) -> Batch:
             batch.output_file = _result_file(batch, "output", done)
         if failed:
             batch.error_file = _result_file(batch, "error", failed)
+        # Counted in the same commit as the status: a client that sees the batch ended sees
+        # its final counts too.
+        counts_refresh(batch=batch)
         batch.status = status
         setattr(batch, f"{status}_at", timezone.now())
         batch.save(update_fields=["output_file", "error_file", "status", f"{status}_at"])
-    counts_refresh(batch=batch)
     batch.refresh_from_db()
     return batch
 

@@ -17,8 +17,8 @@ With --embeddings, all-MiniLM-L6-v2 is deployed too (its own worker) and users a
 
 With --url nothing is started: the scenario runs against that deployment with the keys in
 SWITCHYARD_KEYS (and SWITCHYARD_MODEL, SWITCHYARD_EMBEDDING_MODEL), and the summary is printed
-only. Otherwise writes its section of docs/benchmarks.md and docs/load.png. Exits 1 when a
-request failed (a refusal is not a failure).
+only. Otherwise writes its section of docs/benchmarks.md, docs/load.png and
+docs/bench-data/load.json. Exits 1 when a request failed (a refusal is not a failure).
 """
 
 from __future__ import annotations
@@ -458,7 +458,7 @@ def _local(args: argparse.Namespace, work: Path) -> tuple[int, list[Row]]:
             elapsed = time.monotonic() - started
             after = cpu_seconds(processes)
             history = work / "locust_stats_history.csv"
-            args.docs.mkdir(exist_ok=True)
+            args.docs.mkdir(parents=True, exist_ok=True)
             _plot(history, args.docs / "load.png")
     finally:
         if encoder is not None:

@@ -86,11 +86,12 @@ class Ingester:
             try:
                 await self._step()
                 if outage.since is not None:
-                    # Workers renew their leases within a quarter lease of Redis coming back;
-                    # reaping before then would end requests that are still running.
                     self._reap_after = time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
                 outage.ok()
             except UNREACHABLE as exc:
+                # Leases lapse while Redis is down though their workers live; the workers renew
+                # them within a quarter lease of its return, so reaping waits a whole lease.
+                self._reap_after = time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
                 await asyncio.sleep(outage.failed(exc))
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
