@@ -11,7 +11,7 @@ When the load stops we wait for the platform to drain, then check its bounds:
 
 - the deployment never holds more jobs (waiting + running) than its queue bound plus its
   engine slots, nor more reserved tokens waiting than max_queued_tokens;
-- no process's memory (PSS, with its children), nor Valkey's used_memory, has a floor (10th
+- no process's anonymous memory (with its children), nor Valkey's used_memory, has a floor (10th
   percentile) in the last third of the load higher than in the middle third by more than a
   stated margin: a leak raises the memory a process never drops below, while a burst of work
   only fills buffers for a while;
@@ -262,7 +262,7 @@ class Sample:
     usage_backlog: int  # usage events in the stream, not yet ingested
     valkey_bytes: int
     rss: dict[str, int]
-    pss: dict[str, int]
+    anon: dict[str, int]  # anonymous resident memory (RssAnon), bytes
     cpu: dict[str, float]  # CPU seconds so far: each process, the load generator, the machine
 
 
@@ -330,7 +330,7 @@ class Sampler(threading.Thread):
         waiting, tokens, running, jobs = occupancy(self.client)
         snapshot = queue_snapshot_sync(self.client, DEPLOYMENT)
         memory: Any = self.client.info("memory")
-        rss, pss = tree_memory(self.processes)
+        rss, anon = tree_memory(self.processes)
         return Sample(
             at=time.perf_counter(),
             counters=replace(self.counters),
@@ -342,7 +342,7 @@ class Sampler(threading.Thread):
             usage_backlog=snapshot.ingest_lag_events,
             valkey_bytes=int(memory["used_memory"]),
             rss=rss,
-            pss=pss,
+            anon=anon,
             cpu={
                 **cpu_seconds(self.processes),
                 "load generator": _own_cpu(),
@@ -385,27 +385,36 @@ def reservations_open(client: redis.Redis, tenant_id: int, *, held: bool = False
 
 
 def tree_memory(processes: dict[str, psutil.Process]) -> tuple[dict[str, int], dict[str, int]]:
-    """Return RSS and PSS in bytes of each named process with its children.
+    """Return RSS and anonymous RSS in bytes of each named process with its children.
 
-    RSS counts a page shared between a process's children (PostgreSQL's shared buffers) once
-    per child; PSS splits it between them, so a tree's PSS is what it really holds.
+    Anonymous memory (heaps, Python objects, tensors) is where a leak shows. RSS also counts the
+    pages of shared libraries (their share moves as other processes map the same files) and,
+    once per backend, PostgreSQL's shared buffers.
     """
     rss: dict[str, int] = {}
-    pss: dict[str, int] = {}
+    anon: dict[str, int] = {}
     for name, proc in processes.items():
-        rss[name] = pss[name] = 0
+        rss[name] = anon[name] = 0
         try:
             tree = [proc, *proc.children(recursive=True)]
         except psutil.Error:
             continue
         for p in tree:
             try:
-                info = p.memory_full_info()
-            except psutil.Error:
+                rss[name] += p.memory_info().rss
+                anon[name] += _rss_anon(p.pid)
+            except (psutil.Error, OSError):
                 continue
-            rss[name] += info.rss
-            pss[name] += info.pss
-    return rss, pss
+    return rss, anon
+
+
+def _rss_anon(pid: int) -> int:
+    """Return a process's anonymous resident memory in bytes (Linux: RssAnon in its status)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 # --- checks --------------------------------------------------------------------------------
@@ -538,12 +547,12 @@ def _checks(soak: Soak) -> list[Check]:
     # run whose throughput tripled for a minute, the worker's memory rose by 85 MiB, then fell
     # back as the burst passed.
     note = "" if soak.enforce_memory else " (not enforced: --quick is too short)"
-    for name, idle in soak.before_load.pss.items():
+    for name, idle in soak.before_load.anon.items():
         tolerance = max(MEMORY_TOLERANCE_MIB * MIB, MEMORY_TOLERANCE_SHARE * idle)
-        middle, final = soak.floors([s.pss[name] for s in soak.samples])
+        middle, final = soak.floors([s.anon[name] for s in soak.samples])
         checks.append(
             Check(
-                f"{name} memory (PSS): last third's floor over the middle third's",
+                f"{name} anonymous memory: last third's floor over the middle third's",
                 f"≤ {tolerance / MIB:.0f} MiB{note}",
                 f"{(final - middle) / MIB:+.1f} MiB ({middle / MIB:.0f} → {final / MIB:.0f})",
                 final - middle <= tolerance,
@@ -717,19 +726,19 @@ def _memory_table(soak: Soak) -> str:
     first = [soak.before_load]
     after = soak.samples[-1]
     lines = [
-        "| process | RSS at start (MiB) | RSS peak (MiB) | PSS at start → peak → after "
-        "the drain (MiB) | PSS slope, second half (MiB/min) |",
+        "| process | RSS at start (MiB) | RSS peak (MiB) | anonymous at start → peak → after "
+        "the drain (MiB) | anonymous slope, second half (MiB/min) |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     half = soak.during(soak.seconds / 2, soak.seconds)
     during = soak.during(0, soak.seconds)
     for name in after.rss:
-        slope = slope_mib_per_min([(s.at, s.pss[name]) for s in half])
+        slope = slope_mib_per_min([(s.at, s.anon[name]) for s in half])
         lines.append(
             f"| {name} | {first[0].rss[name] / MIB:.0f} "
             f"| {max(s.rss[name] for s in during) / MIB:.0f} "
-            f"| {first[0].pss[name] / MIB:.0f} → {max(s.pss[name] for s in during) / MIB:.0f} → "
-            f"{after.pss[name] / MIB:.0f} | {slope:+.2f} |"
+            f"| {first[0].anon[name] / MIB:.0f} → {max(s.anon[name] for s in during) / MIB:.0f} → "
+            f"{after.anon[name] / MIB:.0f} | {slope:+.2f} |"
         )
     slope = slope_mib_per_min([(s.at, s.valkey_bytes) for s in half])
     lines.append(
@@ -790,7 +799,7 @@ def _plot(soak: Soak, path: Path) -> None:
 
     # Each line starts from its median over the first 10 s of the load: the idle sample before
     # it can hold a PostgreSQL backend that exits as the load begins.
-    series = {f"{name} PSS": [s.pss[name] for s in soak.samples] for name in soak.before_load.pss}
+    series = {name: [s.anon[name] for s in soak.samples] for name in soak.before_load.anon}
     series["Valkey used_memory"] = [s.valkey_bytes for s in soak.samples]
     for label, values in series.items():
         start_value = statistics.median(
@@ -806,7 +815,7 @@ def _plot(soak: Soak, path: Path) -> None:
     memory.set(
         xlabel="s",
         ylabel="MiB, from the first 10 s of the load",
-        title="Memory per process (its size then in brackets)",
+        title="Anonymous memory per process (its size then in brackets)",
     )
     memory.legend(fontsize=7)
 
@@ -960,7 +969,7 @@ def _samples_csv(soak: Soak, path: Path) -> None:
         out.writerow(
             ["t", *counted, "waiting", "waiting_tokens", "running", "jobs", "reservations",
              "usage_backlog", "valkey_bytes",
-             *(f"rss {n}" for n in names), *(f"pss {n}" for n in names),
+             *(f"rss {n}" for n in names), *(f"anon {n}" for n in names),
              *(f"cpu seconds {n}" for n in timed)]
         )  # fmt: skip
         for s in soak.samples:
@@ -968,7 +977,7 @@ def _samples_csv(soak: Soak, path: Path) -> None:
                 [f"{s.at - soak.started:.2f}", *(getattr(s.counters, c) for c in counted),
                  s.waiting, s.waiting_tokens, s.running, s.jobs, s.reservations,
                  s.usage_backlog, s.valkey_bytes,
-                 *(s.rss[n] for n in names), *(s.pss[n] for n in names),
+                 *(s.rss[n] for n in names), *(s.anon[n] for n in names),
                  *(f"{s.cpu[n]:.2f}" for n in timed)]
             )  # fmt: skip
 
@@ -1048,7 +1057,7 @@ def _results(soak: Soak, args: argparse.Namespace) -> dict[str, object]:
             "reservations": [s.reservations for s in samples],
             "usage_backlog": [s.usage_backlog for s in samples],
             "valkey_used_bytes": [s.valkey_bytes for s in samples],
-            "pss_bytes": {n: [s.pss[n] for s in samples] for n in samples[0].pss},
+            "anon_bytes": {n: [s.anon[n] for s in samples] for n in samples[0].anon},
             "rss_bytes": {n: [s.rss[n] for s in samples] for n in samples[0].rss},
             "cpu_seconds": {n: [s.cpu[n] for s in samples] for n in samples[0].cpu},
         },
@@ -1087,9 +1096,10 @@ def _write(soak: Soak, args: argparse.Namespace) -> None:
         f"busy ({OVERLOAD_TOKENS}-token streams), then one tenant sends Poisson arrivals at "
         f"{args.factor:.0f}× that rate. The engine runs on core 0; the frontend, ingester and "
         "load generator on core 1.\n\n"
-        "Every second the benchmark samples each process's memory with its children (PSS: "
-        "shared pages, such as PostgreSQL's shared buffers, split between the processes that "
-        "map them), Valkey's used_memory, the queue, the tenant's open reservations and the "
+        "Every second the benchmark samples each process's memory with its children (anonymous "
+        "resident memory, RssAnon: heaps, Python objects, tensors; not the shared libraries, "
+        "whose share moves as other processes map the same files, nor PostgreSQL's shared "
+        "buffers), Valkey's used_memory, the queue, the tenant's open reservations and the "
         "usage events not yet ingested; it polls the queue's occupancy (waiting + running, read "
         f"in one MULTI) every {POLL_SECONDS * 1000:.0f} ms for its peak. A leak raises the "
         "memory a process never drops below, while a burst of work only fills buffers for a "
