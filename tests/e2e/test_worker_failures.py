@@ -143,6 +143,13 @@ def test_a_job_a_dead_worker_claimed_but_never_started_runs_on_another_worker(
     """
     ghost = "ghost-worker"
 
+    async def beat() -> None:
+        dispatch = Dispatch(redis_client_new())
+        try:
+            await dispatch.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=5.0, slots=(1, 0))
+        finally:
+            await dispatch.redis.aclose()
+
     async def claim_then_die() -> list[str]:
         dispatch = Dispatch(redis_client_new())
         try:
@@ -165,6 +172,9 @@ def test_a_job_a_dead_worker_claimed_but_never_started_runs_on_another_worker(
         httpx.Client(base_url=stack.base_url, timeout=180) as client,
         concurrent.futures.ThreadPoolExecutor(1) as pool,
     ):
+        # Alive before the request arrives, so the request is queued for it (with no live
+        # worker it would be refused with 503 model_unavailable).
+        asyncio.run(beat())
         asked = pool.submit(
             client.post,
             "/v1/completions",
