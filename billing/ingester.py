@@ -52,8 +52,7 @@ class Ingester:
         self._deployments: list[str] = []
         self._deployments_at = 0.0
         self._finishing: asyncio.Task[None] | None = None
-        self._last_reap = 0.0
-        self._reap_after = 0.0
+        self._reap_at = 0.0  # monotonic time of the next reap
         self.ingested = 0
 
     async def _settle(self, events: list[UsageEvent], costs: dict[str, Decimal]) -> None:
@@ -85,13 +84,13 @@ class Ingester:
         while not self._stopping.is_set():
             try:
                 await self._step()
-                if outage.since is not None:
-                    self._reap_after = time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
                 outage.ok()
             except UNREACHABLE as exc:
                 # Leases lapse while Redis is down though their workers live; the workers renew
                 # them within a quarter lease of its return, so reaping waits a whole lease.
-                self._reap_after = time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
+                self._reap_at = max(
+                    self._reap_at, time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
+                )
                 await asyncio.sleep(outage.failed(exc))
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -106,8 +105,8 @@ class Ingester:
     async def _step(self) -> None:
         """Reap when due, then read a batch of usage events and record it."""
         deployments = await self._refresh_deployments()
-        if time.monotonic() - self._last_reap >= 1.0 and time.monotonic() >= self._reap_after:
-            self._last_reap = time.monotonic()
+        if time.monotonic() >= self._reap_at:
+            self._reap_at = time.monotonic() + 1.0
             if self._finishing is not None:
                 await self._finishing
                 self._finishing = None

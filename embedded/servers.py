@@ -141,41 +141,30 @@ def services_stop(config: ServiceConfig) -> None:
 
 
 @contextlib.contextmanager
-def valkey_restarted(config: ServiceConfig) -> Iterator[None]:
-    """Stop Valkey cleanly; when the block ends, start it again on its port with its data.
+def service_restarted(config: ServiceConfig, service: str) -> Iterator[None]:
+    """Stop "postgres" or "valkey" cleanly; when the block ends, start it again on its port.
 
-    The time inside the block is the outage (a restarted pod, a failover). The fault tests
-    use it; `--appendonly yes` is what brings the data back.
+    The time inside the block is the outage (a restarted pod, a failover); the fault tests use
+    it. Both come back with their data (Valkey's through its append-only file).
     """
     layout = _layout(config)
     with _locked(layout):
-        port = _recorded_port(_read_state(layout), "valkey")
+        port = _recorded_port(_read_state(layout), service)
         if port is None:
-            raise ServiceError("valkey is not running from this data dir")
-        _valkey_stop(layout)
+            raise ServiceError(f"{service} is not running from this data dir")
+        if service == "postgres":
+            _pg_stop(layout)
+        else:
+            _valkey_stop(layout)
     try:
         yield
     finally:
         with _locked(layout):
             _wait_for(lambda: _port_free(config.host, port), STOP_TIMEOUT)
-            _valkey_start(layout, dataclasses.replace(config, redis_port=port), port)
-
-
-@contextlib.contextmanager
-def postgres_restarted(config: ServiceConfig) -> Iterator[None]:
-    """Fast-stop PostgreSQL; when the block ends, start it again on its port with its data."""
-    layout = _layout(config)
-    with _locked(layout):
-        port = _recorded_port(_read_state(layout), "postgres")
-        if port is None:
-            raise ServiceError("postgres is not running from this data dir")
-        _pg_stop(layout)
-    try:
-        yield
-    finally:
-        with _locked(layout):
-            _wait_for(lambda: _port_free(config.host, port), STOP_TIMEOUT)
-            _pg_start(layout, dataclasses.replace(config, pg_port=port))
+            if service == "postgres":
+                _pg_start(layout, dataclasses.replace(config, pg_port=port))
+            else:
+                _valkey_start(layout, dataclasses.replace(config, redis_port=port), port)
 
 
 def services_status(config: ServiceConfig) -> dict[str, object]:

@@ -46,23 +46,23 @@ class Outage:
     second); it calls `ok()` after a call succeeds.
     """
 
-    def __init__(self, what: str, logger: logging.Logger) -> None:
+    def __init__(self, what: str, logger: logging.Logger, level: int = logging.WARNING) -> None:
         self.what = what
         self.log = logger
+        self.level = level
         self.since: float | None = None
         self._delay = 0.0
 
     def failed(self, exc: BaseException) -> float:
         if self.since is None:
             self.since = time.monotonic()
-            self.log.warning("%s: Redis unreachable (%s); retrying", self.what, exc)
+            self.log.log(self.level, "%s: Redis unreachable (%s); retrying", self.what, exc)
         self._delay = min(max(self._delay * 2, 0.1), 1.0)
         return self._delay
 
     def ok(self) -> None:
         if self.since is not None:
-            self.log.warning(
-                "%s: Redis reachable again after %.1f s", self.what, time.monotonic() - self.since
-            )
+            elapsed = time.monotonic() - self.since
+            self.log.log(self.level, "%s: Redis reachable again after %.1f s", self.what, elapsed)
             self.since = None
             self._delay = 0.0

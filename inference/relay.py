@@ -167,7 +167,8 @@ async def _follow(
     `at_deadline` runs once when the deadline passes.
     """
     overdue = False
-    outage = Outage(f"relaying {request_id}", log)
+    # One per stream: the frontend's refusals already say Redis is down, at warning level.
+    outage = Outage("relaying a reply stream", log, logging.DEBUG)
     while True:
         now = time.time()
         if now >= deadline and not overdue:

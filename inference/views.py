@@ -14,8 +14,6 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inference import relay
 from inference.auth import Principal, authenticate
@@ -35,6 +33,7 @@ from inference.params import (
     embeddings_parse,
     generation_parse,
 )
+from inference.redis_client import UNREACHABLE
 from inference.results import OnEnd, completion_collect, embeddings_collect
 from inference.services import (
     dispatch_get,
@@ -83,7 +82,7 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
             except ApiError as exc:
                 response = exc.response()
-            except (RedisConnectionError, RedisTimeoutError):
+            except UNREACHABLE:
                 # The platform, not the client, is at fault, and retrying soon may work: a fast
                 # 503 rather than a 500 or a hang (connections time out in seconds).
                 log.warning("the queue store is unreachable (%s)", request.path)

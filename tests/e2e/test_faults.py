@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from embedded.servers import postgres_restarted, services_status, valkey_restarted
+from embedded.servers import service_restarted, services_status
 from inference.dispatch import INGEST_GROUP, usage_key
 from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin
@@ -166,7 +166,7 @@ def test_a_valkey_restart_under_load_fails_fast_recovers_and_loses_no_usage(
                 time.sleep(0.1)
             assert served() >= 12, outcomes
             with (
-                valkey_restarted(services_plugin._config),
+                service_restarted(services_plugin._config, "valkey"),
                 httpx.Client(base_url=stack.base_url, timeout=30) as client,
             ):
                 down = time.monotonic()
@@ -271,7 +271,7 @@ def test_a_postgres_restart_under_load_loses_and_duplicates_no_usage(
     answered: list[str] = []
     with httpx.Client(base_url=stack.base_url, timeout=60) as client:
         answered.append(_ask(client, world.acme_key, 100).headers["x-request-id"])
-        with postgres_restarted(services_plugin._config):
+        with service_restarted(services_plugin._config, "postgres"):
             down = time.monotonic()
             n = 101
             while time.monotonic() - down < 3.0:
