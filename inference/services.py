@@ -286,6 +286,7 @@ async def generation_submit(
         reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else reply_ttl,
         adapter=route.adapter,
         user=(request.user or "")[:64],
+        stream=request.stream,
         trace_id=trace.trace_id if trace else "",
         parent_span_id=trace.span_id if trace else "",
     )

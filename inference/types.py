@@ -44,6 +44,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     # A copy for a candidate version: nobody reads its output and it is not billed.
     shadow: bool = False
     user: str = ""  # the client's `user` tag, kept on the usage record
+    # False when nobody reads the output token by token (a non-streaming or batch request):
+    # the worker then writes its text in a few large events instead of one per flush.
+    stream: bool = True
     # An embeddings request: prompt_token_ids holds its inputs end to end, these long each.
     input_lengths: list[int] = []
     # W3C trace context: the trace and the frontend's span, the worker's parent.

@@ -86,6 +86,33 @@ class _Outbox:
             self.urgent.set()
 
 
+# While a non-streaming request runs, its text goes out at most this often: nobody reads it
+# before the end, and a worker lost mid-way still bills about what it had produced.
+_HOLD_SECONDS = 1.0
+
+
+@dataclass
+class _Holdback:
+    """A non-streaming request's deltas, written as one event a second instead of per flush."""
+
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+    def add(self, delta: Delta) -> Delta | None:
+        """Keep `delta`; return what was kept when it is time to write it."""
+        self.text.append(delta.text)
+        self.tokens += delta.tokens
+        return self.take() if time.monotonic() - self.since >= _HOLD_SECONDS else None
+
+    def take(self) -> Delta | None:
+        if not self.text:
+            return None
+        kept = Delta(text="".join(self.text), tokens=self.tokens)
+        self.text, self.tokens, self.since = [], 0, time.monotonic()
+        return kept
+
+
 async def _first_of(*waits: Awaitable[object], timeout: float) -> None:
     """Return when the first of these finishes or timeout passes; cancel the others."""
     tasks = [asyncio.ensure_future(wait) for wait in waits]
@@ -603,6 +630,14 @@ class GenerativeWorker(Worker):
         finish_reason = "stop"
         prompt_tokens = len(job.prompt_token_ids)
         self._outbox.put(job, Started(at=started_at))
+        held = None if job.stream else _Holdback()
+
+        def emit(delta: Delta, *, urgent: bool = False) -> None:
+            if held is None:
+                self._outbox.put(job, delta, urgent=urgent)
+            elif (kept := held.add(delta)) is not None:
+                self._outbox.put(job, kept)
+
         terminal: Event
         # Nothing runs past its deadline: the engine request is aborted when it passes.
         deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
@@ -621,10 +656,9 @@ class GenerativeWorker(Worker):
                         first = produced == 0
                         produced += step.tokens
                         first_token_at = first_token_at or time.time()
-                        delta = Delta(text=step.text, tokens=step.tokens)
-                        self._outbox.put(job, delta, urgent=first)
+                        emit(Delta(text=step.text, tokens=step.tokens), urgent=first)
                     elif step.text:
-                        self._outbox.put(job, Delta(text=step.text, tokens=0))
+                        emit(Delta(text=step.text, tokens=0))
                     if step.finish_reason:
                         finish_reason = step.finish_reason
                     prompt_tokens = step.prompt_tokens
@@ -670,6 +704,8 @@ class GenerativeWorker(Worker):
                 completion_tokens=produced,
             )
             status, code = Status.ERROR, "engine_error"
+        if held is not None and (kept := held.take()) is not None:
+            self._outbox.put(job, kept)
         usage = usage_for(
             job,
             status=status,

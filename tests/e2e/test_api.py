@@ -197,6 +197,31 @@ def test_a_streamed_completion_ends_with_usage_and_done(client, world, usage_of)
     assert record.completion_tokens == 10 and record.status == "ok"
 
 
+def test_a_non_streaming_reply_is_written_in_a_few_large_events(client, world, usage_of):
+    """Nobody reads a non-streaming request token by token: its worker holds the text back
+    and writes it about once a second, so its reply stream holds a few events, not one per
+    token (its stream, read again through the resume endpoint, shows them)."""
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "def main():", "max_tokens": 48, "ignore_eos": True},
+        headers=_auth(world.acme_key),
+    )
+    assert response.status_code == 200, response.text
+    text = response.json()["choices"][0]["text"]
+    request_id = response.headers["x-request-id"]
+    [record] = usage_of(request_id)
+    assert record.completion_tokens == 48
+    with client.stream(
+        "GET", f"/v1/requests/{request_id}/stream", headers=_auth(world.acme_key)
+    ) as replay:
+        assert replay.status_code == 200
+        events = _sse(replay)
+    pieces = [e["choices"][0]["text"] for e in events[:-1] if e["choices"][0]["text"]]
+    assert "".join(pieces) == text
+    seconds = (record.finished_at - record.started_at).total_seconds()
+    assert 1 <= len(pieces) <= int(seconds) + 1, (len(pieces), seconds)
+
+
 def test_a_streamed_chat_starts_with_the_assistant_role(client, world):
     with client.stream(
         "POST",
