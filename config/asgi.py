@@ -27,10 +27,12 @@ async def http_application(scope: dict, receive: object, send: object) -> None:
     await handler(scope, receive, send)  # type: ignore[arg-type]
 
 
-# Import the tokenizer stack now, then move everything loaded so far out of the garbage
-# collector's reach: full collections over Django's and transformers' objects otherwise stall
-# the event loop for tens of milliseconds now and then, in the middle of someone's stream.
-import transformers  # noqa: E402, F401
+# Import the tokenizer stack now (AutoTokenizer pulls in torch; `import transformers` alone
+# is lazy and loads almost nothing), then move everything loaded so far out of the garbage
+# collector's reach: full collections over Django's, torch's and transformers' objects
+# otherwise stall the event loop for a quarter of a second every few seconds under load.
+# Loading a tokenizer freezes again what it added (inference.tokenization).
+from transformers import AutoTokenizer  # noqa: E402, F401
 
 gc.collect()
 gc.freeze()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from pathlib import Path
 from typing import Any
@@ -68,4 +69,8 @@ def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:
                         retry_after=30,
                     ) from exc
                 _tokenizers[digest] = tokenizer
+                # A tokenizer (and the modules its loading imported) lives as long as the
+                # process: out of the collector's reach, like what was loaded at start-up.
+                gc.collect()
+                gc.freeze()
     return tokenizer
