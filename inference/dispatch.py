@@ -834,6 +834,10 @@ class Dispatch:
             self._whereabouts_into(pipe, job)
             outcome, *_ = await pipe.execute()
         code, wait_ms = int(outcome[0]), int(outcome[1])
+        if code < 0:
+            # Refused: no request lives anywhere. Under a flood these would otherwise fill
+            # Redis with a key per refusal for the reply TTL.
+            await self.redis.delete(whereabouts_key(job.request_id))
         if code == -1:
             return Refused(Refusal.NO_WORKER)
         if code == -2:

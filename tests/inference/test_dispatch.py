@@ -154,9 +154,14 @@ async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatc
 
 async def test_a_full_queue_refuses_at_once_and_claimed_jobs_do_not_count(dispatch):
     deployment = await _served_deployment(dispatch)
-    for _ in range(2):
-        assert await dispatch.enqueue(_job(deployment), max_queued=2) is None
-    assert await dispatch.enqueue(_job(deployment), max_queued=2) == Refused(Refusal.QUEUE_FULL)
+    queued = [_job(deployment) for _ in range(2)]
+    for job in queued:
+        assert await dispatch.enqueue(job, max_queued=2) is None
+    refused = _job(deployment)
+    assert await dispatch.enqueue(refused, max_queued=2) == Refused(Refusal.QUEUE_FULL)
+    # A queued request can be found by id; a refused one left nothing behind.
+    assert await dispatch.whereabouts(queued[0].request_id) is not None
+    assert await dispatch.whereabouts(refused.request_id) is None
     await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
     assert await dispatch.enqueue(_job(deployment), max_queued=2) is None
 
