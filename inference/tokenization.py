@@ -7,6 +7,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
 from inference.errors import ApiError
 
 _lock = threading.Lock()
@@ -42,9 +44,19 @@ class Tokenizer:
                 "This model has no chat template; call /v1/completions instead.",
                 param="model",
             )
-        rendered = self._hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        try:
+            rendered = self._hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as exc:
+            # The template refused the conversation (`raise_exception` in its text, such as
+            # roles that must alternate): the client's messages are at fault.
+            raise ApiError(
+                400,
+                "invalid_value",
+                f"This model's chat template rejected the messages: {exc}",
+                param="messages",
+            ) from exc
         return self.encode_text(str(rendered))
 
     @property
