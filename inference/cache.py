@@ -9,13 +9,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from django.db import InterfaceError, OperationalError
-
 from inference.db import db_call
-from inference.errors import ApiError
-
-# How long a request waits for a load from the database before it is answered 503.
-LOAD_WAIT_SECONDS = 5.0
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -35,18 +29,10 @@ class RefreshingCache(Generic[K, V]):
     one older than `ttl + grace` (the reloads kept failing), is loaded inline.
     """
 
-    def __init__(
-        self,
-        load: Callable[[K], V],
-        *,
-        ttl: Callable[[], float],
-        grace: float,
-        wait: float = LOAD_WAIT_SECONDS,
-    ) -> None:
+    def __init__(self, load: Callable[[K], V], *, ttl: Callable[[], float], grace: float) -> None:
         self._load = load
         self._ttl = ttl
         self._grace = grace
-        self._wait = wait
         self._entries: dict[K, _Entry[V]] = {}
         self._reloading: dict[K, asyncio.Task[None]] = {}
 
@@ -65,17 +51,7 @@ class RefreshingCache(Generic[K, V]):
         self._entries.pop(key, None)
 
     async def _reload(self, key: K) -> V:
-        try:
-            value = await asyncio.wait_for(db_call(self._load, key), self._wait)
-        except (TimeoutError, OperationalError, InterfaceError) as exc:
-            # A stalled or unreachable database: a fast 503 the client can retry, rather than
-            # a request that hangs until the database answers (or a 500).
-            raise ApiError(
-                503,
-                "service_unavailable",
-                "The platform cannot reach its database right now; retry shortly.",
-                retry_after=1,
-            ) from exc
+        value = await db_call(self._load, key)
         self._entries[key] = _Entry(value, time.monotonic())
         return value
 
