@@ -29,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,20 +168,27 @@ async def _neighbour(target: Target, flood: int, light_requests: int) -> Neighbo
     # B is another team's client, not a task in the flood's event loop: there its timings
     # would wait behind the parsing of A's stream events (thousands a second), a cost of the
     # load generator rather than of the platform. A process of its own, on the same core.
-    pool = concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context("spawn")
-    )
+    spawn = multiprocessing.get_context("spawn")
     loop = asyncio.get_running_loop()
     key = target.api_keys.get("light", "none")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
 
-    async def light(n: int) -> list[float]:
-        return await loop.run_in_executor(
-            pool, _light_client, target.base_url, target.model, key, n
-        )
+        async def light(n: int) -> list[float]:
+            # The client warms its own connection and the path before it measures.
+            return await loop.run_in_executor(
+                pool, _light_client, target.base_url, target.model, key, n
+            )
 
+        return await _neighbour_with(target, flood, light_requests, light)
+
+
+async def _neighbour_with(
+    target: Target,
+    flood: int,
+    light_requests: int,
+    light: Callable[[int], Awaitable[list[float]]],
+) -> Neighbour:
     async with _session(flood + 8) as session:
-        # Warm the path, then B alone.
-        await asyncio.gather(*(_stream(session, target, "light", 4) for _ in range(4)))
         alone = await light(light_requests)
         progress(f"{target.name}: B alone, TTFT p99 {percentile(alone, 0.99):.1f} ms")
         stop = asyncio.Event()
@@ -200,7 +208,6 @@ async def _neighbour(target: Target, flood: int, light_requests: int) -> Neighbo
         elapsed = time.perf_counter() - flood_started
         progress(f"{target.name}: B under flood, TTFT p99 {percentile(flooded, 0.99):.1f} ms")
         await asyncio.gather(*flooders)
-    pool.shutdown()
     return Neighbour(target.name, alone, flooded, produced / max(elapsed, 1e-9))
 
 

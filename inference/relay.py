@@ -197,7 +197,7 @@ async def _follow(
         pending_last = after
         for entry_id, event in batch:
             if isinstance(event, Delta):
-                pending = _merge(pending, event)
+                pending = event if pending is None else pending.then(event)
                 pending_last = after = entry_id
                 continue
             if pending is not None:
@@ -226,9 +226,3 @@ def _timed_out(*, prompt_tokens: int) -> Failed:
         prompt_tokens=prompt_tokens,
         completion_tokens=0,
     )
-
-
-def _merge(pending: Delta | None, event: Delta) -> Delta:
-    if pending is None:
-        return event
-    return Delta(text=pending.text + event.text, tokens=pending.tokens + event.tokens)

@@ -85,6 +85,10 @@ class Delta(msgspec.Struct, frozen=True, tag="delta"):
     text: str
     tokens: int
 
+    def then(self, later: Delta) -> Delta:
+        """This delta and a later one of the same request, as one."""
+        return Delta(text=self.text + later.text, tokens=self.tokens + later.tokens)
+
 
 class Embeddings(msgspec.Struct, frozen=True, tag="embeddings"):
     """The vectors of an embeddings request: float32, little-endian, one row per input."""

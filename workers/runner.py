@@ -61,8 +61,7 @@ class _Outbox:
         index = self._last.get(rid)
         pending = self.items[index][1] if index is not None else None
         if isinstance(event, Delta) and isinstance(pending, Delta) and index is not None:
-            merged = Delta(text=pending.text + event.text, tokens=pending.tokens + event.tokens)
-            self.items[index] = (job, merged, None, charged)
+            self.items[index] = (job, pending.then(event), None, charged)
         else:
             self._last[rid] = len(self.items)
             self.items.append((job, event, usage, charged))
@@ -95,21 +94,16 @@ _HOLD_SECONDS = 1.0
 class _Holdback:
     """A non-streaming request's deltas, written as one event a second instead of per flush."""
 
-    text: list[str] = field(default_factory=list)
-    tokens: int = 0
+    kept: Delta | None = None
     since: float = field(default_factory=time.monotonic)
 
     def add(self, delta: Delta) -> Delta | None:
         """Keep `delta`; return what was kept when it is time to write it."""
-        self.text.append(delta.text)
-        self.tokens += delta.tokens
+        self.kept = delta if self.kept is None else self.kept.then(delta)
         return self.take() if time.monotonic() - self.since >= _HOLD_SECONDS else None
 
     def take(self) -> Delta | None:
-        if not self.text:
-            return None
-        kept = Delta(text="".join(self.text), tokens=self.tokens)
-        self.text, self.tokens, self.since = [], 0, time.monotonic()
+        kept, self.kept, self.since = self.kept, None, time.monotonic()
         return kept
 
 
