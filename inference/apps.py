@@ -24,3 +24,7 @@ class InferenceConfig(AppConfig):
             signal.disconnect(receiver)
             for handler in (ASGIHandler, WSGIHandler):
                 signal.connect(receiver, sender=handler)
+
+        from inference.changes import receivers_connect
+
+        receivers_connect()

@@ -1,18 +1,16 @@
-"""API-key authentication for the data plane, cached briefly per process.
+"""API-key authentication for the data plane, cached per process.
 
 A revocation publishes the key's public id; every frontend drops it from its cache at once,
-and the cache TTL bounds staleness if a message is missed.
+and the cache TTL bounds staleness if a message is missed. Other changes to keys, tenants and
+quotas mark the cached keys stale (`inference.changes`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import logging
 from dataclasses import dataclass
 
-import redis.asyncio as aredis
 from django.conf import settings
 from django.utils import timezone
 
@@ -52,9 +50,6 @@ class _Cached:
     principal: Principal | None
     problem: ApiError | None
     expires_at: float | None
-
-
-_listener: asyncio.Task[None] | None = None
 
 
 def key_revocation_publish(*, public_id: str) -> None:
@@ -104,35 +99,8 @@ def _load(public_id: str) -> _Cached:
 
 
 _keys: RefreshingCache[str, _Cached] = RefreshingCache(
-    _load, ttl=lambda: settings.SWITCHYARD_KEY_CACHE_SECONDS, grace=30.0
+    _load, ttl=lambda: settings.SWITCHYARD_KEY_CACHE_SECONDS, grace=30.0, kind="keys"
 )
-
-
-async def _listen_for_revocations() -> None:
-    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
-    try:
-        await pubsub.subscribe(KEY_REVOCATIONS_CHANNEL)
-        while True:
-            message = await pubsub.get_message(timeout=1.0)
-            if message is not None:
-                data = message["data"]
-                _keys.drop(data.decode() if isinstance(data, bytes) else str(data))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        # The next request starts a new listener; the cache TTL bounds staleness meanwhile.
-        log.warning("revocation listener stopped", exc_info=True)
-    finally:
-        with contextlib.suppress(Exception):
-            await pubsub.aclose()
-            await client.aclose()
-
-
-def _ensure_listener() -> None:
-    global _listener
-    if _listener is None or _listener.done():
-        _listener = asyncio.get_running_loop().create_task(_listen_for_revocations())
 
 
 async def authenticate(authorization: str | None, *, scope: str) -> Principal:
@@ -150,7 +118,6 @@ async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     parsed = token_parse(token)
     if parsed is None:
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
-    _ensure_listener()
     cached = await _keys.get(parsed.public_id)
     if cached.principal is None or not hmac.compare_digest(cached.secret_hash, token_hash(token)):
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")

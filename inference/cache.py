@@ -1,15 +1,26 @@
-"""A small per-process cache for control-plane reads on the request path."""
+"""A small per-process cache for control-plane reads on the request path.
+
+Each cache belongs to a kind of control-plane state (keys, routes, policies). A change to
+that state publishes its kind once the transaction commits (`inference.changes`); every
+frontend's listener then marks the kind's entries stale, and each is reloaded in the
+background on its next use. The TTL is the bound for a change whose message was lost.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import redis.asyncio as aredis
+from django.conf import settings
 
 from inference.db import db_call
+from inference.dispatch import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -20,28 +31,38 @@ log = logging.getLogger(__name__)
 class _Entry(Generic[V]):
     value: V
     loaded_at: float
+    generation: int
 
 
 class RefreshingCache(Generic[K, V]):
     """Serve an entry for `ttl` seconds, then keep serving it while one task reloads it.
 
-    A request never waits for the database because an entry aged: only a missing entry, or
-    one older than `ttl + grace` (the reloads kept failing), is loaded inline.
+    A request never waits for the database because an entry aged or went stale: only a
+    missing entry, or one older than `ttl + grace` (the reloads kept failing), is loaded
+    inline. `kind` names the control-plane state it caches, whose change messages mark
+    every entry stale at once.
     """
 
-    def __init__(self, load: Callable[[K], V], *, ttl: Callable[[], float], grace: float) -> None:
+    def __init__(
+        self, load: Callable[[K], V], *, ttl: Callable[[], float], grace: float, kind: str
+    ) -> None:
         self._load = load
         self._ttl = ttl
         self._grace = grace
         self._entries: dict[K, _Entry[V]] = {}
         self._reloading: dict[K, asyncio.Task[None]] = {}
+        # Bumped by a change message: entries loaded (or whose load began) before it are stale.
+        self._generation = 0
+        _caches.setdefault(kind, []).append(self)
 
     async def get(self, key: K) -> V:
+        _listener_ensure()
         entry = self._entries.get(key)
         age = time.monotonic() - entry.loaded_at if entry else None
         if entry is None or age is None or age > self._ttl() + self._grace:
             return await self._reload(key)
-        if age > self._ttl() and key not in self._reloading:
+        stale = age > self._ttl() or entry.generation < self._generation
+        if stale and key not in self._reloading:
             task = asyncio.get_running_loop().create_task(self._reload_quietly(key))
             self._reloading[key] = task
             task.add_done_callback(lambda _: self._reloading.pop(key, None))
@@ -50,9 +71,14 @@ class RefreshingCache(Generic[K, V]):
     def drop(self, key: K) -> None:
         self._entries.pop(key, None)
 
+    def invalidate(self) -> None:
+        """Mark every entry stale: each is reloaded in the background on its next use."""
+        self._generation += 1
+
     async def _reload(self, key: K) -> V:
+        generation = self._generation
         value = await db_call(self._load, key)
-        self._entries[key] = _Entry(value, time.monotonic())
+        self._entries[key] = _Entry(value, time.monotonic(), generation)
         return value
 
     async def _reload_quietly(self, key: K) -> None:
@@ -60,3 +86,60 @@ class RefreshingCache(Generic[K, V]):
             await self._reload(key)
         except Exception:
             log.warning("reloading %r failed; serving the cached value", key, exc_info=True)
+
+
+_caches: dict[str, list[RefreshingCache[Any, Any]]] = {}
+_listener: asyncio.Task[None] | None = None
+
+
+def change_received(kind: str) -> None:
+    """Mark the caches of a kind of control-plane state stale (a change message arrived)."""
+    for cache in _caches.get(kind, []):
+        cache.invalidate()
+
+
+def revocation_received(public_id: str) -> None:
+    """Forget a revoked key at once: it must not be served even while a reload runs."""
+    for cache in _caches.get("keys", []):
+        cache.drop(public_id)
+
+
+def _listener_ensure() -> None:
+    """Start this process's listener in the running loop, unless one runs there already."""
+    global _listener
+    loop = asyncio.get_running_loop()
+    if _listener is None or _listener.done() or _listener.get_loop() is not loop:
+        _listener = loop.create_task(_listen())
+
+
+async def _listen() -> None:
+    """Apply change and revocation messages to this process's caches until it stops."""
+    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe(CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL)
+        # Messages sent while no listener was subscribed (before this one, or while Redis was
+        # away) are lost: whatever is cached may predate them.
+        for kind in _caches:
+            change_received(kind)
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            channel, data = (
+                v.decode() if isinstance(v, bytes) else str(v)
+                for v in (message["channel"], message["data"])
+            )
+            if channel == KEY_REVOCATIONS_CHANNEL:
+                revocation_received(data)
+            else:
+                change_received(data)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        # The next request starts a new listener; the TTLs bound staleness meanwhile.
+        log.warning("control-plane change listener stopped", exc_info=True)
+    finally:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
+            await client.aclose()

@@ -67,6 +67,8 @@ ScriptArg = bytes | str | int | float
 
 INGEST_GROUP = "ingest"
 KEY_REVOCATIONS_CHANNEL = "sy:keys:revoked"
+# A kind of control-plane state that frontends cache changed: "keys", "routes" or "policies".
+CONTROL_CHANGES_CHANNEL = "sy:control:changed"
 MARKER_TTL_SECONDS = 24 * 3600
 CLASSES = ("interactive", "batch")
 _WAKE_CAP = 256

@@ -88,7 +88,7 @@ def _routing_load(name: str) -> Routing | None:
 
 
 _routings: RefreshingCache[str, Routing | None] = RefreshingCache(
-    _routing_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0
+    _routing_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0, kind="routes"
 )
 
 

@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from inference.changes import ROUTES, change_publish
 from inference.dispatch import retire_request_sync
 from inference.redis_client import redis_sync_client
 from models_registry.manifest import (
@@ -357,6 +358,7 @@ def deployment_retire(
         Deployment.objects.filter(pk=deployment.pk, state=DeploymentState.READY).update(
             state=DeploymentState.DRAINING
         )
+        change_publish(ROUTES)
         audit_record(
             action="deployment.retire",
             target_type="deployment",

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from batches.models import Batch, File
 from billing.models import UsageRecord
+from inference.changes import KEYS, change_publish
 from privacy.services import content_delete, content_expiry_shorten
 
 # The audit chain lives in tenants.audit; audit_record and GENESIS_HASH are re-exported here.
@@ -343,6 +344,7 @@ def tenant_delete(*, tenant: Tenant, actor: User | None = None) -> DeletionSumma
             created_by=None,
             revoked_at=Coalesce(F("revoked_at"), Value(now)),
         )
+        change_publish(KEYS)
         tenant.is_active = False
         tenant.deleted_at = now
         tenant.save(update_fields=["is_active", "deleted_at"])

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from inference.changes import ROUTES, change_publish
 from inference.dispatch import live_workers_sync
 from inference.redis_client import redis_sync_client
 from models_registry.manifest import ArtifactError
@@ -159,6 +160,7 @@ def deployment_report(*, deployment_name: str, state: str) -> None:
     Deployment.objects.filter(name=deployment_name).update(
         state=state, last_heartbeat_at=timezone.now(), updated_at=timezone.now()
     )
+    change_publish(ROUTES)  # routes prefer deployments whose workers are ready
 
 
 def deployments_reconcile(*, settle_seconds: float = 30.0) -> int:

@@ -303,10 +303,11 @@ SWITCHYARD_WEIGHTS_CACHE_DIR = Path(
     env_str("SWITCHYARD_WEIGHTS_CACHE_DIR", str(DATA_DIR / "weights-cache"))
 ).resolve()
 SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES = env_int("SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES", 0)
-# How long an authenticated key stays cached in a frontend; revocation also publishes.
-SWITCHYARD_KEY_CACHE_SECONDS = env_float("SWITCHYARD_KEY_CACHE_SECONDS", 5.0)
-# How long a model name resolves from a frontend's cache before asking Postgres again.
-SWITCHYARD_ROUTE_CACHE_SECONDS = env_float("SWITCHYARD_ROUTE_CACHE_SECONDS", 2.0)
+# How long a frontend serves a cached key, route or safety policy before reloading it. Changes
+# publish a message that marks the cached state stale everywhere at once (a revocation drops
+# the key); these bound staleness only when such a message is lost.
+SWITCHYARD_KEY_CACHE_SECONDS = env_float("SWITCHYARD_KEY_CACHE_SECONDS", 30.0)
+SWITCHYARD_ROUTE_CACHE_SECONDS = env_float("SWITCHYARD_ROUTE_CACHE_SECONDS", 30.0)
 # A claimed job whose lease is not renewed for this long is reclaimed.
 SWITCHYARD_LEASE_SECONDS = env_float("SWITCHYARD_LEASE_SECONDS", 5.0)
 # Longest a request may take end to end before the frontend cancels it.

@@ -6,8 +6,9 @@ from config.settings.base import *  # noqa: F403
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-SWITCHYARD_KEY_CACHE_SECONDS = 0.5
-SWITCHYARD_ROUTE_CACHE_SECONDS = 0.5
+# As in production: what the tests change reaches the frontends through change messages.
+SWITCHYARD_KEY_CACHE_SECONDS = 30.0
+SWITCHYARD_ROUTE_CACHE_SECONDS = 30.0
 SWITCHYARD_LEASE_SECONDS = 3.0
 WHITENOISE_USE_FINDERS = True  # static files served in place: no collectstatic needed
 SWITCHYARD_BATCH_STEP_SECONDS = 4.0

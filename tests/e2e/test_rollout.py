@@ -147,10 +147,11 @@ def _chat(base_url: str, key: str, **fields: Any) -> httpx.Response:
 def _route_settle(key: str, *base_urls: str, alias: str = CANARY_ALIAS) -> None:
     """Wait until frontends route by the registry's current state.
 
-    Frontends cache a route for 0.5 s in tests, then serve it once more while it reloads in
-    the background: one read after the TTL starts the reload, the pause lets it land.
+    A change marks the frontends' cached routes stale as soon as its message arrives; a route
+    is then served once more while it reloads in the background: one read after the message
+    starts the reload, the pause lets it land.
     """
-    time.sleep(0.6)
+    time.sleep(0.3)
     for base_url in base_urls:
         httpx.get(f"{base_url}/v1/models/{alias}", headers={"Authorization": f"Bearer {key}"})
     time.sleep(0.5)

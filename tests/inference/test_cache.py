@@ -3,8 +3,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
+from django.conf import settings
 
-from inference.cache import RefreshingCache
+from inference.cache import RefreshingCache, change_received, revocation_received
+from inference.changes import POLICIES, ROUTES, change_publish
+from inference.dispatch import CONTROL_CHANGES_CHANNEL
+from models_registry.models import Alias
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -19,24 +24,30 @@ class Source:
         return f"{key}:{self.value}"
 
 
+async def _loaded(source: Source, loads: int) -> None:
+    for _ in range(200):
+        if source.loads >= loads:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{source.loads} loads, expected {loads}")
+
+
 async def test_it_serves_a_stale_entry_while_reloading_it():
     source = Source()
     ttl = [60.0]
-    cache = RefreshingCache(source.load, ttl=lambda: ttl[0], grace=60.0)
+    cache = RefreshingCache(source.load, ttl=lambda: ttl[0], grace=60.0, kind="test-a")
     assert await cache.get("k") == "k:v1"
     assert await cache.get("k") == "k:v1" and source.loads == 1
     source.value, ttl[0] = "v2", 0.0
     assert await cache.get("k") == "k:v1"  # stale, reload started in the background
-    for _ in range(50):
-        await asyncio.sleep(0.01)
-        if source.loads == 2:
-            break
+    await _loaded(source, 2)
+    await asyncio.sleep(0.01)
     assert await cache.get("k") == "k:v2"
 
 
 async def test_a_dropped_entry_is_loaded_again_at_once():
     source = Source()
-    cache = RefreshingCache(source.load, ttl=lambda: 60.0, grace=60.0)
+    cache = RefreshingCache(source.load, ttl=lambda: 60.0, grace=60.0, kind="test-b")
     await cache.get("k")
     source.value = "v2"
     cache.drop("k")
@@ -45,8 +56,77 @@ async def test_a_dropped_entry_is_loaded_again_at_once():
 
 async def test_an_entry_past_its_grace_is_loaded_inline():
     source = Source()
-    cache = RefreshingCache(source.load, ttl=lambda: 0.0, grace=0.0)
+    cache = RefreshingCache(source.load, ttl=lambda: 0.0, grace=0.0, kind="test-c")
     await cache.get("k")
     source.value = "v2"
     await asyncio.sleep(0.01)
     assert await cache.get("k") == "k:v2"
+
+
+async def test_a_change_of_its_kind_reloads_a_fresh_entry_without_waiting_for_the_ttl():
+    source, other = Source(), Source()
+    cache = RefreshingCache(source.load, ttl=lambda: 3600.0, grace=60.0, kind="test-d")
+    unrelated = RefreshingCache(other.load, ttl=lambda: 3600.0, grace=60.0, kind="test-e")
+    await cache.get("k")
+    await unrelated.get("k")
+    source.value = other.value = "v2"
+    change_received("test-d")
+    assert await cache.get("k") == "k:v1"  # served while the reload runs
+    await _loaded(source, 2)
+    await asyncio.sleep(0.01)
+    assert await cache.get("k") == "k:v2"
+    assert await unrelated.get("k") == "k:v1" and other.loads == 1
+
+
+async def test_a_load_that_began_before_a_change_is_reloaded_after_it():
+    started, release = asyncio.Event(), asyncio.Event()
+    source = Source()
+    loop = asyncio.get_running_loop()
+
+    def slow_load(key: str) -> str:
+        value = source.load(key)
+        loop.call_soon_threadsafe(started.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+        return value
+
+    cache = RefreshingCache(slow_load, ttl=lambda: 3600.0, grace=60.0, kind="test-f")
+    first = asyncio.create_task(cache.get("k"))
+    await started.wait()
+    source.value = "v2"
+    change_received("test-f")  # the change lands while the old value is being read
+    release.set()
+    assert await first == "k:v1"
+    assert await cache.get("k") == "k:v1"  # stale: its load began before the change
+    await _loaded(source, 2)
+    await asyncio.sleep(0.01)
+    assert await cache.get("k") == "k:v2"
+
+
+async def test_a_revocation_drops_the_key_at_once():
+    source = Source()
+    cache = RefreshingCache(source.load, ttl=lambda: 3600.0, grace=60.0, kind="keys")
+    await cache.get("pub123")
+    source.value = "revoked"
+    revocation_received("pub123")
+    assert await cache.get("pub123") == "pub123:revoked"
+
+
+def test_saving_a_route_source_publishes_a_change_once_the_transaction_commits(
+    world, django_capture_on_commit_callbacks
+):
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(CONTROL_CHANGES_CHANNEL)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            Alias.objects.get(name="tiny-chat").save()
+            assert pubsub.get_message(timeout=0.3) is None  # not before the commit
+        message = pubsub.get_message(timeout=2.0)
+        assert message is not None and message["data"] == ROUTES.encode()
+        with django_capture_on_commit_callbacks(execute=True):
+            change_publish(POLICIES)  # code that changes state by bulk update
+        message = pubsub.get_message(timeout=2.0)
+        assert message is not None and message["data"] == POLICIES.encode()
+    finally:
+        pubsub.close()
+        client.close()
