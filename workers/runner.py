@@ -40,13 +40,16 @@ class _Outbox:
 
     A delta joins the request's pending delta when there is one, so a request whose tokens
     arrive faster than they are flushed costs one Redis entry per flush, not one per token.
-    Events a client waits on (start, first token, the end) mark the outbox urgent.
+    Events a client waits on (start, first token, the end) make their request urgent: its
+    events are written at once, ahead of the other requests' deltas, which wait for the
+    stream interval as before.
     """
 
     items: list[tuple[Job, Event, UsageEvent | None, bool]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     urgent: asyncio.Event = field(default_factory=asyncio.Event)
     _last: dict[str, int] = field(default_factory=dict)
+    _urgent: set[str] = field(default_factory=set)
 
     def put(
         self,
@@ -67,13 +70,23 @@ class _Outbox:
             self.items.append((job, event, usage, charged))
         self.ready.set()
         if urgent:
+            self._urgent.add(rid)
             self.urgent.set()
 
-    def take(self) -> list[tuple[Job, Event, UsageEvent | None, bool]]:
-        items, self.items = self.items, []
-        self._last.clear()
-        self.ready.clear()
+    def take(
+        self, *, urgent_only: bool = False
+    ) -> list[tuple[Job, Event, UsageEvent | None, bool]]:
+        """Take every waiting event, or only those of urgent requests (the rest stay)."""
+        if urgent_only:
+            items = [item for item in self.items if item[0].request_id in self._urgent]
+            self.items = [item for item in self.items if item[0].request_id not in self._urgent]
+        else:
+            items, self.items = self.items, []
+        self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
+        self._urgent.clear()
         self.urgent.clear()
+        if not self.items:
+            self.ready.clear()
         return items
 
     def restore(self, items: list[tuple[Job, Event, UsageEvent | None, bool]]) -> None:
@@ -81,6 +94,7 @@ class _Outbox:
         self.items = [*items, *self.items]
         self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
         if self.items:
+            self._urgent.update(self._last)
             self.ready.set()
             self.urgent.set()
 
@@ -471,14 +485,19 @@ class Worker(abc.ABC):
         while True:
             await self._outbox.ready.wait()
             # Between token-only flushes wait out the stream interval, so deltas merge; a first
-            # token or an end goes out at once.
+            # token or an end goes out at once, with its request's other events, and the other
+            # requests' deltas keep waiting for the interval.
             wait = last_flush + self._interval() - time.monotonic()
             if wait > 0 and not self._outbox.urgent.is_set() and not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox.urgent.wait(), wait)
-            last_flush = time.monotonic()
+            urgent_only = (
+                time.monotonic() < last_flush + self._interval() and not self._closing.is_set()
+            )
+            if not urgent_only:
+                last_flush = time.monotonic()
             try:
-                await self._flush_once()
+                await self._flush_once(urgent_only=urgent_only)
                 outage.ok()
             except UNREACHABLE as exc:
                 # Kept and written again when Redis is back: the ends (and usage) of requests
@@ -499,8 +518,8 @@ class Worker(abc.ABC):
         """
         return self.stream_interval * min(max(len(self.active) / 8, 1.0), 4.0)
 
-    async def _flush_once(self) -> None:
-        items = self._outbox.take()
+    async def _flush_once(self, *, urgent_only: bool = False) -> None:
+        items = self._outbox.take(urgent_only=urgent_only)
         if not items:
             return
         try:

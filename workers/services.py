@@ -121,6 +121,7 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
         extra_args=extra,
         max_loras=deployment.max_loras,
         max_lora_rank=deployment.max_lora_rank,
+        engine_nice=settings.SWITCHYARD_ENGINE_NICE,
     )
     encoder = None
     if version.model.task == Task.EMBEDDING:

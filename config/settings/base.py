@@ -318,6 +318,9 @@ SWITCHYARD_REPLY_TTL_SECONDS = env_int("SWITCHYARD_REPLY_TTL_SECONDS", 900)
 # token and the end never wait). 0 sends every engine step; raise it when many concurrent
 # streams make per-token relaying cost more CPU than the engine can spare.
 SWITCHYARD_STREAM_INTERVAL_MS = env_float("SWITCHYARD_STREAM_INTERVAL_MS", 20.0)
+# How many nice steps below the worker's event loop its engine's processes run (0: the same):
+# the loop's work (claims, token relay, aborts) is short and waits on nothing else.
+SWITCHYARD_ENGINE_NICE = env_int("SWITCHYARD_ENGINE_NICE", 5)
 # The share of a worker's engine slots kept for tenants with nothing running on it, so a light
 # tenant's request starts at once while another tenant's long requests fill the rest.
 SWITCHYARD_RESERVED_SLOTS = env_float("SWITCHYARD_RESERVED_SLOTS", 0.125)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import time
+import uuid
+
+from inference.types import Delta, Job, Sampling, Started
+from workers.runner import _Outbox
+
+
+def _job() -> Job:
+    now = time.time()
+    return Job(
+        request_id=uuid.uuid4().hex,
+        tenant_id=1,
+        api_key_id=1,
+        deployment="d",
+        model_version="v",
+        endpoint="completions",
+        prompt_token_ids=[1, 2, 3],
+        sampling=Sampling(max_tokens=8),
+        enqueued_at=now,
+        deadline=now + 60,
+    )
+
+
+def _events(items):
+    return [(job.request_id, event) for job, event, *_ in items]
+
+
+def test_a_first_token_goes_out_with_its_request_ahead_of_other_requests_deltas():
+    outbox = _Outbox()
+    busy, newcomer = _job(), _job()
+    outbox.put(busy, Delta(text="a", tokens=1))
+    outbox.put(newcomer, Started(at=1.0))
+    outbox.put(busy, Delta(text="b", tokens=1))
+    outbox.put(newcomer, Delta(text="x", tokens=1), urgent=True)
+    assert outbox.urgent.is_set()
+    taken = outbox.take(urgent_only=True)
+    assert _events(taken) == [
+        (newcomer.request_id, Started(at=1.0)),
+        (newcomer.request_id, Delta(text="x", tokens=1)),
+    ]
+    assert not outbox.urgent.is_set() and outbox.ready.is_set()
+    outbox.put(busy, Delta(text="c", tokens=1))  # still merges with what stayed behind
+    assert _events(outbox.take()) == [(busy.request_id, Delta(text="abc", tokens=3))]
+    assert not outbox.ready.is_set()
+
+
+def test_events_that_failed_to_write_go_out_first_and_at_once():
+    outbox = _Outbox()
+    first, second = _job(), _job()
+    outbox.put(first, Delta(text="a", tokens=1))
+    failed = outbox.take()
+    outbox.put(second, Delta(text="b", tokens=1))
+    outbox.restore(failed)
+    assert outbox.urgent.is_set()
+    assert _events(outbox.take(urgent_only=True)) == [
+        (first.request_id, Delta(text="a", tokens=1)),
+        (second.request_id, Delta(text="b", tokens=1)),
+    ]
