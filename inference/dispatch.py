@@ -49,6 +49,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
+from inference.redis_client import script_into
 from inference.types import (
     Delta,
     Event,
@@ -813,7 +814,9 @@ class Dispatch:
         cannot drain before its deadline at the deployment's measured rate.
         """
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self._enqueue(
+            script_into(
+                pipe,
+                self._enqueue,
                 keys=list(_keys(job.deployment)),
                 args=[
                     encode(job),
@@ -830,7 +833,6 @@ class Dispatch:
                     ledger_hour(job.enqueued_at),
                     prefix_key(job),
                 ],
-                client=pipe,
             )
             # Same round trip: where the request lives, so it can be cancelled by id.
             self._whereabouts_into(pipe, job)
@@ -1106,7 +1108,7 @@ class Dispatch:
     ) -> None:
         """Queue the exactly-once finish of a request on a pipeline."""
         keys, args = self._finalize_call(job=job, terminal=terminal, usage=usage, charged=charged)
-        await self._finalize(keys=keys, args=args, client=pipe)
+        script_into(pipe, self._finalize, keys=keys, args=args)
 
     async def finalize(
         self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool = True

@@ -20,6 +20,8 @@ from decimal import Decimal
 
 import redis.asyncio as aredis
 
+from inference.redis_client import script_into
+
 MICROS = Decimal(1_000_000)
 
 # Buckets refill continuously: `limit` units per 60 s, never above `limit`. `now` is ARGV[1].
@@ -293,6 +295,6 @@ class Quotas:
         async with self.redis.pipeline(transaction=False) as pipe:
             for (tenant_id, month), items in groups.items():
                 keys, args = _release_call(tenant_id, month, items)
-                await self._release(keys=keys, args=args, client=pipe)
+                script_into(pipe, self._release, keys=keys, args=args)
             results = await pipe.execute()
         return sum(int(n) for n in results)
