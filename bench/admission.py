@@ -73,6 +73,8 @@ class Outcome:
     latency: float  # seconds to the response's status line (rejections) or to the end
     tokens: int = 0
     sent: float = 0.0  # perf_counter when the request was sent
+    request_id: str = ""  # Switchyard's x-request-id, for its usage record's timestamps
+    sent_at: float = 0.0  # wall clock when the request was sent
 
 
 async def _stream(
@@ -88,10 +90,12 @@ async def _stream(
         "temperature": 0.0,
     }
     headers = {"Authorization": f"Bearer {target.api_keys.get(tenant, 'none')}"}
+    sent_at = time.time()
     started = time.perf_counter()
     async with session.post(
         f"{target.base_url}/v1/completions", json=body, headers=headers
     ) as response:
+        request_id = response.headers.get("x-request-id", "")
         if response.status != 200:
             latency = time.perf_counter() - started
             await response.read()
@@ -117,6 +121,8 @@ async def _stream(
             latency=time.perf_counter() - started,
             tokens=tokens,
             sent=started,
+            request_id=request_id,
+            sent_at=sent_at,
         )
 
 
@@ -131,32 +137,51 @@ def _session(limit: int) -> aiohttp.ClientSession:
 
 
 @dataclass
+class Light:
+    """One of tenant B's requests: its TTFT, and what finds its usage record."""
+
+    ttft_ms: float
+    request_id: str
+    sent_at: float
+
+
+@dataclass
 class Neighbour:
     target: str
-    alone_ms: list[float]
-    flooded_ms: list[float]
+    alone: list[Light]
+    flooded: list[Light]
     flood_tokens_per_s: float
+    # Switchyard only: B's TTFT split into stages, alone and under the flood (ms samples).
+    stages: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+    @property
+    def alone_ms(self) -> list[float]:
+        return [light.ttft_ms for light in self.alone]
+
+    @property
+    def flooded_ms(self) -> list[float]:
+        return [light.ttft_ms for light in self.flooded]
 
     @property
     def ratio(self) -> float:
         return percentile(self.flooded_ms, 0.99) / percentile(self.alone_ms, 0.99)
 
 
-async def _light(session: aiohttp.ClientSession, target: Target, n: int) -> list[float]:
-    ttfts = []
+async def _light(session: aiohttp.ClientSession, target: Target, n: int) -> list[Light]:
+    lights = []
     for _ in range(n):
         outcome = await _stream(session, target, "light", LIGHT_TOKENS)
         if outcome.ttft is not None:
-            ttfts.append(outcome.ttft * 1000)
+            lights.append(Light(outcome.ttft * 1000, outcome.request_id, outcome.sent_at))
         await asyncio.sleep(0.05)
-    return ttfts
+    return lights
 
 
-def _light_client(base_url: str, model: str, key: str, n: int) -> list[float]:
-    """Tenant B's client, in a process of its own: B's TTFTs, in ms, of n requests in turn."""
+def _light_client(base_url: str, model: str, key: str, n: int) -> list[Light]:
+    """Tenant B's client, in a process of its own: n of B's requests in turn."""
     target = Target(name="light", base_url=base_url, model=model, api_keys={"light": key})
 
-    async def run() -> list[float]:
+    async def run() -> list[Light]:
         async with _session(4) as session:
             await asyncio.gather(*(_stream(session, target, "light", 4) for _ in range(2)))
             return await _light(session, target, n)
@@ -173,7 +198,7 @@ async def _neighbour(target: Target, flood: int, light_requests: int) -> Neighbo
     key = target.api_keys.get("light", "none")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
 
-        async def light(n: int) -> list[float]:
+        async def light(n: int) -> list[Light]:
             # The client warms its own connection and the path before it measures.
             return await loop.run_in_executor(
                 pool, _light_client, target.base_url, target.model, key, n
@@ -186,11 +211,12 @@ async def _neighbour_with(
     target: Target,
     flood: int,
     light_requests: int,
-    light: Callable[[int], Awaitable[list[float]]],
+    light: Callable[[int], Awaitable[list[Light]]],
 ) -> Neighbour:
     async with _session(flood + 8) as session:
         alone = await light(light_requests)
-        progress(f"{target.name}: B alone, TTFT p99 {percentile(alone, 0.99):.1f} ms")
+        alone_p99 = percentile([x.ttft_ms for x in alone], 0.99)
+        progress(f"{target.name}: B alone, TTFT p99 {alone_p99:.1f} ms")
         stop = asyncio.Event()
         produced = 0
 
@@ -206,9 +232,67 @@ async def _neighbour_with(
         flooded = await light(light_requests)
         stop.set()
         elapsed = time.perf_counter() - flood_started
-        progress(f"{target.name}: B under flood, TTFT p99 {percentile(flooded, 0.99):.1f} ms")
+        flooded_p99 = percentile([x.ttft_ms for x in flooded], 0.99)
+        progress(f"{target.name}: B under flood, TTFT p99 {flooded_p99:.1f} ms")
         await asyncio.gather(*flooders)
     return Neighbour(target.name, alone, flooded, produced / max(elapsed, 1e-9))
+
+
+STAGES = {
+    "frontend": "sent → admitted: HTTP, key, parsing, chat template and tokens",
+    "queue": "admitted → started: quota and queue scripts, a worker's claim",
+    "engine": "started → first token: the engine's prefill step behind the running batch",
+    "relay": "first token → client: the worker's write, the frontend's relay, SSE",
+}
+
+
+def _stages(row: Neighbour) -> dict[str, dict[str, list[float]]]:
+    """Split each of B's Switchyard TTFTs into stages by its usage record's timestamps."""
+    from billing.models import UsageRecord
+
+    def split(lights: list[Light]) -> dict[str, list[float]]:
+        records = UsageRecord.objects.in_bulk(
+            [x.request_id for x in lights], field_name="request_id"
+        )
+        out: dict[str, list[float]] = {name: [] for name in STAGES}
+        for light in lights:
+            record = records.get(light.request_id)
+            if record is None or record.started_at is None or record.first_token_at is None:
+                continue
+            admitted = record.enqueued_at.timestamp()
+            started = record.started_at.timestamp()
+            first = record.first_token_at.timestamp()
+            seen = light.sent_at + light.ttft_ms / 1000
+            for name, seconds in (
+                ("frontend", admitted - light.sent_at),
+                ("queue", started - admitted),
+                ("engine", first - started),
+                ("relay", seen - first),
+            ):
+                out[name].append(seconds * 1000)
+        return out
+
+    for _ in range(50):  # the ingester writes usage records within moments
+        if UsageRecord.objects.filter(
+            request_id__in=[x.request_id for x in row.flooded]
+        ).count() >= len(row.flooded):
+            break
+        time.sleep(0.2)
+    return {"alone": split(row.alone), "flooded": split(row.flooded)}
+
+
+def _stages_table(row: Neighbour) -> str:
+    lines = [
+        "| stage of B's TTFT | alone p50 / p99 (ms) | under flood p50 / p99 (ms) |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, meaning in STAGES.items():
+        alone, flooded = row.stages["alone"][name], row.stages["flooded"][name]
+        lines.append(
+            f"| {name} ({meaning}) | {percentile(alone, 0.5):.1f} / {percentile(alone, 0.99):.1f}"
+            f" | {percentile(flooded, 0.5):.1f} / {percentile(flooded, 0.99):.1f} |"
+        )
+    return "\n".join(lines)
 
 
 # --- overload ------------------------------------------------------------------------------
@@ -372,6 +456,7 @@ def _results(rows: list[Neighbour], o: Overload, args: argparse.Namespace) -> di
             "flood": args.flood,
             "flood_tokens": FLOOD_TOKENS,
             "light_requests": args.light_requests,
+            "vllm_light_requests": args.vllm_light_requests,
             "light_tokens": LIGHT_TOKENS,
             "capacity_seconds": args.capacity_seconds,
             "overload_seconds": args.overload_seconds,
@@ -392,6 +477,7 @@ def _results(rows: list[Neighbour], o: Overload, args: argparse.Namespace) -> di
                 "flood_tokens_per_s": r.flood_tokens_per_s,
                 "alone_ttft_ms": r.alone_ms,
                 "flooded_ttft_ms": r.flooded_ms,
+                "stages_ms": r.stages,
             }
             for r in rows
         ],
@@ -443,6 +529,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--flood", type=int, default=64, help="tenant A's concurrent streams")
     parser.add_argument("--light-requests", type=int, default=200, help="tenant B's requests")
+    parser.add_argument(
+        "--vllm-light-requests",
+        type=int,
+        default=40,
+        help="tenant B's requests to vLLM alone (each waits seconds for a slot under the flood)",
+    )
     parser.add_argument("--capacity-seconds", type=float, default=15.0)
     parser.add_argument("--overload-seconds", type=float, default=20.0)
     parser.add_argument("--overload-factor", type=float, default=10.0)
@@ -462,7 +554,7 @@ def main() -> None:
         os.sched_setaffinity(0, {1})
         progress("noisy neighbour (a): vLLM's own OpenAI server, first come first served")
         with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS, cpus="0") as target:
-            rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
+            rows.append(asyncio.run(_neighbour(target, args.flood, args.vllm_light_requests)))
         platform = prepare_switchyard(
             model_dir,
             work,
@@ -473,6 +565,7 @@ def main() -> None:
         progress("noisy neighbour (b): Switchyard, fair dispatch")
         with switchyard_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
+            rows[-1].stages = _stages(rows[-1])
         from models_registry.models import Deployment
         from workers.management.commands.run_worker import reserved_slots
 
@@ -504,7 +597,8 @@ def main() -> None:
         f"Llama demo model, eager mode, {MAX_NUM_SEQS} engine slots for both targets.\n\n"
         f"**Noisy neighbour.** Tenant A keeps {args.flood} streams of {FLOOD_TOKENS} tokens "
         f"going; tenant B sends {args.light_requests} streams of {LIGHT_TOKENS} tokens one "
-        "after another, first alone, then under A's flood, from a client process of its own "
+        f"after another ({args.vllm_light_requests} to vLLM alone, where each waits seconds "
+        "for a slot), first alone, then under A's flood, from a client process of its own "
         "(in the flood's event loop, B's timings waited behind the parsing of A's stream "
         "events). Ratio = B's p99 TTFT under the flood "
         "÷ B's p99 TTFT alone (target for Switchyard "
@@ -512,6 +606,10 @@ def main() -> None:
         "HTTP server with it); the load generator, and Switchyard's frontend and ingester, on "
         "core 1.\n\n"
         + neighbour
+        + "\n\nWhere B's time goes on Switchyard, from each request's usage record (admitted, "
+        "started and first-token times, taken by the frontend and the worker) and the client's "
+        "clock:\n\n"
+        + _stages_table(next(r for r in rows if r.target == "switchyard"))
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
         f"({OVERLOAD_TOKENS}-token streams); then Poisson arrivals at "
         f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s. The "
