@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     progress,
     results_write,
     section_write,
+    steady_rate,
     switchyard_stack,
     vllm_server,
 )
@@ -334,24 +335,34 @@ class Overload:
         return percentile(admitted, 0.99) / percentile(self.baseline_ttft_ms, 0.99)
 
 
-async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float, list[float]]:
-    """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs."""
+async def _capacity(
+    target: Target, seconds: float, streams: int
+) -> tuple[float, list[float], float]:
+    """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs.
+
+    Also returns the service time (one round of `streams` requests sent at once). The loop
+    runs for at least six of them, and only completions after the first count: on a slow
+    engine a 512-token stream takes seconds, and a window of a few service times measures its
+    edges rather than its rate.
+    """
     async with _session(streams + 4) as session:
+        warm_started = time.perf_counter()
         await asyncio.gather(
             *(_stream(session, target, "flood", OVERLOAD_TOKENS) for _ in range(streams))
         )
-        deadline = time.perf_counter() + seconds
+        service = time.perf_counter() - warm_started
+        started = time.perf_counter()
+        deadline = started + max(seconds, 6 * service)
         done: list[Outcome] = []
 
         async def loop() -> None:
             while time.perf_counter() < deadline:
                 done.append(await _stream(session, target, "flood", OVERLOAD_TOKENS))
 
-        started = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(streams)))
-        elapsed = time.perf_counter() - started
     good = [o for o in done if o.status == 200]
-    return len(good) / elapsed, [o.ttft * 1000 for o in good if o.ttft is not None]
+    rate = steady_rate([o.sent + o.latency for o in good], begin=started + service, end=deadline)
+    return rate, [o.ttft * 1000 for o in good if o.ttft is not None], service
 
 
 async def _overload(
@@ -575,9 +586,16 @@ def main() -> None:
         ) as target:
             # One tenant may use the slots not reserved for tenants with nothing running.
             streams = MAX_NUM_SEQS - reserved_slots(MAX_NUM_SEQS)
-            progress(f"overload: measuring capacity for {args.capacity_seconds:.0f}s")
-            capacity, baseline = asyncio.run(_capacity(target, args.capacity_seconds, streams))
-            progress(f"capacity {capacity:.1f} requests/s; offering {args.overload_factor:.0f}×")
+            progress(f"overload: measuring capacity for {args.capacity_seconds:.0f}s at least")
+            capacity, baseline, service = asyncio.run(
+                _capacity(target, args.capacity_seconds, streams)
+            )
+            # The window holds ten service times at least, so its steady part is not its edges.
+            args.overload_seconds = max(args.overload_seconds, 10 * service)
+            progress(
+                f"capacity {capacity:.1f} requests/s (a request takes {service:.1f}s); offering "
+                f"{args.overload_factor:.0f}× for {args.overload_seconds:.0f}s"
+            )
             overload = asyncio.run(
                 _overload(target, capacity, streams, args.overload_seconds, args.overload_factor)
             )
@@ -611,7 +629,8 @@ def main() -> None:
         "clock:\n\n"
         + _stages_table(next(r for r in rows if r.target == "switchyard"))
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
-        f"({OVERLOAD_TOKENS}-token streams); then Poisson arrivals at "
+        f"({OVERLOAD_TOKENS}-token streams), counting completions after the first service time "
+        "of a closed loop at least six service times long; then Poisson arrivals at "
         f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s. The "
         f"deployment's queue bound is {OVERLOAD_MAX_QUEUED}: a request is admitted only while a "
         "slot is free for it. The engine runs on core 0, the frontend, ingester and load "

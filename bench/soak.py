@@ -65,6 +65,7 @@ from bench.common import (  # noqa: E402
     progress,
     results_write,
     section_write,
+    steady_rate,
     switchyard_stack,
 )
 
@@ -201,21 +202,26 @@ def _session(limit: int) -> aiohttp.ClientSession:
 
 
 async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float, list[float]]:
-    """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs."""
+    """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs.
+
+    As in bench/admission.py: at least six service times, completions after the first.
+    """
     async with _session(streams + 4) as session:
+        warm_started = time.perf_counter()
         await asyncio.gather(*(_stream(session, target) for _ in range(streams)))
-        deadline = time.perf_counter() + seconds
+        service = time.perf_counter() - warm_started
+        started = time.perf_counter()
+        deadline = started + max(seconds, 6 * service)
         done: list[Outcome] = []
 
         async def loop() -> None:
             while time.perf_counter() < deadline:
                 done.append(await _stream(session, target))
 
-        started = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(streams)))
-        elapsed = time.perf_counter() - started
     good = [o for o in done if o.good]
-    return len(good) / elapsed, [o.ttft * 1000 for o in good if o.ttft is not None]
+    rate = steady_rate([o.sent + o.ended for o in good], begin=started + service, end=deadline)
+    return rate, [o.ttft * 1000 for o in good if o.ttft is not None]
 
 
 async def _overload(
