@@ -47,7 +47,6 @@ from bench.common import (  # noqa: E402
     progress,
     results_write,
     section_write,
-    steady_rate,
     switchyard_stack,
     vllm_server,
 )
@@ -341,9 +340,8 @@ async def _capacity(
     """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs.
 
     Also returns the service time (one round of `streams` requests sent at once). The loop
-    runs for at least six of them, and only completions after the first count: on a slow
-    engine a 512-token stream takes seconds, and a window of a few service times measures its
-    edges rather than its rate.
+    runs for at least six of them (on a slow engine a 512-token stream takes seconds), and
+    the rate comes from the requests sent after the first round.
     """
     async with _session(streams + 4) as session:
         warm_started = time.perf_counter()
@@ -361,7 +359,11 @@ async def _capacity(
 
         await asyncio.gather(*(loop() for _ in range(streams)))
     good = [o for o in done if o.status == 200]
-    rate = steady_rate([o.sent + o.latency for o in good], begin=started + service, end=deadline)
+    # Little's law over the requests after the first round: every slot stays busy, so
+    # completions per second = slots ÷ the mean time a request takes. (Counting completions
+    # in a window is off by a round: the slots start together and finish in step.)
+    steady = [o.latency for o in good if o.sent >= started + service / 2]
+    rate = streams / (sum(steady) / len(steady))
     return rate, [o.ttft * 1000 for o in good if o.ttft is not None], service
 
 
@@ -629,8 +631,8 @@ def main() -> None:
         "clock:\n\n"
         + _stages_table(next(r for r in rows if r.target == "switchyard"))
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
-        f"({OVERLOAD_TOKENS}-token streams), counting completions after the first service time "
-        "of a closed loop at least six service times long; then Poisson arrivals at "
+        f"({OVERLOAD_TOKENS}-token streams): slots ÷ mean request time over a closed loop at "
+        "least six request times long, after its first round; then Poisson arrivals at "
         f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s. The "
         f"deployment's queue bound is {OVERLOAD_MAX_QUEUED}: a request is admitted only while a "
         "slot is free for it. The engine runs on core 0, the frontend, ingester and load "

@@ -66,11 +66,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def steady_rate(ends: list[float], *, begin: float, end: float) -> float:
-    """Completions per second between `begin` and `end`, from completion times (perf_counter)."""
-    return sum(begin <= t <= end for t in ends) / max(end - begin, 1e-9)
-
-
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as response:

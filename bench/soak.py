@@ -65,7 +65,6 @@ from bench.common import (  # noqa: E402
     progress,
     results_write,
     section_write,
-    steady_rate,
     switchyard_stack,
 )
 
@@ -204,7 +203,7 @@ def _session(limit: int) -> aiohttp.ClientSession:
 async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float, list[float]]:
     """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs.
 
-    As in bench/admission.py: at least six service times, completions after the first.
+    As in bench/admission.py: at least six request times, rate by Little's law.
     """
     async with _session(streams + 4) as session:
         warm_started = time.perf_counter()
@@ -220,7 +219,11 @@ async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float
 
         await asyncio.gather(*(loop() for _ in range(streams)))
     good = [o for o in done if o.good]
-    rate = steady_rate([o.sent + o.ended for o in good], begin=started + service, end=deadline)
+    # Little's law over the requests after the first round: every slot stays busy, so
+    # completions per second = slots ÷ the mean time a request takes. (Counting completions
+    # in a window is off by a round: the slots start together and finish in step.)
+    steady = [o.ended for o in good if o.sent >= started + service / 2]
+    rate = streams / (sum(steady) / len(steady))
     return rate, [o.ttft * 1000 for o in good if o.ttft is not None]
 
 

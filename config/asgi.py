@@ -15,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from inference.asgi import ApiHandler, is_api_path  # noqa: E402
+from inference.metrics import gc_pauses_observe  # noqa: E402
 from inference.routing import websocket_urlpatterns  # noqa: E402
 
 _api = ApiHandler()
@@ -36,6 +37,7 @@ from transformers import AutoTokenizer  # noqa: E402, F401
 
 gc.collect()
 gc.freeze()
+gc_pauses_observe()
 
 application = ProtocolTypeRouter(
     {

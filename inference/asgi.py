@@ -22,6 +22,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
 
+from inference.metrics import loop_lag_watch
+
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 
 
@@ -43,6 +45,7 @@ class ApiHandler(ASGIHandler):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"the API handler serves HTTP only, not {scope['type']}")
+        loop_lag_watch()
         await self.handle(scope, receive, send)
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:

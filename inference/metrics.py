@@ -6,6 +6,8 @@ scrape of any process sums every process's (the `/metrics` view).
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -53,6 +55,54 @@ admission_decisions = Counter(
     "Admission decisions: admitted, or the refusal's code.",
     ["deployment", "reason"],
 )
+
+
+# Pauses of a process: short ones matter (a stream's next token waits behind them).
+PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+gc_pause_seconds = Histogram(
+    "switchyard_gc_pause_seconds",
+    "Time the garbage collector held the process, by generation.",
+    ["generation"],
+    buckets=PAUSE_BUCKETS,
+)
+loop_lag_seconds = Histogram(
+    "switchyard_event_loop_lag_seconds",
+    "How late the event loop ran a timer that was due: the time other work held the loop.",
+    buckets=PAUSE_BUCKETS,
+)
+_gc_started: list[float] = []
+_lag_watchers: set[asyncio.AbstractEventLoop] = set()
+
+
+def _gc_observe(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started[:] = [time.perf_counter()]
+    elif _gc_started:
+        seconds = time.perf_counter() - _gc_started.pop()
+        gc_pause_seconds.labels(generation=str(info["generation"])).observe(seconds)
+
+
+def gc_pauses_observe() -> None:
+    """Observe every garbage collection's pause in this process from now on."""
+    if _gc_observe not in gc.callbacks:
+        gc.callbacks.append(_gc_observe)
+
+
+def loop_lag_watch(interval: float = 0.05) -> None:
+    """Measure, every `interval`, how late the running event loop wakes a sleeping task."""
+    loop = asyncio.get_running_loop()
+    if loop in _lag_watchers:
+        return
+    _lag_watchers.add(loop)
+
+    async def watch() -> None:
+        while True:
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            loop_lag_seconds.observe(max(loop.time() - due, 0.0))
+
+    task = loop.create_task(watch(), name="loop-lag")
+    task.add_done_callback(lambda _: _lag_watchers.discard(loop))
 
 
 def admission_decided(*, deployment: str, reason: str) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -74,12 +75,20 @@ class _Outbox:
             self.urgent.set()
 
     def take(
-        self, *, urgent_only: bool = False
+        self, *, urgent_only: bool = False, share: int | None = None
     ) -> list[tuple[Job, Event, UsageEvent | None, bool]]:
-        """Take every waiting event, or only those of urgent requests (the rest stay)."""
-        if urgent_only:
-            items = [item for item in self.items if item[0].request_id in self._urgent]
-            self.items = [item for item in self.items if item[0].request_id not in self._urgent]
+        """Take every waiting event, or only those of urgent requests (the rest stay).
+
+        With `share`, urgent requests' events and those of the requests in that share of the
+        streams (one of FLUSH_SHARES, by request id) are taken.
+        """
+        if urgent_only or share is not None:
+
+            def due(rid: str) -> bool:
+                return rid in self._urgent or (share is not None and _share_of(rid) == share)
+
+            items = [item for item in self.items if due(item[0].request_id)]
+            self.items = [item for item in self.items if not due(item[0].request_id)]
         else:
             items, self.items = self.items, []
         self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
@@ -97,6 +106,17 @@ class _Outbox:
             self._urgent.update(self._last)
             self.ready.set()
             self.urgent.set()
+
+
+# Streams' deltas are written in this many shares, one share every 1/FLUSH_SHARES of the stream
+# interval: each stream still gets an event per interval, and a frontend relays a few streams
+# at a time instead of every stream at once (under a flood, a burst that held its event loop
+# for 10-25 ms, which a newcomer's request waited behind).
+FLUSH_SHARES = 4
+
+
+def _share_of(request_id: str) -> int:
+    return zlib.crc32(request_id.encode()) % FLUSH_SHARES
 
 
 # While a non-streaming request runs, its text goes out at most this often: nobody reads it
@@ -480,24 +500,28 @@ class Worker(abc.ABC):
             self.metrics.request_ended(job, usage)
 
     async def _flush_loop(self) -> None:
-        last_flush = 0.0
+        last_tick = 0.0
+        tick = 0
         outage = Outage("publishing events", log)
         while True:
             await self._outbox.ready.wait()
             # Between token-only flushes wait out the stream interval, so deltas merge; a first
             # token or an end goes out at once, with its request's other events, and the other
-            # requests' deltas keep waiting for the interval.
-            wait = last_flush + self._interval() - time.monotonic()
+            # requests' deltas keep waiting for their share's turn (once per interval).
+            step = self._interval() / FLUSH_SHARES
+            wait = last_tick + step - time.monotonic()
             if wait > 0 and not self._outbox.urgent.is_set() and not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox.urgent.wait(), wait)
-            urgent_only = (
-                time.monotonic() < last_flush + self._interval() and not self._closing.is_set()
-            )
-            if not urgent_only:
-                last_flush = time.monotonic()
+            urgent_only, share = False, None
+            if step > 0 and not self._closing.is_set():
+                if time.monotonic() < last_tick + step:
+                    urgent_only = True
+                else:
+                    last_tick, tick = time.monotonic(), tick + 1
+                    share = tick % FLUSH_SHARES
             try:
-                await self._flush_once(urgent_only=urgent_only)
+                await self._flush_once(urgent_only=urgent_only, share=share)
                 outage.ok()
             except UNREACHABLE as exc:
                 # Kept and written again when Redis is back: the ends (and usage) of requests
@@ -518,8 +542,8 @@ class Worker(abc.ABC):
         """
         return self.stream_interval * min(max(len(self.active) / 8, 1.0), 4.0)
 
-    async def _flush_once(self, *, urgent_only: bool = False) -> None:
-        items = self._outbox.take(urgent_only=urgent_only)
+    async def _flush_once(self, *, urgent_only: bool = False, share: int | None = None) -> None:
+        items = self._outbox.take(urgent_only=urgent_only, share=share)
         if not items:
             return
         try:

@@ -4,7 +4,7 @@ import time
 import uuid
 
 from inference.types import Delta, Job, Sampling, Started
-from workers.runner import _Outbox
+from workers.runner import FLUSH_SHARES, _Outbox, _share_of
 
 
 def _job() -> Job:
@@ -58,3 +58,20 @@ def test_events_that_failed_to_write_go_out_first_and_at_once():
         (first.request_id, Delta(text="a", tokens=1)),
         (second.request_id, Delta(text="b", tokens=1)),
     ]
+
+
+def test_streams_are_written_a_share_at_a_time_and_urgent_ones_with_any_share():
+    outbox = _Outbox()
+    jobs = [_job() for _ in range(16)]
+    for job in jobs:
+        outbox.put(job, Delta(text="a", tokens=1))
+    urgent = jobs[0]
+    outbox.put(urgent, Delta(text="b", tokens=1), urgent=True)
+    taken: list[str] = []
+    for share in range(FLUSH_SHARES):
+        batch = [rid for rid, _ in _events(outbox.take(share=share))]
+        assert all(_share_of(rid) == share for rid in batch if rid != urgent.request_id)
+        taken += batch
+    assert sorted(taken) == sorted(job.request_id for job in jobs)  # each once
+    assert taken.count(urgent.request_id) == 1 and taken[0] == urgent.request_id
+    assert not outbox.ready.is_set()
