@@ -75,17 +75,19 @@ class _Outbox:
             self.urgent.set()
 
     def take(
-        self, *, urgent_only: bool = False, share: int | None = None
+        self, *, urgent_only: bool = False, share: tuple[int, int] | None = None
     ) -> list[tuple[Job, Event, UsageEvent | None, bool]]:
         """Take every waiting event, or only those of urgent requests (the rest stay).
 
-        With `share`, urgent requests' events and those of the requests in that share of the
-        streams (one of FLUSH_SHARES, by request id) are taken.
+        With `share` (index, shares), urgent requests' events and those of the requests in
+        that share of the streams (by request id) are taken.
         """
         if urgent_only or share is not None:
 
             def due(rid: str) -> bool:
-                return rid in self._urgent or (share is not None and _share_of(rid) == share)
+                return rid in self._urgent or (
+                    share is not None and _share_of(rid, share[1]) == share[0]
+                )
 
             items = [item for item in self.items if due(item[0].request_id)]
             self.items = [item for item in self.items if not due(item[0].request_id)]
@@ -108,15 +110,17 @@ class _Outbox:
             self.urgent.set()
 
 
-# Streams' deltas are written in this many shares, one share every 1/FLUSH_SHARES of the stream
-# interval: each stream still gets an event per interval, and a frontend relays a few streams
-# at a time instead of every stream at once (under a flood, a burst that held its event loop
-# for 10-25 ms, which a newcomer's request waited behind).
+# Streams' deltas are written in shares, one share every 1/shares of the stream interval: each
+# stream still gets an event per interval, and a frontend relays a few streams at a time
+# instead of every stream at once (under a flood, a burst that held its event loop for
+# 10-25 ms, which a newcomer's request waited behind). A share per 8 running streams, at most
+# this many: with few streams the bursts are short and the extra writes not worth it.
 FLUSH_SHARES = 4
+STREAMS_PER_SHARE = 8
 
 
-def _share_of(request_id: str) -> int:
-    return zlib.crc32(request_id.encode()) % FLUSH_SHARES
+def _share_of(request_id: str, shares: int) -> int:
+    return zlib.crc32(request_id.encode()) % shares
 
 
 # While a non-streaming request runs, its text goes out at most this often: nobody reads it
@@ -508,7 +512,8 @@ class Worker(abc.ABC):
             # Between token-only flushes wait out the stream interval, so deltas merge; a first
             # token or an end goes out at once, with its request's other events, and the other
             # requests' deltas keep waiting for their share's turn (once per interval).
-            step = self._interval() / FLUSH_SHARES
+            shares = min(max(len(self.active) // STREAMS_PER_SHARE, 1), FLUSH_SHARES)
+            step = self._interval() / shares
             wait = last_tick + step - time.monotonic()
             if wait > 0 and not self._outbox.urgent.is_set() and not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -519,7 +524,7 @@ class Worker(abc.ABC):
                     urgent_only = True
                 else:
                     last_tick, tick = time.monotonic(), tick + 1
-                    share = tick % FLUSH_SHARES
+                    share = (tick % shares, shares)
             try:
                 await self._flush_once(urgent_only=urgent_only, share=share)
                 outage.ok()
@@ -542,7 +547,9 @@ class Worker(abc.ABC):
         """
         return self.stream_interval * min(max(len(self.active) / 8, 1.0), 4.0)
 
-    async def _flush_once(self, *, urgent_only: bool = False, share: int | None = None) -> None:
+    async def _flush_once(
+        self, *, urgent_only: bool = False, share: tuple[int, int] | None = None
+    ) -> None:
         items = self._outbox.take(urgent_only=urgent_only, share=share)
         if not items:
             return

@@ -69,8 +69,10 @@ def test_streams_are_written_a_share_at_a_time_and_urgent_ones_with_any_share():
     outbox.put(urgent, Delta(text="b", tokens=1), urgent=True)
     taken: list[str] = []
     for share in range(FLUSH_SHARES):
-        batch = [rid for rid, _ in _events(outbox.take(share=share))]
-        assert all(_share_of(rid) == share for rid in batch if rid != urgent.request_id)
+        batch = [rid for rid, _ in _events(outbox.take(share=(share, FLUSH_SHARES)))]
+        assert all(
+            _share_of(rid, FLUSH_SHARES) == share for rid in batch if rid != urgent.request_id
+        )
         taken += batch
     assert sorted(taken) == sorted(job.request_id for job in jobs)  # each once
     assert taken.count(urgent.request_id) == 1 and taken[0] == urgent.request_id
