@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -73,6 +74,10 @@ from bench.litellm_proxy import (  # noqa: E402
 MAX_NUM_SEQS = 64
 PROMPT = "Once upon a time, in a switchyard far away,"
 LATENCY_TOKENS = 16
+# Latency requests go to the targets in a shuffled order, each followed by this pause (see
+# _latency_round); seeded, so a run can be repeated.
+ORDER = random.Random(20261125)
+SETTLE_SECONDS = 0.03
 ENGINE_CPUS = "0"
 PLATFORM_CPUS = "1"
 NAMES = {"vllm": "engine alone", "litellm": "LiteLLM", "switchyard": "Switchyard"}
@@ -235,7 +240,10 @@ async def _latency_round(targets: list[Target], requests: int, results: dict[str
     """Send one request at a time, to each target in turn, non-streaming then streaming.
 
     Interleaving request by request gives every target the same share of the machine's slow
-    and fast moments, which matters more than anything else on a shared machine.
+    and fast moments, which matters more than anything else on a shared machine. The order is
+    shuffled every time and each request is followed by a pause: a gateway's work after its
+    response (LiteLLM's spend logging, Switchyard's usage ingestion) would otherwise land on
+    the request measured next, and a fixed rotation always puts the same target next.
     """
     async with contextlib.AsyncExitStack() as stack:
         sessions = [await stack.enter_async_context(_session(2)) for _ in targets]
@@ -245,9 +253,10 @@ async def _latency_round(targets: list[Target], requests: int, results: dict[str
                 await _stream(session, target, LATENCY_TOKENS)
         pairs = list(zip(sessions, targets, strict=True))
         for stream in (False, True):
-            for i in range(requests):
-                for session, target in pairs[i % 3 :] + pairs[: i % 3]:
+            for _ in range(requests):
+                for session, target in ORDER.sample(pairs, len(pairs)):
                     await _one(session, target, stream, results[target.name].latencies)
+                    await asyncio.sleep(SETTLE_SECONDS)
 
 
 async def _saturate(
@@ -647,7 +656,9 @@ def _report(
         "comes from its own migration files, with its start-up schema update off.\n\n"
         f"**Latency.** Chat completions of {LATENCY_TOKENS} tokens (ignore_eos), one at a "
         "time, to the three targets in turn request by request (so each sees the machine's "
-        f"slow and fast moments alike), {samples} non-streaming then {samples} streaming per "
+        "slow and fast moments alike; the order shuffled every time and each request followed "
+        f"by a {SETTLE_SECONDS * 1000:.0f} ms pause, so no gateway's work after its response "
+        f"lands on another's request), {samples} non-streaming then {samples} streaming per "
         "target, pooled over the rounds. Added = the gateway's quantile minus the engine's "
         "alone at that quantile. LiteLLM's path ends in the very server measured alone; "
         "Switchyard's ends in its worker's engine (same engine, same settings, another "
@@ -675,7 +686,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one short round, for development")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the three targets")
     parser.add_argument(
-        "--latency-requests", type=int, default=80, help="per target per round, each way"
+        "--latency-requests", type=int, default=120, help="per target per round, each way"
     )
     parser.add_argument("--levels", default="2,8,32", help="comma-separated concurrency levels")
     parser.add_argument("--seconds", type=float, default=6.0, help="per concurrency level")
