@@ -32,6 +32,14 @@ async def _loaded(source: Source, loads: int) -> None:
     raise AssertionError(f"{source.loads} loads, expected {loads}")
 
 
+async def _stale_then_fresh(cache: RefreshingCache[str, str], source: Source) -> None:
+    """The old value is served while a reload runs; the new one once it has landed."""
+    assert await cache.get("k") == "k:v1"
+    await _loaded(source, 2)
+    await asyncio.sleep(0.01)
+    assert await cache.get("k") == "k:v2"
+
+
 async def test_it_serves_a_stale_entry_while_reloading_it():
     source = Source()
     ttl = [60.0]
@@ -39,10 +47,7 @@ async def test_it_serves_a_stale_entry_while_reloading_it():
     assert await cache.get("k") == "k:v1"
     assert await cache.get("k") == "k:v1" and source.loads == 1
     source.value, ttl[0] = "v2", 0.0
-    assert await cache.get("k") == "k:v1"  # stale, reload started in the background
-    await _loaded(source, 2)
-    await asyncio.sleep(0.01)
-    assert await cache.get("k") == "k:v2"
+    await _stale_then_fresh(cache, source)
 
 
 async def test_a_dropped_entry_is_loaded_again_at_once():
@@ -71,10 +76,7 @@ async def test_a_change_of_its_kind_reloads_a_fresh_entry_without_waiting_for_th
     await unrelated.get("k")
     source.value = other.value = "v2"
     change_received("test-d")
-    assert await cache.get("k") == "k:v1"  # served while the reload runs
-    await _loaded(source, 2)
-    await asyncio.sleep(0.01)
-    assert await cache.get("k") == "k:v2"
+    await _stale_then_fresh(cache, source)
     assert await unrelated.get("k") == "k:v1" and other.loads == 1
 
 
@@ -96,10 +98,7 @@ async def test_a_load_that_began_before_a_change_is_reloaded_after_it():
     change_received("test-f")  # the change lands while the old value is being read
     release.set()
     assert await first == "k:v1"
-    assert await cache.get("k") == "k:v1"  # stale: its load began before the change
-    await _loaded(source, 2)
-    await asyncio.sleep(0.01)
-    assert await cache.get("k") == "k:v2"
+    await _stale_then_fresh(cache, source)  # stale at first: its load began before the change
 
 
 async def test_a_revocation_drops_the_key_at_once():
