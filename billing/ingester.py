@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import redis
 from django.conf import settings
+from django.db import DatabaseError
 
 from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
@@ -129,7 +130,14 @@ class Ingester:
 
     async def _refresh_deployments(self) -> list[str]:
         if time.monotonic() - self._deployments_at > 5.0:
-            names = await db_call(_deployment_names)
+            try:
+                names = await db_call(_deployment_names)
+            except DatabaseError as exc:
+                # PostgreSQL stalled or restarting: the usage of the deployments known so far
+                # is read on (and written once it is back); the list is asked for again later.
+                log.warning("could not list deployments (%s); using the last list", exc)
+                self._deployments_at = time.monotonic()
+                return self._deployments
             for name in set(names) - set(self._deployments):
                 await self.dispatch.ensure_groups(name)
             self._deployments = names

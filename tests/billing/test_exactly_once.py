@@ -124,3 +124,30 @@ def test_every_request_is_recorded_once_whatever_is_duplicated_or_killed(world, 
     costs = [r.cost for r in records]
     expected = (sum(costs, Decimal(0))).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
     assert sum(cents_allocate(costs), Decimal(0)) == expected
+
+
+def test_a_database_outage_while_listing_deployments_keeps_the_last_list(monkeypatch):
+    """PostgreSQL restarting when the ingester asks for its deployments does not stop it."""
+    from django.db import OperationalError
+
+    import billing.ingester as ingester_module
+
+    async def listed(*_args: object, **_kwargs: object) -> list[str]:
+        return ["tiny"]
+
+    async def refused(*_args: object, **_kwargs: object) -> list[str]:
+        raise OperationalError("the database system is shutting down")
+
+    async def scenario() -> list[list[str]]:
+        client = redis_client_new()
+        ingester = Ingester(dispatch=Dispatch(client), consumer="outage")
+        seen = []
+        monkeypatch.setattr(ingester_module, "db_call", listed)
+        seen.append(await ingester._refresh_deployments())
+        ingester._deployments_at = 0.0  # due to ask again
+        monkeypatch.setattr(ingester_module, "db_call", refused)
+        seen.append(await ingester._refresh_deployments())
+        await client.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == [["tiny"], ["tiny"]]
