@@ -50,6 +50,7 @@ import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from inference.redis_client import script_into
+from inference.replies import Follower, ReplyReaders
 from inference.types import (
     Delta,
     Event,
@@ -788,6 +789,7 @@ class Dispatch:
         self._finalize = client.register_script(_FINALIZE)
         self._unqueue = client.register_script(_UNQUEUE)
         self._requeue = client.register_script(_REQUEUE)
+        self._replies = ReplyReaders(client)
 
     def _reply_ttl(self, job: Job) -> int:
         # Requests with an Idempotency-Key keep their replies as long as the key lives.
@@ -888,10 +890,22 @@ class Dispatch:
         entry_id = newest[0][0]
         return str(entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
 
+    def follow_replies(self, *, deployment: str, request_id: str, after: str) -> Follower:
+        """Follow a request's reply stream after an entry id, with this process's other
+        followers of the deployment over one connection (see inference.replies); the caller
+        closes the follower when done."""
+        return self._replies.follow(
+            deployment=deployment,
+            tag=_tag(deployment),
+            key=reply_key(deployment, request_id),
+            after=after,
+        )
+
     async def read_events(
         self, *, deployment: str, request_id: str, after: str, block_ms: int
     ) -> list[tuple[str, Event]]:
-        """Return the reply events after an id, waiting up to block_ms for the first."""
+        """Return the reply events after an id, waiting up to block_ms for the first (one
+        XREAD of its own: for tools and tests; relays follow, see follow_replies)."""
         response: Any = await self.redis.xread(
             {reply_key(deployment, request_id): after}, count=512, block=block_ms
         )

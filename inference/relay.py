@@ -169,54 +169,53 @@ async def _follow(
     overdue = False
     # One per stream: the frontend's refusals already say Redis is down, at warning level.
     outage = Outage("relaying a reply stream", log, logging.DEBUG)
-    while True:
-        now = time.time()
-        if now >= deadline and not overdue:
-            overdue = True
-            if at_deadline is not None:
-                # Unreachable, the reaper ends the queued job at its deadline instead.
-                with contextlib.suppress(*UNREACHABLE):
-                    await at_deadline()
-        remaining = (deadline + _GRACE_SECONDS if overdue else deadline) - now
-        if overdue and remaining <= 0:
-            return
-        try:
-            batch = await dispatch.read_events(
-                deployment=deployment,
-                request_id=request_id,
-                after=after,
-                block_ms=max(int(min(remaining, 5.0) * 1000), 1),
-            )
-            outage.ok()
-        except UNREACHABLE as exc:
-            # The request runs on and its events are kept: read on from the same entry once
-            # Redis is back (or end, as above, if the deadline passes first).
-            await asyncio.sleep(min(outage.failed(exc), max(remaining, 0.0)))
-            continue
-        pending: Delta | None = None
-        pending_last = after
-        for entry_id, event in batch:
-            if isinstance(event, Delta):
-                pending = event if pending is None else pending.then(event)
-                pending_last = after = entry_id
+    follower = dispatch.follow_replies(deployment=deployment, request_id=request_id, after=after)
+    try:
+        while True:
+            now = time.time()
+            if now >= deadline and not overdue:
+                overdue = True
+                if at_deadline is not None:
+                    # Unreachable, the reaper ends the queued job at its deadline instead.
+                    with contextlib.suppress(*UNREACHABLE):
+                        await at_deadline()
+            remaining = (deadline + _GRACE_SECONDS if overdue else deadline) - now
+            if overdue and remaining <= 0:
+                return
+            try:
+                batch = await follower.read(block_ms=max(int(min(remaining, 5.0) * 1000), 1))
+                outage.ok()
+            except UNREACHABLE as exc:
+                # The request runs on and its events are kept: read on from the same entry
+                # once Redis is back (or end, as above, if the deadline passes first).
+                await asyncio.sleep(min(outage.failed(exc), max(remaining, 0.0)))
                 continue
+            pending: Delta | None = None
+            pending_last = after
+            for entry_id, event in batch:
+                if isinstance(event, Delta):
+                    pending = event if pending is None else pending.then(event)
+                    pending_last = after = entry_id
+                    continue
+                if pending is not None:
+                    if cursor is not None:
+                        cursor.last = pending_last
+                    yield pending
+                    pending = None
+                after = entry_id
+                if cursor is not None:
+                    cursor.last = entry_id
+                if isinstance(event, Started):
+                    continue
+                yield event
+                if isinstance(event, Finished | Failed):
+                    return
             if pending is not None:
                 if cursor is not None:
                     cursor.last = pending_last
                 yield pending
-                pending = None
-            after = entry_id
-            if cursor is not None:
-                cursor.last = entry_id
-            if isinstance(event, Started):
-                continue
-            yield event
-            if isinstance(event, Finished | Failed):
-                return
-        if pending is not None:
-            if cursor is not None:
-                cursor.last = pending_last
-            yield pending
+    finally:
+        follower.close()
 
 
 def _timed_out(*, prompt_tokens: int) -> Failed:
