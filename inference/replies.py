@@ -24,6 +24,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from inference.background import spawn
 from inference.redis_client import UNREACHABLE, Outage
 from inference.types import Event, event_decoder
 
@@ -148,7 +149,7 @@ class _DeploymentReader:
         if self._wake_pending or self._task is None:
             return
         self._wake_pending = True
-        asyncio.get_running_loop().create_task(self._wake_write())
+        spawn(self._wake_write())
 
     async def _wake_write(self) -> None:
         try:

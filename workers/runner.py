@@ -83,14 +83,15 @@ class _Outbox:
         that share of the streams (by request id) are taken.
         """
         if urgent_only or share is not None:
-
-            def due(rid: str) -> bool:
-                return rid in self._urgent or (
+            kept: list[tuple[Job, Event, UsageEvent | None, bool]] = []
+            items: list[tuple[Job, Event, UsageEvent | None, bool]] = []
+            for item in self.items:
+                rid = item[0].request_id
+                due = rid in self._urgent or (
                     share is not None and _share_of(rid, share[1]) == share[0]
                 )
-
-            items = [item for item in self.items if due(item[0].request_id)]
-            self.items = [item for item in self.items if not due(item[0].request_id)]
+                (items if due else kept).append(item)
+            self.items = kept
         else:
             items, self.items = self.items, []
         self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
@@ -524,7 +525,7 @@ class Worker(abc.ABC):
                     urgent_only = True
                 else:
                     last_tick, tick = time.monotonic(), tick + 1
-                    share = (tick % shares, shares)
+                    share = (tick % shares, shares) if shares > 1 else None
             try:
                 await self._flush_once(urgent_only=urgent_only, share=share)
                 outage.ok()
