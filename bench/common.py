@@ -66,6 +66,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def closed_loop_rate(slots: int, durations: list[float]) -> float:
+    """Completions per second of a closed loop that keeps `slots` requests busy (Little's law).
+
+    Pass the durations of the requests sent after the loop's first round: the slots start
+    together and finish in step, so counting completions in a window is off by a round.
+    """
+    return slots / (sum(durations) / len(durations))
+
+
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as response:

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     Platform,
     Target,
+    closed_loop_rate,
     cpu_seconds,
     percentile,
     platform_stop,
@@ -219,11 +220,7 @@ async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float
 
         await asyncio.gather(*(loop() for _ in range(streams)))
     good = [o for o in done if o.good]
-    # Little's law over the requests after the first round: every slot stays busy, so
-    # completions per second = slots ÷ the mean time a request takes. (Counting completions
-    # in a window is off by a round: the slots start together and finish in step.)
-    steady = [o.ended for o in good if o.sent >= started + service / 2]
-    rate = streams / (sum(steady) / len(steady))
+    rate = closed_loop_rate(streams, [o.ended for o in good if o.sent >= started + service / 2])
     return rate, [o.ttft * 1000 for o in good if o.ttft is not None]
 
 
