@@ -85,11 +85,19 @@ _KEY_SECRET = re.compile(
     rf"\b({re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})[A-Za-z0-9_-]{{16,}}"
 )
 _BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\[redacted\])[^\s'\"]+")
+# A credential in a URL's query (`/v1/ws?key=...`, what browsers' WebSockets must send), as a
+# server's request line prints it: its whole value, whatever its shape, unless it is a key
+# already redacted to its public id.
+_QUERY_KEY = re.compile(
+    rf"(?i)([?&](?:api_)?key=)(?!(?:{re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})?"
+    r"\[redacted\])[^&\s'\"#]+"
+)
 
 
 def redact(text: str) -> str:
     """Return text with API key secrets and bearer credentials replaced; public ids stay."""
-    return _BEARER.sub(r"\1[redacted]", _KEY_SECRET.sub(r"\1[redacted]", text))
+    text = _QUERY_KEY.sub(r"\1[redacted]", _KEY_SECRET.sub(r"\1[redacted]", text))
+    return _BEARER.sub(r"\1[redacted]", text)
 
 
 class RedactFilter(logging.Filter):

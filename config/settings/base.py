@@ -275,6 +275,12 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.request": {"level": "ERROR"},
+        # uvicorn's own handlers would print its lines unfiltered (a WebSocket's request line
+        # carries `?key=`): they go through the handler above instead, redacted. Django
+        # configures logging after uvicorn, when the application is imported, in every process.
+        "uvicorn": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "uvicorn.error": {"level": "INFO"},
+        "uvicorn.access": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
     },
