@@ -17,7 +17,6 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
-from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count, Sum
@@ -35,6 +34,7 @@ from models_registry.models import Alias, Deployment, ModelVersion, Rollout
 from models_registry.rollouts import RolloutConflict, rollout_act
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_split_set
+from tenants.lockout import lockout_is_locked
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
 from tenants.selectors import api_key_get, api_key_list
 from tenants.services import api_key_issue, api_key_revoke, api_key_rotate
@@ -45,28 +45,22 @@ PAGE_SIZE = 50
 # --- sign-in with lockout -------------------------------------------------------------------
 
 
-def _lock_key(username: str) -> str:
-    return f"console:login-failures:{username.lower()}"
-
-
 class LockoutAuthenticationForm(AuthenticationForm):
-    """Refuse a username after repeated failures, whatever password comes next, for a while."""
+    """Say that a username is locked, rather than that its password is wrong.
+
+    The lock itself is enforced by the authentication backend (tenants.lockout), for every way
+    in; this only picks the message.
+    """
 
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username") or ""
-        key = _lock_key(username)
-        if (cache.get(key) or 0) >= settings.SWITCHYARD_LOGIN_FAILURES:
+        if lockout_is_locked(username=username):
             minutes = settings.SWITCHYARD_LOGIN_LOCK_SECONDS // 60
             raise ValidationError(
                 f"Too many failed sign-ins for this account: try again in {minutes} minutes.",
                 code="locked",
             )
-        try:
-            return super().clean()
-        except ValidationError:
-            cache.add(key, 0, settings.SWITCHYARD_LOGIN_LOCK_SECONDS)
-            cache.incr(key)
-            raise
+        return super().clean()
 
 
 class LoginView(auth_views.LoginView):

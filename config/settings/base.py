@@ -191,6 +191,8 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# The only password check: console, admin and HTTP Basic on the API all count against the lockout.
+AUTHENTICATION_BACKENDS = ["tenants.lockout.LockoutBackend"]
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
         "task": "models_registry.tasks.rollouts_analyze",
