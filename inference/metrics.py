@@ -55,6 +55,11 @@ admission_decisions = Counter(
     "Admission decisions: admitted, or the refusal's code.",
     ["deployment", "reason"],
 )
+loop_failures = Counter(
+    "switchyard_loop_failures",
+    "Exceptions that stopped a long-lived loop of this process, which then started again.",
+    ["loop"],
+)
 
 
 # Pauses of a process: short ones matter (a stream's next token waits behind them).

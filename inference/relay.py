@@ -13,6 +13,7 @@ from inference.background import spawn
 from inference.content_policy import output_filtered
 from inference.dispatch import Dispatch, Whereabouts
 from inference.redis_client import UNREACHABLE, Outage
+from inference.replies import ReaderFailed
 from inference.response_cache import Stored
 from inference.services import CacheUse, Submitted, content_keep, responses_get
 from inference.types import Delta, Event, Failed, Finished, Started
@@ -37,6 +38,10 @@ def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
     spawn(dispatch.cancel(job=submitted.job))
 
 
+# The terminal event a client gets when its frontend's reply reader failed: the request may
+# run on, but this relay cannot say how it ends. Not the request's own end (see `events`).
+RELAY_FAILED = "relay_failed"
+
 # After its deadline a request still gets this long for its terminal event to arrive: the
 # worker (or the queue) ends it at the deadline with `deadline_exceeded`.
 _GRACE_SECONDS = 2.0
@@ -47,8 +52,8 @@ async def events(
 ) -> AsyncIterator[Event]:
     """Yield a request's events until its terminal one; consecutive deltas arrive merged.
 
-    If the consumer stops early (client disconnect), the request is cancelled so the worker
-    aborts it in the engine.
+    If the consumer stops early (client disconnect), or the relay fails, the request is
+    cancelled so the worker aborts it in the engine: its client got its terminal event.
     """
     job = submitted.job
     finished = False
@@ -80,6 +85,9 @@ async def events(
         )
     try:
         async for event in followed:
+            if isinstance(event, Failed) and event.code == RELAY_FAILED:
+                yield event  # `finished` stays False: the request is cancelled below
+                return
             finished = isinstance(event, Finished | Failed)
             if keep:
                 if isinstance(event, Delta):
@@ -164,7 +172,8 @@ async def _follow(
     """Yield a reply stream's events after an entry id (deltas merged) up to its terminal one.
 
     Stops without a terminal event if none arrives within the grace time after the deadline;
-    `at_deadline` runs once when the deadline passes.
+    `at_deadline` runs once when the deadline passes. Ends with a `relay_failed` event if the
+    reply reader fails.
     """
     overdue = False
     # One per stream: the frontend's refusals already say Redis is down, at warning level.
@@ -185,6 +194,10 @@ async def _follow(
             try:
                 batch = await follower.read(block_ms=max(int(min(remaining, 5.0) * 1000), 1))
                 outage.ok()
+            except ReaderFailed as exc:
+                log.warning("relay of %s failed: %s", request_id, exc)
+                yield _relay_failed()
+                return
             except UNREACHABLE as exc:
                 # The request runs on and its events are kept: read on from the same entry
                 # once Redis is back (or end, as above, if the deadline passes first).
@@ -216,6 +229,15 @@ async def _follow(
                 yield pending
     finally:
         follower.close()
+
+
+def _relay_failed() -> Failed:
+    return Failed(
+        code=RELAY_FAILED,
+        message="this frontend lost the request's reply stream; please retry",
+        prompt_tokens=0,
+        completion_tokens=0,
+    )
 
 
 def _timed_out(*, prompt_tokens: int) -> Failed:

@@ -11,6 +11,11 @@ Every key of one XREAD carries the deployment's hash tag, as Redis Cluster requi
 A follower whose client reads slowly holds at most `PAUSE_AT` entries: past that its stream
 drops out of the XREAD until the client catches up, and its entries wait in Redis, as they
 did when each client read its own stream.
+
+The reader runs supervised (`inference.background`): if it fails, every request it was
+following gets `ReaderFailed` (a terminal error for its client, never silence) and the reader
+starts again for the requests that follow from then on. An entry id must be valid before it
+joins the shared XREAD: one that Redis refuses would fail every stream read with it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from inference.background import spawn
+from inference.background import loop_ok, spawn, supervise
 from inference.redis_client import UNREACHABLE, Outage
 from inference.types import Event, event_decoder
 
@@ -53,6 +58,28 @@ def _entry_id(value: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+_ID_PART_MAX = 2**64 - 1
+
+
+def entry_id_parse(value: str) -> tuple[int, int]:
+    """Return a stream entry id's (milliseconds, sequence); ValueError unless Redis takes it.
+
+    A Redis stream id is two unsigned 64-bit integers joined by a dash (`1718000000000-3`).
+    """
+    ms, dash, seq = value.partition("-")
+    parts = (ms, seq)
+    if not dash or not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts):
+        raise ValueError(f"not a stream entry id: {value[:50]!r}")
+    parsed = int(ms), int(seq)
+    if max(parsed) > _ID_PART_MAX:
+        raise ValueError(f"stream entry id out of range: {value[:50]!r}")
+    return parsed
+
+
+class ReaderFailed(Exception):
+    """The reader of a deployment's reply streams failed: this follower gets nothing more."""
+
+
 class Follower:
     """One reader of a reply stream, from an entry id on, filled by its deployment's reader."""
 
@@ -62,6 +89,7 @@ class Follower:
         self.after = after  # the newest entry id handed to this follower
         self.entries: list[tuple[str, Event]] = []
         self.error: BaseException | None = None
+        self.failure: ReaderFailed | None = None  # terminal: the reader failed
         self.ready = asyncio.Event()
         self.read_at = time.monotonic()
         self.closed = False
@@ -73,18 +101,23 @@ class Follower:
     async def read(self, *, block_ms: int) -> list[tuple[str, Event]]:
         """Return the entries fetched since the last read, waiting up to block_ms for one.
 
-        Raises what the reader's last XREAD raised (Redis unreachable), once.
+        Raises what the reader's last XREAD raised (Redis unreachable), once; `ReaderFailed`
+        on every read once the reader failed.
         """
         self.read_at = time.monotonic()
+        if self.failure is not None:
+            raise self.failure
         if self.closed:
             # Dropped as abandoned while its client was slow to take what it had: follow on.
             self.closed = False
             self._reader.add(self)
-        if not self.entries and self.error is None:
+        if not self.entries and self.error is None and self.failure is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ready.wait(), block_ms / 1000)
         self.read_at = time.monotonic()
         self.ready.clear()
+        if self.failure is not None:
+            raise self.failure
         if self.error is not None and not self.entries:
             error, self.error = self.error, None
             raise error
@@ -112,6 +145,11 @@ class Follower:
         self.error = error
         self.ready.set()
 
+    def _end(self, failure: ReaderFailed) -> None:
+        self.failure = failure
+        self.closed = True  # its reader forgot it already
+        self.ready.set()
+
 
 class _DeploymentReader:
     """The reply streams of one deployment that this process follows, read by one task."""
@@ -119,6 +157,7 @@ class _DeploymentReader:
     def __init__(self, client: aredis.Redis, deployment: str, tag: str) -> None:
         self._client = client
         self.deployment = deployment
+        self._name = f"replies:{deployment}"
         # Its own wake stream: a key of this deployment's hash slot, unique to this reader.
         self._wake_key = f"{tag}:wake:{uuid.uuid4().hex}"
         self._wake_seen = "0-0"
@@ -131,8 +170,8 @@ class _DeploymentReader:
     def add(self, follower: Follower) -> None:
         self._followers.setdefault(follower.key, []).append(follower)
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"replies:{self.deployment}"
+            self._task = spawn(
+                supervise(self._name, self._run, on_failure=self._failed), name=self._name
             )
         else:
             self.wake()
@@ -198,6 +237,7 @@ class _DeploymentReader:
                         block=BLOCK_MS,
                     )
                     outage.ok()
+                    loop_ok(self._name)
                 except UNREACHABLE as exc:
                     for followers in self._followers.values():
                         for follower in followers:
@@ -208,6 +248,19 @@ class _DeploymentReader:
         finally:
             with contextlib.suppress(Exception):
                 await connection.aclose(close_connection_pool=False)
+
+    def _failed(self, error: BaseException) -> None:
+        """End every current follower with ReaderFailed; the restarted reader starts afresh.
+
+        Whatever made the reader fail may lie in a follower's state: keeping them would fail
+        it again, each time.
+        """
+        failure = ReaderFailed(f"the reader of {self.deployment}'s reply streams failed")
+        followers, self._followers = self._followers, {}
+        for each in followers.values():
+            for follower in each:
+                follower._end(failure)
+        self._wake_pending = False
 
     def _deliver(self, response: Any) -> None:
         for raw_key, entries in response or []:
@@ -230,7 +283,11 @@ class ReplyReaders:
         self._readers: dict[str, _DeploymentReader] = {}
 
     def follow(self, *, deployment: str, tag: str, key: str, after: str) -> Follower:
-        """Start following one reply stream after an entry id; close the follower when done."""
+        """Start following one reply stream after an entry id; close the follower when done.
+
+        Raises ValueError for an entry id Redis would refuse (see `entry_id_parse`).
+        """
+        entry_id_parse(after)
         reader = self._readers.get(deployment)
         if reader is None:
             reader = self._readers[deployment] = _DeploymentReader(self._client, deployment, tag)

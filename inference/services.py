@@ -690,10 +690,10 @@ async def content_keep(submitted: Submitted, completion: str) -> None:
 async def usage_settle(submitted: Submitted, event: Finished | Failed) -> None:
     """Settle an ended request's reservation to what it used (the ingester does it otherwise).
 
-    Not on the frontend's own timeout: the worker may still be producing tokens then, and the
-    ingester settles to the count it finally bills.
+    Not on the frontend's own timeout or a relay that failed: the worker may still be producing
+    tokens then, and the ingester settles to the count it finally bills.
     """
-    if isinstance(event, Failed) and event.code == "timeout":
+    if isinstance(event, Failed) and event.code in ("timeout", "relay_failed"):
         return
     full = _cost(submitted.route, prompt=event.prompt_tokens, completion=event.completion_tokens)
     used = Usage(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from inference import relay
 from inference.auth import Principal, authenticate
-from inference.background import spawn
+from inference.background import loops_failing, spawn
 from inference.content_policy import policy_get
 from inference.db import db_call
 from inference.errors import ApiError
@@ -34,6 +33,7 @@ from inference.params import (
     generation_parse,
 )
 from inference.redis_client import UNREACHABLE
+from inference.replies import entry_id_parse
 from inference.results import OnEnd, completion_collect, embeddings_collect
 from inference.services import (
     dispatch_get,
@@ -449,9 +449,6 @@ async def _sse_chunks(
             return
 
 
-_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-
-
 @api_endpoint("GET")
 async def request_stream(request: HttpRequest, request_id: str, target: str) -> HttpResponseBase:
     """Stream one of the tenant's recent requests again, after the `Last-Event-ID` it saw.
@@ -470,13 +467,15 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
     ):
         raise ApiError(404, "request_not_found", f"No recent stream '{target}'.", param="id")
     after = request.headers.get("Last-Event-ID", "").strip() or "0-0"
-    if not _ENTRY_ID.match(after):
+    try:
+        entry_id_parse(after)
+    except ValueError:
         raise ApiError(
             400,
             "invalid_value",
             "Last-Event-ID is an event id this API sent.",
             param="Last-Event-ID",
-        )
+        ) from None
     model = await db_call(version_served_name, digest=where.version_digest) or ""
     formatter = _formatter(
         endpoint=where.endpoint,
@@ -593,10 +592,15 @@ def _database_ok() -> bool:
 
 @api_endpoint("GET")
 async def readyz(request: HttpRequest, request_id: str) -> HttpResponse:
-    """Report whether Postgres and Redis answer (readiness)."""
+    """Report whether Postgres and Redis answer and this process relays replies (readiness).
+
+    A reply reader that failed and has not yet read well again makes this process unready.
+    """
     try:
         await dispatch_get().redis.ping()
         await db_call(_database_ok)
     except Exception as exc:
         raise ApiError(503, "not_ready", f"dependency unavailable: {type(exc).__name__}") from exc
+    if loops_failing("replies"):
+        raise ApiError(503, "not_ready", "a reply-stream reader is failing")
     return json_response({"status": "ready"})

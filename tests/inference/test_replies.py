@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
 import redis.asyncio as aredis
 from django.conf import settings
+from django.test import AsyncClient
+from prometheus_client import REGISTRY
+from redis.exceptions import ResponseError
 
-from inference import replies
+from inference import relay, replies
+from inference.background import loops_failing
 from inference.dispatch import Dispatch, reply_key
-from inference.replies import Follower
-from inference.types import Delta, Event, encode
+from inference.replies import Follower, ReaderFailed
+from inference.types import Delta, Event, Failed, encode
 
 
 @pytest.fixture
@@ -133,3 +138,132 @@ async def test_a_closed_follower_is_no_longer_read(client, dispatch):
         assert gone.entries == []
     finally:
         kept.close()
+
+
+class _FailingReads:
+    """XREAD that raises while `failing` is set (each raise counted), as a bug in it would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.failing = True
+        self.raised = 0
+        real = aredis.Redis.xread
+
+        async def xread(client: aredis.Redis, *args: object, **kwargs: object) -> object:
+            if self.failing:
+                self.raised += 1
+                raise ResponseError("injected failure")
+            return await real(client, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr(aredis.Redis, "xread", xread)
+
+
+def _failures() -> float:
+    return REGISTRY.get_sample_value("switchyard_loop_failures_total", {"loop": "replies"}) or 0.0
+
+
+async def _until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "99999999999999999999-99999999999999999999",  # 20 digits, past 64 bits
+        "18446744073709551616-0",
+        "1-",
+        "-1",
+        "1",
+        "1-2-3",
+        "１-2",  # a digit, but not an ASCII one
+    ],
+)
+async def test_it_refuses_to_follow_from_an_entry_id_redis_would_refuse(client, dispatch, after):
+    deployment = f"r-{uuid.uuid4().hex[:8]}"
+    other = dispatch.follow_replies(deployment=deployment, request_id="other", after="0-0")
+    try:
+        with pytest.raises(ValueError):
+            dispatch.follow_replies(deployment=deployment, request_id="bad", after=after)
+        await _write(client, deployment, "other", "still read")
+        assert await _texts(other, 1) == ["still read"]
+    finally:
+        other.close()
+
+
+async def test_the_largest_entry_id_redis_takes_is_followed_without_harm_to_others(
+    client, dispatch
+):
+    deployment = f"r-{uuid.uuid4().hex[:8]}"
+    largest = f"{2**64 - 1}-{2**64 - 1}"
+    edge = dispatch.follow_replies(deployment=deployment, request_id="edge", after=largest)
+    other = dispatch.follow_replies(deployment=deployment, request_id="other", after="0-0")
+    try:
+        await _write(client, deployment, "other", "read")
+        assert await _texts(other, 1) == ["read"]
+        assert await edge.read(block_ms=100) == []
+    finally:
+        edge.close()
+        other.close()
+
+
+async def test_a_failed_reader_ends_its_followers_with_an_error_and_serves_new_ones(
+    client, dispatch, monkeypatch
+):
+    deployment = f"r-{uuid.uuid4().hex[:8]}"
+    before = _failures()
+    reads = _FailingReads(monkeypatch)
+    followers = [
+        dispatch.follow_replies(deployment=deployment, request_id=rid, after="0-0")
+        for rid in ("a", "b")
+    ]
+    for follower in followers:
+        with pytest.raises(ReaderFailed):
+            await follower.read(block_ms=5000)
+        with pytest.raises(ReaderFailed):  # every read after, not once: the end is terminal
+            await follower.read(block_ms=10)
+        follower.close()
+    assert _failures() >= before + 1
+    assert f"replies:{deployment}" in loops_failing("replies")
+
+    reads.failing = False
+    later = dispatch.follow_replies(deployment=deployment, request_id="c", after="0-0")
+    try:
+        await _write(client, deployment, "c", "served")
+        assert await _texts(later, 1) == ["served"]
+        assert f"replies:{deployment}" not in loops_failing("replies")
+    finally:
+        later.close()
+
+
+async def test_a_relay_whose_reader_failed_ends_with_one_terminal_error(dispatch, monkeypatch):
+    _FailingReads(monkeypatch)
+    events = [
+        event
+        async for event in relay.attach(
+            dispatch,
+            deployment=f"r-{uuid.uuid4().hex[:8]}",
+            request_id="x",
+            deadline=time.time() + 30,
+        )
+    ]
+    assert len(events) == 1
+    assert isinstance(events[0], Failed) and events[0].code == relay.RELAY_FAILED
+
+
+@pytest.mark.django_db
+async def test_the_frontend_is_unready_while_a_reply_reader_fails(client, dispatch, monkeypatch):
+    api = AsyncClient()
+    assert (await api.get("/readyz")).status_code == 200
+    reads = _FailingReads(monkeypatch)
+    deployment = f"r-{uuid.uuid4().hex[:8]}"
+    follower = dispatch.follow_replies(deployment=deployment, request_id="a", after="0-0")
+    with pytest.raises(ReaderFailed):
+        await follower.read(block_ms=5000)
+    response = await api.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "not_ready"
+    reads.failing = False
+    await _until(lambda: not loops_failing("replies"))
+    assert (await api.get("/readyz")).status_code == 200
