@@ -30,3 +30,43 @@ def test_production_settings_pass_the_deployment_checks():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
+
+
+def _demo_settings(script: str) -> subprocess.CompletedProcess[str]:
+    """Run Python under the settings `make demo` runs with, as a fresh shell has them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_DEBUG", "DJANGO_ALLOWED_HOSTS")}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings.dev"
+    return subprocess.run(
+        [sys.executable, "-c", f"import django\ndjango.setup()\n{script}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_demo_runs_without_debug_pages_on_loopback_hosts():
+    done = _demo_settings(
+        "from django.conf import settings\nprint(settings.DEBUG, sorted(settings.ALLOWED_HOSTS))"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "False ['127.0.0.1', '[::1]', 'localhost']"
+
+
+def test_a_console_404_in_the_demo_is_the_plain_page_and_static_files_still_load():
+    done = _demo_settings(
+        "from django.test import Client\n"
+        "client = Client(HTTP_HOST='127.0.0.1:8000')\n"
+        "for path in ('/static/console/console.css', '/static/console/console.js',\n"
+        "             '/static/vendor/htmx.min.js', '/static/admin/css/base.css'):\n"
+        "    print(client.get(path).status_code, end=' ')\n"
+        "answer = client.get('/console/no-such-page')\n"
+        "print(answer.status_code)\n"
+        "print(answer.content.decode())"
+    )
+    assert done.returncode == 0, done.stderr
+    status, _, page = done.stdout.partition("\n")
+    assert status == "200 200 200 200 404"
+    assert "Page not found" in page and "console/console.css" in page
+    assert "URLconf" not in page and "admin/" not in page  # no list of URL patterns
