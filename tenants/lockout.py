@@ -32,6 +32,7 @@ from tenants.audit import audit_record
 log = logging.getLogger(__name__)
 
 LOCKED_ACTION = "login.locked"
+UNLOCKED_ACTION = "login.unlocked"
 
 
 def lockout_key(username: str) -> str:
@@ -70,6 +71,19 @@ def lockout_is_locked(*, username: str) -> bool:
 def lockout_reset(*, username: str) -> None:
     """Forget a username's attempts: after a successful sign-in, or to unlock it by hand."""
     _client().delete(lockout_key(username))
+
+
+def lockout_unlock(*, username: str, actor: User | None = None, reason: str = "") -> None:
+    """Lift a username's lock before its window ends (an operator's decision: audited)."""
+    lockout_reset(username=username)
+    audit_record(
+        action=UNLOCKED_ACTION,
+        target_type="user",
+        target_id=username[:64],
+        actor=actor,
+        data={"username": username},
+        reason=reason,
+    )
 
 
 def lockout_fail(*, username: str, attempt: int, request: HttpRequest | None = None) -> None:

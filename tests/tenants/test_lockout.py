@@ -6,17 +6,19 @@ import base64
 import threading
 import time
 from collections.abc import Callable, Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
 from tenants import lockout
-from tenants.lockout import LOCKED_ACTION, lockout_reset
+from tenants.lockout import LOCKED_ACTION, UNLOCKED_ACTION, lockout_reset
 from tenants.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -178,3 +180,17 @@ def test_it_refuses_sign_in_while_the_counter_is_unreachable(world, olga, monkey
         assert _basic("olga", PASSWORD) == "refused"
         assert _console("olga", PASSWORD) != "signed in"
     assert _basic("olga", PASSWORD) == "in"
+
+
+def test_an_operator_can_lift_a_lock_and_it_is_audited(world, olga):
+    for _ in range(settings.SWITCHYARD_LOGIN_FAILURES):
+        _basic("olga", "wrong")
+    last = _last_audit_id()
+    call_command("unlock_login", "olga", "--reason", "she called the help desk", stdout=StringIO())
+    assert _basic("olga", PASSWORD) == "in"
+    event = AuditEvent.objects.get(pk__gt=last)
+    assert (event.action, event.target_id, event.reason) == (
+        UNLOCKED_ACTION,
+        "olga",
+        "she called the help desk",
+    )
