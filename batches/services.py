@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import re
 from typing import Any
 
@@ -25,6 +26,7 @@ from inference.errors import ApiError, invalid
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
 from tenants.models import ApiKey
 
+log = logging.getLogger(__name__)
 # The endpoints a batch may call, and how each line's body is checked.
 ENDPOINTS = {
     "/v1/chat/completions": CHAT,
@@ -34,6 +36,9 @@ ENDPOINTS = {
 # At most five ASCII digits: 168h is 10080m, and the column holds eight characters.
 _WINDOW = re.compile(r"([0-9]{1,5})([mh])")
 MAX_WINDOW = dt.timedelta(days=7)
+# Far deeper than any request (a tool's JSON schema included) and far from Python's recursion
+# limit, which a deeper body would hit wherever it is copied, encoded or stored.
+MAX_BODY_DEPTH = 64
 
 
 def _file_lines(content: bytes) -> int:
@@ -110,7 +115,7 @@ def batch_create(
         not isinstance(metadata, dict)
         or len(metadata) > 16
         or not all(
-            isinstance(v, str) and len(v) <= 512 and "\x00" not in k + v
+            isinstance(v, str) and len(v) <= 512 and "\x00" not in k + v and _unicode(k + v)
             for k, v in metadata.items()
         )
     ):
@@ -159,13 +164,17 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
         line = json.loads(raw)
     except ValueError as exc:
         raise ApiError(400, "invalid_json", f"The line is not valid JSON: {exc}.") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "invalid_json", "The line is nested too deeply.") from exc
     if not isinstance(line, dict):
         raise ApiError(400, "invalid_request", "A line must be a JSON object.")
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise invalid("custom_id", "Each line needs a string 'custom_id'.", "missing_custom_id")
-    if len(custom_id) > 512 or "\x00" in custom_id:
-        raise invalid("custom_id", "'custom_id' is at most 512 characters, with no NUL.")
+    if len(custom_id) > 512 or "\x00" in custom_id or not _unicode(custom_id):
+        raise invalid(
+            "custom_id", "'custom_id' is at most 512 characters of Unicode text, with no NUL."
+        )
     if custom_id in seen:
         raise invalid("custom_id", f"custom_id {custom_id!r} is used twice.", "duplicate_custom_id")
     seen.add(custom_id)
@@ -176,6 +185,7 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
     body = line.get("body")
     if not isinstance(body, dict):
         raise invalid("body", "'body' must be a JSON object.", "invalid_body")
+    _body_check(body)
     if body.get("stream"):
         raise invalid("body.stream", "Batch requests cannot stream.", "unsupported_parameter")
     kind = ENDPOINTS[endpoint]
@@ -186,13 +196,44 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
     return custom_id, body
 
 
+def _unicode(text: str) -> bool:
+    """Whether text is Unicode that PostgreSQL can store (no lone surrogate such as \\ud800)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _body_check(body: dict[str, Any]) -> None:
+    """Refuse a body nested too deeply, or holding text that is not Unicode (a lone surrogate).
+
+    Either would pass the request's own checks and fail later, where it is encoded to run.
+    """
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_BODY_DEPTH:
+            raise invalid("body", f"'body' is nested more than {MAX_BODY_DEPTH} levels deep.")
+        if isinstance(value, dict):
+            stack.extend((k, depth) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str) and not _unicode(value):
+            raise invalid("body", "'body' holds a lone surrogate (such as \\ud800), not text.")
+
+
 def _custom_id_of(raw: str) -> str:
     try:
         line = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     value = line.get("custom_id") if isinstance(line, dict) else None
-    return value[:512].replace("\x00", "") if isinstance(value, str) else ""
+    if not isinstance(value, str):
+        return ""
+    # A lone surrogate cannot be stored: it is kept as its escape (\\ud800) instead.
+    return value.encode("utf-8", "backslashreplace").decode()[:512].replace("\x00", "")
 
 
 def batch_validate(*, batch: Batch) -> Batch:
@@ -211,20 +252,27 @@ def batch_validate(*, batch: Batch) -> Batch:
         line = BatchLine(batch=batch, index=index, request_id=line_request_id(batch.id, index))
         try:
             line.custom_id, line.body = _line_check(raw, endpoint=batch.endpoint, seen=seen)
-        except ApiError as exc:
+        except Exception as exc:
+            # Whatever a line holds, it fails alone: never the batch, nor its other lines.
+            error = exc if isinstance(exc, ApiError) else None
+            if error is None:
+                log.exception("batch %s: line %d could not be read", batch.id, index + 1)
+                error = ApiError(400, "invalid_request", "The request could not be read.")
             line.custom_id = _custom_id_of(raw)
             line.state, line.ended_at = LineState.FAILED, now
             line.error = {
-                "code": exc.code,
-                "message": f"Line {index + 1}: {exc.message}",
-                "param": exc.param,
+                "code": error.code,
+                "message": f"Line {index + 1}: {error.message}",
+                "param": error.param,
                 "line": index + 1,
             }
         lines.append(line)
     with transaction.atomic():
         BatchLine.objects.bulk_create(lines, batch_size=2000)
+        # Counted even if the batch was cancelled meanwhile: its counts cover every line read.
+        Batch.objects.filter(pk=batch.pk).update(total=len(lines))
         Batch.objects.filter(pk=batch.pk, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.IN_PROGRESS, in_progress_at=now, total=len(lines)
+            status=BatchStatus.IN_PROGRESS, in_progress_at=now
         )
     counts_refresh(batch=batch)
     batch.refresh_from_db()
@@ -272,6 +320,11 @@ def batch_finalize(*, batch: Batch, status: str) -> Batch:
             "batch_expired",
             "The batch's completion window ended before this request ran.",
         ),
+        BatchStatus.FAILED: (
+            LineState.FAILED,
+            "batch_failed",
+            "The batch failed before this request could run.",
+        ),
     }.get(BatchStatus(status))
     if leftover is not None:
         state, code, message = leftover
@@ -295,6 +348,13 @@ def batch_finalize(*, batch: Batch, status: str) -> Batch:
         batch.save(update_fields=["output_file", "error_file", "status", f"{status}_at"])
     batch.refresh_from_db()
     return batch
+
+
+def batch_fail(*, batch: Batch, message: str) -> Batch:
+    """End a batch that cannot go on as failed, saying why; its unfinished lines fail with it."""
+    error = {"code": "batch_failed", "message": message, "param": None, "line": None}
+    Batch.objects.filter(pk=batch.pk).update(errors={"object": "list", "data": [error]})
+    return batch_finalize(batch=batch, status=BatchStatus.FAILED)
 
 
 def _result_file(batch: Batch, kind: str, entries: list[dict[str, Any]]) -> File:

@@ -132,3 +132,59 @@ def test_finalizing_a_cancelled_batch_writes_both_files_in_line_order(world):
     with pytest.raises(ApiError) as refused:
         batch_cancel(batch=batch)
     assert refused.value.status == 409
+
+
+def _raw(custom_id: str, body: str) -> str:
+    return (
+        f'{{"custom_id": "{custom_id}", "method": "POST", "url": "/v1/completions", '
+        f'"body": {body}}}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        (_raw("s", '{"model": "m", "prompt": "\\ud800", "max_tokens": 2}'), "invalid_value",
+         "body"),
+        (_raw("u", '{"model": "m", "prompt": "x", "user": "\\udfff"}'), "invalid_value", "body"),
+        (_raw("t", '{"model": "m", "prompt": "x", "stop": ["\\ud800"]}'), "invalid_value",
+         "body"),
+        (_raw("k", '{"model": "m", "prompt": "x", "metadata": {"\\ud800": 1}}'),
+         "invalid_value", "body"),
+        (_raw("\\ud800", '{"model": "m", "prompt": "x"}'), "invalid_value", "custom_id"),
+        (_raw("n", '{"model": "m", "prompt": "x", "extra": ' + "[" * 100 + "]" * 100 + "}"),
+         "invalid_value", "body"),
+        (_raw("r", '{"model": "m", "prompt": ' + "[" * 5000 + "]" * 5000 + "}"), "invalid_json",
+         None),
+        (_raw("h", '{"model": "m", "prompt": "x", "max_tokens": ' + "9" * 5000 + "}"),
+         "invalid_json", None),
+        (_raw("b", '"just text"'), "invalid_body", "body"),
+    ],
+    ids=["surrogate-prompt", "surrogate-user", "surrogate-stop", "surrogate-key",
+         "surrogate-custom-id", "nested-body", "nested-line", "huge-number", "non-object"],
+)  # fmt: skip
+def test_validation_fails_a_poison_line_alone(world, raw, code, param):
+    batch = batch_validate(batch=_batch(world, [_line("good"), raw]))
+    assert (batch.status, batch.total, batch.failed) == (BatchStatus.IN_PROGRESS, 2, 1)
+    good, poison = batch.lines.order_by("index")
+    assert good.state == LineState.PENDING
+    assert poison.state == LineState.FAILED
+    assert poison.error is not None
+    assert (poison.error["code"], poison.error["param"]) == (code, param)
+    # The error file can be written: a finalized batch reads back every line.
+    batch = batch_finalize(batch=batch, status=BatchStatus.CANCELLED)
+    assert batch.error_file is not None
+    assert len(bytes(batch.error_file.content).splitlines()) == 2
+
+
+def test_metadata_with_a_lone_surrogate_is_refused(world):
+    with pytest.raises(ApiError) as refused:
+        batch_create(
+            tenant_id=world.acme.pk,
+            api_key_id=ApiKey.objects.filter(tenant=world.acme).values_list("pk", flat=True)[0],
+            input_file_id=_batch(world, [_line("a")]).input_file_id,
+            endpoint="/v1/completions",
+            completion_window="24h",
+            metadata={"job": "\ud800"},
+        )
+    assert (refused.value.status, refused.value.param) == (400, "metadata")
