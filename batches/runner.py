@@ -8,6 +8,11 @@ first. When its time is up it leaves its admitted lines running and the next ste
 Every line has one request id, derived from the batch and the line, and is marked submitted
 before it is queued. A step that starts after a crash follows each submitted line's request if
 it exists and queues it only if it never was: no line is lost or run twice.
+
+A line that fails in any way fails alone: it becomes an error entry and what it held (its
+queued request, or its reservation) is given back. A step that fails anyway is tried again a
+few times; meanwhile a cancel or the end of the window still ends the batch, and after the
+last try the batch ends failed (see `batch_step_failed`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from redis.exceptions import LockError
 from batches.models import Batch, BatchLine, BatchStatus, LineState
 from batches.services import (
     ENDPOINTS,
+    batch_fail,
     batch_finalize,
     batch_validate,
     counts_refresh,
@@ -39,15 +45,18 @@ from inference import relay
 from inference.auth import Principal, principal_of_key
 from inference.content_policy import policy_get
 from inference.db import db_call
+from inference.dispatch import Dispatch
 from inference.errors import ApiError
 from inference.openai_format import Formatter
 from inference.params import embeddings_parse, generation_parse
+from inference.quotas import Usage
 from inference.results import completion_collect, embeddings_collect
 from inference.services import (
     Submitted,
     dispatch_get,
     embedding_submit,
     generation_submit,
+    quotas_get,
     request_ended,
 )
 from inference.types import Event
@@ -131,11 +140,14 @@ class BatchRun:
         )
 
     async def _run_line(self, line: BatchLine, principal: Principal, *, resumed: bool) -> Outcome:
-        """Run (or, resumed, follow) one line to its end; pending again if it must wait."""
-        assert line.body is not None
+        """Run (or, resumed, follow) one line to its end; pending again if it must wait.
+
+        It never raises: whatever goes wrong fails this line alone.
+        """
         rid = line.request_id
         deadline = self.batch.expires_at.timestamp()
         try:
+            assert line.body is not None, "a runnable line has a body"
             if resumed:
                 where = await self.dispatch.whereabouts(rid)
                 if where is not None:
@@ -168,6 +180,32 @@ class BatchRun:
                 state=LineState.FAILED,
                 result={"status_code": exc.status, "body": exc.body()},
             )
+        except Exception:
+            log.exception("batch %s: line %d failed", self.batch.id, line.index + 1)
+            await self._give_back(rid, tenant_id=principal.tenant_id)
+            error = ApiError(500, "internal_error", "The platform failed to run this request.")
+            return Outcome(LineState.FAILED, result={"status_code": 500, "body": error.body()})
+
+    async def _give_back(self, rid: str, *, tenant_id: int) -> None:
+        """End what a failed line may hold: its request if it was queued, else its reservation.
+
+        A queued request is aborted; its worker ends it and the ingester settles it, once. One
+        refused or never queued holds at most a reservation, settled here to nothing used.
+        """
+        try:
+            where = await self.dispatch.whereabouts(rid)
+            if where is not None:
+                await self.dispatch.cancel_by_id(where=where, request_id=rid)
+                return
+            await quotas_get().release(
+                tenant_id=tenant_id,
+                request_id=rid,
+                admitted_at=time.time(),
+                used=Usage(tokens=0, cost_micros=0),
+            )
+        except Exception:
+            log.warning("batch %s: could not give back %s; its lease will", self.batch.id, rid,
+                        exc_info=True)  # fmt: skip
 
     async def _submit(
         self, body: dict[str, Any], principal: Principal, rid: str, deadline: float
@@ -238,10 +276,7 @@ class BatchRun:
 
     async def _stop(self, status: str) -> bool:
         """Cancel or expire: abort the admitted lines, keep what finished, end the batch."""
-        for line in await db_call(_lines, batch=self.batch, state=LineState.SUBMITTED, limit=None):
-            where = await self.dispatch.whereabouts(line.request_id)
-            if where is not None:
-                await self.dispatch.cancel_by_id(where=where, request_id=line.request_id)
+        await _submitted_abort(self.dispatch, self.batch)
         # The aborted requests end at once; record what each finished with.
         if self.in_flight:
             await asyncio.wait(self.in_flight.values(), timeout=30)
@@ -266,6 +301,14 @@ class BatchRun:
         await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
         self.in_flight.clear()
         await self._record(outcomes)
+
+
+async def _submitted_abort(dispatch: Dispatch, batch: Batch) -> None:
+    """Abort the requests of the batch's submitted lines that are still queued or running."""
+    for line in await db_call(_lines, batch=batch, state=LineState.SUBMITTED, limit=None):
+        where = await dispatch.whereabouts(line.request_id)
+        if where is not None:
+            await dispatch.cancel_by_id(where=where, request_id=line.request_id)
 
 
 def _succeeded(body: bytes) -> Outcome:
@@ -335,6 +378,52 @@ async def batch_step(batch_id: str) -> bool | None:
                 await lock.release()
     finally:
         await redis.aclose()
+
+
+async def batch_step_failed(batch_id: str, *, give_up: bool) -> bool:
+    """After a step raised, end the batch if it need not run again; True once it has ended.
+
+    A cancelled batch ends cancelled and one past its window expired, whatever its steps do;
+    with `give_up` (its steps keep failing) one still running ends failed. Its lines still
+    running are aborted and its unfinished lines end with it. Returns False, to try again,
+    while another runner holds the batch.
+    """
+    batch = await db_call(_batch, batch_id=batch_id)
+    if batch is None or batch.ended:
+        return True
+    if batch.status == BatchStatus.CANCELLING:
+        status = BatchStatus.CANCELLED
+    elif timezone.now() >= batch.expires_at:
+        status = BatchStatus.EXPIRED
+    elif give_up:
+        status = BatchStatus.FAILED
+    else:
+        return False
+    dispatch = dispatch_get()
+    lease = settings.SWITCHYARD_BATCH_LEASE_SECONDS
+    lock = Lock(dispatch.redis, lease_name(batch_id), timeout=lease, blocking=False)
+    try:
+        if not await lock.acquire():
+            return False
+        try:
+            try:
+                await _submitted_abort(dispatch, batch)
+            except Exception:
+                # Their deadlines and leases still end them: the batch must end regardless.
+                log.warning("batch %s: could not abort its lines", batch_id, exc_info=True)
+            if status == BatchStatus.FAILED:
+                message = "The batch stopped: its steps failed repeatedly (see its error file)."
+                batch = await db_call(batch_fail, batch=batch, message=message)
+            else:
+                batch = await db_call(batch_finalize, batch=batch, status=status)
+        finally:
+            with contextlib.suppress(LockError):
+                await lock.release()
+    finally:
+        await dispatch.redis.aclose()
+    log.warning("batch %s %s after a failed step: %d completed, %d failed of %d",
+                batch.id, status, batch.completed, batch.failed, batch.total)  # fmt: skip
+    return True
 
 
 def _batch(*, batch_id: str) -> Batch | None:

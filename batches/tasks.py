@@ -7,27 +7,50 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from batches.models import Batch, BatchStatus
-from batches.runner import batch_step
+from batches.runner import batch_step, batch_step_failed
 
 log = logging.getLogger(__name__)
+# Steps of a batch that may fail in a row before it ends failed: a step that fails that often
+# fails for the batch itself, not for a passing fault.
+STEP_ATTEMPTS = 5
+# A database or Redis that cannot be reached fails every batch alike: the step waits for it.
+_OUTAGES = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
 
 
 @shared_task(name="batches.tasks.batch_run", ignore_result=True)
-def batch_run(batch_id: str, retry_if_busy: bool = True) -> str:
+def batch_run(batch_id: str, retry_if_busy: bool = True, failures: int = 0) -> str:
     """Run one step of a batch and queue the next, until the batch has ended.
 
     Steps are short, so a Celery worker's warm shutdown waits seconds, not hours. If another
     runner holds the batch's lease, look once more after the lease could have lapsed: a
     runner that died leaves a lease that expires, and this task then takes the batch over.
+    `failures` counts the steps before this one that failed in a row.
     """
     try:
         ended = asyncio.run(batch_step(batch_id))
-    except Exception:
-        # A step that fails (a database or Redis outage) is tried again; its lines are safe.
-        log.exception("batch %s: step failed; retrying", batch_id)
-        batch_run.apply_async((batch_id,), countdown=settings.SWITCHYARD_BATCH_LEASE_SECONDS + 1)
+    except Exception as exc:
+        failures += 0 if isinstance(exc, _OUTAGES) else 1
+        log.exception("batch %s: step failed (%d in a row)", batch_id, failures)
+        give_up = failures >= STEP_ATTEMPTS
+        try:
+            if asyncio.run(batch_step_failed(batch_id, give_up=give_up)):
+                return "ended"
+        except Exception:
+            log.exception("batch %s: could not end it after a failed step", batch_id)
+            if give_up:
+                # No chain of retries that never ends: the periodic resume looks at it again.
+                return "abandoned"
+        # Tried again after the lease could have lapsed; its lines are safe meanwhile.
+        batch_run.apply_async(
+            (batch_id,),
+            {"failures": failures},
+            countdown=settings.SWITCHYARD_BATCH_LEASE_SECONDS + 1,
+        )
         return "retrying"
     if ended is None:
         if retry_if_busy:

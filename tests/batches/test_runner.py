@@ -1,0 +1,207 @@
+"""The batch runner against real PostgreSQL and Valkey, in this process: a failure stays small.
+
+A line that fails in any way fails alone and gives back what it held; a step that keeps
+failing ends its batch instead of retrying for ever; a cancel or the end of the window ends a
+batch whatever its steps do. No engine runs here: the failures are injected at a boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from batches import services, tasks
+from batches.models import Batch, BatchStatus, LineState
+from batches.runner import BatchRun, batch_step
+from batches.services import batch_cancel, batch_create, file_create, line_request_id
+from inference.dispatch import Dispatch
+from inference.redis_client import redis_sync_client
+from tenants.models import ApiKey
+from tests.conftest import ALIAS
+
+
+@pytest.fixture
+def db(world: Any, django_db_blocker: Any) -> Iterator[None]:
+    """Committed rows, as the runner's own database threads read them."""
+    with django_db_blocker.unblock():
+        yield
+
+
+def _line(custom_id: str) -> str:
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": ALIAS,
+                "messages": [{"role": "user", "content": f"Hello {custom_id}"}],
+                "max_tokens": 4,
+            },
+        }
+    )
+
+
+def _batch(world: Any, count: int) -> Batch:
+    content = "".join(_line(f"l{i}") + "\n" for i in range(count)).encode()
+    file = file_create(tenant_id=world.acme.pk, filename="f", purpose="batch", content=content)
+    return batch_create(
+        tenant_id=world.acme.pk,
+        api_key_id=ApiKey.objects.get(tenant=world.acme, name="tests").pk,
+        input_file_id=file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+
+
+def _held(tenant_id: int, request_id: str) -> bool:
+    """Whether a request still holds a reservation: its held share or a concurrency slot."""
+    redis = redis_sync_client()
+    tag = f"sy:{{t{tenant_id}}}"
+    return bool(
+        redis.exists(f"{tag}:held:{request_id}")
+        or redis.zscore(f"{tag}:inflight", request_id) is not None
+    )
+
+
+def _counts_add_up(batch: Batch) -> None:
+    assert batch.completed + batch.failed == batch.total
+    assert batch.lines.count() == batch.total
+    assert not batch.lines.filter(state__in=[LineState.PENDING, LineState.SUBMITTED]).exists()
+
+
+def test_it_fails_a_line_that_breaks_after_admission_and_gives_its_reservation_back(
+    world, db, monkeypatch
+):
+    admitted: list[str] = []
+
+    async def broken(self: Dispatch, job: Any, **kwargs: Any) -> None:
+        admitted.append(job.request_id)
+        raise RuntimeError("the data plane broke mid-enqueue")
+
+    monkeypatch.setattr(Dispatch, "enqueue", broken)
+    batch = _batch(world, 1)
+    assert asyncio.run(batch_step(batch.id)) is True
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.completed, batch.failed) == ("completed", 1, 0, 1)
+    _counts_add_up(batch)
+    rid = line_request_id(batch.id, 0)
+    assert admitted == [rid], "the failure was meant to come after admission"
+    assert not _held(world.acme.pk, rid), "the failed line's reservation was not given back"
+    assert batch.error_file is not None
+    (entry,) = [json.loads(x) for x in bytes(batch.error_file.content).splitlines()]
+    assert entry["custom_id"] == "l0"
+    assert entry["response"]["status_code"] == 500
+    assert entry["response"]["body"]["error"]["code"] == "internal_error"
+
+
+class _Chain:
+    """Stands in for Celery's queue: records the next step a task asks for."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def apply_async(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                    **options: Any) -> None:  # fmt: skip
+        self.queued.append((args, kwargs or {}))
+
+    def delay(self, *args: Any, **kwargs: Any) -> None:
+        self.queued.append((args, kwargs))
+
+
+def _run_chain(batch_id: str, monkeypatch: Any, *, most: int = 20) -> list[str]:
+    """Run a batch's steps as Celery would, one after the other; return what each said."""
+    run = tasks.batch_run.run
+    chain = _Chain()
+    monkeypatch.setattr(tasks, "batch_run", chain)
+    said = [run(batch_id)]
+    while chain.queued and len(said) < most:
+        args, kwargs = chain.queued.pop(0)
+        said.append(run(*args, **kwargs))
+    return said
+
+
+@pytest.fixture
+def failing_steps(monkeypatch: Any) -> None:
+    async def broken(self: BatchRun) -> bool:
+        raise RuntimeError("this step always fails")
+
+    monkeypatch.setattr(BatchRun, "step", broken)
+
+
+def test_a_step_that_keeps_failing_ends_the_batch_failed(world, db, failing_steps, monkeypatch):
+    batch = _batch(world, 3)
+    said = _run_chain(batch.id, monkeypatch)
+    assert said == ["retrying"] * (tasks.STEP_ATTEMPTS - 1) + ["ended"]
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.FAILED and batch.failed_at is not None
+    assert batch.errors is not None
+    assert batch.errors["data"][0]["code"] == "batch_failed"
+    # Its steps never got as far as reading its lines.
+    assert (batch.total, batch.completed, batch.failed) == (0, 0, 0)
+
+
+def test_a_batch_whose_steps_fail_after_validation_fails_every_line_left(world, db, monkeypatch):
+    batch = _batch(world, 3)
+    services.batch_validate(batch=batch)
+
+    async def broken(self: BatchRun) -> bool:
+        raise RuntimeError("this step always fails")
+
+    monkeypatch.setattr(BatchRun, "step", broken)
+    said = _run_chain(batch.id, monkeypatch)
+    assert said[-1] == "ended" and len(said) == tasks.STEP_ATTEMPTS
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.completed, batch.failed) == ("failed", 3, 0, 3)
+    _counts_add_up(batch)
+    assert batch.error_file is not None
+    errors = [json.loads(x) for x in bytes(batch.error_file.content).splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("l0", "batch_failed"), ("l1", "batch_failed"), ("l2", "batch_failed"),
+    ]  # fmt: skip
+
+
+def test_a_cancel_ends_the_batch_while_its_steps_keep_failing(
+    world, db, failing_steps, monkeypatch
+):
+    batch = _batch(world, 2)
+    services.batch_validate(batch=batch)
+    batch_cancel(batch=batch)
+    assert _run_chain(batch.id, monkeypatch) == ["ended"]
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.completed, batch.failed) == ("cancelled", 2, 0, 2)
+    _counts_add_up(batch)
+
+
+def test_the_window_ends_the_batch_while_its_steps_keep_failing(
+    world, db, failing_steps, monkeypatch
+):
+    batch = _batch(world, 2)
+    services.batch_validate(batch=batch)
+    Batch.objects.filter(pk=batch.pk).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert _run_chain(batch.id, monkeypatch) == ["ended"]
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.completed, batch.failed) == ("expired", 2, 0, 2)
+    _counts_add_up(batch)
+
+
+def test_a_batch_cancelled_while_validating_counts_every_line_it_read(world, db, monkeypatch):
+    batch = _batch(world, 4)
+    check = services._line_check
+
+    def cancelled_meanwhile(raw: str, **kwargs: Any) -> Any:
+        if Batch.objects.filter(pk=batch.pk, status=BatchStatus.VALIDATING).exists():
+            batch_cancel(batch=batch)
+        return check(raw, **kwargs)
+
+    monkeypatch.setattr(services, "_line_check", cancelled_meanwhile)
+    assert asyncio.run(batch_step(batch.id)) is True
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.completed, batch.failed) == ("cancelled", 4, 0, 4)
+    _counts_add_up(batch)
