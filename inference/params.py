@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from config.json_body import BodyProblem, json_document, shown
 from inference.errors import ApiError, invalid
 
 CHAT = "chat.completions"
@@ -38,14 +39,23 @@ class GenerationRequest:
     timeout: float | None = None
 
 
+def body_problem(problem: BodyProblem) -> ApiError:
+    """Return the 400 of a body that breaks the JSON limits (config.json_body)."""
+    return ApiError(400, problem.code, problem.message, param=problem.param)
+
+
 def body_parse(raw: bytes) -> dict[str, Any]:
-    """Return the JSON object of a request body or raise a 400 saying what is wrong."""
+    """Return the JSON object of a request body or raise a 400 saying what is wrong.
+
+    The body meets the limits of every JSON body (config.json_body): no lone surrogate
+    anywhere, at most 32 levels deep, finite numbers within 64 bits.
+    """
     if not raw.strip():
         raise ApiError(400, "invalid_json", "The request body is empty; send a JSON object.")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}") from exc
+        body = json_document(raw)
+    except BodyProblem as problem:
+        raise body_problem(problem) from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
     return body
@@ -68,7 +78,7 @@ def _number(
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _type_error(name, "a number", value)
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {value}.")
+        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {shown(value)}.")
     return float(value)
 
 
@@ -79,7 +89,7 @@ def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _type_error(name, "an integer", value)
     if not lo <= value <= hi:
-        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {value}.")
+        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {shown(value)}.")
     return value
 
 
@@ -105,6 +115,18 @@ def _string(body: dict[str, Any], name: str, *, required: bool = False) -> str |
     return value
 
 
+MAX_MODEL_CHARS = 256  # model names are slugs of at most 100 characters, plus @version
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = _string(body, "model", required=True)
+    assert model is not None
+    if len(model) > MAX_MODEL_CHARS or "\x00" in model:
+        message = f"The model '{shown(model)}' does not exist or you do not have access to it."
+        raise ApiError(404, "model_not_found", message, param="model")
+    return model
+
+
 def _stop(body: dict[str, Any]) -> list[str]:
     value = body.get("stop")
     if value is None:
@@ -119,28 +141,171 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-def _unsupported(body: dict[str, Any]) -> None:
-    n = body.get("n")
-    if n is not None and n != 1:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise _type_error("n", "an integer", n)
-        raise ApiError(400, "unsupported_parameter", "Only n=1 is supported.", param="n")
-    for name in ("logprobs", "echo"):
-        if body.get(name) not in (None, False, 0):
-            raise ApiError(
-                400, "unsupported_parameter", f"'{name}' is not supported yet.", param=name
-            )
-    for name in ("tools", "functions", "suffix", "best_of"):
-        if body.get(name) not in (None, [], 1):
-            raise ApiError(400, "unsupported_parameter", f"'{name}' is not supported.", param=name)
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise ApiError(
-            400,
-            "unsupported_parameter",
-            "Only response_format {'type': 'text'} is supported.",
-            param="response_format",
+@dataclass(frozen=True)
+class Field:
+    """What Switchyard does with one body field.
+
+    honoured: it shapes the answer. ignored: it cannot change the answer (metadata, hints).
+    refused: a 400 `unsupported_parameter` naming it, unless its value is null or one of
+    `unused`, the values that ask for nothing (n=1, logprobs=false).
+    """
+
+    decision: str
+    unused: tuple[Any, ...] = ()
+
+
+HONOURED = Field("honoured")
+IGNORED = Field("ignored")
+
+
+def refused(*unused: Any) -> Field:
+    return Field("refused", unused)
+
+
+# Every field of OpenAI's and of vLLM's chat and completions bodies. Fields in neither are
+# ignored, as vLLM's own server ignores them: SDKs add fields over time, and one that changes
+# the answer lands in this table before it is served. tests/inference/test_params.py checks
+# that every field of the installed vLLM's requests is here.
+GENERATION_FIELDS: dict[str, Field] = {
+    "model": HONOURED,
+    "messages": HONOURED,  # chat
+    "prompt": HONOURED,  # completions
+    "max_tokens": HONOURED,
+    "max_completion_tokens": HONOURED,  # chat
+    "temperature": HONOURED,
+    "top_p": HONOURED,
+    "top_k": HONOURED,
+    "seed": HONOURED,
+    "stop": HONOURED,
+    "ignore_eos": HONOURED,
+    "min_tokens": HONOURED,
+    "presence_penalty": HONOURED,
+    "frequency_penalty": HONOURED,
+    "stream": HONOURED,
+    "stream_options": HONOURED,
+    "user": HONOURED,
+    "service_tier": HONOURED,
+    "timeout": HONOURED,  # Switchyard's own
+    "metadata": IGNORED,
+    "prompt_cache_key": IGNORED,
+    "safety_identifier": IGNORED,
+    "parallel_tool_calls": IGNORED,  # only means something with tools, which are refused
+    "request_id": IGNORED,  # vLLM's; every request gets an id of ours (x-request-id)
+    "cache_salt": IGNORED,  # vLLM's prefix-cache isolation; tenants never share a cache entry
+    "stream_interval": IGNORED,  # vLLM's chunking of a stream; the text is the same
+    "n": refused(1),
+    "best_of": refused(1),
+    "use_beam_search": refused(False),
+    "logprobs": refused(False),
+    "top_logprobs": refused(0),
+    "prompt_logprobs": refused(),
+    "logprob_token_ids": refused(),
+    "echo": refused(False),
+    "suffix": refused(""),
+    "logit_bias": refused({}),
+    "allowed_token_ids": refused(),
+    "bad_words": refused([]),
+    "stop_token_ids": refused([]),
+    "include_stop_str_in_output": refused(False),
+    "skip_special_tokens": refused(True),
+    "spaces_between_special_tokens": refused(True),
+    "repetition_penalty": refused(1.0),
+    "length_penalty": refused(1.0),
+    "min_p": refused(0.0),
+    "repetition_detection": refused(),
+    "watermarking": refused(),
+    "thinking_token_budget": refused(),
+    "reasoning_effort": refused(),
+    "include_reasoning": refused(True),
+    "verbosity": refused(),
+    "tools": refused([]),
+    "functions": refused([]),
+    "tool_choice": refused("none", "auto"),
+    "function_call": refused("none", "auto"),
+    "response_format": refused({"type": "text"}),
+    "structured_outputs": refused(),
+    "guided_json": refused(),
+    "guided_regex": refused(),
+    "guided_choice": refused(),
+    "guided_grammar": refused(),
+    "guided_decoding_backend": refused(),
+    "guided_whitespace_pattern": refused(),
+    "chat_template": refused(),
+    "chat_template_kwargs": refused(),
+    "add_generation_prompt": refused(True),
+    "continue_final_message": refused(False),
+    "add_special_tokens": refused(),
+    "documents": refused(),
+    "truncate_prompt_tokens": refused(),
+    "truncation_side": refused(),
+    "priority": refused(0),  # vLLM's; service_tier chooses Switchyard's class
+    "store": refused(False),  # nothing is stored to fetch later
+    "modalities": refused(["text"]),
+    "audio": refused(),
+    "prediction": refused(),
+    "web_search_options": refused(),
+    "prompt_embeds": refused(),
+    "mm_payload": refused(),
+    "mm_processor_kwargs": refused(),
+    "media_io_kwargs": refused(),
+    "return_mm_kwargs": refused(False),
+    "return_prompt_text": refused(False),
+    "return_token_ids": refused(False),
+    "return_token_offsets": refused(False),
+    "return_tokens_as_token_ids": refused(False),
+    "routed_experts_prompt_start": refused(),
+    "session_id": refused(),
+    "kv_transfer_params": refused(),
+    "ec_transfer_params": refused(),
+    "vllm_xargs": refused(),
+}
+
+# The same for embeddings bodies: OpenAI's and vLLM's fields.
+EMBEDDING_FIELDS: dict[str, Field] = {
+    "model": HONOURED,
+    "input": HONOURED,
+    "encoding_format": HONOURED,
+    "dimensions": HONOURED,
+    "user": HONOURED,
+    "service_tier": HONOURED,
+    "timeout": HONOURED,
+    "request_id": IGNORED,
+    "cache_salt": IGNORED,
+    "priority": refused(0),
+    "truncate_prompt_tokens": refused(),
+    "truncation_side": refused(),
+    "add_special_tokens": refused(True),
+    "embed_dtype": refused("float32"),
+    "endianness": refused("native"),
+    "use_activation": refused(),
+    "normalize": refused(),
+    "padding": refused(),
+    "mm_processor_kwargs": refused(),
+}
+
+
+def _same(value: Any, unused: Any) -> bool:
+    """Whether a value equals an unused one, as JSON compares them (1 == 1.0, but not true)."""
+    if isinstance(value, bool) or isinstance(unused, bool):
+        return value is unused
+    if isinstance(value, int | float) and isinstance(unused, int | float):
+        return value == unused
+    return type(value) is type(unused) and value == unused
+
+
+def _unsupported(body: dict[str, Any], fields: dict[str, Field]) -> None:
+    """Refuse every refused field the body sets to something other than null or unused."""
+    for name, value in body.items():
+        field = fields.get(name)
+        if field is None or field.decision != "refused" or value is None:
+            continue
+        if any(_same(value, unused) for unused in field.unused):
+            continue
+        hint = " or ".join(json.dumps(unused) for unused in field.unused)
+        message = f"'{name}' is not supported; leave it out" + (
+            f" or send {hint}." if hint else "."
         )
+        raise ApiError(400, "unsupported_parameter", message, param=name)
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -255,9 +420,8 @@ def _priority(body: dict[str, Any]) -> str:
 
 def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
     """Return the typed request of a chat or completions body, or raise a 400."""
-    model = _string(body, "model", required=True)
-    assert model is not None
-    _unsupported(body)
+    model = _model(body)
+    _unsupported(body, GENERATION_FIELDS)
     max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
     if endpoint == CHAT:
         max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30) or max_tokens
@@ -352,8 +516,8 @@ def _is_token(value: Any) -> bool:
 
 def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
     """Return the typed request of an embeddings body, or raise a 400."""
-    model = _string(body, "model", required=True)
-    assert model is not None
+    model = _model(body)
+    _unsupported(body, EMBEDDING_FIELDS)
     encoding = _string(body, "encoding_format") or "float"
     if encoding not in ENCODING_FORMATS:
         raise invalid(

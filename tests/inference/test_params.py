@@ -1,9 +1,22 @@
 from __future__ import annotations
 
+import ast
+import importlib.util
+from pathlib import Path
+
 import pytest
 
+from config.json_body import MAX_DEPTH, BodyProblem, json_document, shown
 from inference.errors import ApiError
-from inference.params import CHAT, COMPLETIONS, body_parse, generation_parse
+from inference.params import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDING_FIELDS,
+    GENERATION_FIELDS,
+    body_parse,
+    embeddings_parse,
+    generation_parse,
+)
 
 
 def _chat(**fields):
@@ -96,3 +109,211 @@ def test_completions_take_text_or_token_ids():
     nested = generation_parse({"model": "m", "prompt": [[1, 2]]}, endpoint=COMPLETIONS)
     assert nested.prompt == [1, 2]
     assert _error({"model": "m", "prompt": [["a"]]}, endpoint=COMPLETIONS).param == "prompt"
+
+
+# Hostile bodies: every one is a 400 naming the field, before anything is admitted.
+
+DEEP = 10_000
+
+
+def _parse_error(raw: str | bytes) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        body_parse(raw.encode() if isinstance(raw, str) else raw)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ('{"model": "m", "user": "\\ud800"}', "user"),
+        ('{"model": "\\udfff"}', "model"),
+        ('{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content"),
+        (
+            '{"messages": [{"role": "user", "content": [{"text": "\\ud800"}]}]}',
+            "messages[0].content[0].text",
+        ),
+        ('{"stop": ["ok", "\\ud800"]}', "stop[1]"),
+        ('{"prompt": "\\ud800"}', "prompt"),
+        ('{"input": ["fine", "\\udbff"]}', "input[1]"),
+        ('{"metadata": {"\\ud800": "x"}}', "metadata.\ufffd"),
+    ],
+)
+def test_it_refuses_a_lone_surrogate_anywhere_naming_the_field(raw, param):
+    error = _parse_error(raw)
+    assert (error.status, error.code, error.param) == (400, "invalid_value", param)
+    assert "surrogate" in error.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ('{"model": "m", "messages": ' + "[" * DEEP + "]" * DEEP + "}", "messages"),
+        ('{"model": "m", "messages": ' + "[" * 40 + "]" * 40 + "}", "messages"),
+        ('{"a": ' * DEEP + "1" + "}" * DEEP, "a"),
+        ("[" * DEEP + "]" * DEEP, None),
+    ],
+)
+def test_it_refuses_deep_nesting_naming_the_field(raw, param):
+    error = _parse_error(raw)
+    assert (error.status, error.code, error.param) == (400, "invalid_json", param)
+    assert "32 levels" in error.message
+
+
+def test_it_takes_nesting_as_deep_as_the_limit():
+    assert body_parse(('{"a": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}").encode())
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ('{"temperature": NaN}', "temperature"),
+        ('{"top_p": Infinity}', "top_p"),
+        ('{"temperature": 1e999}', "temperature"),
+        ('{"temperature": 1' + "0" * 400 + "}", "temperature"),
+        ('{"seed": 18446744073709551616}', "seed"),
+        ('{"prompt": [1, 2, -18446744073709551616]}', "prompt[2]"),
+    ],
+)
+def test_it_refuses_numbers_no_field_can_hold(raw, param):
+    error = _parse_error(raw)
+    assert (error.code, error.param) == ("invalid_value", param)
+
+
+def test_an_integer_of_thousands_of_digits_is_invalid_json_with_a_short_message():
+    error = _parse_error('{"max_tokens": 1' + "0" * 5_000 + "}")
+    assert error.code == "invalid_json" and len(error.message) < 100
+
+
+def test_a_model_name_is_never_echoed_whole():
+    error = _error(_chat(model="m" * 10_000))
+    assert error.param == "model" and len(error.message) < 200
+    with pytest.raises(ApiError) as caught:
+        embeddings_parse({"model": "m\x00", "input": "x"})
+    assert caught.value.param == "model"
+
+
+def test_a_range_error_echoes_a_short_value():
+    error = _error(_chat(max_tokens=10**40))
+    assert error.param == "max_tokens" and len(error.message) < 150
+
+
+def test_shown_truncates_and_replaces_lone_surrogates():
+    assert shown("x" * 100) == "x" * 64 + "…"
+    assert shown("a\ud800") == "a\ufffd"
+
+
+def test_a_nul_is_refused_anywhere_only_where_bodies_are_stored():
+    assert json_document('{"a": ["\\u0000"]}') == {"a": ["\x00"]}
+    with pytest.raises(BodyProblem) as caught:
+        json_document('{"a": ["\\u0000"]}', nul=False)
+    assert caught.value.param == "a[0]"
+
+
+# Every field is honoured, ignored or refused; a refused one is a 400 naming it.
+
+REFUSED_VALUES = {
+    "n": 2,
+    "best_of": 2,
+    "use_beam_search": True,
+    "logprobs": True,
+    "top_logprobs": 3,
+    "echo": True,
+    "suffix": "tail",
+    "logit_bias": {"50256": -100},
+    "bad_words": ["no"],
+    "stop_token_ids": [2],
+    "repetition_penalty": 1.2,
+    "min_p": 0.1,
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "tool_choice": "required",
+    "response_format": {"type": "json_object"},
+    "structured_outputs": {"json": {}},
+    "guided_json": {"type": "object"},
+    "guided_choice": ["a", "b"],
+    "store": True,
+    "priority": 5,
+}
+
+
+@pytest.mark.parametrize(("field", "value"), sorted(REFUSED_VALUES.items()))
+def test_it_refuses_a_parameter_it_would_otherwise_ignore(field, value):
+    error = _error(_chat(**{field: value}))
+    assert (error.status, error.code, error.param) == (400, "unsupported_parameter", field)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n", 1), ("logprobs", False), ("top_logprobs", 0), ("logit_bias", {}), ("tools", []),
+     ("tool_choice", "none"), ("repetition_penalty", 1), ("min_p", 0), ("stop_token_ids", []),
+     ("response_format", {"type": "text"}), ("guided_json", None), ("metadata", {"a": "b"})],
+)  # fmt: skip
+def test_it_accepts_a_refused_parameter_at_the_value_that_asks_for_nothing(field, value):
+    assert generation_parse(_chat(**{field: value}), endpoint=CHAT).model == "m"
+
+
+def test_a_true_is_not_the_unused_value_one():
+    assert _error(_chat(n=True)).param == "n"
+
+
+def test_every_refused_field_is_refused():
+    for field, decision in GENERATION_FIELDS.items():
+        if decision.decision == "refused":
+            assert _error(_chat(**{field: "something"})).param == field, field
+
+
+def test_embeddings_refuse_what_they_do_not_honour():
+    with pytest.raises(ApiError) as caught:
+        embeddings_parse({"model": "m", "input": "x", "truncate_prompt_tokens": 8})
+    assert caught.value.code == "unsupported_parameter"
+    assert caught.value.param == "truncate_prompt_tokens"
+
+
+def test_unknown_fields_are_ignored_as_vllm_ignores_them():
+    assert generation_parse(_chat(some_future_field=1), endpoint=CHAT).model == "m"
+
+
+def _pydantic_fields(files: list[Path], name: str) -> set[str]:
+    """The fields a pydantic model declares, read from source (importing vLLM takes long)."""
+    classes = {
+        node.name: node
+        for file in files
+        for node in ast.parse(file.read_text()).body
+        if isinstance(node, ast.ClassDef)
+    }
+    fields: set[str] = set()
+    todo = [name]
+    while todo:
+        found = classes.get(todo.pop())
+        if found is None:
+            continue
+        for statement in found.body:
+            if not isinstance(statement, ast.AnnAssign) or not isinstance(
+                statement.target, ast.Name
+            ):
+                continue
+            field = statement.target.id
+            # Pydantic's fields: not class variables, not private attributes.
+            if not field.startswith("_") and "ClassVar" not in ast.unparse(statement.annotation):
+                fields.add(field)
+        todo += [base.id for base in found.bases if isinstance(base, ast.Name)]
+    return fields
+
+
+def test_every_field_of_vllms_requests_has_a_decision():
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed")
+    entrypoints = Path(spec.origin).parent / "entrypoints"
+    chat = _pydantic_fields(
+        [entrypoints / "openai/chat_completion/protocol.py"], "ChatCompletionRequest"
+    )
+    completion = _pydantic_fields(
+        [entrypoints / "openai/completion/protocol.py"], "CompletionRequest"
+    )
+    embedding = _pydantic_fields(
+        [entrypoints / "pooling/base/protocol.py", entrypoints / "pooling/embed/protocol.py"],
+        "EmbeddingCompletionRequest",
+    )
+    assert len(chat) > 40 and len(completion) > 40 and len(embedding) > 5
+    assert (chat | completion) - set(GENERATION_FIELDS) == set()
+    assert embedding - set(EMBEDDING_FIELDS) == set()
