@@ -8,27 +8,96 @@ through `sync_to_async`, which starts a thread per request just to close it (and
 call inside that context would open a connection of its own in that thread). The API's
 responses hold no resources that need a thread to close, and its database calls run on
 `inference.db`'s own threads, so this handler does neither.
+
+Cheap checks come before the body is read at all: a Content-Length over the path's limit is
+refused, and so is a request with a body that needs a key and has no valid one; the body is
+then read with the limit enforced chunk by chunk (a 413 the moment it is passed, nothing more
+read). Everything else (scopes, parsing, rate limits) is the views' work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import tempfile
+import uuid
+from typing import IO, Any
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpResponse
 from django.urls import set_script_prefix
 
+from inference.auth import key_check
+from inference.errors import ApiError
 from inference.metrics import loop_lag_watch
 
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
+# The /v1 paths a client may call without a key.
+KEYLESS_PATHS = ("/v1/openapi.json",)
+UPLOAD_PATH = "/v1/files"
+MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
 def is_api_path(path: str) -> bool:
     return path == "/v1" or path.startswith(API_PREFIXES)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def body_limit(path: str) -> int:
+    """The most bytes a request body to `path` may have: a file upload's, or any request's."""
+    if path == UPLOAD_PATH:
+        return int(settings.SWITCHYARD_MAX_FILE_BYTES) + MULTIPART_SLACK
+    return int(settings.MAX_REQUEST_BYTES)
+
+
+def _too_large(path: str) -> ApiError:
+    if path == UPLOAD_PATH:
+        limit = settings.SWITCHYARD_MAX_FILE_BYTES
+        return ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
+    limit = settings.MAX_REQUEST_BYTES
+    return ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _has_body(scope: Any) -> bool:
+    length = _header(scope, b"content-length")
+    if length is not None:
+        return length.strip() not in ("", "0")
+    return _header(scope, b"transfer-encoding") is not None
+
+
+async def refusal_before_body(scope: Any) -> ApiError | None:
+    """Return why a request is refused before its body is read, if it is."""
+    path = scope["path"]
+    length = _header(scope, b"content-length")
+    if length is not None and length.strip().isdigit() and int(length) > body_limit(path):
+        return _too_large(path)
+    needs_key = path.startswith("/v1/") and path not in KEYLESS_PATHS
+    if needs_key and _has_body(scope):
+        # The key is in a header: an anonymous upload costs a lookup, not its body.
+        try:
+            await key_check(_header(scope, b"authorization"))
+        except ApiError as exc:
+            return exc
+        except Exception:
+            # The key could not be looked up (the database is away): the view, which looks
+            # again, answers with the fault in its usual shape.
+            return None
+    return None
 
 
 class ApiHandler(ASGIHandler):
@@ -50,9 +119,18 @@ class ApiHandler(ASGIHandler):
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
         """Serve one request as Django's handler does, closing its response inline."""
+        refusal = await refusal_before_body(scope)
         try:
-            body_file = await self.read_body(receive)
+            if refusal is not None:
+                raise refusal
+            body_file = await self.read_body_within(receive, limit=body_limit(scope["path"]))
         except RequestAborted:
+            return
+        except _TooLarge:
+            await self._refuse(_too_large(scope["path"]), send)
+            return
+        except ApiError as error:
+            await self._refuse(error, send)
             return
         set_script_prefix(get_script_prefix(scope))
         await signals.request_started.asend(sender=self.__class__, scope=scope)
@@ -82,6 +160,44 @@ class ApiHandler(ASGIHandler):
         if exc is not None:
             raise exc
         serving.result().close()
+
+    async def read_body_within(self, receive: Any, *, limit: int) -> IO[bytes]:
+        """Read a request's body as Django's `read_body` does, stopping past `limit` bytes."""
+        # In memory up to an API request's limit; a larger upload spills to a temporary file.
+        body_file: IO[bytes] = tempfile.SpooledTemporaryFile(  # noqa: SIM115 (returned open)
+            max_size=settings.MAX_REQUEST_BYTES, mode="w+b"
+        )
+        size = 0
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestAborted()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise _TooLarge()
+                if getattr(body_file, "_rolled", False):
+                    await sync_to_async(body_file.write, thread_sensitive=False)(chunk)
+                else:
+                    body_file.write(chunk)
+                if not message.get("more_body", False):
+                    break
+        except BaseException:
+            body_file.close()
+            raise
+        body_file.seek(0)
+        return body_file
+
+    async def _refuse(self, error: ApiError, send: Any) -> None:
+        """Answer a request whose body is left unread, and close its connection."""
+        response: HttpResponse = error.response()
+        # The rest of the body is never read: the connection cannot carry another request.
+        response["Connection"] = "close"
+        response["x-request-id"] = uuid.uuid4().hex
+        response._has_been_logged = True  # type: ignore[attr-defined]
+        await self.send_response(response, send)
+        response.close()
 
     async def _serve(self, request: Any, send: Any) -> Any:
         response = await self.run_get_response(request)

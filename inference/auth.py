@@ -47,7 +47,7 @@ class Principal:
 @dataclass(frozen=True)
 class _Cached:
     secret_hash: str
-    principal: Principal | None
+    principal: Principal
     problem: ApiError | None
     expires_at: float | None
 
@@ -61,13 +61,13 @@ def key_revocation_publish(*, public_id: str) -> None:
         log.warning("could not publish revocation of %s", public_id, exc_info=True)
 
 
-def _load(public_id: str) -> _Cached:
+def _load(public_id: str) -> _Cached | None:
+    """Load a key by its public id; None when no key has it."""
     key = (
         ApiKey.objects.select_related("tenant", "tenant__quota").filter(public_id=public_id).first()
     )
     if key is None:
-        unknown = ApiError(401, "invalid_api_key", "Incorrect API key provided.")
-        return _Cached("", None, unknown, None)
+        return None
     problem = None
     if key.revoked_at is not None:
         problem = ApiError(401, "revoked_api_key", "This API key has been revoked.")
@@ -98,13 +98,28 @@ def _load(public_id: str) -> _Cached:
     return _Cached(key.secret_hash, principal, problem, expires)
 
 
-_keys: RefreshingCache[str, _Cached] = RefreshingCache(
-    _load, ttl=lambda: settings.SWITCHYARD_KEY_CACHE_SECONDS, grace=30.0, kind="keys"
+# Anyone can present a well-formed token: unknown public ids share a small shelf of their own
+# (RefreshingCache), so made-up keys neither grow the process nor evict the keys in use.
+_keys: RefreshingCache[str, _Cached | None] = RefreshingCache(
+    _load,
+    ttl=lambda: settings.SWITCHYARD_KEY_CACHE_SECONDS,
+    grace=30.0,
+    kind="keys",
+    max_entries=10_000,
+    max_missing=1_024,
 )
 
 
 async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     """Return the principal of a bearer token or raise a 401/403 ApiError."""
+    principal = await key_check(authorization)
+    if scope not in principal.scopes:
+        raise ApiError(403, "insufficient_scope", f"This API key lacks the '{scope}' scope.")
+    return principal
+
+
+async def key_check(authorization: str | None) -> Principal:
+    """Return who a bearer token acts as, whatever its scopes, or raise a 401/403 ApiError."""
     if not authorization:
         raise ApiError(
             401,
@@ -119,14 +134,12 @@ async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     if parsed is None:
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
     cached = await _keys.get(parsed.public_id)
-    if cached.principal is None or not hmac.compare_digest(cached.secret_hash, token_hash(token)):
+    if cached is None or not hmac.compare_digest(cached.secret_hash, token_hash(token)):
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")
     if cached.problem is not None:
         raise cached.problem
     if cached.expires_at is not None and cached.expires_at <= timezone.now().timestamp():
         raise ApiError(401, "expired_api_key", "This API key has expired.")
-    if scope not in cached.principal.scopes:
-        raise ApiError(403, "insufficient_scope", f"This API key lacks the '{scope}' scope.")
     return cached.principal
 
 
@@ -137,7 +150,7 @@ def principal_of_key(public_id: str) -> Principal:
     disabled tenant, stops its batches too.
     """
     cached = _load(public_id)
-    if cached.principal is None:
+    if cached is None:
         raise ApiError(401, "invalid_api_key", "The batch's API key no longer exists.")
     if cached.problem is not None:
         raise cached.problem

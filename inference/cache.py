@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -41,15 +42,30 @@ class RefreshingCache(Generic[K, V]):
     missing entry, or one older than `ttl + grace` (the reloads kept failing), is loaded
     inline. `kind` names the control-plane state it caches, whose change messages mark
     every entry stale at once.
+
+    Both shelves are LRUs of bounded size, because a client chooses the keys looked up (an
+    API key's public id, a model name) before anything proves it may: at most `max_entries`
+    found values, and at most `max_missing` of the keys whose load found nothing (None), so
+    a flood of made-up keys can evict only other made-up keys.
     """
 
     def __init__(
-        self, load: Callable[[K], V], *, ttl: Callable[[], float], grace: float, kind: str
+        self,
+        load: Callable[[K], V],
+        *,
+        ttl: Callable[[], float],
+        grace: float,
+        kind: str,
+        max_entries: int = 10_000,
+        max_missing: int = 1_024,
     ) -> None:
         self._load = load
         self._ttl = ttl
         self._grace = grace
-        self._entries: dict[K, _Entry[V]] = {}
+        self._entries: OrderedDict[K, _Entry[V]] = OrderedDict()
+        self._missing: OrderedDict[K, _Entry[V]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_missing = max_missing
         self._reloading: dict[K, asyncio.Task[None]] = {}
         # Bumped by a change message: entries loaded (or whose load began) before it are stale.
         self._generation = 0
@@ -57,7 +73,9 @@ class RefreshingCache(Generic[K, V]):
 
     async def get(self, key: K) -> V:
         _listener_ensure()
-        entry = self._entries.get(key)
+        entry = self._entries.get(key) or self._missing.get(key)
+        if entry is not None:
+            (self._missing if entry.value is None else self._entries).move_to_end(key)
         age = time.monotonic() - entry.loaded_at if entry else None
         if entry is None or age is None or age > self._ttl() + self._grace:
             return await self._reload(key)
@@ -68,8 +86,12 @@ class RefreshingCache(Generic[K, V]):
             task.add_done_callback(lambda _: self._reloading.pop(key, None))
         return entry.value
 
+    def __len__(self) -> int:
+        return len(self._entries) + len(self._missing)
+
     def drop(self, key: K) -> None:
         self._entries.pop(key, None)
+        self._missing.pop(key, None)
 
     def invalidate(self) -> None:
         """Mark every entry stale: each is reloaded in the background on its next use."""
@@ -78,8 +100,20 @@ class RefreshingCache(Generic[K, V]):
     async def _reload(self, key: K) -> V:
         generation = self._generation
         value = await db_call(self._load, key)
-        self._entries[key] = _Entry(value, time.monotonic(), generation)
+        self._store(key, _Entry(value, time.monotonic(), generation))
         return value
+
+    def _store(self, key: K, entry: _Entry[V]) -> None:
+        """Keep an entry on its shelf, forgetting the shelf's least recently used past its bound."""
+        if entry.value is None:
+            shelf, bound, other = self._missing, self._max_missing, self._entries
+        else:
+            shelf, bound, other = self._entries, self._max_entries, self._missing
+        other.pop(key, None)
+        shelf[key] = entry
+        shelf.move_to_end(key)
+        while len(shelf) > bound:
+            shelf.popitem(last=False)
 
     async def _reload_quietly(self, key: K) -> None:
         try:

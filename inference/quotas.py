@@ -3,7 +3,9 @@
 One script per admission checks and takes, all or nothing: a request from the requests-per-
 minute bucket, prompt + max_tokens from the tokens-per-minute bucket, a slot among the
 tenant's concurrent requests (a lease that lapses if its frontend dies), and the cost of
-prompt + max_tokens from the month's budget. When the request ends, `release` settles the
+prompt + max_tokens from the month's budget. An API request takes its request earlier, as
+soon as its key is known (`take_request`), so that one refused later for its body still
+counts; its admission then takes no second one. When the request ends, `release` settles the
 reservation to what was actually used; it runs once per request whoever calls it (the
 frontend when it sees the end, the ingester for requests whose frontend went away).
 
@@ -41,6 +43,7 @@ _ADMIT = (
 local rpm, tpm, max_conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local lease_ms, tokens, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local budget, rid, seed = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local taken = ARGV[11] == '1'  -- the request was counted already (take_request)
 
 local spent = tonumber(redis.call('GET', KEYS[4]))
 if spent == nil then
@@ -51,7 +54,7 @@ end
 
 local req_level = level(KEYS[1], rpm)
 local tok_level = level(KEYS[2], tpm)
-if req_level < 1 then
+if req_level < 1 and not taken then
   return {1, 0, math.floor(tok_level), math.ceil((1 - req_level) * 60000 / rpm), 0}
 end
 if tok_level < tokens then
@@ -67,8 +70,12 @@ if spent + cost > budget then
   return {4, math.floor(req_level), math.floor(tok_level), 0, 0}
 end
 
-redis.call('HSET', KEYS[1], 'level', req_level - 1, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], 120000)
+local req_after = req_level
+if not taken then
+  req_after = req_level - 1
+  redis.call('HSET', KEYS[1], 'level', req_after, 'ts', now)
+  redis.call('PEXPIRE', KEYS[1], 120000)
+end
 redis.call('HSET', KEYS[2], 'level', tok_level - tokens, 'ts', now, 'cap', tpm)
 redis.call('PEXPIRE', KEYS[2], 120000)
 redis.call('ZADD', KEYS[3], now + lease_ms, rid)
@@ -76,9 +83,10 @@ redis.call('PEXPIRE', KEYS[3], lease_ms + 60000)
 redis.call('INCRBY', KEYS[4], cost)
 redis.call('HSET', KEYS[5], 'tokens', tokens, 'cost', cost)
 redis.call('PEXPIRE', KEYS[5], lease_ms + 86400000)
-local reset_requests = math.ceil((rpm - req_level + 1) * 60000 / rpm)
+local reset_requests = math.ceil((rpm - req_after) * 60000 / rpm)
 local reset_tokens = math.ceil((tpm - tok_level + tokens) * 60000 / tpm)
-return {0, math.floor(req_level - 1), math.floor(tok_level - tokens), reset_requests, reset_tokens}
+return {0, math.floor(math.max(req_after, 0)), math.floor(tok_level - tokens), reset_requests,
+        reset_tokens}
 """
 )
 
@@ -114,6 +122,25 @@ for i = 4, #KEYS do
 end
 return settled
 """
+
+
+# Take one request from the requests-per-minute bucket, or refuse with status 1; report both
+# buckets as the admission script does.
+_TAKE_REQUEST = (
+    _LEVEL
+    + """
+local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
+local req, tok = level(KEYS[1], rpm), level(KEYS[2], tpm)
+local reset_tokens = math.ceil((tpm - tok) * 60000 / tpm)
+if req < 1 then
+  return {1, 0, math.floor(tok), math.ceil((1 - req) * 60000 / rpm), reset_tokens}
+end
+redis.call('HSET', KEYS[1], 'level', req - 1, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], 120000)
+return {0, math.floor(req - 1), math.floor(tok), math.ceil((rpm - req + 1) * 60000 / rpm),
+        reset_tokens}
+"""
+)
 
 
 # Read the buckets without taking from them: what a response that admitted nothing reports.
@@ -211,6 +238,7 @@ class Quotas:
         self._admit = client.register_script(_ADMIT)
         self._release = client.register_script(_RELEASE)
         self._peek = client.register_script(_PEEK)
+        self._take_request = client.register_script(_TAKE_REQUEST)
 
     async def peek(self, *, tenant_id: int, limits: Limits) -> Decision:
         """Return where a tenant's per-minute buckets stand, taking nothing."""
@@ -229,6 +257,24 @@ class Quotas:
             reset_tokens_ms=reset_tokens,
         )
 
+    async def take_request(self, *, tenant_id: int, limits: Limits) -> Decision:
+        """Count one request against the tenant's requests per minute, or refuse it."""
+        now = time.time()
+        result = await self._take_request(
+            keys=_keys(tenant_id, "", month_of(now))[:2],
+            args=[int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute],
+        )
+        status, remaining_requests, remaining_tokens, reset_requests, reset_tokens = (
+            int(v) for v in result
+        )
+        return Decision(
+            reason=_REASONS.get(status),
+            remaining_requests=max(remaining_requests, 0),
+            remaining_tokens=max(remaining_tokens, 0),
+            reset_requests_ms=reset_requests,
+            reset_tokens_ms=reset_tokens,
+        )
+
     async def admit(
         self,
         *,
@@ -239,11 +285,14 @@ class Quotas:
         lease_seconds: float,
         spent_this_month: int | None = None,
         now: float | None = None,
+        request_taken: bool = False,
     ) -> Decision | None:
         """Reserve a request's share of the tenant's limits, or say which limit refuses it.
 
         Returns None when the month's spend is not in Redis yet (a new month, or Redis lost
-        its data): call again with `spent_this_month` from the usage records.
+        its data): call again with `spent_this_month` from the usage records. With
+        `request_taken`, `take_request` counted the request already: the requests-per-minute
+        bucket is only reported.
         """
         now = time.time() if now is None else now
         result = await self._admit(
@@ -259,6 +308,7 @@ class Quotas:
                 int(limits.monthly_budget * MICROS),
                 request_id,
                 -1 if spent_this_month is None else spent_this_month,
+                int(request_taken),
             ],
         )
         status, remaining_requests, remaining_tokens, reset_requests, reset_tokens = (

@@ -158,19 +158,38 @@ def _prompt_text(request: GenerationRequest) -> str:
     return request.prompt or ""
 
 
-def _prompt_ids(request: GenerationRequest, route: Route) -> list[int]:
+def _prompt_ids(
+    request: GenerationRequest, route: Route, *, context: int | None = None
+) -> list[int]:
+    """Tokenise a request's prompt.
+
+    A prompt that is certainly longer than `context` tokens (its text alone says so) is
+    refused before the tokenizer runs: tokenising megabytes takes seconds.
+    """
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
     if request.endpoint == CHAT:
         assert request.messages is not None
-        return tokenizer.encode_chat(request.messages)
-    if isinstance(request.prompt, list):
+        text = tokenizer.render_chat(request.messages)
+    elif isinstance(request.prompt, list):
         vocab = tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in request.prompt):
             raise ApiError(
                 400, "invalid_value", f"Token ids must be in [0, {vocab}).", param="prompt"
             )
         return request.prompt
-    return tokenizer.encode_text(request.prompt or "")
+    else:
+        text = request.prompt or ""
+    floor = tokenizer.token_count_floor(text)
+    if context is not None and floor >= context:
+        param = "messages" if request.endpoint == CHAT else "prompt"
+        raise ApiError(
+            400,
+            "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens. However, your "
+            f"{param} resulted in at least {floor} tokens.",
+            param=param,
+        )
+    return tokenizer.encode_text(text)
 
 
 def sampling_build(
@@ -241,12 +260,13 @@ async def generation_submit(
     reply_ttl: int = 0,
     clock: RequestClock | None = None,
     trace: TraceContext | None = None,
+    request_taken: bool = False,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
 
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
     platform's maximum. `clock` times its preprocessing and admission; `trace` is the
-    caller's span, which the worker continues.
+    caller's span, which the worker continues. `request_taken`: `request_count` counted it.
     """
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
@@ -261,11 +281,12 @@ async def generation_submit(
     request = await input_screen(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )
+    context = min(route.context_length, principal.max_context_tokens)
     if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
-        prompt = await asyncio.to_thread(_prompt_ids, request, route)
+        prompt = await asyncio.to_thread(_prompt_ids, request, route, context=context)
     else:
-        prompt = _prompt_ids(request, route)
+        prompt = _prompt_ids(request, route, context=context)
     sampling = sampling_build(
         request=request, route=route, principal=principal, prompt_tokens=len(prompt)
     )
@@ -292,7 +313,13 @@ async def generation_submit(
     )
     cache = await _cache_use(principal, job)
     decision = await _job_submit(
-        principal=principal, route=route, job=job, model=request.model, clock=clock, cache=cache
+        principal=principal,
+        route=route,
+        job=job,
+        model=request.model,
+        clock=clock,
+        cache=cache,
+        request_taken=request_taken,
     )
     shadow = routing.shadow_for(request_id=request_id)
     if shadow is not None and shadow.version_digest != route.version_digest:
@@ -352,6 +379,7 @@ async def _job_submit(
     model: str,
     clock: RequestClock | None,
     cache: _Lookup | None = None,
+    request_taken: bool = False,
 ) -> Decision:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
 
@@ -367,7 +395,12 @@ async def _job_submit(
                 route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
             ),
         )
-        decision = await _admit(principal=principal, request_id=job.request_id, reserve=reserve)
+        decision = await _admit(
+            principal=principal,
+            request_id=job.request_id,
+            reserve=reserve,
+            request_taken=request_taken,
+        )
         try:
             if cache is not None and cache.answer is not None:
                 await _answer_from_cache(job=job, use=cache.use, answer=cache.answer)
@@ -452,15 +485,30 @@ def _task_check(route: Route, *, embeddings: bool, model: str) -> None:
     raise ApiError(400, "wrong_endpoint_for_model", message, param="model")
 
 
-def _input_ids(request: EmbeddingRequest, route: Route) -> list[list[int]]:
+def _input_ids(request: EmbeddingRequest, route: Route, *, context: int) -> list[list[int]]:
+    """Tokenise a request's inputs; one certainly longer than `context` is refused first."""
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
     if not request.tokenized:
+        for index, text in enumerate(request.inputs):
+            floor = tokenizer.token_count_floor(text)  # type: ignore[arg-type]
+            if floor > context:
+                raise _input_too_long(index, f"at least {floor}", context)
         return tokenizer.encode_inputs(list(request.inputs))  # type: ignore[arg-type]
     vocab = tokenizer.vocab_size
     for index, ids in enumerate(request.inputs):
         if any(t >= vocab for t in ids):  # type: ignore[operator]
             raise invalid(f"input[{index}]", f"Token ids must be in [0, {vocab}).")
     return list(request.inputs)  # type: ignore[arg-type]
+
+
+def _input_too_long(index: int, tokens: str, context: int) -> ApiError:
+    return ApiError(
+        400,
+        "context_length_exceeded",
+        f"'input[{index}]' is {tokens} tokens; this model takes at most {context} tokens per "
+        "input.",
+        param=f"input[{index}]",
+    )
 
 
 async def embedding_submit(
@@ -473,6 +521,7 @@ async def embedding_submit(
     reply_ttl: int = 0,
     clock: RequestClock | None = None,
     trace: TraceContext | None = None,
+    request_taken: bool = False,
 ) -> Submitted:
     """Admit an embeddings request and enqueue it for its encoder deployment's workers."""
     routing = await routing_get(request.model)
@@ -488,20 +537,14 @@ async def embedding_submit(
         )
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         raise _queue_full(request.model, deployment=route.deployment)
-    if sum(len(i) for i in request.inputs) > _INLINE_TOKENIZE_CHARS:
-        inputs = await asyncio.to_thread(_input_ids, request, route)
-    else:
-        inputs = _input_ids(request, route)
     context = min(route.context_length, principal.max_context_tokens)
+    if sum(len(i) for i in request.inputs) > _INLINE_TOKENIZE_CHARS:
+        inputs = await asyncio.to_thread(_input_ids, request, route, context=context)
+    else:
+        inputs = _input_ids(request, route, context=context)
     for index, ids in enumerate(inputs):
         if len(ids) > context:
-            raise ApiError(
-                400,
-                "context_length_exceeded",
-                f"'input[{index}]' is {len(ids)} tokens; this model takes at most {context} "
-                "tokens per input.",
-                param=f"input[{index}]",
-            )
+            raise _input_too_long(index, str(len(ids)), context)
     now = time.time()
     job = Job(
         request_id=request_id,
@@ -523,7 +566,12 @@ async def embedding_submit(
         parent_span_id=trace.span_id if trace else "",
     )
     decision = await _job_submit(
-        principal=principal, route=route, job=job, model=request.model, clock=clock
+        principal=principal,
+        route=route,
+        job=job,
+        model=request.model,
+        clock=clock,
+        request_taken=request_taken,
     )
     return Submitted(job=job, route=route, principal=principal, decision=decision)
 
@@ -608,8 +656,28 @@ _REJECTIONS = {
 }
 
 
-async def _admit(*, principal: Principal, request_id: str, reserve: Usage) -> Decision:
-    """Reserve the request's share of its tenant's limits or raise the 429 that explains why."""
+async def request_count(*, principal: Principal) -> Decision:
+    """Count a request against its tenant's requests per minute, or raise the 429.
+
+    Called as soon as an API request's key is known, before its body is parsed or tokenised:
+    a request that fails later (a bad body, a prompt too long, a refusal) has still counted,
+    so a flood of bad requests throttles its own tenant only.
+    """
+    decision = await quotas_get().take_request(
+        tenant_id=principal.tenant_id, limits=principal.limits
+    )
+    if not decision.admitted:
+        raise _limit_error(principal, decision)
+    return decision
+
+
+async def _admit(
+    *, principal: Principal, request_id: str, reserve: Usage, request_taken: bool = False
+) -> Decision:
+    """Reserve the request's share of its tenant's limits or raise the 429 that explains why.
+
+    With `request_taken`, `request_count` counted the request already.
+    """
 
     async def attempt(spent: int | None) -> Decision | None:
         return await quotas_get().admit(
@@ -619,6 +687,7 @@ async def _admit(*, principal: Principal, request_id: str, reserve: Usage) -> De
             reserve=reserve,
             lease_seconds=settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS + 60,
             spent_this_month=spent,
+            request_taken=request_taken,
         )
 
     decision = await attempt(None)
@@ -630,13 +699,18 @@ async def _admit(*, principal: Principal, request_id: str, reserve: Usage) -> De
         assert decision is not None
     if decision.admitted:
         return decision
+    raise _limit_error(principal, decision)
+
+
+def _limit_error(principal: Principal, decision: Decision) -> ApiError:
+    """The 429 that says which of its tenant's limits refused a request, and for how long."""
     reason = decision.reason or "rate_limit_exceeded"
     retry_ms = {
         "rate_limit_exceeded": decision.reset_requests_ms,
         "tokens_per_minute_exceeded": decision.reset_tokens_ms,
         "concurrency_limit_exceeded": 1000,
     }.get(reason, -1)
-    raise ApiError(
+    return ApiError(
         429,
         reason,
         _REJECTIONS[reason],

@@ -13,6 +13,9 @@ from inference.errors import ApiError
 
 _lock = threading.Lock()
 _tokenizers: dict[str, Tokenizer] = {}
+# Text that a tokenizer which drops and rewrites nothing decodes back as it was: runs of
+# whitespace, control characters, combining marks, compatibility forms, CJK and an emoji.
+_PROBE = "  a\t\n\x00\x01 e\u0301\u0301 \ufb01 \u216b \u65e5\u672c\u8a9e \U0001f642   x  "
 
 
 class Tokenizer:
@@ -28,6 +31,28 @@ class Tokenizer:
         # lengths are checked against the context here, and padding is the engine's business.
         self._fast.no_padding()
         self._fast.no_truncation()
+        self._max_token_chars = self._longest_token()
+
+    def _longest_token(self) -> int | None:
+        """The most characters of text one token can stand for; None if unknown.
+
+        Known only for a lossless tokenizer (its probe decodes back unchanged: nothing is
+        normalised away or dropped), where every character of a text is part of some token
+        and no token stands for more characters than its vocabulary entry spells.
+        """
+        ids = self._fast.encode(_PROBE, add_special_tokens=False).ids
+        if self._fast.decode(ids, skip_special_tokens=False) != _PROBE:
+            return None
+        return max(len(token) for token in self._fast.get_vocab(with_added_tokens=True))
+
+    def token_count_floor(self, text: str) -> int:
+        """A lower bound of `len(encode_text(text))` found without tokenising (0: none known).
+
+        A prompt whose floor exceeds the context is refused without the cost of tokenising it.
+        """
+        if not self._max_token_chars:
+            return 0
+        return len(text) // self._max_token_chars
 
     def encode_text(self, text: str) -> list[int]:
         return list(self._fast.encode(text, add_special_tokens=False).ids)
@@ -37,6 +62,10 @@ class Tokenizer:
         return [list(e.ids) for e in self._fast.encode_batch(texts, add_special_tokens=True)]
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.encode_text(self.render_chat(messages))
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Return a conversation as the model's chat template writes it, ready to encode."""
         if not getattr(self._hf, "chat_template", None):
             raise ApiError(
                 400,
@@ -57,7 +86,7 @@ class Tokenizer:
                 f"This model's chat template rejected the messages: {exc}",
                 param="messages",
             ) from exc
-        return self.encode_text(str(rendered))
+        return str(rendered)
 
     @property
     def vocab_size(self) -> int:

@@ -42,6 +42,7 @@ from inference.services import (
     idempotency_get,
     quotas_get,
     ratelimit_headers,
+    request_count,
     request_ended,
     request_failure,
     request_id_new,
@@ -174,10 +175,18 @@ def request_trace(request: HttpRequest) -> TraceContext:
     return trace
 
 
-async def request_principal(request: HttpRequest, scope: str) -> Principal:
-    """Authenticate a request's API key for a scope; later headers name its limits."""
+async def request_principal(
+    request: HttpRequest, scope: str, *, counted: bool = False
+) -> Principal:
+    """Authenticate a request's API key for a scope; later headers name its limits.
+
+    A `counted` request takes its token from the tenant's requests per minute here, before
+    its body is parsed, so that it counts (or gets its 429) whatever its body holds.
+    """
     principal = await authenticate(request.headers.get("Authorization"), scope=scope)
     request.META[_PRINCIPAL] = principal
+    if counted:
+        await request_count(principal=principal)
     clock = request.META.get(_CLOCK)
     if clock is not None:
         clock.lap("auth")
@@ -212,7 +221,7 @@ def _client_timeout(request: HttpRequest, body_timeout: float | None) -> float |
 
 @api_endpoint("POST")
 async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE)
+    principal = await request_principal(request, Scope.INFERENCE, counted=True)
     parsed = embeddings_parse(body_parse(await request_body(request)))
     clock = request_clock(request)
     submitted = await embedding_submit(
@@ -222,6 +231,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
         timeout=_client_timeout(request, parsed.timeout),
         clock=clock,
         trace=request_trace(request),
+        request_taken=True,
     )
     route = submitted.route
     body = await embeddings_collect(
@@ -239,7 +249,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
 
 
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE)
+    principal = await request_principal(request, Scope.INFERENCE, counted=True)
     body = body_parse(await request_body(request))
     parsed = generation_parse(body, endpoint=endpoint)
     key = key_validate(request.headers.get("Idempotency-Key"))
@@ -258,6 +268,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             idempotency_key=key,
             clock=clock,
             trace=request_trace(request),
+            request_taken=True,
         )
     except BaseException:
         if key is not None:

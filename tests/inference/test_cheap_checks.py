@@ -1,0 +1,219 @@
+"""Cheap checks before expensive work: key, body size and request rate before parsing.
+
+A frontend (uvicorn, no engine) is fed over real sockets: a body over the limit is refused
+while it is still being sent, a keyless one before any of it is read, and a tenant's flood
+of bad requests runs out of that tenant's own requests. An oversized prompt is refused
+without running the tokenizer, and made-up keys cannot grow a frontend's key cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import select
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+
+from inference import auth
+from inference.db import db_call
+from inference.errors import ApiError
+from inference.params import CHAT, generation_parse
+from inference.services import generation_submit
+from inference.tokenization import Tokenizer
+from tenants.keys import PREFIX, token_parse
+from tenants.services import api_key_issue, tenant_create
+from tests.conftest import ALIAS, CONTEXT, _free_port, _http_ok, _spawn, _wait_for
+
+FLOODER_RPM = 3
+
+
+@pytest.fixture(scope="module")
+def flooder_key(world: Any, django_db_blocker: Any) -> str:
+    """A tenant of its own with a few requests a minute, so the test owns its bucket."""
+    with django_db_blocker.unblock():
+        tenant = tenant_create(slug="flooder")
+        tenant.quota.requests_per_minute = FLOODER_RPM
+        tenant.quota.save()
+        return api_key_issue(tenant=tenant, name="tests").token
+
+
+@pytest.fixture(scope="module")
+def frontend(
+    world: Any, flooder_key: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A frontend alone: these checks all happen before any engine is asked."""
+    port = _free_port()
+    process = _spawn(
+        "frontend-cheap-checks",
+        ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        tmp_path_factory.mktemp("cheap-checks"),
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(process, lambda: _http_ok(f"{base_url}/healthz"), timeout=120)
+        yield base_url
+    finally:
+        process.popen.terminate()
+        process.popen.wait(timeout=30)
+
+
+def _send_until_answered(
+    base_url: str, head: str, chunks: Iterator[bytes], timeout: float = 30.0
+) -> tuple[bytes, int]:
+    """Send a request's head, then its chunks until the server answers; return (answer, sent)."""
+    port = int(base_url.rsplit(":", 1)[1])
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head.encode())
+        sock.setblocking(False)
+        pending = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock] if chunks else [], [], 0.5)
+            if readable:
+                sock.setblocking(True)
+                sock.settimeout(5)
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    part = sock.recv(65536)
+                    if not part:
+                        break
+                    answer += part
+                return answer, sent
+            if writable:
+                if not pending:
+                    try:
+                        pending = next(chunks)
+                    except StopIteration:
+                        chunks = iter(())  # everything sent: wait for the answer
+                        continue
+                try:
+                    n = sock.send(pending)
+                except BlockingIOError:
+                    continue
+                sent += n
+                pending = pending[n:]
+    raise AssertionError(f"no answer within {timeout}s after sending {sent} bytes")
+
+
+def _chunked(total: int, size: int = 64 * 1024) -> Iterator[bytes]:
+    """A chunked body of `total` bytes of JSON-ish text, then its last chunk."""
+    data = b"a" * size
+    for _ in range(total // size):
+        yield f"{size:x}\r\n".encode() + data + b"\r\n"
+    yield b"0\r\n\r\n"
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def _head(path: str, key: str | None, length: int | None = None) -> str:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    if key is not None:
+        lines.append(f"Authorization: Bearer {key}")
+    if length is None:
+        lines.append("Transfer-Encoding: chunked")
+    else:
+        lines.append(f"Content-Length: {length}")
+    return "\r\n".join(lines) + "\r\n\r\n"
+
+
+def test_it_refuses_a_chunked_body_over_the_limit_before_reading_it_all(frontend, world):
+    limit = settings.MAX_REQUEST_BYTES
+    total = 64 * limit  # 256 MB: the test fails unless the answer comes long before the end
+    answer, sent = _send_until_answered(
+        frontend, _head("/v1/chat/completions", world.acme_key), _chunked(total)
+    )
+    assert _status(answer) == 413, answer[:300]
+    assert b"request_too_large" in answer
+    # What the kernel buffers on both sides is a few MB at most; the rest was never sent.
+    assert sent < 4 * limit, sent
+
+
+def test_it_refuses_a_declared_length_over_the_limit_before_reading_any_of_it(frontend, world):
+    head = _head("/v1/chat/completions", world.acme_key, length=1 << 30)
+    answer, sent = _send_until_answered(frontend, head, iter(()))
+    assert _status(answer) == 413 and sent == 0
+
+
+@pytest.mark.parametrize("key", [None, "sy-notarealkeyatall0000000000000000"])
+def test_it_answers_a_body_without_a_valid_key_with_401_before_reading_it(frontend, key):
+    # Chunked, so no declared length gives the game away; nothing of the body is sent.
+    answer, sent = _send_until_answered(frontend, _head("/v1/completions", key), iter(()))
+    assert _status(answer) == 401, answer[:300]
+    assert b'"error"' in answer and sent == 0
+
+
+def test_a_tenant_flooding_bad_requests_runs_out_of_its_own_requests_only(
+    frontend, world, flooder_key
+):
+    bad = {"model": ALIAS, "prompt": 3}  # a 400: the prompt must be text or token ids
+    with httpx.Client(base_url=frontend, timeout=30) as client:
+
+        def post(key: str) -> httpx.Response:
+            return client.post(
+                "/v1/completions", json=bad, headers={"Authorization": f"Bearer {key}"}
+            )
+
+        answers = [post(flooder_key) for _ in range(FLOODER_RPM + 2)]
+        other = post(world.globex_key)
+    codes = [a.status_code for a in answers]
+    assert codes[:FLOODER_RPM] == [400] * FLOODER_RPM, codes
+    assert codes[FLOODER_RPM:] == [429, 429], codes
+    refused = answers[-1]
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["Retry-After"]) >= 1
+    remaining = [int(a.headers["x-ratelimit-remaining-requests"]) for a in answers]
+    assert remaining[:FLOODER_RPM] == list(range(FLOODER_RPM - 1, -1, -1)), remaining
+    assert other.status_code == 400 and other.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.django_db
+async def test_an_oversized_prompt_is_refused_without_running_the_tokenizer(world, monkeypatch):
+    public_id = token_parse(world.acme_key).public_id  # type: ignore[union-attr]
+    principal = await db_call(auth.principal_of_key, public_id)
+    encoded: list[int] = []
+    encode_text = Tokenizer.encode_text
+
+    def counting(self: Tokenizer, text: str) -> list[int]:
+        encoded.append(len(text))
+        return encode_text(self, text)
+
+    monkeypatch.setattr(Tokenizer, "encode_text", counting)
+    huge = {"role": "user", "content": "hello world " * 350_000}  # 4.2 MB
+    request = generation_parse({"model": ALIAS, "messages": [huge]}, endpoint=CHAT)
+    with pytest.raises(ApiError) as refused:
+        await generation_submit(principal=principal, request=request, request_id="huge")
+    assert refused.value.code == "context_length_exceeded"
+    assert f"maximum context length is {CONTEXT} tokens" in refused.value.message
+    assert encoded == []
+    # A prompt that may fit is tokenised as before (and refused, at its exact length, if not).
+    near = {"role": "user", "content": "hello world " * CONTEXT}
+    request = generation_parse({"model": ALIAS, "messages": [near]}, endpoint=CHAT)
+    with pytest.raises(ApiError) as refused:
+        await generation_submit(principal=principal, request=request, request_id="near")
+    assert refused.value.code == "context_length_exceeded" and len(encoded) == 1
+
+
+@pytest.mark.django_db
+async def test_made_up_keys_do_not_grow_the_key_cache(world):
+    await auth.authenticate(f"Bearer {world.acme_key}", scope="inference")
+    made_up = [f"{PREFIX}{secrets.token_hex(6)}{secrets.token_urlsafe(24)}" for _ in range(20_000)]
+
+    async def attempt(token: str) -> None:
+        with pytest.raises(ApiError):
+            await auth.authenticate(f"Bearer {token}", scope="inference")
+
+    for start in range(0, len(made_up), 200):
+        await asyncio.gather(*(attempt(t) for t in made_up[start : start + 200]))
+    assert len(auth._keys) <= 10_000 + 1_024
+    assert len(auth._keys._missing) == 1_024
+    # The key in use kept its place: made-up keys evict only made-up keys.
+    assert token_parse(world.acme_key).public_id in auth._keys._entries  # type: ignore[union-attr]
