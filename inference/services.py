@@ -31,7 +31,7 @@ from inference.tokenization import tokenizer_for
 from inference.tracing import TraceContext
 from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status
 from models_registry.models import Task
-from models_registry.selectors import Route, Routing, routing_resolve
+from models_registry.selectors import Route, Routing, model_names_list, routing_resolve
 from privacy.services import content_retain
 from safety.policy import Policy
 
@@ -90,6 +90,24 @@ def _routing_load(name: str) -> Routing | None:
 _routings: RefreshingCache[str, Routing | None] = RefreshingCache(
     _routing_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0, kind="routes"
 )
+
+
+def _model_names_load(_: None) -> list[tuple[str, int]]:
+    return model_names_list()
+
+
+# Built from the same rows as routes, so the same change messages mark it stale.
+_model_names: RefreshingCache[None, list[tuple[str, int]]] = RefreshingCache(
+    _model_names_load,
+    ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS,
+    grace=30.0,
+    kind="routes",
+)
+
+
+async def model_names_get() -> list[tuple[str, int]]:
+    """Return every name a client can call, with its created time, cached like routes."""
+    return await _model_names.get(None)
 
 
 async def routing_get(name: str) -> Routing:

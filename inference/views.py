@@ -40,6 +40,7 @@ from inference.services import (
     embedding_submit,
     generation_submit,
     idempotency_get,
+    model_names_get,
     quotas_get,
     ratelimit_headers,
     request_count,
@@ -50,7 +51,7 @@ from inference.services import (
 )
 from inference.tracing import TraceContext, bind, trace_start
 from inference.types import Delta, Event, Failed, Finished
-from models_registry.selectors import model_names_list, version_served_name
+from models_registry.selectors import version_served_name
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -554,7 +555,7 @@ async def request_cancel(request: HttpRequest, request_id: str, target: str) -> 
 @api_endpoint("GET")
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     await request_principal(request, Scope.MODELS_READ)
-    names = await db_call(model_names_list)
+    names = await model_names_get()
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
         for name, created in names
