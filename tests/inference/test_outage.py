@@ -1,4 +1,5 @@
-"""With its Redis unreachable, the API answers at once with a 503 the client may retry."""
+"""With its Redis unreachable, the API answers at once with a 503 the client may retry; with
+its PostgreSQL unreachable, what it serves from its caches it still serves."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import socket
 import time
 
 import pytest
+from django.db import OperationalError
 from django.test import AsyncClient
 
-from inference import services
+from inference import db, services
 from tests.conftest import ALIAS
 
 pytestmark = pytest.mark.django_db
@@ -38,3 +40,19 @@ async def test_an_unreachable_queue_store_is_a_fast_503_not_a_500(world, setting
     assert (body["code"], body["type"]) == ("service_unavailable", "service_unavailable_error")
     assert int(response["Retry-After"]) >= 1
     print(f"answered in {elapsed * 1000:.0f} ms")  # measured, not asserted
+
+
+async def test_the_model_list_is_served_from_the_cache_while_postgres_is_down(world, monkeypatch):
+    client = AsyncClient()
+    auth = {"Authorization": f"Bearer {world.acme_key}"}
+    before = await client.get("/v1/models", headers=auth)  # the key and the list are cached
+    assert before.status_code == 200, before.content
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+    monkeypatch.setattr(db, "_fresh", refused)
+    during = await client.get("/v1/models", headers=auth)
+    assert during.status_code == 200, during.content
+    assert during.json() == before.json()
+    assert ALIAS in [model["id"] for model in during.json()["data"]]
