@@ -37,7 +37,13 @@ from models_registry.services import alias_split_set
 from tenants.lockout import lockout_is_locked
 from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
 from tenants.selectors import api_key_get, api_key_list
-from tenants.services import api_key_issue, api_key_revoke, api_key_rotate
+from tenants.services import (
+    MAX_KEY_DAYS,
+    MAX_ROTATION_OVERLAP_HOURS,
+    api_key_issue,
+    api_key_revoke,
+    api_key_rotate,
+)
 
 PAGE_SIZE = 50
 
@@ -163,11 +169,13 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "POST":
         name = (request.POST.get("name") or "").strip()[:200]
         scopes = request.POST.getlist("scopes") or [Scope.INFERENCE, Scope.MODELS_READ]
-        days = request.POST.get("expires_in_days") or ""
-        expires = timezone.now() + dt.timedelta(days=int(days)) if days.isdigit() else None
+        days = _whole_number(request.POST.get("expires_in_days"), 1, MAX_KEY_DAYS)
         if not name:
             messages.error(request, "Give the key a name.")
+        elif days is None:
+            messages.error(request, f"Expiry is a whole number of days from 1 to {MAX_KEY_DAYS}.")
         else:
+            expires = timezone.now() + dt.timedelta(days=days) if days else None
             try:
                 made = api_key_issue(
                     tenant=tenant,
@@ -194,6 +202,17 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
     )
 
 
+def _whole_number(raw: str | None, lo: int, hi: int) -> int | None:
+    """Return a form's whole number in [lo, hi], 0 when left empty, or None when it is not one."""
+    raw = (raw or "").strip()
+    if not raw:
+        return 0
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= len(str(hi))):
+        return None
+    value = int(raw)
+    return value if lo <= value <= hi else None
+
+
 def _key(tenant: Tenant, public_id: str) -> ApiKey:
     try:
         return api_key_get(tenant=tenant, public_id=public_id)
@@ -216,13 +235,13 @@ def key_revoke(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
 def key_rotate(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
     tenant = _tenant(request, slug, Role.ADMIN)
     key = _key(tenant, public_id)
-    hours = request.POST.get("overlap_hours", "24")
+    hours = _whole_number(request.POST.get("overlap_hours") or "24", 0, MAX_ROTATION_OVERLAP_HOURS)
+    if hours is None:
+        limit = MAX_ROTATION_OVERLAP_HOURS
+        messages.error(request, f"The overlap is a whole number of hours from 0 to {limit}.")
+        return redirect("console:keys", slug=slug)
     try:
-        made = api_key_rotate(
-            key=key,
-            overlap=dt.timedelta(hours=int(hours) if hours.isdigit() else 24),
-            actor=_user(request),
-        )
+        made = api_key_rotate(key=key, overlap=dt.timedelta(hours=hours), actor=_user(request))
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return redirect("console:keys", slug=slug)
