@@ -28,6 +28,10 @@ from tenants.keys import token_generate, token_hash
 from tenants.models import ApiKey, Membership, Quota, Role, Scope, Tenant
 
 log = logging.getLogger(__name__)
+# A key lives at most ten years, and a rotated key overlaps its successor at most 30 days:
+# longer is never needed, and past year 9999 a date cannot even be stored.
+MAX_KEY_DAYS = 3650
+MAX_ROTATION_OVERLAP_HOURS = 720
 
 
 def tenant_create(*, slug: str, name: str = "", actor: User | None = None) -> Tenant:
@@ -103,6 +107,8 @@ def api_key_issue(
         raise ValidationError({"scopes": f"unknown scopes: {', '.join(unknown)}"})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "expiry must be in the future"})
+    if expires_at is not None and expires_at > timezone.now() + dt.timedelta(days=MAX_KEY_DAYS):
+        raise ValidationError({"expires_at": f"a key expires within {MAX_KEY_DAYS} days"})
     public_id, token = token_generate()
     with transaction.atomic():
         key = ApiKey.objects.create(
@@ -135,6 +141,10 @@ def api_key_rotate(
     """
     if overlap < dt.timedelta(0):
         raise ValidationError({"overlap": "the overlap cannot be negative"})
+    if overlap > dt.timedelta(hours=MAX_ROTATION_OVERLAP_HOURS):
+        raise ValidationError(
+            {"overlap": f"the overlap is at most {MAX_ROTATION_OVERLAP_HOURS} hours"}
+        )
     with transaction.atomic():
         key = ApiKey.objects.select_for_update().get(pk=key.pk)
         if key.revoked_at is not None:

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from tenants.models import Scope, Tenant
 from tenants.selectors import tenant_get
-from tenants.services import api_key_issue
+from tenants.services import MAX_KEY_DAYS, api_key_issue
 
 
 class Command(BaseCommand):
@@ -33,8 +33,8 @@ class Command(BaseCommand):
         except Tenant.DoesNotExist as exc:
             raise CommandError(f"no tenant {options['tenant']!r}") from exc
         days = options["expires_in_days"]
-        if days is not None and days <= 0:
-            raise CommandError("--expires-in-days must be positive")
+        if days is not None and not 0 < days <= MAX_KEY_DAYS:
+            raise CommandError(f"--expires-in-days must be from 1 to {MAX_KEY_DAYS}")
         expires_at = timezone.now() + dt.timedelta(days=days) if days else None
         try:
             issued = api_key_issue(
