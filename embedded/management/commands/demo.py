@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import signal
+import socket
 
 # Runs nvidia-smi only.
 import subprocess  # nosec B404
@@ -12,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 from django.conf import settings
@@ -54,6 +56,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir = Path(settings.DATA_DIR)
         data_dir.mkdir(parents=True, exist_ok=True)
+        # Held until this process exits, whichever way: the kernel releases it.
+        self._lock = demo_lock(data_dir)
+        port_free_check(options["port"])
         embedded = self._services(data_dir)
         supervisor: Supervisor | None = None
         stop = threading.Event()
@@ -246,6 +251,44 @@ class Command(BaseCommand):
             "================================================================\n"
         )
         self.stdout.flush()
+
+
+def demo_lock(data_dir: Path) -> IO[str]:
+    """Take the data directory's demo lock, or refuse: a demo already runs from it.
+
+    A second demo would otherwise half-start beside the first (its ports taken, warnings)
+    and, stopping, stop the first one's embedded servers.
+    """
+    handle = (data_dir / "demo.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        pid = handle.read().strip() or "unknown"
+        handle.close()
+        raise CommandError(
+            f"a demo already runs from {data_dir} (pid {pid}): stop it with Ctrl-C in its "
+            f"terminal, or `kill {pid}`"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def port_free_check(port: int) -> None:
+    """Refuse to start when something already listens on the demo's HTTP port."""
+    with socket.socket() as probe:
+        # As uvicorn binds: a port left in TIME_WAIT by a demo that just stopped is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise CommandError(
+                f"port {port} is in use: a demo may already run (stop it with Ctrl-C in its "
+                "terminal), or choose another with --port or SWITCHYARD_PORT"
+            ) from None
 
 
 def _has_gpu() -> bool:
