@@ -169,6 +169,7 @@ def main() -> None:
         f"{health_ratio:.2f} |\n\nA's answers: {answers}."
     )
     print("\n" + table)
+    args.docs.mkdir(parents=True, exist_ok=True)
     _plot(alone, flooded, args.docs / "bad_input_flood.png")
     section_write(
         args.docs,
