@@ -69,8 +69,13 @@ def page(browser: Browser, stack: Any) -> Iterator[Page]:
     context = browser.new_context(base_url=stack.base_url, viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.on("dialog", lambda dialog: dialog.accept())  # the confirmations say yes
+    # Whatever a test clicks through, no script fails and the pages' policy refuses nothing.
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
+    page.on("pageerror", lambda error: refused.append(str(error)))
     yield page
     context.close()
+    assert not refused, refused
 
 
 def _sign_in(page: Page, username: str) -> None:
@@ -241,3 +246,26 @@ def test_model_output_and_names_are_escaped(page, people, world, django_db_block
     page.goto("/console/t/acme/keys")
     assert page.evaluate("window.pwned") is None
     expect(page.locator("table")).to_contain_text("<script>window.pwned=1</script>")
+
+
+def test_the_console_scripts_run_under_its_content_security_policy(page, people, world):
+    _sign_in(page, "alice")
+    for path, chart in (("/console/t/acme/", "#spend"), ("/console/t/acme/usage", "#usage")):
+        answer = page.goto(path)
+        assert (
+            answer is not None and "script-src 'self'" in answer.headers["content-security-policy"]
+        )
+        page.wait_for_load_state()
+        assert page.evaluate(f"Chart.getChart(document.querySelector('{chart}')) !== undefined")
+    assert page.evaluate("typeof htmx") == "object"
+    page.goto("/console/t/acme/keys")
+    page.fill("input[name=name]", "csp-key")
+    page.click("text=Create key")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.click("button[data-copy=secret]")
+    expect(page.locator("button[data-copy=secret]")).to_have_text("Copied")
+    dialogs: list[str] = []
+    page.once("dialog", lambda dialog: dialogs.append(dialog.message))
+    page.locator("tr", has_text="csp-key").locator("button.danger").click()
+    expect(page.locator(".msg.success")).to_contain_text("revoked")
+    assert dialogs == ["Revoke csp-key? Requests with it fail at once."]
