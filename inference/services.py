@@ -14,6 +14,7 @@ import msgspec
 from django.conf import settings
 
 from billing.selectors import tenant_month_spend_micros
+from config.json_body import shown
 from inference.auth import Principal
 from inference.background import spawn
 from inference.cache import RefreshingCache
@@ -117,11 +118,11 @@ async def routing_get(name: str) -> Routing:
         if "@" in name:
             model, _, version = name.partition("@")
             message = (
-                f"The model '{model}' has no version '{version}' (pin a version by its label "
-                "or at least 8 characters of its id), or you do not have access to it."
+                f"The model '{shown(model)}' has no version '{shown(version)}' (pin a version by "
+                "its label or at least 8 characters of its id), or you do not have access to it."
             )
         else:
-            message = f"The model '{name}' does not exist or you do not have access to it."
+            message = f"The model '{shown(name)}' does not exist or you do not have access to it."
         raise ApiError(404, "model_not_found", message, param="model")
     return routing
 

@@ -14,6 +14,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
+from config.json_body import shown
 from inference import relay
 from inference.auth import Principal, authenticate
 from inference.background import loops_failing, spawn
@@ -587,7 +588,7 @@ async def openapi(request: HttpRequest, request_id: str) -> HttpResponse:
 
 @api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
 async def not_found(request: HttpRequest, request_id: str, path: str = "") -> HttpResponse:
-    raise ApiError(404, "not_found", f"No endpoint {request.method} {request.path}.")
+    raise ApiError(404, "not_found", f"No endpoint {request.method} {shown(request.path)}.")
 
 
 @api_endpoint("GET")

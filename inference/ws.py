@@ -26,10 +26,11 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from config.json_body import BodyProblem, json_check, json_load, shown
 from inference import relay
 from inference.auth import Principal, authenticate
 from inference.errors import ApiError
-from inference.params import CHAT, COMPLETIONS, generation_parse
+from inference.params import CHAT, COMPLETIONS, body_problem, generation_parse
 from inference.services import (
     dispatch_get,
     generation_submit,
@@ -44,7 +45,20 @@ from tenants.models import Scope
 log = logging.getLogger(__name__)
 KEY_PROTOCOL = "switchyard.key."
 MAX_IN_FLIGHT = 64  # concurrent requests one socket may have running
+MAX_ID_CHARS = 128
 _ENDPOINTS = {"chat.completions": CHAT, "completions": COMPLETIONS}
+
+
+def _client_id(message: dict[str, Any]) -> str | None:
+    """Return a frame's `id` if it is one an error frame can carry back, else None."""
+    value = message.get("id")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        return None
+    try:
+        json_check(value)
+    except BodyProblem:
+        return None
+    return value
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -90,18 +104,33 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             await asyncio.gather(*self.running.values(), return_exceptions=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        try:
-            message = json.loads(text_data or "")
-        except ValueError:
+        if text_data is None:
             await self._error(None, ApiError(400, "invalid_json", "Send JSON text frames."))
+            return
+        try:
+            # A frame meets the limits of every JSON body (config.json_body), so that
+            # nothing past this point meets a lone surrogate or a stack-deep value.
+            message = json_load(text_data, what="The frame")
+        except BodyProblem as problem:
+            await self._error(None, body_problem(problem))
             return
         if not isinstance(message, dict):
             await self._error(None, ApiError(400, "invalid_message", "Send a JSON object."))
             return
-        client_id = message.get("id")
-        if not isinstance(client_id, str) or not client_id or len(client_id) > 128:
-            error = ApiError(400, "invalid_id", "Every message needs a string 'id'.", param="id")
+        client_id = _client_id(message)
+        if client_id is None:
+            error = ApiError(
+                400,
+                "invalid_id",
+                f"Every message needs a string 'id' of 1 to {MAX_ID_CHARS} characters.",
+                param="id",
+            )
             await self._error(None, error)
+            return
+        try:
+            json_check(message)
+        except BodyProblem as problem:
+            await self._error(client_id, body_problem(problem))
             return
         kind = message.get("type")
         if kind == "cancel":
@@ -113,8 +142,16 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             error = ApiError(400, "invalid_type", "'type' is 'request' or 'cancel'.", param="type")
             await self._error(client_id, error)
             return
+        endpoint = message.get("endpoint", "chat.completions")
+        if not isinstance(endpoint, str) or endpoint not in _ENDPOINTS:
+            error = ApiError(
+                400, "invalid_endpoint", "Use chat.completions or completions.", param="endpoint"
+            )
+            await self._error(client_id, error)
+            return
         if client_id in self.running:
-            error = ApiError(409, "duplicate_id", f"'{client_id}' is still running.", param="id")
+            text = f"'{shown(client_id)}' is still running."
+            error = ApiError(409, "duplicate_id", text, param="id")
             await self._error(client_id, error)
             return
         if len(self.running) >= MAX_IN_FLIGHT:

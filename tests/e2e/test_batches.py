@@ -405,3 +405,22 @@ def test_another_tenants_files_and_batches_are_not_found(stack, world, sdk):
             call()
     assert batch.id not in [b.id for b in other.batches.list().data]
     _wait(sdk, batch.id, until=_ended)
+
+
+def test_a_file_downloads_under_its_own_non_ascii_name_and_is_never_sniffed(stack, world):
+    auth = {"Authorization": f"Bearer {world.acme_key}"}
+    uploaded = httpx.post(
+        f"{stack.base_url}/v1/files",
+        files={"file": ("données 日本.jsonl", (_chat_line("a", "b") + "\n").encode())},
+        data={"purpose": "batch"},
+        headers=auth,
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    assert uploaded.json()["filename"] == "données 日本.jsonl"
+    content = httpx.get(f"{stack.base_url}/v1/files/{uploaded.json()['id']}/content", headers=auth)
+    assert content.status_code == 200, content.text
+    assert content.headers["content-disposition"] == (
+        'attachment; filename="donnees .jsonl"; '
+        "filename*=UTF-8''donn%C3%A9es%20%E6%97%A5%E6%9C%AC.jsonl"
+    )
+    assert content.headers["x-content-type-options"] == "nosniff"
