@@ -14,6 +14,7 @@ from django.http.multipartparser import MultiPartParserError
 
 from batches import selectors, services
 from batches.models import Batch, File
+from config.http import content_disposition
 from inference.db import db_call
 from inference.errors import ApiError, invalid
 from inference.params import body_parse
@@ -133,7 +134,9 @@ async def file_content(request: HttpRequest, request_id: str, file_id: str) -> H
         selectors.file_content, tenant=principal.tenant_id, file_id=file_id
     )
     response = HttpResponse(content, content_type="application/jsonl")
-    response["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    response["Content-Disposition"] = content_disposition(found.filename)
+    # A tenant's bytes under the API's origin: never let a browser sniff them into HTML.
+    response["X-Content-Type-Options"] = "nosniff"
     return response
 
 

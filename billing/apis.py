@@ -38,6 +38,7 @@ from billing.models import Invoice, InvoiceLine, InvoiceState
 from billing.pdf import invoice_pdf
 from billing.selectors import USAGE_FILTERS, USAGE_GROUPS, tenant_month_spend, usage_aggregate
 from billing.services import price_book_add
+from config.http import content_disposition
 from models_registry.selectors import version_pinned
 from tenants.apis import FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 from tenants.models import Membership, Role, Tenant
@@ -95,7 +96,7 @@ def _csv(rows: Iterable[list[str]], filename: str) -> HttpResponse:
     buffer = io.StringIO()
     csv.writer(buffer).writerows(rows)
     response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["Content-Disposition"] = content_disposition(filename)
     return response
 
 
@@ -191,7 +192,7 @@ class InvoicePdfApi(FinanceView):
         invoice = _invoice(request, pk)
         response = HttpResponse(invoice_pdf(invoice), content_type="application/pdf")
         name = invoice.number or f"draft-{pk}"
-        response["Content-Disposition"] = f'attachment; filename="{name}.pdf"'
+        response["Content-Disposition"] = content_disposition(f"{name}.pdf")
         return response
 
 
