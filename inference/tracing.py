@@ -85,9 +85,9 @@ _KEY_SECRET = re.compile(
     rf"\b({re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})[A-Za-z0-9_-]{{16,}}"
 )
 _BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\[redacted\])[^\s'\"]+")
-# A credential in a URL's query (`/v1/ws?key=...`, what browsers' WebSockets must send), as a
-# server's request line prints it: its whole value, whatever its shape, unless it is a key
-# already redacted to its public id.
+# A credential in a URL's query, as a server's request line prints it (`/v1/ws?key=...`: the
+# server reads keys from headers only, but clients put them there): its whole value, whatever
+# its shape, unless it is a key already redacted to its public id.
 _QUERY_KEY = re.compile(
     rf"(?i)([?&](?:api_)?key=)(?!(?:{re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})?"
     r"\[redacted\])[^&\s'\"#]+"
