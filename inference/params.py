@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +76,10 @@ def _number(
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _type_error(name, "a number", value)
-    if not math.isfinite(value) or not lo <= value <= hi:
+    # Compared before any float(): an integer too large for a float (a body that did not come
+    # through body_parse, like a batch line) is out of range, not an OverflowError. NaN
+    # compares false, so it is out of range too.
+    if not lo <= value <= hi:
         raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {shown(value)}.")
     return float(value)
 
@@ -191,7 +193,6 @@ GENERATION_FIELDS: dict[str, Field] = {
     "safety_identifier": IGNORED,
     "parallel_tool_calls": IGNORED,  # only means something with tools, which are refused
     "request_id": IGNORED,  # vLLM's; every request gets an id of ours (x-request-id)
-    "cache_salt": IGNORED,  # vLLM's prefix-cache isolation; tenants never share a cache entry
     "stream_interval": IGNORED,  # vLLM's chunking of a stream; the text is the same
     "n": refused(1),
     "best_of": refused(1),
@@ -258,6 +259,8 @@ GENERATION_FIELDS: dict[str, Field] = {
     "kv_transfer_params": refused(),
     "ec_transfer_params": refused(),
     "vllm_xargs": refused(),
+    # vLLM's prefix-cache isolation: workers do not salt their prefix cache per request yet.
+    "cache_salt": refused(),
 }
 
 # The same for embeddings bodies: OpenAI's and vLLM's fields.
@@ -270,7 +273,7 @@ EMBEDDING_FIELDS: dict[str, Field] = {
     "service_tier": HONOURED,
     "timeout": HONOURED,
     "request_id": IGNORED,
-    "cache_salt": IGNORED,
+    "cache_salt": refused(),
     "priority": refused(0),
     "truncate_prompt_tokens": refused(),
     "truncation_side": refused(),

@@ -317,3 +317,17 @@ def test_every_field_of_vllms_requests_has_a_decision():
     assert len(chat) > 40 and len(completion) > 40 and len(embedding) > 5
     assert (chat | completion) - set(GENERATION_FIELDS) == set()
     assert embedding - set(EMBEDDING_FIELDS) == set()
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400), float("nan"), float("inf")])
+def test_a_parsed_body_with_a_number_no_float_holds_is_out_of_range(value):
+    """A body not read by body_parse (a batch line's) is still refused, not an OverflowError."""
+    error = _error(_chat(temperature=value))
+    assert (error.code, error.param) == ("invalid_value", "temperature")
+
+
+def test_the_api_docs_name_every_refused_and_ignored_field():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    for table in (GENERATION_FIELDS, EMBEDDING_FIELDS):
+        for field, decision in table.items():
+            assert f"`{field}`" in docs, (field, decision.decision)
