@@ -340,6 +340,85 @@ def test_a_batch_past_its_completion_window_expires_and_keeps_what_finished(stac
     assert {e["custom_id"] for e in output + errors} == {f"w{i}" for i in range(count)}
 
 
+def _poison(kind: str) -> str:
+    """A batch line that no request can run, of one kind."""
+    if kind == "nested-json":
+        depth = 5000
+        return _chat_line("poison", "x").replace('"x"', "[" * depth + "]" * depth)
+    if kind == "huge-number":
+        return _chat_line("poison", "x").replace('"max_tokens": 8', '"max_tokens": ' + "9" * 5000)
+    if kind == "non-object-body":
+        return _chat_line("poison", "x").replace('"body": {', '"body": ["not an object"], "_": {')
+    if kind == "url-not-allowed":
+        return _chat_line("poison", "x").replace("/v1/chat/completions", "/v1/fine_tuning/jobs")
+    # A lone surrogate: valid JSON, but no text a request can carry.
+    surrogates: dict[str, dict[str, Any]] = {
+        "surrogate-content": {"messages": [{"role": "user", "content": "\ud800"}]},
+        "surrogate-user": {"user": "\ud800"},
+        "surrogate-stop": {"stop": ["\ud800"]},
+    }
+    return _chat_line("poison", "x", **surrogates[kind])
+
+
+def _held(tenant_id: int, request_id: str) -> bool:
+    """Whether a request still holds a reservation: its held share or a concurrency slot."""
+    redis = redis_sync_client()
+    tag = f"sy:{{t{tenant_id}}}"
+    return bool(
+        redis.exists(f"{tag}:held:{request_id}")
+        or redis.zscore(f"{tag}:inflight", request_id) is not None
+    )
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["surrogate-content", "surrogate-user", "surrogate-stop", "nested-json", "huge-number",
+     "non-object-body", "url-not-allowed"],
+)  # fmt: skip
+def test_a_poison_line_fails_alone(sdk, world, usage_of, kind):
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, [_chat_line("good", "Say hello"), _poison(kind)]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    batch = _wait(sdk, batch.id, until=_ended, timeout=90)
+    assert batch.status == "completed"
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (2, 1, 1)
+    (output,) = _entries(sdk, batch.output_file_id)
+    assert output["custom_id"] == "good"
+    assert output["response"]["status_code"] == 200
+    (error,) = _entries(sdk, batch.error_file_id)
+    unreadable = kind in ("nested-json", "huge-number")  # not JSON the parser takes
+    assert error["custom_id"] == (None if unreadable else "poison")
+    failure = error["error"] or error["response"]["body"]["error"]
+    assert failure["code"] and failure["message"]
+    good_id = output["response"]["request_id"]
+    poison_id = error["id"].removeprefix("batch_req_")
+    (record,) = usage_of(good_id)
+    assert record.status == "ok"
+    assert usage_of(poison_id, timeout=1) == []
+    # Nothing is left reserved: neither line holds a share of the tenant's limits.
+    deadline = time.monotonic() + 15
+    while _held(world.acme.pk, good_id) or _held(world.acme.pk, poison_id):
+        assert time.monotonic() < deadline, "a reservation was never settled"
+        time.sleep(0.2)
+
+
+def test_a_batch_cancelled_at_once_ends_cancelled_with_counts_that_add_up(sdk):
+    lines = [_chat_line(f"v{i}", f"Validate {i}") for i in range(2000)]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    sdk.batches.cancel(batch.id)
+    batch = _wait(sdk, batch.id, until=_ended, timeout=90)
+    assert batch.status == "cancelled"
+    counts = batch.request_counts
+    # Cancelled before its file was read (0 lines) or after (all of them): never in between.
+    assert counts.total in (0, 2000)
+    assert counts.completed + counts.failed == counts.total
+
+
 def _files_post(stack: Any, key: str, content: bytes, purpose: str = "batch") -> httpx.Response:
     return httpx.post(
         f"{stack.base_url}/v1/files",
