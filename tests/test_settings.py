@@ -70,3 +70,17 @@ def test_a_console_404_in_the_demo_is_the_plain_page_and_static_files_still_load
     assert status == "200 200 200 200 404"
     assert "Page not found" in page and "console/console.css" in page
     assert "URLconf" not in page and "admin/" not in page  # no list of URL patterns
+
+
+def test_a_server_error_is_the_plain_page():
+    done = _demo_settings(
+        "from django.test import RequestFactory\n"
+        "from django.views.defaults import server_error\n"
+        "answer = server_error(RequestFactory().get('/console/', HTTP_HOST='127.0.0.1'))\n"
+        "print(answer.status_code)\n"
+        "print(answer.content.decode())"
+    )
+    assert done.returncode == 0, done.stderr
+    status, _, page = done.stdout.partition("\n")
+    assert status == "500"
+    assert "Something went wrong" in page and "console/console.css" in page
