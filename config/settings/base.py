@@ -299,9 +299,10 @@ LOGGING = {
         # uvicorn's own handlers would print its lines unfiltered (a WebSocket's request line
         # carries `?key=`): they go through the handler above instead, redacted. Django
         # configures logging after uvicorn, when the application is imported, in every process.
-        "uvicorn": {"handlers": ["console"], "level": "INFO", "propagate": False},
-        "uvicorn.error": {"level": "INFO"},
-        "uvicorn.access": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Each logger by name and without a level, so uvicorn's --log-level still holds.
+        "uvicorn.error": {"handlers": ["console"], "propagate": False},
+        "uvicorn.access": {"handlers": ["console"], "propagate": False},
+        "uvicorn.asgi": {"handlers": ["console"], "propagate": False},
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
     },
