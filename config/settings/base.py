@@ -191,6 +191,8 @@ LOGIN_REDIRECT_URL = "console:home"
 # Sign-in lockout: this many failures for one username within the window lock it for the window.
 SWITCHYARD_LOGIN_FAILURES = env_int("SWITCHYARD_LOGIN_FAILURES", 5)
 SWITCHYARD_LOGIN_LOCK_SECONDS = env_int("SWITCHYARD_LOGIN_LOCK_SECONDS", 900)
+# The only password check: console, admin and HTTP Basic on the API all count against the lockout.
+AUTHENTICATION_BACKENDS = ["tenants.lockout.LockoutBackend"]
 
 EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("SWITCHYARD_FROM_EMAIL", "switchyard@localhost")
@@ -204,8 +206,6 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
-# The only password check: console, admin and HTTP Basic on the API all count against the lockout.
-AUTHENTICATION_BACKENDS = ["tenants.lockout.LockoutBackend"]
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
         "task": "models_registry.tasks.rollouts_analyze",
