@@ -680,7 +680,9 @@ return 0
 
 # End a request that is still queued: remove it and finish it here, so it never runs and still
 # gets its one usage record. With ARGV[2] = '1' the request is also flagged cancelled and its
-# workers told, so one already running is aborted.
+# workers told, so one already running is aborted. With ARGV[10] = '1' a request that is not
+# queued, running or ended (its frontend failed before or while queueing it) is finished here
+# too, and counted admitted in the ledger as the enqueue would have.
 _UNQUEUE = (
     _PRELUDE
     + """
@@ -691,12 +693,17 @@ if ARGV[2] == '1' then
   redis.call('PUBLISH', ARGV[7], rid)
 end
 local m = redis.call('HGET', META, rid)
-if not m or redis.call('ZSCORE', LEASES, rid) then return 0 end
-unqueue(rid, meta_parse(m))
-redis.call('HDEL', JOBS, rid)
-redis.call('HDEL', META, rid)
-redis.call('HDEL', PREFIXES, rid)
+if m and redis.call('ZSCORE', LEASES, rid) then return 0 end
+if m then
+  unqueue(rid, meta_parse(m))
+  redis.call('HDEL', JOBS, rid)
+  redis.call('HDEL', META, rid)
+  redis.call('HDEL', PREFIXES, rid)
+elseif ARGV[10] ~= '1' then
+  return 0
+end
 if redis.call('SET', FINAL, '1', 'NX', 'EX', ARGV[3]) then
+  if not m then ledger_add(ARGV[8], 'admitted', 1) end
   redis.call('XADD', REPLY, '*', 'e', ARGV[4])
   redis.call('EXPIRE', REPLY, ARGV[6])
   redis.call('XADD', USAGE, '*', 'u', ARGV[5])
@@ -807,13 +814,15 @@ class Dispatch:
         *,
         max_queued: int = 1 << 30,
         max_queued_tokens: int = 1 << 50,
+        payload: bytes | None = None,
     ) -> Refused | None:
         """Queue a job for its deployment's workers; None when queued, else why not.
 
         Nothing is queued when no worker of the deployment is alive, when max_queued jobs
         already wait beyond what the workers' free slots take at once, when max_queued_tokens
         reserved tokens already wait, or when the backlog ahead of the job
-        cannot drain before its deadline at the deployment's measured rate.
+        cannot drain before its deadline at the deployment's measured rate. `payload` is the
+        job already encoded, when the caller encoded it (a frontend does, before admission).
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             script_into(
@@ -821,7 +830,7 @@ class Dispatch:
                 self._enqueue,
                 keys=list(_keys(job.deployment)),
                 args=[
-                    encode(job),
+                    encode(job) if payload is None else payload,
                     time.time(),
                     max_queued,
                     max_queued_tokens,
@@ -935,16 +944,44 @@ class Dispatch:
             flag=False,
         )
 
-    async def _end_queued(
-        self, job: Job, *, code: str, message: str, status: Status, flag: bool
-    ) -> bool:
-        terminal = Failed(
-            code=code,
-            message=message,
-            prompt_tokens=len(job.prompt_token_ids),
-            completion_tokens=0,
+    async def abandon(self, job: Job) -> bool:
+        """End a request whose frontend failed while submitting it; True when it ended here.
+
+        Queued, or never queued (the frontend failed before or during the enqueue), it is
+        finished here as an `internal_error` billed nothing, so it still gets its one usage
+        record; running, it is flagged cancelled and its worker ends it; ended, it is left be.
+        """
+        return await self._end_queued(
+            job,
+            code="internal_error",
+            message="the platform failed while queueing this request; nothing was billed",
+            status=Status.ERROR,
+            flag=True,
+            unqueued_too=True,
         )
-        usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
+
+    async def _end_queued(
+        self,
+        job: Job,
+        *,
+        code: str,
+        message: str,
+        status: Status,
+        flag: bool,
+        unqueued_too: bool = False,
+    ) -> bool:
+        # A request ended before it reached the queue used nothing, not even its prompt.
+        prompt_tokens = 0 if unqueued_too else len(job.prompt_token_ids)
+        terminal = Failed(
+            code=code, message=message, prompt_tokens=prompt_tokens, completion_tokens=0
+        )
+        usage = usage_for(
+            job,
+            status=status,
+            finished_at=time.time(),
+            error_code=code,
+            prompt_tokens=prompt_tokens,
+        )
         keys = [
             *_keys(job.deployment),
             final_key(job.deployment, job.request_id),
@@ -961,6 +998,7 @@ class Dispatch:
             cancel_channel(job.deployment),
             ledger_hour(job.enqueued_at),
             usage.prompt_tokens + usage.completion_tokens,
+            "1" if unqueued_too else "0",
         ]
         return bool(await self._unqueue(keys=keys, args=args))
 

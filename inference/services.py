@@ -30,7 +30,7 @@ from inference.redis_client import redis_client_new
 from inference.response_cache import ResponseCache, Stored, cache_key, cacheable
 from inference.tokenization import tokenizer_for
 from inference.tracing import TraceContext
-from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status
+from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status, encode
 from models_registry.models import Task
 from models_registry.selectors import Route, Routing, model_names_list, routing_resolve
 from privacy.services import content_retain
@@ -330,43 +330,73 @@ async def generation_submit(
         trace_id=trace.trace_id if trace else "",
         parent_span_id=trace.span_id if trace else "",
     )
+    payload = _envelope(job)
     cache = await _cache_use(principal, job)
     decision = await _job_submit(
         principal=principal,
         route=route,
         job=job,
+        payload=payload,
         model=request.model,
         clock=clock,
         cache=cache,
         request_taken=request_taken,
     )
-    shadow = routing.shadow_for(request_id=request_id)
-    if shadow is not None and shadow.version_digest != route.version_digest:
-        spawn(_shadow_submit(request, job, shadow))
-    submitted = Submitted(
-        job=job,
-        route=route,
-        principal=principal,
-        decision=decision,
-        idempotency_key=idempotency_key,
-        cache=cache.use if cache is not None else None,
-        prompt_text=_prompt_text(request) if principal.retention_days > 0 else None,
-        policy=policy,
-    )
-    if idempotency_key is not None:
-        await idempotency_get().bind(
-            tenant_id=principal.tenant_id,
-            key=idempotency_key,
-            original=Original(
-                request_id=request_id,
-                deployment=route.deployment,
-                model=route.served_name,
-                version=route.version,
-                created=int(now),
-                deadline=job.deadline,
-            ),
+    try:
+        shadow = routing.shadow_for(request_id=request_id)
+        if shadow is not None and shadow.version_digest != route.version_digest:
+            spawn(_shadow_submit(request, job, shadow))
+        submitted = Submitted(
+            job=job,
+            route=route,
+            principal=principal,
+            decision=decision,
+            idempotency_key=idempotency_key,
+            cache=cache.use if cache is not None else None,
+            prompt_text=_prompt_text(request) if principal.retention_days > 0 else None,
+            policy=policy,
         )
+        if idempotency_key is not None:
+            await idempotency_get().bind(
+                tenant_id=principal.tenant_id,
+                key=idempotency_key,
+                original=Original(
+                    request_id=request_id,
+                    deployment=route.deployment,
+                    model=route.served_name,
+                    version=route.version,
+                    created=int(now),
+                    deadline=job.deadline,
+                ),
+            )
+    except BaseException:
+        # Queued, but its caller will never follow it: it ends now, through the one path.
+        spawn(request_abandon(job))
+        raise
     return submitted
+
+
+def _envelope(job: Job) -> bytes:
+    """Encode a job for the queue, or raise the 400 of input that cannot be encoded.
+
+    Done before admission, so such a request reserves nothing.
+    """
+    try:
+        return encode(job)
+    except (ValueError, OverflowError, msgspec.EncodeError):
+        texts = {"user": [job.user], "stop": job.sampling.stop}
+        param = next((name for name, found in texts.items() if not _encodable(found)), "body")
+        message = f"'{param}' holds text that cannot be encoded as UTF-8 (a lone surrogate?)."
+        raise invalid(param, message) from None
+
+
+def _encodable(texts: list[str]) -> bool:
+    try:
+        for text in texts:
+            text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -398,12 +428,13 @@ async def _job_submit(
     model: str,
     clock: RequestClock | None,
     cache: _Lookup | None = None,
+    payload: bytes | None = None,
     request_taken: bool = False,
 ) -> Decision:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
 
     A request found in its tenant's response cache is admitted the same way, then answered
-    from the cache instead of queued.
+    from the cache instead of queued. `payload` is the job's encoding, if made already.
     """
     if clock is not None:
         clock.lap("preprocess")
@@ -424,10 +455,10 @@ async def _job_submit(
             if cache is not None and cache.answer is not None:
                 await _answer_from_cache(job=job, use=cache.use, answer=cache.answer)
             else:
-                await _enqueue(route=route, job=job, model=model)
+                await _enqueue(route=route, job=job, model=model, payload=payload)
         except ApiError as exc:
-            # Admitted, then refused by the queue: give the reservation back at once. (On any
-            # other failure it is unknown whether the job got in; the lease settles it.)
+            # Admitted, then refused by the queue: nothing was queued, so the reservation goes
+            # back at once and the request leaves no usage record, like any other refusal.
             spawn(
                 quotas_get().release(
                     tenant_id=principal.tenant_id,
@@ -437,6 +468,12 @@ async def _job_submit(
                 )
             )
             raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
+        except BaseException:
+            # Admitted, then anything else (any exception, a cancelled task): the job may or
+            # may not be queued. It ends through the one path that settles its reservation
+            # and leaves exactly one usage record.
+            spawn(request_abandon(job))
+            raise
     except ApiError as exc:
         admission_decided(deployment=route.deployment, reason=exc.code)
         raise
@@ -447,10 +484,13 @@ async def _job_submit(
     return decision
 
 
-async def _enqueue(*, route: Route, job: Job, model: str) -> None:
+async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None = None) -> None:
     """Queue an admitted job for its deployment's workers, or raise why the queue refused it."""
     refused = await dispatch_get().enqueue(
-        job, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
+        job,
+        max_queued=route.max_queued,
+        max_queued_tokens=route.max_queued_tokens,
+        payload=payload,
     )
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
@@ -584,10 +624,12 @@ async def embedding_submit(
         trace_id=trace.trace_id if trace else "",
         parent_span_id=trace.span_id if trace else "",
     )
+    payload = _envelope(job)
     decision = await _job_submit(
         principal=principal,
         route=route,
         job=job,
+        payload=payload,
         model=request.model,
         clock=clock,
         request_taken=request_taken,
@@ -760,6 +802,27 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
     key = submitted.idempotency_key
     if key is not None and isinstance(event, Failed):
         spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
+
+
+async def request_abandon(job: Job) -> None:
+    """End an admitted request whose submission or relay failed half-way; settle what it holds.
+
+    The data plane finishes it here when no worker has it (an `internal_error` billed nothing:
+    its one usage record) and its reservation goes back at once; a worker running it is told
+    to cancel, and its end settles it as any end does. Spawn it: it runs on when its caller is
+    a cancelled task. If Redis fails as well, the queue's deadline and the admission lease
+    settle the request later.
+    """
+    try:
+        if await dispatch_get().abandon(job):
+            await quotas_get().release(
+                tenant_id=job.tenant_id,
+                request_id=job.request_id,
+                admitted_at=job.enqueued_at,
+                used=Usage(tokens=0, cost_micros=0),
+            )
+    except Exception:
+        log.warning("could not end the abandoned request %s", job.request_id, exc_info=True)
 
 
 async def content_keep(submitted: Submitted, completion: str) -> None:
