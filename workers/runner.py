@@ -188,6 +188,25 @@ class AdapterError(Exception):
     """A job's LoRA adapter cannot be served here (unknown, tampered, or failed to load)."""
 
 
+def failure_of(exc: BaseException, *, job: Job, engine: str) -> tuple[Status, str, str]:
+    """Map whatever ended a request's run early to its status, error code and message.
+
+    Every exception type maps to one: a request whose run raised ends with a `Failed` and its
+    usage record like any other, never in silence.
+    """
+    if isinstance(exc, asyncio.CancelledError):
+        return Status.CANCELLED, "cancelled", "request cancelled"
+    if isinstance(exc, DeadlineUnattainable):
+        return Status.TIMEOUT, "deadline_unattainable", f"{exc}, longer than its deadline allows"
+    if isinstance(exc, TimeoutError):
+        return Status.TIMEOUT, "deadline_exceeded", "the request's deadline passed while it ran"
+    if isinstance(exc, AdapterError):
+        log.warning("request %s: %s", job.request_id, exc)
+        return Status.ERROR, "adapter_unavailable", str(exc)
+    log.error("request %s failed in the %s", job.request_id, engine, exc_info=exc)
+    return Status.ERROR, "engine_error", f"the {engine} failed: {type(exc).__name__}"
+
+
 class Adapters:
     """The LoRA adapters loaded into the engine: loaded on first use, evicted least recently used.
 
@@ -475,20 +494,28 @@ class Worker(abc.ABC):
     def _ended(self, job: Job, terminal: Event, usage: UsageEvent) -> None:
         """Record a served job's end and free its slot."""
         self._outbox.put(job, terminal, usage, urgent=True)
-        if self.metrics is not None:
-            self.metrics.request_ended(job, usage)
         self.active.pop(job.request_id, None)
         self._rate.add(job.reserved_tokens)
         self.served += 1
         self._slot_free.set()
+        if self.metrics is not None:
+            self.metrics.request_ended(job, usage)
 
     def _served(self, job: Job, task: asyncio.Task[None]) -> None:
-        # _serve settles every request it starts; one cancelled before its first line ran
-        # still needs its terminal event and usage record.
-        if task.cancelled() and job.request_id in self.active:
-            self.active.pop(job.request_id, None)
+        # _serve ends every request it starts, whatever raises in its run; one cancelled
+        # before its first line ran, or one that _serve itself failed to end, still gets its
+        # terminal event and usage record here (never a lease renewed for ever).
+        if job.request_id not in self.active:
+            return
+        self.active.pop(job.request_id, None)
+        if task.cancelled():
             self._finish_unstarted(job, code="cancelled", status=Status.CANCELLED)
-            self._slot_free.set()
+        else:
+            log.error(
+                "request %s was not ended by its run", job.request_id, exc_info=task.exception()
+            )
+            self._finish_unstarted(job, code="engine_error", status=Status.ERROR)
+        self._slot_free.set()
 
     def _finish_unstarted(
         self, job: Job, *, code: str, status: Status, charged: bool = True
@@ -684,6 +711,7 @@ class GenerativeWorker(Worker):
                 self._outbox.put(job, kept)
 
         terminal: Event
+        fatal: BaseException | None = None  # re-raised once the request has its end
         # Nothing runs past its deadline: the engine request is aborted when it passes.
         deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
         try:
@@ -714,41 +742,13 @@ class GenerativeWorker(Worker):
                 completion_tokens=produced,
             )
             status, code = Status.OK, ""
-        except TimeoutError:
+        except BaseException as exc:
+            # A cancel aborted the request inside vLLM; any failure bills what it produced.
+            status, code, message = failure_of(exc, job=job, engine="engine")
             terminal = Failed(
-                code="deadline_exceeded",
-                message="the request's deadline passed while it ran",
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
+                code=code, message=message, prompt_tokens=prompt_tokens, completion_tokens=produced
             )
-            status, code, finish_reason = Status.TIMEOUT, "deadline_exceeded", "abort"
-        except AdapterError as exc:
-            log.warning("request %s: %s", job.request_id, exc)
-            terminal = Failed(
-                code="adapter_unavailable",
-                message=str(exc),
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code = Status.ERROR, "adapter_unavailable"
-        except asyncio.CancelledError:
-            # Cancelling this task aborted the request inside vLLM; bill what it produced.
-            terminal = Failed(
-                code="cancelled",
-                message="request cancelled",
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code, finish_reason = Status.CANCELLED, "cancelled", "abort"
-        except Exception as exc:
-            log.exception("request %s failed in the engine", job.request_id)
-            terminal = Failed(
-                code="engine_error",
-                message=f"the engine failed: {type(exc).__name__}",
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code = Status.ERROR, "engine_error"
+            fatal = exc if isinstance(exc, KeyboardInterrupt | SystemExit) else None
         if held is not None and (kept := held.take()) is not None:
             self._outbox.put(job, kept)
         usage = usage_for(
@@ -763,6 +763,8 @@ class GenerativeWorker(Worker):
             cached_tokens=cached,
         )
         self._ended(job, terminal, usage)
+        if fatal is not None:
+            raise fatal  # the process is stopping; this request has its end
 
 
 class EncoderWorker(Worker):
@@ -789,6 +791,7 @@ class EncoderWorker(Worker):
         self._outbox.put(job, Started(at=started_at))
         tokens = len(job.prompt_token_ids)
         terminal: Event
+        fatal: BaseException | None = None
         status, code = Status.OK, ""
         # The batcher keeps time on the monotonic clock; the job's deadline is wall time.
         deadline = time.monotonic() + (job.deadline - started_at)
@@ -798,36 +801,10 @@ class EncoderWorker(Worker):
                 job, Embeddings(data=b"".join(vectors), dimensions=len(vectors[0]) // 4)
             )
             terminal = Finished(finish_reason="stop", prompt_tokens=tokens, completion_tokens=0)
-        except DeadlineUnattainable as exc:
-            status, code = Status.TIMEOUT, "deadline_unattainable"
-            terminal = Failed(
-                code=code,
-                message=f"{exc}, longer than the request's deadline allows",
-                prompt_tokens=tokens,
-                completion_tokens=0,
-            )
-        except TimeoutError:
-            status, code = Status.TIMEOUT, "deadline_exceeded"
-            terminal = Failed(
-                code=code,
-                message="the request's deadline passed while it waited for a batch",
-                prompt_tokens=tokens,
-                completion_tokens=0,
-            )
-        except asyncio.CancelledError:
-            status, code = Status.CANCELLED, "cancelled"
-            terminal = Failed(
-                code=code, message="request cancelled", prompt_tokens=tokens, completion_tokens=0
-            )
-        except Exception as exc:
-            log.exception("request %s failed in the encoder", job.request_id)
-            status, code = Status.ERROR, "engine_error"
-            terminal = Failed(
-                code=code,
-                message=f"the encoder failed: {type(exc).__name__}",
-                prompt_tokens=tokens,
-                completion_tokens=0,
-            )
+        except BaseException as exc:
+            status, code, message = failure_of(exc, job=job, engine="encoder")
+            terminal = Failed(code=code, message=message, prompt_tokens=tokens, completion_tokens=0)
+            fatal = exc if isinstance(exc, KeyboardInterrupt | SystemExit) else None
         finished_at = time.time()
         usage = usage_for(
             job,
@@ -841,3 +818,5 @@ class EncoderWorker(Worker):
             prompt_tokens=tokens if status is Status.OK else 0,
         )
         self._ended(job, terminal, usage)
+        if fatal is not None:
+            raise fatal
