@@ -16,6 +16,14 @@ _json = msgspec.json.Encoder()
 OnEnd = Callable[[Finished | Failed], None] | None
 
 
+async def events_close(events: AsyncIterator[Event]) -> None:
+    """Close a request's event stream now, so a request nobody reads on is cancelled at once
+    rather than whenever the stream is collected."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 def _stream_ended() -> ApiError:
     return ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
@@ -23,22 +31,28 @@ def _stream_ended() -> ApiError:
 async def completion_collect(
     events: AsyncIterator[Event], formatter: Formatter, on_end: OnEnd
 ) -> bytes:
-    """Return a chat or text completion's body, or raise the ApiError it ended with."""
+    """Return a chat or text completion's body, or raise the ApiError it ended with.
+
+    Whatever else raises, the events are closed first, which cancels a request still running.
+    """
     parts: list[str] = []
-    async for event in events:
-        if isinstance(event, Delta):
-            parts.append(event.text)
-        elif isinstance(event, Finished | Failed):
-            if on_end is not None:
-                on_end(event)
-            if isinstance(event, Failed):
-                raise request_failure(event)
-            return formatter.complete(
-                text="".join(parts),
-                finish_reason=event.finish_reason,
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-            )
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                parts.append(event.text)
+            elif isinstance(event, Finished | Failed):
+                if on_end is not None:
+                    on_end(event)
+                if isinstance(event, Failed):
+                    raise request_failure(event)
+                return formatter.complete(
+                    text="".join(parts),
+                    finish_reason=event.finish_reason,
+                    prompt_tokens=event.prompt_tokens,
+                    completion_tokens=event.completion_tokens,
+                )
+    finally:
+        await events_close(events)
     raise _stream_ended()
 
 
@@ -46,6 +60,15 @@ async def embeddings_collect(
     events: AsyncIterator[Event], request: EmbeddingRequest, *, model: str, on_end: OnEnd
 ) -> bytes:
     """Return an embeddings body, or raise the ApiError the request ended with."""
+    try:
+        return await _embeddings_body(events, request, model=model, on_end=on_end)
+    finally:
+        await events_close(events)
+
+
+async def _embeddings_body(
+    events: AsyncIterator[Event], request: EmbeddingRequest, *, model: str, on_end: OnEnd
+) -> bytes:
     vectors: Embeddings | None = None
     async for event in events:
         if isinstance(event, Embeddings):

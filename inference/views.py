@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -35,7 +36,7 @@ from inference.params import (
 )
 from inference.redis_client import UNREACHABLE
 from inference.replies import entry_id_parse
-from inference.results import OnEnd, completion_collect, embeddings_collect
+from inference.results import OnEnd, completion_collect, embeddings_collect, events_close
 from inference.services import (
     dispatch_get,
     embedding_submit,
@@ -97,9 +98,7 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                 ).response()
             except Exception:
                 log.exception("unhandled error in %s", request.path)
-                response = ApiError(
-                    500, "internal_error", "The platform failed to handle this request."
-                ).response()
+                response = _internal_error().response()
             principal = request.META.get(_PRINCIPAL)
             if principal is not None and "x-ratelimit-limit-requests" not in response:
                 # Every response to a known tenant says where its limits stand.
@@ -120,6 +119,10 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
         return wrapper
 
     return decorate
+
+
+def _internal_error() -> ApiError:
+    return ApiError(500, "internal_error", "The platform failed to handle this request.")
 
 
 def json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
@@ -414,11 +417,25 @@ async def _sse(
     (`GET /v1/requests/{id}/stream` with `Last-Event-ID`). Tenants whose output is filtered
     get no ids: their text is held back, so the stream's position is not theirs.
     """
+    ended = False
     try:
         async for chunk in _sse_chunks(events, include_usage, formatter, on_end, clock, first):
+            ended = chunk is DONE
             yield chunk if cursor is None else b"id: " + cursor.last.encode() + b"\n" + chunk
         clock.lap("relay")
+    except (asyncio.CancelledError, GeneratorExit):
+        raise  # the client is gone: nobody is left to tell
+    except BaseException as exc:
+        # Whatever broke mid-stream, the client still gets one terminal event; the request,
+        # if it still runs, is cancelled as its events are closed below.
+        log.error("the stream of %s failed", formatter.id, exc_info=True)
+        if not ended:
+            yield error_chunk(_internal_error().body())
+            yield DONE
+        if not isinstance(exc, Exception):
+            raise
     finally:
+        await events_close(events)
         clock.finish()
 
 

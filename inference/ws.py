@@ -31,6 +31,7 @@ from inference import relay
 from inference.auth import Principal, authenticate
 from inference.errors import ApiError
 from inference.params import CHAT, COMPLETIONS, body_problem, generation_parse
+from inference.results import events_close
 from inference.services import (
     dispatch_get,
     generation_submit,
@@ -204,17 +205,23 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):
                 await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
             return
-        started = {
-            "type": "started",
-            "id": client_id,
-            "request_id": submitted.job.request_id,
-            "model": submitted.route.served_name,
-        }
-        if submitted.cache is not None:
-            started["cache"] = "hit" if submitted.cache.hit else "miss"
-        await self._send(started)
+        except BaseException as exc:
+            # Admission settled whatever it had taken; the client still hears that it ended.
+            await self._failed(client_id, exc, ended=False)
+            return
+        ended = False
+        events = relay.events(dispatch_get(), submitted)
         try:
-            async for event in relay.events(dispatch_get(), submitted):
+            started = {
+                "type": "started",
+                "id": client_id,
+                "request_id": submitted.job.request_id,
+                "model": submitted.route.served_name,
+            }
+            if submitted.cache is not None:
+                started["cache"] = "hit" if submitted.cache.hit else "miss"
+            await self._send(started)
+            async for event in events:
                 if isinstance(event, Delta):
                     await self._send(
                         {
@@ -225,6 +232,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                         }
                     )
                 elif isinstance(event, Finished):
+                    ended = True
                     request_ended(submitted, event)
                     await self._send(
                         {
@@ -239,12 +247,29 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                         }
                     )
                 elif isinstance(event, Failed):
+                    ended = True
                     request_ended(submitted, event)
                     await self._error(client_id, request_failure(event))
         except asyncio.CancelledError:
             # A cancel message or a closed socket: relay.events cancels the request itself.
+            await events_close(events)
+            if not ended:
+                with contextlib.suppress(Exception):
+                    await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
+        except BaseException as exc:
+            # Closing the events cancels the request if it still runs; its end settles it.
+            await events_close(events)
+            await self._failed(client_id, exc, ended=ended)
+
+    async def _failed(self, client_id: str, exc: BaseException, *, ended: bool) -> None:
+        """End a request's id with one `error` frame whatever broke, unless it has ended."""
+        log.error("websocket request %s failed", client_id, exc_info=exc)
+        if not ended:
+            error = ApiError(500, "internal_error", "The platform failed to handle this request.")
             with contextlib.suppress(Exception):
-                await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
+                await self._error(client_id, error)
+        if not isinstance(exc, Exception):
+            raise exc
 
     async def _error(self, client_id: str | None, exc: ApiError) -> None:
         await self._send({"type": "error", "id": client_id, **exc.body()})
