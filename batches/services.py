@@ -22,6 +22,7 @@ from batches.models import (
     FilePurpose,
     LineState,
 )
+from config.json_body import BodyProblem, json_check
 from inference.errors import ApiError, invalid
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
 from tenants.models import ApiKey
@@ -36,9 +37,6 @@ ENDPOINTS = {
 # At most five ASCII digits: 168h is 10080m, and the column holds eight characters.
 _WINDOW = re.compile(r"([0-9]{1,5})([mh])")
 MAX_WINDOW = dt.timedelta(days=7)
-# Far deeper than any request (a tool's JSON schema included) and far from Python's recursion
-# limit, which a deeper body would hit wherever it is copied, encoded or stored.
-MAX_BODY_DEPTH = 64
 
 
 def _file_lines(content: bytes) -> int:
@@ -185,7 +183,10 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
     body = line.get("body")
     if not isinstance(body, dict):
         raise invalid("body", "'body' must be a JSON object.", "invalid_body")
-    _body_check(body)
+    try:
+        json_check(body, root="body")
+    except BodyProblem as exc:
+        raise ApiError(400, exc.code, exc.message, param=exc.param) from None
     if body.get("stream"):
         raise invalid("body.stream", "Batch requests cannot stream.", "unsupported_parameter")
     kind = ENDPOINTS[endpoint]
@@ -203,25 +204,6 @@ def _unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _body_check(body: dict[str, Any]) -> None:
-    """Refuse a body nested too deeply, or holding text that is not Unicode (a lone surrogate).
-
-    Either would pass the request's own checks and fail later, where it is encoded to run.
-    """
-    stack: list[tuple[Any, int]] = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_BODY_DEPTH:
-            raise invalid("body", f"'body' is nested more than {MAX_BODY_DEPTH} levels deep.")
-        if isinstance(value, dict):
-            stack.extend((k, depth) for k in value)
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
-        elif isinstance(value, str) and not _unicode(value):
-            raise invalid("body", "'body' holds a lone surrogate (such as \\ud800), not text.")
 
 
 def _custom_id_of(raw: str) -> str:
