@@ -495,7 +495,7 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
         or where.tenant_id != principal.tenant_id
         or where.endpoint not in (CHAT, COMPLETIONS)
     ):
-        raise ApiError(404, "request_not_found", f"No recent stream '{target}'.", param="id")
+        raise ApiError(404, "request_not_found", f"No recent stream '{shown(target)}'.", param="id")
     after = request.headers.get("Last-Event-ID", "").strip() or "0-0"
     try:
         entry_id_parse(after)
@@ -563,7 +563,9 @@ async def request_cancel(request: HttpRequest, request_id: str, target: str) -> 
     rid = target.removeprefix("chatcmpl-").removeprefix("cmpl-")
     where = await dispatch.whereabouts(rid)
     if where is None or where.tenant_id != principal.tenant_id:
-        raise ApiError(404, "request_not_found", f"No recent request '{target}'.", param="id")
+        raise ApiError(
+            404, "request_not_found", f"No recent request '{shown(target)}'.", param="id"
+        )
     cancelled = await dispatch.cancel_by_id(where=where, request_id=rid)
     return json_response(
         {"id": rid, "object": "request", "status": "cancelling" if cancelled else "finished"}

@@ -1,0 +1,355 @@
+"""Hostile input against every /v1 endpoint and the WebSocket protocol, over the real server.
+
+Hypothesis picks an endpoint, one field of an otherwise valid request and a hostile value for it
+(lone surrogates, NULs, deep nesting, huge numbers and strings, wrong types) or a hostile header
+(huge, malformed ids, odd deadlines). Every answer must be a success or an OpenAI-shaped 4xx
+with a short message, never a 5xx, and come back before the client's deadline. Afterwards the
+fuzzing tenant's next normal requests are served in full: nothing it sent leaked a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenants.services import api_key_issue, tenant_create
+from tests.conftest import ALIAS
+
+TENANT = "oscorp"
+CONCURRENCY = 2  # small, so one leaked slot shows in the requests after the fuzzing
+DEADLINE = 60.0  # seconds: an answer later than this is a hang
+MAX_MESSAGE = 400  # characters an error message may have; inputs are never echoed whole
+FUZZ = settings(
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """JSON text sent as it is (what json.dumps cannot write: deep nesting, huge numbers)."""
+
+    text: str
+
+
+DEEP = 10_000
+HOSTILE = [
+    "\ud800",
+    "a\udfffb",
+    "\x00",
+    "nul\x00inside",
+    "\u202e\u0000\ufeff",
+    "x" * 100_000,
+    "😀" * 2_000,
+    "",
+    " ",
+    -1,
+    0,
+    2**64,
+    -(2**63) - 1,
+    1e308,
+    3.5,
+    True,
+    None,
+    [],
+    {},
+    ["\ud800"],
+    [{"\ud800": "\ud800"}],
+    list(range(5_000)),
+    Raw("1" + "0" * 5_000),
+    Raw("1e400"),
+    Raw("-1e400"),
+    Raw("[" * DEEP + "]" * DEEP),
+    Raw('{"a":' * DEEP + "1" + "}" * DEEP),
+    Raw('"\\ud800"'),
+    Raw('"\\udc00\\ud800"'),
+    Raw('"\\u0000"'),
+]
+MISSING = object()  # the field is left out
+
+
+def _chat() -> dict[str, Any]:
+    return {
+        "model": ALIAS,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "stop": ["END"],
+    }
+
+
+def _completion() -> dict[str, Any]:
+    return {"model": ALIAS, "prompt": "The yard", "max_tokens": 4}
+
+
+# endpoint -> (a valid body, the paths of the fields to spoil: dotted, ints index lists)
+BODIES: dict[str, tuple[Any, list[str]]] = {
+    "/v1/chat/completions": (
+        _chat,
+        [
+            "model",
+            "messages",
+            "messages.0",
+            "messages.0.content",
+            "messages.0.role",
+            "messages.0.name",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "stop",
+            "stop.0",
+            "user",
+            "seed",
+            "n",
+            "stream",
+            "stream_options",
+            "logit_bias",
+            "response_format",
+            "an_unknown_field",
+            "",
+        ],
+    ),
+    "/v1/completions": (
+        _completion,
+        ["model", "prompt", "max_tokens", "stop", "user", "echo", "best_of", "suffix", ""],
+    ),
+    "/v1/embeddings": (
+        lambda: {"model": ALIAS, "input": "hello"},
+        ["model", "input", "input.0", "encoding_format", "dimensions", "user", ""],
+    ),
+    "/v1/batches": (
+        lambda: {
+            "input_file_id": "file-doesnotexist",
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+        ["input_file_id", "endpoint", "completion_window", "metadata", ""],
+    ),
+}
+HOSTILE_HEADERS = [
+    ("Idempotency-Key", "k" * 8_000),
+    ("x-request-timeout", "nan"),
+    ("x-request-timeout", "1e400"),
+    ("x-request-timeout", "-1"),
+    ("x-request-timeout", "9" * 400),
+    ("traceparent", "00-" + "f" * 4_000),
+    ("Content-Type", "text/plain"),
+    ("Authorization", "Bearer sy-" + "a" * 8_000),
+    ("Authorization", "Bearer " + "\u00e9" * 50),
+]
+# Bytes no header value may hold (RFC 9110): the HTTP server refuses the request before the
+# platform sees it, with its own plain 400.
+PROTOCOL_VIOLATIONS = [
+    ("Idempotency-Key", "\x7f" * 10),
+    ("Authorization", "Bearer sy-\x01"),
+    ("x-request-timeout", "1\x00"),
+]
+HOSTILE_EVENT_IDS = [
+    "99999999999999999999-99999999999999999999",
+    "18446744073709551616-0",
+    "18446744073709551615-18446744073709551615",
+    "-1-0",
+    "1-",
+    "0-0" * 1_000,
+    "1.5-2",
+]
+
+
+def _spoil(body: Any, path: str, value: Any) -> Any:
+    """Set (or remove) one field of a body given its dotted path; '' replaces the whole body."""
+    if path == "":
+        return value
+    *parents, last = path.split(".")
+    node = body
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    key: Any = int(last) if isinstance(node, list) else last
+    if value is MISSING:
+        if isinstance(node, dict):
+            node.pop(key, None)
+    else:
+        node[key] = value
+    return body
+
+
+def _encode(body: Any) -> bytes:
+    """Write a body as JSON, each Raw value as its own text (surrogates kept as escapes)."""
+    raws: list[str] = []
+
+    def placeholder(value: Any) -> Any:
+        if isinstance(value, Raw):
+            raws.append(value.text)
+            return f"@@raw{len(raws) - 1}@@"
+        if isinstance(value, dict):
+            return {k: placeholder(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [placeholder(v) for v in value]
+        return value
+
+    text = json.dumps(placeholder(body))
+    for index, raw in enumerate(raws):
+        text = text.replace(f'"@@raw{index}@@"', raw)
+    return text.encode()
+
+
+def _check_answer(response: httpx.Response, what: str) -> None:
+    assert response.status_code < 500, (what, response.status_code, response.text[:500])
+    if response.status_code < 400:
+        return
+    assert response.headers.get("content-type") == "application/json", (what, response.text[:200])
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"], what
+    assert len(error["message"]) <= MAX_MESSAGE, (what, error["message"][:500])
+    assert {"type", "code", "param"} <= set(error), (what, error)
+
+
+@dataclass(frozen=True)
+class Fuzzing:
+    key: str
+    base_url: str
+
+
+@pytest.fixture(scope="module")
+def fuzzing(stack: Any, django_db_blocker: Any) -> Fuzzing:
+    with django_db_blocker.unblock():
+        tenant = tenant_create(slug=TENANT)
+        quota = tenant.quota
+        quota.max_concurrency = CONCURRENCY
+        quota.requests_per_minute = 100_000
+        quota.tokens_per_minute = 10_000_000
+        quota.max_tokens_per_request = 8
+        quota.save()
+        key = api_key_issue(tenant=tenant, name="hostile").token
+    return Fuzzing(key=key, base_url=stack.base_url)
+
+
+@pytest.fixture(scope="module")
+def http(fuzzing: Fuzzing) -> Any:
+    headers = {"Authorization": f"Bearer {fuzzing.key}"}
+    with httpx.Client(base_url=fuzzing.base_url, headers=headers, timeout=DEADLINE) as client:
+        yield client
+
+
+@st.composite
+def _spoiled_requests(draw: Any) -> tuple[str, str, bytes]:
+    endpoint = draw(st.sampled_from(sorted(BODIES)))
+    make, paths = BODIES[endpoint]
+    path = draw(st.sampled_from(paths))
+    value = draw(st.sampled_from([*HOSTILE, MISSING]) if path else st.sampled_from(HOSTILE))
+    body = _spoil(make(), path, value)
+    return endpoint, path, _encode(body) if body is not MISSING else b""
+
+
+@FUZZ
+@given(request=_spoiled_requests())
+def test_a_hostile_field_is_answered_with_a_short_4xx_or_served(
+    request: tuple[str, str, bytes], http: httpx.Client
+) -> None:
+    endpoint, path, body = request
+    response = http.post(endpoint, content=body, headers={"Content-Type": "application/json"})
+    _check_answer(response, f"{endpoint} {path or 'body'}: {body[:80]!r}")
+
+
+@FUZZ
+@given(header=st.sampled_from(HOSTILE_HEADERS), endpoint=st.sampled_from(sorted(BODIES)))
+def test_a_hostile_header_is_answered_with_a_short_4xx_or_served(
+    header: tuple[str, str], endpoint: str, http: httpx.Client
+) -> None:
+    name, value = header
+    make, _ = BODIES[endpoint]
+    # Sent as UTF-8 bytes: a client may put any byte a header allows, not only ASCII.
+    response = http.post(endpoint, content=_encode(make()), headers={name: value.encode()})
+    _check_answer(response, f"{endpoint} {name}: {value[:40]!r}")
+
+
+@pytest.mark.parametrize(("name", "value"), PROTOCOL_VIOLATIONS)
+def test_a_header_no_http_allows_is_refused_by_the_server(
+    name: str, value: str, http: httpx.Client
+) -> None:
+    response = http.post("/v1/chat/completions", json=_chat(), headers={name: value.encode()})
+    assert response.status_code == 400, response.text[:200]
+
+
+def test_hostile_resume_positions_and_ids_are_4xx(http: httpx.Client) -> None:
+    started = http.post("/v1/chat/completions", json={**_chat(), "stream": True})
+    assert started.status_code == 200, started.text
+    rid = started.headers["x-request-id"]
+    for event_id in HOSTILE_EVENT_IDS:
+        response = http.get(f"/v1/requests/{rid}/stream", headers={"Last-Event-ID": event_id})
+        _check_answer(response, f"Last-Event-ID {event_id[:40]}")
+    for target in ("%00", "%ED%A0%80", "x" * 5_000, "..%2F..%2Fetc"):
+        for action in ("stream", "cancel"):
+            method = "GET" if action == "stream" else "POST"
+            response = http.request(method, f"/v1/requests/{target}/{action}")
+            _check_answer(response, f"{action} {target[:40]}")
+            assert response.status_code == 404 or response.status_code < 500
+
+
+async def _ws_frames(url: str, key: str, frames: list[str]) -> list[dict[str, Any]]:
+    """Send frames on one socket and return one answer each (errors or a request's end)."""
+    answers = []
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+        for frame in frames:
+            await ws.send(frame)
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), DEADLINE))
+                if message["type"] in ("error", "finished"):
+                    answers.append(message)
+                    break
+    return answers
+
+
+def _ws_request(body: Any) -> str:
+    return '{"type":"request","id":"f","endpoint":"chat.completions","body":' + body + "}"
+
+
+async def test_hostile_websocket_frames_get_error_frames_and_the_socket_still_serves(
+    fuzzing: Fuzzing,
+) -> None:
+    frames = [
+        "",
+        "not json",
+        "[" * DEEP + "]" * DEEP,
+        '{"type":"request","id":' + "[" * DEEP + "]" * DEEP + "}",
+        '{"type":"request","id":"\\ud800"}',
+        '{"type":"\\ud800","id":"f"}',
+        _ws_request(_encode(_spoil(_chat(), "user", "\ud800")).decode()),
+        _ws_request(_encode(_spoil(_chat(), "stop", ["\ud800"])).decode()),
+        _ws_request(_encode(_spoil(_chat(), "messages.0.content", Raw('"\\ud800"'))).decode()),
+        _ws_request(_encode(_spoil(_chat(), "max_tokens", Raw("1" + "0" * 5_000))).decode()),
+        _ws_request('{"a":' * DEEP + "1" + "}" * DEEP),
+    ]
+    url = fuzzing.base_url.replace("http://", "ws://") + "/v1/ws"
+    answers = await _ws_frames(url, fuzzing.key, [*frames, _ws_request(json.dumps(_chat()))])
+    for frame, answer in zip(frames, answers, strict=False):
+        assert answer["type"] == "error", (frame[:60], answer)
+        message = answer["error"]["message"] if "error" in answer else answer.get("message", "")
+        assert len(str(message)) <= MAX_MESSAGE, (frame[:60], answer)
+    assert answers[-1]["type"] == "finished", answers[-1]
+
+
+def test_after_the_fuzzing_the_tenant_is_served_in_full(fuzzing: Fuzzing) -> None:
+    """Every slot the fuzzing took came back: the tenant's whole concurrency serves at once."""
+
+    async def both() -> list[int]:
+        headers = {"Authorization": f"Bearer {fuzzing.key}"}
+        async with httpx.AsyncClient(
+            base_url=fuzzing.base_url, headers=headers, timeout=DEADLINE
+        ) as client:
+            answers = await asyncio.gather(
+                *(client.post("/v1/chat/completions", json=_chat()) for _ in range(CONCURRENCY))
+            )
+        return [a.status_code for a in answers]
+
+    assert asyncio.run(both()) == [200] * CONCURRENCY
+    readiness = httpx.get(f"{fuzzing.base_url}/readyz", timeout=DEADLINE)
+    assert readiness.status_code == 200, readiness.text
