@@ -151,7 +151,6 @@ HOSTILE_HEADERS = [
 PROTOCOL_VIOLATIONS = [
     ("Idempotency-Key", "\x7f" * 10),
     ("Authorization", "Bearer sy-\x01"),
-    ("x-request-timeout", "1\x00"),
 ]
 HOSTILE_EVENT_IDS = [
     "99999999999999999999-99999999999999999999",
