@@ -71,6 +71,7 @@ bench: $(STAMP)
 	$(PY) bench/prefix_cache.py
 	$(PY) bench/output_filter.py
 	$(PY) bench/gateway_overhead.py
+	$(PY) bench/bad_input_flood.py
 	-$(PY) bench/soak.py  # exits 1 when a bound fails; the summary still runs
 	$(PY) bench/summary.py
 
