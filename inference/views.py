@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from config.json_body import shown
@@ -94,6 +94,16 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
                     503,
                     "service_unavailable",
                     "The platform cannot reach its queue store right now; retry shortly.",
+                    retry_after=1,
+                ).response()
+            except (OperationalError, InterfaceError):
+                # PostgreSQL is down or restarting and this request needed what no cache held
+                # (a key, route or model list older than its TTL and grace): the same fast 503.
+                log.warning("the database is unreachable (%s)", request.path)
+                response = ApiError(
+                    503,
+                    "service_unavailable",
+                    "The platform cannot reach its database right now; retry shortly.",
                     retry_after=1,
                 ).response()
             except Exception:

@@ -56,3 +56,18 @@ async def test_the_model_list_is_served_from_the_cache_while_postgres_is_down(wo
     assert during.status_code == 200, during.content
     assert during.json() == before.json()
     assert ALIAS in [model["id"] for model in during.json()["data"]]
+
+
+async def test_what_no_cache_holds_is_a_fast_503_while_postgres_is_down(world, monkeypatch):
+    """A key never seen before needs the database: with it down that is a 503, not a 500."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+    monkeypatch.setattr(db, "_fresh", refused)
+    response = await AsyncClient().get(
+        "/v1/models", headers={"Authorization": f"Bearer {world.globex_key}"}
+    )
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert int(response["Retry-After"]) >= 1
