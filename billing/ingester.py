@@ -19,6 +19,7 @@ from django.db import DatabaseError
 
 from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
+from inference.background import loop_failed, loop_ok, supervise
 from inference.db import db_call
 from inference.dispatch import Dispatch
 from inference.quotas import MICROS, Quotas, Usage
@@ -79,6 +80,12 @@ class Ingester:
         self._stopping.set()
 
     async def run(self) -> None:
+        """Ingest until stopped; the loop starts again after any failure (see background)."""
+        await supervise("ingester", self._run)
+        if self._finishing is not None:
+            await self._finishing  # stopping: the last batch is settled and acknowledged first
+
+    async def _run(self) -> None:
         # While one batch is settled and acknowledged in Redis, the next is read and written
         # to PostgreSQL: two stages, one batch each, so neither server waits for the other.
         outage = Outage("ingesting usage", log)
@@ -86,6 +93,7 @@ class Ingester:
             try:
                 await self._step()
                 outage.ok()
+                loop_ok("ingester")
             except UNREACHABLE as exc:
                 # Leases lapse while Redis is down though their workers live; the workers renew
                 # them within a quarter lease of its return, so reaping waits a whole lease.
@@ -100,17 +108,13 @@ class Ingester:
                 log.error("usage consumer groups are gone; creating them again")
                 self._deployments_at = 0.0
                 self._deployments = []
-        if self._finishing is not None:
-            await self._finishing  # stopping: the last batch is settled and acknowledged first
 
     async def _step(self) -> None:
         """Reap when due, then read a batch of usage events and record it."""
         deployments = await self._refresh_deployments()
         if time.monotonic() >= self._reap_at:
             self._reap_at = time.monotonic() + 1.0
-            if self._finishing is not None:
-                await self._finishing
-                self._finishing = None
+            await self._finished()
             await self._reap(deployments)
         entries = await self.dispatch.read_usage(
             deployments=deployments, consumer=self.consumer, count=BATCH, block_ms=500
@@ -120,13 +124,21 @@ class Ingester:
                 await asyncio.sleep(0.5)
             return
         recorded = await self._record(entries)
-        if self._finishing is not None:
-            await self._finishing
+        await self._finished()
         self._finishing = asyncio.create_task(self._finish(entries, recorded))
         if len(entries) < BATCH:
             # Let a few more events gather: one insert per fraction of a second instead of
             # one per request keeps the ingester's CPU off the machine's hot path.
             await asyncio.sleep(GATHER_SECONDS)
+
+    async def _finished(self) -> None:
+        """Wait for the batch being settled; if that failed, raise it here, once.
+
+        A batch left unacknowledged by a failure is taken over as stale and recorded once.
+        """
+        finishing, self._finishing = self._finishing, None
+        if finishing is not None:
+            await finishing
 
     async def _refresh_deployments(self) -> list[str]:
         if time.monotonic() - self._deployments_at > 5.0:
@@ -145,6 +157,7 @@ class Ingester:
         return self._deployments
 
     async def _reap(self, deployments: list[str]) -> None:
+        reaped = True
         for name in deployments:
             try:
                 reclaimed = await self.dispatch.reclaim_expired(deployment=name)
@@ -158,8 +171,12 @@ class Ingester:
                 )
                 if stale:
                     await self._ingest(stale)
-            except Exception:
-                log.exception("reaping %s failed", name)
+            except Exception as exc:
+                # One deployment's failure does not hold up the others' reaping.
+                loop_failed("reaper", exc)
+                reaped = False
+        if reaped:
+            loop_ok("reaper")
 
     async def _ingest(self, entries: list[tuple[str, str, UsageEvent]]) -> None:
         await self._finish(entries, await self._record(entries))

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inference.background import loop_ok
+
 log = logging.getLogger(__name__)
 
 # The input length the SLO arithmetic assumes (tokens): a sentence or two.
@@ -123,6 +125,7 @@ class DynamicBatcher:
         self._arrived = asyncio.Event()
         self._last_arrival = 0.0
         self._busy_until = 0.0  # when the batch being computed should end (estimate)
+        self._computing: list[_Input] = []
         self.batches = 0
         self.batched_inputs = 0
 
@@ -199,7 +202,17 @@ class DynamicBatcher:
                 continue
             batch = self._take()
             if batch:
+                self._computing = batch
                 await self._compute(batch)
+                self._computing = []
+                loop_ok("batcher")
+
+    def fail_waiting(self, exc: BaseException) -> None:
+        """End every request waiting on this batcher with an error (its loop failed)."""
+        error = RuntimeError(f"the dynamic batcher failed: {type(exc).__name__}")
+        for item in [*self._computing, *self._pending]:
+            self._fail(item.owner, error)
+        self._computing = []
 
     def _wait_for_more(self) -> float:
         """Seconds worth waiting for a fuller batch now; 0 to run at once."""

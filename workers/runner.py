@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.background import loop_failed, loop_ok, supervise
 from inference.dispatch import Dispatch, cancel_channel, handoff_channel, usage_for
 from inference.redis_client import UNREACHABLE, Outage
 from inference.tracing import bind
@@ -345,10 +346,15 @@ class Worker(abc.ABC):
         `on_draining` once it stops claiming.
         """
         await self.dispatch.ensure_groups(self.deployment)
+        # Each loop starts again if it fails (inference.background): a worker whose heartbeat
+        # or flusher died would keep claiming jobs whose leases lapse or whose events never go.
         helpers = [
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-            asyncio.create_task(self._cancel_listener(), name="cancels"),
-            asyncio.create_task(self._flush_loop(), name="flush"),
+            asyncio.create_task(supervise(name, loop), name=name)
+            for name, loop in (
+                ("heartbeat", self._heartbeat_loop),
+                ("cancels", self._cancel_listener),
+                ("flush", self._flush_loop),
+            )
         ]
         try:
             await self.dispatch.heartbeat(
@@ -359,25 +365,32 @@ class Worker(abc.ABC):
             )
             if on_ready is not None:
                 await on_ready()
-            await self._claim_loop()
+            await supervise("claim", self._claim_loop)
             await self._handoffs_return()
             if on_draining is not None:
                 await on_draining()
             await self._finish_in_flight()
         finally:
-            await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
-            # The flusher may be mid-write with the last requests' ends: let it finish its
-            # final round rather than cancel it, or those requests would never end.
-            self._closing.set()
-            self._outbox.ready.set()
-            flusher = helpers.pop()
-            await asyncio.wait([flusher], timeout=10)
-            await self._flush_once()
-            # A cancellation that lands as a Redis read times out can be swallowed (asyncio
-            # on 3.11), so the loops also check the closing flag rather than trusting cancel.
-            for task in helpers:
-                task.cancel()
-            await asyncio.wait(helpers, timeout=5)
+            try:
+                await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
+            finally:
+                await self._helpers_stop(helpers)
+
+    async def _helpers_stop(self, helpers: list[asyncio.Task[None]]) -> None:
+        """Stop the worker's loops, whatever state they are in, then write what is left."""
+        # The flusher may be mid-write with the last requests' ends: let it finish its final
+        # round rather than cancel it, or those requests would never end.
+        self._closing.set()
+        self._outbox.ready.set()
+        await asyncio.wait([helpers[-1]], timeout=10)
+        # Then every loop is cancelled, even one that keeps failing (a flusher whose writes
+        # Redis refuses): none may outlive its worker. A cancellation that lands as a Redis
+        # read times out can be swallowed (asyncio on 3.11), so the loops also check the
+        # closing flag rather than trusting cancel.
+        for task in helpers:
+            task.cancel()
+        await asyncio.wait(helpers, timeout=5)
+        await self._flush_once()
 
     async def _handoffs_return(self) -> None:
         """Put back in the queue the jobs handed to this worker that it will not take."""
@@ -409,6 +422,7 @@ class Worker(abc.ABC):
             try:
                 await self._claim_round()
                 outage.ok()
+                loop_ok("claim")
             except UNREACHABLE as exc:
                 # Running jobs go on; what a claim took in a reply that never came back is
                 # requeued by the reaper when its lease lapses.
@@ -556,12 +570,14 @@ class Worker(abc.ABC):
             try:
                 await self._flush_once(urgent_only=urgent_only, share=share)
                 outage.ok()
+                loop_ok("flush")
             except UNREACHABLE as exc:
                 # Kept and written again when Redis is back: the ends (and usage) of requests
                 # that finished during an outage are not lost, and their clients get them.
                 await asyncio.sleep(outage.failed(exc))
-            except Exception:
-                log.exception("could not publish events")
+            except Exception as exc:
+                # What failed to be written is kept and written again, as above.
+                loop_failed("flush", exc)
                 await asyncio.sleep(0.1)
             if self._closing.is_set() and not self._outbox.items:
                 return
@@ -581,21 +597,38 @@ class Worker(abc.ABC):
         items = self._outbox.take(urgent_only=urgent_only, share=share)
         if not items:
             return
+        commands: list[int] = []  # how many commands each item queued
         try:
             async with self.dispatch.redis.pipeline(transaction=False) as pipe:
                 for job, event, usage, charged in items:
+                    queued = len(pipe.command_stack)
                     if usage is None:
                         self.dispatch.publish_into(pipe, job=job, events=[event])
                     else:
                         await self.dispatch.finalize_into(
                             pipe, job=job, terminal=event, usage=usage, charged=charged
                         )
-                await pipe.execute()
-        except UNREACHABLE:
+                    commands.append(len(pipe.command_stack) - queued)
+                results = await pipe.execute(raise_on_error=False)
+        except BaseException:
             # Finishing is exactly-once (a marker per request), so writing an end again after
             # a write that broke half-way cannot bill twice.
             self._outbox.restore(items)
             raise
+        # A command Redis refused fails only its own item, which is written again; the rest
+        # went out and are not written twice.
+        failed: list[tuple[Job, Event, UsageEvent | None, bool]] = []
+        first_error: Exception | None = None
+        at = 0
+        for item, count in zip(items, commands, strict=True):
+            errors = [r for r in results[at : at + count] if isinstance(r, Exception)]
+            at += count
+            if errors:
+                failed.append(item)
+                first_error = first_error or errors[0]
+        if first_error is not None:
+            self._outbox.restore(failed)
+            raise first_error
 
     async def _heartbeat_loop(self) -> None:
         interval = max(self.lease_seconds / 4, 0.25)
@@ -617,13 +650,14 @@ class Worker(abc.ABC):
                     self.retire()
                 await self.engine.health()
                 outage.ok()
+                loop_ok("heartbeat")
             except asyncio.CancelledError:
                 raise
             except UNREACHABLE as exc:
                 # Beat again soon: the first beat after an outage renews the running leases.
                 pause = min(interval, outage.failed(exc))
-            except Exception:
-                log.exception("heartbeat failed")
+            except Exception as exc:
+                loop_failed("heartbeat", exc)
             cutoff = time.monotonic() - 60
             self._recent_cancels = {r: t for r, t in self._recent_cancels.items() if t > cutoff}
             await asyncio.sleep(pause)
@@ -634,6 +668,7 @@ class Worker(abc.ABC):
             try:
                 handoffs = handoff_channel(self.deployment, self.worker_id)
                 await pubsub.subscribe(cancel_channel(self.deployment), handoffs)
+                loop_ok("cancels")
                 while not self._closing.is_set():
                     message = await pubsub.get_message(timeout=1.0)
                     if message is None:
@@ -644,12 +679,12 @@ class Worker(abc.ABC):
                         self._on_cancel(message["data"])
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 if self._closing.is_set():
                     return
                 # Claim-time checks of the cancel flags still catch what a gap here misses, and
                 # the claim loop's short waits the jobs handed to this worker.
-                log.exception("cancel listener lost its connection; resubscribing")
+                loop_failed("cancels", exc)
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
@@ -779,7 +814,10 @@ class EncoderWorker(Worker):
         on_ready: Callable[[], Awaitable[None]] | None = None,
         on_draining: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        batching = asyncio.create_task(self.batcher.run(), name="batcher")
+        batching = asyncio.create_task(
+            supervise("batcher", self.batcher.run, on_failure=self.batcher.fail_waiting),
+            name="batcher",
+        )
         try:
             await super().run(on_ready=on_ready, on_draining=on_draining)
         finally:

@@ -1,0 +1,187 @@
+"""A worker's long-lived loops start again when they fail, against a real Valkey server."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aredis
+from django.conf import settings
+from prometheus_client import REGISTRY
+
+from inference.background import loops_failing, supervise
+from inference.dispatch import Dispatch, reply_key
+from inference.types import Delta, Job, Sampling, Started
+from workers.batcher import CostModel, DynamicBatcher
+from workers.runner import Worker
+
+
+def _failures(loop: str) -> float:
+    return REGISTRY.get_sample_value("switchyard_loop_failures_total", {"loop": loop}) or 0.0
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def _read(dispatch: Dispatch, deployment: str, request_id: str, *, count: int) -> list:
+    """A request's reply events from its start, once `count` are there (10 s at most)."""
+    seen: list = []
+    deadline = time.monotonic() + 10
+    while len(seen) < count and time.monotonic() < deadline:
+        after = seen[-1][0] if seen else "0-0"
+        seen += await dispatch.read_events(
+            deployment=deployment, request_id=request_id, after=after, block_ms=1000
+        )
+    return seen
+
+
+class _Engine:
+    async def health(self) -> None:
+        return None
+
+    def kv_cache_usage(self) -> float | None:
+        return 0.0
+
+
+class _IdleWorker(Worker):
+    """A worker whose queue stays empty: only its own loops run."""
+
+    async def _serve(self, job: Job) -> None:
+        raise AssertionError("nothing is queued")
+
+
+@pytest.fixture
+async def dispatch():
+    client = aredis.Redis.from_url(settings.REDIS_URL)
+    yield Dispatch(client, reply_ttl=60)
+    await client.aclose()
+
+
+def _worker(dispatch: Dispatch, deployment: str) -> _IdleWorker:
+    return _IdleWorker(
+        deployment=deployment,
+        engine=_Engine(),
+        dispatch=dispatch,
+        worker_id=uuid.uuid4().hex[:8],
+        capacity=1,
+        lease_seconds=1.0,
+    )
+
+
+def _job(deployment: str) -> Job:
+    now = time.time()
+    return Job(
+        request_id=uuid.uuid4().hex,
+        tenant_id=1,
+        api_key_id=1,
+        deployment=deployment,
+        model_version="v",
+        endpoint="completions",
+        prompt_token_ids=[1, 2, 3],
+        sampling=Sampling(max_tokens=8),
+        enqueued_at=now,
+        deadline=now + 60,
+    )
+
+
+async def test_a_heartbeat_that_fails_is_counted_and_beats_again(dispatch, monkeypatch):
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    worker = _worker(dispatch, deployment)
+    before = _failures("heartbeat")
+    real = dispatch.heartbeat
+    beats = 0
+
+    async def heartbeat(**kwargs: Any) -> bool:
+        nonlocal beats
+        beats += 1
+        if beats == 2:  # the heartbeat loop's first beat (run() beats once itself)
+            raise RuntimeError("injected failure")
+        return await real(**kwargs)
+
+    monkeypatch.setattr(dispatch, "heartbeat", heartbeat)
+    running = asyncio.create_task(worker.run())
+    try:
+        await _until(lambda: beats >= 4)
+        assert _failures("heartbeat") == before + 1
+        assert not loops_failing("heartbeat")
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 20)
+
+
+async def test_events_redis_refuses_are_written_again_and_do_not_hold_back_others(dispatch):
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    worker = _worker(dispatch, deployment)
+    refused, other = _job(deployment), _job(deployment)
+    # A key of the wrong type: Redis refuses the XADD of the refused job's events (WRONGTYPE).
+    await dispatch.redis.set(reply_key(deployment, refused.request_id), "in the way")
+    before = _failures("flush")
+    running = asyncio.create_task(worker.run())
+    try:
+        worker._outbox.put(refused, Started(at=1.0), urgent=True)
+        worker._outbox.put(other, Started(at=1.0), urgent=True)
+        worker._outbox.put(other, Delta(text="hi", tokens=1), urgent=True)
+        seen = await _read(dispatch, deployment, other.request_id, count=2)
+        await _until(lambda: _failures("flush") > before)
+        assert [event for _, event in seen] == [Started(at=1.0), Delta(text="hi", tokens=1)]
+
+        await dispatch.redis.delete(reply_key(deployment, refused.request_id))
+        kept = await _read(dispatch, deployment, refused.request_id, count=1)
+        assert [event for _, event in kept] == [Started(at=1.0)]
+        # Written once each: what went out the first time was not written again.
+        assert await dispatch.redis.xlen(reply_key(deployment, other.request_id)) == 2
+        await _until(lambda: not loops_failing("flush"))
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 20)
+
+
+class _FailingCost(CostModel):
+    """A cost model whose estimate raises while `failing` is set, as a bug in it would."""
+
+    failing = True
+
+    def seconds(self, *, inputs: int, longest: int) -> float:
+        if self.failing:
+            raise ZeroDivisionError("injected failure")
+        return super().seconds(inputs=inputs, longest=longest)
+
+
+async def test_a_failed_batcher_fails_its_waiting_requests_and_serves_the_next():
+    cost = _FailingCost(overhead=0.001, per_token=1e-6)
+    batcher = DynamicBatcher(
+        lambda batch: [struct.pack("<f", len(ids)) for ids in batch],
+        max_batch_size=4,
+        max_queue_delay=0.05,
+        quiet_seconds=0.05,
+        cost=cost,
+    )
+    before = _failures("batcher")
+    running = asyncio.create_task(
+        supervise("batcher", batcher.run, on_failure=batcher.fail_waiting)
+    )
+    try:
+        cost.failing = False  # embed's own admission estimate passes
+        waiting = asyncio.create_task(batcher.embed([[1, 2]], deadline=time.monotonic() + 60))
+        await asyncio.sleep(0)
+        cost.failing = True
+        with pytest.raises(RuntimeError, match="batcher failed"):
+            await asyncio.wait_for(waiting, 10)
+        assert _failures("batcher") >= before + 1
+        cost.failing = False
+        vectors = await asyncio.wait_for(
+            batcher.embed([[1, 2, 3]], deadline=time.monotonic() + 60), 10
+        )
+        assert vectors == [struct.pack("<f", 3)]
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
