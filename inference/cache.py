@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio as aredis
 from django.conf import settings
 
+from inference.background import loop_ok, spawn, supervise
 from inference.db import db_call
 from inference.dispatch import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 
@@ -143,7 +144,8 @@ def _listener_ensure() -> None:
     global _listener
     loop = asyncio.get_running_loop()
     if _listener is None or _listener.done() or _listener.get_loop() is not loop:
-        _listener = loop.create_task(_listen())
+        # Supervised: it subscribes again after any failure, without waiting for a request.
+        _listener = spawn(supervise("changes", _listen), name="changes")
 
 
 async def _listen() -> None:
@@ -152,6 +154,7 @@ async def _listen() -> None:
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
         await pubsub.subscribe(CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL)
+        loop_ok("changes")
         # Messages sent while no listener was subscribed (before this one, or while Redis was
         # away) are lost: whatever is cached may predate them.
         for kind in _caches:
@@ -168,11 +171,6 @@ async def _listen() -> None:
                 revocation_received(data)
             else:
                 change_received(data)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        # The next request starts a new listener; the TTLs bound staleness meanwhile.
-        log.warning("control-plane change listener stopped", exc_info=True)
     finally:
         with contextlib.suppress(Exception):
             await pubsub.aclose()
