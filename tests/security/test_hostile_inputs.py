@@ -266,7 +266,7 @@ def test_a_hostile_header_is_answered_with_a_short_4xx_or_served(
     name, value = header
     make, _ = BODIES[endpoint]
     # Sent as UTF-8 bytes: a client may put any byte a header allows, not only ASCII.
-    response = http.post(endpoint, content=_encode(make()), headers={name: value.encode()})
+    response = http.post(endpoint, content=_encode(make()), headers={name.encode(): value.encode()})
     _check_answer(response, f"{endpoint} {name}: {value[:40]!r}")
 
 
@@ -274,7 +274,9 @@ def test_a_hostile_header_is_answered_with_a_short_4xx_or_served(
 def test_a_header_no_http_allows_is_refused_by_the_server(
     name: str, value: str, http: httpx.Client
 ) -> None:
-    response = http.post("/v1/chat/completions", json=_chat(), headers={name: value.encode()})
+    response = http.post(
+        "/v1/chat/completions", json=_chat(), headers={name.encode(): value.encode()}
+    )
     assert response.status_code == 400, response.text[:200]
 
 
