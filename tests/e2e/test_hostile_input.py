@@ -79,7 +79,7 @@ HOSTILE = [
 @pytest.fixture(scope="module")
 def key(stack: Any, django_db_blocker: Any) -> str:
     with django_db_blocker.unblock():
-        tenant = tenant_create(slug="stark")
+        tenant = tenant_create(slug="stark-hostile")
         tenant.quota.max_concurrency = CONCURRENCY
         tenant.quota.requests_per_minute = 10_000
         tenant.quota.save()

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS
 
-TENANT = "oscorp"
+TENANT = "zorg-hostile"
 CONCURRENCY = 2  # small, so one leaked slot shows in the requests after the fuzzing
 DEADLINE = 60.0  # seconds: an answer later than this is a hang
 MAX_MESSAGE = 400  # characters an error message may have; inputs are never echoed whole
@@ -287,12 +287,27 @@ def test_hostile_resume_positions_and_ids_are_4xx(http: httpx.Client) -> None:
     for event_id in HOSTILE_EVENT_IDS:
         response = http.get(f"/v1/requests/{rid}/stream", headers={"Last-Event-ID": event_id})
         _check_answer(response, f"Last-Event-ID {event_id[:40]}")
-    for target in ("%00", "%ED%A0%80", "x" * 5_000, "..%2F..%2Fetc"):
-        for action in ("stream", "cancel"):
-            method = "GET" if action == "stream" else "POST"
-            response = http.request(method, f"/v1/requests/{target}/{action}")
-            _check_answer(response, f"{action} {target[:40]}")
-            assert response.status_code == 404 or response.status_code < 500
+
+
+HOSTILE_IDS = ["%00", "%ED%A0%80", "%F0%9F%98%80", "x" * 5_000, "..%2F..%2Fetc", "%25", "a%0Ab"]
+ID_PATHS = [
+    ("GET", "/v1/requests/{}/stream"),
+    ("POST", "/v1/requests/{}/cancel"),
+    ("GET", "/v1/models/{}"),
+    ("GET", "/v1/files/{}"),
+    ("DELETE", "/v1/files/{}"),
+    ("GET", "/v1/files/{}/content"),
+    ("GET", "/v1/batches/{}"),
+    ("POST", "/v1/batches/{}/cancel"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ID_PATHS)
+def test_a_hostile_id_in_a_path_is_a_short_4xx(method: str, path: str, http: httpx.Client) -> None:
+    for target in HOSTILE_IDS:
+        response = http.request(method, path.format(target))
+        _check_answer(response, f"{method} {path} {target[:40]}")
+        assert 400 <= response.status_code < 500, (path, target[:40], response.status_code)
 
 
 async def _ws_frames(url: str, key: str, frames: list[str]) -> list[dict[str, Any]]:
