@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from batches.models import Batch, File
+from config.json_body import shown
 from inference.errors import ApiError
 from tenants.models import Tenant
 
@@ -19,7 +20,7 @@ def file_get(*, tenant: Tenant | int, file_id: str) -> File:
     if _comparable(file_id):
         found = File.objects.filter(tenant=tenant, pk=file_id).defer("content").first()
     if found is None:
-        raise ApiError(404, "file_not_found", f"No file '{file_id}'.", param="file_id")
+        raise ApiError(404, "file_not_found", f"No file '{shown(file_id)}'.", param="file_id")
     return found
 
 
@@ -28,7 +29,7 @@ def file_content(*, tenant: Tenant | int, file_id: str) -> tuple[File, bytes]:
     if _comparable(file_id):
         found = File.objects.filter(tenant=tenant, pk=file_id).first()
     if found is None:
-        raise ApiError(404, "file_not_found", f"No file '{file_id}'.", param="file_id")
+        raise ApiError(404, "file_not_found", f"No file '{shown(file_id)}'.", param="file_id")
     return found, bytes(found.content)
 
 
@@ -44,7 +45,7 @@ def batch_get(*, tenant: Tenant | int, batch_id: str) -> Batch:
     if _comparable(batch_id):
         found = Batch.objects.filter(tenant=tenant, pk=batch_id).first()
     if found is None:
-        raise ApiError(404, "batch_not_found", f"No batch '{batch_id}'.", param="batch_id")
+        raise ApiError(404, "batch_not_found", f"No batch '{shown(batch_id)}'.", param="batch_id")
     return found
 
 

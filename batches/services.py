@@ -22,7 +22,7 @@ from batches.models import (
     FilePurpose,
     LineState,
 )
-from config.json_body import BodyProblem, json_check
+from config.json_body import BodyProblem, json_check, shown
 from inference.errors import ApiError, invalid
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
 from tenants.models import ApiKey
@@ -120,7 +120,9 @@ def batch_create(
         raise invalid("metadata", "'metadata' is up to 16 string values of at most 512 chars.")
     file = File.objects.filter(tenant_id=tenant_id, pk=input_file_id).first()
     if file is None:
-        raise ApiError(404, "file_not_found", f"No file '{input_file_id}'.", param="input_file_id")
+        raise ApiError(
+            404, "file_not_found", f"No file '{shown(input_file_id)}'.", param="input_file_id"
+        )
     if file.purpose != FilePurpose.BATCH:
         raise invalid("input_file_id", f"'{file.id}' is not a batch input file.")
     return Batch.objects.create(
