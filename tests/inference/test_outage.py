@@ -26,8 +26,8 @@ async def test_an_unreachable_queue_store_is_a_fast_503_not_a_500(world, setting
     settings.REDIS_URL = f"redis://127.0.0.1:{_closed_port()}/0"
     # This process's data-plane clients are made anew against the dead address, and all of
     # them are put back afterwards (a client left behind would point at the dead address).
-    for client in ("_dispatch", "_quotas", "_idempotency", "_responses"):
-        monkeypatch.setattr(services, client, None)
+    for name in ("_dispatch", "_quotas", "_idempotency", "_responses"):
+        monkeypatch.setattr(services, name, None)
     client = AsyncClient()
     started = time.monotonic()
     response = await client.post(
