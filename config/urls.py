@@ -21,7 +21,7 @@ urlpatterns = [
     path("api/", include("tenants.urls")),
     path("api/", include("models_registry.urls")),
     path("api/finance/", include("billing.urls")),
-    re_path(r"(?s)^api/(?P<path>.*)$", tenants_apis.not_found),
+    re_path(r"^api/(?P<path>[\s\S]*)$", tenants_apis.not_found),
     path("healthz", inference_views.healthz),
     path("readyz", inference_views.readyz),
     path("", RedirectView.as_view(pattern_name="console:home"), name="root"),

@@ -22,6 +22,6 @@ urlpatterns = [
     path("requests/<str:target>/cancel", views.request_cancel),
     path("requests/<str:target>/stream", views.request_stream),
     path("models/<path:name>", views.models_detail),
-    # (?s): a path holding an encoded newline is still one of ours to answer in JSON.
-    re_path(r"(?s)^(?P<path>.*)$", views.not_found),
+    # [\s\S]: a path holding an encoded newline is still one of ours to answer in JSON.
+    re_path(r"^(?P<path>[\s\S]*)$", views.not_found),
 ]
