@@ -42,12 +42,13 @@ def test_responses_that_admit_nothing_still_carry_the_rate_limit_headers(client,
     auth = {"Authorization": f"Bearer {world.acme_key}"}
     invalid = client.post("/v1/completions", json={"model": ALIAS, "prompt": 3}, headers=auth)
     assert invalid.status_code == 400
-    listing = client.get("/v1/models", headers=auth)
     unknown = _completion(client, world.acme_key, model="no-such-model")
     assert unknown.status_code == 404
+    listing = client.get("/v1/models", headers=auth)
     for response in (invalid, listing, unknown):
         assert all(name in response.headers for name in HEADERS), response.headers
-    # Looking takes nothing: the remaining count does not fall between two peeks.
+    # Looking takes nothing: the remaining count does not fall between two peeks. (An
+    # inference request, refused or not, takes a request: none is sent between them.)
     again = client.get("/v1/models", headers=auth)
     remaining = "x-ratelimit-remaining-requests"
     assert int(again.headers[remaining]) >= int(listing.headers[remaining])
