@@ -40,6 +40,8 @@ API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 # The /v1 paths a client may call without a key.
 KEYLESS_PATHS = ("/v1/openapi.json",)
 UPLOAD_PATH = "/v1/files"
+# Where the handler leaves the principal of a key it checked before reading the body.
+CHECKED_PRINCIPAL = "switchyard.principal"
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
@@ -90,7 +92,8 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
     if needs_key and _has_body(scope):
         # The key is in a header: an anonymous upload costs a lookup, not its body.
         try:
-            await key_check(_header(scope, b"authorization"))
+            # The view takes the checked key from here rather than checking it again.
+            scope[CHECKED_PRINCIPAL] = await key_check(_header(scope, b"authorization"))
         except ApiError as exc:
             return exc
         except Exception:

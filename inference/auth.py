@@ -112,7 +112,11 @@ _keys: RefreshingCache[str, _Cached | None] = RefreshingCache(
 
 async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     """Return the principal of a bearer token or raise a 401/403 ApiError."""
-    principal = await key_check(authorization)
+    return scope_check(await key_check(authorization), scope=scope)
+
+
+def scope_check(principal: Principal, *, scope: str) -> Principal:
+    """Return the principal if its key has the scope, or raise the 403 saying it lacks it."""
     if scope not in principal.scopes:
         raise ApiError(403, "insufficient_scope", f"This API key lacks the '{scope}' scope.")
     return principal

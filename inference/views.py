@@ -17,7 +17,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from config.json_body import shown
 from inference import relay
-from inference.auth import Principal, authenticate
+from inference.asgi import CHECKED_PRINCIPAL
+from inference.auth import Principal, authenticate, scope_check
 from inference.background import loops_failing, spawn
 from inference.content_policy import policy_get
 from inference.db import db_call
@@ -198,7 +199,11 @@ async def request_principal(
     A `counted` request takes its token from the tenant's requests per minute here, before
     its body is parsed, so that it counts (or gets its 429) whatever its body holds.
     """
-    principal = await authenticate(request.headers.get("Authorization"), scope=scope)
+    checked = getattr(request, "scope", {}).get(CHECKED_PRINCIPAL)
+    if checked is not None:
+        principal = scope_check(checked, scope=scope)  # its key was checked before its body
+    else:
+        principal = await authenticate(request.headers.get("Authorization"), scope=scope)
     request.META[_PRINCIPAL] = principal
     if counted:
         await request_count(principal=principal)
