@@ -41,15 +41,16 @@ from batches.services import (
     batch_validate,
     counts_refresh,
 )
+from dataplane.dispatch import Dispatch
+from dataplane.quotas import Usage
+from dataplane.types import Event
 from inference import relay
 from inference.auth import Principal, principal_of_key
 from inference.content_policy import policy_get
 from inference.db import db_call
-from inference.dispatch import Dispatch
 from inference.errors import ApiError
 from inference.openai_format import Formatter
 from inference.params import embeddings_parse, generation_parse
-from inference.quotas import Usage
 from inference.results import completion_collect, embeddings_collect
 from inference.services import (
     Submitted,
@@ -59,7 +60,6 @@ from inference.services import (
     quotas_get,
     request_ended,
 )
-from inference.types import Event
 
 log = logging.getLogger(__name__)
 # Refusals that mean "not now" (limits, a full or absent deployment): the line waits and retries.

@@ -139,9 +139,9 @@ async def _drive_queue(direct: Direct, deployment: str, concurrency: int, second
     """Closed loop straight onto the deployment's queue: the worker and its batcher alone."""
     import uuid
 
-    from inference.dispatch import Dispatch
-    from inference.redis_client import redis_client_new
-    from inference.types import Failed, Finished, Job, Sampling
+    from dataplane.dispatch import Dispatch
+    from dataplane.redis_client import redis_client_new
+    from dataplane.types import Failed, Finished, Job, Sampling
 
     dispatch = Dispatch(redis_client_new())
     latencies: list[float] = []

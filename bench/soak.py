@@ -290,7 +290,7 @@ class Sampler(threading.Thread):
         report_every: float,
     ) -> None:
         super().__init__(daemon=True)
-        from inference.redis_client import redis_sync_client
+        from dataplane.redis_client import redis_sync_client
 
         self.client = redis_sync_client()
         self.processes = processes
@@ -331,7 +331,7 @@ class Sampler(threading.Thread):
         self.join()
 
     def sample(self) -> Sample:
-        from inference.dispatch import queue_snapshot_sync
+        from dataplane.dispatch import queue_snapshot_sync
 
         waiting, tokens, running, jobs = occupancy(self.client)
         snapshot = queue_snapshot_sync(self.client, DEPLOYMENT)
@@ -363,7 +363,7 @@ def occupancy(client: redis.Redis) -> tuple[int, int, int, int]:
     Read in one MULTI: a claim moves a job from the queue to the leases between two separate
     reads, and it would be counted twice. The key names are the data plane's own.
     """
-    from inference.dispatch import _keys as dispatch_keys
+    from dataplane.dispatch import _keys as dispatch_keys
 
     keys = dispatch_keys(DEPLOYMENT)
     pipe = client.pipeline(transaction=True)
@@ -380,8 +380,8 @@ def reservations_open(client: redis.Redis, tenant_id: int, *, held: bool = False
     Counts its concurrency leases; with `held`, also the reserved amounts kept per request
     (a scan of the keyspace, so only once the load is over).
     """
-    from inference.quotas import _keys as quota_keys
-    from inference.quotas import month_of
+    from dataplane.quotas import _keys as quota_keys
+    from dataplane.quotas import month_of
 
     _rpm, _tpm, inflight, _spent, held_prefix = quota_keys(tenant_id, "", month_of(time.time()))
     found = int(client.zcard(inflight))

@@ -55,7 +55,7 @@ class Run:
 
 
 def _events(tenant_id: int, digest: str, n: int) -> list[bytes]:
-    from inference.types import Status, UsageEvent, encode
+    from dataplane.types import Status, UsageEvent, encode
 
     now = time.time()
     return [
@@ -73,7 +73,7 @@ def _events(tenant_id: int, digest: str, n: int) -> list[bytes]:
 
 
 def _produce(client: object, payloads: list[bytes]) -> None:
-    from inference.dispatch import usage_key
+    from dataplane.dispatch import usage_key
 
     key = usage_key("tiny")
     for start in range(0, len(payloads), 2000):
@@ -93,7 +93,7 @@ def _recorded() -> int:
 
 def _lag(client: object) -> int:
     """Events not yet recorded: the ingester deletes an entry once its row is committed."""
-    from inference.dispatch import usage_key
+    from dataplane.dispatch import usage_key
 
     return int(client.xlen(usage_key("tiny")))  # type: ignore[attr-defined]
 
@@ -184,8 +184,8 @@ def main() -> None:
         progress("building the tiny demo model (registered, never loaded)")
         model_dir = demo_model_build(out_dir=work / "model")
         platform = prepare_switchyard(model_dir, work, tenants={"bench": {}}, max_num_seqs=8)
-        from inference.dispatch import INGEST_GROUP, usage_key
-        from inference.redis_client import redis_sync_client
+        from dataplane.dispatch import INGEST_GROUP, usage_key
+        from dataplane.redis_client import redis_sync_client
         from models_registry.models import ModelVersion
         from tenants.models import Tenant
 

@@ -19,12 +19,12 @@ from django.db import DatabaseError
 
 from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
-from inference.background import loop_failed, loop_ok, supervise
+from dataplane.background import loop_failed, loop_ok, supervise
+from dataplane.dispatch import Dispatch
+from dataplane.quotas import MICROS, Quotas, Usage
+from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.types import UsageEvent
 from inference.db import db_call
-from inference.dispatch import Dispatch
-from inference.quotas import MICROS, Quotas, Usage
-from inference.redis_client import UNREACHABLE, Outage
-from inference.types import UsageEvent
 from models_registry.models import Deployment
 
 log = logging.getLogger(__name__)

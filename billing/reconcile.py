@@ -21,8 +21,8 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncHour
 
 from billing.models import UsageRecord
-from inference.dispatch import ledger_hour, ledger_key
-from inference.redis_client import redis_sync_client
+from dataplane.dispatch import ledger_hour, ledger_key
+from dataplane.redis_client import redis_sync_client
 from models_registry.models import Deployment
 
 LEDGER_DAYS = 8  # hours older than this are pruned from the ledger

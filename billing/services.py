@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.models import PriceBook
-from inference.types import UsageEvent
+from dataplane.types import UsageEvent
 from models_registry.models import ModelVersion
 from tenants.models import ApiKey, Tenant
 from tenants.services import audit_record

@@ -25,6 +25,6 @@ class InferenceConfig(AppConfig):
             for handler in (ASGIHandler, WSGIHandler):
                 signal.connect(receiver, sender=handler)
 
-        from inference.changes import receivers_connect
+        from dataplane.changes import receivers_connect
 
         receivers_connect()

@@ -2,7 +2,7 @@
 
 A revocation publishes the key's public id; every frontend drops it from its cache at once,
 and the cache TTL bounds staleness if a message is missed. Other changes to keys, tenants and
-quotas mark the cached keys stale (`inference.changes`).
+quotas mark the cached keys stale (`dataplane.changes`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
+from dataplane.dispatch import KEY_REVOCATIONS_CHANNEL
+from dataplane.quotas import Limits
+from dataplane.redis_client import redis_sync_client
 from inference.cache import RefreshingCache
-from inference.dispatch import KEY_REVOCATIONS_CHANNEL
 from inference.errors import ApiError
-from inference.quotas import Limits
-from inference.redis_client import redis_sync_client
 from tenants.keys import token_hash, token_parse
 from tenants.models import ApiKey
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import redis
 
-from inference.dispatch import QueueSnapshot, autoscale_key
+from dataplane.dispatch import QueueSnapshot, autoscale_key
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A small per-process cache for control-plane reads on the request path.
 
 Each cache belongs to a kind of control-plane state (keys, routes, policies). A change to
-that state publishes its kind once the transaction commits (`inference.changes`); every
+that state publishes its kind once the transaction commits (`dataplane.changes`); every
 frontend's listener then marks the kind's entries stale, and each is reloaded in the
 background on its next use. The TTL is the bound for a change whose message was lost.
 """
@@ -20,9 +20,9 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio as aredis
 from django.conf import settings
 
-from inference.background import loop_ok, spawn, supervise
+from dataplane.background import loop_ok, spawn, supervise
+from dataplane.dispatch import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 from inference.db import db_call
-from inference.dispatch import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from django.conf import settings
 
-from inference.background import spawn
+from dataplane.background import spawn
+from dataplane.types import Delta, Event, Failed, Finished
 from inference.cache import RefreshingCache
 from inference.db import db_call
 from inference.errors import ApiError
 from inference.params import GenerationRequest
-from inference.types import Delta, Event, Failed, Finished
 from safety.detectors import Finding
 from safety.policy import Policy
 from safety.selectors import policy_load

@@ -9,14 +9,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from inference.background import spawn
+from dataplane.background import spawn
+from dataplane.dispatch import Dispatch, Whereabouts
+from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.replies import ReaderFailed
+from dataplane.types import Delta, Event, Failed, Finished, Started
 from inference.content_policy import output_filtered
-from inference.dispatch import Dispatch, Whereabouts
-from inference.redis_client import UNREACHABLE, Outage
-from inference.replies import ReaderFailed
 from inference.response_cache import Stored
 from inference.services import CacheUse, Submitted, content_keep, responses_get
-from inference.types import Delta, Event, Failed, Finished, Started
 from safety.policy import Policy
 
 log = logging.getLogger(__name__)

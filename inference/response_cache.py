@@ -23,7 +23,7 @@ import msgspec
 import redis
 import redis.asyncio as aredis
 
-from inference.types import Job, Sampling, encode
+from dataplane.types import Job, Sampling, encode
 
 log = logging.getLogger(__name__)
 

@@ -15,22 +15,22 @@ from django.conf import settings
 
 from billing.selectors import tenant_month_spend_micros
 from config.json_body import shown
+from dataplane.background import spawn
+from dataplane.dispatch import Dispatch, Refusal, Refused, usage_for
+from dataplane.quotas import Decision, Limits, Quotas, Usage, cost_micros
+from dataplane.redis_client import redis_client_new
+from dataplane.tracing import TraceContext
+from dataplane.types import Delta, Failed, Finished, Job, Sampling, Started, Status, encode
 from inference.auth import Principal
-from inference.background import spawn
 from inference.cache import RefreshingCache
 from inference.content_policy import input_screen, policy_get
 from inference.db import db_call
-from inference.dispatch import Dispatch, Refusal, Refused, usage_for
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
 from inference.metrics import RequestClock, admission_decided
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
-from inference.quotas import Decision, Limits, Quotas, Usage, cost_micros
-from inference.redis_client import redis_client_new
 from inference.response_cache import ResponseCache, Stored, cache_key, cacheable
 from inference.tokenization import tokenizer_for
-from inference.tracing import TraceContext
-from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status, encode
 from models_registry.models import Task
 from models_registry.selectors import Route, Routing, model_names_list, routing_resolve
 from privacy.services import content_retain

@@ -16,10 +16,14 @@ from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from config.json_body import shown
+from dataplane.background import loops_failing, spawn
+from dataplane.redis_client import UNREACHABLE
+from dataplane.replies import entry_id_parse
+from dataplane.tracing import TraceContext, bind, trace_start
+from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
 from inference.asgi import CHECKED_PRINCIPAL
 from inference.auth import Principal, authenticate, scope_check
-from inference.background import loops_failing, spawn
 from inference.content_policy import policy_get
 from inference.db import db_call
 from inference.errors import ApiError
@@ -35,8 +39,6 @@ from inference.params import (
     embeddings_parse,
     generation_parse,
 )
-from inference.redis_client import UNREACHABLE
-from inference.replies import entry_id_parse
 from inference.results import OnEnd, completion_collect, embeddings_collect, events_close
 from inference.services import (
     dispatch_get,
@@ -52,8 +54,6 @@ from inference.services import (
     request_id_new,
     routing_get,
 )
-from inference.tracing import TraceContext, bind, trace_start
-from inference.types import Delta, Event, Failed, Finished
 from models_registry.selectors import version_served_name
 from tenants.models import Scope
 

@@ -27,6 +27,8 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from config.json_body import BodyProblem, json_check, json_load, shown
+from dataplane.tracing import TraceContext, bind, trace_start
+from dataplane.types import Delta, Failed, Finished
 from inference import relay
 from inference.auth import Principal, authenticate
 from inference.errors import ApiError
@@ -39,8 +41,6 @@ from inference.services import (
     request_failure,
     request_id_new,
 )
-from inference.tracing import TraceContext, bind, trace_start
-from inference.types import Delta, Failed, Finished
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)

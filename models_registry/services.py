@@ -17,9 +17,9 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from inference.changes import ROUTES, change_publish
-from inference.dispatch import retire_request_sync
-from inference.redis_client import redis_sync_client
+from dataplane.changes import ROUTES, change_publish
+from dataplane.dispatch import retire_request_sync
+from dataplane.redis_client import redis_sync_client
 from models_registry.manifest import (
     MANIFEST_SCHEMA,
     ArtifactError,

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from batches.models import Batch, File
 from billing.models import UsageRecord
-from inference.changes import KEYS, change_publish
+from dataplane.changes import KEYS, change_publish
 from privacy.services import content_delete, content_expiry_shorten
 
 # The audit chain lives in tenants.audit; audit_record and GENESIS_HASH are re-exported here.
@@ -324,8 +324,8 @@ def tenant_delete(*, tenant: Tenant, actor: User | None = None) -> DeletionSumma
     alerts, the quota and the audit trail stay; the tenant row stays, deactivated and marked
     deleted. Deleting a deleted tenant is a ValidationError.
     """
+    from dataplane.redis_client import redis_sync_client
     from inference.auth import key_revocation_publish
-    from inference.redis_client import redis_sync_client
     from inference.response_cache import tenant_answers_forget
 
     with transaction.atomic():

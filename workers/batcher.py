@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inference.background import loop_ok
+from dataplane.background import loop_ok
 
 log = logging.getLogger(__name__)
 

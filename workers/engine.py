@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from inference.types import Sampling
+from dataplane.types import Sampling
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inference.dispatch import Dispatch
-from inference.types import Delta, Failed, Finished, Job, Sampling
+from dataplane.dispatch import Dispatch
+from dataplane.types import Delta, Failed, Finished, Job, Sampling
 from workers.capacity import Level, Sample, level_summarise
 
 # Ordinary text: prompts are drawn from the token ids a version's tokenizer gives it, so they

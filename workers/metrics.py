@@ -15,8 +15,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, s
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from dataplane.types import Job, UsageEvent
 from inference.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, stage_seconds
-from inference.types import Job, UsageEvent
 
 log = logging.getLogger(__name__)
 platform_ttft = Histogram(

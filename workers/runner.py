@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.background import loop_failed, loop_ok, supervise
-from inference.dispatch import Dispatch, cancel_channel, handoff_channel, usage_for
-from inference.redis_client import UNREACHABLE, Outage
-from inference.tracing import bind
-from inference.types import (
+from dataplane.background import loop_failed, loop_ok, supervise
+from dataplane.dispatch import Dispatch, cancel_channel, handoff_channel, usage_for
+from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.tracing import bind
+from dataplane.types import (
     Delta,
     Embeddings,
     Event,
@@ -346,7 +346,7 @@ class Worker(abc.ABC):
         `on_draining` once it stops claiming.
         """
         await self.dispatch.ensure_groups(self.deployment)
-        # Each loop starts again if it fails (inference.background): a worker whose heartbeat
+        # Each loop starts again if it fails (dataplane.background): a worker whose heartbeat
         # or flusher died would keep claiming jobs whose leases lapse or whose events never go.
         helpers = [
             asyncio.create_task(supervise(name, loop), name=name)

@@ -279,12 +279,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "context": {"()": "inference.tracing.ContextFilter"},
-        "redact": {"()": "inference.tracing.RedactFilter"},
+        "context": {"()": "dataplane.tracing.ContextFilter"},
+        "redact": {"()": "dataplane.tracing.RedactFilter"},
     },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
-        "json": {"()": "inference.tracing.JsonFormatter"},
+        "json": {"()": "dataplane.tracing.JsonFormatter"},
     },
     "handlers": {
         "console": {

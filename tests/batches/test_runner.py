@@ -20,8 +20,8 @@ from batches import services, tasks
 from batches.models import Batch, BatchStatus, LineState
 from batches.runner import BatchRun, batch_step
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
-from inference.dispatch import Dispatch
-from inference.redis_client import redis_sync_client
+from dataplane.dispatch import Dispatch
+from dataplane.redis_client import redis_sync_client
 from tenants.models import ApiKey
 from tests.conftest import ALIAS
 

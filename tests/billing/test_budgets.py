@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from billing.budgets import budget_alerts_check, budget_banner
 from billing.services import usage_ingest
-from inference.types import Status, UsageEvent
+from dataplane.types import Status, UsageEvent
 from tenants.services import membership_add, tenant_create
 
 pytestmark = pytest.mark.django_db

@@ -20,9 +20,9 @@ from billing.ingester import Ingester
 from billing.invoices import cents_allocate
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
-from inference.dispatch import INGEST_GROUP, Dispatch, usage_key
-from inference.redis_client import redis_client_new
-from inference.types import Status, UsageEvent, encode
+from dataplane.dispatch import INGEST_GROUP, Dispatch, usage_key
+from dataplane.redis_client import redis_client_new
+from dataplane.types import Status, UsageEvent, encode
 
 pytestmark = pytest.mark.django_db
 

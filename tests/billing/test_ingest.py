@@ -8,7 +8,7 @@ import pytest
 
 from billing.models import UsageRecord
 from billing.services import usage_ingest
-from inference.types import Status, UsageEvent
+from dataplane.types import Status, UsageEvent
 
 pytestmark = pytest.mark.django_db
 

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 
 import billing.ingester as ingester_module
 from billing.ingester import Ingester
-from inference.background import loops_failing
-from inference.dispatch import Dispatch
-from inference.redis_client import redis_client_new
+from dataplane.background import loops_failing
+from dataplane.dispatch import Dispatch
+from dataplane.redis_client import redis_client_new
 
 
 def _failures(loop: str) -> float:

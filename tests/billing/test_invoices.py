@@ -27,7 +27,7 @@ from billing.invoices import (
 from billing.models import Invoice, InvoiceState, IssuedInvoiceError, UsageRecord
 from billing.pdf import invoice_pdf
 from billing.services import price_book_add, usage_ingest
-from inference.types import Status, UsageEvent
+from dataplane.types import Status, UsageEvent
 from tenants.models import AppendOnlyError
 from tenants.services import tenant_create
 

@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from inference.dispatch import ledger_key
-from inference.redis_client import redis_sync_client
+from dataplane.dispatch import ledger_key
+from dataplane.redis_client import redis_sync_client
 from tests.conftest import (
     ALIAS,
     DEPLOYMENT,

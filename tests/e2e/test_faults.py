@@ -18,8 +18,8 @@ import pytest
 import redis
 from django.conf import settings
 
+from dataplane.dispatch import INGEST_GROUP, usage_key
 from embedded.servers import service_restarted, services_status
-from inference.dispatch import INGEST_GROUP, usage_key
 from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin
 from tests.conftest import ALIAS, DEPLOYMENT, _spawn, _wait_for

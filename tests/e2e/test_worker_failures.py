@@ -16,8 +16,8 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from inference.dispatch import Dispatch
-from inference.redis_client import redis_client_new, redis_sync_client
+from dataplane.dispatch import Dispatch
+from dataplane.redis_client import redis_client_new, redis_sync_client
 from models_registry.models import ModelVersion
 from models_registry.services import deployment_create, model_version_register
 from tests.conftest import _spawn, _wait_for

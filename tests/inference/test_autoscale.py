@@ -10,9 +10,9 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
+from dataplane.dispatch import Dispatch, QueueSnapshot, queue_snapshot_sync, usage_for
+from dataplane.types import Finished, Job, Sampling, Status
 from inference.autoscale import Autoscaler, ScalingPolicy, replicas_needed
-from inference.dispatch import Dispatch, QueueSnapshot, queue_snapshot_sync, usage_for
-from inference.types import Finished, Job, Sampling, Status
 
 POLICY = ScalingPolicy(target_wait_seconds=2.0, min_replicas=1, max_replicas=10)
 

@@ -6,9 +6,9 @@ import pytest
 import redis
 from django.conf import settings
 
+from dataplane.changes import POLICIES, ROUTES, change_publish
+from dataplane.dispatch import CONTROL_CHANGES_CHANNEL
 from inference.cache import RefreshingCache, change_received, revocation_received
-from inference.changes import POLICIES, ROUTES, change_publish
-from inference.dispatch import CONTROL_CHANGES_CHANNEL
 from models_registry.models import Alias
 
 pytestmark = pytest.mark.django_db(transaction=False)

@@ -12,10 +12,10 @@ from django.conf import settings
 from prometheus_client import REGISTRY
 from redis.asyncio.client import PubSub
 
+from dataplane.background import loops_failing
+from dataplane.dispatch import CONTROL_CHANGES_CHANNEL
 from inference import cache as cache_module
-from inference.background import loops_failing
 from inference.cache import RefreshingCache
-from inference.dispatch import CONTROL_CHANGES_CHANNEL
 
 pytestmark = pytest.mark.django_db(transaction=False)
 

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from inference.dispatch import (
+from dataplane.dispatch import (
     Depth,
     Dispatch,
     Refusal,
@@ -20,7 +20,7 @@ from inference.dispatch import (
     usage_for,
     usage_key,
 )
-from inference.types import Delta, Failed, Finished, Job, Sampling, Started, Status, usage_decoder
+from dataplane.types import Delta, Failed, Finished, Job, Sampling, Started, Status, usage_decoder
 
 
 @pytest.fixture

@@ -33,14 +33,14 @@ from hypothesis import strategies as st
 from billing.ingester import Ingester
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
+from dataplane.dispatch import Dispatch
+from dataplane.quotas import MICROS, month_of
+from dataplane.redis_client import redis_client_new
+from dataplane.types import Sampling
 from inference import services, views, ws
-from inference.dispatch import Dispatch
 from inference.idempotency import Idempotency
 from inference.openai_format import Formatter
-from inference.quotas import MICROS, month_of
-from inference.redis_client import redis_client_new
 from inference.routing import websocket_urlpatterns
-from inference.types import Sampling
 from models_registry.selectors import Routing
 from tenants.models import Tenant
 from tenants.services import api_key_issue, tenant_create

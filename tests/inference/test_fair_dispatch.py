@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from inference.dispatch import Dispatch, usage_for
-from inference.types import Finished, Job, Sampling, Status
+from dataplane.dispatch import Dispatch, usage_for
+from dataplane.types import Finished, Job, Sampling, Status
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from inference.dispatch import PREFIX_TOKENS, Dispatch, prefix_key, usage_for
-from inference.types import Failed, Finished, Job, Sampling, Status
+from dataplane.dispatch import PREFIX_TOKENS, Dispatch, prefix_key, usage_for
+from dataplane.types import Failed, Finished, Job, Sampling, Status
 
 WORKERS = ("a", "b")
 

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from inference.quotas import Limits, Quotas, Usage, cost_micros
+from dataplane.quotas import Limits, Quotas, Usage, cost_micros
 
 _tenants = itertools.count(10_000)
 

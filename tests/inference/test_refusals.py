@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from inference.dispatch import Refusal, Refused
+from dataplane.dispatch import Refusal, Refused
+from dataplane.types import Job, Sampling
 from inference.services import _refusal_error
-from inference.types import Job, Sampling
 
 
 def _job(seconds: float) -> Job:

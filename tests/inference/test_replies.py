@@ -13,11 +13,12 @@ from django.test import AsyncClient
 from prometheus_client import REGISTRY
 from redis.exceptions import ResponseError
 
-from inference import background, relay, replies
-from inference.background import loops_failing
-from inference.dispatch import Dispatch, reply_key
-from inference.replies import Follower, ReaderFailed
-from inference.types import Delta, Event, Failed, encode
+from dataplane import background, replies
+from dataplane.background import loops_failing
+from dataplane.dispatch import Dispatch, reply_key
+from dataplane.replies import Follower, ReaderFailed
+from dataplane.types import Delta, Event, Failed, encode
+from inference import relay
 
 
 @pytest.fixture

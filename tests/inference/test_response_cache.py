@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from dataplane.types import Job, Sampling
 from inference.response_cache import cache_key, cacheable
-from inference.types import Job, Sampling
 
 
 def _job(**fields: object) -> Job:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from inference.tracing import ContextFilter, JsonFormatter, RedactFilter, bind, trace_start
+from dataplane.tracing import ContextFilter, JsonFormatter, RedactFilter, bind, trace_start
 from tenants.keys import token_generate
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
 from billing.services import usage_ingest
-from inference.types import Status, UsageEvent
+from dataplane.types import Status, UsageEvent
 
 OCTOBER = dt.date(2026, 10, 1)
 

@@ -12,9 +12,9 @@ from django.core.management import CommandError, call_command
 from batches.models import Batch, File
 from billing.invoices import adjustment_add, invoice_build, invoice_issue, invoices_build
 from billing.models import Adjustment, Invoice, UsageRecord
+from dataplane.redis_client import redis_sync_client
 from inference.auth import principal_of_key
 from inference.errors import ApiError
-from inference.redis_client import redis_sync_client
 from privacy.models import RetainedContent
 from privacy.services import content_retain
 from tenants.keys import token_hash

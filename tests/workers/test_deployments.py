@@ -6,8 +6,8 @@ import time
 import pytest
 from django.utils import timezone
 
-from inference.dispatch import heartbeats_key
-from inference.redis_client import redis_sync_client
+from dataplane.dispatch import heartbeats_key
+from dataplane.redis_client import redis_sync_client
 from models_registry.models import Deployment, DeploymentState
 from models_registry.services import deployment_create
 from workers.services import deployments_reconcile

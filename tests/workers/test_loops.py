@@ -14,9 +14,9 @@ import redis.asyncio as aredis
 from django.conf import settings
 from prometheus_client import REGISTRY
 
-from inference.background import loops_failing, supervise
-from inference.dispatch import Dispatch, reply_key
-from inference.types import Delta, Job, Sampling, Started
+from dataplane.background import loops_failing, supervise
+from dataplane.dispatch import Dispatch, reply_key
+from dataplane.types import Delta, Job, Sampling, Started
 from workers.batcher import CostModel, DynamicBatcher
 from workers.runner import Worker
 

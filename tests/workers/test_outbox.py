@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from inference.types import Delta, Job, Sampling, Started
+from dataplane.types import Delta, Job, Sampling, Started
 from workers.runner import FLUSH_SHARES, _Outbox, _share_of
 
 

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from billing.ingester import Ingester
-from inference.dispatch import Dispatch
-from inference.redis_client import redis_client_new
+from dataplane.dispatch import Dispatch
+from dataplane.redis_client import redis_client_new
 from workers.metrics import metrics_serve
 from workers.services import worker_id_new
 

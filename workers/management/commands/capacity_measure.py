@@ -8,9 +8,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 
-from inference.dispatch import Dispatch, live_workers_sync
+from dataplane.dispatch import Dispatch, live_workers_sync
+from dataplane.redis_client import redis_client_new, redis_sync_client
 from inference.errors import ApiError
-from inference.redis_client import redis_client_new, redis_sync_client
 from inference.tokenization import tokenizer_for
 from models_registry.models import Deployment, Rollout, RolloutState, Task
 from tenants.models import Tenant

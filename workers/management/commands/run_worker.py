@@ -12,10 +12,10 @@ import uvloop
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from dataplane.dispatch import Dispatch
+from dataplane.redis_client import redis_client_new
+from dataplane.types import Sampling
 from inference.db import db_call
-from inference.dispatch import Dispatch
-from inference.redis_client import redis_client_new
-from inference.types import Sampling
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState
 from workers.batcher import REFERENCE_LENGTH, CostModel, DynamicBatcher

@@ -22,7 +22,7 @@ from decimal import Decimal
 
 import redis.asyncio as aredis
 
-from inference.redis_client import script_into
+from dataplane.redis_client import script_into
 
 MICROS = Decimal(1_000_000)
 

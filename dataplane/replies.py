@@ -12,7 +12,7 @@ A follower whose client reads slowly holds at most `PAUSE_AT` entries: past that
 drops out of the XREAD until the client catches up, and its entries wait in Redis, as they
 did when each client read its own stream.
 
-The reader runs supervised (`inference.background`): if it fails, every request it was
+The reader runs supervised (`dataplane.background`): if it fails, every request it was
 following gets `ReaderFailed` (a terminal error for its client, never silence) and the reader
 starts again for the requests that follow from then on. An entry id must be valid before it
 joins the shared XREAD: one that Redis refuses would fail every stream read with it.
@@ -29,9 +29,9 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from inference.background import loop_ok, spawn, supervise
-from inference.redis_client import UNREACHABLE, Outage
-from inference.types import Event, event_decoder
+from dataplane.background import loop_ok, spawn, supervise
+from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.types import Event, event_decoder
 
 log = logging.getLogger(__name__)
 

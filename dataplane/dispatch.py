@@ -49,9 +49,9 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
-from inference.redis_client import script_into
-from inference.replies import Follower, ReplyReaders
-from inference.types import (
+from dataplane.redis_client import script_into
+from dataplane.replies import Follower, ReplyReaders
+from dataplane.types import (
     Delta,
     Event,
     Failed,
@@ -901,7 +901,7 @@ class Dispatch:
 
     def follow_replies(self, *, deployment: str, request_id: str, after: str) -> Follower:
         """Follow a request's reply stream after an entry id, with this process's other
-        followers of the deployment over one connection (see inference.replies); the caller
+        followers of the deployment over one connection (see dataplane.replies); the caller
         closes the follower when done."""
         return self._replies.follow(
             deployment=deployment,

@@ -18,8 +18,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from inference.dispatch import CONTROL_CHANGES_CHANNEL
-from inference.redis_client import redis_sync_client
+from dataplane.dispatch import CONTROL_CHANGES_CHANNEL
+from dataplane.redis_client import redis_sync_client
 
 log = logging.getLogger(__name__)
 
