@@ -1,0 +1,196 @@
+"""The request bodies of the /v1 API, as its OpenAPI document describes them.
+
+Written from what inference.params and the batch views accept; the limits are the ones the code
+enforces, imported where the code names them.
+"""
+
+from __future__ import annotations
+
+from batches.models import FilePurpose
+from batches.services import ENDPOINTS
+from inference.openapi.schema import MAX_TOKENS, NO_NUL, Schema, integer, number, obj
+from inference.params import (
+    ENCODING_FORMATS,
+    MAX_EMBEDDING_INPUTS,
+    MAX_STOP_SEQUENCES,
+    ROLES,
+    SERVICE_TIERS,
+)
+
+_SAMPLING: dict[str, Schema] = {
+    "model": {
+        "type": "string",
+        "description": "A model or alias name; `name@version` pins a version.",
+    },
+    "max_tokens": integer(
+        1, MAX_TOKENS, "At most the tenant's max_tokens_per_request; default: as many as fit."
+    ),
+    "temperature": number(0.0, 2.0),
+    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0.0, "maximum": 1.0},
+    "top_k": integer(-1, 1 << 20),
+    "seed": integer(-(1 << 63), (1 << 63) - 1),
+    "stop": {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {
+                "type": "array",
+                "maxItems": MAX_STOP_SEQUENCES,
+                "items": {"type": "string", "minLength": 1},
+            },
+            {"type": "null"},
+        ]
+    },
+    "ignore_eos": {"type": ["boolean", "null"]},
+    "min_tokens": integer(0, MAX_TOKENS, "At most max_tokens."),
+    "presence_penalty": number(-2.0, 2.0),
+    "frequency_penalty": number(-2.0, 2.0),
+    "stream": {"type": ["boolean", "null"]},
+    "stream_options": {
+        "type": ["object", "null"],
+        "description": "Only with stream=true.",
+        "properties": {"include_usage": {"type": ["boolean", "null"]}},
+    },
+    "user": {"type": ["string", "null"], "pattern": NO_NUL},
+    "service_tier": {
+        "type": ["string", "null"],
+        "enum": [*sorted(SERVICE_TIERS), None],
+        "description": "flex runs in the batch priority class.",
+    },
+    "timeout": number(0.001, 86400.0, "Seconds the client will wait (as x-request-timeout)."),
+    # Accepted only with the values that mean "not used": Switchyard answers with one choice.
+    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
+    "logprobs": {"enum": [False, None]},
+    "echo": {"enum": [False, None]},
+    "tools": {"type": ["array", "null"], "maxItems": 0},
+    "functions": {"type": ["array", "null"], "maxItems": 0},
+    "suffix": {"type": "null"},
+    "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
+    "response_format": {
+        "anyOf": [
+            obj({"type": {"const": "text"}}, "type", additionalProperties=False),
+            {"type": "null"},
+        ]
+    },
+}
+# A stream with options is a conditional JSON Schema can say: options need stream=true.
+_STREAM_OPTIONS_NEED_STREAM: Schema = {
+    "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+
+_TEXT_PART = obj({"type": {"const": "text"}, "text": {"type": "string"}}, "type", "text")
+CHAT_REQUEST: Schema = obj(
+    {
+        **_SAMPLING,
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": obj(
+                {
+                    "role": {"type": "string", "enum": sorted(ROLES)},
+                    "content": {
+                        "anyOf": [
+                            {"type": "string"},
+                            {"type": "array", "items": _TEXT_PART},
+                            {"type": "null"},
+                        ]
+                    },
+                },
+                "role",
+            ),
+        },
+        "max_completion_tokens": integer(1, MAX_TOKENS, "Takes the place of max_tokens."),
+    },
+    "model",
+    "messages",
+    **_STREAM_OPTIONS_NEED_STREAM,
+)
+
+_TOKENS = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "integer", "minimum": 0},
+    "description": "Token ids, each below the model's vocabulary size.",
+}
+COMPLETION_REQUEST: Schema = obj(
+    {
+        **_SAMPLING,
+        "prompt": {
+            "description": "One prompt: a string or token ids (a list of one is the same).",
+            "anyOf": [
+                {"type": "string"},
+                _TOKENS,
+                {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}},
+                {"type": "array", "minItems": 1, "maxItems": 1, "items": _TOKENS},
+            ],
+        },
+    },
+    "model",
+    "prompt",
+    **_STREAM_OPTIONS_NEED_STREAM,
+)
+
+_TEXT = {"type": "string", "pattern": "\\S", "description": "Not blank."}
+EMBEDDING_REQUEST: Schema = obj(
+    {
+        "model": _SAMPLING["model"],
+        "input": {
+            "anyOf": [
+                _TEXT,
+                {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": _TEXT},
+                _TOKENS,
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MAX_EMBEDDING_INPUTS,
+                    "items": _TOKENS,
+                },
+            ]
+        },
+        "encoding_format": {"type": ["string", "null"], "enum": [*ENCODING_FORMATS, None]},
+        "dimensions": integer(1, 1 << 16, "Fewer than the model's: cut and normalised again."),
+        "user": _SAMPLING["user"],
+        "service_tier": _SAMPLING["service_tier"],
+        "timeout": _SAMPLING["timeout"],
+    },
+    "model",
+    "input",
+)
+
+BATCH_REQUEST: Schema = obj(
+    {
+        "input_file_id": {
+            "type": "string",
+            "pattern": NO_NUL,
+            "description": "A file uploaded with purpose batch.",
+        },
+        "endpoint": {"type": "string", "enum": list(ENDPOINTS)},
+        "completion_window": {
+            "type": "string",
+            "pattern": "^[0-9]{1,5}[mh]$",
+            "default": "24h",
+            "description": "From 1m to 168h.",
+        },
+        "metadata": {
+            "type": ["object", "null"],
+            "maxProperties": 16,
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"type": "string", "maxLength": 512, "pattern": NO_NUL},
+        },
+    },
+    "input_file_id",
+    "endpoint",
+)
+
+FILE_UPLOAD: Schema = obj(
+    {
+        "file": {
+            "type": "string",
+            "contentMediaType": "application/octet-stream",
+            "description": "A JSONL file: one request per line, UTF-8, not empty.",
+        },
+        "purpose": {"type": "string", "enum": [FilePurpose.BATCH.value]},
+    },
+    "file",
+    "purpose",
+)

@@ -1,0 +1,85 @@
+"""The OpenAPI document of the /v1 API, served at /v1/openapi.json.
+
+Put together from the operations (inference.openapi.paths), the request bodies
+(inference.openapi.bodies) and the objects answered (inference.openapi.objects).
+tests/security/test_schemathesis.py checks every answer of a running platform against it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+
+from inference.openapi import bodies, objects
+from inference.openapi.paths import paths, responses
+from inference.openapi.schema import Schema
+
+
+def openapi_document() -> Schema:
+    """Return the OpenAPI 3.1 document of the /v1 API."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Switchyard /v1 API",
+            "version": "1",
+            "description": "OpenAI-compatible inference, files and batches. Authenticate with "
+            "an API key: `Authorization: Bearer sy-...`.",
+        },
+        "security": [{"bearerAuth": []}],
+        "paths": paths(),
+        "components": {
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A tenant's API key (sy-...), issued in the console.",
+                }
+            },
+            "headers": {
+                "RequestId": {
+                    "required": True,
+                    "description": "The request's id: quote it to support, cancel with it.",
+                    "schema": {"type": "string"},
+                },
+                "ModelVersion": {
+                    "required": True,
+                    "description": "The model version that answered.",
+                    "schema": {"type": "string"},
+                },
+                "Cache": {
+                    "description": "hit or miss, for tenants that use the response cache.",
+                    "schema": {"type": "string", "enum": ["hit", "miss"]},
+                },
+                "RetryAfter": {
+                    "description": "Seconds to wait before retrying.",
+                    "schema": {"type": "integer"},
+                },
+            },
+            "responses": responses(),
+            "schemas": {
+                "Error": objects.ERROR,
+                "Usage": objects.USAGE,
+                "ChatCompletionRequest": bodies.CHAT_REQUEST,
+                "CompletionRequest": bodies.COMPLETION_REQUEST,
+                "ChatCompletion": objects.CHAT_COMPLETION,
+                "ChatCompletionChunk": objects.CHAT_COMPLETION_CHUNK,
+                "TextCompletion": objects.TEXT_COMPLETION,
+                "TextCompletionChunk": objects.TEXT_COMPLETION_CHUNK,
+                "EmbeddingRequest": bodies.EMBEDDING_REQUEST,
+                "Embeddings": objects.EMBEDDINGS,
+                "Model": objects.MODEL,
+                "File": objects.FILE,
+                "FileUpload": bodies.FILE_UPLOAD,
+                "Batch": objects.BATCH,
+                "BatchRequest": bodies.BATCH_REQUEST,
+                "RequestStatus": objects.REQUEST_STATUS,
+            },
+        },
+    }
+
+
+@functools.cache
+def openapi_json() -> bytes:
+    """Return the document encoded once: it only changes with the code."""
+    return msgspec.json.encode(openapi_document())

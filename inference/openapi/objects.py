@@ -1,0 +1,266 @@
+"""The objects the /v1 API answers with, as its OpenAPI document describes them."""
+
+from __future__ import annotations
+
+from batches.models import BatchStatus, FilePurpose
+from batches.services import ENDPOINTS
+from inference.errors import ERROR_TYPES
+from inference.openapi.schema import Schema, obj, ref
+
+ERROR: Schema = obj(
+    {
+        "error": obj(
+            {
+                "message": {"type": "string"},
+                "type": {"type": "string", "enum": sorted(set(ERROR_TYPES.values()))},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+            "message",
+            "type",
+            "param",
+            "code",
+        )
+    },
+    "error",
+)
+
+USAGE: Schema = obj(
+    {
+        "prompt_tokens": {"type": "integer"},
+        "completion_tokens": {"type": "integer"},
+        "total_tokens": {"type": "integer"},
+    },
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+)
+
+_ENVELOPE: dict[str, Schema] = {
+    "id": {"type": "string"},
+    "created": {"type": "integer"},
+    "model": {"type": "string"},
+    "system_fingerprint": {"type": "string"},
+}
+_FINISH = {"type": "string", "description": "stop, length or abort."}
+
+CHAT_COMPLETION: Schema = obj(
+    {
+        **_ENVELOPE,
+        "object": {"const": "chat.completion"},
+        "choices": {
+            "type": "array",
+            "items": obj(
+                {
+                    "index": {"type": "integer"},
+                    "message": obj(
+                        {
+                            "role": {"const": "assistant"},
+                            "content": {"type": "string"},
+                            "refusal": {"type": "null"},
+                        },
+                        "role",
+                        "content",
+                    ),
+                    "logprobs": {"type": "null"},
+                    "finish_reason": _FINISH,
+                },
+                "index",
+                "message",
+                "finish_reason",
+            ),
+        },
+        "usage": ref("Usage"),
+    },
+    "id",
+    "object",
+    "created",
+    "model",
+    "choices",
+    "usage",
+)
+
+
+def _text_completion(finish: Schema, usage: Schema) -> Schema:
+    return obj(
+        {
+            **_ENVELOPE,
+            "object": {"const": "text_completion"},
+            "choices": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "index": {"type": "integer"},
+                        "text": {"type": "string"},
+                        "logprobs": {"type": "null"},
+                        "finish_reason": finish,
+                    },
+                    "index",
+                    "text",
+                    "finish_reason",
+                ),
+            },
+            "usage": usage,
+        },
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+    )
+
+
+_CHUNK_USAGE = {
+    "anyOf": [ref("Usage"), {"type": "null"}],
+    "description": "With stream_options.include_usage: null, then a last chunk has it.",
+}
+TEXT_COMPLETION = _text_completion(_FINISH, ref("Usage"))
+TEXT_COMPLETION["required"].append("usage")
+TEXT_COMPLETION_CHUNK = _text_completion({**_FINISH, "type": ["string", "null"]}, _CHUNK_USAGE)
+
+CHAT_COMPLETION_CHUNK: Schema = obj(
+    {
+        **_ENVELOPE,
+        "object": {"const": "chat.completion.chunk"},
+        "choices": {
+            "type": "array",
+            "items": obj(
+                {
+                    "index": {"type": "integer"},
+                    "delta": obj({"role": {"const": "assistant"}, "content": {"type": "string"}}),
+                    "logprobs": {"type": "null"},
+                    "finish_reason": {**_FINISH, "type": ["string", "null"]},
+                },
+                "index",
+                "delta",
+                "finish_reason",
+            ),
+        },
+        "usage": _CHUNK_USAGE,
+    },
+    "id",
+    "object",
+    "created",
+    "model",
+    "choices",
+)
+
+
+EMBEDDINGS: Schema = obj(
+    {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": obj(
+                {
+                    "object": {"const": "embedding"},
+                    "index": {"type": "integer"},
+                    "embedding": {
+                        "anyOf": [
+                            {"type": "array", "items": {"type": "number"}},
+                            {"type": "string", "description": "base64 of little-endian float32"},
+                        ]
+                    },
+                },
+                "object",
+                "index",
+                "embedding",
+            ),
+        },
+        "model": {"type": "string"},
+        "usage": obj(
+            {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+            "prompt_tokens",
+            "total_tokens",
+        ),
+    },
+    "object",
+    "data",
+    "model",
+    "usage",
+)
+
+MODEL: Schema = obj(
+    {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+        "version": {"type": "string", "description": "The version the name routes to now."},
+        "traffic": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "Version -> percent of the alias's traffic, while it is split.",
+        },
+    },
+    "id",
+    "object",
+    "created",
+    "owned_by",
+)
+
+FILE: Schema = obj(
+    {
+        "id": {"type": "string"},
+        "object": {"const": "file"},
+        "bytes": {"type": "integer"},
+        "created_at": {"type": "integer"},
+        "filename": {"type": "string"},
+        "purpose": {"type": "string", "enum": list(FilePurpose.values)},
+        "status": {"const": "processed"},
+        "status_details": {"type": "null"},
+        "expires_at": {"type": "null"},
+    },
+    "id",
+    "object",
+    "bytes",
+    "created_at",
+    "filename",
+    "purpose",
+    "status",
+)
+
+_TIMESTAMP = {"type": ["integer", "null"]}
+_BATCH_MOMENTS = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+                  "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip
+BATCH: Schema = obj(
+    {
+        "id": {"type": "string"},
+        "object": {"const": "batch"},
+        "endpoint": {"type": "string", "enum": list(ENDPOINTS)},
+        "errors": {"type": ["object", "null"]},
+        "input_file_id": {"type": "string"},
+        "completion_window": {"type": "string"},
+        "status": {"type": "string", "enum": list(BatchStatus.values)},
+        "output_file_id": {"type": ["string", "null"]},
+        "error_file_id": {"type": ["string", "null"]},
+        "created_at": {"type": "integer"},
+        **{name: _TIMESTAMP for name in _BATCH_MOMENTS},
+        "request_counts": obj(
+            {name: {"type": "integer"} for name in ("total", "completed", "failed")},
+            "total",
+            "completed",
+            "failed",
+        ),
+        "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+    },
+    "id",
+    "object",
+    "endpoint",
+    "input_file_id",
+    "completion_window",
+    "status",
+    "created_at",
+    "request_counts",
+)
+
+REQUEST_STATUS: Schema = obj(
+    {
+        "id": {"type": "string"},
+        "object": {"const": "request"},
+        "status": {"type": "string", "enum": ["cancelling", "finished"]},
+    },
+    "id",
+    "object",
+    "status",
+)
