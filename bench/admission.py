@@ -12,7 +12,7 @@ admitted requests relative to the TTFT at capacity.
 
     .venv/bin/python bench/admission.py [--flood 96] [--light-requests 30] [--overload-seconds 20]
 
-Writes its section of docs/benchmarks.md, docs/admission.png and the raw results (every
+Writes its section of docs/benchmarks.md, docs/img/admission.png and the raw results (every
 latency sample) to docs/bench-data/admission.json. Asserts nothing.
 """
 
@@ -44,6 +44,7 @@ from bench.common import (  # noqa: E402
     closed_loop_rate,
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     results_write,
@@ -605,7 +606,7 @@ def main() -> None:
     neighbour = _neighbour_table(rows)
     overload_table = _overload_table(overload)
     print("\n" + neighbour + "\n\n" + overload_table)
-    _plot(rows, overload, args.docs / "admission.png")
+    _plot(rows, overload, plot_path(args.docs, "admission"))
     section_write(
         args.docs,
         "admission",
@@ -633,11 +634,11 @@ def main() -> None:
         f"{args.overload_factor:.0f}× that rate for {args.overload_seconds:.0f} s. The "
         f"deployment's queue bound is {OVERLOAD_MAX_QUEUED}: a request is admitted only while a "
         "slot is free for it. The engine runs on core 0, the frontend, ingester and load "
-        "generator on core 1.\n\n" + overload_table + "\n\n![admission](admission.png)\n",
+        "generator on core 1.\n\n" + overload_table + "\n\n![admission](img/admission.png)\n",
     )
     results_write(args.docs, "admission", _results(rows, overload, args))
     progress(
-        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'admission.png'} and "
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'admission.png'} and "
         f"{args.docs / 'bench-data' / 'admission.json'}"
     )
 

@@ -8,7 +8,7 @@ bucket runs out, then 429).
 
     .venv/bin/python bench/bad_input_flood.py [--requests 40] [--flooders 4]
 
-Writes its section of docs/benchmarks.md, docs/bad_input_flood.png and the raw results to
+Writes its section of docs/benchmarks.md, docs/img/bad_input_flood.png and the raw results to
 docs/bench-data/bad_input_flood.json. Asserts nothing.
 """
 
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     results_write,
@@ -197,7 +198,7 @@ def main() -> None:
     )
     print("\n" + table)
     args.docs.mkdir(parents=True, exist_ok=True)
-    _plot(alone, flooded, args.docs / "bad_input_flood.png")
+    _plot(alone, flooded, plot_path(args.docs, "bad_input_flood"))
     section_write(
         args.docs,
         "bad_input_flood",
@@ -210,7 +211,7 @@ def main() -> None:
         f"{args.requests} short chats one after another, alone, then under A's flood. Ratio = "
         f"p50 under the flood ÷ p50 alone (target ≤ {TARGET}).\n\n"
         + table
-        + "\n\n![bad input flood](bad_input_flood.png)\n",
+        + "\n\n![bad input flood](img/bad_input_flood.png)\n",
     )
     results_write(
         args.docs,

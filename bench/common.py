@@ -371,6 +371,13 @@ def section_write_first(docs: Path, name: str, text: str) -> Path:
     return path
 
 
+def plot_path(docs: Path, name: str) -> Path:
+    """Return where a benchmark's plot goes, docs/img/<name>.png, creating the folder."""
+    path = docs / "img" / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def results_write(docs: Path, name: str, data: dict[str, Any]) -> Path:
     """Save one benchmark's raw results as docs/bench-data/<name>.json, for bench/summary.py.
 

@@ -9,7 +9,7 @@ the real HTTP API, and we report inputs/s and p50/p99 latency, and the ratio of 
     .venv/bin/python bench/embeddings.py [--seconds 15] [--max-batch-size 64] [--levels 1,16,64]
 
 The encoder worker runs on core 0; the frontend, ingester and load generator on core 1, as
-separate machines would. Writes its section of docs/benchmarks.md, docs/embeddings.png and the
+separate machines would. Writes its section of docs/benchmarks.md, docs/img/embeddings.png and the
 raw results (every request's latency) to docs/bench-data/embeddings.json. Asserts nothing.
 """
 
@@ -38,6 +38,7 @@ from bench.common import (  # noqa: E402
     free_port,
     http_ok,
     percentile,
+    plot_path,
     progress,
     results_write,
     section_write,
@@ -523,7 +524,7 @@ def main() -> None:
     ready, stats = _worker_facts(batched_log)
     print(f"\nHTTP:\n{table}\n\nqueue:\n{queue_table}\n\nin process:\n{local_table}")
     print(f"\nbatcher worker: {ready}; {stats}")
-    _plot(batched, single, batched_q, single_q, args.docs / "embeddings.png")
+    _plot(batched, single, batched_q, single_q, plot_path(args.docs, "embeddings"))
     section_write(
         args.docs,
         "embeddings",
@@ -545,7 +546,7 @@ def main() -> None:
         + "\n\n**In process** (the batcher and the model alone on core 0, coroutines as "
         "clients: the ceiling the platform's per-request work is measured against):\n\n"
         + local_table
-        + "\n\n![embeddings](embeddings.png)\n",
+        + "\n\n![embeddings](img/embeddings.png)\n",
     )
     runs = {
         "http": (batched, single),
@@ -554,7 +555,7 @@ def main() -> None:
     }
     results_write(args.docs, "embeddings", _results(runs, args, levels))
     progress(
-        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'embeddings.png'} and "
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'embeddings.png'} and "
         f"{args.docs / 'bench-data' / 'embeddings.json'}"
     )
 

@@ -21,7 +21,7 @@ divided by the CPU cores the gateway's processes used meanwhile.
     .venv/bin/python bench/gateway_overhead.py [--quick] [--rounds 3]
 
 Builds LiteLLM's virtualenv under .data/bench-venvs/ on first use (a few minutes). Writes its
-section of docs/benchmarks.md, docs/gateway_overhead.png and the raw results (every latency
+section of docs/benchmarks.md, docs/img/gateway_overhead.png and the raw results (every latency
 sample) to docs/bench-data/gateway_overhead.json. Asserts nothing.
 """
 
@@ -53,6 +53,7 @@ from bench.common import (  # noqa: E402
     cpu_seconds,
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     results_write,
@@ -626,7 +627,7 @@ def _report(
     )
     print(f"Latency checks: {checks}. Run took {wall_s / 60:.1f} min.")
     args.docs.mkdir(exist_ok=True)
-    _plot(results, args.docs / "gateway_overhead.png")
+    _plot(results, plot_path(args.docs, "gateway_overhead"))
     results_write(args.docs, "gateway_overhead", _results(results, spend, args))
     samples = len(results["vllm"].latencies.plain_total)
     section_write(
@@ -676,9 +677,11 @@ def _report(
         + throughput
         + "\n\n"
         + levels
-        + f"\n\n{idle}\n\n![added latency and throughput](gateway_overhead.png)\n",
+        + f"\n\n{idle}\n\n![added latency and throughput](img/gateway_overhead.png)\n",
     )
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'gateway_overhead.png'}")
+    progress(
+        f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'img' / 'gateway_overhead.png'}"
+    )
 
 
 def main() -> None:

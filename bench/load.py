@@ -17,7 +17,7 @@ With --embeddings, all-MiniLM-L6-v2 is deployed too (its own worker) and users a
 
 With --url nothing is started: the scenario runs against that deployment with the keys in
 SWITCHYARD_KEYS (and SWITCHYARD_MODEL, SWITCHYARD_EMBEDDING_MODEL), and the summary is printed
-only. Otherwise writes its section of docs/benchmarks.md, docs/load.png and
+only. Otherwise writes its section of docs/benchmarks.md, docs/img/load.png and
 docs/bench-data/load.json. Exits 1 when a request failed (a refusal is not a failure).
 """
 
@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     Platform,
     cpu_seconds,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     results_write,
@@ -459,7 +460,7 @@ def _local(args: argparse.Namespace, work: Path) -> tuple[int, list[Row]]:
             after = cpu_seconds(processes)
             history = work / "locust_stats_history.csv"
             args.docs.mkdir(parents=True, exist_ok=True)
-            _plot(history, args.docs / "load.png")
+            _plot(history, plot_path(args.docs, "load"))
     finally:
         if encoder is not None:
             stop([encoder])
@@ -493,10 +494,10 @@ def _local(args: argparse.Namespace, work: Path) -> tuple[int, list[Row]]:
         + stats
         + "\n\nCPU used by each platform process over the run:\n\n"
         + cpu
-        + "\n\n![load](load.png)\n",
+        + "\n\n![load](img/load.png)\n",
     )
     results_write(args.docs, "load", _results(rows, users, used, elapsed, args))
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'load.png'}")
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'img' / 'load.png'}")
     return status, rows
 
 

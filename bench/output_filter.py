@@ -9,7 +9,7 @@ per 1,000 tokens (where the filter runs).
 
     .venv/bin/python bench/output_filter.py [--levels 1,8,32] [--requests 64] [--rounds 3]
 
-Writes docs/benchmarks.md and docs/output_filter.png. Asserts nothing.
+Writes docs/benchmarks.md and docs/img/output_filter.png. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from bench.common import (  # noqa: E402
     cpu_seconds,
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     section_write,
@@ -228,7 +229,7 @@ def main() -> None:
             platform_stop(platform)
     table = _table(rows)
     print(table)
-    _plot(rows, args.docs / "output_filter.png")
+    _plot(rows, plot_path(args.docs, "output_filter"))
     text = (
         "## Safety: the streaming output filter's cost\n\n"
         f"`bench/output_filter.py`, {time.strftime('%Y-%m-%d')}, 2 CPU cores, tiny Llama demo "
@@ -242,7 +243,7 @@ def main() -> None:
         "span detectors and to the end of the sentence (at most 400 characters) for toxicity; "
         "the demo model's random-weight output has few sentence ends, so this is its worst "
         "case.\n\n"
-        f"{table}\n\n![output filter](output_filter.png)\n"
+        f"{table}\n\n![output filter](img/output_filter.png)\n"
     )
     section_write(args.docs, "output_filter", text)
     print(f"written to {args.docs}/benchmarks.md")

@@ -14,7 +14,7 @@ prefill is a millisecond or two, next to the platform's own path.
 
     .venv/bin/python bench/prefix_cache.py [--requests 64] [--concurrency 4] [--rounds 2] [--tiny]
 
-Writes docs/benchmarks.md and docs/prefix_cache.png. Asserts nothing.
+Writes docs/benchmarks.md and docs/img/prefix_cache.png. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     http_ok,
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     section_write,
@@ -371,7 +372,7 @@ def main() -> None:
     table = _table(a, b)
     print("\n" + table)
     args.docs.mkdir(parents=True, exist_ok=True)
-    _plot(a, b, args.docs / "prefix_cache.png")
+    _plot(a, b, plot_path(args.docs, "prefix_cache"))
     section_write(
         args.docs,
         "prefix_cache",
@@ -389,9 +390,9 @@ def main() -> None:
         "workers start anew each round, so the replica that owns the shared prefix (and takes "
         "about three quarters of the requests, as far as the load bound lets it at 4 streams) "
         "differs from round to round.\n\n" + table + "\n\n"
-        "![prefix cache TTFT](prefix_cache.png)\n",
+        "![prefix cache TTFT](img/prefix_cache.png)\n",
     )
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'prefix_cache.png'}")
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'img' / 'prefix_cache.png'}")
 
 
 if __name__ == "__main__":

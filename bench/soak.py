@@ -25,7 +25,7 @@ When the load stops we wait for the platform to drain, then check its bounds:
 
 --quick runs one minute for development (memory bounds are reported, not enforced: the worker
 is still warming up). Prints a progress line every few seconds, writes its section of
-docs/benchmarks.md, docs/soak.png and (full runs) docs/bench-data/soak.json, and exits 1 when a
+docs/benchmarks.md, docs/img/soak.png and (full runs) docs/bench-data/soak.json, and exits 1 when a
 bound fails.
 """
 
@@ -62,6 +62,7 @@ from bench.common import (  # noqa: E402
     cpu_seconds,
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     results_write,
@@ -363,9 +364,9 @@ def occupancy(client: redis.Redis) -> tuple[int, int, int, int]:
     Read in one MULTI: a claim moves a job from the queue to the leases between two separate
     reads, and it would be counted twice. The key names are the data plane's own.
     """
-    from dataplane.dispatch import _keys as dispatch_keys
+    from dataplane.keys import deployment_keys
 
-    keys = dispatch_keys(DEPLOYMENT)
+    keys = deployment_keys(DEPLOYMENT)
     pipe = client.pipeline(transaction=True)
     pipe.hmget(keys.depth, ["n", "tok"])
     pipe.zcard(keys.leases)
@@ -380,7 +381,7 @@ def reservations_open(client: redis.Redis, tenant_id: int, *, held: bool = False
     Counts its concurrency leases; with `held`, also the reserved amounts kept per request
     (a scan of the keyspace, so only once the load is over).
     """
-    from dataplane.quotas import _keys as quota_keys
+    from dataplane.keys import quota_keys
     from dataplane.quotas import month_of
 
     _rpm, _tpm, inflight, _spent, held_prefix = quota_keys(tenant_id, "", month_of(time.time()))
@@ -1081,7 +1082,7 @@ def _write(soak: Soak, args: argparse.Namespace) -> None:
     memory, checks = _memory_table(soak), _checks_table(soak.checks)
     print("\n".join(["", summary, "", minutes, "", memory, "", checks]))
     args.docs.mkdir(parents=True, exist_ok=True)
-    _plot(soak, args.docs / "soak.png")
+    _plot(soak, plot_path(args.docs, "soak"))
     verdict = "**a bound failed**" if any(c.failed for c in soak.checks) else "every bound held"
     engine = soak.cores(0, soak.seconds).get("worker+engine", 1.0)
     if engine < 0.8:
@@ -1124,11 +1125,11 @@ def _write(soak: Soak, args: argparse.Namespace) -> None:
         + minutes
         + "\n\n"
         + memory
-        + "\n\n![soak](soak.png)\n",
+        + "\n\n![soak](img/soak.png)\n",
     )
     if not args.quick:  # the summary table shows full runs only
         results_write(args.docs, "soak", _results(soak, args))
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'soak.png'}")
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'img' / 'soak.png'}")
 
 
 if __name__ == "__main__":

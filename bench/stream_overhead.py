@@ -9,7 +9,7 @@ compete with the engine for the same cores.
 
     .venv/bin/python bench/stream_overhead.py [--requests-per-level 8] [--levels 1,8,32]
 
-Writes docs/benchmarks.md, docs/stream_overhead.png and the raw results (every TTFT of every
+Writes docs/benchmarks.md, docs/img/stream_overhead.png and the raw results (every TTFT of every
 round) to docs/bench-data/stream_overhead.json. Asserts nothing.
 """
 
@@ -38,6 +38,7 @@ from bench.common import (  # noqa: E402
     cpu_seconds,
     percentile,
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     results_write,
@@ -319,7 +320,7 @@ def main() -> None:
     cpu = _cpu_table(switchyard, vllm)
     print("\n" + table + "\n\nCPU use during each level (100% = one core):\n" + cpu)
     args.docs.mkdir(exist_ok=True)
-    _plot(vllm, switchyard, args.docs / "stream_overhead.png")
+    _plot(vllm, switchyard, plot_path(args.docs, "stream_overhead"))
     section_write(
         args.docs,
         "stream_overhead",
@@ -332,7 +333,7 @@ def main() -> None:
         + table
         + "\n\nCPU use per process during each level of the Switchyard run "
         "(CPU seconds / wall seconds; 100% = one core of the machine's "
-        f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](stream_overhead.png)\n",
+        f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](img/stream_overhead.png)\n",
     )
     results_write(
         args.docs,
@@ -340,7 +341,7 @@ def main() -> None:
         _results(vllm, switchyard, vllm_rounds, switchyard_rounds, args),
     )
     progress(
-        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'stream_overhead.png'} and "
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'stream_overhead.png'} and "
         f"{args.docs / 'bench-data' / 'stream_overhead.json'}"
     )
 

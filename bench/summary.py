@@ -3,7 +3,7 @@
 Reads the raw results the benchmarks save in docs/bench-data/<name>.json and writes the first
 section of docs/benchmarks.md: one row per headline measure, with its value, the issue's
 target where it sets one, met or missed, the date measured and a link to the benchmark's own
-section. Draws docs/latency_cdf.png and docs/throughput.png from the same files, and embeds
+section. Draws docs/img/latency_cdf.png and docs/img/throughput.png from the same files, and embeds
 both. Runs no benchmark: run those first.
 
     .venv/bin/python bench/summary.py [--docs docs]
@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import progress, section_write_first  # noqa: E402
+from bench.common import plot_path, progress, section_write_first  # noqa: E402
 
 # Benchmarks listed first, in this order; other results files follow by name.
 ORDER = ("stream_overhead", "admission", "embeddings", "gateway_overhead", "soak")
@@ -408,7 +408,7 @@ def _embedding_throughput(ax: Any, data: Results) -> None:
 
 
 def figures_draw(results: dict[str, Results], docs: Path) -> None:
-    """Write docs/latency_cdf.png and docs/throughput.png."""
+    """Write docs/img/latency_cdf.png and docs/img/throughput.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -448,7 +448,7 @@ def figures_draw(results: dict[str, Results], docs: Path) -> None:
     )
     fig.suptitle("Latency CDFs (dotted line: p99)")
     fig.tight_layout()
-    fig.savefig(docs / "latency_cdf.png", dpi=110)
+    fig.savefig(plot_path(docs, "latency_cdf"), dpi=110)
     plt.close(fig)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -456,7 +456,7 @@ def figures_draw(results: dict[str, Results], docs: Path) -> None:
     _panel(right, "Embeddings throughput", embeddings, "embeddings", _embedding_throughput)
     fig.suptitle("Throughput vs concurrency")
     fig.tight_layout()
-    fig.savefig(docs / "throughput.png", dpi=110)
+    fig.savefig(plot_path(docs, "throughput"), dpi=110)
     plt.close(fig)
 
 
@@ -486,11 +486,12 @@ def main() -> None:
         "tenant B's TTFT alone and under tenant A's flood; admitted requests' TTFT and the "
         "time to a refusal under overload, against the TTFT at capacity; embedding request "
         "latency with the dynamic batcher and one at a time.\n\n"
-        "![latency CDFs](latency_cdf.png)\n\n"
-        "![throughput vs concurrency](throughput.png)\n",
+        "![latency CDFs](img/latency_cdf.png)\n\n"
+        "![throughput vs concurrency](img/throughput.png)\n",
     )
     progress(
-        f"wrote {markdown}, {args.docs / 'latency_cdf.png'} and {args.docs / 'throughput.png'}"
+        f"wrote {markdown}, {args.docs / 'img' / 'latency_cdf.png'} and "
+        f"{args.docs / 'img' / 'throughput.png'}"
     )
 
 

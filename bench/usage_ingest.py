@@ -10,7 +10,7 @@ the usage table:
   time, and whether the ingester keeps up.
 
 Every event must end as exactly one row (checked at the end). Writes a table into
-docs/benchmarks.md and a plot to docs/usage_ingest.png.
+docs/benchmarks.md and a plot to docs/img/usage_ingest.png.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
     platform_stop,
+    plot_path,
     prepare_switchyard,
     progress,
     section_write,
@@ -73,7 +74,7 @@ def _events(tenant_id: int, digest: str, n: int) -> list[bytes]:
 
 
 def _produce(client: object, payloads: list[bytes]) -> None:
-    from dataplane.dispatch import usage_key
+    from dataplane.keys import usage_key
 
     key = usage_key("tiny")
     for start in range(0, len(payloads), 2000):
@@ -93,7 +94,7 @@ def _recorded() -> int:
 
 def _lag(client: object) -> int:
     """Events not yet recorded: the ingester deletes an entry once its row is committed."""
-    from dataplane.dispatch import usage_key
+    from dataplane.keys import usage_key
 
     return int(client.xlen(usage_key("tiny")))  # type: ignore[attr-defined]
 
@@ -184,7 +185,7 @@ def main() -> None:
         progress("building the tiny demo model (registered, never loaded)")
         model_dir = demo_model_build(out_dir=work / "model")
         platform = prepare_switchyard(model_dir, work, tenants={"bench": {}}, max_num_seqs=8)
-        from dataplane.dispatch import INGEST_GROUP, usage_key
+        from dataplane.keys import INGEST_GROUP, usage_key
         from dataplane.redis_client import redis_sync_client
         from models_registry.models import ModelVersion
         from tenants.models import Tenant
@@ -216,7 +217,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     table = _table(runs)
     print("\n" + table)
-    _plot(runs, args.docs / "usage_ingest.png")
+    _plot(runs, plot_path(args.docs, "usage_ingest"))
     section_write(
         args.docs,
         "usage_ingest",
@@ -226,9 +227,9 @@ def main() -> None:
         "the same 2-core machine as the producer, Valkey and PostgreSQL. Every run ended with "
         f"exactly one row per event ({expected:,} rows).\n\n"
         + table
-        + "\n\n![usage ingestion lag](usage_ingest.png)\n",
+        + "\n\n![usage ingestion lag](img/usage_ingest.png)\n",
     )
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'usage_ingest.png'}")
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {args.docs / 'img' / 'usage_ingest.png'}")
 
 
 if __name__ == "__main__":
