@@ -108,11 +108,14 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
     assert _value(frontend, "switchyard_requests_total", endpoint="chat_completions", code="200")
     # The platform's shared state, read from Redis at scrape time.
     for priority in ("interactive", "batch"):
-        assert (
-            "switchyard_queue_depth",
-            frozenset({("deployment", DEPLOYMENT), ("priority", priority)}),
-        ) in frontend
-        assert _value(frontend, "switchyard_queue_oldest_age_seconds", deployment=DEPLOYMENT) >= 0
+        series = frozenset({("deployment", DEPLOYMENT), ("priority", priority)})
+        assert ("switchyard_queue_depth", series) in frontend, priority
+        # Each class has its own age series (a missing one would read as 0), 0 when none waits.
+        assert ("switchyard_queue_oldest_age_seconds", series) in frontend, priority
+        age = frontend[("switchyard_queue_oldest_age_seconds", series)]
+        assert age >= 0, (priority, age)
+        if frontend[("switchyard_queue_depth", series)] == 0:
+            assert age == 0, (priority, age)
     assert _value(frontend, "switchyard_deployment_workers", deployment=DEPLOYMENT) >= 1
     assert _value(frontend, "switchyard_deployment_desired_replicas", deployment=DEPLOYMENT) >= 1
     assert _value(
@@ -141,6 +144,8 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
             assert labels["deployment"] == DEPLOYMENT and labels["model_name"], labels
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert _labels(worker, name), name
+    kv_cache = _labels(worker, "vllm:kv_cache_usage_perc")
+    assert kv_cache and all(labels["deployment"] == DEPLOYMENT for labels in kv_cache), kv_cache
     assert 0 <= _value(worker, "vllm:kv_cache_usage_perc", **engine) <= 1
     for stage in WORKER_STAGES:
         assert _value(worker, "switchyard_stage_seconds_count", stage=stage, **engine), stage
