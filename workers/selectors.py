@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from models_registry.models import Deployment
-from workers.capacity import Curve, CurvePoint, Slo
+from workers.capacity import Curve, CurvePoint
 from workers.models import ThroughputPoint
+from workers.traffic_profile import Slo
 
 
 def throughput_curve_latest(*, deployment: Deployment) -> Curve | None:

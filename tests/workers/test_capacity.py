@@ -22,23 +22,18 @@ from workers.capacity import (
     CurvePoint,
     Level,
     PlanError,
-    Pool,
-    ProfileError,
     Sample,
-    Slo,
-    Tokens,
     level_summarise,
     operating_point,
     percentile,
     pool_plan,
-    profile_load,
-    profile_parse,
     replicas_needed,
     zone_spread,
 )
 from workers.models import ThroughputPoint
 from workers.selectors import throughput_curve_latest
 from workers.services import throughput_record
+from workers.traffic_profile import Pool, ProfileError, Slo, Tokens, profile_load, profile_parse
 
 SLO = Slo(ttft_p95=1.0, itl_p95=0.05)
 DIGEST = "a" * 64

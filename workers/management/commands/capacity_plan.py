@@ -6,12 +6,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_registry.models import Deployment
-from workers.capacity import PlanError, ProfileError, pool_plan, profile_load
+from workers.capacity import PlanError, pool_plan
 from workers.selectors import (
     deployment_gpus_per_replica,
     deployment_slo,
     throughput_curve_latest,
 )
+from workers.traffic_profile import ProfileError, profile_load
 
 DEFAULT_HEADROOM = 0.2
 DEFAULT_ZONES = 3
