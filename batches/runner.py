@@ -42,6 +42,7 @@ from batches.services import (
     counts_refresh,
 )
 from dataplane.dispatch import Dispatch
+from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
 from dataplane.types import Event
 from inference import relay
@@ -74,7 +75,7 @@ _RETRY_LATER = {
 
 
 def lease_name(batch_id: str) -> str:
-    return f"sy:batch:{batch_id}:lease"
+    return batch_lease_key(batch_id)
 
 
 @dataclass(frozen=True)

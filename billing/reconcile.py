@@ -21,7 +21,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncHour
 
 from billing.models import UsageRecord
-from dataplane.dispatch import ledger_hour, ledger_key
+from dataplane.keys import ledger_hour, ledger_key
 from dataplane.redis_client import redis_sync_client
 from models_registry.models import Deployment
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from dataplane.dispatch import CONTROL_CHANGES_CHANNEL
+from dataplane.keys import CONTROL_CHANGES_CHANNEL
 from dataplane.redis_client import redis_sync_client
 
 log = logging.getLogger(__name__)

@@ -43,12 +43,36 @@ import hashlib
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
+from dataplane.keys import (
+    INGEST_GROUP,
+    MARKER_TTL_SECONDS,
+    WAKE_CAP,
+    cancel_channel,
+    cancel_key,
+    dead_usage_key,
+    deployment_keys,
+    deployment_of,
+    final_key,
+    gauges_key,
+    handoff_channel,
+    heartbeats_key,
+    ledger_field,
+    ledger_hour,
+    ledger_key,
+    reply_key,
+    retire_key,
+    usage_key,
+    whereabouts_key,
+)
+
+# Until every importer reads it from dataplane.keys.
+from dataplane.keys import KEY_REVOCATIONS_CHANNEL as KEY_REVOCATIONS_CHANNEL
 from dataplane.redis_client import script_into
 from dataplane.replies import Follower, ReplyReaders
 from dataplane.types import (
@@ -67,57 +91,12 @@ from dataplane.types import (
 
 ScriptArg = bytes | str | int | float
 
-INGEST_GROUP = "ingest"
-KEY_REVOCATIONS_CHANNEL = "sy:keys:revoked"
-# A kind of control-plane state that frontends cache changed: "keys", "routes" or "policies".
-CONTROL_CHANGES_CHANNEL = "sy:control:changed"
-MARKER_TTL_SECONDS = 24 * 3600
-CLASSES = ("interactive", "batch")
-_WAKE_CAP = 256
 # Prompt tokens that key a job's prefix for replica affinity: vLLM's KV-cache block on CPU (128
 # tokens), eight blocks on GPU. A prompt must be longer to have a key: the cache reuses only full
 # blocks and always computes the last prompt token.
 PREFIX_TOKENS = 128
 # A replica takes a job for its prefix only while it holds at most this many times the mean load.
 PREFIX_LOAD_BOUND = 1.25
-
-
-def _tag(deployment: str) -> str:
-    return f"sy:{{{deployment}}}"
-
-
-def reply_key(deployment: str, request_id: str) -> str:
-    return f"{_tag(deployment)}:reply:{request_id}"
-
-
-def cancel_key(deployment: str, request_id: str) -> str:
-    return f"{_tag(deployment)}:cancel:{request_id}"
-
-
-def final_key(deployment: str, request_id: str) -> str:
-    return f"{_tag(deployment)}:final:{request_id}"
-
-
-def usage_key(deployment: str) -> str:
-    return f"{_tag(deployment)}:usage"
-
-
-def dead_usage_key(deployment: str) -> str:
-    return f"{_tag(deployment)}:usage:dead"
-
-
-def cancel_channel(deployment: str) -> str:
-    return f"{_tag(deployment)}:cancel"
-
-
-def whereabouts_key(request_id: str) -> str:
-    # Tagged by the request: the one key a frontend can find knowing only a request id.
-    return f"sy:{{r{request_id}}}:where"
-
-
-def handoff_channel(deployment: str, worker: str) -> str:
-    # Published when a job is handed to the worker, so it claims at once.
-    return f"{_tag(deployment)}:handoff:{worker}"
 
 
 def prefix_key(job: Job, *, tokens: int = PREFIX_TOKENS) -> str:
@@ -132,29 +111,6 @@ def prefix_key(job: Job, *, tokens: int = PREFIX_TOKENS) -> str:
     return digest.hexdigest()
 
 
-def heartbeats_key(deployment: str) -> str:
-    return f"{_tag(deployment)}:workers"
-
-
-def ledger_key(deployment: str) -> str:
-    return f"{_tag(deployment)}:ledger"
-
-
-def ledger_field(ts: float, field: str) -> str:
-    """The ledger field counting `field` for the hour of ts (as the scripts' ledger_add)."""
-    return f"{ledger_hour(ts)}:{field}"
-
-
-def ledger_hour(ts: float) -> str:
-    """The hour a request was admitted in (UTC), as the ledger and reconciliation name it."""
-    return time.strftime("%Y%m%d%H", time.gmtime(ts))
-
-
-def retire_key(deployment: str) -> str:
-    # Set by the control plane: the deployment's workers finish its queue, then leave.
-    return f"{_tag(deployment)}:retire"
-
-
 def retire_request_sync(client: redis.Redis, deployment: str, *, retire: bool) -> None:
     """Ask a deployment's workers to drain and leave (or, with retire=False, to stay)."""
     if retire:
@@ -163,66 +119,10 @@ def retire_request_sync(client: redis.Redis, deployment: str, *, retire: bool) -
         client.delete(retire_key(deployment))
 
 
-class _Keys(NamedTuple):
-    """The keys every data-plane script receives, in the order _PRELUDE names them."""
-
-    jobs: str  # hash: request id -> encoded Job, while queued or leased
-    meta: str  # hash: request id -> "tenant class cost weight deadline member"
-    queue_interactive: str  # sorted set of "<tenant>:<seq>:<request id>"
-    queue_batch: str
-    ready_interactive: str  # sorted set: waiting tenant -> virtual token counter
-    ready_batch: str
-    vtc: str  # hash: counters, virtual clocks, weights, the sequence
-    deadlines: str  # sorted set: queued request id -> deadline
-    depth: str  # hash: queued requests and tokens, in all and per class/tenant
-    leases: str  # sorted set: claimed request id -> end of its lease
-    workers: str  # sorted set: live worker -> end of its heartbeat
-    wake: str  # list: one token per enqueue, for idle workers to block on
-    rate: str  # hash: worker -> measured reserved tokens per second
-    slots: str  # hash: worker -> "<shared slots> <reserved slots>"
-    usage: str
-    ledger: str  # hash: "<admission hour>:<field>" -> admitted / finished requests, tokens
-    prefixes: str  # hash: request id -> prefix key, for jobs that have one
-    holders: str  # hash: claimed request id -> worker that runs it (claims naming a worker)
-    held: str  # hash: worker -> jobs it holds (run, or handed to it and not yet taken)
-    handoffs: str  # hash: request id -> "<seq> <worker>", handed to a worker not yet taken
-
-
-def _keys(deployment: str) -> _Keys:
-    tag = _tag(deployment)
-    return _Keys(
-        jobs=f"{tag}:jobs",
-        meta=f"{tag}:meta",
-        queue_interactive=f"{tag}:q:interactive",
-        queue_batch=f"{tag}:q:batch",
-        ready_interactive=f"{tag}:ready:interactive",
-        ready_batch=f"{tag}:ready:batch",
-        vtc=f"{tag}:vtc",
-        deadlines=f"{tag}:deadlines",
-        depth=f"{tag}:depth",
-        leases=f"{tag}:leases",
-        workers=heartbeats_key(deployment),
-        wake=f"{tag}:wake",
-        rate=f"{tag}:rate",
-        slots=f"{tag}:slots",
-        usage=usage_key(deployment),
-        ledger=ledger_key(deployment),
-        prefixes=f"{tag}:prefixes",
-        holders=f"{tag}:holders",
-        held=f"{tag}:held",
-        handoffs=f"{tag}:handoffs",
-    )
-
-
 def depth_sync(client: redis.Redis, deployment: str) -> tuple[int, int]:
     """Return (requests, reserved tokens) waiting in a deployment's queues, for control code."""
-    found: Any = client.hmget(_keys(deployment).depth, ["n", "tok"])
+    found: Any = client.hmget(deployment_keys(deployment).depth, ["n", "tok"])
     return int(found[0] or 0), int(found[1] or 0)
-
-
-def gauges_key(deployment: str) -> str:
-    # hash: worker -> "<kv cache use 0..1>", reported with each heartbeat; read by operators
-    return f"{_tag(deployment)}:gauges"
 
 
 def kv_cache_usage_sync(client: redis.Redis, deployment: str) -> float | None:
@@ -233,18 +133,13 @@ def kv_cache_usage_sync(client: redis.Redis, deployment: str) -> float | None:
 
 def rate_sync(client: redis.Redis, deployment: str) -> float:
     """Return the reserved tokens per second a deployment's workers last measured (summed)."""
-    values: Any = client.hvals(_keys(deployment).rate)
+    values: Any = client.hvals(deployment_keys(deployment).rate)
     return sum(float(v) for v in values)
 
 
 def live_workers_sync(client: redis.Redis, deployment: str) -> int:
     """Return how many workers of a deployment are alive, for control-plane code."""
     return int(client.zcount(heartbeats_key(deployment), time.time(), "+inf"))
-
-
-def autoscale_key(deployment: str) -> str:
-    # hash: the autoscaling signal's hysteresis state (desired, below_since, window_max)
-    return f"{_tag(deployment)}:autoscale"
 
 
 @dataclass(frozen=True)
@@ -270,7 +165,7 @@ _SNAPSHOT_SCAN = 5000
 
 def queue_snapshot_sync(client: redis.Redis, deployment: str) -> QueueSnapshot:
     """Read a deployment's queues, workers and usage stream in two round trips."""
-    keys = _keys(deployment)
+    keys = deployment_keys(deployment)
     now = time.time()
     pipe = client.pipeline(transaction=False)
     pipe.hget(keys.depth, "tok")
@@ -828,7 +723,7 @@ class Dispatch:
             script_into(
                 pipe,
                 self._enqueue,
-                keys=list(_keys(job.deployment)),
+                keys=list(deployment_keys(job.deployment)),
                 args=[
                     encode(job) if payload is None else payload,
                     time.time(),
@@ -840,7 +735,7 @@ class Dispatch:
                     job.reserved_tokens,
                     job.weight,
                     job.deadline,
-                    _WAKE_CAP,
+                    WAKE_CAP,
                     ledger_hour(job.enqueued_at),
                     prefix_key(job),
                 ],
@@ -880,7 +775,7 @@ class Dispatch:
         """Cancel a request knowing only its id; return False if it had already finished."""
         if await self.finished(deployment=where.deployment, request_id=request_id):
             return False
-        payload: Any = await self.redis.hget(_keys(where.deployment).jobs, request_id)
+        payload: Any = await self.redis.hget(deployment_keys(where.deployment).jobs, request_id)
         if payload is not None:
             await self.cancel(job=job_decoder.decode(payload))
         else:
@@ -905,7 +800,6 @@ class Dispatch:
         closes the follower when done."""
         return self._replies.follow(
             deployment=deployment,
-            tag=_tag(deployment),
             key=reply_key(deployment, request_id),
             after=after,
         )
@@ -983,7 +877,7 @@ class Dispatch:
             prompt_tokens=prompt_tokens,
         )
         keys = [
-            *_keys(job.deployment),
+            *deployment_keys(job.deployment),
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
             cancel_key(job.deployment, job.request_id),
@@ -1004,7 +898,7 @@ class Dispatch:
 
     async def depth(self, deployment: str) -> Depth:
         """Return how many requests and reserved tokens wait in a deployment's queues."""
-        found: Any = await self.redis.hmget(_keys(deployment).depth, ["n", "tok"])
+        found: Any = await self.redis.hmget(deployment_keys(deployment).depth, ["n", "tok"])
         return Depth(requests=int(found[0] or 0), tokens=int(found[1] or 0))
 
     # --- worker side ---------------------------------------------------------------------
@@ -1041,7 +935,7 @@ class Dispatch:
         now = time.time()
         skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
         ok, expired = await self._claim(
-            keys=list(_keys(deployment)),
+            keys=list(deployment_keys(deployment)),
             args=[
                 now,
                 count,
@@ -1060,7 +954,7 @@ class Dispatch:
 
     async def wait_for_work(self, *, deployment: str, timeout: float) -> None:
         """Block until a job is queued for the deployment or timeout seconds pass."""
-        await self.redis.blpop([_keys(deployment).wake], timeout=timeout)
+        await self.redis.blpop([deployment_keys(deployment).wake], timeout=timeout)
 
     async def cancelled(self, *, deployment: str, request_ids: list[str]) -> set[str]:
         """Return which of these requests have been cancelled."""
@@ -1099,15 +993,17 @@ class Dispatch:
             pipe.zadd(key, {worker: now + ttl})
             pipe.zremrangebyscore(key, "-inf", now)
             if slots is not None:
-                pipe.hset(_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
+                pipe.hset(deployment_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
                 # Listed among the holders: jobs may be handed to it (see claim).
-                pipe.hsetnx(_keys(deployment).held, worker, 0)
+                pipe.hsetnx(deployment_keys(deployment).held, worker, 0)
             if tokens_per_second is not None:
-                pipe.hset(_keys(deployment).rate, worker, tokens_per_second)
+                pipe.hset(deployment_keys(deployment).rate, worker, tokens_per_second)
             if kv_cache_usage is not None:
                 pipe.hset(gauges_key(deployment), worker, round(kv_cache_usage, 4))
             if leased:
-                pipe.zadd(_keys(deployment).leases, dict.fromkeys(leased, now + ttl), xx=True)
+                pipe.zadd(
+                    deployment_keys(deployment).leases, dict.fromkeys(leased, now + ttl), xx=True
+                )
             results = await pipe.execute()
         return bool(results[0])
 
@@ -1115,10 +1011,10 @@ class Dispatch:
         """Remove a stopping worker from the live set."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrem(heartbeats_key(deployment), worker)
-            pipe.hdel(_keys(deployment).rate, worker)
-            pipe.hdel(_keys(deployment).slots, worker)
+            pipe.hdel(deployment_keys(deployment).rate, worker)
+            pipe.hdel(deployment_keys(deployment).slots, worker)
             pipe.hdel(gauges_key(deployment), worker)
-            pipe.hdel(_keys(deployment).held, worker)
+            pipe.hdel(deployment_keys(deployment).held, worker)
             await pipe.execute()
 
     async def handoffs_return(self, *, deployment: str, worker: str) -> int:
@@ -1126,12 +1022,12 @@ class Dispatch:
 
         Call it once the worker's heartbeat says it has no slots, so nothing more is handed to it.
         """
-        keys = _keys(deployment)
+        keys = deployment_keys(deployment)
         handed: Any = await self.redis.hgetall(keys.handoffs)
         mine = [rid.decode() for rid, to in handed.items() if to.decode().split()[1] == worker]
         returned = 0
         for rid in mine:
-            args: list[ScriptArg] = [rid, time.time(), _WAKE_CAP, worker]
+            args: list[ScriptArg] = [rid, time.time(), WAKE_CAP, worker]
             returned += int(await self._requeue(keys=list(keys), args=args))
         return returned
 
@@ -1206,7 +1102,7 @@ class Dispatch:
         self, *, job: Job, terminal: Event, usage: UsageEvent, charged: bool
     ) -> tuple[list[str], list[ScriptArg]]:
         keys = [
-            *_keys(job.deployment),
+            *deployment_keys(job.deployment),
             final_key(job.deployment, job.request_id),
             reply_key(job.deployment, job.request_id),
         ]
@@ -1231,7 +1127,7 @@ class Dispatch:
         A started job cannot be resumed elsewhere without repeating tokens the client has
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
-        keys = _keys(deployment)
+        keys = deployment_keys(deployment)
         now = time.time()
         lapsed: Any = await self.redis.zrangebyscore(keys.leases, "-inf", now, start=0, num=100)
         reclaimed = 0
@@ -1246,7 +1142,7 @@ class Dispatch:
             events = [event_decoder.decode(fields[b"e"]) for _id, fields in history]
             if not events:
                 reclaimed += int(
-                    await self._requeue(keys=list(keys), args=[rid, time.time(), _WAKE_CAP])
+                    await self._requeue(keys=list(keys), args=[rid, time.time(), WAKE_CAP])
                 )
                 continue
             await self._end_lost(job, events)
@@ -1274,7 +1170,7 @@ class Dispatch:
 
     async def expire_queued(self, *, deployment: str) -> int:
         """End queued jobs whose deadline passed (their frontend may be gone)."""
-        keys = _keys(deployment)
+        keys = deployment_keys(deployment)
         overdue: Any = await self.redis.zrangebyscore(
             keys.deadlines, "-inf", time.time(), start=0, num=200
         )
@@ -1334,7 +1230,7 @@ class Dispatch:
         out = []
         for key, entries in response:
             name = key.decode() if isinstance(key, bytes) else key
-            deployment = name[len("sy:{") : name.index("}")]
+            deployment = deployment_of(name)
             for entry_id, fields in entries:
                 if not fields:
                     continue

@@ -22,6 +22,7 @@ from decimal import Decimal
 
 import redis.asyncio as aredis
 
+from dataplane.keys import quota_keys
 from dataplane.redis_client import script_into
 
 MICROS = Decimal(1_000_000)
@@ -207,22 +208,11 @@ def month_of(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y%m")
 
 
-def _keys(tenant_id: int, request_id: str, month: str) -> list[str]:
-    tag = f"sy:{{t{tenant_id}}}"
-    return [
-        f"{tag}:rpm",
-        f"{tag}:tpm",
-        f"{tag}:inflight",
-        f"{tag}:spent:{month}",
-        f"{tag}:held:{request_id}",
-    ]
-
-
 def _release_call(
     tenant_id: int, month: str, items: list[tuple[str, Usage]]
 ) -> tuple[list[str], list[int | str]]:
     """The keys and arguments of one _RELEASE call for a tenant's requests of one month."""
-    _, tpm, inflight, spent, held_prefix = _keys(tenant_id, "", month)
+    _, tpm, inflight, spent, held_prefix = quota_keys(tenant_id, "", month)
     keys = [tpm, inflight, spent, *(held_prefix + rid for rid, _ in items)]
     args: list[int | str] = [int(time.time() * 1000)]
     for rid, used in items:
@@ -243,7 +233,7 @@ class Quotas:
     async def peek(self, *, tenant_id: int, limits: Limits) -> Decision:
         """Return where a tenant's per-minute buckets stand, taking nothing."""
         now = time.time()
-        keys = _keys(tenant_id, "", month_of(now))[:2]
+        keys = list(quota_keys(tenant_id, "", month_of(now))[:2])
         result = await self._peek(
             keys=keys,
             args=[int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute],
@@ -261,7 +251,7 @@ class Quotas:
         """Count one request against the tenant's requests per minute, or refuse it."""
         now = time.time()
         result = await self._take_request(
-            keys=_keys(tenant_id, "", month_of(now))[:2],
+            keys=list(quota_keys(tenant_id, "", month_of(now))[:2]),
             args=[int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute],
         )
         status, remaining_requests, remaining_tokens, reset_requests, reset_tokens = (
@@ -296,7 +286,7 @@ class Quotas:
         """
         now = time.time() if now is None else now
         result = await self._admit(
-            keys=_keys(tenant_id, request_id, month_of(now)),
+            keys=list(quota_keys(tenant_id, request_id, month_of(now))),
             args=[
                 int(now * 1000),
                 limits.requests_per_minute,

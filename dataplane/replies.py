@@ -30,6 +30,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from dataplane.background import loop_ok, spawn, supervise
+from dataplane.keys import reply_wake_key
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.types import Event, event_decoder
 
@@ -154,12 +155,12 @@ class Follower:
 class _DeploymentReader:
     """The reply streams of one deployment that this process follows, read by one task."""
 
-    def __init__(self, client: aredis.Redis, deployment: str, tag: str) -> None:
+    def __init__(self, client: aredis.Redis, deployment: str) -> None:
         self._client = client
         self.deployment = deployment
         self._name = f"replies:{deployment}"
         # Its own wake stream: a key of this deployment's hash slot, unique to this reader.
-        self._wake_key = f"{tag}:wake:{uuid.uuid4().hex}"
+        self._wake_key = reply_wake_key(deployment, uuid.uuid4().hex)
         self._wake_seen = "0-0"
         self._wake_pending = False
         # Several followers of one stream in one process happen: a client attached to a
@@ -282,7 +283,7 @@ class ReplyReaders:
         self._client = client
         self._readers: dict[str, _DeploymentReader] = {}
 
-    def follow(self, *, deployment: str, tag: str, key: str, after: str) -> Follower:
+    def follow(self, *, deployment: str, key: str, after: str) -> Follower:
         """Start following one reply stream after an entry id; close the follower when done.
 
         Raises ValueError for an entry id Redis would refuse (see `entry_id_parse`).
@@ -290,7 +291,7 @@ class ReplyReaders:
         entry_id_parse(after)
         reader = self._readers.get(deployment)
         if reader is None:
-            reader = self._readers[deployment] = _DeploymentReader(self._client, deployment, tag)
+            reader = self._readers[deployment] = _DeploymentReader(self._client, deployment)
         follower = Follower(reader, key, after)
         reader.add(follower)
         return follower

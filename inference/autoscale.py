@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import redis
 
-from dataplane.dispatch import QueueSnapshot, autoscale_key
+from dataplane.dispatch import QueueSnapshot
+from dataplane.keys import autoscale_key
 
 
 @dataclass(frozen=True)

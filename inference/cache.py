@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 from django.conf import settings
 
 from dataplane.background import loop_ok, spawn, supervise
-from dataplane.dispatch import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
+from dataplane.keys import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 from inference.db import db_call
 
 K = TypeVar("K", bound=Hashable)

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from dataplane.keys import idempotency_key
 from inference.errors import ApiError
 
 KEY_TTL_SECONDS = 24 * 3600
@@ -71,7 +72,7 @@ def body_digest(*, endpoint: str, body: dict[str, Any]) -> str:
 def record_key(tenant_id: int, key: str) -> str:
     """The Redis key of a tenant's Idempotency-Key record."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    return f"sy:{{t{tenant_id}}}:idem:{digest}"
+    return idempotency_key(tenant_id, digest)
 
 
 class Idempotency:

@@ -23,6 +23,7 @@ import msgspec
 import redis
 import redis.asyncio as aredis
 
+from dataplane.keys import answer_cache_prefix
 from dataplane.types import Job, Sampling, encode
 
 log = logging.getLogger(__name__)
@@ -51,15 +52,11 @@ def _normalised(sampling: Sampling) -> Sampling:
     return msgspec.structs.replace(sampling, top_p=1.0, top_k=0, seed=None)
 
 
-def _prefix(tenant_id: int) -> str:
-    return f"sy:{{t{tenant_id}}}:rc:"
-
-
 def tenant_answers_forget(client: redis.Redis, *, tenant_id: int) -> int:
     """Delete every answer cached for a tenant (when it is deleted); return how many."""
     deleted = 0
     batch: list[bytes] = []
-    for key in client.scan_iter(match=_prefix(tenant_id) + "*", count=1000):
+    for key in client.scan_iter(match=answer_cache_prefix(tenant_id) + "*", count=1000):
         batch.append(key)
         if len(batch) == 500:
             deleted += int(client.unlink(*batch))
@@ -78,7 +75,7 @@ def cache_key(job: Job) -> str:
     digest.update(encode(_normalised(job.sampling)))
     digest.update(b"\0")
     digest.update(b",".join(str(t).encode() for t in job.prompt_token_ids))
-    return _prefix(job.tenant_id) + digest.hexdigest()
+    return answer_cache_prefix(job.tenant_id) + digest.hexdigest()
 
 
 class ResponseCache:

@@ -27,6 +27,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
+from dataplane.keys import login_attempts_key
 from tenants.audit import audit_record
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ UNLOCKED_ACTION = "login.unlocked"
 
 def lockout_key(username: str) -> str:
     """Return the Valkey key that counts sign-in attempts for a username (case-insensitive)."""
-    return f"sy:login-attempts:{username.lower()}"
+    return login_attempts_key(username)
 
 
 @functools.cache

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataplane.background import loop_failed, loop_ok, supervise
-from dataplane.dispatch import Dispatch, cancel_channel, handoff_channel, usage_for
+from dataplane.dispatch import Dispatch, usage_for
+from dataplane.keys import cancel_channel, handoff_channel
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.tracing import bind
 from dataplane.types import (

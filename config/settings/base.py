@@ -12,6 +12,8 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import crontab
 
+from dataplane.keys import DJANGO_CACHE_PREFIX
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 
@@ -183,7 +185,7 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "sy:cache",
+        "KEY_PREFIX": DJANGO_CACHE_PREFIX,
     }
 }
 LOGIN_URL = "console:login"

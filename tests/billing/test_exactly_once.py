@@ -20,7 +20,8 @@ from billing.ingester import Ingester
 from billing.invoices import cents_allocate
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
-from dataplane.dispatch import INGEST_GROUP, Dispatch, usage_key
+from dataplane.dispatch import Dispatch
+from dataplane.keys import INGEST_GROUP, usage_key
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Status, UsageEvent, encode
 

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 
 from billing.reconcile import usage_reconcile
 from billing.services import usage_ingest
-from dataplane.dispatch import ledger_key
+from dataplane.keys import ledger_key
 from dataplane.redis_client import redis_sync_client
 from dataplane.types import Status, UsageEvent
 from models_registry.services import deployment_create

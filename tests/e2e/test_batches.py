@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from dataplane.dispatch import ledger_key
+from dataplane.keys import ledger_key
 from dataplane.redis_client import redis_sync_client
 from tests.conftest import (
     ALIAS,

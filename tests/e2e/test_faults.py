@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from dataplane.dispatch import INGEST_GROUP, usage_key
+from dataplane.keys import INGEST_GROUP, usage_key
 from embedded.servers import service_restarted, services_status
 from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin

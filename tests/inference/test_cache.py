@@ -7,7 +7,7 @@ import redis
 from django.conf import settings
 
 from dataplane.changes import POLICIES, ROUTES, change_publish
-from dataplane.dispatch import CONTROL_CHANGES_CHANNEL
+from dataplane.keys import CONTROL_CHANGES_CHANNEL
 from inference.cache import RefreshingCache, change_received, revocation_received
 from models_registry.models import Alias
 

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from redis.asyncio.client import PubSub
 
 from dataplane.background import loops_failing
-from dataplane.dispatch import CONTROL_CHANGES_CHANNEL
+from dataplane.keys import CONTROL_CHANGES_CHANNEL
 from inference import cache as cache_module
 from inference.cache import RefreshingCache
 

@@ -11,15 +11,8 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from dataplane.dispatch import (
-    Depth,
-    Dispatch,
-    Refusal,
-    Refused,
-    reply_key,
-    usage_for,
-    usage_key,
-)
+from dataplane.dispatch import Depth, Dispatch, Refusal, Refused, usage_for
+from dataplane.keys import reply_key, usage_key
 from dataplane.types import Delta, Failed, Finished, Job, Sampling, Started, Status, usage_decoder
 
 

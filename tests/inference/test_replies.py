@@ -15,7 +15,8 @@ from redis.exceptions import ResponseError
 
 from dataplane import background, replies
 from dataplane.background import loops_failing
-from dataplane.dispatch import Dispatch, reply_key
+from dataplane.dispatch import Dispatch
+from dataplane.keys import reply_key
 from dataplane.replies import Follower, ReaderFailed
 from dataplane.types import Delta, Event, Failed, encode
 from inference import relay

@@ -6,7 +6,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from dataplane.dispatch import heartbeats_key
+from dataplane.keys import heartbeats_key
 from dataplane.redis_client import redis_sync_client
 from models_registry.models import Deployment, DeploymentState
 from models_registry.services import deployment_create
@@ -38,8 +38,9 @@ def test_a_stopped_deployment_with_a_live_worker_becomes_ready(world):
 
 
 def test_a_stopped_deployment_still_routes_so_clients_get_503_not_404(world):
+    from billing.services import price_current
     from models_registry.selectors import route_resolve
 
     Deployment.objects.filter(name="tiny-chat").update(state=DeploymentState.STOPPED)
-    route = route_resolve(name="tiny-chat")
+    route = route_resolve(name="tiny-chat", price_of=price_current)
     assert route is not None and route.deployment == "tiny-chat"

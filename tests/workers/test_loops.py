@@ -15,7 +15,8 @@ from django.conf import settings
 from prometheus_client import REGISTRY
 
 from dataplane.background import loops_failing, supervise
-from dataplane.dispatch import Dispatch, reply_key
+from dataplane.dispatch import Dispatch
+from dataplane.keys import reply_key
 from dataplane.types import Delta, Job, Sampling, Started
 from workers.batcher import CostModel, DynamicBatcher
 from workers.runner import Worker
