@@ -22,138 +22,11 @@ from decimal import Decimal
 
 import redis.asyncio as aredis
 
+from dataplane import scripts
 from dataplane.keys import quota_keys
 from dataplane.redis_client import script_into
 
 MICROS = Decimal(1_000_000)
-
-# Buckets refill continuously: `limit` units per 60 s, never above `limit`. `now` is ARGV[1].
-_LEVEL = """
-local now = tonumber(ARGV[1])
-local function level(key, cap)
-  local v = redis.call('HMGET', key, 'level', 'ts')
-  local lvl, ts = tonumber(v[1]), tonumber(v[2])
-  if lvl == nil then return cap end
-  return math.min(cap, lvl + (now - ts) * cap / 60000)
-end
-"""
-
-_ADMIT = (
-    _LEVEL
-    + """
-local rpm, tpm, max_conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local lease_ms, tokens, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local budget, rid, seed = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
-local taken = ARGV[11] == '1'  -- the request was counted already (take_request)
-
-local spent = tonumber(redis.call('GET', KEYS[4]))
-if spent == nil then
-  if seed < 0 then return {5, 0, 0, 0, 0} end
-  spent = seed
-  redis.call('SET', KEYS[4], seed, 'EX', 40 * 86400)
-end
-
-local req_level = level(KEYS[1], rpm)
-local tok_level = level(KEYS[2], tpm)
-if req_level < 1 and not taken then
-  return {1, 0, math.floor(tok_level), math.ceil((1 - req_level) * 60000 / rpm), 0}
-end
-if tok_level < tokens then
-  local wait = -1
-  if tokens <= tpm then wait = math.ceil((tokens - tok_level) * 60000 / tpm) end
-  return {2, math.floor(req_level), math.floor(tok_level), 0, wait}
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-if redis.call('ZCARD', KEYS[3]) >= max_conc then
-  return {3, math.floor(req_level), math.floor(tok_level), 1000, 0}
-end
-if spent + cost > budget then
-  return {4, math.floor(req_level), math.floor(tok_level), 0, 0}
-end
-
-local req_after = req_level
-if not taken then
-  req_after = req_level - 1
-  redis.call('HSET', KEYS[1], 'level', req_after, 'ts', now)
-  redis.call('PEXPIRE', KEYS[1], 120000)
-end
-redis.call('HSET', KEYS[2], 'level', tok_level - tokens, 'ts', now, 'cap', tpm)
-redis.call('PEXPIRE', KEYS[2], 120000)
-redis.call('ZADD', KEYS[3], now + lease_ms, rid)
-redis.call('PEXPIRE', KEYS[3], lease_ms + 60000)
-redis.call('INCRBY', KEYS[4], cost)
-redis.call('HSET', KEYS[5], 'tokens', tokens, 'cost', cost)
-redis.call('PEXPIRE', KEYS[5], lease_ms + 86400000)
-local reset_requests = math.ceil((rpm - req_after) * 60000 / rpm)
-local reset_tokens = math.ceil((tpm - tok_level + tokens) * 60000 / tpm)
-return {0, math.floor(math.max(req_after, 0)), math.floor(tok_level - tokens), reset_requests,
-        reset_tokens}
-"""
-)
-
-# Settle reservations to actual use, once each: unused tokens go back to the bucket, the budget
-# is charged the actual cost, and the concurrency slot is freed. One call covers one tenant's
-# requests admitted in one month: KEYS = tpm, inflight, spent, then one held key per request;
-# ARGV = now, then (request id, used tokens, used cost) per request. A reservation already
-# settled is skipped; returns how many were settled here.
-_RELEASE = """
-local now = tonumber(ARGV[1])
-local settled = 0
-for i = 4, #KEYS do
-  local a = 2 + (i - 4) * 3
-  local held = redis.call('HMGET', KEYS[i], 'tokens', 'cost')
-  if held[1] ~= false then
-    local used_tokens, used_cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local refund = tonumber(held[1]) - used_tokens
-    if refund > 0 then
-      local v = redis.call('HMGET', KEYS[1], 'level', 'ts', 'cap')
-      local lvl, ts, cap = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-      if lvl ~= nil then
-        lvl = math.min(cap, lvl + (now - ts) * cap / 60000 + refund)
-        redis.call('HSET', KEYS[1], 'level', lvl, 'ts', now)
-      end
-    end
-    if redis.call('EXISTS', KEYS[3]) == 1 then
-      redis.call('INCRBY', KEYS[3], used_cost - tonumber(held[2]))
-    end
-    redis.call('ZREM', KEYS[2], ARGV[a])
-    redis.call('DEL', KEYS[i])
-    settled = settled + 1
-  end
-end
-return settled
-"""
-
-
-# Take one request from the requests-per-minute bucket, or refuse with status 1; report both
-# buckets as the admission script does.
-_TAKE_REQUEST = (
-    _LEVEL
-    + """
-local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
-local req, tok = level(KEYS[1], rpm), level(KEYS[2], tpm)
-local reset_tokens = math.ceil((tpm - tok) * 60000 / tpm)
-if req < 1 then
-  return {1, 0, math.floor(tok), math.ceil((1 - req) * 60000 / rpm), reset_tokens}
-end
-redis.call('HSET', KEYS[1], 'level', req - 1, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], 120000)
-return {0, math.floor(req - 1), math.floor(tok), math.ceil((rpm - req + 1) * 60000 / rpm),
-        reset_tokens}
-"""
-)
-
-
-# Read the buckets without taking from them: what a response that admitted nothing reports.
-_PEEK = (
-    _LEVEL
-    + """
-local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
-local req, tok = level(KEYS[1], rpm), level(KEYS[2], tpm)
-return {math.floor(req), math.floor(tok), math.ceil((rpm - req) * 60000 / rpm),
-        math.ceil((tpm - tok) * 60000 / tpm)}
-"""
-)
 
 
 @dataclass(frozen=True)
@@ -225,10 +98,10 @@ class Quotas:
 
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
-        self._admit = client.register_script(_ADMIT)
-        self._release = client.register_script(_RELEASE)
-        self._peek = client.register_script(_PEEK)
-        self._take_request = client.register_script(_TAKE_REQUEST)
+        self._admit = client.register_script(scripts.QUOTA_ADMIT)
+        self._release = client.register_script(scripts.QUOTA_RELEASE)
+        self._peek = client.register_script(scripts.QUOTA_PEEK)
+        self._take_request = client.register_script(scripts.QUOTA_TAKE_REQUEST)
 
     async def peek(self, *, tenant_id: int, limits: Limits) -> Decision:
         """Return where a tenant's per-minute buckets stand, taking nothing."""

@@ -1,0 +1,144 @@
+-- Take up to ARGV[2] jobs in fair order: interactive before batch; within a class the waiting
+-- tenant with the lowest virtual counter, first in first out within a tenant. Jobs whose
+-- deadline passed while queued are leased too but returned apart, uncharged, for the worker
+-- to end without running them.
+--
+-- A claim naming its worker (ARGV[5]) first takes the jobs handed to that worker, and holds what
+-- it claims in the worker's name; with affinity (ARGV[6]) it hands keyed jobs to their owners
+-- (see prefix affinity in dataplane/leases.py; ARGV[7] is the load bound, ARGV[8] the prefix of
+-- the workers' handoff channels).
+local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local skip = ARGV[4]  -- ",<tenant>,<tenant>,": tenants not to take jobs from this time
+local worker, affinity, bound = ARGV[5] or '', ARGV[6] == '1', tonumber(ARGV[7] or '0')
+local scan = 0
+if skip ~= ',' then scan = 31 end
+local ok, expired = {}, {}
+
+-- Jobs handed to this worker were dispatched in fair order already: they go first, oldest first.
+if worker ~= '' then
+  local mine = {}
+  local handed = redis.call('HGETALL', HANDOFFS)
+  for i = 1, #handed, 2 do
+    local seq, to = string.match(handed[i + 1], '^(%d+) (%S+)$')
+    if to == worker then table.insert(mine, {rid = handed[i], seq = tonumber(seq)}) end
+  end
+  table.sort(mine, function(a, b) return a.seq < b.seq end)
+  for _, h in ipairs(mine) do
+    if #ok >= count then break end
+    redis.call('HDEL', HANDOFFS, h.rid)
+    local m = redis.call('HGET', META, h.rid)
+    local holder = redis.call('HGET', HOLDERS, h.rid)
+    if m and holder == worker and redis.call('ZSCORE', LEASES, h.rid) then
+      local j = meta_parse(m)
+      local payload = redis.call('HGET', JOBS, h.rid)
+      redis.call('ZADD', LEASES, lease_until, h.rid)
+      if j.deadline <= now then
+        -- Its deadline passed on the way: returned uncharged, like one that expired queued.
+        charge(j.cls, j.tenant, -j.cost / j.weight)
+        table.insert(expired, payload)
+      else
+        table.insert(ok, payload)
+      end
+    end
+  end
+end
+
+-- The workers a keyed job may go to: live, with shared slots, holding jobs in their name.
+local replicas = nil
+local function replicas_load()
+  local found = {list = {}, total = 0}
+  local values = redis.call('HGETALL', SLOTS)
+  for i = 1, #values, 2 do
+    local alive = redis.call('ZSCORE', WORKERS, values[i])
+    local shared = tonumber(string.match(values[i + 1], '^(%d+)'))
+    local held = redis.call('HGET', HELD, values[i])
+    if alive and tonumber(alive) >= now and shared > 0 and held then
+      held = math.max(tonumber(held), 0)
+      table.insert(found.list, {name = values[i], shared = shared, held = held})
+      found.total = found.total + held
+    end
+  end
+  return found
+end
+
+local function held_add(name)
+  if replicas == nil then return end
+  replicas.total = replicas.total + 1
+  for _, r in ipairs(replicas.list) do
+    if r.name == name then r.held = r.held + 1 end
+  end
+end
+
+-- The worker that runs a job with this prefix key: its owner by rendezvous hashing when the
+-- owner has a free shared slot and stays within the load bound, else the claimer.
+local function placed(key)
+  if replicas == nil then replicas = replicas_load() end
+  local owner, best = nil, -1
+  for _, r in ipairs(replicas.list) do
+    local score = tonumber(string.sub(redis.sha1hex(key .. ' ' .. r.name), 1, 12), 16)
+    if score > best then owner, best = r, score end
+  end
+  if owner == nil or owner.name == worker then return worker end
+  local limit = math.ceil(bound * (replicas.total + 1) / #replicas.list)
+  if owner.held < owner.shared and owner.held + 1 <= limit then return owner.name end
+  return worker
+end
+
+local steps = 0
+while #ok < count and steps < count * 4 + 16 do
+  steps = steps + 1
+  local cls, tenant, counter = nil, nil, nil
+  for _, c in ipairs({'interactive', 'batch'}) do
+    local heads = redis.call('ZRANGE', READY[c], 0, scan, 'WITHSCORES')
+    for i = 1, #heads, 2 do
+      if not string.find(skip, ',' .. heads[i] .. ',', 1, true) then
+        cls, tenant, counter = c, heads[i], tonumber(heads[i + 1])
+        break
+      end
+    end
+    if cls then break end
+  end
+  if cls == nil then break end
+  local lo, hi = tenant_range(tenant)
+  local first = redis.call('ZRANGEBYLEX', QUEUE[cls], lo, hi, 'LIMIT', 0, 1)
+  if #first == 0 then
+    redis.call('ZREM', READY[cls], tenant)
+  else
+    local member = first[1]
+    local rid = string.sub(member, 29)
+    local m = redis.call('HGET', META, rid)
+    if not m then
+      redis.call('ZREM', QUEUE[cls], member)
+      unbacklog_if_empty(cls, tenant)
+    else
+      local j = meta_parse(m)
+      local payload = redis.call('HGET', JOBS, rid)
+      local holder = worker
+      redis.call('ZADD', LEASES, lease_until, rid)
+      running_add(tenant, 1)
+      if j.deadline <= now then
+        table.insert(expired, payload)
+      else
+        local key = affinity and redis.call('HGET', PREFIXES, rid)
+        if key then holder = placed(key) end
+        if holder == worker then
+          table.insert(ok, payload)
+        else
+          local seq = redis.call('HINCRBY', VTC, 'handoff', 1)
+          redis.call('HSET', HANDOFFS, rid, seq .. ' ' .. holder)
+          redis.call('PUBLISH', ARGV[8] .. holder, rid)
+        end
+        local clock = tonumber(redis.call('HGET', VTC, 'v:' .. cls) or '0')
+        if counter > clock then redis.call('HSET', VTC, 'v:' .. cls, counter) end
+        charge(cls, tenant, j.cost / j.weight)
+      end
+      if worker ~= '' then
+        hold(rid, holder)
+        held_add(holder)
+      end
+      unqueue(rid, j)
+    end
+  end
+end
+if depth_of('n') <= 0 then redis.call('DEL', WAKE) end
+return {ok, expired}
