@@ -9,3 +9,6 @@ class BatchesConfig(AppConfig):
 
     def ready(self) -> None:
         from batches import signals  # noqa: F401  (resume batches when a Celery worker starts)
+        from batches.receivers import receivers_connect
+
+        receivers_connect()

@@ -26,5 +26,7 @@ class InferenceConfig(AppConfig):
                 signal.connect(receiver, sender=handler)
 
         from dataplane.changes import receivers_connect
+        from inference import receivers
 
         receivers_connect()
+        receivers.receivers_connect()

@@ -1,28 +1,23 @@
 """API-key authentication for the data plane, cached per process.
 
-A revocation publishes the key's public id; every frontend drops it from its cache at once,
-and the cache TTL bounds staleness if a message is missed. Other changes to keys, tenants and
-quotas mark the cached keys stale (`dataplane.changes`).
+A revocation publishes the key's public id (dataplane.tenancy); every frontend drops it from its
+cache at once, and the cache TTL bounds staleness if a message is missed. Other changes to keys,
+tenants and quotas mark the cached keys stale (`dataplane.changes`).
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.utils import timezone
 
-from dataplane.dispatch import KEY_REVOCATIONS_CHANNEL
 from dataplane.quotas import Limits
-from dataplane.redis_client import redis_sync_client
 from inference.cache import RefreshingCache
 from inference.errors import ApiError
 from tenants.keys import token_hash, token_parse
 from tenants.models import ApiKey
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,15 +45,6 @@ class _Cached:
     principal: Principal
     problem: ApiError | None
     expires_at: float | None
-
-
-def key_revocation_publish(*, public_id: str) -> None:
-    """Tell every frontend to forget a key now."""
-    try:
-        redis_sync_client().publish(KEY_REVOCATIONS_CHANNEL, public_id)
-    except Exception:
-        # The cache TTL still bounds how long a revoked key keeps working.
-        log.warning("could not publish revocation of %s", public_id, exc_info=True)
 
 
 def _load(public_id: str) -> _Cached | None:

@@ -11,3 +11,7 @@ class PrivacyConfig(AppConfig):
 
         # A mistyped key fails every process at start, not the first request that keeps text.
         content_keys_check()
+
+        from privacy.receivers import receivers_connect
+
+        receivers_connect()

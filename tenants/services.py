@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +17,15 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from batches.models import Batch, File
-from billing.models import UsageRecord
 from dataplane.changes import KEYS, change_publish
-from privacy.services import content_delete, content_expiry_shorten
+from dataplane.tenancy import key_revocation_publish
 
 # The audit chain lives in tenants.audit; audit_record and GENESIS_HASH are re-exported here.
 from tenants.audit import GENESIS_HASH as GENESIS_HASH
 from tenants.audit import audit_record as audit_record
 from tenants.keys import token_generate, token_hash
 from tenants.models import ApiKey, Membership, Quota, Role, Scope, Tenant
+from tenants.signals import TenantDeletion, retention_shortened, tenant_deleted, tenant_deleting
 
 log = logging.getLogger(__name__)
 # A key lives at most ten years, and a rotated key overlaps its successor at most 30 days:
@@ -174,8 +174,6 @@ def api_key_rotate(
 
 def api_key_revoke(*, key: ApiKey, actor: User | None = None) -> ApiKey:
     """Revoke a key everywhere within seconds; revoking twice is a no-op."""
-    from inference.auth import key_revocation_publish
-
     with transaction.atomic():
         key = ApiKey.objects.select_for_update().get(pk=key.pk)
         if key.revoked_at is None:
@@ -276,7 +274,9 @@ def tenant_privacy_update(
         tenant.save(update_fields=list(diff))
         retention = diff.get("retention_days")
         if retention and retention["to"] < retention["from"]:
-            content_expiry_shorten(tenant=tenant, retention_days=tenant.retention_days)
+            retention_shortened.send(
+                sender=Tenant, tenant=tenant, retention_days=tenant.retention_days
+            )
         audit_record(
             action="tenant.privacy_update",
             target_type="tenant",
@@ -324,27 +324,17 @@ def tenant_delete(*, tenant: Tenant, actor: User | None = None) -> DeletionSumma
     alerts, the quota and the audit trail stay; the tenant row stays, deactivated and marked
     deleted. Deleting a deleted tenant is a ValidationError.
     """
-    from dataplane.redis_client import redis_sync_client
-    from inference.auth import key_revocation_publish
-    from inference.response_cache import tenant_answers_forget
-
     with transaction.atomic():
         tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
         if tenant.deleted_at is not None:
             when = f"{tenant.deleted_at:%Y-%m-%d %H:%M} UTC"
             raise ValidationError({"tenant": f"tenant {tenant.slug!r} was deleted on {when}"})
-        texts = content_delete(tenant=tenant)
         memberships, _ = Membership.objects.filter(tenant=tenant).delete()
-        # Batches first: they hold their input file and their key (both PROTECT).
-        _, deleted = Batch.objects.filter(tenant=tenant).delete()
-        batches = deleted.get(Batch._meta.label, 0)
-        files, _ = File.objects.filter(tenant=tenant).delete()
         keys = list(ApiKey.objects.select_for_update().filter(tenant=tenant))
-        billed = set(
-            UsageRecord.objects.filter(api_key__in=keys)
-            .values_list("api_key_id", flat=True)
-            .distinct()
-        )
+        # Retained text, batches and files go; billing names the keys its records keep.
+        deletion = TenantDeletion(tenant=tenant, keys=keys)
+        tenant_deleting.send(sender=Tenant, deletion=deletion)
+        billed = deletion.keys_kept
         now = timezone.now()
         ApiKey.objects.filter(pk__in=[k.pk for k in keys if k.pk not in billed]).delete()
         ApiKey.objects.filter(pk__in=billed).update(
@@ -360,10 +350,10 @@ def tenant_delete(*, tenant: Tenant, actor: User | None = None) -> DeletionSumma
         tenant.save(update_fields=["is_active", "deleted_at"])
         summary = DeletionSummary(
             tenant=tenant.slug,
-            retained_texts_deleted=texts,
+            retained_texts_deleted=deletion.retained_texts_deleted,
             memberships_deleted=memberships,
-            batches_deleted=batches,
-            files_deleted=files,
+            batches_deleted=deletion.batches_deleted,
+            files_deleted=deletion.files_deleted,
             keys_deleted=len(keys) - len(billed),
             keys_scrubbed=len(billed),
         )
@@ -374,25 +364,22 @@ def tenant_delete(*, tenant: Tenant, actor: User | None = None) -> DeletionSumma
             tenant=tenant,
             actor=actor,
             after={
-                "retained_texts_deleted": texts,
+                "retained_texts_deleted": deletion.retained_texts_deleted,
                 "memberships_deleted": memberships,
-                "batches_deleted": batches,
-                "files_deleted": files,
+                "batches_deleted": deletion.batches_deleted,
+                "files_deleted": deletion.files_deleted,
                 "keys_deleted": sorted(k.public_id for k in keys if k.pk not in billed),
                 "keys_scrubbed": sorted(k.public_id for k in keys if k.pk in billed),
             },
         )
-        public_ids = [k.public_id for k in keys]
-
-        def publish() -> None:
-            for public_id in public_ids:
-                key_revocation_publish(public_id=public_id)
-            try:
-                tenant_answers_forget(redis_sync_client(), tenant_id=tenant.pk)
-            except Exception:
-                # Unreachable Redis: the answers still expire with the tenant's cache time.
-                log.warning("could not drop the response cache of %s", tenant.slug, exc_info=True)
-
         # Every key, deleted ones too: a frontend's cache could still admit them until its TTL.
-        transaction.on_commit(publish)
+        transaction.on_commit(
+            functools.partial(
+                tenant_deleted.send,
+                sender=Tenant,
+                tenant_id=tenant.pk,
+                slug=tenant.slug,
+                key_public_ids=[k.public_id for k in keys],
+            )
+        )
     return summary

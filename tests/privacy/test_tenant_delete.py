@@ -114,7 +114,7 @@ def test_it_publishes_every_key_after_commit(
     tenant, billed, unbilled, _ = initrode
     published: list[str] = []
     monkeypatch.setattr(
-        "inference.auth.key_revocation_publish", lambda *, public_id: published.append(public_id)
+        "dataplane.tenancy.key_revocation_publish", lambda *, public_id: published.append(public_id)
     )
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         tenant_delete(tenant=tenant)
