@@ -14,6 +14,7 @@ import msgspec
 from django.conf import settings
 
 from billing.selectors import tenant_month_spend_micros
+from billing.services import price_current
 from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.dispatch import Dispatch, Refusal, Refused, usage_for
@@ -85,7 +86,7 @@ def request_id_new() -> str:
 
 
 def _routing_load(name: str) -> Routing | None:
-    return routing_resolve(name=name)
+    return routing_resolve(name=name, price_of=price_current)
 
 
 _routings: RefreshingCache[str, Routing | None] = RefreshingCache(

@@ -1,17 +1,36 @@
-"""Read-only queries over the registry: what a model name routes to."""
+"""Read-only queries over the registry: what a model name routes to.
+
+A route carries the prices its requests pay, which billing decides (price books): the caller,
+above billing, passes its price function in (inference.services passes billing's
+price_current), so the registry imports no app above it.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import models
 
-from billing.services import price_current
 from models_registry.models import BUCKETS, Alias, Deployment, DeploymentState, ModelVersion
+
+
+class Price(Protocol):
+    """What a request pays per 1,000 tokens of a version (billing.services.Price)."""
+
+    @property
+    def input_per_1k(self) -> Decimal: ...
+
+    @property
+    def output_per_1k(self) -> Decimal: ...
+
+
+# The prices a request admitted now pays for a version: billing.services.price_current.
+PriceOf = Callable[[ModelVersion], Price]
 
 
 @dataclass(frozen=True)
@@ -99,8 +118,10 @@ def _newest_deployed(name: str) -> ModelVersion | None:
     )
 
 
-def _route(requested: str, version: ModelVersion, deployment: Deployment) -> Route:
-    price = price_current(version)
+def _route(
+    requested: str, version: ModelVersion, deployment: Deployment, price_of: PriceOf
+) -> Route:
+    price = price_of(version)
     return Route(
         requested=requested,
         model_name=version.model.name,
@@ -162,11 +183,11 @@ class Routing:
         return self.shadow if draw % BUCKETS < self.shadow_buckets else None
 
 
-def _alias_routing(alias: Alias) -> Routing | None:
+def _alias_routing(alias: Alias, price_of: PriceOf) -> Routing | None:
     primary_deployment = deployment_for(alias.version)
     if primary_deployment is None:
         return None
-    primary = _route(alias.name, alias.version, primary_deployment)
+    primary = _route(alias.name, alias.version, primary_deployment, price_of)
     splits: list[tuple[int, Route]] = []
     weights: dict[str, float] = {}
     upper = 0
@@ -175,7 +196,7 @@ def _alias_routing(alias: Alias) -> Routing | None:
         deployment = deployment_for(split.version, ready_only=True)
         # A version whose workers are not ready takes no traffic: its buckets stay primary.
         if deployment is not None:
-            splits.append((upper, _route(alias.name, split.version, deployment)))
+            splits.append((upper, _route(alias.name, split.version, deployment, price_of)))
             weights[split.version.version] = split.buckets * 100 / BUCKETS
     weights[alias.version.version] = 100 - sum(weights.values())
     shadow = getattr(alias, "shadow", None)
@@ -183,7 +204,7 @@ def _alias_routing(alias: Alias) -> Routing | None:
     if shadow is not None:
         deployment = deployment_for(shadow.version, ready_only=True)
         if deployment is not None:
-            shadow_route = _route(alias.name, shadow.version, deployment)
+            shadow_route = _route(alias.name, shadow.version, deployment, price_of)
     return Routing(
         primary=primary,
         splits=tuple(splits),
@@ -193,8 +214,11 @@ def _alias_routing(alias: Alias) -> Routing | None:
     )
 
 
-def routing_resolve(*, name: str) -> Routing | None:
-    """Return where a model name (alias, model or `model@version`) routes, or None."""
+def routing_resolve(*, name: str, price_of: PriceOf) -> Routing | None:
+    """Return where a model name (alias, model or `model@version`) routes, or None.
+
+    `price_of` prices each route's version (billing.services.price_current).
+    """
     if "\x00" in name:
         return None  # no name holds one, and PostgreSQL cannot compare text that does
     if "@" in name:
@@ -206,7 +230,7 @@ def routing_resolve(*, name: str) -> Routing | None:
             .first()
         )
         if alias is not None:
-            return _alias_routing(alias)
+            return _alias_routing(alias, price_of)
         # A bare model name goes to its newest version that has a deployment.
         version = _newest_deployed(name)
     if version is None:
@@ -214,12 +238,14 @@ def routing_resolve(*, name: str) -> Routing | None:
     deployment = deployment_for(version)
     if deployment is None:
         return None
-    return Routing(primary=_route(name, version, deployment))
+    return Routing(primary=_route(name, version, deployment, price_of))
 
 
-def route_resolve(*, name: str, tenant_id: int = 0, user: str | None = None) -> Route | None:
+def route_resolve(
+    *, name: str, price_of: PriceOf, tenant_id: int = 0, user: str | None = None
+) -> Route | None:
     """Return the route one request for a model name takes, or None."""
-    routing = routing_resolve(name=name)
+    routing = routing_resolve(name=name, price_of=price_of)
     return routing.pick(tenant_id=tenant_id, user=user) if routing else None
 
 

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
+from decimal import Decimal
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
+from billing.services import price_book_add, price_current
 from models_registry.manifest import ArtifactError
 from models_registry.models import ModelVersion
 from models_registry.selectors import route_resolve
@@ -75,12 +79,30 @@ def test_a_worker_refuses_to_start_on_a_tampered_file(tmp_path, world):
 
 
 def test_the_alias_and_a_pinned_version_route_to_the_deployment(world):
-    by_alias = route_resolve(name="tiny-chat")
-    pinned = route_resolve(name=f"tiny-llama@{world.version.version}")
+    by_alias = route_resolve(name="tiny-chat", price_of=price_current)
+    pinned = route_resolve(name=f"tiny-llama@{world.version.version}", price_of=price_current)
     assert by_alias is not None and pinned is not None
     assert by_alias.deployment == pinned.deployment == "tiny-chat"
-    assert route_resolve(name="tiny-llama@000000000000") is None
-    assert route_resolve(name="no-such-model") is None
+    assert route_resolve(name="tiny-llama@000000000000", price_of=price_current) is None
+    assert route_resolve(name="no-such-model", price_of=price_current) is None
+
+
+def test_a_route_carries_the_price_in_force_now(world):
+    listed = route_resolve(name="tiny-chat", price_of=price_current)
+    assert listed is not None
+    assert listed.price_input_per_1k == world.version.price_input_per_1k
+    price_book_add(
+        version=world.version,
+        input_per_1k=Decimal("0.25"),
+        output_per_1k=Decimal("0.75"),
+        effective_from=timezone.now() - dt.timedelta(seconds=1),
+    )
+    booked = route_resolve(name="tiny-chat", price_of=price_current)
+    assert booked is not None
+    assert (booked.price_input_per_1k, booked.price_output_per_1k) == (
+        Decimal("0.25"),
+        Decimal("0.75"),
+    )
 
 
 def test_versions_are_content_addressed(world):

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from django.core.exceptions import ValidationError
 
+from billing.services import price_current
 from models_registry.models import Alias, Deployment, DeploymentState
 from models_registry.selectors import bucket_of, route_resolve, routing_resolve
 from models_registry.services import (
@@ -38,7 +39,7 @@ def canary(tmp_path, world):
 
 
 def _served(name: str, users: range, tenant_id: int = 1) -> Counter[str]:
-    routing = routing_resolve(name=name)
+    routing = routing_resolve(name=name, price_of=price_current)
     assert routing is not None
     return Counter(routing.pick(tenant_id=tenant_id, user=f"u{i}").version for i in users)
 
@@ -54,14 +55,14 @@ def test_a_split_sends_its_share_of_users_to_the_canary(canary):
 def test_assignment_is_sticky_and_a_growing_share_keeps_its_users(canary):
     alias, _base, new = canary
     alias_split_set(alias=alias, version=new, percent=5)
-    routing = routing_resolve(name="small-chat")
+    routing = routing_resolve(name="small-chat", price_of=price_current)
     assert routing is not None
     first = {u: routing.pick(tenant_id=7, user=f"u{u}").version for u in range(2000)}
-    again = routing_resolve(name="small-chat")
+    again = routing_resolve(name="small-chat", price_of=price_current)
     assert again is not None
     assert first == {u: again.pick(tenant_id=7, user=f"u{u}").version for u in range(2000)}
     alias_split_set(alias=alias, version=new, percent=25)
-    grown = routing_resolve(name="small-chat")
+    grown = routing_resolve(name="small-chat", price_of=price_current)
     assert grown is not None
     for user, version in first.items():
         if version == new.version:  # in the canary at 5 %: still there at 25 %
@@ -87,7 +88,7 @@ def test_a_pinned_version_bypasses_the_split(canary):
     alias, base, new = canary
     alias_split_set(alias=alias, version=new, percent=100)
     for name in (f"small@{base.version}", "small@one"):
-        route = route_resolve(name=name, tenant_id=1, user="u1")
+        route = route_resolve(name=name, price_of=price_current, tenant_id=1, user="u1")
         assert route is not None and route.version == base.version
 
 
