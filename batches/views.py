@@ -16,9 +16,9 @@ from batches import selectors, services
 from batches.models import Batch, File
 from config.http import content_disposition
 from inference.db import db_call
+from inference.endpoint import api_endpoint, json_response, request_body, request_principal
 from inference.errors import ApiError, invalid
 from inference.params import body_parse
-from inference.views import api_endpoint, json_response, request_body, request_principal
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)

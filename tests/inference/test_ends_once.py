@@ -37,7 +37,7 @@ from dataplane.dispatch import Dispatch
 from dataplane.quotas import MICROS, month_of
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
-from inference import services, views, ws
+from inference import endpoint, services, ws
 from inference.idempotency import Idempotency
 from inference.openai_format import Formatter
 from inference.routing import websocket_urlpatterns
@@ -235,7 +235,7 @@ def _recording_ids(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         made.append(uuid.uuid4().hex)
         return made[-1]
 
-    monkeypatch.setattr(views, "request_id_new", request_id_new)
+    monkeypatch.setattr(endpoint, "request_id_new", request_id_new)
     monkeypatch.setattr(ws, "request_id_new", request_id_new)
     return made
 

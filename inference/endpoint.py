@@ -1,0 +1,200 @@
+"""What every /v1 endpoint shares: the decorator that answers each failure as an OpenAI
+error, and what a view reads from its request (body, key, deadline, clock and trace)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+
+from dataplane.redis_client import UNREACHABLE
+from dataplane.tracing import TraceContext, bind, trace_start
+from inference.asgi import CHECKED_PRINCIPAL
+from inference.auth import Principal, authenticate, scope_check
+from inference.errors import ApiError
+from inference.metrics import RequestClock, requests_total
+from inference.services import (
+    quotas_get,
+    ratelimit_headers,
+    request_count,
+    request_id_new,
+)
+
+log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
+View = Callable[..., Awaitable[HttpResponseBase]]
+# Django's stubs type views as sync callables; URL patterns accept async ones at run time.
+Routable = Callable[..., Any]
+
+
+def api_endpoint(*methods: str) -> Callable[[View], Routable]:
+    """Give every response an x-request-id and turn every failure into an OpenAI error."""
+
+    def decorate(view: View) -> Routable:
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            request_id = request_id_new()
+            clock = RequestClock(endpoint=view.__name__)
+            trace = trace_start(request.headers.get("traceparent"))
+            request.META[_CLOCK] = clock
+            request.META[_TRACE] = trace
+            bind(request_id=request_id, trace_id=trace.trace_id)
+            try:
+                if request.method not in methods:
+                    raise ApiError(
+                        405,
+                        "method_not_allowed",
+                        f"{request.method} is not allowed here; use {', '.join(methods)}.",
+                        headers={"Allow": ", ".join(methods)},
+                    )
+                response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
+            except ApiError as exc:
+                response = exc.response()
+            except UNREACHABLE:
+                # The platform, not the client, is at fault, and retrying soon may work: a fast
+                # 503 rather than a 500 or a hang (connections time out in seconds).
+                log.warning("the queue store is unreachable (%s)", request.path)
+                response = ApiError(
+                    503,
+                    "service_unavailable",
+                    "The platform cannot reach its queue store right now; retry shortly.",
+                    retry_after=1,
+                ).response()
+            except (OperationalError, InterfaceError):
+                # PostgreSQL is down or restarting and this request needed what no cache held
+                # (a key, route or model list older than its TTL and grace): the same fast 503.
+                log.warning("the database is unreachable (%s)", request.path)
+                response = ApiError(
+                    503,
+                    "service_unavailable",
+                    "The platform cannot reach its database right now; retry shortly.",
+                    retry_after=1,
+                ).response()
+            except Exception:
+                log.exception("unhandled error in %s", request.path)
+                response = internal_error().response()
+            principal = request.META.get(_PRINCIPAL)
+            if principal is not None and "x-ratelimit-limit-requests" not in response:
+                # Every response to a known tenant says where its limits stand.
+                await _add_ratelimit_headers(response, principal)
+            if "x-request-id" not in response:
+                response["x-request-id"] = request_id
+            response["traceparent"] = trace.traceparent
+            requests_total.labels(endpoint=view.__name__, code=str(response.status_code)).inc()
+            if not isinstance(response, StreamingHttpResponse):
+                if clock.dispatched:
+                    clock.lap("relay")
+                clock.finish()  # a stream's ends when its last chunk is written
+            # A refusal is an answer, not a server fault: Django need not log each one (a flood
+            # of 503s would otherwise cost a log line apiece). Real faults are logged above.
+            response._has_been_logged = True  # type: ignore[attr-defined]
+            return response
+
+        return wrapper
+
+    return decorate
+
+
+def internal_error() -> ApiError:
+    """The answer to a failure of the platform itself."""
+    return ApiError(500, "internal_error", "The platform failed to handle this request.")
+
+
+def json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
+    payload = body if isinstance(body, bytes) else _json.encode(body)
+    return HttpResponse(payload, status=status, content_type="application/json")
+
+
+async def request_body(request: HttpRequest) -> bytes:
+    """The request's body, or a 413 when it is larger than the API accepts."""
+    length = request.headers.get("Content-Length")
+    limit = settings.MAX_REQUEST_BYTES
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+    try:
+        body = request.body
+    except RequestDataTooBig as exc:
+        raise ApiError(
+            413, "request_too_large", f"The request body exceeds {limit} bytes."
+        ) from exc
+    if len(body) > limit:
+        raise ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+    return body
+
+
+def _timeout(raw: str | None) -> float | None:
+    """Return the client's own deadline in seconds (`x-request-timeout`), if it sent one."""
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ApiError(
+            400,
+            "invalid_value",
+            "x-request-timeout must be a positive number of seconds.",
+            param="x-request-timeout",
+        )
+    return seconds
+
+
+_PRINCIPAL = "switchyard.principal"
+_CLOCK = "switchyard.clock"
+_TRACE = "switchyard.trace"
+
+
+def request_clock(request: HttpRequest) -> RequestClock:
+    clock: RequestClock = request.META[_CLOCK]
+    return clock
+
+
+def request_trace(request: HttpRequest) -> TraceContext:
+    trace: TraceContext = request.META[_TRACE]
+    return trace
+
+
+async def request_principal(
+    request: HttpRequest, scope: str, *, counted: bool = False
+) -> Principal:
+    """Authenticate a request's API key for a scope; later headers name its limits.
+
+    A `counted` request takes its token from the tenant's requests per minute here, before
+    its body is parsed, so that it counts (or gets its 429) whatever its body holds.
+    """
+    checked = getattr(request, "scope", {}).get(CHECKED_PRINCIPAL)
+    if checked is not None:
+        principal = scope_check(checked, scope=scope)  # its key was checked before its body
+    else:
+        principal = await authenticate(request.headers.get("Authorization"), scope=scope)
+    request.META[_PRINCIPAL] = principal
+    if counted:
+        await request_count(principal=principal)
+    clock = request.META.get(_CLOCK)
+    if clock is not None:
+        clock.lap("auth")
+    return principal
+
+
+async def _add_ratelimit_headers(response: HttpResponseBase, principal: Principal) -> None:
+    try:
+        decision = await quotas_get().peek(tenant_id=principal.tenant_id, limits=principal.limits)
+    except Exception:
+        log.warning("could not read the rate-limit state of tenant %s", principal.tenant_slug)
+        return
+    for name, value in ratelimit_headers(principal.limits, decision).items():
+        response[name] = value
+
+
+def client_timeout(request: HttpRequest, body_timeout: float | None) -> float | None:
+    """The sooner of the `x-request-timeout` header and the body's `timeout`, if either."""
+    timeouts = [t for t in (_timeout(request.headers.get("x-request-timeout")), body_timeout) if t]
+    return min(timeouts, default=None)
