@@ -15,6 +15,8 @@ from tenants import apis as tenants_apis
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),
+    # Before the rest of /v1, which answers every other path with a JSON 404.
+    path("v1/", include("batches.urls")),
     path("v1/", include(inference_urls)),
     # The management API's OpenAPI document (/v1's is at /v1/openapi.json).
     path("api/schema", SpectacularAPIView.as_view(), name="api-schema"),
