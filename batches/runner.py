@@ -41,7 +41,7 @@ from batches.services import (
     batch_validate,
     counts_refresh,
 )
-from dataplane.dispatch import Dispatch
+from dataplane.frontdoor import FrontDoor
 from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
 from dataplane.types import Event
@@ -304,7 +304,7 @@ class BatchRun:
         await self._record(outcomes)
 
 
-async def _submitted_abort(dispatch: Dispatch, batch: Batch) -> None:
+async def _submitted_abort(dispatch: FrontDoor, batch: Batch) -> None:
     """Abort the requests of the batch's submitted lines that are still queued or running."""
     for line in await db_call(_lines, batch=batch, state=LineState.SUBMITTED, limit=None):
         where = await dispatch.whereabouts(line.request_id)

@@ -140,11 +140,11 @@ async def _drive_queue(direct: Direct, deployment: str, concurrency: int, second
     """Closed loop straight onto the deployment's queue: the worker and its batcher alone."""
     import uuid
 
-    from dataplane.dispatch import Dispatch
+    from dataplane.frontdoor import FrontDoor
     from dataplane.redis_client import redis_client_new
     from dataplane.types import Failed, Finished, Job, Sampling
 
-    dispatch = Dispatch(redis_client_new())
+    dispatch = FrontDoor(redis_client_new())
     latencies: list[float] = []
     errors = 0
     done = 0

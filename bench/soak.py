@@ -332,7 +332,7 @@ class Sampler(threading.Thread):
         self.join()
 
     def sample(self) -> Sample:
-        from dataplane.dispatch import queue_snapshot_sync
+        from dataplane.snapshots import queue_snapshot_sync
 
         waiting, tokens, running, jobs = occupancy(self.client)
         snapshot = queue_snapshot_sync(self.client, DEPLOYMENT)

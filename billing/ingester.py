@@ -14,16 +14,18 @@ import time
 from decimal import Decimal
 
 import redis
+import redis.asyncio as aredis
 from django.conf import settings
 from django.db import DatabaseError
 
 from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
 from dataplane.background import loop_failed, loop_ok, supervise
-from dataplane.dispatch import Dispatch
 from dataplane.quotas import MICROS, Quotas, Usage
+from dataplane.reaper import Reaper
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.types import UsageEvent
+from dataplane.usage import UsageStream
 from inference.db import db_call
 from models_registry.models import Deployment
 
@@ -42,13 +44,15 @@ class Ingester:
     def __init__(
         self,
         *,
-        dispatch: Dispatch,
+        client: aredis.Redis,
         consumer: str,
+        reply_ttl: int = 900,
         tenant_labels: TenantLabels | None = None,
     ) -> None:
-        self.dispatch = dispatch
+        self.usage = UsageStream(client)
+        self.reaper = Reaper(client, reply_ttl=reply_ttl)
         self.tenant_labels = tenant_labels or TenantLabels(settings.SWITCHYARD_METRICS_MAX_TENANTS)
-        self.quotas = Quotas(dispatch.redis)
+        self.quotas = Quotas(client)
         self.consumer = consumer
         self._stopping = asyncio.Event()
         self._deployments: list[str] = []
@@ -116,7 +120,7 @@ class Ingester:
             self._reap_at = time.monotonic() + 1.0
             await self._finished()
             await self._reap(deployments)
-        entries = await self.dispatch.read_usage(
+        entries = await self.usage.read_usage(
             deployments=deployments, consumer=self.consumer, count=BATCH, block_ms=500
         )
         if not entries:
@@ -151,7 +155,7 @@ class Ingester:
                 self._deployments_at = time.monotonic()
                 return self._deployments
             for name in set(names) - set(self._deployments):
-                await self.dispatch.ensure_groups(name)
+                await self.usage.ensure_groups(name)
             self._deployments = names
             self._deployments_at = time.monotonic()
         return self._deployments
@@ -160,13 +164,13 @@ class Ingester:
         reaped = True
         for name in deployments:
             try:
-                reclaimed = await self.dispatch.reclaim_expired(deployment=name)
+                reclaimed = await self.reaper.reclaim_expired(deployment=name)
                 if reclaimed:
                     log.warning("reclaimed %d jobs with lapsed leases on %s", reclaimed, name)
-                overdue = await self.dispatch.expire_queued(deployment=name)
+                overdue = await self.reaper.expire_queued(deployment=name)
                 if overdue:
                     log.info("ended %d queued jobs past their deadline on %s", overdue, name)
-                stale = await self.dispatch.reclaim_usage(
+                stale = await self.usage.reclaim_usage(
                     deployment=name, consumer=self.consumer, min_idle_ms=STALE_PENDING_MS
                 )
                 if stale:
@@ -200,7 +204,7 @@ class Ingester:
         deployments = {event.request_id: deployment for deployment, _, event in entries}
         for event in result.refused:
             log.error("usage of %s refused: its tenant or version is gone", event.request_id)
-            await self.dispatch.dead_letter_usage(
+            await self.usage.dead_letter_usage(
                 deployment=deployments[event.request_id], event=event, reason="unknown owner"
             )
         outage = Outage("settling usage", log)
@@ -208,7 +212,7 @@ class Ingester:
             try:
                 # Settling is idempotent per request, so a retry after a half-done try is safe.
                 await self._settle(events, result.costs)
-                await self.dispatch.ack_usage(entries=[(d, e) for d, e, _ in entries])
+                await self.usage.ack_usage(entries=[(d, e) for d, e, _ in entries])
                 break
             except UNREACHABLE as exc:
                 if self._stopping.is_set():

@@ -28,8 +28,8 @@ from django.views.decorators.http import require_POST
 from billing.budgets import budget_banner
 from billing.models import Invoice, UsageRecord
 from billing.selectors import month_start, tenant_month_spend, usage_aggregate, version_slis
-from dataplane.dispatch import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
 from dataplane.redis_client import redis_sync_client
+from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout
 from models_registry.rollouts import RolloutConflict, rollout_act
 from models_registry.selectors import version_pinned

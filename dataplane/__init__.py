@@ -1,6 +1,21 @@
 """The data plane: what frontends, workers, the usage ingester and the batch runner say to each
 other through Redis (Valkey), and nothing else.
 
-Wire types, key names, the Lua scripts and the queue roles live here. No views, no Django
-request objects; nothing outside this package builds a Redis key.
+No views and no Django request objects. Every
+key of a deployment carries the deployment name as its hash tag, so one deployment's keys live
+in one Redis Cluster slot and the scripts that touch several stay atomic there; a tenant's
+limits carry the tenant in the same way.
+
+- keys: every key, channel and consumer-group name; nothing outside it builds a key.
+- types: the wire types (jobs, events, usage events) and their encoding.
+- scripts, lua/: the Lua scripts, read once.
+- frontdoor: a frontend's side of a deployment's queue (enqueue, cancel, follow, whereabouts);
+  the queues and their fair order are described there.
+- leases: a worker's side (claim, heartbeat, handoffs); leases and prefix affinity there.
+- finish: reply events and the exactly-once finish of a request.
+- reaper: lapsed leases and overdue queued jobs.
+- usage: the usage streams the ingesters read.
+- snapshots: what control-plane code reads of a queue, synchronously.
+- quotas: per-tenant limits; replies: one reader per deployment for followed reply streams;
+  changes: control-plane change notices; redis_client, background, tracing: the plumbing.
 """

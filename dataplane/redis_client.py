@@ -13,10 +13,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
 
+# What a Lua script takes as an argument.
+ScriptArg = bytes | str | int | float
+
 
 def redis_client_new() -> aredis.Redis:
     """Return a new asyncio Redis client bound to the running event loop."""
-    # Reads block for at most a few seconds (see dispatch); the socket timeout must exceed that.
+    # Reads block for at most a few seconds (see dataplane.leases); the socket timeout exceeds that.
     return aredis.Redis.from_url(
         settings.REDIS_URL,
         max_connections=4096,
@@ -35,7 +38,7 @@ def script_into(
     script: AsyncScript,
     *,
     keys: Sequence[str],
-    args: Sequence[bytes | str | int | float],
+    args: Sequence[ScriptArg],
 ) -> None:
     """Queue a Lua script on a pipeline, to run in the pipeline's one round trip.
 

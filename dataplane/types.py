@@ -151,3 +151,41 @@ usage_decoder = msgspec.msgpack.Decoder(UsageEvent)
 
 def encode(message: msgspec.Struct) -> bytes:
     return job_encoder.encode(message)
+
+
+def usage_for(
+    job: Job,
+    *,
+    status: Status,
+    finished_at: float,
+    started_at: float | None = None,
+    first_token_at: float | None = None,
+    completion_tokens: int = 0,
+    finish_reason: str = "",
+    error_code: str = "",
+    cached_tokens: int = 0,
+    prompt_tokens: int | None = None,
+) -> UsageEvent:
+    """Build the usage event of a job; its prompt counts in full unless told otherwise."""
+    return UsageEvent(
+        request_id=job.request_id,
+        tenant_id=job.tenant_id,
+        api_key_id=job.api_key_id,
+        deployment=job.deployment,
+        model_version=job.model_version,
+        endpoint=job.endpoint,
+        status=status,
+        finish_reason=finish_reason,
+        error_code=error_code,
+        prompt_tokens=len(job.prompt_token_ids) if prompt_tokens is None else prompt_tokens,
+        completion_tokens=completion_tokens,
+        enqueued_at=job.enqueued_at,
+        started_at=started_at,
+        first_token_at=first_token_at,
+        finished_at=finished_at,
+        shadow=job.shadow,
+        user=job.user,
+        priority=job.priority,
+        cached_tokens=cached_tokens,
+        trace_id=job.trace_id,
+    )

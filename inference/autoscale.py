@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import redis
 
-from dataplane.dispatch import QueueSnapshot
 from dataplane.keys import autoscale_key
+from dataplane.snapshots import QueueSnapshot
 
 
 @dataclass(frozen=True)

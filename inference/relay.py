@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from dataplane.background import spawn
-from dataplane.dispatch import Dispatch, Whereabouts
+from dataplane.frontdoor import FrontDoor, Whereabouts
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.replies import ReaderFailed
 from dataplane.types import Delta, Event, Failed, Finished, Started
@@ -33,7 +33,7 @@ class Cursor:
     last: str = "0-0"
 
 
-def cancel_soon(dispatch: Dispatch, submitted: Submitted) -> None:
+def cancel_soon(dispatch: FrontDoor, submitted: Submitted) -> None:
     """Cancel a request without waiting, even from a task that is itself being cancelled."""
     spawn(dispatch.cancel(job=submitted.job))
 
@@ -48,7 +48,7 @@ _GRACE_SECONDS = 2.0
 
 
 async def events(
-    dispatch: Dispatch, submitted: Submitted, *, cursor: Cursor | None = None
+    dispatch: FrontDoor, submitted: Submitted, *, cursor: Cursor | None = None
 ) -> AsyncIterator[Event]:
     """Yield a request's events until its terminal one; consecutive deltas arrive merged.
 
@@ -114,7 +114,7 @@ def _ended(submitted: Submitted, text: str, event: Event, *, fill: CacheUse | No
 
 
 async def attach(
-    dispatch: Dispatch,
+    dispatch: FrontDoor,
     *,
     deployment: str,
     request_id: str,
@@ -160,7 +160,7 @@ async def attach(
 
 
 async def _follow(
-    dispatch: Dispatch,
+    dispatch: FrontDoor,
     *,
     deployment: str,
     request_id: str,

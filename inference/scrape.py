@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, mult
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dataplane.dispatch import queue_snapshot_sync
 from dataplane.redis_client import redis_sync_client
+from dataplane.snapshots import queue_snapshot_sync
 from inference.autoscale import Autoscaler, ScalingPolicy
 from models_registry.models import Deployment
 

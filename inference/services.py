@@ -17,11 +17,21 @@ from billing.selectors import tenant_month_spend_micros
 from billing.services import price_current
 from config.json_body import shown
 from dataplane.background import spawn
-from dataplane.dispatch import Dispatch, Refusal, Refused, usage_for
+from dataplane.frontdoor import FrontDoor, Refusal, Refused
 from dataplane.quotas import Decision, Limits, Quotas, Usage, cost_micros
 from dataplane.redis_client import redis_client_new
 from dataplane.tracing import TraceContext
-from dataplane.types import Delta, Failed, Finished, Job, Sampling, Started, Status, encode
+from dataplane.types import (
+    Delta,
+    Failed,
+    Finished,
+    Job,
+    Sampling,
+    Started,
+    Status,
+    encode,
+    usage_for,
+)
 from inference.auth import Principal
 from inference.cache import RefreshingCache
 from inference.content_policy import input_screen, policy_get
@@ -39,20 +49,20 @@ from safety.policy import Policy
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
-_dispatch: Dispatch | None = None
+_dispatch: FrontDoor | None = None
 _quotas: Quotas | None = None
 _idempotency: Idempotency | None = None
 _responses: ResponseCache | None = None
 _dispatch_loop: asyncio.AbstractEventLoop | None = None
 
 
-def dispatch_get() -> Dispatch:
+def dispatch_get() -> FrontDoor:
     """Return this process's data-plane client, bound to the running loop."""
     global _dispatch, _quotas, _idempotency, _responses, _dispatch_loop
     loop = asyncio.get_running_loop()
     if _dispatch is None or _quotas is None or _dispatch_loop is not loop:
         client = redis_client_new()
-        _dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
+        _dispatch = FrontDoor(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         _quotas = Quotas(client)
         _idempotency = Idempotency(client)
         _responses = ResponseCache(client)

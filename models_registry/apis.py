@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.selectors import version_slis
-from dataplane.dispatch import live_workers_sync
 from dataplane.redis_client import redis_sync_client
+from dataplane.snapshots import live_workers_sync
 from models_registry.models import Alias, Deployment, ModelVersion, Rollout, RolloutDecision
 from models_registry.rollouts import RolloutConflict, rollout_act, rollout_start
 from models_registry.selectors import version_pinned

@@ -186,7 +186,7 @@ class Deployment(models.Model):
     enforce_eager = models.BooleanField(default=False)
     dtype = models.CharField(max_length=16, default="float32")
     # vLLM's automatic prefix caching: prompts sharing a prefix reuse its KV-cache blocks, and
-    # dispatch sends them to the replica that holds it (inference/dispatch.py).
+    # dispatch sends them to the replica that holds it (dataplane/leases.py).
     prefix_caching = models.BooleanField(default=True)
     # LoRA adapters of the version this deployment serves: how many one batch may mix
     # (0: none are served) and the largest rank accepted.

@@ -18,8 +18,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from dataplane.changes import ROUTES, change_publish
-from dataplane.dispatch import retire_request_sync
 from dataplane.redis_client import redis_sync_client
+from dataplane.snapshots import retire_request_sync
 from models_registry.manifest import (
     MANIFEST_SCHEMA,
     ArtifactError,

@@ -1,7 +1,7 @@
 """Closed-loop load straight onto a deployment's queue, the way bench/embeddings.py drives it.
 
 Jobs are built as inference.services builds a completion request's job, enqueued with
-`Dispatch.enqueue` and followed on their reply streams: no HTTP, no frontend, no quota. Nobody
+`FrontDoor.enqueue` and followed on their reply streams: no HTTP, no frontend, no quota. Nobody
 should pay for a measurement, so jobs are marked `shadow`: their usage records are kept at
 cost 0 and never invoiced, under the `user` tag the caller gives (`capacity:<run>`).
 """
@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dataplane.dispatch import Dispatch
+from dataplane.frontdoor import FrontDoor
 from dataplane.types import Delta, Failed, Finished, Job, Sampling
 from workers.capacity import Level, Sample, level_summarise
 
@@ -52,7 +52,7 @@ class Load:
 
 async def curve_measure(
     *,
-    dispatch: Dispatch,
+    dispatch: FrontDoor,
     load: Load,
     levels: Sequence[int],
     requests: int,
@@ -118,7 +118,7 @@ def _seconds(value: float | None) -> str:
 
 async def level_run(
     *,
-    dispatch: Dispatch,
+    dispatch: FrontDoor,
     load: Load,
     concurrency: int,
     requests: int,
@@ -149,7 +149,7 @@ async def level_run(
     return samples, time.perf_counter() - started
 
 
-async def request_run(*, dispatch: Dispatch, load: Load, prompt: Sequence[int]) -> Sample:
+async def request_run(*, dispatch: FrontDoor, load: Load, prompt: Sequence[int]) -> Sample:
     """Enqueue one completion request and follow its reply stream to its end."""
     now = time.time()
     job = Job(

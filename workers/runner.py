@@ -14,10 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.asyncio as aredis
+
 from dataplane.background import loop_failed, loop_ok, supervise
-from dataplane.dispatch import Dispatch, usage_for
+from dataplane.finish import Finisher
 from dataplane.keys import cancel_channel, handoff_channel
+from dataplane.leases import Leases
 from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.snapshots import depth
 from dataplane.tracing import bind
 from dataplane.types import (
     Delta,
@@ -29,7 +33,9 @@ from dataplane.types import (
     Started,
     Status,
     UsageEvent,
+    usage_for,
 )
+from dataplane.usage import UsageStream
 from workers.batcher import DeadlineUnattainable, DynamicBatcher
 from workers.engine import AdapterRef, Engine, Monitored
 from workers.metrics import WorkerMetrics
@@ -286,7 +292,8 @@ class Worker(abc.ABC):
         *,
         deployment: str,
         engine: Monitored,
-        dispatch: Dispatch,
+        client: aredis.Redis,
+        reply_ttl: int = 900,
         worker_id: str,
         capacity: int,
         lease_seconds: float,
@@ -300,7 +307,9 @@ class Worker(abc.ABC):
         self.deployment = deployment
         self.metrics = metrics
         self.engine = engine
-        self.dispatch = dispatch
+        self.redis = client
+        self.leases = Leases(client)
+        self.finisher = Finisher(client, reply_ttl=reply_ttl)
         self.worker_id = worker_id
         # The engine's slots: `capacity` shared by everyone, `reserved` only for tenants with
         # nothing running on this worker.
@@ -309,7 +318,7 @@ class Worker(abc.ABC):
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
         self.stream_interval = stream_interval
-        # Hand jobs whose prompt prefix another worker owns to that worker (inference/dispatch.py)
+        # Hand jobs whose prompt prefix another worker owns to that worker (dataplane.leases)
         self.prefix_routing = prefix_routing
         self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         self._rate = _RateMeter()
@@ -346,7 +355,7 @@ class Worker(abc.ABC):
         `on_ready` runs once the worker is in the live set, i.e. once frontends route to it;
         `on_draining` once it stops claiming.
         """
-        await self.dispatch.ensure_groups(self.deployment)
+        await UsageStream(self.redis).ensure_groups(self.deployment)
         # Each loop starts again if it fails (dataplane.background): a worker whose heartbeat
         # or flusher died would keep claiming jobs whose leases lapse or whose events never go.
         helpers = [
@@ -358,7 +367,7 @@ class Worker(abc.ABC):
             )
         ]
         try:
-            await self.dispatch.heartbeat(
+            await self.leases.heartbeat(
                 deployment=self.deployment,
                 worker=self.worker_id,
                 ttl=self.lease_seconds,
@@ -373,7 +382,7 @@ class Worker(abc.ABC):
             await self._finish_in_flight()
         finally:
             try:
-                await self.dispatch.leave(deployment=self.deployment, worker=self.worker_id)
+                await self.leases.leave(deployment=self.deployment, worker=self.worker_id)
             finally:
                 await self._helpers_stop(helpers)
 
@@ -397,13 +406,13 @@ class Worker(abc.ABC):
         """Put back in the queue the jobs handed to this worker that it will not take."""
         try:
             # No slots first, so nothing more is handed to it.
-            await self.dispatch.heartbeat(
+            await self.leases.heartbeat(
                 deployment=self.deployment,
                 worker=self.worker_id,
                 ttl=self.lease_seconds,
                 slots=self._slots(),
             )
-            returned = await self.dispatch.handoffs_return(
+            returned = await self.leases.handoffs_return(
                 deployment=self.deployment, worker=self.worker_id
             )
         except Exception:
@@ -448,7 +457,7 @@ class Worker(abc.ABC):
         if free <= 0:
             await _first_of(self._slot_free.wait(), self._draining.wait(), timeout=1.0)
             return
-        claimed = await self.dispatch.claim(
+        claimed = await self.leases.claim(
             deployment=self.deployment,
             count=free,
             lease_seconds=self.lease_seconds,
@@ -470,7 +479,7 @@ class Worker(abc.ABC):
                 # A queued job wakes us; with only reserved slots open, so does a freed
                 # shared slot (the tenants skipped this time may then be served).
                 await _first_of(
-                    self.dispatch.wait_for_work(deployment=self.deployment, timeout=0.5),
+                    self.leases.wait_for_work(deployment=self.deployment, timeout=0.5),
                     self._draining.wait(),
                     self._handed.wait(),
                     *([self._slot_free.wait()] if skip else []),
@@ -483,7 +492,7 @@ class Worker(abc.ABC):
             self.active[job.request_id] = (job, task)
         # Checked after starting, off the first token's path: a request cancelled while
         # queued is aborted here before it has produced much.
-        cancelled = await self.dispatch.cancelled(
+        cancelled = await self.leases.cancelled(
             deployment=self.deployment, request_ids=[job.request_id for job in claimed.run]
         )
         for rid in cancelled | (self._recent_cancels.keys() & self.active.keys()):
@@ -493,7 +502,7 @@ class Worker(abc.ABC):
 
     async def _retire_due(self) -> bool:
         """Whether a retiring worker has seen its queue empty for the quiet period."""
-        if (await self.dispatch.depth(self.deployment)).requests:
+        if (await depth(self.redis, self.deployment)).requests:
             self._last_work = time.monotonic()
             return False
         return time.monotonic() - self._last_work >= self.retire_quiet_seconds
@@ -600,13 +609,13 @@ class Worker(abc.ABC):
             return
         commands: list[int] = []  # how many commands each item queued
         try:
-            async with self.dispatch.redis.pipeline(transaction=False) as pipe:
+            async with self.redis.pipeline(transaction=False) as pipe:
                 for job, event, usage, charged in items:
                     queued = len(pipe.command_stack)
                     if usage is None:
-                        self.dispatch.publish_into(pipe, job=job, events=[event])
+                        self.finisher.publish_into(pipe, job=job, events=[event])
                     else:
-                        await self.dispatch.finalize_into(
+                        await self.finisher.finalize_into(
                             pipe, job=job, terminal=event, usage=usage, charged=charged
                         )
                     commands.append(len(pipe.command_stack) - queued)
@@ -638,7 +647,7 @@ class Worker(abc.ABC):
             pause = interval
             try:
                 self._rate.tick(busy=len(self.active) >= self.capacity)
-                retire = await self.dispatch.heartbeat(
+                retire = await self.leases.heartbeat(
                     deployment=self.deployment,
                     worker=self.worker_id,
                     ttl=self.lease_seconds,
@@ -665,7 +674,7 @@ class Worker(abc.ABC):
 
     async def _cancel_listener(self) -> None:
         while not self._closing.is_set():
-            pubsub = self.dispatch.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 handoffs = handoff_channel(self.deployment, self.worker_id)
                 await pubsub.subscribe(cancel_channel(self.deployment), handoffs)

@@ -17,8 +17,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from dataplane.changes import ROUTES, change_publish
-from dataplane.dispatch import live_workers_sync
 from dataplane.redis_client import redis_sync_client
+from dataplane.snapshots import live_workers_sync
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState, ModelVersion, Task
 from models_registry.services import model_version_verify

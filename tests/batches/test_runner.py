@@ -20,7 +20,7 @@ from batches import services, tasks
 from batches.models import Batch, BatchStatus, LineState
 from batches.runner import BatchRun, batch_step
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
-from dataplane.dispatch import Dispatch
+from dataplane.frontdoor import FrontDoor
 from dataplane.redis_client import redis_sync_client
 from tenants.models import ApiKey
 from tests.conftest import ALIAS
@@ -81,11 +81,11 @@ def test_it_fails_a_line_that_breaks_after_admission_and_gives_its_reservation_b
 ):
     admitted: list[str] = []
 
-    async def broken(self: Dispatch, job: Any, **kwargs: Any) -> None:
+    async def broken(self: FrontDoor, job: Any, **kwargs: Any) -> None:
         admitted.append(job.request_id)
         raise RuntimeError("the data plane broke mid-enqueue")
 
-    monkeypatch.setattr(Dispatch, "enqueue", broken)
+    monkeypatch.setattr(FrontDoor, "enqueue", broken)
     batch = _batch(world, 1)
     assert asyncio.run(batch_step(batch.id)) is True
     batch.refresh_from_db()

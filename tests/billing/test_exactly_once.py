@@ -20,10 +20,10 @@ from billing.ingester import Ingester
 from billing.invoices import cents_allocate
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
-from dataplane.dispatch import Dispatch
 from dataplane.keys import INGEST_GROUP, usage_key
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Status, UsageEvent, encode
+from tests.dataplane.roles import roles
 
 pytestmark = pytest.mark.django_db
 
@@ -58,30 +58,35 @@ class _Ingester(Ingester):
 
 async def _run(deployment: str, events: list[UsageEvent], die_at: int | None) -> None:
     client = redis_client_new()
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     try:
-        await dispatch.ensure_groups(deployment)
+        await dispatch.usage.ensure_groups(deployment)
         async with client.pipeline(transaction=False) as pipe:
             for event in events:
                 for _ in range(2):  # every message delivered twice
                     pipe.xadd(usage_key(deployment), {"u": encode(event)})
             await pipe.execute()
-        first = _Ingester(dispatch=dispatch, consumer="first", die_at_batch=die_at)
+        first = _Ingester(
+            client=dispatch.redis,
+            reply_ttl=dispatch.reply_ttl,
+            consumer="first",
+            die_at_batch=die_at,
+        )
         try:
-            while entries := await dispatch.read_usage(
+            while entries := await dispatch.usage.read_usage(
                 deployments=[deployment], consumer="first", count=7, block_ms=10
             ):
                 await first._ingest(entries)
         except Killed:
             pass
         # A second ingester takes over what the first read but never acknowledged, then the rest.
-        second = _Ingester(dispatch=dispatch, consumer="second")
-        stale = await dispatch.reclaim_usage(
+        second = _Ingester(client=dispatch.redis, reply_ttl=dispatch.reply_ttl, consumer="second")
+        stale = await dispatch.usage.reclaim_usage(
             deployment=deployment, consumer="second", min_idle_ms=0
         )
         if stale:
             await second._ingest(stale)
-        while entries := await dispatch.read_usage(
+        while entries := await dispatch.usage.read_usage(
             deployments=[deployment], consumer="second", count=7, block_ms=10
         ):
             await second._ingest(entries)
@@ -141,7 +146,7 @@ def test_a_database_outage_while_listing_deployments_keeps_the_last_list(monkeyp
 
     async def scenario() -> list[list[str]]:
         client = redis_client_new()
-        ingester = Ingester(dispatch=Dispatch(client), consumer="outage")
+        ingester = Ingester(client=client, consumer="outage")
         seen = []
         monkeypatch.setattr(ingester_module, "db_call", listed)
         seen.append(await ingester._refresh_deployments())

@@ -13,8 +13,8 @@ from prometheus_client import REGISTRY
 import billing.ingester as ingester_module
 from billing.ingester import Ingester
 from dataplane.background import loops_failing
-from dataplane.dispatch import Dispatch
 from dataplane.redis_client import redis_client_new
+from tests.dataplane.roles import roles
 
 
 def _failures(loop: str) -> float:
@@ -50,10 +50,11 @@ def test_an_ingester_whose_step_fails_is_counted_and_ingests_on(monkeypatch):
 
     async def scenario() -> None:
         client = redis_client_new()
-        dispatch = Dispatch(client)
+        dispatch = roles(client)
         reads: list[int] = []
-        monkeypatch.setattr(dispatch, "read_usage", _failing_once(dispatch.read_usage, reads))
-        ingester = Ingester(dispatch=dispatch, consumer="loops")
+        ingester = Ingester(client=dispatch.redis, reply_ttl=dispatch.reply_ttl, consumer="loops")
+        real = ingester.usage.read_usage
+        monkeypatch.setattr(ingester.usage, "read_usage", _failing_once(real, reads))
         before = _failures("ingester")
         running = asyncio.create_task(ingester.run())
         try:
@@ -80,11 +81,11 @@ def test_a_reap_that_fails_is_counted_and_the_next_reaps(monkeypatch):
 
     async def scenario() -> None:
         client = redis_client_new()
-        dispatch = Dispatch(client)
+        dispatch = roles(client)
         reaps: list[int] = []
-        real = dispatch.reclaim_expired
-        monkeypatch.setattr(dispatch, "reclaim_expired", _failing_once(real, reaps))
-        ingester = Ingester(dispatch=dispatch, consumer="loops")
+        ingester = Ingester(client=dispatch.redis, reply_ttl=dispatch.reply_ttl, consumer="loops")
+        real = ingester.reaper.reclaim_expired
+        monkeypatch.setattr(ingester.reaper, "reclaim_expired", _failing_once(real, reaps))
         before = _failures("reaper")
         running = asyncio.create_task(ingester.run())
         try:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dataplane.dispatch import PREFIX_TOKENS
+from dataplane.frontdoor import PREFIX_TOKENS
 from tests.conftest import CONTEXT, Process, _free_port, _spawn, _wait_for
 
 DEPLOYMENT = "tiny-prefix"

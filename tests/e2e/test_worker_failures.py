@@ -16,11 +16,11 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from dataplane.dispatch import Dispatch
 from dataplane.redis_client import redis_client_new, redis_sync_client
 from models_registry.models import ModelVersion
 from models_registry.services import deployment_create, model_version_register
 from tests.conftest import _spawn, _wait_for
+from tests.dataplane.roles import roles
 
 DEPLOYMENT = "fragile"
 
@@ -144,24 +144,28 @@ def test_a_job_a_dead_worker_claimed_but_never_started_runs_on_another_worker(
     ghost = "ghost-worker"
 
     async def beat() -> None:
-        dispatch = Dispatch(redis_client_new())
+        dispatch = roles(redis_client_new())
         try:
-            await dispatch.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=5.0, slots=(1, 0))
+            await dispatch.leases.heartbeat(
+                deployment=DEPLOYMENT, worker=ghost, ttl=5.0, slots=(1, 0)
+            )
         finally:
             await dispatch.redis.aclose()
 
     async def claim_then_die() -> list[str]:
-        dispatch = Dispatch(redis_client_new())
+        dispatch = roles(redis_client_new())
         try:
-            await dispatch.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=2.0, slots=(1, 0))
+            await dispatch.leases.heartbeat(
+                deployment=DEPLOYMENT, worker=ghost, ttl=2.0, slots=(1, 0)
+            )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                claimed = await dispatch.claim(
+                claimed = await dispatch.leases.claim(
                     deployment=DEPLOYMENT, count=1, lease_seconds=2.0, worker=ghost
                 )
                 if claimed.run:
                     return [job.request_id for job in claimed.run]
-                await dispatch.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=2.0)
+                await dispatch.leases.heartbeat(deployment=DEPLOYMENT, worker=ghost, ttl=2.0)
                 await asyncio.sleep(0.05)
             return []
         finally:

@@ -10,9 +10,10 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
-from dataplane.dispatch import Dispatch, QueueSnapshot, queue_snapshot_sync, usage_for
-from dataplane.types import Finished, Job, Sampling, Status
+from dataplane.snapshots import QueueSnapshot, queue_snapshot_sync
+from dataplane.types import Finished, Job, Sampling, Status, usage_for
 from inference.autoscale import Autoscaler, ScalingPolicy, replicas_needed
+from tests.dataplane.roles import Roles, roles
 
 POLICY = ScalingPolicy(target_wait_seconds=2.0, min_replicas=1, max_replicas=10)
 
@@ -81,11 +82,11 @@ def sync_client():
 
 async def test_the_signal_rises_with_backlog_and_falls_only_after_the_window(sync_client):
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = f"scale-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    await dispatch.usage.ensure_groups(deployment)
     # One worker with 8 shared slots that measured 1,000 reserved tokens/s while full.
-    await dispatch.heartbeat(
+    await dispatch.leases.heartbeat(
         deployment=deployment, worker="w1", ttl=60, slots=(8, 0), tokens_per_second=1000.0
     )
     scaler = Autoscaler(sync_client, scale_down_seconds=300)
@@ -99,7 +100,7 @@ async def test_the_signal_rises_with_backlog_and_falls_only_after_the_window(syn
     # 12 queued jobs of 500 reserved tokens: 6,000 tokens to clear within 2 s at 1,000/s.
     jobs = [_job(deployment, tokens=500) for _ in range(12)]
     for job in jobs:
-        assert await dispatch.enqueue(job) is None
+        assert await dispatch.front.enqueue(job) is None
     snap = queue_snapshot_sync(sync_client, deployment)
     assert snap.waiting == {"interactive": 12, "batch": 0}
     assert snap.backlog_tokens == 6000
@@ -108,7 +109,7 @@ async def test_the_signal_rises_with_backlog_and_falls_only_after_the_window(syn
     assert desired(now + 1) == 3
 
     # Workers take the jobs: 12 running on 8-slot workers still need 2.
-    claimed = await dispatch.claim(deployment=deployment, count=12, lease_seconds=60)
+    claimed = await dispatch.leases.claim(deployment=deployment, count=12, lease_seconds=60)
     assert len(claimed.run) == 12
     assert queue_snapshot_sync(sync_client, deployment).running == 12
     assert desired(now + 1.5) == 3  # lower raw (2), but the signal holds
@@ -122,10 +123,11 @@ async def test_the_signal_rises_with_backlog_and_falls_only_after_the_window(syn
     # A burst inside the window (4,000 tokens: raw 2) raises the floor it falls to.
     burst = [_job(deployment, tokens=500) for _ in range(8)]
     for job in burst:
-        assert await dispatch.enqueue(job) is None
+        assert await dispatch.front.enqueue(job) is None
     assert desired(now + 250) == 3
     await _finish(
-        dispatch, (await dispatch.claim(deployment=deployment, count=8, lease_seconds=60)).run
+        dispatch,
+        (await dispatch.leases.claim(deployment=deployment, count=8, lease_seconds=60)).run,
     )
     assert desired(now + 260) == 3
     # The window that began when raw first fell (now + 1.5) is over: down to its highest raw.
@@ -135,10 +137,10 @@ async def test_the_signal_rises_with_backlog_and_falls_only_after_the_window(syn
     await client.aclose()
 
 
-async def _finish(dispatch: Dispatch, jobs: list[Job]) -> None:
+async def _finish(dispatch: Roles, jobs: list[Job]) -> None:
     async with dispatch.redis.pipeline(transaction=False) as pipe:
         for job in jobs:
             terminal = Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1)
             usage = usage_for(job, status=Status.OK, finished_at=time.time())
-            await dispatch.finalize_into(pipe, job=job, terminal=terminal, usage=usage)
+            await dispatch.finisher.finalize_into(pipe, job=job, terminal=terminal, usage=usage)
         await pipe.execute()

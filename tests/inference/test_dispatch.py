@@ -11,15 +11,27 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from dataplane.dispatch import Depth, Dispatch, Refusal, Refused, usage_for
+from dataplane.frontdoor import Refusal, Refused
 from dataplane.keys import reply_key, usage_key
-from dataplane.types import Delta, Failed, Finished, Job, Sampling, Started, Status, usage_decoder
+from dataplane.snapshots import Depth
+from dataplane.types import (
+    Delta,
+    Failed,
+    Finished,
+    Job,
+    Sampling,
+    Started,
+    Status,
+    usage_decoder,
+    usage_for,
+)
+from tests.dataplane.roles import Roles, roles
 
 
 @pytest.fixture
 async def dispatch():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    yield Dispatch(client, reply_ttl=60)
+    yield roles(client, reply_ttl=60)
     await client.aclose()
 
 
@@ -39,21 +51,21 @@ def _job(deployment: str, *, tenant: int = 1, timeout: float = 60.0) -> Job:
     )
 
 
-async def _served_deployment(dispatch: Dispatch) -> str:
+async def _served_deployment(dispatch: Roles) -> str:
     """Return a fresh deployment with one live worker heartbeat."""
     deployment = f"t-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
+    await dispatch.usage.ensure_groups(deployment)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60)
     return deployment
 
 
-async def _usage(dispatch: Dispatch, deployment: str):
+async def _usage(dispatch: Roles, deployment: str):
     entries: Any = await dispatch.redis.xrange(usage_key(deployment))
     return [usage_decoder.decode(fields[b"u"]) for _, fields in entries]
 
 
-async def _terminal(dispatch: Dispatch, job: Job):
-    events = await dispatch.read_events(
+async def _terminal(dispatch: Roles, job: Job):
+    events = await dispatch.front.read_events(
         deployment=job.deployment, request_id=job.request_id, after="0-0", block_ms=100
     )
     return events[-1][1]
@@ -62,13 +74,13 @@ async def _terminal(dispatch: Dispatch, job: Job):
 async def test_a_request_is_finished_exactly_once(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    assert await dispatch.enqueue(job) is None
-    claimed = await dispatch.claim(deployment=deployment, count=4, lease_seconds=5)
+    assert await dispatch.front.enqueue(job) is None
+    claimed = await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)
     assert [j.request_id for j in claimed.run] == [job.request_id]
     usage = usage_for(job, status=Status.OK, finished_at=time.time(), completion_tokens=8)
     done = Finished(finish_reason="length", prompt_tokens=3, completion_tokens=8)
-    assert await dispatch.finalize(job=job, terminal=done, usage=usage)
-    assert not await dispatch.finalize(job=job, terminal=done, usage=usage)
+    assert await dispatch.finisher.finalize(job=job, terminal=done, usage=usage)
+    assert not await dispatch.finisher.finalize(job=job, terminal=done, usage=usage)
     assert len(await _usage(dispatch, deployment)) == 1
     assert await dispatch.redis.hlen(f"sy:{{{deployment}}}:jobs") == 0
     assert await dispatch.redis.zcard(f"sy:{{{deployment}}}:leases") == 0
@@ -77,9 +89,9 @@ async def test_a_request_is_finished_exactly_once(dispatch):
 async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    await dispatch.enqueue(job)
-    assert await dispatch.cancel(job=job)
-    claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    await dispatch.front.enqueue(job)
+    assert await dispatch.front.cancel(job=job)
+    claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
     assert claimed.run == [] and claimed.expired == []
     [usage] = await _usage(dispatch, deployment)
     assert usage.status == Status.CANCELLED and usage.completion_tokens == 0
@@ -90,10 +102,10 @@ async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
 async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
-    assert not await dispatch.cancel(job=job)
-    assert await dispatch.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
+    await dispatch.front.enqueue(job)
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert not await dispatch.front.cancel(job=job)
+    assert await dispatch.leases.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
         job.request_id
     }
     assert await _usage(dispatch, deployment) == []
@@ -102,22 +114,24 @@ async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
 async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.1)
+    await dispatch.front.enqueue(job)
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.1)
     await asyncio.sleep(0.2)
-    assert await dispatch.reclaim_expired(deployment=deployment) == 1
-    again = await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert await dispatch.reaper.reclaim_expired(deployment=deployment) == 1
+    again = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
     assert [j.request_id for j in again.run] == [job.request_id]
 
 
 async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.1)
-    await dispatch.publish(job=job, events=[Started(at=time.time()), Delta("ab", 2), Delta("c", 1)])
+    await dispatch.front.enqueue(job)
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.1)
+    await dispatch.finisher.publish(
+        job=job, events=[Started(at=time.time()), Delta("ab", 2), Delta("c", 1)]
+    )
     await asyncio.sleep(0.2)
-    await dispatch.reclaim_expired(deployment=deployment)
+    await dispatch.reaper.reclaim_expired(deployment=deployment)
     terminal = await _terminal(dispatch, job)
     assert isinstance(terminal, Failed) and terminal.code == "worker_lost"
     [usage] = await _usage(dispatch, deployment)
@@ -128,68 +142,74 @@ async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch
 async def test_a_renewed_lease_is_not_reaped(dispatch):
     deployment = await _served_deployment(dispatch)
     job = _job(deployment)
-    await dispatch.enqueue(job)
-    await dispatch.claim(deployment=deployment, count=1, lease_seconds=0.25)
+    await dispatch.front.enqueue(job)
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.25)
     await asyncio.sleep(0.15)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=5, leased=[job.request_id])
+    await dispatch.leases.heartbeat(
+        deployment=deployment, worker="w", ttl=5, leased=[job.request_id]
+    )
     await asyncio.sleep(0.15)
-    assert await dispatch.reclaim_expired(deployment=deployment) == 0
+    assert await dispatch.reaper.reclaim_expired(deployment=deployment) == 0
 
 
 async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatch):
     deployment = f"t-{uuid.uuid4().hex[:8]}"
-    assert await dispatch.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
-    assert await dispatch.enqueue(_job(deployment)) is None
-    await dispatch.leave(deployment=deployment, worker="w")
-    assert await dispatch.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
+    assert await dispatch.front.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60)
+    assert await dispatch.front.enqueue(_job(deployment)) is None
+    await dispatch.leases.leave(deployment=deployment, worker="w")
+    assert await dispatch.front.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
 
 
 async def test_a_full_queue_refuses_at_once_and_claimed_jobs_do_not_count(dispatch):
     deployment = await _served_deployment(dispatch)
     queued = [_job(deployment) for _ in range(2)]
     for job in queued:
-        assert await dispatch.enqueue(job, max_queued=2) is None
+        assert await dispatch.front.enqueue(job, max_queued=2) is None
     refused = _job(deployment)
-    assert await dispatch.enqueue(refused, max_queued=2) == Refused(Refusal.QUEUE_FULL)
+    assert await dispatch.front.enqueue(refused, max_queued=2) == Refused(Refusal.QUEUE_FULL)
     # A queued request can be found by id; a refused one left nothing behind.
-    assert await dispatch.whereabouts(queued[0].request_id) is not None
-    assert await dispatch.whereabouts(refused.request_id) is None
-    await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
-    assert await dispatch.enqueue(_job(deployment), max_queued=2) is None
+    assert await dispatch.front.whereabouts(queued[0].request_id) is not None
+    assert await dispatch.front.whereabouts(refused.request_id) is None
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert await dispatch.front.enqueue(_job(deployment), max_queued=2) is None
 
 
 async def test_free_slots_take_jobs_beyond_the_queue_bound(dispatch):
     deployment = await _served_deployment(dispatch)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(2, 0))
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(2, 0))
     # With no waiting allowed, a job is admitted only while a slot is free for it.
-    assert await dispatch.enqueue(_job(deployment), max_queued=0) is None
-    assert await dispatch.enqueue(_job(deployment), max_queued=0) is None
-    assert await dispatch.enqueue(_job(deployment), max_queued=0) == Refused(Refusal.QUEUE_FULL)
-    claimed = await dispatch.claim(deployment=deployment, count=2, lease_seconds=5)
-    assert await dispatch.enqueue(_job(deployment), max_queued=0) == Refused(Refusal.QUEUE_FULL)
+    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) is None
+    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) is None
+    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) == Refused(
+        Refusal.QUEUE_FULL
+    )
+    claimed = await dispatch.leases.claim(deployment=deployment, count=2, lease_seconds=5)
+    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) == Refused(
+        Refusal.QUEUE_FULL
+    )
     usage = usage_for(claimed.run[0], status=Status.OK, finished_at=time.time())
     done = Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=0)
-    await dispatch.finalize(job=claimed.run[0], terminal=done, usage=usage)
-    assert await dispatch.enqueue(_job(deployment), max_queued=0) is None
+    await dispatch.finisher.finalize(job=claimed.run[0], terminal=done, usage=usage)
+    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) is None
 
 
 async def test_reserved_slots_count_as_free_only_for_a_tenant_with_nothing_running(dispatch):
     deployment = await _served_deployment(dispatch)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(1, 1))
-    assert await dispatch.enqueue(_job(deployment, tenant=1), max_queued=0) is None
-    await dispatch.claim(deployment=deployment, count=1, lease_seconds=5)
-    refused = await dispatch.enqueue(_job(deployment, tenant=1), max_queued=0)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(1, 1))
+    assert await dispatch.front.enqueue(_job(deployment, tenant=1), max_queued=0) is None
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
+    refused = await dispatch.front.enqueue(_job(deployment, tenant=1), max_queued=0)
     assert refused == Refused(Refusal.QUEUE_FULL)
-    assert await dispatch.enqueue(_job(deployment, tenant=2), max_queued=0) is None
+    assert await dispatch.front.enqueue(_job(deployment, tenant=2), max_queued=0) is None
 
 
 async def test_queued_tokens_are_bounded_too(dispatch):
     deployment = await _served_deployment(dispatch)
     # Each job reserves 3 prompt + 8 completion tokens.
-    assert await dispatch.enqueue(_job(deployment), max_queued_tokens=22) is None
-    assert await dispatch.enqueue(_job(deployment), max_queued_tokens=22) is None
-    refused = await dispatch.enqueue(_job(deployment), max_queued_tokens=22)
+    assert await dispatch.front.enqueue(_job(deployment), max_queued_tokens=22) is None
+    assert await dispatch.front.enqueue(_job(deployment), max_queued_tokens=22) is None
+    refused = await dispatch.front.enqueue(_job(deployment), max_queued_tokens=22)
     assert refused == Refused(Refusal.QUEUE_FULL)
     assert await dispatch.depth(deployment) == Depth(requests=2, tokens=22)
 
@@ -197,33 +217,33 @@ async def test_queued_tokens_are_bounded_too(dispatch):
 async def test_a_deadline_the_backlog_cannot_meet_is_refused_with_an_estimate(dispatch):
     deployment = await _served_deployment(dispatch)
     # The worker finishes 11 reserved tokens a second: one queued job is a second of work.
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
     for _ in range(3):
-        assert await dispatch.enqueue(_job(deployment)) is None
+        assert await dispatch.front.enqueue(_job(deployment)) is None
     hurried = _job(deployment, timeout=2.0)
-    refused = await dispatch.enqueue(hurried)
+    refused = await dispatch.front.enqueue(hurried)
     assert refused is not None and refused.reason is Refusal.DEADLINE_UNATTAINABLE
     assert 2500 <= refused.estimated_wait_ms <= 3500
-    assert await dispatch.enqueue(_job(deployment, timeout=10.0)) is None
+    assert await dispatch.front.enqueue(_job(deployment, timeout=10.0)) is None
 
 
 async def test_another_tenants_backlog_delays_only_by_its_fair_share(dispatch):
     deployment = await _served_deployment(dispatch)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
     for _ in range(20):  # twenty seconds of another tenant's work
-        assert await dispatch.enqueue(_job(deployment, tenant=2)) is None
+        assert await dispatch.front.enqueue(_job(deployment, tenant=2)) is None
     # Alone in its queue, tenant 1 waits for about one of tenant 2's jobs, not twenty.
-    assert await dispatch.enqueue(_job(deployment, tenant=1, timeout=3.0)) is None
+    assert await dispatch.front.enqueue(_job(deployment, tenant=1, timeout=3.0)) is None
 
 
 async def test_a_job_whose_deadline_passed_in_queue_is_never_run(dispatch):
     deployment = await _served_deployment(dispatch)
     late = _job(deployment, timeout=0.05)
     fresh = _job(deployment)
-    await dispatch.enqueue(late)
-    await dispatch.enqueue(fresh)
+    await dispatch.front.enqueue(late)
+    await dispatch.front.enqueue(fresh)
     await asyncio.sleep(0.1)
-    claimed = await dispatch.claim(deployment=deployment, count=4, lease_seconds=5)
+    claimed = await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)
     assert [j.request_id for j in claimed.run] == [fresh.request_id]
     assert [j.request_id for j in claimed.expired] == [late.request_id]
 
@@ -231,9 +251,9 @@ async def test_a_job_whose_deadline_passed_in_queue_is_never_run(dispatch):
 async def test_the_reaper_ends_queued_jobs_past_their_deadline(dispatch):
     deployment = await _served_deployment(dispatch)
     late = _job(deployment, timeout=0.05)
-    await dispatch.enqueue(late)
+    await dispatch.front.enqueue(late)
     await asyncio.sleep(0.1)
-    assert await dispatch.expire_queued(deployment=deployment) == 1
+    assert await dispatch.reaper.expire_queued(deployment=deployment) == 1
     terminal = await _terminal(dispatch, late)
     assert isinstance(terminal, Failed) and terminal.code == "deadline_exceeded"
     [usage] = await _usage(dispatch, deployment)

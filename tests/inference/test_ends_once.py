@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from billing.ingester import Ingester
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
-from dataplane.dispatch import Dispatch
+from dataplane.frontdoor import FrontDoor
 from dataplane.quotas import MICROS, month_of
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
@@ -45,6 +45,7 @@ from models_registry.selectors import Routing
 from tenants.models import Tenant
 from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS
+from tests.dataplane.roles import Roles, roles
 from workers import runner
 from workers.engine import AdapterRef, Step
 from workers.runner import GenerativeWorker
@@ -151,14 +152,15 @@ class _Ingester(Ingester):
 
 
 @contextlib.asynccontextmanager
-async def _worker(lane: Lane, engine: _Engine) -> AsyncIterator[Dispatch]:
+async def _worker(lane: Lane, engine: _Engine) -> AsyncIterator[Roles]:
     """A live worker of the lane's deployment for the length of the block."""
     client = redis_client_new()
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     worker = GenerativeWorker(
         deployment=lane.deployment,
         engine=engine,  # type: ignore[arg-type]
-        dispatch=dispatch,
+        client=dispatch.redis,
+        reply_ttl=dispatch.reply_ttl,
         worker_id=f"w-{uuid.uuid4().hex[:6]}",
         capacity=4,
         lease_seconds=10,
@@ -184,20 +186,20 @@ def _keys(lane: Lane, request_id: str) -> tuple[str, str, str]:
     return f"{tag}:held:{request_id}", f"{tag}:inflight", f"{tag}:spent:{month_of(time.time())}"
 
 
-async def _spent(dispatch: Dispatch, lane: Lane) -> int:
+async def _spent(dispatch: Roles, lane: Lane) -> int:
     return int(await dispatch.redis.get(_keys(lane, "")[2]) or 0)
 
 
 async def _ended_once(
-    dispatch: Dispatch, lane: Lane, request_ids: list[str], spent_before: int
+    dispatch: Roles, lane: Lane, request_ids: list[str], spent_before: int
 ) -> None:
     """Ingest the lane's usage until its requests have settled; check the four facts' three."""
-    ingester = _Ingester(dispatch=dispatch, consumer="ends-once")
-    await dispatch.ensure_groups(lane.deployment)
+    ingester = _Ingester(client=dispatch.redis, reply_ttl=dispatch.reply_ttl, consumer="ends-once")
+    await dispatch.usage.ensure_groups(lane.deployment)
     seen: dict[str, int] = {}
     deadline = time.monotonic() + 15
     while True:
-        entries = await dispatch.read_usage(
+        entries = await dispatch.usage.read_usage(
             deployments=[lane.deployment], consumer="ends-once", count=100, block_ms=50
         )
         if entries:
@@ -209,7 +211,7 @@ async def _ended_once(
             break
         assert time.monotonic() < deadline, f"not settled: usage {seen}, held {held}"
     await asyncio.sleep(0.3)  # anything written twice would have arrived by now
-    for _, _, event in await dispatch.read_usage(
+    for _, _, event in await dispatch.usage.read_usage(
         deployments=[lane.deployment], consumer="ends-once", count=100, block_ms=10
     ):
         seen[event.request_id] = seen.get(event.request_id, 0) + 1
@@ -252,22 +254,22 @@ def _inject(
             raise failure
 
     if stage == "before enqueue":
-        real_enqueue = Dispatch.enqueue
+        real_enqueue = FrontDoor.enqueue
 
-        async def enqueue(self: Dispatch, *args: Any, **kwargs: Any) -> Any:
+        async def enqueue(self: FrontDoor, *args: Any, **kwargs: Any) -> Any:
             once()
             return await real_enqueue(self, *args, **kwargs)
 
-        monkeypatch.setattr(Dispatch, "enqueue", enqueue)
+        monkeypatch.setattr(FrontDoor, "enqueue", enqueue)
     elif stage == "after enqueue":
-        real_enqueue = Dispatch.enqueue
+        real_enqueue = FrontDoor.enqueue
 
-        async def enqueue_then_fail(self: Dispatch, *args: Any, **kwargs: Any) -> Any:
+        async def enqueue_then_fail(self: FrontDoor, *args: Any, **kwargs: Any) -> Any:
             refused = await real_enqueue(self, *args, **kwargs)
             once()  # queued, but the frontend never learns it
             return refused
 
-        monkeypatch.setattr(Dispatch, "enqueue", enqueue_then_fail)
+        monkeypatch.setattr(FrontDoor, "enqueue", enqueue_then_fail)
     elif stage == "idempotency bind":
         real_bind = Idempotency.bind
 
@@ -427,10 +429,10 @@ def test_every_admitted_request_ends_exactly_once_whatever_raises(
 def _raise_at_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
     """The finding's failure where it happened: the job envelope, encoded after admission."""
 
-    async def enqueue(self: Dispatch, *args: Any, **kwargs: Any) -> Any:
+    async def enqueue(self: FrontDoor, *args: Any, **kwargs: Any) -> Any:
         raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
 
-    monkeypatch.setattr(Dispatch, "enqueue", enqueue)
+    monkeypatch.setattr(FrontDoor, "enqueue", enqueue)
 
 
 def test_a_job_that_cannot_be_queued_frees_its_slot_and_reservation(lane, monkeypatch):

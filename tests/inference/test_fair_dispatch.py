@@ -1,7 +1,7 @@
 """Properties of the dispatch order, checked against the real scripts in a real Valkey.
 
 Hypothesis draws tenants, weights, job sizes, classes and expired deadlines; the order in which
-`Dispatch.claim` hands the jobs out must respect the weights within start-time fair queuing's
+`Roles.claim` hands the jobs out must respect the weights within start-time fair queuing's
 bound, put every interactive job before any batch job, keep each tenant's jobs in arrival
 order, serve everyone (no starvation) and never hand out a job whose deadline passed.
 """
@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from dataplane.dispatch import Dispatch, usage_for
-from dataplane.types import Finished, Job, Sampling, Status
+from dataplane.types import Finished, Job, Sampling, Status, usage_for
+from tests.dataplane.roles import Roles, roles
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def _job(deployment: str, spec: Spec, weight: float, now: float) -> Job:
     )
 
 
-async def _finish(dispatch: Dispatch, job: Job, used: int | None = None) -> None:
+async def _finish(dispatch: Roles, job: Job, used: int | None = None) -> None:
     completion = job.sampling.max_tokens if used is None else used
     usage = usage_for(job, status=Status.OK, finished_at=time.time(), completion_tokens=completion)
     done = Finished(
@@ -62,13 +62,13 @@ async def _finish(dispatch: Dispatch, job: Job, used: int | None = None) -> None
         prompt_tokens=len(job.prompt_token_ids),
         completion_tokens=completion,
     )
-    await dispatch.finalize(job=job, terminal=done, usage=usage)
+    await dispatch.finisher.finalize(job=job, terminal=done, usage=usage)
 
 
-async def _fresh_deployment(dispatch: Dispatch) -> str:
+async def _fresh_deployment(dispatch: Roles) -> str:
     deployment = f"fair-{uuid.uuid4().hex[:10]}"
-    await dispatch.ensure_groups(deployment)
-    await dispatch.heartbeat(deployment=deployment, worker="w", ttl=60)
+    await dispatch.usage.ensure_groups(deployment)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60)
     return deployment
 
 
@@ -78,16 +78,16 @@ async def _drain_in_order(
     """Queue every job, then claim one at a time; return (queued, dispatched, expired)."""
     client = aredis.Redis.from_url(settings.REDIS_URL)
     try:
-        dispatch = Dispatch(client, reply_ttl=60)
+        dispatch = roles(client, reply_ttl=60)
         deployment = await _fresh_deployment(dispatch)
         now = time.time()
         jobs = [_job(deployment, s, weights[s.tenant], now) for s in specs]
         for job in jobs:
-            assert await dispatch.enqueue(job) is None
+            assert await dispatch.front.enqueue(job) is None
         dispatched: list[Job] = []
         expired: list[Job] = []
         for _ in range(len(jobs) + 1):
-            claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=30)
+            claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
             expired.extend(claimed.expired)
             for job in claimed.run:
                 dispatched.append(job)
@@ -171,17 +171,17 @@ def test_weighted_shares_stay_within_the_fair_queuing_bound(specs, weights):
 
 async def test_long_run_shares_follow_the_weights():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
     weights = {1: 1, 2: 2, 3: 4}
     for _ in range(60):
         for tenant, weight in weights.items():
             spec = Spec(tenant, "interactive", 2, 30, False)
-            await dispatch.enqueue(_job(deployment, spec, weight, now))
+            await dispatch.front.enqueue(_job(deployment, spec, weight, now))
     served: dict[int, int] = defaultdict(int)
     for _ in range(70):  # everyone is still waiting after 70 dispatches
-        claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=30)
+        claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
         served[claimed.run[0].tenant_id] += 1
         await _finish(dispatch, claimed.run[0])
     assert served == {1: 10, 2: 20, 3: 40}
@@ -190,18 +190,18 @@ async def test_long_run_shares_follow_the_weights():
 
 async def test_a_tenant_arriving_late_goes_next_not_behind_the_backlog():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
     flood = [_job(deployment, Spec(1, "interactive", 4, 60, False), 1, now) for _ in range(30)]
     for job in flood:
-        await dispatch.enqueue(job)
+        await dispatch.front.enqueue(job)
     for _ in range(10):
-        claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=30)
+        claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
         await _finish(dispatch, claimed.run[0])
     light = _job(deployment, Spec(2, "interactive", 4, 4, False), 1, now)
-    await dispatch.enqueue(light)
-    claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=30)
+    await dispatch.front.enqueue(light)
+    claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
     assert [j.request_id for j in claimed.run] == [light.request_id]
     await client.aclose()
 
@@ -209,19 +209,19 @@ async def test_a_tenant_arriving_late_goes_next_not_behind_the_backlog():
 async def test_idle_time_earns_no_credit():
     """A tenant returning after idling shares from then on; it does not get a catch-up burst."""
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
 
     async def enqueue(tenant: int, n: int) -> None:
         for _ in range(n):
             spec = Spec(tenant, "interactive", 2, 8, False)
-            await dispatch.enqueue(_job(deployment, spec, 1, now))
+            await dispatch.front.enqueue(_job(deployment, spec, 1, now))
 
     async def serve(n: int) -> list[int]:
         order = []
         for _ in range(n):
-            claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=30)
+            claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
             order.append(claimed.run[0].tenant_id)
             await _finish(dispatch, claimed.run[0])
         return order
@@ -239,16 +239,16 @@ async def test_idle_time_earns_no_credit():
 async def test_counters_settle_to_tokens_used_not_tokens_reserved():
     """A tenant whose requests stop early is charged what they used, so it is not starved."""
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
     # Tenant 1 reserves 100 tokens a request but uses 10; tenant 2 reserves and uses 10.
     for _ in range(20):
-        await dispatch.enqueue(_job(deployment, Spec(1, "interactive", 1, 99, False), 1, now))
-        await dispatch.enqueue(_job(deployment, Spec(2, "interactive", 1, 9, False), 1, now))
+        await dispatch.front.enqueue(_job(deployment, Spec(1, "interactive", 1, 99, False), 1, now))
+        await dispatch.front.enqueue(_job(deployment, Spec(2, "interactive", 1, 9, False), 1, now))
     served: dict[int, int] = defaultdict(int)
     for _ in range(20):
-        claimed = await dispatch.claim(deployment=deployment, count=1, lease_seconds=30)
+        claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
         job = claimed.run[0]
         served[job.tenant_id] += 1
         await _finish(dispatch, job, used=9)
@@ -258,19 +258,19 @@ async def test_counters_settle_to_tokens_used_not_tokens_reserved():
 
 async def test_workers_claiming_at_once_share_one_order_and_never_double_dispatch():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
     jobs = [
         _job(deployment, Spec(1 + i % 3, "interactive", 2, 8, False), 1, now) for i in range(90)
     ]
     for job in jobs:
-        await dispatch.enqueue(job)
+        await dispatch.front.enqueue(job)
 
     async def worker() -> list[str]:
         took: list[str] = []
         while True:
-            claimed = await dispatch.claim(deployment=deployment, count=3, lease_seconds=30)
+            claimed = await dispatch.leases.claim(deployment=deployment, count=3, lease_seconds=30)
             if not claimed.run:
                 return took
             took.extend(j.request_id for j in claimed.run)
@@ -283,19 +283,19 @@ async def test_workers_claiming_at_once_share_one_order_and_never_double_dispatc
 
 async def test_reserved_slots_go_only_to_tenants_with_nothing_running():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    dispatch = Dispatch(client, reply_ttl=60)
+    dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
     for _ in range(5):
-        await dispatch.enqueue(_job(deployment, Spec(1, "interactive", 2, 8, False), 1, now))
+        await dispatch.front.enqueue(_job(deployment, Spec(1, "interactive", 2, 8, False), 1, now))
     light = _job(deployment, Spec(2, "interactive", 2, 8, False), 1, now)
-    await dispatch.enqueue(light)
+    await dispatch.front.enqueue(light)
     busy = frozenset({1})
-    claimed = await dispatch.claim(
+    claimed = await dispatch.leases.claim(
         deployment=deployment, count=3, lease_seconds=30, skip_tenants=busy
     )
     assert [j.request_id for j in claimed.run] == [light.request_id]
-    claimed = await dispatch.claim(
+    claimed = await dispatch.leases.claim(
         deployment=deployment, count=3, lease_seconds=30, skip_tenants=busy
     )
     assert claimed.run == []

@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from dataplane.dispatch import PREFIX_TOKENS, Dispatch, prefix_key, usage_for
-from dataplane.types import Failed, Finished, Job, Sampling, Status
+from dataplane.frontdoor import PREFIX_TOKENS, prefix_key
+from dataplane.types import Failed, Finished, Job, Sampling, Status, usage_for
+from tests.dataplane.roles import Roles, roles
 
 WORKERS = ("a", "b")
 
@@ -30,7 +31,7 @@ WORKERS = ("a", "b")
 @pytest.fixture
 async def dispatch():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    yield Dispatch(client, reply_ttl=60)
+    yield roles(client, reply_ttl=60)
     await client.aclose()
 
 
@@ -76,32 +77,34 @@ def _prefix_owned_by(worker: str) -> int:
     return next(p for p in range(100) if _owner(_prompt(p)) == worker)
 
 
-async def _deployment(dispatch: Dispatch, slots: dict[str, int] | None = None) -> str:
+async def _deployment(dispatch: Roles, slots: dict[str, int] | None = None) -> str:
     """Return a fresh deployment served by workers a and b (8 shared slots each by default)."""
     deployment = f"px-{uuid.uuid4().hex[:8]}"
-    await dispatch.ensure_groups(deployment)
+    await dispatch.usage.ensure_groups(deployment)
     for worker in WORKERS:
         shared = (slots or {}).get(worker, 8)
-        await dispatch.heartbeat(deployment=deployment, worker=worker, ttl=60, slots=(shared, 0))
+        await dispatch.leases.heartbeat(
+            deployment=deployment, worker=worker, ttl=60, slots=(shared, 0)
+        )
     return deployment
 
 
-async def _claim(dispatch: Dispatch, deployment: str, worker: str, count: int = 1, **kw: Any):
-    return await dispatch.claim(
+async def _claim(dispatch: Roles, deployment: str, worker: str, count: int = 1, **kw: Any):
+    return await dispatch.leases.claim(
         deployment=deployment, count=count, lease_seconds=30, worker=worker, affinity=True, **kw
     )
 
 
-async def _finish(dispatch: Dispatch, job: Job) -> None:
+async def _finish(dispatch: Roles, job: Job) -> None:
     usage = usage_for(job, status=Status.OK, finished_at=time.time(), completion_tokens=8)
     tokens = len(job.prompt_token_ids)
     done = Finished(finish_reason="length", prompt_tokens=tokens, completion_tokens=8)
-    assert await dispatch.finalize(job=job, terminal=done, usage=usage)
+    assert await dispatch.finisher.finalize(job=job, terminal=done, usage=usage)
 
 
-async def _serve_one(dispatch: Dispatch, deployment: str, job: Job, claimer: str) -> str:
+async def _serve_one(dispatch: Roles, deployment: str, job: Job, claimer: str) -> str:
     """Queue a job, let `claimer` claim, then the other worker; return who runs it."""
-    assert await dispatch.enqueue(job) is None
+    assert await dispatch.front.enqueue(job) is None
     for worker in (claimer, *(w for w in WORKERS if w != claimer)):
         claimed = await _claim(dispatch, deployment, worker)
         if claimed.run:
@@ -111,7 +114,7 @@ async def _serve_one(dispatch: Dispatch, deployment: str, job: Job, claimer: str
     raise AssertionError("nobody ran the job")
 
 
-async def _held(dispatch: Dispatch, deployment: str) -> dict[str, int]:
+async def _held(dispatch: Roles, deployment: str) -> dict[str, int]:
     found: Any = await dispatch.redis.hgetall(f"sy:{{{deployment}}}:held")
     return {k.decode(): int(v) for k, v in found.items()}
 
@@ -166,7 +169,7 @@ async def test_a_handed_job_wakes_its_owner_on_its_channel(dispatch):
     pubsub = dispatch.redis.pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(f"sy:{{{deployment}}}:handoff:b")
     job = _job(deployment, prompt)
-    await dispatch.enqueue(job)
+    await dispatch.front.enqueue(job)
     assert (await _claim(dispatch, deployment, "a")).run == []
     message = None
     for _ in range(20):  # the subscription's confirmation comes first, read as None
@@ -180,7 +183,7 @@ async def test_a_full_owner_leaves_the_job_to_the_claimer(dispatch):
     prompt = _prompt(_prefix_owned_by("b"))
     busy = _job(deployment, prompt, tenant=2)
     assert await _serve_one(dispatch, deployment, _job(deployment, prompt), "a") == "b"
-    await dispatch.enqueue(busy)
+    await dispatch.front.enqueue(busy)
     assert [j.request_id for j in (await _claim(dispatch, deployment, "b")).run] == [
         busy.request_id
     ]
@@ -192,7 +195,7 @@ async def test_an_owner_over_the_load_bound_leaves_the_job_to_the_claimer(dispat
     deployment = await _deployment(dispatch)
     queued = [_job(deployment, _prompt(_prefix_owned_by("b"), i)) for i in range(3)]
     for job in queued:
-        await dispatch.enqueue(job)
+        await dispatch.front.enqueue(job)
     # Nothing else runs: b takes two, then a third would put it over ceil(1.25 * 3 / 2) = 2.
     ran_on_a = [j.request_id for j in (await _claim(dispatch, deployment, "a")).run]
     taken_by_b = [j.request_id for j in (await _claim(dispatch, deployment, "b", count=8)).run]
@@ -204,26 +207,28 @@ async def test_an_owner_over_the_load_bound_leaves_the_job_to_the_claimer(dispat
 async def test_a_dead_or_draining_owner_leaves_the_job_to_the_claimer(dispatch):
     deployment = await _deployment(dispatch)
     prompt = _prompt(_prefix_owned_by("b"))
-    await dispatch.heartbeat(deployment=deployment, worker="b", ttl=60, slots=(0, 0))  # draining
+    await dispatch.leases.heartbeat(
+        deployment=deployment, worker="b", ttl=60, slots=(0, 0)
+    )  # draining
     assert await _serve_one(dispatch, deployment, _job(deployment, prompt), "a") == "a"
-    await dispatch.heartbeat(deployment=deployment, worker="b", ttl=0.05, slots=(8, 0))
+    await dispatch.leases.heartbeat(deployment=deployment, worker="b", ttl=0.05, slots=(8, 0))
     await asyncio.sleep(0.1)  # b's heartbeat lapsed
     assert await _serve_one(dispatch, deployment, _job(deployment, prompt), "a") == "a"
-    await dispatch.heartbeat(deployment=deployment, worker="b", ttl=60, slots=(8, 0))
+    await dispatch.leases.heartbeat(deployment=deployment, worker="b", ttl=60, slots=(8, 0))
     assert await _serve_one(dispatch, deployment, _job(deployment, prompt), "a") == "b"
 
 
 async def test_a_handed_job_that_is_never_taken_is_reaped_and_runs_elsewhere(dispatch):
     deployment = await _deployment(dispatch)
     job = _job(deployment, _prompt(_prefix_owned_by("b")))
-    await dispatch.enqueue(job)
-    claimed = await dispatch.claim(
+    await dispatch.front.enqueue(job)
+    claimed = await dispatch.leases.claim(
         deployment=deployment, count=1, lease_seconds=0.1, worker="a", affinity=True
     )
     assert claimed.run == []
     assert await _held(dispatch, deployment) == {"a": 0, "b": 1}
     await asyncio.sleep(0.2)  # b never took it: its lease lapsed
-    assert await dispatch.reclaim_expired(deployment=deployment) == 1
+    assert await dispatch.reaper.reclaim_expired(deployment=deployment) == 1
     assert await _held(dispatch, deployment) == {"a": 0, "b": 0}
     # Back at the head of the queue; b, asking now, runs it once.
     assert [j.request_id for j in (await _claim(dispatch, deployment, "b")).run] == [job.request_id]
@@ -233,20 +238,20 @@ async def test_a_handed_job_that_is_never_taken_is_reaped_and_runs_elsewhere(dis
 async def test_a_handed_job_can_be_cancelled_before_and_after_its_owner_takes_it(dispatch):
     deployment = await _deployment(dispatch)
     job = _job(deployment, _prompt(_prefix_owned_by("b")))
-    await dispatch.enqueue(job)
+    await dispatch.front.enqueue(job)
     assert (await _claim(dispatch, deployment, "a")).run == []
-    where = await dispatch.whereabouts(job.request_id)
+    where = await dispatch.front.whereabouts(job.request_id)
     assert where is not None and where.deployment == deployment
     # Leased to b: the cancel is flagged for b, which aborts it when it takes it.
-    assert await dispatch.cancel_by_id(where=where, request_id=job.request_id)
+    assert await dispatch.front.cancel_by_id(where=where, request_id=job.request_id)
     claimed = await _claim(dispatch, deployment, "b")
     assert [j.request_id for j in claimed.run] == [job.request_id]
-    assert await dispatch.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
+    assert await dispatch.leases.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
         job.request_id
     }
     usage = usage_for(job, status=Status.CANCELLED, finished_at=time.time())
     ended = Failed(code="cancelled", message="cancelled", prompt_tokens=3, completion_tokens=0)
-    assert await dispatch.finalize(job=job, terminal=ended, usage=usage)
+    assert await dispatch.finisher.finalize(job=job, terminal=ended, usage=usage)
     assert await _held(dispatch, deployment) == {"a": 0, "b": 0}
     for key in ("holders", "handoffs", "prefixes", "leases", "jobs"):
         assert not await dispatch.redis.exists(f"sy:{{{deployment}}}:{key}"), key
@@ -255,10 +260,10 @@ async def test_a_handed_job_can_be_cancelled_before_and_after_its_owner_takes_it
 async def test_a_worker_that_stops_claiming_returns_the_jobs_handed_to_it(dispatch):
     deployment = await _deployment(dispatch)
     job = _job(deployment, _prompt(_prefix_owned_by("b")))
-    await dispatch.enqueue(job)
+    await dispatch.front.enqueue(job)
     assert (await _claim(dispatch, deployment, "a")).run == []
-    await dispatch.heartbeat(deployment=deployment, worker="b", ttl=60, slots=(0, 0))
-    assert await dispatch.handoffs_return(deployment=deployment, worker="b") == 1
+    await dispatch.leases.heartbeat(deployment=deployment, worker="b", ttl=60, slots=(0, 0))
+    assert await dispatch.leases.handoffs_return(deployment=deployment, worker="b") == 1
     assert [j.request_id for j in (await _claim(dispatch, deployment, "a")).run] == [job.request_id]
     assert (await _claim(dispatch, deployment, "b")).run == []
 
@@ -266,7 +271,7 @@ async def test_a_worker_that_stops_claiming_returns_the_jobs_handed_to_it(dispat
 async def test_a_handed_job_whose_deadline_passes_before_it_is_taken_never_runs(dispatch):
     deployment = await _deployment(dispatch)
     job = _job(deployment, _prompt(_prefix_owned_by("b")), timeout=0.2)
-    await dispatch.enqueue(job)
+    await dispatch.front.enqueue(job)
     assert (await _claim(dispatch, deployment, "a")).run == []
     await asyncio.sleep(0.3)
     claimed = await _claim(dispatch, deployment, "b")
@@ -277,7 +282,7 @@ async def test_workers_claiming_at_once_with_affinity_run_each_job_once(dispatch
     deployment = await _deployment(dispatch, slots={"a": 64, "b": 64})
     jobs = [_job(deployment, _prompt(i % 3, i), tenant=1 + i % 2) for i in range(60)]
     for job in jobs:
-        await dispatch.enqueue(job)
+        await dispatch.front.enqueue(job)
 
     async def worker(name: str) -> list[str]:
         took: list[str] = []
@@ -310,7 +315,7 @@ async def _dequeue_order(specs: list[tuple[int, str, int, bool]], affinity: bool
     """
     client = aredis.Redis.from_url(settings.REDIS_URL)
     try:
-        dispatch = Dispatch(client, reply_ttl=60)
+        dispatch = roles(client, reply_ttl=60)
         deployment = await _deployment(dispatch)
         now = time.time()
         jobs = []
@@ -326,10 +331,10 @@ async def _dequeue_order(specs: list[tuple[int, str, int, bool]], affinity: bool
             if expired:
                 job = Job(**{**_fields(job), "deadline": now - 1})
             jobs.append(job)
-            assert await dispatch.enqueue(job) is None
+            assert await dispatch.front.enqueue(job) is None
         order: list[str] = []
         for _ in range(len(jobs) + 1):
-            claimed = await dispatch.claim(
+            claimed = await dispatch.leases.claim(
                 deployment=deployment, count=1, lease_seconds=30, worker="a", affinity=affinity
             )
             handed: Any = await client.hgetall(f"sy:{{{deployment}}}:handoffs")
@@ -344,7 +349,9 @@ async def _dequeue_order(specs: list[tuple[int, str, int, bool]], affinity: bool
             for job in claimed.expired:
                 usage = usage_for(job, status=Status.TIMEOUT, finished_at=time.time())
                 ended = Failed(code="expired", message="", prompt_tokens=0, completion_tokens=0)
-                await dispatch.finalize(job=job, terminal=ended, usage=usage, charged=False)
+                await dispatch.finisher.finalize(
+                    job=job, terminal=ended, usage=usage, charged=False
+                )
             if not claimed.run and not claimed.expired and not handed:
                 break
         return order

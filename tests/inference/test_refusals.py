@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from dataplane.dispatch import Refusal, Refused
+from dataplane.frontdoor import Refusal, Refused
 from dataplane.types import Job, Sampling
 from inference.services import _refusal_error
 

@@ -15,11 +15,11 @@ from redis.exceptions import ResponseError
 
 from dataplane import background, replies
 from dataplane.background import loops_failing
-from dataplane.dispatch import Dispatch
 from dataplane.keys import reply_key
 from dataplane.replies import Follower, ReaderFailed
 from dataplane.types import Delta, Event, Failed, encode
 from inference import relay
+from tests.dataplane.roles import Roles, roles
 
 
 @pytest.fixture
@@ -30,8 +30,8 @@ async def client():
 
 
 @pytest.fixture
-def dispatch(client) -> Dispatch:
-    return Dispatch(client, reply_ttl=60)
+def dispatch(client) -> Roles:
+    return roles(client, reply_ttl=60)
 
 
 async def _write(client: aredis.Redis, deployment: str, request_id: str, text: str) -> str:
@@ -60,7 +60,8 @@ async def test_every_followed_stream_of_a_deployment_is_read_over_one_connection
     deployment = f"r-{uuid.uuid4().hex[:8]}"
     ids = [uuid.uuid4().hex for _ in range(20)]
     followers = [
-        dispatch.follow_replies(deployment=deployment, request_id=rid, after="0-0") for rid in ids
+        dispatch.front.follow_replies(deployment=deployment, request_id=rid, after="0-0")
+        for rid in ids
     ]
     try:
         readers = [asyncio.create_task(_texts(f, 1)) for f in followers]
@@ -81,11 +82,11 @@ async def test_a_stream_followed_while_the_reader_waits_is_read_at_once(
     # The reader's XREAD would otherwise wait a minute: only its wake stream brings it back.
     monkeypatch.setattr(replies, "BLOCK_MS", 60_000)
     deployment = f"r-{uuid.uuid4().hex[:8]}"
-    first = dispatch.follow_replies(deployment=deployment, request_id="a", after="0-0")
+    first = dispatch.front.follow_replies(deployment=deployment, request_id="a", after="0-0")
     try:
         await _write(client, deployment, "a", "a1")
         assert await _texts(first, 1) == ["a1"]  # the reader now blocks on "a" alone
-        second = dispatch.follow_replies(deployment=deployment, request_id="b", after="0-0")
+        second = dispatch.front.follow_replies(deployment=deployment, request_id="b", after="0-0")
         await _write(client, deployment, "b", "b1")
         assert await _texts(second, 1) == ["b1"]
         second.close()
@@ -99,8 +100,10 @@ async def test_two_followers_of_one_stream_each_get_every_entry_after_their_own_
     deployment = f"r-{uuid.uuid4().hex[:8]}"
     first_id = await _write(client, deployment, "same", "1")
     await _write(client, deployment, "same", "2")
-    whole = dispatch.follow_replies(deployment=deployment, request_id="same", after="0-0")
-    resumed = dispatch.follow_replies(deployment=deployment, request_id="same", after=first_id)
+    whole = dispatch.front.follow_replies(deployment=deployment, request_id="same", after="0-0")
+    resumed = dispatch.front.follow_replies(
+        deployment=deployment, request_id="same", after=first_id
+    )
     try:
         assert await _texts(whole, 2) == ["1", "2"]
         assert await _texts(resumed, 1) == ["2"]
@@ -118,7 +121,7 @@ async def test_a_follower_that_reads_slowly_is_paused_and_loses_nothing(
     monkeypatch.setattr(replies, "PAUSE_AT", 3)
     monkeypatch.setattr(replies, "READ_COUNT", 2)
     deployment = f"r-{uuid.uuid4().hex[:8]}"
-    follower = dispatch.follow_replies(deployment=deployment, request_id="slow", after="0-0")
+    follower = dispatch.front.follow_replies(deployment=deployment, request_id="slow", after="0-0")
     try:
         for n in range(12):
             await _write(client, deployment, "slow", str(n))
@@ -130,8 +133,8 @@ async def test_a_follower_that_reads_slowly_is_paused_and_loses_nothing(
 
 async def test_a_closed_follower_is_no_longer_read(client, dispatch):
     deployment = f"r-{uuid.uuid4().hex[:8]}"
-    kept = dispatch.follow_replies(deployment=deployment, request_id="kept", after="0-0")
-    gone = dispatch.follow_replies(deployment=deployment, request_id="gone", after="0-0")
+    kept = dispatch.front.follow_replies(deployment=deployment, request_id="kept", after="0-0")
+    gone = dispatch.front.follow_replies(deployment=deployment, request_id="gone", after="0-0")
     gone.close()
     try:
         await _write(client, deployment, "gone", "x")
@@ -184,10 +187,10 @@ async def _until(condition, timeout: float = 5.0) -> None:
 )
 async def test_it_refuses_to_follow_from_an_entry_id_redis_would_refuse(client, dispatch, after):
     deployment = f"r-{uuid.uuid4().hex[:8]}"
-    other = dispatch.follow_replies(deployment=deployment, request_id="other", after="0-0")
+    other = dispatch.front.follow_replies(deployment=deployment, request_id="other", after="0-0")
     try:
         with pytest.raises(ValueError):
-            dispatch.follow_replies(deployment=deployment, request_id="bad", after=after)
+            dispatch.front.follow_replies(deployment=deployment, request_id="bad", after=after)
         await _write(client, deployment, "other", "still read")
         assert await _texts(other, 1) == ["still read"]
     finally:
@@ -199,8 +202,8 @@ async def test_the_largest_entry_id_redis_takes_is_followed_without_harm_to_othe
 ):
     deployment = f"r-{uuid.uuid4().hex[:8]}"
     largest = f"{2**64 - 1}-{2**64 - 1}"
-    edge = dispatch.follow_replies(deployment=deployment, request_id="edge", after=largest)
-    other = dispatch.follow_replies(deployment=deployment, request_id="other", after="0-0")
+    edge = dispatch.front.follow_replies(deployment=deployment, request_id="edge", after=largest)
+    other = dispatch.front.follow_replies(deployment=deployment, request_id="other", after="0-0")
     try:
         await _write(client, deployment, "other", "read")
         assert await _texts(other, 1) == ["read"]
@@ -217,7 +220,7 @@ async def test_a_failed_reader_ends_its_followers_with_an_error_and_serves_new_o
     before = _failures()
     reads = _FailingReads(monkeypatch)
     followers = [
-        dispatch.follow_replies(deployment=deployment, request_id=rid, after="0-0")
+        dispatch.front.follow_replies(deployment=deployment, request_id=rid, after="0-0")
         for rid in ("a", "b")
     ]
     for follower in followers:
@@ -230,7 +233,7 @@ async def test_a_failed_reader_ends_its_followers_with_an_error_and_serves_new_o
     assert f"replies:{deployment}" in loops_failing("replies")
 
     reads.failing = False
-    later = dispatch.follow_replies(deployment=deployment, request_id="c", after="0-0")
+    later = dispatch.front.follow_replies(deployment=deployment, request_id="c", after="0-0")
     try:
         await _write(client, deployment, "c", "served")
         assert await _texts(later, 1) == ["served"]
@@ -244,7 +247,7 @@ async def test_a_relay_whose_reader_failed_ends_with_one_terminal_error(dispatch
     events = [
         event
         async for event in relay.attach(
-            dispatch,
+            dispatch.front,
             deployment=f"r-{uuid.uuid4().hex[:8]}",
             request_id="x",
             deadline=time.time() + 30,
@@ -262,7 +265,7 @@ async def test_the_frontend_is_unready_while_a_reply_reader_fails(client, dispat
     assert (await api.get("/readyz")).status_code == 200
     reads = _FailingReads(monkeypatch)
     deployment = f"r-{uuid.uuid4().hex[:8]}"
-    follower = dispatch.follow_replies(deployment=deployment, request_id="a", after="0-0")
+    follower = dispatch.front.follow_replies(deployment=deployment, request_id="a", after="0-0")
     with pytest.raises(ReaderFailed):
         await follower.read(block_ms=5000)
     response = await api.get("/readyz")

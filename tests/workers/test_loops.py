@@ -15,9 +15,9 @@ from django.conf import settings
 from prometheus_client import REGISTRY
 
 from dataplane.background import loops_failing, supervise
-from dataplane.dispatch import Dispatch
 from dataplane.keys import reply_key
 from dataplane.types import Delta, Job, Sampling, Started
+from tests.dataplane.roles import Roles, roles
 from workers.batcher import CostModel, DynamicBatcher
 from workers.runner import Worker
 
@@ -33,13 +33,13 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _read(dispatch: Dispatch, deployment: str, request_id: str, *, count: int) -> list:
+async def _read(dispatch: Roles, deployment: str, request_id: str, *, count: int) -> list:
     """A request's reply events from its start, once `count` are there (10 s at most)."""
     seen: list = []
     deadline = time.monotonic() + 10
     while len(seen) < count and time.monotonic() < deadline:
         after = seen[-1][0] if seen else "0-0"
-        seen += await dispatch.read_events(
+        seen += await dispatch.front.read_events(
             deployment=deployment, request_id=request_id, after=after, block_ms=1000
         )
     return seen
@@ -63,15 +63,16 @@ class _IdleWorker(Worker):
 @pytest.fixture
 async def dispatch():
     client = aredis.Redis.from_url(settings.REDIS_URL)
-    yield Dispatch(client, reply_ttl=60)
+    yield roles(client, reply_ttl=60)
     await client.aclose()
 
 
-def _worker(dispatch: Dispatch, deployment: str) -> _IdleWorker:
+def _worker(dispatch: Roles, deployment: str) -> _IdleWorker:
     return _IdleWorker(
         deployment=deployment,
         engine=_Engine(),
-        dispatch=dispatch,
+        client=dispatch.redis,
+        reply_ttl=dispatch.reply_ttl,
         worker_id=uuid.uuid4().hex[:8],
         capacity=1,
         lease_seconds=1.0,
@@ -98,7 +99,7 @@ async def test_a_heartbeat_that_fails_is_counted_and_beats_again(dispatch, monke
     deployment = f"w-{uuid.uuid4().hex[:8]}"
     worker = _worker(dispatch, deployment)
     before = _failures("heartbeat")
-    real = dispatch.heartbeat
+    real = worker.leases.heartbeat
     beats = 0
 
     async def heartbeat(**kwargs: Any) -> bool:
@@ -108,7 +109,7 @@ async def test_a_heartbeat_that_fails_is_counted_and_beats_again(dispatch, monke
             raise RuntimeError("injected failure")
         return await real(**kwargs)
 
-    monkeypatch.setattr(dispatch, "heartbeat", heartbeat)
+    monkeypatch.setattr(worker.leases, "heartbeat", heartbeat)
     running = asyncio.create_task(worker.run())
     try:
         await _until(lambda: beats >= 4)

@@ -10,7 +10,6 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from billing.ingester import Ingester
-from dataplane.dispatch import Dispatch
 from dataplane.redis_client import redis_client_new
 from workers.metrics import metrics_serve
 from workers.services import worker_id_new
@@ -35,10 +34,10 @@ class Command(BaseCommand):
 
     async def _run(self) -> None:
         client = redis_client_new()
-        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         ingester = Ingester(
-            dispatch=dispatch,
+            client=client,
             consumer=f"ingester-{worker_id_new()}",
+            reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,8 +8,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 
-from dataplane.dispatch import Dispatch, live_workers_sync
+from dataplane.frontdoor import FrontDoor
 from dataplane.redis_client import redis_client_new, redis_sync_client
+from dataplane.snapshots import live_workers_sync
 from inference.errors import ApiError
 from inference.tokenization import tokenizer_for
 from models_registry.models import Deployment, Rollout, RolloutState, Task
@@ -129,7 +130,7 @@ class Command(BaseCommand):
     async def _measure(
         self, load: Load, levels: list[int], requests: int, seed: int
     ) -> list[Level]:
-        dispatch = Dispatch(redis_client_new())
+        dispatch = FrontDoor(redis_client_new())
         sync_client = redis_sync_client()
 
         def live_workers() -> int:

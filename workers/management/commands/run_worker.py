@@ -12,7 +12,6 @@ import uvloop
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dataplane.dispatch import Dispatch
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
 from inference.db import db_call
@@ -131,7 +130,8 @@ class Command(BaseCommand):
             deployment=deployment,
             engine=engine,
             batcher=batcher,
-            dispatch=Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS),
+            client=client,
+            reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS,
             worker_id=worker_id_new(),
             # Requests held at once: enough to fill a few batches while one computes.
             capacity=4 * spec.max_batch_size,
@@ -166,7 +166,6 @@ class Command(BaseCommand):
         gc.collect()
         gc.freeze()
         client = redis_client_new()
-        dispatch = Dispatch(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
         reserved = reserved_slots(spec.max_num_seqs)
         adapters = None
         if spec.max_loras:
@@ -180,7 +179,8 @@ class Command(BaseCommand):
         worker = GenerativeWorker(
             deployment=deployment,
             engine=engine,
-            dispatch=dispatch,
+            client=client,
+            reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS,
             worker_id=worker_id_new(),
             capacity=spec.max_num_seqs - reserved,
             reserved=reserved,

@@ -1,0 +1,187 @@
+"""Leases: how workers take jobs from a deployment's queue, keep them, and hand them on.
+
+A worker claims jobs in the fair order dataplane.frontdoor describes (lua/claim.lua), waits on
+the deployment's wake list when there are none, and checks which of its jobs were cancelled.
+
+Leases. A claimed job moves to a sorted set scored by its lease's end; its worker renews the
+lease with each heartbeat and the reaper (dataplane.reaper) takes back jobs whose lease lapsed.
+A heartbeat also marks the worker alive and reports its slots, measured rate and KV-cache use,
+which admission and the autoscaler read.
+
+Prefix affinity. vLLM reuses the KV cache of a prompt prefix it has seen (prefix caching), but
+only on the replica that computed it, so requests sharing a long prefix (a system prompt, a
+document) should meet on one replica. Enqueue keys a job by a hash of its first PREFIX_TOKENS
+prompt tokens (and its LoRA adapter); shorter prompts and embeddings get no key. A fixed window
+rather than the whole prompt, so requests that share a system prompt and differ after it get
+the same key. The fair order is untouched: the claim script still picks the next job as above,
+charges its tenant, and leases it. Only who runs it may change: when a worker claiming with
+affinity takes a keyed job, the job's owner is the live worker with the highest rendezvous hash
+of (key, worker); if the owner is another worker with a free shared slot whose load (jobs it
+holds) stays within PREFIX_LOAD_BOUND times the mean load (consistent hashing with bounded
+loads), the job is handed to it: leased and held in its name, noted in the handoffs hash and
+the owner told on its handoff channel; the claimer goes on to the next job in fair order.
+Otherwise (owner dead, draining, full or over the bound) the claimer keeps the job: it is a
+worker with a free slot asking for work. A worker takes the jobs handed to it, in the order they
+were handed, before claiming; one that stops claiming puts them back in the queue, and the
+reaper requeues any whose lease lapses before its new holder took them. Cancel, whereabouts and
+finishing do not care who holds a job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+
+from dataplane import scripts
+from dataplane.keys import (
+    WAKE_CAP,
+    cancel_key,
+    deployment_keys,
+    gauges_key,
+    handoff_channel,
+    heartbeats_key,
+    retire_key,
+)
+from dataplane.redis_client import ScriptArg
+from dataplane.types import Job, job_decoder
+
+# A replica takes a job for its prefix only while it holds at most this many times the mean load.
+PREFIX_LOAD_BOUND = 1.25
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """Jobs a worker took: ones to run and ones whose deadline passed in the queue."""
+
+    run: list[Job]
+    expired: list[Job]
+
+
+class Leases:
+    """A worker's side of the queue, over one async Redis client."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
+        self._claim = client.register_script(scripts.CLAIM)
+        self._requeue = client.register_script(scripts.REQUEUE)
+
+    async def claim(
+        self,
+        *,
+        deployment: str,
+        count: int,
+        lease_seconds: float,
+        skip_tenants: frozenset[int] = frozenset(),
+        worker: str = "",
+        affinity: bool = False,
+    ) -> Claimed:
+        """Take up to count jobs in fair order, leased for lease_seconds.
+
+        Jobs of `skip_tenants` stay queued: a worker filling its reserved slots takes only
+        tenants that have nothing running on it.
+
+        A `worker` takes the jobs handed to it first and holds what it claims in its name; with
+        `affinity` it hands jobs whose prefix another live worker owns to that worker, within
+        the load bound, and takes the next ones in fair order instead.
+        """
+        now = time.time()
+        skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
+        ok, expired = await self._claim(
+            keys=list(deployment_keys(deployment)),
+            args=[
+                now,
+                count,
+                now + lease_seconds,
+                skip,
+                worker,
+                "1" if affinity and worker else "0",
+                PREFIX_LOAD_BOUND,
+                handoff_channel(deployment, ""),
+            ],
+        )
+        return Claimed(
+            run=[job_decoder.decode(p) for p in ok],
+            expired=[job_decoder.decode(p) for p in expired],
+        )
+
+    async def wait_for_work(self, *, deployment: str, timeout: float) -> None:
+        """Block until a job is queued for the deployment or timeout seconds pass."""
+        await self.redis.blpop([deployment_keys(deployment).wake], timeout=timeout)
+
+    async def cancelled(self, *, deployment: str, request_ids: list[str]) -> set[str]:
+        """Return which of these requests have been cancelled."""
+        if not request_ids:
+            return set()
+        flags = await self.redis.mget([cancel_key(deployment, rid) for rid in request_ids])
+        return {rid for rid, flag in zip(request_ids, flags, strict=True) if flag is not None}
+
+    async def heartbeat(
+        self,
+        *,
+        deployment: str,
+        worker: str,
+        ttl: float,
+        slots: tuple[int, int] | None = None,
+        tokens_per_second: float | None = None,
+        kv_cache_usage: float | None = None,
+        leased: list[str] | None = None,
+    ) -> bool:
+        """Mark a worker alive for ttl seconds and forget workers whose heartbeat lapsed.
+
+        `slots` is how many requests the worker runs at once, as (shared by all tenants,
+        reserved for tenants with nothing running there); `tokens_per_second` the reserved
+        tokens it finishes per second when busy. Admission sums both over live workers: free
+        slots take jobs at once, and the rate estimates waits.
+
+        `leased` are the worker's running requests: their leases are extended to the same
+        end, in the same round trip.
+
+        Returns whether the control plane asked the deployment's workers to retire.
+        """
+        now = time.time()
+        key = heartbeats_key(deployment)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(retire_key(deployment))
+            pipe.zadd(key, {worker: now + ttl})
+            pipe.zremrangebyscore(key, "-inf", now)
+            if slots is not None:
+                pipe.hset(deployment_keys(deployment).slots, worker, f"{slots[0]} {slots[1]}")
+                # Listed among the holders: jobs may be handed to it (see claim).
+                pipe.hsetnx(deployment_keys(deployment).held, worker, 0)
+            if tokens_per_second is not None:
+                pipe.hset(deployment_keys(deployment).rate, worker, tokens_per_second)
+            if kv_cache_usage is not None:
+                pipe.hset(gauges_key(deployment), worker, round(kv_cache_usage, 4))
+            if leased:
+                pipe.zadd(
+                    deployment_keys(deployment).leases, dict.fromkeys(leased, now + ttl), xx=True
+                )
+            results = await pipe.execute()
+        return bool(results[0])
+
+    async def leave(self, *, deployment: str, worker: str) -> None:
+        """Remove a stopping worker from the live set."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(heartbeats_key(deployment), worker)
+            pipe.hdel(deployment_keys(deployment).rate, worker)
+            pipe.hdel(deployment_keys(deployment).slots, worker)
+            pipe.hdel(gauges_key(deployment), worker)
+            pipe.hdel(deployment_keys(deployment).held, worker)
+            await pipe.execute()
+
+    async def handoffs_return(self, *, deployment: str, worker: str) -> int:
+        """Put the jobs handed to a worker that stops claiming back in the queue; return how many.
+
+        Call it once the worker's heartbeat says it has no slots, so nothing more is handed to it.
+        """
+        keys = deployment_keys(deployment)
+        handed: Any = await self.redis.hgetall(keys.handoffs)
+        mine = [rid.decode() for rid, to in handed.items() if to.decode().split()[1] == worker]
+        returned = 0
+        for rid in mine:
+            args: list[ScriptArg] = [rid, time.time(), WAKE_CAP, worker]
+            returned += int(await self._requeue(keys=list(keys), args=args))
+        return returned

@@ -1,0 +1,86 @@
+"""The usage stream: one usage event per finished request, read by the usage ingesters.
+
+Each deployment has one stream (dataplane.keys.usage_key) and one consumer group; an ingester
+reads new events, takes over those another ingester read but never acknowledged, acknowledges
+and deletes what it stored, and dead-letters what the database refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.exceptions import ResponseError
+
+from dataplane.keys import INGEST_GROUP, dead_usage_key, deployment_of, usage_key
+from dataplane.types import UsageEvent, encode, usage_decoder
+
+
+class UsageStream:
+    """The usage streams of deployments, over one async Redis client."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
+
+    async def ensure_groups(self, deployment: str) -> None:
+        """Create the usage stream's consumer group if it does not exist."""
+        try:
+            await self.redis.xgroup_create(
+                usage_key(deployment), INGEST_GROUP, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read_usage(
+        self, *, deployments: list[str], consumer: str, count: int, block_ms: int
+    ) -> list[tuple[str, str, UsageEvent]]:
+        """Return new usage events as (deployment, entry id, event) for this consumer."""
+        if not deployments:
+            return []
+        streams: Any = {usage_key(d): ">" for d in deployments}
+        response: Any = await self.redis.xreadgroup(
+            INGEST_GROUP,
+            consumer,
+            streams,
+            count=count,
+            block=block_ms,  # type: ignore[arg-type]
+        )
+        return self._usage_entries(response or [])
+
+    async def reclaim_usage(
+        self, *, deployment: str, consumer: str, min_idle_ms: int
+    ) -> list[tuple[str, str, UsageEvent]]:
+        """Take over usage events another ingester read but never acknowledged."""
+        response: Any = await self.redis.xautoclaim(
+            usage_key(deployment), INGEST_GROUP, consumer, min_idle_time=min_idle_ms, count=4000
+        )
+        return self._usage_entries([(usage_key(deployment).encode(), response[1])])
+
+    async def ack_usage(self, *, entries: list[tuple[str, str]]) -> None:
+        """Acknowledge and delete ingested usage entries given as (deployment, entry id)."""
+        by_stream: dict[str, list[str]] = {}
+        for deployment, entry_id in entries:
+            by_stream.setdefault(usage_key(deployment), []).append(entry_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key, ids in by_stream.items():
+                pipe.xack(key, INGEST_GROUP, *ids)
+                pipe.xdel(key, *ids)
+            await pipe.execute()
+
+    async def dead_letter_usage(self, *, deployment: str, event: UsageEvent, reason: str) -> None:
+        """Keep a usage event the database refused, for an operator to inspect and replay."""
+        await self.redis.xadd(dead_usage_key(deployment), {"u": encode(event), "why": reason})
+
+    @staticmethod
+    def _usage_entries(response: Any) -> list[tuple[str, str, UsageEvent]]:
+        out = []
+        for key, entries in response:
+            name = key.decode() if isinstance(key, bytes) else key
+            deployment = deployment_of(name)
+            for entry_id, fields in entries:
+                if not fields:
+                    continue
+                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                out.append((deployment, eid, usage_decoder.decode(fields[b"u"])))
+        return out
