@@ -19,23 +19,21 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing.budgets import budget_banner
-from billing.models import Invoice, UsageRecord
 from billing.selectors import month_start, tenant_month_spend, usage_aggregate, version_slis
+from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
-from models_registry.models import Alias, Deployment, ModelVersion, Rollout
 from models_registry.rollouts import RolloutConflict, rollout_act
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_split_set
 from tenants.lockout import lockout_is_locked
-from tenants.models import ApiKey, AuditEvent, Membership, Role, Scope, Tenant
+from tenants.models import ApiKey, Role, Scope, Tenant
 from tenants.selectors import api_key_get, api_key_list
 from tenants.services import (
     MAX_KEY_DAYS,
@@ -83,12 +81,12 @@ _ROLE = "_switchyard_console_role"
 
 def _tenant(request: HttpRequest, slug: str, *roles: str) -> Tenant:
     """The tenant of a page, if the user is staff or a member with one of the roles; else 404."""
-    tenant = Tenant.objects.filter(slug=slug).select_related("quota").first()
+    tenant = selectors.tenant_get(slug=slug)
     if tenant is None:
         raise Http404("no such tenant")
     if request.user.is_staff:
         return tenant
-    membership = Membership.objects.filter(tenant=tenant, user_id=request.user.pk or 0).first()
+    membership = selectors.membership_get(tenant=tenant, user_id=request.user.pk or 0)
     if membership is None or (roles and membership.role not in roles):
         raise Http404("no such tenant")
     setattr(request, _ROLE, membership.role)  # for the page's navigation (_nav)
@@ -115,9 +113,7 @@ def home(request: HttpRequest) -> HttpResponse:
     """Send operators to operations and members to their (first) tenant."""
     if request.user.is_staff:
         return redirect("console:ops")
-    membership = (
-        Membership.objects.filter(user_id=request.user.pk or 0).select_related("tenant").first()
-    )
+    membership = selectors.membership_first(user_id=request.user.pk or 0)
     if membership is None:
         return render(request, "console/no_tenant.html", _nav(request))
     return redirect("console:overview", slug=membership.tenant.slug)
@@ -246,7 +242,7 @@ def key_rotate(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
         messages.error(request, "; ".join(exc.messages))
         return redirect("console:keys", slug=slug)
     request.session["issued_key"] = {"name": made.key.name, "token": made.token}
-    key.refresh_from_db()  # rotation set the old key's expiry
+    key = _key(tenant, key.public_id)  # rotation set the old key's expiry
     until = f"{key.expires_at:%Y-%m-%d %H:%M} UTC"
     messages.success(request, f"The old key {key.public_id} keeps working until {until}.")
     return redirect("console:keys", slug=slug)
@@ -256,11 +252,7 @@ def key_rotate(request: HttpRequest, slug: str, public_id: str) -> HttpResponse:
 def requests_recent(request: HttpRequest, slug: str) -> HttpResponse:
     """The tenant's recent requests with their latency breakdown (prompts are not stored)."""
     tenant = _tenant(request, slug, Role.ADMIN)
-    records = (
-        UsageRecord.objects.filter(tenant=tenant, shadow=False)
-        .select_related("model_version__model", "api_key")
-        .order_by("-finished_at")
-    )
+    records = selectors.usage_record_list(tenant=tenant)
     page = Paginator(records, PAGE_SIZE).get_page(request.GET.get("page"))
     rows: list[dict[str, Any]] = []
     for r in page:
@@ -305,7 +297,7 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def invoices(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant(request, slug, Role.ADMIN, Role.FINANCE)
-    page = Paginator(Invoice.objects.filter(tenant=tenant).order_by("-period_start"), PAGE_SIZE)
+    page = Paginator(selectors.invoice_list(tenant=tenant), PAGE_SIZE)
     return render(
         request,
         "console/invoices.html",
@@ -316,13 +308,17 @@ def invoices(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def invoice_detail(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     tenant = _tenant(request, slug, Role.ADMIN, Role.FINANCE)
-    invoice = Invoice.objects.filter(tenant=tenant, pk=pk).first()
+    invoice = selectors.invoice_get(tenant=tenant, pk=pk)
     if invoice is None:
         raise Http404("no such invoice")
     return render(
         request,
         "console/invoice.html",
-        {**_nav(request, tenant), "invoice": invoice, "lines": invoice.lines.all()},
+        {
+            **_nav(request, tenant),
+            "invoice": invoice,
+            "lines": selectors.invoice_line_list(invoice=invoice),
+        },
     )
 
 
@@ -345,7 +341,7 @@ def ops_live(request: HttpRequest) -> HttpResponse:
 def _ops_state() -> dict[str, Any]:
     client = redis_sync_client()
     deployments = []
-    for deployment in Deployment.objects.select_related("version__model").order_by("name"):
+    for deployment in selectors.deployment_list():
         queued, queued_tokens = depth_sync(client, deployment.name)
         deployments.append(
             {
@@ -359,7 +355,7 @@ def _ops_state() -> dict[str, Any]:
         )
     return {
         "deployments": deployments,
-        "aliases": Alias.objects.select_related("version__model").order_by("name"),
+        "aliases": selectors.alias_list(),
         "now": timezone.now(),
     }
 
@@ -367,17 +363,12 @@ def _ops_state() -> dict[str, Any]:
 @login_required
 def canary(request: HttpRequest, name: str) -> HttpResponse:
     _staff(request)
-    alias = Alias.objects.select_related("version__model").filter(name=name).first()
+    alias = selectors.alias_get(name=name)
     if alias is None:
         raise Http404("no such alias")
-    rollout = (
-        Rollout.objects.filter(alias=alias)
-        .select_related("canary__model", "baseline__model")
-        .order_by("-id")
-        .first()
-    )
+    rollout = selectors.rollout_latest(alias=alias)
     since = timezone.now() - dt.timedelta(hours=1)
-    splits = list(alias.splits.select_related("version__model"))
+    splits = selectors.alias_split_list(alias=alias)
     versions = [alias.version] + [s.version for s in splits]
     if rollout is not None and rollout.canary not in versions:
         versions.append(rollout.canary)
@@ -393,7 +384,7 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
             **_nav(request),
             "alias": alias,
             "rollout": rollout,
-            "decisions": rollout.decisions.order_by("-id")[:20] if rollout else [],
+            "decisions": selectors.rollout_decision_list(rollout=rollout) if rollout else [],
             "split": split,
             "candidates": [v for v in versions if v != alias.version],
             "comparison": comparison,
@@ -405,7 +396,7 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def canary_split(request: HttpRequest, name: str) -> HttpResponse:
     _staff(request)
-    alias = Alias.objects.filter(name=name).first()
+    alias = selectors.alias_get(name=name)
     if alias is None:
         raise Http404("no such alias")
     version = version_pinned(request.POST.get("version", ""))
@@ -430,7 +421,7 @@ def canary_split(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def canary_action(request: HttpRequest, name: str, pk: int, action: str) -> HttpResponse:
     _staff(request)
-    rollout = Rollout.objects.filter(pk=pk, alias__name=name).first()
+    rollout = selectors.rollout_get(alias_name=name, pk=pk)
     if rollout is None or action not in ("promote", "pause", "resume", "rollback"):
         raise Http404("no such rollout action")
     reason = (request.POST.get("reason") or "").strip()
@@ -449,9 +440,7 @@ def canary_action(request: HttpRequest, name: str, pk: int, action: str) -> Http
 def versions(request: HttpRequest) -> HttpResponse:
     """Every model version with its manifest: files and hashes, engine args, prices, base."""
     _staff(request)
-    page = Paginator(
-        ModelVersion.objects.select_related("model", "base__model").order_by("-created_at"), 20
-    ).get_page(request.GET.get("page"))
+    page = Paginator(selectors.version_list(), 20).get_page(request.GET.get("page"))
     return render(request, "console/versions.html", {**_nav(request), "page": page})
 
 
@@ -459,21 +448,8 @@ def versions(request: HttpRequest) -> HttpResponse:
 def tenants(request: HttpRequest) -> HttpResponse:
     """Tenants with their quotas and this month's usage (staff: finance and operations)."""
     _staff(request)
-    page = Paginator(Tenant.objects.select_related("quota").order_by("slug"), PAGE_SIZE).get_page(
-        request.GET.get("page")
-    )
-    usage = {
-        row["tenant_id"]: row
-        for row in UsageRecord.objects.filter(
-            shadow=False, finished_at__gte=month_start(), tenant_id__in=[t.pk for t in page]
-        )
-        .values("tenant_id")
-        .annotate(
-            requests=Count("id"),
-            tokens=Sum("prompt_tokens") + Sum("completion_tokens"),
-            cost=Sum("cost"),
-        )
-    }
+    page = Paginator(selectors.tenant_list(), PAGE_SIZE).get_page(request.GET.get("page"))
+    usage = selectors.tenant_month_usage(tenant_ids=[t.pk for t in page])
     rows: list[dict[str, Any]] = [{"tenant": t, "usage": usage.get(t.pk, {})} for t in page]
     return render(request, "console/tenants.html", {**_nav(request), "page": page, "rows": rows})
 
@@ -481,13 +457,9 @@ def tenants(request: HttpRequest) -> HttpResponse:
 @login_required
 def audit(request: HttpRequest) -> HttpResponse:
     _staff(request)
-    events = AuditEvent.objects.select_related("actor", "tenant").order_by("-id")
     action = request.GET.get("action", "").strip()
     target = request.GET.get("target", "").strip()
-    if action:
-        events = events.filter(action__startswith=action)
-    if target:
-        events = events.filter(target_id__icontains=target)
+    events = selectors.audit_event_list(action=action, target=target)
     page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(
         request,

@@ -1,0 +1,147 @@
+"""What the console's pages read: every query of a console page, and nothing that writes.
+
+A tenant page's query takes the tenant, so it cannot read another tenant's rows; operator pages
+read across tenants (the views check staff first). Querysets come back unevaluated where a page
+paginates them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count, QuerySet, Sum
+
+from billing.models import Invoice, InvoiceLine, UsageRecord
+from billing.selectors import month_start
+from models_registry.models import (
+    Alias,
+    AliasSplit,
+    Deployment,
+    ModelVersion,
+    Rollout,
+    RolloutDecision,
+)
+from tenants.models import AuditEvent, Membership, Tenant
+
+# --- tenants and who belongs to them ---------------------------------------------------------
+
+
+def tenant_get(*, slug: str) -> Tenant | None:
+    """The tenant with this slug, with its quota, or None."""
+    return Tenant.objects.filter(slug=slug).select_related("quota").first()
+
+
+def membership_get(*, tenant: Tenant, user_id: int) -> Membership | None:
+    """The user's membership of the tenant, or None."""
+    return Membership.objects.filter(tenant=tenant, user_id=user_id).first()
+
+
+def membership_first(*, user_id: int) -> Membership | None:
+    """One of the user's memberships, with its tenant, or None when they belong nowhere."""
+    return Membership.objects.filter(user_id=user_id).select_related("tenant").first()
+
+
+def tenant_list() -> QuerySet[Tenant]:
+    """Every tenant with its quota, by slug."""
+    return Tenant.objects.select_related("quota").order_by("slug")
+
+
+def tenant_month_usage(*, tenant_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """This month's requests, tokens and cost of each of the tenants that used anything."""
+    rows = (
+        UsageRecord.objects.filter(
+            shadow=False, finished_at__gte=month_start(), tenant_id__in=tenant_ids
+        )
+        .values("tenant_id")
+        .annotate(
+            requests=Count("id"),
+            tokens=Sum("prompt_tokens") + Sum("completion_tokens"),
+            cost=Sum("cost"),
+        )
+    )
+    return {row["tenant_id"]: dict(row) for row in rows}
+
+
+def audit_event_list(*, action: str = "", target: str = "") -> QuerySet[AuditEvent]:
+    """Audit events, newest first: actions starting with `action`, targets holding `target`."""
+    events = AuditEvent.objects.select_related("actor", "tenant").order_by("-id")
+    if action:
+        events = events.filter(action__startswith=action)
+    if target:
+        events = events.filter(target_id__icontains=target)
+    return events
+
+
+# --- a tenant's requests and invoices --------------------------------------------------------
+
+
+def usage_record_list(*, tenant: Tenant) -> QuerySet[UsageRecord]:
+    """The tenant's requests (not shadow traffic), most recently finished first."""
+    return (
+        UsageRecord.objects.filter(tenant=tenant, shadow=False)
+        .select_related("model_version__model", "api_key")
+        .order_by("-finished_at")
+    )
+
+
+def invoice_list(*, tenant: Tenant) -> QuerySet[Invoice]:
+    """The tenant's invoices, latest period first."""
+    return Invoice.objects.filter(tenant=tenant).order_by("-period_start")
+
+
+def invoice_get(*, tenant: Tenant, pk: int) -> Invoice | None:
+    """The tenant's invoice with this id, or None."""
+    return Invoice.objects.filter(tenant=tenant, pk=pk).first()
+
+
+def invoice_line_list(*, invoice: Invoice) -> QuerySet[InvoiceLine]:
+    """The invoice's lines."""
+    return invoice.lines.all()
+
+
+# --- deployments, aliases, rollouts and versions ---------------------------------------------
+
+
+def deployment_list() -> QuerySet[Deployment]:
+    """Every deployment with its version and model, by name."""
+    return Deployment.objects.select_related("version__model").order_by("name")
+
+
+def alias_list() -> QuerySet[Alias]:
+    """Every alias with its version and model, by name."""
+    return Alias.objects.select_related("version__model").order_by("name")
+
+
+def alias_get(*, name: str) -> Alias | None:
+    """The alias with this name, with its version and model, or None."""
+    return Alias.objects.select_related("version__model").filter(name=name).first()
+
+
+def alias_split_list(*, alias: Alias) -> list[AliasSplit]:
+    """The alias's traffic splits, with their versions."""
+    return list(alias.splits.select_related("version__model"))
+
+
+def rollout_latest(*, alias: Alias) -> Rollout | None:
+    """The alias's most recent rollout, with its canary and baseline, or None."""
+    return (
+        Rollout.objects.filter(alias=alias)
+        .select_related("canary__model", "baseline__model")
+        .order_by("-id")
+        .first()
+    )
+
+
+def rollout_get(*, alias_name: str, pk: int) -> Rollout | None:
+    """The rollout with this id of the alias with this name, or None."""
+    return Rollout.objects.filter(pk=pk, alias__name=alias_name).first()
+
+
+def rollout_decision_list(*, rollout: Rollout, limit: int = 20) -> QuerySet[RolloutDecision]:
+    """The rollout's latest decisions, newest first."""
+    return rollout.decisions.order_by("-id")[:limit]
+
+
+def version_list() -> QuerySet[ModelVersion]:
+    """Every model version with its model and base, newest first."""
+    return ModelVersion.objects.select_related("model", "base__model").order_by("-created_at")
