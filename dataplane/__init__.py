@@ -1,7 +1,7 @@
 """The data plane: what frontends, workers, the usage ingester and the batch runner say to each
 other through Redis (Valkey), and nothing else.
 
-No views and no Django request objects. Every
+No views, no Django request objects, and no app of the platform is imported here. Every
 key of a deployment carries the deployment name as its hash tag, so one deployment's keys live
 in one Redis Cluster slot and the scripts that touch several stay atomic there; a tenant's
 limits carry the tenant in the same way.
@@ -17,5 +17,6 @@ limits carry the tenant in the same way.
 - usage: the usage streams the ingesters read.
 - snapshots: what control-plane code reads of a queue, synchronously.
 - quotas: per-tenant limits; replies: one reader per deployment for followed reply streams;
-  changes: control-plane change notices; redis_client, background, tracing: the plumbing.
+  changes: control-plane change notices; redis_client, background, metrics, tracing: the
+  plumbing (log redaction, which knows the API keys' shape, is config.log_redaction's).
 """

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from inference.metrics import loop_failures
+from dataplane.metrics import loop_failures
 
 log = logging.getLogger(__name__)
 

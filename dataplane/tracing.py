@@ -16,9 +16,6 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from tenants.keys import PREFIX as KEY_PREFIX
-from tenants.keys import PUBLIC_ID_LENGTH
-
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -76,46 +73,6 @@ class ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id_var.get()
         record.trace_id = trace_id_var.get()
-        return True
-
-
-# An API key's secret (what follows `sy-` and its 12-character public id), and any bearer
-# credential: what a log line must never carry.
-_KEY_SECRET = re.compile(
-    rf"\b({re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})[A-Za-z0-9_-]{{16,}}"
-)
-_BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\[redacted\])[^\s'\"]+")
-# A credential in a URL's query, as a server's request line prints it (`/v1/ws?key=...`: the
-# server reads keys from headers only, but clients put them there): its whole value, whatever
-# its shape, unless it is a key already redacted to its public id.
-_QUERY_KEY = re.compile(
-    rf"(?i)([?&](?:api_)?key=)(?!(?:{re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})?"
-    r"\[redacted\])[^&\s'\"#]+"
-)
-
-
-def redact(text: str) -> str:
-    """Return text with API key secrets and bearer credentials replaced; public ids stay."""
-    text = _QUERY_KEY.sub(r"\1[redacted]", _KEY_SECRET.sub(r"\1[redacted]", text))
-    return _BEARER.sub(r"\1[redacted]", text)
-
-
-class RedactFilter(logging.Filter):
-    """Redact credentials from every record's message and traceback, whoever logged it.
-
-    Prompts and completions are never logged by the platform's own code; this catches what a
-    library or an exception message would echo (a header, a request line, a key).
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        clean = redact(message)
-        if clean != message:
-            record.msg, record.args = clean, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
         return True
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Histogram
 
+# The frontend's long-lived loops count their failures in the data plane's series.
+from dataplane.metrics import loop_failures as loop_failures
+
 # Seconds, from a cache hit to a long generation; shared by every latency series here so that
 # stages add up bucket by bucket.
 LATENCY_BUCKETS = (
@@ -54,11 +57,6 @@ admission_decisions = Counter(
     "switchyard_admission_decisions",
     "Admission decisions: admitted, or the refusal's code.",
     ["deployment", "reason"],
-)
-loop_failures = Counter(
-    "switchyard_loop_failures",
-    "Exceptions that stopped a long-lived loop of this process, which then started again.",
-    ["loop"],
 )
 
 

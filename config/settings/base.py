@@ -282,7 +282,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "filters": {
         "context": {"()": "dataplane.tracing.ContextFilter"},
-        "redact": {"()": "dataplane.tracing.RedactFilter"},
+        "redact": {"()": "config.log_redaction.RedactFilter"},
     },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},

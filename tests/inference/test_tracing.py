@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dataplane.tracing import ContextFilter, JsonFormatter, RedactFilter, bind, trace_start
+from config.log_redaction import RedactFilter
+from dataplane.tracing import ContextFilter, JsonFormatter, bind, trace_start
 from tenants.keys import token_generate
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
