@@ -61,6 +61,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/mypy --strict dataplane
 
 pytest: $(STAMP) $(ASSETS) system-tools
 	$(PY) -m pytest $(PYTEST_ARGS)

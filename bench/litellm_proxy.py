@@ -163,7 +163,7 @@ def litellm_database_create(litellm: LiteLLM, admin_url: str) -> str:
     progress(f"applying LiteLLM's {len(steps)} migrations")
     with psycopg.connect(url, autocommit=True) as conn:
         for step in steps:
-            conn.execute((step / "migration.sql").read_text())  # type: ignore[arg-type]
+            conn.execute((step / "migration.sql").read_text())
     return url
 
 

@@ -44,7 +44,7 @@ class UsageStream:
             consumer,
             streams,
             count=count,
-            block=block_ms,  # type: ignore[arg-type]
+            block=block_ms,
         )
         return self._usage_entries(response or [])
 

@@ -40,7 +40,7 @@ class _Ingester(Ingester):
         self.batches = 0
         self.die_at_batch = die_at_batch
 
-    async def _record(self, entries: list) -> IngestResult:  # type: ignore[override]
+    async def _record(self, entries: list) -> IngestResult:
         # On this thread's connection, inside the test's transaction: the real ingester hands
         # the same call to a worker thread (sync_to_async), which would commit past the test.
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
@@ -49,7 +49,7 @@ class _Ingester(Ingester):
         finally:
             del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 
-    async def _finish(self, entries: list, result: IngestResult) -> None:  # type: ignore[override]
+    async def _finish(self, entries: list, result: IngestResult) -> None:
         self.batches += 1
         if self.batches == self.die_at_batch:
             raise Killed  # rows committed, nothing acknowledged: the worst moment to die

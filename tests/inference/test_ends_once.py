@@ -143,7 +143,7 @@ class _Engine:
 class _Ingester(Ingester):
     """The real ingester, writing on the test's own connection (so its transaction holds)."""
 
-    async def _record(self, entries: list) -> IngestResult:  # type: ignore[override]
+    async def _record(self, entries: list) -> IngestResult:
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
         try:
             return usage_ingest(events=[event for _, _, event in entries])
