@@ -1,4 +1,8 @@
-"""The worker loop: claim → generate → publish → finish, for one deployment on one engine."""
+"""The worker loop: claim → generate → publish → finish, for one deployment on one engine.
+
+This base claims, renews, publishes and drains; workers.generative and workers.encoder_worker
+run each job on their kind of engine, and workers.failures maps how a run ends early.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,7 @@ import contextlib
 import functools
 import logging
 import time
-import zlib
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aredis
 
@@ -24,134 +24,19 @@ from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.snapshots import depth
 from dataplane.tracing import bind
 from dataplane.types import (
-    Delta,
-    Embeddings,
     Event,
-    Failed,
-    Finished,
     Job,
-    Started,
     Status,
     UsageEvent,
     usage_for,
 )
 from dataplane.usage import UsageStream
-from workers.batcher import DeadlineUnattainable, DynamicBatcher
-from workers.engine import AdapterRef, Engine, Monitored
+from workers.engine import Monitored
+from workers.failures import Failure, failure_unended, failure_unstarted
 from workers.metrics import WorkerMetrics
+from workers.outbox import FLUSH_SHARES, STREAMS_PER_SHARE, Outbox
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Outbox:
-    """Events waiting to be written, in order per request.
-
-    A delta joins the request's pending delta when there is one, so a request whose tokens
-    arrive faster than they are flushed costs one Redis entry per flush, not one per token.
-    Events a client waits on (start, first token, the end) make their request urgent: its
-    events are written at once, ahead of the other requests' deltas, which wait for the
-    stream interval as before.
-    """
-
-    items: list[tuple[Job, Event, UsageEvent | None, bool]] = field(default_factory=list)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    urgent: asyncio.Event = field(default_factory=asyncio.Event)
-    _last: dict[str, int] = field(default_factory=dict)
-    _urgent: set[str] = field(default_factory=set)
-
-    def put(
-        self,
-        job: Job,
-        event: Event,
-        usage: UsageEvent | None = None,
-        *,
-        urgent: bool = False,
-        charged: bool = True,
-    ) -> None:
-        rid = job.request_id
-        index = self._last.get(rid)
-        pending = self.items[index][1] if index is not None else None
-        if isinstance(event, Delta) and isinstance(pending, Delta) and index is not None:
-            self.items[index] = (job, pending.then(event), None, charged)
-        else:
-            self._last[rid] = len(self.items)
-            self.items.append((job, event, usage, charged))
-        self.ready.set()
-        if urgent:
-            self._urgent.add(rid)
-            self.urgent.set()
-
-    def take(
-        self, *, urgent_only: bool = False, share: tuple[int, int] | None = None
-    ) -> list[tuple[Job, Event, UsageEvent | None, bool]]:
-        """Take every waiting event, or only those of urgent requests (the rest stay).
-
-        With `share` (index, shares), urgent requests' events and those of the requests in
-        that share of the streams (by request id) are taken.
-        """
-        if urgent_only or share is not None:
-            kept: list[tuple[Job, Event, UsageEvent | None, bool]] = []
-            items: list[tuple[Job, Event, UsageEvent | None, bool]] = []
-            for item in self.items:
-                rid = item[0].request_id
-                due = rid in self._urgent or (
-                    share is not None and _share_of(rid, share[1]) == share[0]
-                )
-                (items if due else kept).append(item)
-            self.items = kept
-        else:
-            items, self.items = self.items, []
-        self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
-        self._urgent.clear()
-        self.urgent.clear()
-        if not self.items:
-            self.ready.clear()
-        return items
-
-    def restore(self, items: list[tuple[Job, Event, UsageEvent | None, bool]]) -> None:
-        """Put back what a failed write took, ahead of what arrived since, in order."""
-        self.items = [*items, *self.items]
-        self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
-        if self.items:
-            self._urgent.update(self._last)
-            self.ready.set()
-            self.urgent.set()
-
-
-# Streams' deltas are written in shares, one share every 1/shares of the stream interval: each
-# stream still gets an event per interval, and a frontend relays a few streams at a time
-# instead of every stream at once (under a flood, a burst that held its event loop for
-# 10-25 ms, which a newcomer's request waited behind). A share per 8 running streams, at most
-# this many: with few streams the bursts are short and the extra writes not worth it.
-FLUSH_SHARES = 4
-STREAMS_PER_SHARE = 8
-
-
-def _share_of(request_id: str, shares: int) -> int:
-    return zlib.crc32(request_id.encode()) % shares
-
-
-# While a non-streaming request runs, its text goes out at most this often: nobody reads it
-# before the end, and a worker lost mid-way still bills about what it had produced.
-_HOLD_SECONDS = 1.0
-
-
-@dataclass
-class _Holdback:
-    """A non-streaming request's deltas, written as one event a second instead of per flush."""
-
-    kept: Delta | None = None
-    since: float = field(default_factory=time.monotonic)
-
-    def add(self, delta: Delta) -> Delta | None:
-        """Keep `delta`; return what was kept when it is time to write it."""
-        self.kept = delta if self.kept is None else self.kept.then(delta)
-        return self.take() if time.monotonic() - self.since >= _HOLD_SECONDS else None
-
-    def take(self) -> Delta | None:
-        kept, self.kept, self.since = self.kept, None, time.monotonic()
-        return kept
 
 
 async def _first_of(*waits: Awaitable[object], timeout: float) -> None:
@@ -190,94 +75,6 @@ class _RateMeter:
                 sample if self.per_second is None else 0.7 * self.per_second + 0.3 * sample
             )
         self._tokens, self._since, self._busy_throughout = 0, time.monotonic(), True
-
-
-class AdapterError(Exception):
-    """A job's LoRA adapter cannot be served here (unknown, tampered, or failed to load)."""
-
-
-def failure_of(exc: BaseException, *, job: Job, engine: str) -> tuple[Status, str, str]:
-    """Map whatever ended a request's run early to its status, error code and message.
-
-    Every exception type maps to one: a request whose run raised ends with a `Failed` and its
-    usage record like any other, never in silence.
-    """
-    if isinstance(exc, asyncio.CancelledError):
-        return Status.CANCELLED, "cancelled", "request cancelled"
-    if isinstance(exc, DeadlineUnattainable):
-        return Status.TIMEOUT, "deadline_unattainable", f"{exc}, longer than its deadline allows"
-    if isinstance(exc, TimeoutError):
-        return Status.TIMEOUT, "deadline_exceeded", "the request's deadline passed while it ran"
-    if isinstance(exc, AdapterError):
-        log.warning("request %s: %s", job.request_id, exc)
-        return Status.ERROR, "adapter_unavailable", str(exc)
-    log.error("request %s failed in the %s", job.request_id, engine, exc_info=exc)
-    return Status.ERROR, "engine_error", f"the {engine} failed: {type(exc).__name__}"
-
-
-class Adapters:
-    """The LoRA adapters loaded into the engine: loaded on first use, evicted least recently used.
-
-    An adapter's files are verified against its manifest before it is loaded; a request for a
-    bad adapter fails on its own instead of taking the engine (and every stream in it) down.
-    Adapters in use by running requests are never evicted.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        resolve: Callable[[str], Awaitable[AdapterRef]],
-        capacity: int,
-    ) -> None:
-        self.engine = engine
-        self.resolve = resolve
-        self.capacity = capacity
-        self._loaded: OrderedDict[str, AdapterRef] = OrderedDict()
-        self._loading: dict[str, asyncio.Task[AdapterRef]] = {}
-        self._in_use: dict[str, int] = {}
-
-    @contextlib.asynccontextmanager
-    async def using(self, digest: str) -> AsyncIterator[AdapterRef]:
-        """Hold an adapter loaded while a request runs on it."""
-        ref = await self._get(digest)
-        self._in_use[digest] = self._in_use.get(digest, 0) + 1
-        try:
-            yield ref
-        finally:
-            self._in_use[digest] -= 1
-
-    async def _get(self, digest: str) -> AdapterRef:
-        if digest in self._loaded:
-            self._loaded.move_to_end(digest)
-            return self._loaded[digest]
-        task = self._loading.get(digest)
-        if task is None:
-            task = asyncio.create_task(self._load(digest))
-            self._loading[digest] = task
-            task.add_done_callback(lambda _: self._loading.pop(digest, None))
-        return await asyncio.shield(task)
-
-    async def _load(self, digest: str) -> AdapterRef:
-        try:
-            ref = await self.resolve(digest)
-            await self.engine.adapter_load(ref)
-        except Exception as exc:
-            raise AdapterError(f"adapter {digest[:12]} cannot be served: {exc}") from exc
-        self._loaded[digest] = ref
-        log.info("loaded adapter %s", ref.name)
-        await self._evict()
-        return ref
-
-    async def _evict(self) -> None:
-        for digest in list(self._loaded):
-            if len(self._loaded) <= self.capacity:
-                return
-            if self._in_use.get(digest):
-                continue
-            ref = self._loaded.pop(digest)
-            await self.engine.adapter_evict(ref)
-            log.info("evicted adapter %s (least recently used)", ref.name)
 
 
 class Worker(abc.ABC):
@@ -322,7 +119,7 @@ class Worker(abc.ABC):
         self.prefix_routing = prefix_routing
         self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         self._rate = _RateMeter()
-        self._outbox = _Outbox()
+        self._outbox = Outbox()
         self._slot_free = asyncio.Event()
         self._handed = asyncio.Event()  # another worker handed this one a job
         self._draining = asyncio.Event()
@@ -467,7 +264,7 @@ class Worker(abc.ABC):
         )
         for job in claimed.expired:
             self._finish_unstarted(
-                job, code="deadline_exceeded", status=Status.TIMEOUT, charged=False
+                job, failure_unstarted("deadline_exceeded", Status.TIMEOUT), charged=False
             )
         if claimed.run or claimed.expired:
             self._last_work = time.monotonic()
@@ -515,8 +312,10 @@ class Worker(abc.ABC):
     async def _serve(self, job: Job) -> None:
         """Run one claimed job to its end; put its events, terminal event and usage."""
 
-    def _ended(self, job: Job, terminal: Event, usage: UsageEvent) -> None:
-        """Record a served job's end and free its slot."""
+    def _ended(
+        self, job: Job, terminal: Event, usage: UsageEvent, failure: Failure | None = None
+    ) -> None:
+        """Record a served job's end and free its slot; then let a stopping process stop."""
         self._outbox.put(job, terminal, usage, urgent=True)
         self.active.pop(job.request_id, None)
         self._rate.add(job.reserved_tokens)
@@ -524,6 +323,8 @@ class Worker(abc.ABC):
         self._slot_free.set()
         if self.metrics is not None:
             self.metrics.request_ended(job, usage)
+        if failure is not None:
+            failure.raise_fatal()
 
     def _served(self, job: Job, task: asyncio.Task[None]) -> None:
         # _serve ends every request it starts, whatever raises in its run; one cancelled
@@ -532,25 +333,14 @@ class Worker(abc.ABC):
         if job.request_id not in self.active:
             return
         self.active.pop(job.request_id, None)
-        if task.cancelled():
-            self._finish_unstarted(job, code="cancelled", status=Status.CANCELLED)
-        else:
-            log.error(
-                "request %s was not ended by its run", job.request_id, exc_info=task.exception()
-            )
-            self._finish_unstarted(job, code="engine_error", status=Status.ERROR)
+        self._finish_unstarted(job, failure_unended(job, task))
         self._slot_free.set()
 
-    def _finish_unstarted(
-        self, job: Job, *, code: str, status: Status, charged: bool = True
-    ) -> None:
-        terminal = Failed(
-            code=code,
-            message=f"request ended before it started: {code}",
-            prompt_tokens=len(job.prompt_token_ids),
-            completion_tokens=0,
+    def _finish_unstarted(self, job: Job, failure: Failure, *, charged: bool = True) -> None:
+        terminal = failure.failed(prompt_tokens=len(job.prompt_token_ids), completion_tokens=0)
+        usage = usage_for(
+            job, status=failure.status, finished_at=time.time(), error_code=failure.code
         )
-        usage = usage_for(job, status=status, finished_at=time.time(), error_code=code)
         self._outbox.put(job, terminal, usage, urgent=True, charged=charged)
         if self.metrics is not None:
             self.metrics.request_ended(job, usage)
@@ -717,154 +507,3 @@ class Worker(abc.ABC):
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-class GenerativeWorker(Worker):
-    """A worker whose engine streams tokens (vLLM), optionally applying LoRA adapters."""
-
-    def __init__(self, *, engine: Engine, adapters: Adapters | None = None, **kwargs: Any) -> None:
-        # Routing by prefix pays only where the engine keeps the prefixes it has seen.
-        kwargs.setdefault("prefix_routing", engine.prefix_caching)
-        super().__init__(engine=engine, **kwargs)
-        self.generator = engine
-        self.adapters = adapters
-
-    @contextlib.asynccontextmanager
-    async def _adapter(self, job: Job) -> AsyncIterator[AdapterRef | None]:
-        if not job.adapter:
-            yield None
-            return
-        if self.adapters is None:
-            raise AdapterError(f"deployment {self.deployment} serves no LoRA adapters")
-        async with self.adapters.using(job.adapter) as ref:
-            yield ref
-
-    async def _serve(self, job: Job) -> None:
-        started_at = time.time()
-        first_token_at: float | None = None
-        produced = 0
-        cached = 0
-        finish_reason = "stop"
-        prompt_tokens = len(job.prompt_token_ids)
-        self._outbox.put(job, Started(at=started_at))
-        held = None if job.stream else _Holdback()
-
-        def emit(delta: Delta, *, urgent: bool = False) -> None:
-            if held is None:
-                self._outbox.put(job, delta, urgent=urgent)
-            elif (kept := held.add(delta)) is not None:
-                self._outbox.put(job, kept)
-
-        terminal: Event
-        fatal: BaseException | None = None  # re-raised once the request has its end
-        # Nothing runs past its deadline: the engine request is aborted when it passes.
-        deadline = asyncio.get_running_loop().time() + (job.deadline - started_at)
-        try:
-            async with (
-                asyncio.timeout_at(deadline),
-                self._adapter(job) as adapter,
-            ):
-                async for step in self.generator.generate(
-                    request_id=job.request_id,
-                    prompt_token_ids=job.prompt_token_ids,
-                    sampling=job.sampling,
-                    adapter=adapter,
-                ):
-                    if step.tokens:
-                        first = produced == 0
-                        produced += step.tokens
-                        first_token_at = first_token_at or time.time()
-                        emit(Delta(text=step.text, tokens=step.tokens), urgent=first)
-                    elif step.text:
-                        emit(Delta(text=step.text, tokens=0))
-                    if step.finish_reason:
-                        finish_reason = step.finish_reason
-                    prompt_tokens = step.prompt_tokens
-                    cached = max(cached, step.cached_tokens)
-            terminal = Finished(
-                finish_reason=finish_reason,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=produced,
-            )
-            status, code = Status.OK, ""
-        except BaseException as exc:
-            # A cancel aborted the request inside vLLM; any failure bills what it produced.
-            status, code, message = failure_of(exc, job=job, engine="engine")
-            terminal = Failed(
-                code=code, message=message, prompt_tokens=prompt_tokens, completion_tokens=produced
-            )
-            fatal = exc if isinstance(exc, KeyboardInterrupt | SystemExit) else None
-        if held is not None and (kept := held.take()) is not None:
-            self._outbox.put(job, kept)
-        usage = usage_for(
-            job,
-            status=status,
-            finished_at=time.time(),
-            started_at=started_at,
-            first_token_at=first_token_at,
-            completion_tokens=produced,
-            finish_reason=finish_reason if status is Status.OK else "",
-            error_code=code,
-            cached_tokens=cached,
-        )
-        self._ended(job, terminal, usage)
-        if fatal is not None:
-            raise fatal  # the process is stopping; this request has its end
-
-
-class EncoderWorker(Worker):
-    """A worker whose requests' inputs go through a dynamic batcher to an encoder model."""
-
-    def __init__(self, *, engine: Monitored, batcher: DynamicBatcher, **kwargs: Any) -> None:
-        super().__init__(engine=engine, **kwargs)
-        self.batcher = batcher
-
-    async def run(
-        self,
-        on_ready: Callable[[], Awaitable[None]] | None = None,
-        on_draining: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        batching = asyncio.create_task(
-            supervise("batcher", self.batcher.run, on_failure=self.batcher.fail_waiting),
-            name="batcher",
-        )
-        try:
-            await super().run(on_ready=on_ready, on_draining=on_draining)
-        finally:
-            batching.cancel()
-            await asyncio.gather(batching, return_exceptions=True)
-
-    async def _serve(self, job: Job) -> None:
-        started_at = time.time()
-        self._outbox.put(job, Started(at=started_at))
-        tokens = len(job.prompt_token_ids)
-        terminal: Event
-        fatal: BaseException | None = None
-        status, code = Status.OK, ""
-        # The batcher keeps time on the monotonic clock; the job's deadline is wall time.
-        deadline = time.monotonic() + (job.deadline - started_at)
-        try:
-            vectors = await self.batcher.embed(job.inputs(), deadline=deadline)
-            self._outbox.put(
-                job, Embeddings(data=b"".join(vectors), dimensions=len(vectors[0]) // 4)
-            )
-            terminal = Finished(finish_reason="stop", prompt_tokens=tokens, completion_tokens=0)
-        except BaseException as exc:
-            status, code, message = failure_of(exc, job=job, engine="encoder")
-            terminal = Failed(code=code, message=message, prompt_tokens=tokens, completion_tokens=0)
-            fatal = exc if isinstance(exc, KeyboardInterrupt | SystemExit) else None
-        finished_at = time.time()
-        usage = usage_for(
-            job,
-            status=status,
-            finished_at=finished_at,
-            started_at=started_at,
-            first_token_at=finished_at if status is Status.OK else None,
-            finish_reason="stop" if status is Status.OK else "",
-            error_code=code,
-            # Inputs that never went through the model are not billed.
-            prompt_tokens=tokens if status is Status.OK else 0,
-        )
-        self._ended(job, terminal, usage)
-        if fatal is not None:
-            raise fatal

@@ -46,9 +46,9 @@ from tenants.models import Tenant
 from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS
 from tests.dataplane.roles import Roles, roles
-from workers import runner
+from workers import generative
 from workers.engine import AdapterRef, Step
-from workers.runner import GenerativeWorker
+from workers.generative import GenerativeWorker
 
 pytestmark = pytest.mark.django_db
 
@@ -303,13 +303,13 @@ def _inject(
     elif stage == "engine":
         engine.fail = (1, failure)
     elif stage == "worker end":
-        real_usage_for = runner.usage_for
+        real_usage_for = generative.usage_for
 
         def usage_for(*args: Any, **kwargs: Any) -> Any:
             once()
             return real_usage_for(*args, **kwargs)
 
-        monkeypatch.setattr(runner, "usage_for", usage_for)
+        monkeypatch.setattr(generative, "usage_for", usage_for)
     else:
         raise AssertionError(stage)
 

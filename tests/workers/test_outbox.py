@@ -4,7 +4,7 @@ import time
 import uuid
 
 from dataplane.types import Delta, Job, Sampling, Started
-from workers.runner import FLUSH_SHARES, _Outbox, _share_of
+from workers.outbox import FLUSH_SHARES, Outbox, share_of
 
 
 def _job() -> Job:
@@ -28,7 +28,7 @@ def _events(items):
 
 
 def test_a_first_token_goes_out_with_its_request_ahead_of_other_requests_deltas():
-    outbox = _Outbox()
+    outbox = Outbox()
     busy, newcomer = _job(), _job()
     outbox.put(busy, Delta(text="a", tokens=1))
     outbox.put(newcomer, Started(at=1.0))
@@ -47,7 +47,7 @@ def test_a_first_token_goes_out_with_its_request_ahead_of_other_requests_deltas(
 
 
 def test_events_that_failed_to_write_go_out_first_and_at_once():
-    outbox = _Outbox()
+    outbox = Outbox()
     first, second = _job(), _job()
     outbox.put(first, Delta(text="a", tokens=1))
     failed = outbox.take()
@@ -61,7 +61,7 @@ def test_events_that_failed_to_write_go_out_first_and_at_once():
 
 
 def test_streams_are_written_a_share_at_a_time_and_urgent_ones_with_any_share():
-    outbox = _Outbox()
+    outbox = Outbox()
     jobs = [_job() for _ in range(16)]
     for job in jobs:
         outbox.put(job, Delta(text="a", tokens=1))
@@ -71,7 +71,7 @@ def test_streams_are_written_a_share_at_a_time_and_urgent_ones_with_any_share():
     for share in range(FLUSH_SHARES):
         batch = [rid for rid, _ in _events(outbox.take(share=(share, FLUSH_SHARES)))]
         assert all(
-            _share_of(rid, FLUSH_SHARES) == share for rid in batch if rid != urgent.request_id
+            share_of(rid, FLUSH_SHARES) == share for rid in batch if rid != urgent.request_id
         )
         taken += batch
     assert sorted(taken) == sorted(job.request_id for job in jobs)  # each once

@@ -17,11 +17,14 @@ from dataplane.types import Sampling
 from inference.db import db_call
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState
+from workers.adapters import Adapters
 from workers.batcher import REFERENCE_LENGTH, CostModel, DynamicBatcher
 from workers.encoder import EncoderEngine, EncoderSpec
+from workers.encoder_worker import EncoderWorker
 from workers.engine import VllmEngine
+from workers.generative import GenerativeWorker
 from workers.metrics import WorkerMetrics, metrics_serve
-from workers.runner import Adapters, EncoderWorker, GenerativeWorker, Worker
+from workers.runner import Worker
 from workers.services import (
     adapter_ref,
     deployment_report,
