@@ -41,6 +41,7 @@ from batches.services import (
     batch_validate,
     counts_refresh,
 )
+from config.db import db_call
 from dataplane.frontdoor import FrontDoor
 from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
@@ -48,7 +49,6 @@ from dataplane.types import Event
 from inference import relay
 from inference.auth import Principal, principal_of_key
 from inference.content_policy import policy_get
-from inference.db import db_call
 from inference.errors import ApiError
 from inference.openai_format import Formatter
 from inference.params import embeddings_parse, generation_parse

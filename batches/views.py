@@ -14,8 +14,8 @@ from django.http.multipartparser import MultiPartParserError
 
 from batches import selectors, services
 from batches.models import Batch, File
+from config.db import db_call
 from config.http import content_disposition
-from inference.db import db_call
 from inference.endpoint import api_endpoint, json_response, request_body, request_principal
 from inference.errors import ApiError, invalid
 from inference.params import body_parse

@@ -20,13 +20,13 @@ from django.db import DatabaseError
 
 from billing.metrics import TenantLabels, usage_recorded
 from billing.services import IngestResult, usage_ingest
+from config.db import db_call
 from dataplane.background import loop_failed, loop_ok, supervise
 from dataplane.quotas import MICROS, Quotas, Usage
 from dataplane.reaper import Reaper
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.types import UsageEvent
 from dataplane.usage import UsageStream
-from inference.db import db_call
 from models_registry.models import Deployment
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ class InferenceConfig(AppConfig):
         from django.db import close_old_connections, reset_queries
 
         # Keep Django's per-request connection housekeeping for the site (admin, console),
-        # but not for the /v1 handler: it does the same in inference.db, only when it uses
+        # but not for the /v1 handler: it does the same in config.db, only when it uses
         # the database, instead of a thread hop on every request.
         hooks = [
             (signals.request_started, reset_queries),

@@ -7,7 +7,7 @@ Django's handler also opens a thread-sensitive context per request and closes ea
 through `sync_to_async`, which starts a thread per request just to close it (and a database
 call inside that context would open a connection of its own in that thread). The API's
 responses hold no resources that need a thread to close, and its database calls run on
-`inference.db`'s own threads, so this handler does neither.
+`config.db`'s own threads, so this handler does neither.
 
 Cheap checks come before the body is read at all: a Content-Length over the path's limit is
 refused, and so is a request with a body that needs a key and has no valid one; the body is

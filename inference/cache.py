@@ -20,9 +20,9 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio as aredis
 from django.conf import settings
 
+from config.db import db_call
 from dataplane.background import loop_ok, spawn, supervise
 from dataplane.keys import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
-from inference.db import db_call
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from django.conf import settings
 
+from config.db import db_call
 from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference.cache import RefreshingCache
-from inference.db import db_call
 from inference.errors import ApiError
 from inference.params import GenerationRequest
 from safety.detectors import Finding

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from billing.selectors import tenant_month_spend_micros
 from billing.services import price_current
+from config.db import db_call
 from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.frontdoor import FrontDoor, Refusal, Refused
@@ -35,7 +36,6 @@ from dataplane.types import (
 from inference.auth import Principal
 from inference.cache import RefreshingCache
 from inference.content_policy import input_screen, policy_get
-from inference.db import db_call
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
 from inference.metrics import RequestClock, admission_decided

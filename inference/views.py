@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
+from config.db import db_call
 from config.json_body import shown
 from dataplane.background import loops_failing, spawn
 from dataplane.replies import entry_id_parse
@@ -20,7 +21,6 @@ from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
 from inference.auth import Principal
 from inference.content_policy import policy_get
-from inference.db import db_call
 from inference.endpoint import (
     api_endpoint,
     client_timeout,

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from django.conf import settings
 
+from config.db import db_call
 from inference import auth
-from inference.db import db_call
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
 from inference.services import generation_submit

@@ -10,7 +10,8 @@ import pytest
 from django.db import OperationalError
 from django.test import AsyncClient
 
-from inference import db, services
+from config import db
+from inference import services
 from tests.conftest import ALIAS
 
 pytestmark = pytest.mark.django_db

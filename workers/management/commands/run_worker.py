@@ -12,9 +12,9 @@ import uvloop
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from config.db import db_call
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
-from inference.db import db_call
 from models_registry.manifest import ArtifactError
 from models_registry.models import Deployment, DeploymentState
 from workers.adapters import Adapters
