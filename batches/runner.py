@@ -251,7 +251,7 @@ class BatchRun:
             request_id=rid,
             model=served,
             created=int(time.time()),
-            fingerprint=f"sy-{submitted.route.version}" if submitted else "sy",
+            fingerprint=f"rh-{submitted.route.version}" if submitted else "rh",
         )
         return await completion_collect(events, formatter, on_end)
 

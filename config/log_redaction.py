@@ -10,20 +10,20 @@ from __future__ import annotations
 import logging
 import re
 
-from tenants.keys import PREFIX as KEY_PREFIX
+from tenants.keys import PREFIXES as KEY_PREFIXES
 from tenants.keys import PUBLIC_ID_LENGTH
 
-# An API key's secret (what follows `sy-` and its 12-character public id), and any bearer
+# An API key's secret (what follows `rh-`, or the former `sy-`, and its 12-character public
+# id), and any bearer
 # credential: what a log line must never carry.
-_KEY_SECRET = re.compile(
-    rf"\b({re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})[A-Za-z0-9_-]{{16,}}"
-)
+_KEY_PREFIX = "(?:" + "|".join(re.escape(p) for p in KEY_PREFIXES) + ")"
+_KEY_SECRET = re.compile(rf"\b({_KEY_PREFIX}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})[A-Za-z0-9_-]{{16,}}")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\[redacted\])[^\s'\"]+")
 # A credential in a URL's query, as a server's request line prints it (`/v1/ws?key=...`: the
 # server reads keys from headers only, but clients put them there): its whole value, whatever
 # its shape, unless it is a key already redacted to its public id.
 _QUERY_KEY = re.compile(
-    rf"(?i)([?&](?:api_)?key=)(?!(?:{re.escape(KEY_PREFIX)}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})?"
+    rf"(?i)([?&](?:api_)?key=)(?!(?:{_KEY_PREFIX}[A-Za-z0-9]{{{PUBLIC_ID_LENGTH}}})?"
     r"\[redacted\])[^&\s'\"#]+"
 )
 

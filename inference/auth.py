@@ -114,12 +114,12 @@ async def key_check(authorization: str | None) -> Principal:
         raise ApiError(
             401,
             "missing_api_key",
-            "You didn't provide an API key. Send it as 'Authorization: Bearer sy-...'.",
+            "You didn't provide an API key. Send it as 'Authorization: Bearer rh-...'.",
         )
     kind, _, token = authorization.partition(" ")
     token = token.strip()
     if kind.lower() != "bearer" or not token:
-        raise ApiError(401, "invalid_authorization_header", "Use 'Authorization: Bearer sy-...'.")
+        raise ApiError(401, "invalid_authorization_header", "Use 'Authorization: Bearer rh-...'.")
     parsed = token_parse(token)
     if parsed is None:
         raise ApiError(401, "invalid_api_key", "Incorrect API key provided.")

@@ -161,7 +161,7 @@ def _formatter(
         request_id=request_id,
         model=model,
         created=created,
-        fingerprint=f"sy-{version}",
+        fingerprint=f"rh-{version}",
     )
 
 

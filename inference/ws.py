@@ -2,7 +2,7 @@
 
 Protocol (JSON text frames):
 
-- connect with `Authorization: Bearer sy-…` (or, from a browser, the subprotocol
+- connect with `Authorization: Bearer rh-…` (or, from a browser, the subprotocol
   `switchyard.key.sy-…`); a bad key is refused before the handshake completes.
 - client → server:
   `{"type": "request", "id": "<client id>", "endpoint": "chat.completions" | "completions",

@@ -10,6 +10,8 @@ from django.core.validators import MaxValueValidator
 from django.db import models
 from django.utils import timezone
 
+from tenants.keys import PREFIX
+
 
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
@@ -85,7 +87,7 @@ class ApiKey(models.Model):
         return "active"
 
     def __str__(self) -> str:
-        return f"sy-{self.public_id}… ({self.name})"
+        return f"{PREFIX}{self.public_id}… ({self.name})"
 
 
 class Quota(models.Model):

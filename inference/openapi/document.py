@@ -24,7 +24,7 @@ def openapi_document() -> Schema:
             "title": "Switchyard /v1 API",
             "version": "1",
             "description": "OpenAI-compatible inference, files and batches. Authenticate with "
-            "an API key: `Authorization: Bearer sy-...`.",
+            "an API key: `Authorization: Bearer rh-...`.",
         },
         "security": [{"bearerAuth": []}],
         "paths": paths(),

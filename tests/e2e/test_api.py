@@ -421,3 +421,18 @@ def test_a_malformed_deadline_is_refused(client, world):
         headers={**_auth(world.acme_key), "x-request-timeout": "soon"},
     )
     _error(response, 400, "invalid_value", "x-request-timeout")
+
+
+def test_a_key_issued_before_the_rename_keeps_working(client, world, django_db_blocker):
+    # A key issued as `sy-...`: its stored hash covers the `sy-` token it was handed out as.
+    from tenants.keys import token_hash
+    from tenants.models import ApiKey, Tenant
+    from tenants.services import api_key_issue
+
+    with django_db_blocker.unblock():
+        issued = api_key_issue(tenant=Tenant.objects.get(slug="acme"), name="before the rename")
+        legacy = "sy-" + issued.token.removeprefix("rh-")
+        ApiKey.objects.filter(pk=issued.key.pk).update(secret_hash=token_hash(legacy))
+    assert client.get("/v1/models", headers=_auth(legacy)).status_code == 200
+    # The same secret under the new prefix is another token, with no key behind it.
+    _error(client.get("/v1/models", headers=_auth(issued.token)), 401, "invalid_api_key")

@@ -108,7 +108,7 @@ def test_an_admin_creates_a_key_sees_it_once_and_revokes_it(page, stack, people,
     page.fill("input[name=name]", "console-key")
     page.click("text=Create key")
     token = page.locator("#secret").inner_text().strip()
-    assert token.startswith("sy-")
+    assert token.startswith("rh-")
     _shot(page, "keys")
     assert _api_status(stack, token) == 200
     page.reload()  # shown once: never again
@@ -139,7 +139,7 @@ def test_rotating_a_key_keeps_the_old_one_working_for_the_overlap(page, stack, p
     row.locator("select[name=overlap_hours]").select_option("24")
     row.locator("text=Rotate").click()
     new = page.locator("#secret").inner_text().strip()
-    assert new.startswith("sy-") and new != old
+    assert new.startswith("rh-") and new != old
     expect(page.locator(".msg.success").first).to_contain_text("keeps working until")
     assert _api_status(stack, new) == 200
     assert _api_status(stack, old) == 200  # the overlap: both work until the old one expires
@@ -180,8 +180,8 @@ def test_an_operator_moves_a_split_promotes_and_rolls_back_with_a_reason(
     page, people, world, demo_model_dir, django_db_blocker
 ):
     from models_registry.models import Alias, Rollout
-    from models_registry.rollouts import rollout_start
     from models_registry.services import alias_set, deployment_create, model_version_register
+    from rollouts.services import rollout_start
 
     with django_db_blocker.unblock():
         v2, _ = model_version_register(

@@ -80,7 +80,7 @@ def test_it_redacts_an_api_key_secret_and_keeps_its_public_id():
     public, token = token_generate()
     out = _logged("t.key", lambda log: log.warning("refused key %s for %s", token, "acme"))
     assert token not in out and public in out
-    assert f"sy-{public}[redacted] for acme" in json.loads(out)["message"]
+    assert f"rh-{public}[redacted] for acme" in json.loads(out)["message"]
 
 
 def test_it_redacts_bearer_credentials_in_messages_and_tracebacks():

@@ -5,7 +5,7 @@ import itertools
 import pytest
 from django.core.exceptions import ValidationError
 
-from tenants.keys import token_hash, token_parse
+from tenants.keys import PREFIX, public_id_of, token_hash, token_parse
 from tenants.models import ApiKey, AppendOnlyError, AuditEvent
 from tenants.services import GENESIS_HASH, api_key_issue, api_key_revoke, tenant_create
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 def test_it_stores_only_the_hash_of_a_new_key(world):
     issued = api_key_issue(tenant=world.acme, name="ci")
     stored = ApiKey.objects.get(pk=issued.key.pk)
-    assert issued.token.startswith("sy-" + stored.public_id)
+    assert PREFIX == "rh-" and issued.token.startswith("rh-" + stored.public_id)
     assert stored.secret_hash == token_hash(issued.token)
     assert issued.token not in str(stored.__dict__)
 
@@ -24,8 +24,22 @@ def test_it_parses_only_well_formed_tokens():
     assert token_parse("sk-abc") is None
     assert token_parse("sy-short") is None
     assert token_parse("sy-ABCDEFGHIJKL" + "x" * 40) is None
-    parsed = token_parse("sy-abcdefghijkl" + "x" * 40)
+    parsed = token_parse("rh-abcdefghijkl" + "x" * 40)
     assert parsed is not None and parsed.public_id == "abcdefghijkl"
+
+
+def test_a_key_issued_before_the_rename_still_parses_whole():
+    # Keys issued as `sy-...` keep working: the same public id, and the whole token as presented
+    # (its stored hash covers the prefix it was issued with).
+    token = "sy-abcdefghijkl" + "x" * 40
+    parsed = token_parse(token)
+    assert parsed is not None and parsed.public_id == "abcdefghijkl" and parsed.token == token
+    assert token_parse("xy-abcdefghijkl" + "x" * 40) is None
+
+
+def test_a_key_is_named_by_its_public_id_with_either_prefix_or_none():
+    for named in ("rh-abcdefghijkl", "sy-abcdefghijkl", "abcdefghijkl"):
+        assert public_id_of(named) == "abcdefghijkl"
 
 
 def test_it_rejects_unknown_scopes(world):

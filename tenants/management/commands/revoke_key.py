@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenants.keys import PREFIX
+from tenants.keys import PREFIX, public_id_of
 from tenants.models import ApiKey, Tenant
 from tenants.selectors import api_key_get, tenant_get
 from tenants.services import api_key_revoke
@@ -15,10 +15,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("tenant", help="tenant slug")
-        parser.add_argument("key_id", help="the key's public id (sy-xxxxxxxxxxxx or xxxxxxxxxxxx)")
+        parser.add_argument(
+            "key_id", help="the key's public id (rh-xxxxxxxxxxxx, sy-xxxxxxxxxxxx or xxxxxxxxxxxx)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        public_id = options["key_id"].removeprefix(PREFIX)[:12]
+        public_id = public_id_of(options["key_id"])
         try:
             tenant = tenant_get(slug=options["tenant"])
             key = api_key_get(tenant=tenant, public_id=public_id)
@@ -27,4 +29,4 @@ class Command(BaseCommand):
                 f"no key {options['key_id']!r} in tenant {options['tenant']!r}"
             ) from exc
         api_key_revoke(key=key)
-        self.stdout.write(f"revoked sy-{key.public_id}")
+        self.stdout.write(f"revoked {PREFIX}{key.public_id}")
