@@ -1,6 +1,6 @@
-"""A worker's Prometheus series (docs/metrics.md), served on its own port.
+"""A worker's Prometheus series (docs/metrics.md), served on its own port
+(`dataplane.metrics.metrics_serve`, which labels vLLM's own `vllm:*` series with the deployment).
 
-vLLM's own `vllm:*` series are served as vLLM defines them, with a `deployment` label added.
 The engine adapter reports each finished request's engine stages (`EngineStats`); the worker
 loop reports each request's platform-side timings when it ends; the dynamic batcher reports
 its batches.
@@ -8,17 +8,11 @@ its batches.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client import Counter, Histogram
 
 from dataplane.types import Job, UsageEvent
 from inference.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, stage_seconds
 
-log = logging.getLogger(__name__)
 platform_ttft = Histogram(
     "switchyard_time_to_first_token_seconds",
     "First token minus admission: the TTFT the objective is about.",
@@ -98,39 +92,3 @@ class WorkerMetrics:
         for wait in waits:
             self._engine_queue.observe(wait)
             self._prefill.observe(seconds)
-
-
-class _WithDeployment(Collector):
-    """This process's series, vLLM's (`vllm:*`) labelled with the deployment they serve."""
-
-    def __init__(self, deployment: str) -> None:
-        self.deployment = deployment
-
-    def collect(self) -> Iterator[Metric]:
-        for family in REGISTRY.collect():
-            if family.name.startswith("vllm:"):
-                relabelled = Metric(family.name, family.documentation, family.type, family.unit)
-                for sample in family.samples:
-                    labels = {**sample.labels, "deployment": self.deployment}
-                    relabelled.add_sample(sample.name, labels, sample.value, sample.timestamp)
-                family = relabelled
-            yield family
-
-
-def metrics_serve(port: int, *, what: str, deployment: str = "") -> None:
-    """Serve this process's series on a port (0: not at all); a busy port is only a warning.
-
-    With a deployment, vLLM's series carry it as a label.
-    """
-    if port <= 0:
-        return
-    registry = REGISTRY
-    if deployment:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_WithDeployment(deployment))
-    try:
-        start_http_server(port, registry=registry)
-    except OSError as exc:
-        log.warning("%s metrics not served on port %d: %s", what, port, exc)
-        return
-    log.info("%s metrics on :%d/metrics", what, port)

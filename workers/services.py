@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
-import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,11 +182,6 @@ def deployments_reconcile(*, settle_seconds: float = 30.0) -> int:
             deployment_report(deployment_name=deployment.name, state=DeploymentState.READY)
             changed += 1
     return changed
-
-
-def worker_id_new() -> str:
-    """Return an id unique to this worker process."""
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def lease_seconds() -> float:

@@ -10,9 +10,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from billing.ingester import Ingester
+from dataplane.identity import worker_id_new
+from dataplane.metrics import metrics_serve
 from dataplane.redis_client import redis_client_new
-from workers.metrics import metrics_serve
-from workers.services import worker_id_new
 
 log = logging.getLogger("switchyard.ingester")
 

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.db import db_call
+from dataplane.identity import worker_id_new
+from dataplane.metrics import metrics_serve
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
 from models_registry.manifest import ArtifactError
@@ -23,13 +25,12 @@ from workers.encoder import EncoderEngine, EncoderSpec
 from workers.encoder_worker import EncoderWorker
 from workers.engine import VllmEngine
 from workers.generative import GenerativeWorker
-from workers.metrics import WorkerMetrics, metrics_serve
+from workers.metrics import WorkerMetrics
 from workers.runner import Worker
 from workers.services import (
     adapter_ref,
     deployment_report,
     lease_seconds,
-    worker_id_new,
     worker_plan,
 )
 from workers.weights import Progress
