@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/", include("tenants.urls")),
     path("api/", include("models_registry.urls")),
+    path("api/", include("rollouts.urls")),
     path("api/finance/", include("billing.urls")),
     re_path(r"^api/(?P<path>[\s\S]*)$", tenants_apis.not_found),
     path("healthz", inference_views.healthz),

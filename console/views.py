@@ -29,9 +29,9 @@ from billing.selectors import month_start, tenant_month_spend, usage_aggregate, 
 from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
-from models_registry.rollouts import RolloutConflict, rollout_act
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_split_set
+from rollouts.services import RolloutConflict, rollout_act
 from tenants.lockout import lockout_is_locked
 from tenants.models import ApiKey, Role, Scope, Tenant
 from tenants.selectors import api_key_get, api_key_list

@@ -1,37 +1,31 @@
-"""The management REST API for the registry and rollouts (staff only): one class per operation."""
+"""The management REST API for the registry (staff only): one class per operation.
+
+Rollouts and a version's SLIs have theirs in rollouts.apis, which names versions and aliases
+the way this module does (version_named, alias_named).
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers, status
-from rest_framework.exceptions import APIException
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.selectors import version_slis
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import live_workers_sync
-from models_registry.models import Alias, Deployment, ModelVersion, Rollout, RolloutDecision
-from models_registry.rollouts import RolloutConflict, rollout_act, rollout_start
+from models_registry.models import Alias, Deployment, ModelVersion
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_shadow_set, alias_split_set
-from tenants.apis import CONFLICT, FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
+from tenants.apis import FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 
 
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-
-def _version(field: str, ref: str) -> ModelVersion:
+def version_named(field: str, ref: str) -> ModelVersion:
+    """Return the version a body's field names (model@label or model@<id prefix>), else a 400."""
     version = version_pinned(ref) if "@" in ref else None
     if version is None:
         raise serializers.ValidationError(
@@ -40,144 +34,12 @@ def _version(field: str, ref: str) -> ModelVersion:
     return version
 
 
-def _alias(name: str) -> Alias:
+def alias_named(name: str) -> Alias:
+    """Return the alias a path names, else a 404."""
     try:
         return Alias.objects.select_related("version__model").get(name=name)
     except Alias.DoesNotExist as exc:
         raise Http404(f"no alias {name!r}") from exc
-
-
-def _rollout(pk: int) -> Rollout:
-    try:
-        return Rollout.objects.select_related("alias", "canary__model", "baseline__model").get(
-            pk=pk
-        )
-    except Rollout.DoesNotExist as exc:
-        raise Http404(f"no rollout {pk}") from exc
-
-
-class DecisionSerializer(serializers.ModelSerializer[RolloutDecision]):
-    # Null for the decisions the analysis makes on its own.
-    actor: serializers.StringRelatedField[Any] = serializers.StringRelatedField(allow_null=True)
-
-    class Meta:
-        model = RolloutDecision
-        fields = ["id", "action", "percent", "reason", "evidence", "actor", "created_at"]
-
-
-class RolloutSerializer(serializers.ModelSerializer[Rollout]):
-    alias = serializers.CharField(source="alias.name")
-    baseline = serializers.CharField(source="baseline.public_name")
-    canary = serializers.CharField(source="canary.public_name")
-    percent = serializers.FloatField()
-
-    class Meta:
-        model = Rollout
-        fields = [
-            "id", "alias", "baseline", "canary", "state", "percent", "steps", "step_index",
-            "step_started_at", "min_samples", "min_step_seconds", "guardrails",
-            "short_window_seconds", "breach_checks", "breaches", "created_at", "finished_at",
-        ]  # fmt: skip
-
-
-class RolloutDetailSerializer(RolloutSerializer):
-    decisions = DecisionSerializer(many=True, read_only=True)
-
-    class Meta(RolloutSerializer.Meta):
-        fields = [*RolloutSerializer.Meta.fields, "decisions"]
-
-
-class RolloutStartSerializer(serializers.Serializer[Any]):
-    alias = serializers.CharField()
-    canary = serializers.CharField(help_text="model@label or model@<version id prefix>")
-    steps = serializers.ListField(child=serializers.FloatField(), required=False)
-    min_samples = serializers.IntegerField(min_value=1, default=200)
-    min_step_seconds = serializers.IntegerField(min_value=0, default=300)
-    guardrails = serializers.DictField(child=serializers.FloatField(), required=False)
-    short_window_seconds = serializers.IntegerField(min_value=1, default=300)
-    breach_checks = serializers.IntegerField(min_value=1, default=2)
-    reason = serializers.CharField(required=False, default="", allow_blank=True)
-
-
-class RolloutListApi(APIView):
-    """GET recent rollouts; POST starts one (the canary gets the first step's share)."""
-
-    @extend_schema(responses={200: RolloutSerializer(many=True), 403: REFUSED})
-    def get(self, request: Request) -> Response:
-        rollouts = Rollout.objects.select_related("alias", "canary__model", "baseline__model")
-        return Response(RolloutSerializer(rollouts[:100], many=True).data)
-
-    @extend_schema(
-        request=RolloutStartSerializer,
-        responses={
-            201: RolloutSerializer,
-            400: FIELD_ERRORS,
-            403: REFUSED,
-            404: NOT_FOUND,
-            409: CONFLICT,
-        },
-    )
-    def post(self, request: Request) -> Response:
-        given = RolloutStartSerializer(data=request.data)
-        given.is_valid(raise_exception=True)
-        data = dict(given.validated_data)
-        alias = _alias(data.pop("alias"))
-        canary = _version("canary", data.pop("canary"))
-        try:
-            rollout = rollout_start(alias=alias, canary=canary, actor=request.user, **data)  # type: ignore[arg-type]
-        except DjangoValidationError as exc:
-            raise drf_validation_error(exc) from exc
-        except RolloutConflict as exc:
-            raise Conflict(str(exc)) from exc
-        return Response(RolloutSerializer(rollout).data, status=status.HTTP_201_CREATED)
-
-
-class RolloutDetailApi(APIView):
-    """GET a rollout with every decision and the numbers behind it."""
-
-    @extend_schema(responses={200: RolloutDetailSerializer, 403: REFUSED, 404: NOT_FOUND})
-    def get(self, request: Request, pk: int) -> Response:
-        return Response(RolloutDetailSerializer(_rollout(pk)).data)
-
-
-class RolloutActionSerializer(serializers.Serializer[Any]):
-    reason = serializers.CharField(required=False, default="", allow_blank=True)
-
-
-class RolloutActionApi(APIView):
-    """POST promote, pause, resume or rollback, with an optional reason."""
-
-    @extend_schema(
-        operation_id="rollouts_act",
-        parameters=[
-            OpenApiParameter(
-                "action",
-                OpenApiTypes.STR,
-                OpenApiParameter.PATH,
-                enum=["promote", "pause", "resume", "rollback"],
-            )
-        ],
-        request=RolloutActionSerializer,
-        responses={
-            200: RolloutSerializer,
-            400: FIELD_ERRORS,
-            403: REFUSED,
-            404: NOT_FOUND,
-            409: CONFLICT,
-        },
-    )
-    def post(self, request: Request, pk: int, action: str) -> Response:
-        if action not in ("promote", "pause", "resume", "rollback"):
-            raise Http404(f"no action {action!r}")
-        rollout = _rollout(pk)
-        given = RolloutActionSerializer(data=request.data)
-        given.is_valid(raise_exception=True)
-        reason = given.validated_data["reason"]
-        try:
-            rollout = rollout_act(rollout, action=action, actor=request.user, reason=reason)  # type: ignore[arg-type]
-        except RolloutConflict as exc:
-            raise Conflict(str(exc)) from exc
-        return Response(RolloutSerializer(rollout).data)
 
 
 class ShareSerializer(serializers.Serializer[Any]):
@@ -220,7 +82,7 @@ class AliasDetailApi(APIView):
 
     @extend_schema(responses={200: AliasSerializer, 403: REFUSED, 404: NOT_FOUND})
     def get(self, request: Request, name: str) -> Response:
-        return Response(_alias_body(_alias(name)))
+        return Response(_alias_body(alias_named(name)))
 
 
 class AliasSplitApi(APIView):
@@ -231,10 +93,10 @@ class AliasSplitApi(APIView):
         responses={200: AliasSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
     )
     def put(self, request: Request, name: str) -> Response:
-        alias = _alias(name)
+        alias = alias_named(name)
         given = ShareSerializer(data=request.data)
         given.is_valid(raise_exception=True)
-        version = _version("version", given.validated_data["version"] or "")
+        version = version_named("version", given.validated_data["version"] or "")
         try:
             alias_split_set(
                 alias=alias,
@@ -245,7 +107,7 @@ class AliasSplitApi(APIView):
             )
         except DjangoValidationError as exc:
             raise drf_validation_error(exc) from exc
-        return Response(_alias_body(_alias(name)))
+        return Response(_alias_body(alias_named(name)))
 
 
 class AliasShadowApi(APIView):
@@ -256,11 +118,11 @@ class AliasShadowApi(APIView):
         responses={200: AliasSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
     )
     def put(self, request: Request, name: str) -> Response:
-        alias = _alias(name)
+        alias = alias_named(name)
         given = ShareSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         ref = given.validated_data["version"]
-        version = _version("version", ref) if ref else None
+        version = version_named("version", ref) if ref else None
         try:
             alias_shadow_set(
                 alias=alias,
@@ -271,49 +133,7 @@ class AliasShadowApi(APIView):
             )
         except DjangoValidationError as exc:
             raise drf_validation_error(exc) from exc
-        return Response(_alias_body(_alias(name)))
-
-
-class SlisSerializer(serializers.Serializer[Any]):
-    version = serializers.CharField()
-    minutes = serializers.FloatField()
-    requests = serializers.IntegerField()
-    errors = serializers.IntegerField()  # type: ignore[assignment]  # a field: DRF moves it off the class
-    error_rate_pct = serializers.FloatField()
-    ttft_p95_ms = serializers.FloatField(allow_null=True)
-    itl_p95_ms = serializers.FloatField(allow_null=True)
-    cost_per_1k = serializers.FloatField(allow_null=True)
-
-
-class VersionSlisApi(APIView):
-    """GET a version's SLIs over the last `minutes` (default 60), shadow copies included."""
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter(
-                "ref", OpenApiTypes.STR, OpenApiParameter.PATH, description="model@version"
-            ),
-            OpenApiParameter(
-                "minutes",
-                OpenApiTypes.FLOAT,
-                description="The window, more than 0 and at most 44640 (31 days).",
-            ),
-        ],
-        responses={200: SlisSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
-    )
-    def get(self, request: Request, ref: str) -> Response:
-        version = version_pinned(ref) if "@" in ref else None
-        if version is None:
-            raise Http404(f"no version {ref!r}")
-        try:
-            minutes = float(request.query_params.get("minutes", "60"))
-        except ValueError as exc:
-            raise serializers.ValidationError({"minutes": "must be a number"}) from exc
-        if not 0 < minutes <= 60 * 24 * 31:
-            raise serializers.ValidationError({"minutes": "must be between 0 and 44640"})
-        since = timezone.now() - dt.timedelta(minutes=minutes)
-        slis = version_slis(version=version, since=since)
-        return Response({"version": version.public_name, "minutes": minutes, **slis.as_dict()})
+        return Response(_alias_body(alias_named(name)))
 
 
 class DeploymentSerializer(serializers.Serializer[Any]):

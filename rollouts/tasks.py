@@ -1,10 +1,10 @@
-"""Celery control jobs of the registry: the periodic canary analysis."""
+"""Celery control jobs of rollouts: the periodic canary analysis."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from models_registry.rollouts import rollouts_analyze as _rollouts_analyze
+from rollouts.services import rollouts_analyze as _rollouts_analyze
 
 
 @shared_task

@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "safety",
     "inference",
     "billing",
+    "rollouts",
     "workers",
     "batches",
     "console",
@@ -210,7 +211,7 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
-        "task": "models_registry.tasks.rollouts_analyze",
+        "task": "rollouts.tasks.rollouts_analyze",
         "schedule": env_float("SWITCHYARD_ROLLOUT_ANALYSIS_SECONDS", 30.0),
     },
     # Drafts for the month that ended, at 01:00 UTC on the 1st; finance issues them.

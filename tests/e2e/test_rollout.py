@@ -284,8 +284,8 @@ def _long_stream(base_url: str, key: str, out: dict[str, Any], started: threadin
 def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_streams(
     canary, stack, world, usage_of, django_db_blocker
 ):
-    from models_registry.rollouts import rollout_start
-    from models_registry.tasks import rollouts_analyze
+    from rollouts.services import rollout_start
+    from rollouts.tasks import rollouts_analyze
 
     with django_db_blocker.unblock():
         rollout = rollout_start(
@@ -420,8 +420,8 @@ def test_a_healthy_canary_is_promoted_step_by_step(
     The latency guardrails are looser than the defaults here: with ~10 requests per side a
     p95 is close to the maximum, and this test is about the ramp, not the thresholds.
     """
-    from models_registry.rollouts import rollout_start
-    from models_registry.tasks import rollouts_analyze
+    from rollouts.services import rollout_start
+    from rollouts.tasks import rollouts_analyze
 
     with django_db_blocker.unblock():
         alias = Alias.objects.get(name=LORA_ALIAS)

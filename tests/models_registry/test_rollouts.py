@@ -22,8 +22,8 @@ from models_registry.models import (
     Rollout,
     RolloutState,
 )
-from models_registry.rollouts import rollout_analyze, rollout_start
 from models_registry.services import alias_set, deployment_create, model_version_register
+from rollouts.services import rollout_analyze, rollout_start
 from tenants.models import AuditEvent
 
 pytestmark = pytest.mark.django_db

@@ -8,8 +8,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from models_registry.models import Alias, Rollout
-from models_registry.rollouts import RolloutConflict, rollout_act, rollout_start, rollouts_analyze
 from models_registry.selectors import version_pinned
+from rollouts.services import RolloutConflict, rollout_act, rollout_start, rollouts_analyze
 
 ACTIONS = ("promote", "pause", "resume", "rollback")
 
