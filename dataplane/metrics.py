@@ -6,11 +6,38 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
+
+# Seconds, from a cache hit to a long generation; shared by every latency series (the frontend's
+# and the workers') so that stages add up bucket by bucket.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+# Time to first token: the SLO thresholds an operator may pick are bucket boundaries, so a
+# latency objective is an exact ratio of two counters.
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+
+# A request's stages: the frontend observes auth, preprocess, admission and relay; the worker
+# that runs it the queues, prefill and decode. One series, so a request's path reads as one.
+STAGES = (
+    "auth", "preprocess", "admission", "platform_queue", "engine_queue", "prefill", "decode",
+    "relay",
+)  # fmt: skip
+
+stage_seconds = Histogram(
+    "switchyard_stage_seconds",
+    "Time a request spent in one stage of its path.",
+    ["stage", "deployment"],
+    buckets=LATENCY_BUCKETS,
+)
 
 loop_failures = Counter(
     "switchyard_loop_failures",

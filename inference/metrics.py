@@ -13,37 +13,19 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Histogram
 
-# The frontend's long-lived loops count their failures in the data plane's series.
+# The frontend's long-lived loops count their failures in the data plane's series, and a
+# request's stages are one series that the frontend and the workers both observe.
+from dataplane.metrics import LATENCY_BUCKETS as LATENCY_BUCKETS
+from dataplane.metrics import STAGES as STAGES
+from dataplane.metrics import TTFT_BUCKETS as TTFT_BUCKETS
 from dataplane.metrics import loop_failures as loop_failures
+from dataplane.metrics import stage_seconds as stage_seconds
 
-# Seconds, from a cache hit to a long generation; shared by every latency series here so that
-# stages add up bucket by bucket.
-LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-)  # fmt: skip
-# Time to first token: the SLO thresholds an operator may pick are bucket boundaries, so a
-# latency objective is an exact ratio of two counters.
-TTFT_BUCKETS = (
-    0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0,
-)  # fmt: skip
 ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0,
 )  # fmt: skip
 
-STAGES = (
-    "auth", "preprocess", "admission", "platform_queue", "engine_queue", "prefill", "decode",
-    "relay",
-)  # fmt: skip
-
-stage_seconds = Histogram(
-    "switchyard_stage_seconds",
-    "Time a request spent in one stage of its path.",
-    ["stage", "deployment"],
-    buckets=LATENCY_BUCKETS,
-)
 request_seconds = Histogram(
     "switchyard_request_seconds",
     "End to end as the frontend sees it: request in to last byte out.",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from dataplane.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, stage_seconds
 from dataplane.types import Job, UsageEvent
-from inference.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, stage_seconds
 
 platform_ttft = Histogram(
     "switchyard_time_to_first_token_seconds",
