@@ -9,6 +9,9 @@ class BatchesConfig(AppConfig):
 
     def ready(self) -> None:
         from batches import signals  # noqa: F401  (resume batches when a Celery worker starts)
+        from batches.openapi import PART
         from batches.receivers import receivers_connect
+        from inference.openapi.parts import part_register
 
         receivers_connect()
+        part_register(PART)  # the /v1 document describes the file and batch operations

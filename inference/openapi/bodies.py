@@ -1,13 +1,11 @@
 """The request bodies of the /v1 API, as its OpenAPI document describes them.
 
-Written from what inference.params and the batch views accept; the limits are the ones the code
-enforces, imported where the code names them.
+Written from what inference.params accepts; the limits are the ones the code enforces, imported
+where the code names them. The batch views' bodies are batches.openapi's.
 """
 
 from __future__ import annotations
 
-from batches.models import FilePurpose
-from batches.services import ENDPOINTS
 from inference.openapi.schema import MAX_TOKENS, NO_NUL, Schema, integer, number, obj
 from inference.params import (
     ENCODING_FORMATS,
@@ -155,42 +153,4 @@ EMBEDDING_REQUEST: Schema = obj(
     },
     "model",
     "input",
-)
-
-BATCH_REQUEST: Schema = obj(
-    {
-        "input_file_id": {
-            "type": "string",
-            "pattern": NO_NUL,
-            "description": "A file uploaded with purpose batch.",
-        },
-        "endpoint": {"type": "string", "enum": list(ENDPOINTS)},
-        "completion_window": {
-            "type": "string",
-            "pattern": "^[0-9]{1,5}[mh]$",
-            "default": "24h",
-            "description": "From 1m to 168h.",
-        },
-        "metadata": {
-            "type": ["object", "null"],
-            "maxProperties": 16,
-            "propertyNames": {"pattern": NO_NUL},
-            "additionalProperties": {"type": "string", "maxLength": 512, "pattern": NO_NUL},
-        },
-    },
-    "input_file_id",
-    "endpoint",
-)
-
-FILE_UPLOAD: Schema = obj(
-    {
-        "file": {
-            "type": "string",
-            "contentMediaType": "application/octet-stream",
-            "description": "A JSONL file: one request per line, UTF-8, not empty.",
-        },
-        "purpose": {"type": "string", "enum": [FilePurpose.BATCH.value]},
-    },
-    "file",
-    "purpose",
 )

@@ -1,7 +1,8 @@
 """The OpenAPI document of the /v1 API, served at /v1/openapi.json.
 
 Put together from the operations (inference.openapi.paths), the request bodies
-(inference.openapi.bodies) and the objects answered (inference.openapi.objects).
+(inference.openapi.bodies), the objects answered (inference.openapi.objects) and the parts
+the apps above the API register (inference.openapi.parts: batches' files and batches).
 tests/security/test_schemathesis.py checks every answer of a running platform against it.
 """
 
@@ -12,8 +13,20 @@ import functools
 import msgspec
 
 from inference.openapi import bodies, objects
-from inference.openapi.paths import paths, responses
+from inference.openapi.parts import parts
+from inference.openapi.paths import model_paths, request_paths, responses
 from inference.openapi.schema import Schema
+
+
+def _merged(*sections: dict[str, Schema]) -> dict[str, Schema]:
+    """Join sections of paths or schemas in order; a name given twice is a mistake."""
+    merged: dict[str, Schema] = {}
+    for section in sections:
+        twice = merged.keys() & section.keys()
+        if twice:
+            raise ValueError(f"the OpenAPI document names {sorted(twice)} twice")
+        merged.update(section)
+    return merged
 
 
 def openapi_document() -> Schema:
@@ -27,7 +40,7 @@ def openapi_document() -> Schema:
             "an API key: `Authorization: Bearer rh-...`.",
         },
         "security": [{"bearerAuth": []}],
-        "paths": paths(),
+        "paths": _merged(model_paths(), *(part.paths() for part in parts()), request_paths()),
         "components": {
             "securitySchemes": {
                 "bearerAuth": {
@@ -57,24 +70,23 @@ def openapi_document() -> Schema:
                 },
             },
             "responses": responses(),
-            "schemas": {
-                "Error": objects.ERROR,
-                "Usage": objects.USAGE,
-                "ChatCompletionRequest": bodies.CHAT_REQUEST,
-                "CompletionRequest": bodies.COMPLETION_REQUEST,
-                "ChatCompletion": objects.CHAT_COMPLETION,
-                "ChatCompletionChunk": objects.CHAT_COMPLETION_CHUNK,
-                "TextCompletion": objects.TEXT_COMPLETION,
-                "TextCompletionChunk": objects.TEXT_COMPLETION_CHUNK,
-                "EmbeddingRequest": bodies.EMBEDDING_REQUEST,
-                "Embeddings": objects.EMBEDDINGS,
-                "Model": objects.MODEL,
-                "File": objects.FILE,
-                "FileUpload": bodies.FILE_UPLOAD,
-                "Batch": objects.BATCH,
-                "BatchRequest": bodies.BATCH_REQUEST,
-                "RequestStatus": objects.REQUEST_STATUS,
-            },
+            "schemas": _merged(
+                {
+                    "Error": objects.ERROR,
+                    "Usage": objects.USAGE,
+                    "ChatCompletionRequest": bodies.CHAT_REQUEST,
+                    "CompletionRequest": bodies.COMPLETION_REQUEST,
+                    "ChatCompletion": objects.CHAT_COMPLETION,
+                    "ChatCompletionChunk": objects.CHAT_COMPLETION_CHUNK,
+                    "TextCompletion": objects.TEXT_COMPLETION,
+                    "TextCompletionChunk": objects.TEXT_COMPLETION_CHUNK,
+                    "EmbeddingRequest": bodies.EMBEDDING_REQUEST,
+                    "Embeddings": objects.EMBEDDINGS,
+                    "Model": objects.MODEL,
+                },
+                *(part.schemas for part in parts()),
+                {"RequestStatus": objects.REQUEST_STATUS},
+            ),
         },
     }
 

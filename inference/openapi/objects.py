@@ -1,9 +1,10 @@
-"""The objects the /v1 API answers with, as its OpenAPI document describes them."""
+"""The objects the /v1 API answers with, as its OpenAPI document describes them.
+
+Files and batches are batches.openapi's.
+"""
 
 from __future__ import annotations
 
-from batches.models import BatchStatus, FilePurpose
-from batches.services import ENDPOINTS
 from inference.errors import ERROR_TYPES
 from inference.openapi.schema import Schema, obj, ref
 
@@ -197,61 +198,6 @@ MODEL: Schema = obj(
     "object",
     "created",
     "owned_by",
-)
-
-FILE: Schema = obj(
-    {
-        "id": {"type": "string"},
-        "object": {"const": "file"},
-        "bytes": {"type": "integer"},
-        "created_at": {"type": "integer"},
-        "filename": {"type": "string"},
-        "purpose": {"type": "string", "enum": list(FilePurpose.values)},
-        "status": {"const": "processed"},
-        "status_details": {"type": "null"},
-        "expires_at": {"type": "null"},
-    },
-    "id",
-    "object",
-    "bytes",
-    "created_at",
-    "filename",
-    "purpose",
-    "status",
-)
-
-_TIMESTAMP = {"type": ["integer", "null"]}
-_BATCH_MOMENTS = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
-                  "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip
-BATCH: Schema = obj(
-    {
-        "id": {"type": "string"},
-        "object": {"const": "batch"},
-        "endpoint": {"type": "string", "enum": list(ENDPOINTS)},
-        "errors": {"type": ["object", "null"]},
-        "input_file_id": {"type": "string"},
-        "completion_window": {"type": "string"},
-        "status": {"type": "string", "enum": list(BatchStatus.values)},
-        "output_file_id": {"type": ["string", "null"]},
-        "error_file_id": {"type": ["string", "null"]},
-        "created_at": {"type": "integer"},
-        **{name: _TIMESTAMP for name in _BATCH_MOMENTS},
-        "request_counts": obj(
-            {name: {"type": "integer"} for name in ("total", "completed", "failed")},
-            "total",
-            "completed",
-            "failed",
-        ),
-        "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-    },
-    "id",
-    "object",
-    "endpoint",
-    "input_file_id",
-    "completion_window",
-    "status",
-    "created_at",
-    "request_counts",
 )
 
 REQUEST_STATUS: Schema = obj(

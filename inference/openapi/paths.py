@@ -1,5 +1,9 @@
 """The operations of the /v1 API: its paths, their parameters and the answers each can give.
 
+The apps that serve /v1 operations of their own (batches: files and batches) describe them
+with the helpers here (ok, errors, list_of, path_parameter) and register them as a part
+(inference.openapi.parts).
+
 A stream's event is described the way OpenAPI 3.1 tools read `text/event-stream`: the schema is
 one event, and its `data` is JSON.
 """
@@ -13,7 +17,7 @@ REQUEST_ID_HEADER = {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
 VERSION_HEADER = {"x-switchyard-model-version": {"$ref": "#/components/headers/ModelVersion"}}
 
 
-def _ok(
+def ok(
     description: str, content: dict[str, Schema], headers: dict[str, Schema] | None = None
 ) -> Schema:
     return {
@@ -23,7 +27,7 @@ def _ok(
     }
 
 
-def _errors(*statuses: int) -> dict[str, Schema]:
+def errors(*statuses: int) -> dict[str, Schema]:
     return {str(status): {"$ref": f"#/components/responses/{status}"} for status in statuses}
 
 
@@ -70,7 +74,7 @@ def _event(*chunks: str) -> Schema:
     )
 
 
-def _list(item: str, **more: Schema) -> Schema:
+def list_of(item: str, **more: Schema) -> Schema:
     return obj(
         {"object": {"const": "list"}, "data": {"type": "array", "items": ref(item)}, **more},
         "object",
@@ -82,7 +86,7 @@ def _list(item: str, **more: Schema) -> Schema:
 # --- operations --------------------------------------------------------------------------------
 
 
-def _path(name: str, description: str) -> Schema:
+def path_parameter(name: str, description: str) -> Schema:
     return {
         "name": name,
         "in": "path",
@@ -105,7 +109,7 @@ _IDEMPOTENCY_KEY: Schema = {
     "request's answer (for 24 hours).",
     "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
 }
-_AUTH_ERRORS = (401, 403)
+AUTH_ERRORS = (401, 403)
 
 
 def _generation(chunk: str, body: str, result: str, summary: str) -> Schema:
@@ -115,7 +119,7 @@ def _generation(chunk: str, body: str, result: str, summary: str) -> Schema:
             "parameters": [_IDEMPOTENCY_KEY, _TIMEOUT_HEADER],
             "requestBody": {"required": True, "content": json_content(ref(body))},
             "responses": {
-                "200": _ok(
+                "200": ok(
                     "The completion, or its stream of chunks with stream=true.",
                     {
                         **json_content(ref(result)),
@@ -126,13 +130,14 @@ def _generation(chunk: str, body: str, result: str, summary: str) -> Schema:
                         "x-switchyard-cache": {"$ref": "#/components/headers/Cache"},
                     },
                 ),
-                **_errors(400, *_AUTH_ERRORS, 404, 409, 413, 422, 429, 503),
+                **errors(400, *AUTH_ERRORS, 404, 409, 413, 422, 429, 503),
             },
         }
     }
 
 
-def paths() -> dict[str, Schema]:
+def model_paths() -> dict[str, Schema]:
+    """The operations on models: generation, embeddings and the model list."""
     return {
         "/v1/chat/completions": _generation(
             "ChatCompletionChunk", "ChatCompletionRequest", "ChatCompletion", "Chat completion"
@@ -146,8 +151,8 @@ def paths() -> dict[str, Schema]:
                 "parameters": [_TIMEOUT_HEADER],
                 "requestBody": {"required": True, "content": json_content(ref("EmbeddingRequest"))},
                 "responses": {
-                    "200": _ok("The vectors.", json_content(ref("Embeddings")), VERSION_HEADER),
-                    **_errors(400, *_AUTH_ERRORS, 404, 413, 429, 503),
+                    "200": ok("The vectors.", json_content(ref("Embeddings")), VERSION_HEADER),
+                    **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
                 },
             }
         },
@@ -155,8 +160,8 @@ def paths() -> dict[str, Schema]:
             "get": {
                 "summary": "The models and aliases this platform serves",
                 "responses": {
-                    "200": _ok("Every model name.", json_content(_list("Model"))),
-                    **_errors(*_AUTH_ERRORS),
+                    "200": ok("Every model name.", json_content(list_of("Model"))),
+                    **errors(*AUTH_ERRORS),
                 },
             }
         },
@@ -173,125 +178,26 @@ def paths() -> dict[str, Schema]:
                     }
                 ],
                 "responses": {
-                    "200": _ok("The model.", json_content(ref("Model"))),
-                    **_errors(*_AUTH_ERRORS, 404),
+                    "200": ok("The model.", json_content(ref("Model"))),
+                    **errors(*AUTH_ERRORS, 404),
                 },
             }
         },
-        "/v1/files": {
-            "get": {
-                "summary": "The tenant's files, newest first (at most 100)",
-                "parameters": [
-                    {"name": "purpose", "in": "query", "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "200": _ok("The files.", json_content(_list("File"))),
-                    **_errors(*_AUTH_ERRORS),
-                },
-            },
-            "post": {
-                "summary": "Upload a batch input file",
-                "requestBody": {
-                    "required": True,
-                    "content": {"multipart/form-data": {"schema": ref("FileUpload")}},
-                },
-                "responses": {
-                    "200": _ok("The stored file.", json_content(ref("File"))),
-                    **_errors(400, *_AUTH_ERRORS, 413),
-                },
-            },
-        },
-        "/v1/files/{file_id}": {
-            "get": {
-                "summary": "A file",
-                "parameters": [_path("file_id", "The file's id.")],
-                "responses": {
-                    "200": _ok("The file.", json_content(ref("File"))),
-                    **_errors(*_AUTH_ERRORS, 404),
-                },
-            }
-        },
-        "/v1/files/{file_id}/content": {
-            "get": {
-                "summary": "A file's content",
-                "parameters": [_path("file_id", "The file's id.")],
-                "responses": {
-                    "200": _ok(
-                        "The JSONL content.",
-                        {"application/jsonl": {"schema": {"type": "string"}}},
-                        {"Content-Disposition": {"schema": {"type": "string"}}},
-                    ),
-                    **_errors(*_AUTH_ERRORS, 404),
-                },
-            }
-        },
-        "/v1/batches": {
-            "get": {
-                "summary": "The tenant's batches, newest first",
-                "parameters": [
-                    {
-                        "name": "after",
-                        "in": "query",
-                        "description": "The last batch id of the previous page.",
-                        "schema": {"type": "string"},
-                    },
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-                    },
-                ],
-                "responses": {
-                    "200": _ok(
-                        "A page of batches.",
-                        json_content(
-                            _list(
-                                "Batch",
-                                first_id={"type": ["string", "null"]},
-                                last_id={"type": ["string", "null"]},
-                                has_more={"type": "boolean"},
-                            )
-                        ),
-                    ),
-                    **_errors(400, *_AUTH_ERRORS, 404),
-                },
-            },
-            "post": {
-                "summary": "Run a file of requests at batch priority",
-                "requestBody": {"required": True, "content": json_content(ref("BatchRequest"))},
-                "responses": {
-                    "200": _ok("The batch, validating.", json_content(ref("Batch"))),
-                    **_errors(400, *_AUTH_ERRORS, 404, 413),
-                },
-            },
-        },
-        "/v1/batches/{batch_id}": {
-            "get": {
-                "summary": "A batch",
-                "parameters": [_path("batch_id", "The batch's id.")],
-                "responses": {
-                    "200": _ok("The batch.", json_content(ref("Batch"))),
-                    **_errors(*_AUTH_ERRORS, 404),
-                },
-            }
-        },
-        "/v1/batches/{batch_id}/cancel": {
-            "post": {
-                "summary": "Cancel a batch",
-                "parameters": [_path("batch_id", "The batch's id.")],
-                "responses": {
-                    "200": _ok("The batch, cancelling.", json_content(ref("Batch"))),
-                    **_errors(*_AUTH_ERRORS, 404, 409),
-                },
-            }
-        },
+    }
+
+
+def request_paths() -> dict[str, Schema]:
+    """The operations on one request (cancel it, stream it again) and on this document."""
+    return {
         "/v1/requests/{request_id}/cancel": {
             "post": {
                 "summary": "Cancel one of the tenant's requests",
-                "parameters": [_path("request_id", "The x-request-id (or the response id).")],
+                "parameters": [
+                    path_parameter("request_id", "The x-request-id (or the response id).")
+                ],
                 "responses": {
-                    "200": _ok("Whether it was still running.", json_content(ref("RequestStatus"))),
-                    **_errors(*_AUTH_ERRORS, 404, 503),
+                    "200": ok("Whether it was still running.", json_content(ref("RequestStatus"))),
+                    **errors(*AUTH_ERRORS, 404, 503),
                 },
             }
         },
@@ -299,7 +205,7 @@ def paths() -> dict[str, Schema]:
             "get": {
                 "summary": "Stream a recent request again, after the last event a client saw",
                 "parameters": [
-                    _path("request_id", "The x-request-id (or the response id)."),
+                    path_parameter("request_id", "The x-request-id (or the response id)."),
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
@@ -315,7 +221,7 @@ def paths() -> dict[str, Schema]:
                     },
                 ],
                 "responses": {
-                    "200": _ok(
+                    "200": ok(
                         "The rest of the stream.",
                         {
                             "text/event-stream": {
@@ -323,7 +229,7 @@ def paths() -> dict[str, Schema]:
                             }
                         },
                     ),
-                    **_errors(400, *_AUTH_ERRORS, 404, 503),
+                    **errors(400, *AUTH_ERRORS, 404, 503),
                 },
             }
         },
@@ -331,9 +237,7 @@ def paths() -> dict[str, Schema]:
             "get": {
                 "summary": "This document",
                 "security": [],
-                "responses": {
-                    "200": _ok("The OpenAPI document.", json_content({"type": "object"}))
-                },
+                "responses": {"200": ok("The OpenAPI document.", json_content({"type": "object"}))},
             }
         },
     }
