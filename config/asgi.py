@@ -32,7 +32,7 @@ async def http_application(scope: dict, receive: object, send: object) -> None:
 # is lazy and loads almost nothing), then move everything loaded so far out of the garbage
 # collector's reach: full collections over Django's, torch's and transformers' objects
 # otherwise stall the event loop for a quarter of a second every few seconds under load.
-# Loading a tokenizer freezes again what it added (inference.tokenization).
+# Loading a tokenizer freezes again what it added (models_registry.tokenizer).
 from transformers import AutoTokenizer  # noqa: E402, F401
 
 gc.collect()

@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from inference.errors import ApiError
-from inference.tokenization import Tokenizer
+from inference.tokenization import Tokenizer, tokenizer_for
+from models_registry import tokenizer as registry
 from models_registry.demo_model import demo_model_build
+from models_registry.tokenizer import (
+    ChatTemplateMissing,
+    ChatTemplateRejected,
+    TokenizerUnavailable,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +72,43 @@ def test_messages_a_template_refuses_are_a_400_naming_messages(model_dir, tmp_pa
     assert caught.value.param == "messages"
     assert "system first" in caught.value.message
     assert tokenizer.encode_chat([{"role": "system", "content": "x"}]) == []
+
+
+def test_the_registry_tokenizer_refuses_with_plain_errors_the_api_maps(model_dir, tmp_path):
+    """The registry's tokenizer knows no HTTP; the frontend's turns its refusals into 400s."""
+    strict = "{{ raise_exception('system first') }}"
+    directory = _with_template(model_dir, tmp_path / "strict", strict)
+    with pytest.raises(ChatTemplateRejected, match="system first") as caught:
+        registry.Tokenizer(directory).encode_chat([{"role": "user", "content": "hi"}])
+    assert not isinstance(caught.value, ApiError)
+
+    bare = _with_template(model_dir, tmp_path / "bare", "")
+    with pytest.raises(ChatTemplateMissing):
+        registry.Tokenizer(bare).render_chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(ApiError) as refused:
+        Tokenizer(bare).render_chat([{"role": "user", "content": "hi"}])
+    assert (refused.value.status, refused.value.code, refused.value.param) == (
+        400,
+        "chat_template_missing",
+        "model",
+    )
+
+
+def test_a_tokenizer_that_cannot_load_is_a_503_to_retry(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(TokenizerUnavailable):
+        registry.tokenizer_for(digest="0" * 64, directory=missing, kind=registry.Tokenizer)
+    with pytest.raises(ApiError) as caught:
+        tokenizer_for(digest="0" * 64, directory=missing)
+    assert (caught.value.status, caught.value.code) == (503, "tokenizer_unavailable")
+    assert caught.value.retry_after == 30
+
+
+def test_the_frontend_and_the_registry_cache_a_version_once_each(model_dir):
+    digest = "f" * 64
+    api = tokenizer_for(digest=digest, directory=model_dir)
+    assert isinstance(api, Tokenizer)
+    assert tokenizer_for(digest=digest, directory=model_dir) is api
+    plain = registry.tokenizer_for(digest=digest, directory=model_dir, kind=registry.Tokenizer)
+    assert type(plain) is registry.Tokenizer
+    assert plain.encode_text("hello") == api.encode_text("hello")

@@ -11,9 +11,8 @@ from django.db.models import Q
 from dataplane.frontdoor import FrontDoor
 from dataplane.redis_client import redis_client_new, redis_sync_client
 from dataplane.snapshots import live_workers_sync
-from inference.errors import ApiError
-from inference.tokenization import tokenizer_for
 from models_registry.models import Deployment, Rollout, RolloutState, Task
+from models_registry.tokenizer import Tokenizer, TokenizerUnavailable, tokenizer_for
 from tenants.models import Tenant
 from workers.capacity import Level
 from workers.loadgen import VOCABULARY_TEXT, Load, curve_measure
@@ -90,9 +89,11 @@ class Command(BaseCommand):
                 f"of {deployment.context_length} tokens"
             )
         try:
-            tokenizer = tokenizer_for(digest=version.digest, directory=version.artifact_dir)
-        except ApiError as exc:
-            raise CommandError(f"cannot load {version}'s tokenizer: {exc.message}") from exc
+            tokenizer = tokenizer_for(
+                digest=version.digest, directory=version.artifact_dir, kind=Tokenizer
+            )
+        except TokenizerUnavailable as exc:
+            raise CommandError(f"cannot load {version}'s tokenizer: {exc}") from exc
         run = uuid.uuid4()
         load = Load(
             deployment=name,
