@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,8 +27,15 @@ def test_no_app_imports_from_a_layer_above_it():
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
-def test_an_upward_import_breaks_the_contract(tmp_path):
-    # A copy of the project in which tenants, a ground app, imports billing, above it.
+@pytest.mark.parametrize(
+    ("module", "imported"),
+    [
+        ("tenants.selectors", "billing.models"),  # a ground app imports one above it
+        ("workers.services", "inference.errors"),  # siblings in a layer: none imports another
+    ],
+)
+def test_an_upward_or_sideways_import_breaks_the_contract(tmp_path, module, imported):
+    # A copy of the project in which one module imports what its layer may not.
     for name in ("pyproject.toml", "config", "dataplane", "tenants", "models_registry",
                  "billing", "privacy", "safety", "rollouts", "inference", "workers", "batches",
                  "console", "embedded"):  # fmt: skip
@@ -35,8 +44,8 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
             shutil.copytree(source, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(source, tmp_path / name)
-    selectors = tmp_path / "tenants" / "selectors.py"
-    selectors.write_text(selectors.read_text() + "\nfrom billing.models import UsageRecord\n")
+    changed = tmp_path / (module.replace(".", "/") + ".py")
+    changed.write_text(changed.read_text() + f"\nimport {imported}\n")
     linted = _lint_imports(cwd=tmp_path)
     assert linted.returncode == 1
-    assert "tenants.selectors -> billing.models" in linted.stdout
+    assert f"{module} -> {imported}" in linted.stdout
