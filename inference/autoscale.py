@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import redis
 
 from dataplane.keys import autoscale_key
+from dataplane.scripts import AUTOSCALE_HYSTERESIS
 from dataplane.snapshots import QueueSnapshot
 
 
@@ -44,37 +45,12 @@ def replicas_needed(snapshot: QueueSnapshot, policy: ScalingPolicy) -> int:
     return min(max(raw, policy.min_replicas), policy.max_replicas)
 
 
-# KEYS[1]: the state hash. ARGV: raw, now, window seconds. Up at once; down only after raw has
-# stayed below the current value for the whole window, and then to the highest raw seen in it.
-_HYSTERESIS = """
-local raw, now, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local desired = tonumber(redis.call('HGET', KEYS[1], 'desired') or '')
-if desired == nil or raw >= desired then
-  redis.call('HSET', KEYS[1], 'desired', raw, 'below_since', '', 'window_max', raw)
-  return raw
-end
-local since = tonumber(redis.call('HGET', KEYS[1], 'below_since') or '')
-local peak = tonumber(redis.call('HGET', KEYS[1], 'window_max') or '') or raw
-if since == nil then
-  redis.call('HSET', KEYS[1], 'below_since', now, 'window_max', raw)
-  return desired
-end
-peak = math.max(peak, raw)
-if now - since >= window then
-  redis.call('HSET', KEYS[1], 'desired', peak, 'below_since', now, 'window_max', raw)
-  return peak
-end
-redis.call('HSET', KEYS[1], 'window_max', peak)
-return desired
-"""
-
-
 class Autoscaler:
     """The desired replica count of deployments, with scale-down hysteresis kept in Redis."""
 
     def __init__(self, client: redis.Redis, *, scale_down_seconds: float) -> None:
         self.scale_down_seconds = scale_down_seconds
-        self._script = client.register_script(_HYSTERESIS)
+        self._script = client.register_script(AUTOSCALE_HYSTERESIS)
 
     def desired(
         self, *, deployment: str, snapshot: QueueSnapshot, policy: ScalingPolicy, now: float

@@ -18,23 +18,13 @@ from typing import Any
 import redis.asyncio as aredis
 
 from dataplane.keys import idempotency_key
+from dataplane.scripts import IDEMPOTENCY_BEGIN
 from inference.errors import ApiError
 
 KEY_TTL_SECONDS = 24 * 3600
 # How long a key stays claimed by a request that has not yet been queued (its frontend may die).
 _PENDING_TTL_SECONDS = 60
 MAX_KEY_LENGTH = 255
-
-_BEGIN = """
-local body = redis.call('HGET', KEYS[1], 'body')
-if not body then
-  redis.call('HSET', KEYS[1], 'body', ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
-  return {'new'}
-end
-if body ~= ARGV[1] then return {'mismatch'} end
-return {'seen', redis.call('HGETALL', KEYS[1])}
-"""
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ def record_key(tenant_id: int, key: str) -> str:
 class Idempotency:
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
-        self._begin = client.register_script(_BEGIN)
+        self._begin = client.register_script(IDEMPOTENCY_BEGIN)
 
     async def begin(self, *, tenant_id: int, key: str, digest: str) -> Original | None:
         """Claim a key for a new request (None), or return the request that already has it.
