@@ -47,20 +47,15 @@ from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
 from dataplane.types import Event
 from inference import relay
+from inference.admission import Submitted, request_ended
 from inference.auth import Principal, principal_of_key
+from inference.clients import dispatch_get, quotas_get
 from inference.content_policy import policy_get
 from inference.errors import ApiError
 from inference.openai_format import Formatter
 from inference.params import embeddings_parse, generation_parse
 from inference.results import completion_collect, embeddings_collect
-from inference.services import (
-    Submitted,
-    dispatch_get,
-    embedding_submit,
-    generation_submit,
-    quotas_get,
-    request_ended,
-)
+from inference.submission import embedding_submit, generation_submit
 
 log = logging.getLogger(__name__)
 # Refusals that mean "not now" (limits, a full or absent deployment): the line waits and retries.

@@ -16,16 +16,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
+from inference.admission import ratelimit_headers, request_count, request_id_new
 from inference.asgi import CHECKED_PRINCIPAL
 from inference.auth import Principal, authenticate, scope_check
+from inference.clients import quotas_get
 from inference.errors import ApiError
 from inference.metrics import RequestClock, requests_total
-from inference.services import (
-    quotas_get,
-    ratelimit_headers,
-    request_count,
-    request_id_new,
-)
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()

@@ -14,9 +14,10 @@ from dataplane.frontdoor import FrontDoor, Whereabouts
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.replies import ReaderFailed
 from dataplane.types import Delta, Event, Failed, Finished, Started
+from inference.admission import CacheUse, Submitted, content_keep
+from inference.clients import responses_get
 from inference.content_policy import output_filtered
 from inference.response_cache import Stored
-from inference.services import CacheUse, Submitted, content_keep, responses_get
 from safety.policy import Policy
 
 log = logging.getLogger(__name__)

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 
 from dataplane.types import Delta, Embeddings, Event, Failed, Finished
+from inference.admission import request_failure
 from inference.errors import ApiError
 from inference.openai_format import Formatter, embeddings_body
 from inference.params import EmbeddingRequest
-from inference.services import request_failure
 
 _json = msgspec.json.Encoder()
 OnEnd = Callable[[Finished | Failed], None] | None

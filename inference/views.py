@@ -19,7 +19,9 @@ from dataplane.background import loops_failing, spawn
 from dataplane.replies import entry_id_parse
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
+from inference.admission import request_ended, request_failure
 from inference.auth import Principal
+from inference.clients import dispatch_get, idempotency_get, model_names_get, routing_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
@@ -45,17 +47,7 @@ from inference.params import (
     generation_parse,
 )
 from inference.results import OnEnd, completion_collect, embeddings_collect, events_close
-from inference.services import (
-    dispatch_get,
-    embedding_submit,
-    generation_submit,
-    idempotency_get,
-    model_names_get,
-    ratelimit_headers,
-    request_ended,
-    request_failure,
-    routing_get,
-)
+from inference.submission import embedding_submit, generation_submit
 from models_registry.selectors import version_served_name
 from tenants.models import Scope
 
@@ -95,8 +87,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
     )
     clock.skip()
     response = json_response(body)
-    response["x-switchyard-model-version"] = route.version
-    for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
+    for name, value in submitted.headers().items():
         response[name] = value
     return response
 
@@ -144,10 +135,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     else:
         response = await _collect(events, formatter, on_end)
         clock.skip()
-    response["x-switchyard-model-version"] = submitted.route.version
-    if submitted.cache is not None:
-        response["x-switchyard-cache"] = "hit" if submitted.cache.hit else "miss"
-    for name, value in ratelimit_headers(principal.limits, submitted.decision).items():
+    for name, value in submitted.headers().items():
         response[name] = value
     return response
 

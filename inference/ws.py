@@ -30,17 +30,13 @@ from config.json_body import BodyProblem, json_check, json_load, shown
 from dataplane.tracing import TraceContext, bind, trace_start
 from dataplane.types import Delta, Failed, Finished
 from inference import relay
+from inference.admission import request_ended, request_failure, request_id_new
 from inference.auth import Principal, authenticate
+from inference.clients import dispatch_get
 from inference.errors import ApiError
 from inference.params import CHAT, COMPLETIONS, body_problem, generation_parse
 from inference.results import events_close
-from inference.services import (
-    dispatch_get,
-    generation_submit,
-    request_ended,
-    request_failure,
-    request_id_new,
-)
+from inference.submission import generation_submit
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)

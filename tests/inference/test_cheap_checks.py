@@ -24,7 +24,7 @@ from config.db import db_call
 from inference import auth
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
-from inference.services import generation_submit
+from inference.submission import generation_submit
 from inference.tokenization import Tokenizer
 from tenants.keys import PREFIX, token_parse
 from tenants.services import api_key_issue, tenant_create

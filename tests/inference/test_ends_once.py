@@ -37,7 +37,7 @@ from dataplane.frontdoor import FrontDoor
 from dataplane.quotas import MICROS, month_of
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
-from inference import endpoint, services, ws
+from inference import endpoint, submission, ws
 from inference.idempotency import Idempotency
 from inference.openai_format import Formatter
 from inference.routing import websocket_urlpatterns
@@ -95,13 +95,13 @@ def tenant(world: Any, django_db_blocker: Any) -> tuple[int, str]:
 @pytest.fixture
 def lane(tenant: tuple[int, str], monkeypatch: pytest.MonkeyPatch) -> Lane:
     deployment = f"ends-{uuid.uuid4().hex[:8]}"
-    real_routing_get = services.routing_get
+    real_routing_get = submission.routing_get
 
     async def routing_get(name: str) -> Routing:
         routing = await real_routing_get(name)
         return Routing(primary=dataclasses.replace(routing.primary, deployment=deployment))
 
-    monkeypatch.setattr(services, "routing_get", routing_get)
+    monkeypatch.setattr(submission, "routing_get", routing_get)
     return Lane(tenant_id=tenant[0], key=tenant[1], deployment=deployment)
 
 
@@ -479,7 +479,7 @@ def test_text_the_queue_cannot_encode_is_a_400_that_reserves_nothing(lane, monke
         async with _worker(lane, _Engine()) as dispatch:
             spent_before = await _spent(dispatch, lane)
             with monkeypatch.context() as patch:
-                patch.setattr(services, "encode", encode)
+                patch.setattr(submission, "encode", encode)
                 response = await AsyncClient().post(
                     "/v1/chat/completions",
                     _body(False),

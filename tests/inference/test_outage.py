@@ -11,7 +11,7 @@ from django.db import OperationalError
 from django.test import AsyncClient
 
 from config import db
-from inference import services
+from inference import clients
 from tests.conftest import ALIAS
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ async def test_an_unreachable_queue_store_is_a_fast_503_not_a_500(world, setting
     # This process's data-plane clients are made anew against the dead address, and all of
     # them are put back afterwards (a client left behind would point at the dead address).
     for name in ("_dispatch", "_quotas", "_idempotency", "_responses"):
-        monkeypatch.setattr(services, name, None)
+        monkeypatch.setattr(clients, name, None)
     client = AsyncClient()
     started = time.monotonic()
     response = await client.post(

@@ -6,7 +6,7 @@ import time
 
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.types import Job, Sampling
-from inference.services import _refusal_error
+from inference.admission import refusal_error
 
 
 def _job(seconds: float) -> Job:
@@ -32,7 +32,7 @@ def test_each_refusal_has_its_own_code_and_a_retry_after():
         Refusal.DEADLINE_UNATTAINABLE: "deadline_unattainable",
     }
     for reason, code in cases.items():
-        error = _refusal_error(Refused(reason, 12_000), model="m", job=_job(2.0))
+        error = refusal_error(Refused(reason, 12_000), model="m", job=_job(2.0))
         response = error.response()
         assert (response.status_code, error.code) == (503, code)
         assert int(response["Retry-After"]) >= 1
@@ -40,7 +40,7 @@ def test_each_refusal_has_its_own_code_and_a_retry_after():
 
 
 def test_an_unattainable_deadline_says_how_long_the_wait_is():
-    error = _refusal_error(
+    error = refusal_error(
         Refused(Refusal.DEADLINE_UNATTAINABLE, estimated_wait_ms=12_000), model="m", job=_job(2)
     )
     assert "12.0 s" in error.message and "2.0 s" in error.message

@@ -1,4 +1,8 @@
-"""Admit a generation request: route it, tokenise it, check its limits, and enqueue it."""
+"""Submit a request: route it, tokenise it, build its job, admit it and enqueue it.
+
+A generation or embeddings request becomes a job here; its admission against its tenant's
+limits is in inference.admission, the shared clients and route cache in inference.clients.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,17 @@ import json
 import logging
 import math
 import time
-import uuid
 from dataclasses import dataclass
 
 import msgspec
 from django.conf import settings
 
-from billing.selectors import tenant_month_spend_micros
-from billing.services import price_current
-from config.db import db_call
-from config.json_body import shown
 from dataplane.background import spawn
-from dataplane.frontdoor import FrontDoor, Refusal, Refused
-from dataplane.quotas import Decision, Limits, Quotas, Usage, cost_micros
-from dataplane.redis_client import redis_client_new
+from dataplane.frontdoor import Refusal
+from dataplane.quotas import Decision, Usage
 from dataplane.tracing import TraceContext
 from dataplane.types import (
     Delta,
-    Failed,
     Finished,
     Job,
     Sampling,
@@ -33,138 +30,30 @@ from dataplane.types import (
     encode,
     usage_for,
 )
+from inference.admission import (
+    CacheUse,
+    Submitted,
+    admit,
+    queue_full_error,
+    ratelimit_headers,
+    refusal_error,
+    request_abandon,
+    route_cost,
+)
 from inference.auth import Principal
-from inference.cache import RefreshingCache
+from inference.clients import dispatch_get, idempotency_get, quotas_get, responses_get, routing_get
 from inference.content_policy import input_screen, policy_get
 from inference.errors import ApiError, invalid
-from inference.idempotency import KEY_TTL_SECONDS, Idempotency, Original
+from inference.idempotency import KEY_TTL_SECONDS, Original
 from inference.metrics import RequestClock, admission_decided
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
-from inference.response_cache import ResponseCache, Stored, cache_key, cacheable
+from inference.response_cache import Stored, cache_key, cacheable
 from inference.tokenization import tokenizer_for
 from models_registry.models import Task
-from models_registry.selectors import Route, Routing, model_names_list, routing_resolve
-from privacy.services import content_retain
-from safety.policy import Policy
+from models_registry.selectors import Route
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
-_dispatch: FrontDoor | None = None
-_quotas: Quotas | None = None
-_idempotency: Idempotency | None = None
-_responses: ResponseCache | None = None
-_dispatch_loop: asyncio.AbstractEventLoop | None = None
-
-
-def dispatch_get() -> FrontDoor:
-    """Return this process's data-plane client, bound to the running loop."""
-    global _dispatch, _quotas, _idempotency, _responses, _dispatch_loop
-    loop = asyncio.get_running_loop()
-    if _dispatch is None or _quotas is None or _dispatch_loop is not loop:
-        client = redis_client_new()
-        _dispatch = FrontDoor(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
-        _quotas = Quotas(client)
-        _idempotency = Idempotency(client)
-        _responses = ResponseCache(client)
-        _dispatch_loop = loop
-    return _dispatch
-
-
-def idempotency_get() -> Idempotency:
-    """Return this process's Idempotency-Key store, bound to the running loop."""
-    dispatch_get()
-    assert _idempotency is not None
-    return _idempotency
-
-
-def responses_get() -> ResponseCache:
-    """Return this process's response cache, bound to the running loop."""
-    dispatch_get()
-    assert _responses is not None
-    return _responses
-
-
-def quotas_get() -> Quotas:
-    """Return this process's quota client, bound to the running loop."""
-    dispatch_get()
-    assert _quotas is not None
-    return _quotas
-
-
-def request_id_new() -> str:
-    return uuid.uuid4().hex
-
-
-def _routing_load(name: str) -> Routing | None:
-    return routing_resolve(name=name, price_of=price_current)
-
-
-_routings: RefreshingCache[str, Routing | None] = RefreshingCache(
-    _routing_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0, kind="routes"
-)
-
-
-def _model_names_load(_: None) -> list[tuple[str, int]]:
-    return model_names_list()
-
-
-# Built from the same rows as routes, so the same change messages mark it stale.
-_model_names: RefreshingCache[None, list[tuple[str, int]]] = RefreshingCache(
-    _model_names_load,
-    ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS,
-    grace=30.0,
-    kind="routes",
-)
-
-
-async def model_names_get() -> list[tuple[str, int]]:
-    """Return every name a client can call, with its created time, cached like routes."""
-    return await _model_names.get(None)
-
-
-async def routing_get(name: str) -> Routing:
-    """Return where a model name routes, cached briefly, or raise 404."""
-    routing = await _routings.get(name)
-    if routing is None:
-        if "@" in name:
-            model, _, version = name.partition("@")
-            message = (
-                f"The model '{shown(model)}' has no version '{shown(version)}' (pin a version by "
-                "its label or at least 8 characters of its id), or you do not have access to it."
-            )
-        else:
-            message = f"The model '{shown(name)}' does not exist or you do not have access to it."
-        raise ApiError(404, "model_not_found", message, param="model")
-    return routing
-
-
-@dataclass(frozen=True)
-class CacheUse:
-    """How a request uses its tenant's response cache: answered from it, or to fill it."""
-
-    key: str
-    seconds: int
-    hit: bool
-    bill_percent: int = 100
-
-
-@dataclass(frozen=True)
-class Submitted:
-    job: Job
-    route: Route
-    principal: Principal
-    decision: Decision
-    idempotency_key: str | None = None
-    cache: CacheUse | None = None
-    # The prompt as the client sent it, kept only for a tenant that retains its text.
-    prompt_text: str | None = None
-    policy: Policy | None = None  # the tenant's safety policy, which filters the output
-
-    @property
-    def bill_percent(self) -> int:
-        """The share of the full price this request bills."""
-        return self.cache.bill_percent if self.cache is not None and self.cache.hit else 100
-
 
 _INLINE_TOKENIZE_CHARS = 16_000
 # After a queue_full refusal this frontend refuses that deployment's requests at once for a
@@ -306,7 +195,7 @@ async def generation_submit(
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
-        raise _queue_full(request.model, deployment=route.deployment)
+        raise queue_full_error(request.model, deployment=route.deployment)
     policy = await policy_get(tenant_id=principal.tenant_id, model=request.model)
     request = await input_screen(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
@@ -452,11 +341,11 @@ async def _job_submit(
     try:
         reserve = Usage(
             tokens=job.reserved_tokens,
-            cost_micros=_cost(
+            cost_micros=route_cost(
                 route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
             ),
         )
-        decision = await _admit(
+        decision = await admit(
             principal=principal,
             request_id=job.request_id,
             reserve=reserve,
@@ -506,7 +395,7 @@ async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None 
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
             _full_until[route.deployment] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
-        raise _refusal_error(refused, model=model, job=job)
+        raise refusal_error(refused, model=model, job=job)
 
 
 async def _answer_from_cache(*, job: Job, use: CacheUse, answer: Stored) -> None:
@@ -606,7 +495,7 @@ async def embedding_submit(
             f"'{request.model}' returns vectors of {allowed} dimensions, not {request.dimensions}.",
         )
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
-        raise _queue_full(request.model, deployment=route.deployment)
+        raise queue_full_error(request.model, deployment=route.deployment)
     context = min(route.context_length, principal.max_context_tokens)
     if sum(len(i) for i in request.inputs) > _INLINE_TOKENIZE_CHARS:
         inputs = await asyncio.to_thread(_input_ids, request, route, context=context)
@@ -675,221 +564,3 @@ async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> 
             log.info("shadow copy of %s not queued: %s", job.request_id, refused.reason)
     except Exception:
         log.warning("shadow copy of %s failed", job.request_id, exc_info=True)
-
-
-def _queue_full(model: str, *, deployment: str | None = None) -> ApiError:
-    """The fast refusal of a full queue; counted here when no enqueue attempt counts it."""
-    if deployment is not None:
-        admission_decided(deployment=deployment, reason="queue_full")
-    return ApiError(
-        503,
-        "queue_full",
-        f"'{model}' has more work waiting than it accepts; retry shortly.",
-        retry_after=1,
-    )
-
-
-def _refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
-    """The 503 that tells a client the platform, not its tenant, cannot take the request."""
-    if refused.reason is Refusal.QUEUE_FULL:
-        return _queue_full(model)
-    if refused.reason is Refusal.DEADLINE_UNATTAINABLE:
-        wait = refused.estimated_wait_ms / 1000
-        allowed = job.deadline - job.enqueued_at
-        return ApiError(
-            503,
-            "deadline_unattainable",
-            f"'{model}' has about {wait:.1f} s of work queued ahead of this request, longer "
-            f"than its {allowed:.1f} s deadline; retry later or allow more time.",
-            retry_after=max(1, math.ceil(wait - allowed)),
-        )
-    return ApiError(
-        503,
-        "model_unavailable",
-        f"No worker is serving '{model}' right now; retry shortly.",
-        retry_after=5,
-    )
-
-
-def _cost(route: Route, *, prompt: int, completion: int) -> int:
-    return cost_micros(
-        price_input_per_1k=route.price_input_per_1k,
-        price_output_per_1k=route.price_output_per_1k,
-        prompt=prompt,
-        completion=completion,
-    )
-
-
-_REJECTIONS = {
-    "rate_limit_exceeded": "You have sent too many requests this minute.",
-    "tokens_per_minute_exceeded": "This request would exceed your tokens-per-minute limit.",
-    "concurrency_limit_exceeded": "You have too many requests in flight.",
-    "budget_exceeded": "Your monthly budget is spent.",
-}
-
-
-async def request_count(*, principal: Principal) -> Decision:
-    """Count a request against its tenant's requests per minute, or raise the 429.
-
-    Called as soon as an API request's key is known, before its body is parsed or tokenised:
-    a request that fails later (a bad body, a prompt too long, a refusal) has still counted,
-    so a flood of bad requests throttles its own tenant only.
-    """
-    decision = await quotas_get().take_request(
-        tenant_id=principal.tenant_id, limits=principal.limits
-    )
-    if not decision.admitted:
-        raise _limit_error(principal, decision)
-    return decision
-
-
-async def _admit(
-    *, principal: Principal, request_id: str, reserve: Usage, request_taken: bool = False
-) -> Decision:
-    """Reserve the request's share of its tenant's limits or raise the 429 that explains why.
-
-    With `request_taken`, `request_count` counted the request already.
-    """
-
-    async def attempt(spent: int | None) -> Decision | None:
-        return await quotas_get().admit(
-            tenant_id=principal.tenant_id,
-            request_id=request_id,
-            limits=principal.limits,
-            reserve=reserve,
-            lease_seconds=settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS + 60,
-            spent_this_month=spent,
-            request_taken=request_taken,
-        )
-
-    decision = await attempt(None)
-    if decision is None:
-        # Redis has no spend for this month yet: start it from the usage records.
-        decision = await attempt(
-            await db_call(tenant_month_spend_micros, tenant_id=principal.tenant_id)
-        )
-        assert decision is not None
-    if decision.admitted:
-        return decision
-    raise _limit_error(principal, decision)
-
-
-def _limit_error(principal: Principal, decision: Decision) -> ApiError:
-    """The 429 that says which of its tenant's limits refused a request, and for how long."""
-    reason = decision.reason or "rate_limit_exceeded"
-    retry_ms = {
-        "rate_limit_exceeded": decision.reset_requests_ms,
-        "tokens_per_minute_exceeded": decision.reset_tokens_ms,
-        "concurrency_limit_exceeded": 1000,
-    }.get(reason, -1)
-    return ApiError(
-        429,
-        reason,
-        _REJECTIONS[reason],
-        retry_after=retry_ms / 1000 if retry_ms > 0 else None,
-        headers=ratelimit_headers(principal.limits, decision),
-    )
-
-
-# Failures that happen after admission; none of them is the client's fault.
-_FAILURE_STATUS = {
-    "timeout": 503,
-    "deadline_exceeded": 503,
-    "worker_lost": 503,
-    "engine_error": 503,
-    "adapter_unavailable": 503,
-    "cancelled": 503,
-}
-
-
-def request_failure(event: Failed) -> ApiError:
-    """The error a client sees for a request that failed after it was admitted."""
-    return ApiError(_FAILURE_STATUS.get(event.code, 503), event.code, event.message, retry_after=1)
-
-
-def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
-    """Settle a request's reservation; free its Idempotency-Key if it failed."""
-    spawn(usage_settle(submitted, event))
-    key = submitted.idempotency_key
-    if key is not None and isinstance(event, Failed):
-        spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
-
-
-async def request_abandon(job: Job) -> None:
-    """End an admitted request whose submission or relay failed half-way; settle what it holds.
-
-    The data plane finishes it here when no worker has it (an `internal_error` billed nothing:
-    its one usage record) and its reservation goes back at once; a worker running it is told
-    to cancel, and its end settles it as any end does. Spawn it: it runs on when its caller is
-    a cancelled task. If Redis fails as well, the queue's deadline and the admission lease
-    settle the request later.
-    """
-    try:
-        if await dispatch_get().abandon(job):
-            await quotas_get().release(
-                tenant_id=job.tenant_id,
-                request_id=job.request_id,
-                admitted_at=job.enqueued_at,
-                used=Usage(tokens=0, cost_micros=0),
-            )
-    except Exception:
-        log.warning("could not end the abandoned request %s", job.request_id, exc_info=True)
-
-
-async def content_keep(submitted: Submitted, completion: str) -> None:
-    """Store an ended request's text for a tenant that retains it; never fail the request."""
-    if submitted.prompt_text is None:
-        return
-    try:
-        await db_call(
-            content_retain,
-            tenant_id=submitted.job.tenant_id,
-            request_id=submitted.job.request_id,
-            prompt=submitted.prompt_text,
-            completion=completion,
-            retention_days=submitted.principal.retention_days,
-        )
-    except Exception:
-        # The text itself is never logged, only that it could not be kept.
-        log.warning("could not retain the text of %s", submitted.job.request_id, exc_info=True)
-
-
-async def usage_settle(submitted: Submitted, event: Finished | Failed) -> None:
-    """Settle an ended request's reservation to what it used (the ingester does it otherwise).
-
-    Not on the frontend's own timeout or a relay that failed: the worker may still be producing
-    tokens then, and the ingester settles to the count it finally bills.
-    """
-    if isinstance(event, Failed) and event.code in ("timeout", "relay_failed"):
-        return
-    full = _cost(submitted.route, prompt=event.prompt_tokens, completion=event.completion_tokens)
-    used = Usage(
-        tokens=event.prompt_tokens + event.completion_tokens,
-        cost_micros=full * submitted.bill_percent // 100,
-    )
-    await quotas_get().release(
-        tenant_id=submitted.job.tenant_id,
-        request_id=submitted.job.request_id,
-        admitted_at=submitted.job.enqueued_at,
-        used=used,
-    )
-
-
-def _duration(ms: int) -> str:
-    """Format a wait as OpenAI's headers do: `250ms`, `1.5s`, `6m0s`."""
-    if ms < 1000:
-        return f"{max(ms, 0)}ms"
-    minutes, seconds = divmod(ms / 1000, 60)
-    return f"{int(minutes)}m{seconds:.0f}s" if minutes else f"{seconds:g}s"
-
-
-def ratelimit_headers(limits: Limits, decision: Decision) -> dict[str, str]:
-    """Return the x-ratelimit-* headers of a response."""
-    return {
-        "x-ratelimit-limit-requests": str(limits.requests_per_minute),
-        "x-ratelimit-remaining-requests": str(decision.remaining_requests),
-        "x-ratelimit-reset-requests": _duration(decision.reset_requests_ms),
-        "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
-        "x-ratelimit-remaining-tokens": str(decision.remaining_tokens),
-        "x-ratelimit-reset-tokens": _duration(max(decision.reset_tokens_ms, 0)),
-    }
