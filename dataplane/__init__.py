@@ -15,7 +15,8 @@ limits carry the tenant in the same way.
 - finish: reply events and the exactly-once finish of a request.
 - reaper: lapsed leases and overdue queued jobs.
 - usage: the usage streams the ingesters read.
-- snapshots: what control-plane code reads of a queue, synchronously.
+- snapshots: what control-plane code reads of a queue, synchronously; autoscale: the
+  workers a deployment needs, from a snapshot, with its hysteresis kept in Redis.
 - quotas: per-tenant limits; replies: one reader per deployment for followed reply streams;
   changes: control-plane change notices; redis_client, background, metrics, tracing: the
   plumbing (log redaction, which knows the API keys' shape, is config.log_redaction's).

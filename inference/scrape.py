@@ -20,9 +20,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, mult
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dataplane.autoscale import Autoscaler, ScalingPolicy
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import queue_snapshot_sync
-from inference.autoscale import Autoscaler, ScalingPolicy
 from models_registry.models import Deployment
 
 log = logging.getLogger(__name__)

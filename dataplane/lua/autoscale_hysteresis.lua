@@ -1,4 +1,4 @@
--- The autoscaling signal's scale-down hysteresis (inference.autoscale.Autoscaler).
+-- The autoscaling signal's scale-down hysteresis (dataplane.autoscale.Autoscaler).
 -- KEYS[1]: the state hash. ARGV: raw, now, window seconds. Up at once; down only after raw has
 -- stayed below the current value for the whole window, and then to the highest raw seen in it.
 local raw, now, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])

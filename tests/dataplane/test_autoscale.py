@@ -10,9 +10,9 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
+from dataplane.autoscale import Autoscaler, ScalingPolicy, replicas_needed
 from dataplane.snapshots import QueueSnapshot, queue_snapshot_sync
 from dataplane.types import Finished, Job, Sampling, Status, usage_for
-from inference.autoscale import Autoscaler, ScalingPolicy, replicas_needed
 from tests.dataplane.roles import Roles, roles
 
 POLICY = ScalingPolicy(target_wait_seconds=2.0, min_replicas=1, max_replicas=10)
