@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Run Switchyard's management commands."""
+"""Run Roundhouse's management commands."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Run a batch's lines through the platform at batch priority, one time-boxed step at a time.
 
 A step holds the batch's lease (a Redis lock), so one runner at a time drives a batch. It keeps
-up to SWITCHYARD_BATCH_IN_FLIGHT lines admitted: each through the same admission as an API call
+up to ROUNDHOUSE_BATCH_IN_FLIGHT lines admitted: each through the same admission as an API call
 (quotas, fair dispatch, usage), queued in the `batch` class so interactive work always goes
 first. When its time is up it leaves its admitted lines running and the next step follows them.
 
@@ -123,7 +123,7 @@ class BatchRun:
         return False
 
     async def _top_up(self, principal: Principal) -> None:
-        room = settings.SWITCHYARD_BATCH_IN_FLIGHT - len(self.in_flight)
+        room = settings.ROUNDHOUSE_BATCH_IN_FLIGHT - len(self.in_flight)
         if room <= 0 or time.monotonic() < self.retry_at:
             return
         lines = await db_call(_claim, batch=self.batch, limit=room)
@@ -361,13 +361,13 @@ async def batch_step(batch_id: str) -> bool | None:
     if batch is None or batch.ended:
         return True
     redis = dispatch_get().redis
-    lease = settings.SWITCHYARD_BATCH_LEASE_SECONDS
+    lease = settings.ROUNDHOUSE_BATCH_LEASE_SECONDS
     lock = Lock(redis, lease_name(batch_id), timeout=lease, blocking=False)
     try:
         if not await lock.acquire():
             return None
         try:
-            until = time.monotonic() + settings.SWITCHYARD_BATCH_STEP_SECONDS
+            until = time.monotonic() + settings.ROUNDHOUSE_BATCH_STEP_SECONDS
             return await BatchRun(batch, lock, until=until).step()
         finally:
             with contextlib.suppress(LockError):
@@ -396,7 +396,7 @@ async def batch_step_failed(batch_id: str, *, give_up: bool) -> bool:
     else:
         return False
     dispatch = dispatch_get()
-    lease = settings.SWITCHYARD_BATCH_LEASE_SECONDS
+    lease = settings.ROUNDHOUSE_BATCH_LEASE_SECONDS
     lock = Lock(dispatch.redis, lease_name(batch_id), timeout=lease, blocking=False)
     try:
         if not await lock.acquire():

@@ -51,7 +51,7 @@ def file_create(*, tenant_id: int, filename: str, purpose: str, content: bytes) 
     """Store an uploaded batch input file after checking its purpose, size and line count."""
     if purpose != FilePurpose.BATCH:
         raise invalid("purpose", f"'purpose' must be 'batch' here, not {purpose!r}.")
-    limit = settings.SWITCHYARD_MAX_FILE_BYTES
+    limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
     if len(content) > limit:
         raise ApiError(
             413, "file_too_large", f"The file is {len(content)} bytes; the limit is {limit}.",
@@ -60,11 +60,11 @@ def file_create(*, tenant_id: int, filename: str, purpose: str, content: bytes) 
     lines = _file_lines(content)
     if lines == 0:
         raise invalid("file", "The file is empty: send one JSON request per line.")
-    if lines > settings.SWITCHYARD_MAX_FILE_LINES:
+    if lines > settings.ROUNDHOUSE_MAX_FILE_LINES:
         raise invalid(
             "file",
             f"The file has {lines} requests; a batch takes at most "
-            f"{settings.SWITCHYARD_MAX_FILE_LINES}.",
+            f"{settings.ROUNDHOUSE_MAX_FILE_LINES}.",
             code="too_many_lines",
         )
     return File.objects.create(

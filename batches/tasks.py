@@ -49,7 +49,7 @@ def batch_run(batch_id: str, retry_if_busy: bool = True, failures: int = 0) -> s
         batch_run.apply_async(
             (batch_id,),
             {"failures": failures},
-            countdown=settings.SWITCHYARD_BATCH_LEASE_SECONDS + 1,
+            countdown=settings.ROUNDHOUSE_BATCH_LEASE_SECONDS + 1,
         )
         return "retrying"
     if ended is None:
@@ -57,7 +57,7 @@ def batch_run(batch_id: str, retry_if_busy: bool = True, failures: int = 0) -> s
             batch_run.apply_async(
                 (batch_id,),
                 {"retry_if_busy": False},
-                countdown=settings.SWITCHYARD_BATCH_LEASE_SECONDS + 1,
+                countdown=settings.ROUNDHOUSE_BATCH_LEASE_SECONDS + 1,
             )
         return "busy"
     if not ended:

@@ -74,7 +74,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
 
 def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
     """Return the (filename, purpose, content) of a multipart upload, or raise a 400/413."""
-    limit = settings.SWITCHYARD_MAX_FILE_BYTES
+    limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
     length = request.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > limit + _MULTIPART_SLACK:
         raise ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")

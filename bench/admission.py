@@ -2,7 +2,7 @@
 
 Noisy neighbour. Tenant A floods with many concurrent long streams (within its quota) while
 tenant B sends light interactive requests one after another. We report B's p99 TTFT under the
-flood divided by B's p99 TTFT alone, for Switchyard (fair dispatch across tenants) and for the
+flood divided by B's p99 TTFT alone, for Roundhouse (fair dispatch across tenants) and for the
 same load sent straight to vLLM's own OpenAI server (first come, first served).
 
 Overload. We measure the deployment's capacity (completed requests/s with every slot one
@@ -45,23 +45,23 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     results_write,
+    roundhouse_stack,
     section_write,
-    switchyard_stack,
     vllm_server,
 )
 
 MAX_NUM_SEQS = 32
-PROMPT = "Once upon a time, in a switchyard far away,"
+PROMPT = "Once upon a time, in a roundhouse far away,"
 FLOOD_TOKENS = 256
 LIGHT_TOKENS = 8
 OVERLOAD_TOKENS = 512
 OVERLOAD_MAX_QUEUED = 0
 # What the issue asks, by the keys of the results' summary.
 TARGETS = {
-    "neighbour_p99_ratio_switchyard": "≤ 1.5",
+    "neighbour_p99_ratio_roundhouse": "≤ 1.5",
     "goodput": "≥ 0.9",
     "rejection_p99_ms": "≤ 50",
     "admitted_ttft_ratio": "≤ 1.5",
@@ -75,7 +75,7 @@ class Outcome:
     latency: float  # seconds to the response's status line (rejections) or to the end
     tokens: int = 0
     sent: float = 0.0  # perf_counter when the request was sent
-    request_id: str = ""  # Switchyard's x-request-id, for its usage record's timestamps
+    request_id: str = ""  # Roundhouse's x-request-id, for its usage record's timestamps
     sent_at: float = 0.0  # wall clock when the request was sent
 
 
@@ -153,7 +153,7 @@ class Neighbour:
     alone: list[Light]
     flooded: list[Light]
     flood_tokens_per_s: float
-    # Switchyard only: B's TTFT split into stages, alone and under the flood (ms samples).
+    # Roundhouse only: B's TTFT split into stages, alone and under the flood (ms samples).
     stages: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     @property
@@ -249,7 +249,7 @@ STAGES = {
 
 
 def _stages(row: Neighbour) -> dict[str, dict[str, list[float]]]:
-    """Split each of B's Switchyard TTFTs into stages by its usage record's timestamps."""
+    """Split each of B's Roundhouse TTFTs into stages by its usage record's timestamps."""
     from billing.models import UsageRecord
 
     def split(lights: list[Light]) -> dict[str, list[float]]:
@@ -551,7 +551,7 @@ def main() -> None:
     parser.add_argument("--overload-factor", type=float, default=10.0)
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform: Platform | None = None
     rows: list[Neighbour] = []
     try:
@@ -559,29 +559,29 @@ def main() -> None:
 
         progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
-        # Each engine on core 0; the load generator (and Switchyard's frontend and ingester) on
+        # Each engine on core 0; the load generator (and Roundhouse's frontend and ingester) on
         # core 1, as separate machines would be: otherwise the flood's own client steals the
         # engine's CPU and the measurement is of the machine, not of admission.
         os.sched_setaffinity(0, {1})
         progress("noisy neighbour (a): vLLM's own OpenAI server, first come first served")
         with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS, cpus="0") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.vllm_light_requests)))
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir,
             work,
             tenants={"flood": {}, "light": {}},
             max_num_seqs=MAX_NUM_SEQS,
             max_queued=4 * args.flood,
         )
-        progress("noisy neighbour (b): Switchyard, fair dispatch")
-        with switchyard_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
+        progress("noisy neighbour (b): Roundhouse, fair dispatch")
+        with roundhouse_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
             rows[-1].stages = _stages(rows[-1])
         from models_registry.models import Deployment
         from workers.management.commands.run_worker import reserved_slots
 
         Deployment.objects.filter(name="tiny").update(max_queued=OVERLOAD_MAX_QUEUED)
-        with switchyard_stack(
+        with roundhouse_stack(
             platform, work / "sy-overload", engine_cpus="0", platform_cpus="1"
         ) as target:
             # One tenant may use the slots not reserved for tenants with nothing running.
@@ -619,15 +619,15 @@ def main() -> None:
         "for a slot), first alone, then under A's flood, from a client process of its own "
         "(in the flood's event loop, B's timings waited behind the parsing of A's stream "
         "events). Ratio = B's p99 TTFT under the flood "
-        "÷ B's p99 TTFT alone (target for Switchyard "
-        f"{TARGETS['neighbour_p99_ratio_switchyard']}). Each engine runs on core 0 (vLLM's "
-        "HTTP server with it); the load generator, and Switchyard's frontend and ingester, on "
+        "÷ B's p99 TTFT alone (target for Roundhouse "
+        f"{TARGETS['neighbour_p99_ratio_roundhouse']}). Each engine runs on core 0 (vLLM's "
+        "HTTP server with it); the load generator, and Roundhouse's frontend and ingester, on "
         "core 1.\n\n"
         + neighbour
-        + "\n\nWhere B's time goes on Switchyard, from each request's usage record (admitted, "
+        + "\n\nWhere B's time goes on Roundhouse, from each request's usage record (admitted, "
         "started and first-token times, taken by the frontend and the worker) and the client's "
         "clock:\n\n"
-        + _stages_table(next(r for r in rows if r.target == "switchyard"))
+        + _stages_table(next(r for r in rows if r.target == "roundhouse"))
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
         f"({OVERLOAD_TOKENS}-token streams): slots ÷ mean request time over a closed loop at "
         "least six request times long, after its first round; then Poisson arrivals at "

@@ -36,11 +36,11 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     results_write,
+    roundhouse_stack,
     section_write,
-    switchyard_stack,
 )
 
 BODY_BYTES = 4 * 1024 * 1024 - 4096  # just under the platform's default body limit
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--flooders", type=int, default=4, help="tenant A's concurrent clients")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform = None
     try:
         from models_registry.demo_model import demo_model_build
@@ -157,7 +157,7 @@ def main() -> None:
         progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
         # A keeps the default 600 requests a minute: what a tenant gets unless told otherwise.
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir,
             work,
             tenants={"flood": {"requests_per_minute": 600}, "light": {}},
@@ -167,7 +167,7 @@ def main() -> None:
         # as separate machines would be (as bench/admission.py does): otherwise the flood's own
         # client steals the engine's CPU and the figure is of the machine, not of the frontend.
         os.sched_setaffinity(0, {1})
-        with switchyard_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
+        with roundhouse_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
             url, model = target.base_url, target.model
             progress(f"B alone: {args.requests} chats")
             alone, health_alone = asyncio.run(

@@ -1,4 +1,4 @@
-"""What the benchmarks share: starting vLLM's own server or a Switchyard stack on the demo model.
+"""What the benchmarks share: starting vLLM's own server or a Roundhouse stack on the demo model.
 
 Each benchmark runs its targets side by side from one process tree, with the same engine
 settings, and writes its section of docs/benchmarks.md.
@@ -139,9 +139,9 @@ def vllm_server(
 ) -> Iterator[Target]:
     """Run vLLM's own OpenAI server (first come, first served) with the benchmark's settings.
 
-    `cpus` (a taskset list) pins the server and its engine, as `switchyard_stack` pins a worker.
-    The server keeps its default engine statistics (its Prometheus series), as Switchyard's
-    worker does: with `--disable-log-stats` its engine skipped per-step work Switchyard's
+    `cpus` (a taskset list) pins the server and its engine, as `roundhouse_stack` pins a worker.
+    The server keeps its default engine statistics (its Prometheus series), as Roundhouse's
+    worker does: with `--disable-log-stats` its engine skipped per-step work Roundhouse's
     engine does, and the comparison was of two settings rather than of what is in front.
     """
     port = free_port()
@@ -178,14 +178,14 @@ def vllm_server(
 
 @dataclass
 class Platform:
-    """Embedded servers and the data the Switchyard runs share: started once per benchmark."""
+    """Embedded servers and the data the Roundhouse runs share: started once per benchmark."""
 
     services: Any
     env: dict[str, str]
     tokens: dict[str, str]
 
 
-def prepare_switchyard(
+def prepare_roundhouse(
     model_dir: Path,
     work: Path,
     *,
@@ -206,11 +206,11 @@ def prepare_switchyard(
         **ENGINE_ENV,
         "DATABASE_URL": endpoints.database_url,
         "REDIS_URL": endpoints.redis_url,
-        "SWITCHYARD_DATA_DIR": str(work),
+        "ROUNDHOUSE_DATA_DIR": str(work),
         "DJANGO_SETTINGS_MODULE": "config.settings.dev",
         "DJANGO_DEBUG": "0",
     }
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "SWITCHYARD_DATA_DIR")})
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "ROUNDHOUSE_DATA_DIR")})
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.dev"
     import django
 
@@ -261,7 +261,7 @@ def _pinned(cpus: str | None, args: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def switchyard_stack(
+def roundhouse_stack(
     platform: Platform,
     work: Path,
     *,
@@ -307,7 +307,7 @@ def switchyard_stack(
             if pid:
                 processes[name] = psutil.Process(pid)
         yield Target(
-            name="switchyard",
+            name="roundhouse",
             base_url=f"http://127.0.0.1:{port}",
             model="tiny",
             api_keys=platform.tokens,

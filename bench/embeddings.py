@@ -284,11 +284,11 @@ def _prepare(work: Path, max_batch_size: int) -> tuple[Any, dict[str, str], str,
         **ENGINE_ENV,
         "DATABASE_URL": endpoints.database_url,
         "REDIS_URL": endpoints.redis_url,
-        "SWITCHYARD_DATA_DIR": str(work),
+        "ROUNDHOUSE_DATA_DIR": str(work),
         "DJANGO_SETTINGS_MODULE": "config.settings.dev",
         "DJANGO_DEBUG": "0",
     }
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "SWITCHYARD_DATA_DIR")})
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "ROUNDHOUSE_DATA_DIR")})
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.dev"
     import django
 
@@ -480,7 +480,7 @@ def main() -> None:
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     services = None
     others = []
     try:

@@ -1,15 +1,15 @@
-"""What a gateway adds in front of the engine: Switchyard against LiteLLM's proxy, same engine.
+"""What a gateway adds in front of the engine: Roundhouse against LiteLLM's proxy, same engine.
 
 Three targets on the tiny demo model, the engine settings the same for all:
 
 (a) vLLM's own OpenAI server alone: the engine with its HTTP layer, nothing in front;
 (b) LiteLLM's proxy in front of (a), run as its users run it: a master key, a virtual key made
     with /key/generate, spend tracked in PostgreSQL (see bench/litellm_proxy.py);
-(c) Switchyard end to end: frontend, Redis queue, a worker hosting the same engine, the usage
+(c) Roundhouse end to end: frontend, Redis queue, a worker hosting the same engine, the usage
     ingester.
 
 All three are up at once, in one process tree, and measured in rounds. Each engine is pinned
-to core 0; the gateways (LiteLLM with its database client, Switchyard's frontend and
+to core 0; the gateways (LiteLLM with its database client, Roundhouse's frontend and
 ingester), PostgreSQL, Valkey and the load generator to core 1.
 
 Latency: chat completions of 16 tokens (ignore_eos), one at a time, to each target in turn
@@ -54,12 +54,12 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     results_write,
+    roundhouse_stack,
     section_write,
     services_pid,
-    switchyard_stack,
     vllm_server,
 )
 from bench.litellm_proxy import (  # noqa: E402
@@ -73,7 +73,7 @@ from bench.litellm_proxy import (  # noqa: E402
 )
 
 MAX_NUM_SEQS = 64
-PROMPT = "Once upon a time, in a switchyard far away,"
+PROMPT = "Once upon a time, in a roundhouse far away,"
 LATENCY_TOKENS = 16
 # Latency requests go to the targets in a shuffled order, each followed by this pause (see
 # _latency_round); seeded, so a run can be repeated.
@@ -81,21 +81,21 @@ ORDER = random.Random(20261125)
 SETTLE_SECONDS = 0.03
 ENGINE_CPUS = "0"
 PLATFORM_CPUS = "1"
-NAMES = {"vllm": "engine alone", "litellm": "LiteLLM", "switchyard": "Switchyard"}
+NAMES = {"vllm": "engine alone", "litellm": "LiteLLM", "roundhouse": "Roundhouse"}
 # The processes that are the gateway proper, and the same with its datastores, per target.
-FRONTEND: dict[str, tuple[str, ...]] = {"litellm": ("litellm",), "switchyard": ("frontend",)}
+FRONTEND: dict[str, tuple[str, ...]] = {"litellm": ("litellm",), "roundhouse": ("frontend",)}
 PLATFORM: dict[str, tuple[str, ...]] = {
     "litellm": ("litellm", "postgres"),
-    "switchyard": ("frontend", "ingester", "valkey", "postgres"),
+    "roundhouse": ("frontend", "ingester", "valkey", "postgres"),
 }
 ENGINE = ("vllm server",)
 # Everything each target's requests go through; the rest sits idle while it is measured.
 USES: dict[str, tuple[str, ...]] = {
     "vllm": ENGINE,
     "litellm": ("litellm", "postgres", *ENGINE),
-    "switchyard": ("frontend", "worker+engine", "ingester", "valkey", "postgres"),
+    "roundhouse": ("frontend", "worker+engine", "ingester", "valkey", "postgres"),
 }
-# What the issue asks of Switchyard's added latency ÷ LiteLLM's.
+# What the issue asks of Roundhouse's added latency ÷ LiteLLM's.
 TARGET = "≤ 0.5"
 
 # Requests sent per target, warm-ups included: LiteLLM should log spend for every one.
@@ -243,7 +243,7 @@ async def _latency_round(targets: list[Target], requests: int, results: dict[str
     Interleaving request by request gives every target the same share of the machine's slow
     and fast moments, which matters more than anything else on a shared machine. The order is
     shuffled every time and each request is followed by a pause: a gateway's work after its
-    response (LiteLLM's spend logging, Switchyard's usage ingestion) would otherwise land on
+    response (LiteLLM's spend logging, Roundhouse's usage ingestion) would otherwise land on
     the request measured next, and a fixed rotation always puts the same target next.
     """
     async with contextlib.AsyncExitStack() as stack:
@@ -342,7 +342,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict[str, Result], Spend]
     platform: Platform | None = None
     results = {name: Result() for name in NAMES}
     try:
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
         )
         datastores = _datastores(platform)
@@ -367,13 +367,13 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict[str, Result], Spend]
                     extra_processes={"postgres": datastores["postgres"]},
                 )
             )
-            progress("starting Switchyard")
-            switchyard = stack.enter_context(
-                switchyard_stack(
+            progress("starting Roundhouse")
+            roundhouse = stack.enter_context(
+                roundhouse_stack(
                     platform, work / "sy", engine_cpus=ENGINE_CPUS, platform_cpus=PLATFORM_CPUS
                 )
             )
-            targets = [engine, gateway, switchyard]
+            targets = [engine, gateway, roundhouse]
             watch = {k: v for t in targets for k, v in t.processes.items()}
             for round_ in range(args.rounds):
                 progress(
@@ -399,7 +399,7 @@ QUANTITIES = (
     ("streaming, time to first token", "stream_ttft"),
     ("streaming, total", "stream_total"),
 )
-GATEWAYS = ("litellm", "switchyard")
+GATEWAYS = ("litellm", "roundhouse")
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -421,10 +421,10 @@ def _shown(ratio: float | None) -> str:
 
 
 def _latency_ratios(results: dict[str, Result]) -> dict[str, float | None]:
-    """Return Switchyard's added latency ÷ LiteLLM's, by measure and quantile."""
+    """Return Roundhouse's added latency ÷ LiteLLM's, by measure and quantile."""
     return {
         f"{attr}_p{round(q * 100)}_added_ratio": _ratio(
-            _added_ms(results, "switchyard", attr, q), _added_ms(results, "litellm", attr, q)
+            _added_ms(results, "roundhouse", attr, q), _added_ms(results, "litellm", attr, q)
         )
         for _, attr in QUANTITIES
         for q in (0.5, 0.99)
@@ -439,8 +439,8 @@ def _per_core(result: Result, name: str, processes: dict[str, tuple[str, ...]]) 
 def _latency_table(results: dict[str, Result]) -> str:
     rows = [
         f"| {LATENCY_TOKENS} tokens, one at a time (ms) | engine alone p50 / p99 "
-        "| LiteLLM p50 / p99 | Switchyard p50 / p99 | LiteLLM adds p50 / p99 "
-        "| Switchyard adds p50 / p99 | **Switchyard ÷ LiteLLM added** p50 / p99 |",
+        "| LiteLLM p50 / p99 | Roundhouse p50 / p99 | LiteLLM adds p50 / p99 "
+        "| Roundhouse adds p50 / p99 | **Roundhouse ÷ LiteLLM added** p50 / p99 |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     ratios = _latency_ratios(results)
@@ -478,8 +478,8 @@ def _throughput_table(results: dict[str, Result]) -> str:
             f"| {label} | {top.rps:,.0f} | {top.concurrency} | {front:.2f} "
             f"| **{top.rps / front:,.0f}** | {whole:.2f} | {top.rps / whole:,.0f} | {errors} |"
         )
-    ratio = _ratio(*(_per_core(results[n], n, FRONTEND) for n in ("switchyard", "litellm")))
-    rows.append(f"| **Switchyard ÷ LiteLLM** | | | | **{_shown(ratio)}** | | | |")
+    ratio = _ratio(*(_per_core(results[n], n, FRONTEND) for n in ("roundhouse", "litellm")))
+    rows.append(f"| **Roundhouse ÷ LiteLLM** | | | | **{_shown(ratio)}** | | | |")
     return "\n".join(rows)
 
 
@@ -513,7 +513,7 @@ def _plot(results: dict[str, Result], path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     qs = [i / 200 for i in range(201)]
-    colours = {"vllm": "tab:grey", "litellm": "tab:orange", "switchyard": "tab:blue"}
+    colours = {"vllm": "tab:grey", "litellm": "tab:orange", "roundhouse": "tab:blue"}
     for name in GATEWAYS:
         for attr, style, what in (("stream_ttft", "-", "TTFT"), ("plain_total", "--", "total")):
             added = [_added_ms(results, name, attr, q) for q in qs]
@@ -522,7 +522,7 @@ def _plot(results: dict[str, Result], path: Path) -> None:
     left.set(xlabel="added latency over the engine alone (ms)", ylabel="quantile")
     left.set_title(f"Added latency by quantile, {LATENCY_TOKENS}-token chats")
     left.legend(fontsize=8)
-    markers = {"vllm": "o:", "litellm": "s-", "switchyard": "^-"}
+    markers = {"vllm": "o:", "litellm": "s-", "roundhouse": "^-"}
     conc: list[int] = []
     for name, label in NAMES.items():
         levels = results[name].levels()
@@ -547,7 +547,7 @@ def _results(
     """Return what docs/bench-data/gateway_overhead.json keeps: headline figures and samples."""
     ratios = _latency_ratios(results)
     per_core = {n: _per_core(results[n], n, FRONTEND) for n in GATEWAYS}
-    core_ratio = _ratio(per_core["switchyard"], per_core["litellm"])
+    core_ratio = _ratio(per_core["roundhouse"], per_core["litellm"])
     summary: dict[str, object] = {
         **ratios,
         **{f"{n}_rps_per_frontend_core": v for n, v in per_core.items()},
@@ -559,7 +559,7 @@ def _results(
     }
     headline = [
         {
-            "measure": f"Gateway latency added over the engine, Switchyard ÷ LiteLLM: {label} "
+            "measure": f"Gateway latency added over the engine, Roundhouse ÷ LiteLLM: {label} "
             f"p{q} ({LATENCY_TOKENS}-token chats)",
             "value": ratios[f"{attr}_p{q}_added_ratio"],
             "target": TARGET,
@@ -569,8 +569,8 @@ def _results(
     ]
     headline.append(
         {
-            "measure": "Gateway requests/s per frontend core, Switchyard ÷ LiteLLM "
-            f"({per_core['switchyard']:,.0f} vs {per_core['litellm']:,.0f})",
+            "measure": "Gateway requests/s per frontend core, Roundhouse ÷ LiteLLM "
+            f"({per_core['roundhouse']:,.0f} vs {per_core['litellm']:,.0f})",
             "value": core_ratio,
         }
     )
@@ -633,20 +633,20 @@ def _report(
     section_write(
         args.docs,
         "gateway_overhead",
-        "## Gateway overhead: Switchyard vs LiteLLM's proxy\n\n"
+        "## Gateway overhead: Roundhouse vs LiteLLM's proxy\n\n"
         f"`bench/gateway_overhead.py{' --quick' if args.quick else ''}`, "
         f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, tiny Llama demo model, eager "
         f"mode, {MAX_NUM_SEQS} engine slots, {args.rounds} round{'s' if args.rounds > 1 else ''}, "
         f"{wall_s / 60:.0f} min in all. Three targets, up at once in one process tree: "
         "vLLM's own OpenAI server alone; LiteLLM's proxy "
-        f"{LITELLM_VERSION} in front of that same server; Switchyard end to end (frontend, "
+        f"{LITELLM_VERSION} in front of that same server; Roundhouse end to end (frontend, "
         "Redis queue, a worker hosting an engine with the same settings, usage ingester). "
-        "Each engine runs on core 0; LiteLLM, Switchyard's frontend and ingester, "
+        "Each engine runs on core 0; LiteLLM, Roundhouse's frontend and ingester, "
         "PostgreSQL, Valkey and the load generator on core 1.\n\n"
         "LiteLLM runs as its users run it: a master key, a virtual key made with "
         "`/key/generate` (with a budget) and sent with every request, spend tracked in "
-        "PostgreSQL (the server Switchyard uses, a database of its own), one uvicorn worker, "
-        f"`LITELLM_LOG=WARNING` (no access log, as Switchyard's frontend). During the run it "
+        "PostgreSQL (the server Roundhouse uses, a database of its own), one uvicorn worker, "
+        f"`LITELLM_LOG=WARNING` (no access log, as Roundhouse's frontend). During the run it "
         f"wrote {spend.log_rows} spend-log rows for the {sent} requests sent to it and added "
         f"${spend.key_dollars:.4f} to the key's spend, in {spend.transactions} database "
         "transactions in all: it checks the key in its own memory after the first request and "
@@ -662,10 +662,10 @@ def _report(
         f"lands on another's request), {samples} non-streaming then {samples} streaming per "
         "target, pooled over the rounds. Added = the gateway's quantile minus the engine's "
         "alone at that quantile. LiteLLM's path ends in the very server measured alone; "
-        "Switchyard's ends in its worker's engine (same engine, same settings, another "
+        "Roundhouse's ends in its worker's engine (same engine, same settings, another "
         "host process), so its figure also carries the difference between the two hosts, and "
         "a negative one means its path measured faster than vLLM's server alone. Target: "
-        f"Switchyard adds at most half of LiteLLM's latency (ratio {TARGET}).\n\n"
+        f"Roundhouse adds at most half of LiteLLM's latency (ratio {TARGET}).\n\n"
         + latency
         + "\n\n**Throughput.** Each target in turn (the order rotating over the rounds), "
         f"closed-loop one-token chat completions, {args.seconds:g} s per concurrency level; "
@@ -673,7 +673,7 @@ def _report(
         "divided by the CPU the gateway used meanwhile (CPU seconds ÷ wall seconds; "
         "LiteLLM's count includes its query engine process). The wider count adds each "
         "gateway's datastores: PostgreSQL for LiteLLM; the usage ingester, Valkey and "
-        "PostgreSQL for Switchyard.\n\n"
+        "PostgreSQL for Roundhouse.\n\n"
         + throughput
         + "\n\n"
         + levels
@@ -701,7 +701,7 @@ def main() -> None:
         args.levels = "2,16"
     args.levels = [int(c) for c in args.levels.split(",")]
     started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     try:
         results, spend = run(args, work)
     finally:

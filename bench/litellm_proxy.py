@@ -194,7 +194,7 @@ def litellm_proxy(
         "DISABLE_SCHEMA_UPDATE": "true",
         # Rather than fetch its model price map at start-up, use the copy LiteLLM ships.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        # Same log level as Switchyard's frontend in these benchmarks: no access log.
+        # Same log level as Roundhouse's frontend in these benchmarks: no access log.
         "LITELLM_LOG": "WARNING",
     }
     args = [str(litellm.venv / "bin" / "litellm"), "--config", str(config),

@@ -13,10 +13,10 @@ against it:
 With --embeddings, all-MiniLM-L6-v2 is deployed too (its own worker) and users also embed.
 
     .venv/bin/python bench/load.py [--users 30] [--spawn-rate 5] [--seconds 120] [--embeddings]
-    .venv/bin/python bench/load.py --url https://switchyard.example.com   # SWITCHYARD_KEYS set
+    .venv/bin/python bench/load.py --url https://roundhouse.example.com   # ROUNDHOUSE_KEYS set
 
 With --url nothing is started: the scenario runs against that deployment with the keys in
-SWITCHYARD_KEYS (and SWITCHYARD_MODEL, SWITCHYARD_EMBEDDING_MODEL), and the summary is printed
+ROUNDHOUSE_KEYS (and ROUNDHOUSE_MODEL, ROUNDHOUSE_EMBEDDING_MODEL), and the summary is printed
 only. Otherwise writes its section of docs/benchmarks.md, docs/img/load.png and
 docs/bench-data/load.json. Exits 1 when a request failed (a refusal is not a failure).
 """
@@ -48,13 +48,13 @@ from bench.common import (  # noqa: E402
     cpu_seconds,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     results_write,
+    roundhouse_stack,
     section_write,
     spawn,
     stop,
-    switchyard_stack,
     wait_for,
 )
 
@@ -123,11 +123,11 @@ def _locust(
     """Run the scenario headless; return locust's exit status and its final statistics."""
     env = {
         **os.environ,
-        "SWITCHYARD_URL": url,
-        "SWITCHYARD_KEYS": keys,
-        "SWITCHYARD_MODEL": model,
-        "SWITCHYARD_EMBEDDING_MODEL": embedding_model,
-        "SWITCHYARD_THINK_SECONDS": args.think,
+        "ROUNDHOUSE_URL": url,
+        "ROUNDHOUSE_KEYS": keys,
+        "ROUNDHOUSE_MODEL": model,
+        "ROUNDHOUSE_EMBEDDING_MODEL": embedding_model,
+        "ROUNDHOUSE_THINK_SECONDS": args.think,
     }
     prefix = out / "locust"
     command = [
@@ -392,14 +392,14 @@ def main() -> None:
     parser.add_argument("--progress-every", type=float, default=15.0, help="seconds")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-load-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-load-"))
     try:
         if args.url:
             status, rows = _locust(
                 args.url,
-                os.environ.get("SWITCHYARD_KEYS", ""),
-                os.environ.get("SWITCHYARD_MODEL", "tiny-chat"),
-                os.environ.get("SWITCHYARD_EMBEDDING_MODEL", ""),
+                os.environ.get("ROUNDHOUSE_KEYS", ""),
+                os.environ.get("ROUNDHOUSE_MODEL", "tiny-chat"),
+                os.environ.get("ROUNDHOUSE_EMBEDDING_MODEL", ""),
                 args,
                 work,
             )
@@ -422,7 +422,7 @@ def _local(args: argparse.Namespace, work: Path) -> tuple[int, list[Row]]:
     platform: Platform | None = None
     encoder: subprocess.Popen[bytes] | None = None
     try:
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir,
             work,
             tenants={slug: quota for slug, (_share, quota) in TENANTS.items()},
@@ -435,7 +435,7 @@ def _local(args: argparse.Namespace, work: Path) -> tuple[int, list[Row]]:
         keys = ",".join(
             f"{slug}:{platform.tokens[slug]}:{share}" for slug, (share, _) in TENANTS.items()
         )
-        with switchyard_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
+        with roundhouse_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
             processes = dict(target.processes)
             if encoder is not None:
                 processes["encoder worker"] = psutil.Process(encoder.pid)

@@ -1,8 +1,8 @@
 """Locust scenario: users of several tenants chatting (streamed), completing and embedding.
 
-Each tenant in SWITCHYARD_KEYS gets its own user class, weighted by its share of the users.
+Each tenant in ROUNDHOUSE_KEYS gets its own user class, weighted by its share of the users.
 A user thinks between requests, then streams a chat completion (most often), asks for a
-non-streamed completion, or (when SWITCHYARD_EMBEDDING_MODEL names an encoder) embeds a few
+non-streamed completion, or (when ROUNDHOUSE_EMBEDDING_MODEL names an encoder) embeds a few
 sentences. Statistics are kept per tenant:
 
 - `<tenant> chat stream`: the whole stream (status line to `[DONE]`), with a separate
@@ -15,12 +15,12 @@ sentences. Statistics are kept per tenant:
 
 Environment:
 
-    SWITCHYARD_URL              the platform's base URL (or pass --host)
-    SWITCHYARD_KEYS             "tenant:key[:weight],...": an API key per tenant and its share
+    ROUNDHOUSE_URL              the platform's base URL (or pass --host)
+    ROUNDHOUSE_KEYS             "tenant:key[:weight],...": an API key per tenant and its share
                                 of the users (1 when left out)
-    SWITCHYARD_MODEL            the chat model or alias (default tiny-chat)
-    SWITCHYARD_EMBEDDING_MODEL  an embeddings model; unset: no embeddings requests
-    SWITCHYARD_THINK_SECONDS    "low-high": each user's pause between requests (default 1-5)
+    ROUNDHOUSE_MODEL            the chat model or alias (default tiny-chat)
+    ROUNDHOUSE_EMBEDDING_MODEL  an embeddings model; unset: no embeddings requests
+    ROUNDHOUSE_THINK_SECONDS    "low-high": each user's pause between requests (default 1-5)
 
     .venv/bin/locust -f bench/locustfile.py --headless -u 60 -r 10 -t 5m --csv out/load
 
@@ -49,7 +49,7 @@ REFUSALS = {
     },
     503: {"queue_full", "deadline_unattainable", "model_unavailable", "service_unavailable"},
 }
-EMBEDDING_MODEL = os.environ.get("SWITCHYARD_EMBEDDING_MODEL", "")
+EMBEDDING_MODEL = os.environ.get("ROUNDHOUSE_EMBEDDING_MODEL", "")
 SYSTEM = "You are a concise assistant for a railway operations team."
 QUESTIONS = [
     "Which points need switching before the 7:40 freight arrives?",
@@ -77,34 +77,34 @@ SENTENCES = [
 
 
 def _tenants() -> list[tuple[str, str, int]]:
-    """Parse SWITCHYARD_KEYS into (tenant, key, weight) triples."""
-    raw = os.environ.get("SWITCHYARD_KEYS", "")
+    """Parse ROUNDHOUSE_KEYS into (tenant, key, weight) triples."""
+    raw = os.environ.get("ROUNDHOUSE_KEYS", "")
     tenants = []
     for item in filter(None, (part.strip() for part in raw.split(","))):
         tenant, _, rest = item.partition(":")
         key, _, weight = rest.partition(":")
         if not tenant or not key:
-            raise SystemExit(f"SWITCHYARD_KEYS: expected tenant:key[:weight], got {item!r}")
+            raise SystemExit(f"ROUNDHOUSE_KEYS: expected tenant:key[:weight], got {item!r}")
         tenants.append((tenant, key, int(weight or 1)))
     if not tenants:
-        raise SystemExit("set SWITCHYARD_KEYS=tenant:key[:weight],... (one API key per tenant)")
+        raise SystemExit("set ROUNDHOUSE_KEYS=tenant:key[:weight],... (one API key per tenant)")
     return tenants
 
 
 def _think() -> Any:
-    low, _, high = os.environ.get("SWITCHYARD_THINK_SECONDS", "1-5").partition("-")
+    low, _, high = os.environ.get("ROUNDHOUSE_THINK_SECONDS", "1-5").partition("-")
     return between(float(low), float(high or low))
 
 
-class SwitchyardUser(HttpUser):
+class RoundhouseUser(HttpUser):
     """A user of one tenant; the concrete classes below fill in the tenant and its key."""
 
     abstract = True
-    host = os.environ.get("SWITCHYARD_URL", "http://127.0.0.1:8000")
+    host = os.environ.get("ROUNDHOUSE_URL", "http://127.0.0.1:8000")
     wait_time = _think()
     tenant = ""
     key = ""
-    model = os.environ.get("SWITCHYARD_MODEL", "tiny-chat")
+    model = os.environ.get("ROUNDHOUSE_MODEL", "tiny-chat")
 
     def on_start(self) -> None:
         self.client.headers["Authorization"] = f"Bearer {self.key}"
@@ -169,7 +169,7 @@ class SwitchyardUser(HttpUser):
 
     @task(2 if EMBEDDING_MODEL else 0)
     def embeddings(self) -> None:
-        """Embed a few sentences (only when SWITCHYARD_EMBEDDING_MODEL names a model)."""
+        """Embed a few sentences (only when ROUNDHOUSE_EMBEDDING_MODEL names a model)."""
         body = {"model": EMBEDDING_MODEL, "input": random.sample(SENTENCES, k=3)}
         with self.client.post(
             "/v1/embeddings", json=body, name=f"{self.tenant} embeddings", catch_response=True
@@ -228,10 +228,10 @@ def _error_code(response: Any) -> str:
         return ""
 
 
-def _user_class(tenant: str, key: str, weight: int) -> type[SwitchyardUser]:
+def _user_class(tenant: str, key: str, weight: int) -> type[RoundhouseUser]:
     name = "".join(part.title() for part in re.split(r"\W+", tenant) if part) + "User"
     attrs = {"tenant": tenant, "key": key, "weight": weight, "__module__": __name__}
-    return type(name, (SwitchyardUser,), attrs)
+    return type(name, (RoundhouseUser,), attrs)
 
 
 # Locust runs every non-abstract User class it finds in this module: one per tenant.

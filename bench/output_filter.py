@@ -1,6 +1,6 @@
 """The streaming output filter's cost: one load from tenants with and without a safety pack.
 
-One Switchyard stack (the engine on core 0, frontend and ingester on core 1) and three tenants
+One Roundhouse stack (the engine on core 0, frontend and ingester on core 1) and three tenants
 on the same deployment: `plain` has no safety pack, `spans` one that checks every generated
 character for PII of every kind and a deny list, `full` the same plus the toxicity classifier
 per sentence. Rounds alternate the tenants at each concurrency level; the table shows the
@@ -34,10 +34,10 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
+    roundhouse_stack,
     section_write,
-    switchyard_stack,
 )
 
 OUTPUT_TOKENS = 128
@@ -186,7 +186,7 @@ def main() -> None:
         from models_registry.demo_model import demo_model_build
 
         model_dir = demo_model_build(out_dir=work / "model")
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir, work, tenants={t: {} for t in TENANTS}, max_num_seqs=32
         )
         try:
@@ -212,7 +212,7 @@ def main() -> None:
             )
             policy_assign(tenant=Tenant.objects.get(slug="spans"), pack=spans)
             policy_assign(tenant=Tenant.objects.get(slug="full"), pack=full)
-            with switchyard_stack(
+            with roundhouse_stack(
                 platform, work / "stack", engine_cpus="0", platform_cpus="1"
             ) as target:
                 rows = []

@@ -47,7 +47,7 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     section_write,
     spawn,
@@ -116,7 +116,7 @@ def system_prompt(model_dir: Path, tokens: int) -> str:
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     colours = ("red", "blue", "green", "yellow")
-    sentences = ["You are the switchyard's dispatcher."]
+    sentences = ["You are the roundhouse's dispatcher."]
     while len(tokenizer.encode(" ".join(sentences)).ids) < tokens:
         i = len(sentences)
         sentences.append(f"Track {i} holds the {colours[i % 4]} freight cars.")
@@ -182,7 +182,7 @@ def _scrape(url: str, name: str, **labels: str) -> float:
 def _counters(target: Replicas) -> tuple[list[float], float, float]:
     """Return (requests each replica served, prefix-cache hits, queries) so far."""
     served = [
-        _scrape(url, "switchyard_worker_requests_total", status="ok") for url in target.metrics_urls
+        _scrape(url, "roundhouse_worker_requests_total", status="ok") for url in target.metrics_urls
     ]
     hits = sum(_scrape(url, "vllm:prefix_cache_hits_total") for url in target.metrics_urls)
     queries = sum(_scrape(url, "vllm:prefix_cache_queries_total") for url in target.metrics_urls)
@@ -333,7 +333,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the demo model as it is")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform: Platform | None = None
     totals = Totals()
     try:
@@ -344,7 +344,7 @@ def main() -> None:
         if not args.tiny:
             model_dir = widened(model_dir, work / "model")
         system = system_prompt(model_dir, SYSTEM_TOKENS)
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
         )
         for round_ in range(1, args.rounds + 1):

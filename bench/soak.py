@@ -63,17 +63,17 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     results_write,
+    roundhouse_stack,
     section_write,
-    switchyard_stack,
 )
 
 DEPLOYMENT = "tiny"
 TENANT = "soak"
 MAX_NUM_SEQS = 32
-PROMPT = "Once upon a time, in a switchyard far away,"
+PROMPT = "Once upon a time, in a roundhouse far away,"
 OVERLOAD_TOKENS = 512
 # Refusals that say the platform is full, not broken: the only errors the soak accepts.
 EXPECTED_REFUSALS = frozenset({"queue_full", "service_unavailable"})
@@ -868,7 +868,7 @@ def main() -> None:
     if args.quick:
         args.minutes, args.capacity_seconds, args.reply_ttl = 1.0, 8.0, 15
     seconds = args.minutes * 60
-    work = Path(tempfile.mkdtemp(prefix="switchyard-soak-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-soak-"))
     platform: Platform | None = None
     try:
         from models_registry.demo_model import demo_model_build
@@ -878,14 +878,14 @@ def main() -> None:
         # The engine on core 0; the load generator, frontend and ingester on core 1, as in
         # bench/admission.py.
         os.sched_setaffinity(0, {1})
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir,
             work,
             tenants={TENANT: {}},
             max_num_seqs=MAX_NUM_SEQS,
             max_queued=args.max_queued,
         )
-        platform.env["SWITCHYARD_REPLY_TTL_SECONDS"] = str(args.reply_ttl)
+        platform.env["ROUNDHOUSE_REPLY_TTL_SECONDS"] = str(args.reply_ttl)
         soak = _run(platform, work, args, seconds)
     finally:
         platform_stop(platform)
@@ -907,7 +907,7 @@ def _run(platform: Platform, work: Path, args: argparse.Namespace, seconds: floa
 
     deployment = Deployment.objects.get(name=DEPLOYMENT)
     tenant_id = Tenant.objects.get(slug=TENANT).pk
-    with switchyard_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
+    with roundhouse_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
         streams = MAX_NUM_SEQS - reserved_slots(MAX_NUM_SEQS)
         progress(f"measuring capacity for {args.capacity_seconds:.0f}s")
         capacity, baseline = asyncio.run(_capacity(target, args.capacity_seconds, streams))
@@ -1115,7 +1115,7 @@ def _write(soak: Soak, args: argparse.Namespace) -> None:
         f"{MEMORY_TOLERANCE_MIB:.0f} MiB and "
         f"{MEMORY_TOLERANCE_SHARE:.0%} of its idle size; {VALKEY_TOLERANCE_MIB:.0f} MiB for "
         f"used_memory). Replies are kept {args.reply_ttl} s instead of the default 900 "
-        "(`SWITCHYARD_REPLY_TTL_SECONDS`) so that their retention in Valkey reaches its steady "
+        "(`ROUNDHOUSE_REPLY_TTL_SECONDS`) so that their retention in Valkey reaches its steady "
         "state early in the run; exactly-once markers (24 h, ~0.1 KiB per accepted request) "
         f"still accumulate.\n\nResult: {verdict}.\n\n"
         + checks

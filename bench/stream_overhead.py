@@ -1,9 +1,9 @@
-"""What Switchyard costs on top of vLLM: the same streaming load against both, one after the other.
+"""What Roundhouse costs on top of vLLM: the same streaming load against both, one after the other.
 
-(a) vLLM's own OpenAI server on the tiny demo model, (b) Switchyard end to end (frontend, Redis
+(a) vLLM's own OpenAI server on the tiny demo model, (b) Roundhouse end to end (frontend, Redis
 queue, worker with the same engine settings, usage ingester) on the same model. Each runs
 streaming completions of 64 output tokens (ignore_eos) at concurrency 1, 8 and 32, and we
-report aggregate output tokens/s, TTFT p50/p99 and the ratios Switchyard / vLLM. CPU time per
+report aggregate output tokens/s, TTFT p50/p99 and the ratios Roundhouse / vLLM. CPU time per
 process is sampled during each level, because on a small machine the platform's own processes
 compete with the engine for the same cores.
 
@@ -39,16 +39,16 @@ from bench.common import (  # noqa: E402
     percentile,
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     results_write,
+    roundhouse_stack,
     section_write,
-    switchyard_stack,
     vllm_server,
 )
 
 OUTPUT_TOKENS = 64
-PROMPT = "Once upon a time, in a switchyard far away,"
+PROMPT = "Once upon a time, in a roundhouse far away,"
 MAX_NUM_SEQS = 64
 
 
@@ -146,10 +146,10 @@ def run_vllm_server(model_dir: Path, work: Path, levels: list[int], per_level: i
         return [_measure(target, c, per_level) for c in levels]
 
 
-def run_switchyard(
+def run_roundhouse(
     platform: Platform, work: Path, levels: list[int], per_level: int
 ) -> list[Level]:
-    with switchyard_stack(platform, work) as target:
+    with roundhouse_stack(platform, work) as target:
         return [_measure(target, c, per_level) for c in levels]
 
 
@@ -173,14 +173,14 @@ def _median_levels(rounds: list[list[Level]]) -> list[Level]:
     return picked
 
 
-def _table(vllm: list[Level], switchyard: list[Level]) -> str:
+def _table(vllm: list[Level], roundhouse: list[Level]) -> str:
     rows = [
-        "| concurrency | vLLM tok/s | Switchyard tok/s | throughput ratio "
-        "| vLLM TTFT p50 / p99 (ms) | Switchyard TTFT p50 / p99 (ms) | TTFT p50 delta (ms) "
+        "| concurrency | vLLM tok/s | Roundhouse tok/s | throughput ratio "
+        "| vLLM TTFT p50 / p99 (ms) | Roundhouse TTFT p50 / p99 (ms) | TTFT p50 delta (ms) "
         "| errors |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for a, b in zip(vllm, switchyard, strict=True):
+    for a, b in zip(vllm, roundhouse, strict=True):
         rows.append(
             f"| {a.concurrency} | {a.tokens_per_s:,.0f} | {b.tokens_per_s:,.0f} "
             f"| **{b.tokens_per_s / a.tokens_per_s:.2f}** "
@@ -191,11 +191,11 @@ def _table(vllm: list[Level], switchyard: list[Level]) -> str:
     return "\n".join(rows)
 
 
-def _cpu_table(switchyard: list[Level], vllm: list[Level]) -> str:
-    names = list(switchyard[0].cpu_seconds)
+def _cpu_table(roundhouse: list[Level], vllm: list[Level]) -> str:
+    names = list(roundhouse[0].cpu_seconds)
     header = "| concurrency | vLLM server | " + " | ".join(names) + " |"
     rows = [header, "| ---: " * (len(names) + 2) + "|"]
-    for s, v in zip(switchyard, vllm, strict=True):
+    for s, v in zip(roundhouse, vllm, strict=True):
         share = [f"{100 * s.cpu_seconds[n] / s.wall_s:.0f}%" for n in names]
         vllm_share = f"{100 * sum(v.cpu_seconds.values()) / v.wall_s:.0f}%"
         rows.append(f"| {s.concurrency} | {vllm_share} | " + " | ".join(share) + " |")
@@ -204,9 +204,9 @@ def _cpu_table(switchyard: list[Level], vllm: list[Level]) -> str:
 
 def _results(
     vllm: list[Level],
-    switchyard: list[Level],
+    roundhouse: list[Level],
     vllm_rounds: list[list[Level]],
-    switchyard_rounds: list[list[Level]],
+    roundhouse_rounds: list[list[Level]],
     args: argparse.Namespace,
 ) -> dict[str, object]:
     """Return what docs/bench-data/stream_overhead.json keeps: the table, then every round."""
@@ -214,16 +214,16 @@ def _results(
         {
             "concurrency": a.concurrency,
             "vllm_tokens_per_s": a.tokens_per_s,
-            "switchyard_tokens_per_s": b.tokens_per_s,
+            "roundhouse_tokens_per_s": b.tokens_per_s,
             "throughput_ratio": b.tokens_per_s / a.tokens_per_s,
             "vllm_ttft_p50_ms": a.ttft_p50_ms,
             "vllm_ttft_p99_ms": a.ttft_p99_ms,
-            "switchyard_ttft_p50_ms": b.ttft_p50_ms,
-            "switchyard_ttft_p99_ms": b.ttft_p99_ms,
+            "roundhouse_ttft_p50_ms": b.ttft_p50_ms,
+            "roundhouse_ttft_p99_ms": b.ttft_p99_ms,
             "ttft_p50_delta_ms": b.ttft_p50_ms - a.ttft_p50_ms,
             "errors": a.errors + b.errors,
         }
-        for a, b in zip(vllm, switchyard, strict=True)
+        for a, b in zip(vllm, roundhouse, strict=True)
     ]
     return {
         "section": "stream_overhead",
@@ -238,16 +238,16 @@ def _results(
         "summary": {"levels": summary},
         "median": {
             "vllm": [asdict(lvl) for lvl in vllm],
-            "switchyard": [asdict(lvl) for lvl in switchyard],
+            "roundhouse": [asdict(lvl) for lvl in roundhouse],
         },
         "rounds": {
             "vllm": [[asdict(lvl) for lvl in r] for r in vllm_rounds],
-            "switchyard": [[asdict(lvl) for lvl in r] for r in switchyard_rounds],
+            "roundhouse": [[asdict(lvl) for lvl in r] for r in roundhouse_rounds],
         },
     }
 
 
-def _plot(vllm: list[Level], switchyard: list[Level], path: Path) -> None:
+def _plot(vllm: list[Level], roundhouse: list[Level], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,7 +256,7 @@ def _plot(vllm: list[Level], switchyard: list[Level], path: Path) -> None:
     conc = [lvl.concurrency for lvl in vllm]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(conc, [lvl.tokens_per_s for lvl in vllm], "o-", label="vLLM OpenAI server")
-    left.plot(conc, [lvl.tokens_per_s for lvl in switchyard], "s-", label="Switchyard")
+    left.plot(conc, [lvl.tokens_per_s for lvl in roundhouse], "s-", label="Roundhouse")
     left.set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s")
     left.set_xticks(conc, [str(c) for c in conc])
     left.set_title("Aggregate throughput")
@@ -266,9 +266,9 @@ def _plot(vllm: list[Level], switchyard: list[Level], path: Path) -> None:
     right.bar([x - width / 2 for x in xs], [lvl.ttft_p50_ms for lvl in vllm], width, label="vLLM")
     right.bar(
         [x + width / 2 for x in xs],
-        [lvl.ttft_p50_ms for lvl in switchyard],
+        [lvl.ttft_p50_ms for lvl in roundhouse],
         width,
-        label="Switchyard",
+        label="Roundhouse",
     )
     right.set_xticks(list(xs), [str(c) for c in conc])
     right.set(xlabel="concurrent streams", ylabel="TTFT p50 (ms)")
@@ -291,54 +291,54 @@ def main() -> None:
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform: Platform | None = None
     vllm_rounds: list[list[Level]] = []
-    switchyard_rounds: list[list[Level]] = []
+    roundhouse_rounds: list[list[Level]] = []
     try:
         from models_registry.demo_model import demo_model_build
 
         progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
-        platform = prepare_switchyard(
+        platform = prepare_roundhouse(
             model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
         )
         for round_ in range(1, args.rounds + 1):
             # Alternating the targets spreads slow phases of the machine over both.
             progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
             vllm_rounds.append(run_vllm_server(model_dir, work, levels, args.requests_per_level))
-            progress(f"round {round_}/{args.rounds}: (b) Switchyard end to end")
-            switchyard_rounds.append(
-                run_switchyard(platform, work / f"sy{round_}", levels, args.requests_per_level)
+            progress(f"round {round_}/{args.rounds}: (b) Roundhouse end to end")
+            roundhouse_rounds.append(
+                run_roundhouse(platform, work / f"sy{round_}", levels, args.requests_per_level)
             )
     finally:
         platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
     vllm = _median_levels(vllm_rounds)
-    switchyard = _median_levels(switchyard_rounds)
-    table = _table(vllm, switchyard)
-    cpu = _cpu_table(switchyard, vllm)
+    roundhouse = _median_levels(roundhouse_rounds)
+    table = _table(vllm, roundhouse)
+    cpu = _cpu_table(roundhouse, vllm)
     print("\n" + table + "\n\nCPU use during each level (100% = one core):\n" + cpu)
     args.docs.mkdir(exist_ok=True)
-    _plot(vllm, switchyard, plot_path(args.docs, "stream_overhead"))
+    _plot(vllm, roundhouse, plot_path(args.docs, "stream_overhead"))
     section_write(
         args.docs,
         "stream_overhead",
-        "## Streaming overhead: Switchyard vs vLLM's own OpenAI server\n\n"
+        "## Streaming overhead: Roundhouse vs vLLM's own OpenAI server\n\n"
         f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
         f"tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
         f"(ignore_eos), {args.requests_per_level} requests per stream per level (32 at least), "
         f"{args.rounds} alternating rounds, the median round per level shown. Both targets run "
         "the same engine settings, one after the other, from one process tree.\n\n"
         + table
-        + "\n\nCPU use per process during each level of the Switchyard run "
+        + "\n\nCPU use per process during each level of the Roundhouse run "
         "(CPU seconds / wall seconds; 100% = one core of the machine's "
         f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](img/stream_overhead.png)\n",
     )
     results_write(
         args.docs,
         "stream_overhead",
-        _results(vllm, switchyard, vllm_rounds, switchyard_rounds, args),
+        _results(vllm, roundhouse, vllm_rounds, roundhouse_rounds, args),
     )
     progress(
         f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'stream_overhead.png'} and "

@@ -108,7 +108,7 @@ def _stream_rows(data: Results) -> list[Row]:
     targets = data.get("targets", {})
     rows = [
         _judged(
-            f"Streaming tok/s, Switchyard ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
+            f"Streaming tok/s, Roundhouse ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
             lvl["throughput_ratio"],
             _number(lvl["throughput_ratio"]),
             targets.get("throughput_ratio"),
@@ -119,7 +119,7 @@ def _stream_rows(data: Results) -> list[Row]:
         delta = lvl["ttft_p50_delta_ms"]
         rows.append(
             _judged(
-                f"Streaming TTFT p50, Switchyard − vLLM, {_many(lvl['concurrency'], 'stream')}",
+                f"Streaming TTFT p50, Roundhouse − vLLM, {_many(lvl['concurrency'], 'stream')}",
                 delta,
                 "n/a" if delta is None else f"{delta:+.1f} ms",
                 targets.get("ttft_p50_delta_ms"),
@@ -131,16 +131,16 @@ def _stream_rows(data: Results) -> list[Row]:
 
 def _admission_rows(data: Results) -> list[Row]:
     summary, targets = data["summary"], data.get("targets", {})
-    switchyard = summary.get("neighbour_p99_ratio_switchyard")
+    roundhouse = summary.get("neighbour_p99_ratio_roundhouse")
     vllm = summary.get("neighbour_p99_ratio_vllm")
     factor = data.get("settings", {}).get("overload_factor", 10)
     overload = f"Overload at {factor:g}× capacity"
     return [
         _judged(
-            "Noisy neighbour: tenant B's TTFT p99 under A's flood ÷ alone, Switchyard",
-            switchyard,
-            f"{_number(switchyard)} (vLLM: {_number(vllm)})",
-            targets.get("neighbour_p99_ratio_switchyard"),
+            "Noisy neighbour: tenant B's TTFT p99 under A's flood ÷ alone, Roundhouse",
+            roundhouse,
+            f"{_number(roundhouse)} (vLLM: {_number(vllm)})",
+            targets.get("neighbour_p99_ratio_roundhouse"),
         ),
         _judged(
             f"{overload}: goodput ÷ capacity",
@@ -317,19 +317,19 @@ def _latency_axes(ax: Any) -> None:
 
 
 def _stream_cdf(ax: Any, data: Results) -> None:
-    for i, (vllm, switchyard) in enumerate(
-        zip(data["median"]["vllm"], data["median"]["switchyard"], strict=True)
+    for i, (vllm, roundhouse) in enumerate(
+        zip(data["median"]["vllm"], data["median"]["roundhouse"], strict=True)
     ):
         c = vllm["concurrency"]
         streams = _many(c, "stream")
         _cdf(ax, vllm["ttfts_ms"], color=f"C{i}", linestyle="--", label=f"vLLM, {streams}")
-        _cdf(ax, switchyard["ttfts_ms"], color=f"C{i}", label=f"Switchyard, {streams}")
+        _cdf(ax, roundhouse["ttfts_ms"], color=f"C{i}", label=f"Roundhouse, {streams}")
     _latency_axes(ax)
 
 
 def _neighbour_cdf(ax: Any, data: Results) -> None:
     for i, row in enumerate(data["neighbour"]):
-        name = {"vllm": "vLLM", "switchyard": "Switchyard"}.get(row["target"], row["target"])
+        name = {"vllm": "vLLM", "roundhouse": "Roundhouse"}.get(row["target"], row["target"])
         _cdf(ax, row["alone_ttft_ms"], color=f"C{i}", linestyle="--", label=f"{name}, B alone")
         _cdf(ax, row["flooded_ttft_ms"], color=f"C{i}", label=f"{name}, B under A's flood")
     _latency_axes(ax)
@@ -379,7 +379,7 @@ def _stream_throughput(ax: Any, data: Results) -> None:
     levels = data["summary"]["levels"]
     xs = [lvl["concurrency"] for lvl in levels]
     ax.plot(xs, [lvl["vllm_tokens_per_s"] for lvl in levels], "o--", label="vLLM OpenAI server")
-    ax.plot(xs, [lvl["switchyard_tokens_per_s"] for lvl in levels], "s-", label="Switchyard")
+    ax.plot(xs, [lvl["roundhouse_tokens_per_s"] for lvl in levels], "s-", label="Roundhouse")
     _concurrency_axes(ax, xs, "concurrent streams", "output tokens/s")
 
 

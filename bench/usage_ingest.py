@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     platform_stop,
     plot_path,
-    prepare_switchyard,
+    prepare_roundhouse,
     progress,
     section_write,
     spawn,
@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="per sustained rate")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform = None
     runs: list[Run] = []
     try:
@@ -184,7 +184,7 @@ def main() -> None:
 
         progress("building the tiny demo model (registered, never loaded)")
         model_dir = demo_model_build(out_dir=work / "model")
-        platform = prepare_switchyard(model_dir, work, tenants={"bench": {}}, max_num_seqs=8)
+        platform = prepare_roundhouse(model_dir, work, tenants={"bench": {}}, max_num_seqs=8)
         from dataplane.keys import INGEST_GROUP, usage_key
         from dataplane.redis_client import redis_sync_client
         from models_registry.models import ModelVersion

@@ -68,7 +68,7 @@ def budget_alerts_check(*, now: dt.datetime | None = None) -> list[BudgetAlert]:
         top = alerts[-1]
         if recipients:
             send_mail(
-                subject=f"[Switchyard] {tenant.slug}: {top.threshold}% of the monthly budget",
+                subject=f"[Roundhouse] {tenant.slug}: {top.threshold}% of the monthly budget",
                 message=top.message,
                 from_email=settings.DEFAULT_FROM_EMAIL,
                 recipient_list=recipients,

@@ -51,7 +51,7 @@ class Ingester:
     ) -> None:
         self.usage = UsageStream(client)
         self.reaper = Reaper(client, reply_ttl=reply_ttl)
-        self.tenant_labels = tenant_labels or TenantLabels(settings.SWITCHYARD_METRICS_MAX_TENANTS)
+        self.tenant_labels = tenant_labels or TenantLabels(settings.ROUNDHOUSE_METRICS_MAX_TENANTS)
         self.quotas = Quotas(client)
         self.consumer = consumer
         self._stopping = asyncio.Event()
@@ -102,7 +102,7 @@ class Ingester:
                 # Leases lapse while Redis is down though their workers live; the workers renew
                 # them within a quarter lease of its return, so reaping waits a whole lease.
                 self._reap_at = max(
-                    self._reap_at, time.monotonic() + settings.SWITCHYARD_LEASE_SECONDS
+                    self._reap_at, time.monotonic() + settings.ROUNDHOUSE_LEASE_SECONDS
                 )
                 await asyncio.sleep(outage.failed(exc))
             except redis.ResponseError as exc:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from prometheus_client import Counter
 
 tenant_tokens = Counter(
-    "switchyard_tenant_tokens",
+    "roundhouse_tenant_tokens",
     "Billed tokens, counted once per usage record written.",
     ["tenant", "kind"],
 )
-usage_ingested = Counter("switchyard_usage_ingested", "Usage records written.")
+usage_ingested = Counter("roundhouse_usage_ingested", "Usage records written.")
 
 
 class TenantLabels:

@@ -25,10 +25,10 @@ def invoice_pdf(invoice: Invoice) -> bytes:
     """Return the invoice as PDF bytes: issuer, tenant, period, lines and totals."""
     pdf = FPDF(format="A4")
     pdf.set_title(f"Invoice {invoice.number or 'draft'}")
-    pdf.set_author("Switchyard")
+    pdf.set_author("Roundhouse")
     pdf.add_page()
     pdf.set_font("Helvetica", "B", 18)
-    pdf.cell(0, 10, "Switchyard", new_x="LMARGIN", new_y="NEXT")
+    pdf.cell(0, 10, "Roundhouse", new_x="LMARGIN", new_y="NEXT")
     pdf.set_font("Helvetica", "", 11)
     heading = "INVOICE" if invoice.state != "draft" else "DRAFT INVOICE (not issued)"
     pdf.cell(0, 8, heading, new_x="LMARGIN", new_y="NEXT")

@@ -58,7 +58,7 @@ def usage_reconcile(*, hours: int = 24, now: dt.datetime | None = None) -> list[
     now = now or dt.datetime.now(dt.UTC)
     since = (now - dt.timedelta(hours=hours)).replace(minute=0, second=0, microsecond=0)
     # An hour is settled once its last request's longest possible life has passed.
-    settled_before = now - dt.timedelta(seconds=settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS + 60)
+    settled_before = now - dt.timedelta(seconds=settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS + 60)
     prune_before = ledger_hour((now - dt.timedelta(days=LEDGER_DAYS)).timestamp())
     since_hour = ledger_hour(since.timestamp())
     client = redis_sync_client()

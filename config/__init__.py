@@ -1,4 +1,4 @@
-"""Django project wiring for Switchyard: settings, URLs, ASGI and the Celery app."""
+"""Django project wiring for Roundhouse: settings, URLs, ASGI and the Celery app."""
 
 from __future__ import annotations
 

@@ -8,6 +8,6 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
 
-app = Celery("switchyard")
+app = Celery("roundhouse")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

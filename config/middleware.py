@@ -19,7 +19,7 @@ class ContentSecurityPolicyMiddleware(MiddlewareMixin):
     def process_response(
         self, request: HttpRequest, response: HttpResponseBase
     ) -> HttpResponseBase:
-        policy = settings.SWITCHYARD_CONTENT_SECURITY_POLICY
+        policy = settings.ROUNDHOUSE_CONTENT_SECURITY_POLICY
         if policy:
             response.headers.setdefault("Content-Security-Policy", policy)
         return response

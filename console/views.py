@@ -59,7 +59,7 @@ class LockoutAuthenticationForm(AuthenticationForm):
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username") or ""
         if lockout_is_locked(username=username):
-            minutes = settings.SWITCHYARD_LOGIN_LOCK_SECONDS // 60
+            minutes = settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS // 60
             raise ValidationError(
                 f"Too many failed sign-ins for this account: try again in {minutes} minutes.",
                 code="locked",
@@ -76,7 +76,7 @@ class LoginView(auth_views.LoginView):
 # --- who may see what ------------------------------------------------------------------------
 
 
-_ROLE = "_switchyard_console_role"
+_ROLE = "_roundhouse_console_role"
 
 
 def _tenant(request: HttpRequest, slug: str, *roles: str) -> Tenant:

@@ -2,7 +2,7 @@
 
 A long-lived loop (a reply reader, a worker's heartbeat or flusher, the usage ingester) runs
 under `supervise`: an exception it did not expect is logged, counted in
-`switchyard_loop_failures_total{loop}` and the loop starts again after a short pause, instead
+`roundhouse_loop_failures_total{loop}` and the loop starts again after a short pause, instead
 of its task dying silently while everything that depended on it waits forever.
 """
 

@@ -33,14 +33,14 @@ STAGES = (
 )  # fmt: skip
 
 stage_seconds = Histogram(
-    "switchyard_stage_seconds",
+    "roundhouse_stage_seconds",
     "Time a request spent in one stage of its path.",
     ["stage", "deployment"],
     buckets=LATENCY_BUCKETS,
 )
 
 loop_failures = Counter(
-    "switchyard_loop_failures",
+    "roundhouse_loop_failures",
     "Exceptions that stopped a long-lived loop of this process, which then started again.",
     ["loop"],
 )

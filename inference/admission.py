@@ -64,9 +64,9 @@ class Submitted:
 
     def headers(self) -> dict[str, str]:
         """The headers its response carries: the version, the cache's use and the rate limits."""
-        headers = {"x-switchyard-model-version": self.route.version}
+        headers = {"x-roundhouse-model-version": self.route.version}
         if self.cache is not None:
-            headers["x-switchyard-cache"] = "hit" if self.cache.hit else "miss"
+            headers["x-roundhouse-cache"] = "hit" if self.cache.hit else "miss"
         return headers | ratelimit_headers(self.principal.limits, self.decision)
 
 
@@ -151,7 +151,7 @@ async def admit(
             request_id=request_id,
             limits=principal.limits,
             reserve=reserve,
-            lease_seconds=settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS + 60,
+            lease_seconds=settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS + 60,
             spent_this_month=spent,
             request_taken=request_taken,
         )

@@ -41,7 +41,7 @@ API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 KEYLESS_PATHS = ("/v1/openapi.json",)
 UPLOAD_PATH = "/v1/files"
 # Where the handler leaves the principal of a key it checked before reading the body.
-CHECKED_PRINCIPAL = "switchyard.principal"
+CHECKED_PRINCIPAL = "roundhouse.principal"
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
@@ -56,13 +56,13 @@ class _TooLarge(Exception):
 def body_limit(path: str) -> int:
     """The most bytes a request body to `path` may have: a file upload's, or any request's."""
     if path == UPLOAD_PATH:
-        return int(settings.SWITCHYARD_MAX_FILE_BYTES) + MULTIPART_SLACK
+        return int(settings.ROUNDHOUSE_MAX_FILE_BYTES) + MULTIPART_SLACK
     return int(settings.MAX_REQUEST_BYTES)
 
 
 def _too_large(path: str) -> ApiError:
     if path == UPLOAD_PATH:
-        limit = settings.SWITCHYARD_MAX_FILE_BYTES
+        limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
         return ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
     limit = settings.MAX_REQUEST_BYTES
     return ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")

@@ -88,7 +88,7 @@ def _load(public_id: str) -> _Cached | None:
 # (RefreshingCache), so made-up keys neither grow the process nor evict the keys in use.
 _keys: RefreshingCache[str, _Cached | None] = RefreshingCache(
     _load,
-    ttl=lambda: settings.SWITCHYARD_KEY_CACHE_SECONDS,
+    ttl=lambda: settings.ROUNDHOUSE_KEY_CACHE_SECONDS,
     grace=30.0,
     kind="keys",
     max_entries=10_000,

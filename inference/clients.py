@@ -34,7 +34,7 @@ def dispatch_get() -> FrontDoor:
     loop = asyncio.get_running_loop()
     if _dispatch is None or _quotas is None or _dispatch_loop is not loop:
         client = redis_client_new()
-        _dispatch = FrontDoor(client, reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS)
+        _dispatch = FrontDoor(client, reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS)
         _quotas = Quotas(client)
         _idempotency = Idempotency(client)
         _responses = ResponseCache(client)
@@ -68,7 +68,7 @@ def _routing_load(name: str) -> Routing | None:
 
 
 _routings: RefreshingCache[str, Routing | None] = RefreshingCache(
-    _routing_load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0, kind="routes"
+    _routing_load, ttl=lambda: settings.ROUNDHOUSE_ROUTE_CACHE_SECONDS, grace=30.0, kind="routes"
 )
 
 
@@ -79,7 +79,7 @@ def _model_names_load(_: None) -> list[tuple[str, int]]:
 # Built from the same rows as routes, so the same change messages mark it stale.
 _model_names: RefreshingCache[None, list[tuple[str, int]]] = RefreshingCache(
     _model_names_load,
-    ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS,
+    ttl=lambda: settings.ROUNDHOUSE_ROUTE_CACHE_SECONDS,
     grace=30.0,
     kind="routes",
 )

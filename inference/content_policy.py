@@ -40,7 +40,7 @@ def _load(key: tuple[int, str]) -> Policy | None:
 
 
 _policies: RefreshingCache[tuple[int, str], Policy | None] = RefreshingCache(
-    _load, ttl=lambda: settings.SWITCHYARD_ROUTE_CACHE_SECONDS, grace=30.0, kind="policies"
+    _load, ttl=lambda: settings.ROUNDHOUSE_ROUTE_CACHE_SECONDS, grace=30.0, kind="policies"
 )
 
 

@@ -143,9 +143,9 @@ def _timeout(raw: str | None) -> float | None:
     return seconds
 
 
-_PRINCIPAL = "switchyard.principal"
-_CLOCK = "switchyard.clock"
-_TRACE = "switchyard.trace"
+_PRINCIPAL = "roundhouse.principal"
+_CLOCK = "roundhouse.clock"
+_TRACE = "roundhouse.trace"
 
 
 def request_clock(request: HttpRequest) -> RequestClock:

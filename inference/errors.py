@@ -68,7 +68,7 @@ class ApiError(Exception):
         for name, value in self.headers.items():
             response[name] = value
         if self.status == 401:
-            response["WWW-Authenticate"] = 'Bearer realm="switchyard"'
+            response["WWW-Authenticate"] = 'Bearer realm="roundhouse"'
         return response
 
 

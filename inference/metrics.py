@@ -27,16 +27,16 @@ ITL_BUCKETS = (
 )  # fmt: skip
 
 request_seconds = Histogram(
-    "switchyard_request_seconds",
+    "roundhouse_request_seconds",
     "End to end as the frontend sees it: request in to last byte out.",
     ["endpoint", "deployment"],
     buckets=LATENCY_BUCKETS,
 )
 requests_total = Counter(
-    "switchyard_requests", "/v1 responses by HTTP status.", ["endpoint", "code"]
+    "roundhouse_requests", "/v1 responses by HTTP status.", ["endpoint", "code"]
 )
 admission_decisions = Counter(
-    "switchyard_admission_decisions",
+    "roundhouse_admission_decisions",
     "Admission decisions: admitted, or the refusal's code.",
     ["deployment", "reason"],
 )
@@ -45,13 +45,13 @@ admission_decisions = Counter(
 # Pauses of a process: short ones matter (a stream's next token waits behind them).
 PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 gc_pause_seconds = Histogram(
-    "switchyard_gc_pause_seconds",
+    "roundhouse_gc_pause_seconds",
     "Time the garbage collector held the process, by generation.",
     ["generation"],
     buckets=PAUSE_BUCKETS,
 )
 loop_lag_seconds = Histogram(
-    "switchyard_event_loop_lag_seconds",
+    "roundhouse_event_loop_lag_seconds",
     "How late the event loop ran a timer that was due: the time other work held the loop.",
     buckets=PAUSE_BUCKETS,
 )

@@ -145,7 +145,7 @@ def _stop(body: dict[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class Field:
-    """What Switchyard does with one body field.
+    """What Roundhouse does with one body field.
 
     honoured: it shapes the answer. ignored: it cannot change the answer (metadata, hints).
     refused: a 400 `unsupported_parameter` naming it, unless its value is null or one of
@@ -187,7 +187,7 @@ GENERATION_FIELDS: dict[str, Field] = {
     "stream_options": HONOURED,
     "user": HONOURED,
     "service_tier": HONOURED,
-    "timeout": HONOURED,  # Switchyard's own
+    "timeout": HONOURED,  # Roundhouse's own
     "metadata": IGNORED,
     "prompt_cache_key": IGNORED,
     "safety_identifier": IGNORED,
@@ -239,7 +239,7 @@ GENERATION_FIELDS: dict[str, Field] = {
     "documents": refused(),
     "truncate_prompt_tokens": refused(),
     "truncation_side": refused(),
-    "priority": refused(0),  # vLLM's; service_tier chooses Switchyard's class
+    "priority": refused(0),  # vLLM's; service_tier chooses Roundhouse's class
     "store": refused(False),  # nothing is stored to fetch later
     "modalities": refused(["text"]),
     "audio": refused(),
@@ -457,7 +457,7 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         include_usage=include_usage,
         user=_user(body),
         priority=_priority(body),
-        # Switchyard's own: the seconds the client will wait, like the x-request-timeout header.
+        # Roundhouse's own: the seconds the client will wait, like the x-request-timeout header.
         timeout=_number(body, "timeout", 0.001, 86400.0),
     )
 

@@ -66,7 +66,7 @@ class PlatformCollector(Collector):
     def __init__(self) -> None:
         self._client = redis_sync_client()
         self._autoscaler = Autoscaler(
-            self._client, scale_down_seconds=settings.SWITCHYARD_SCALE_DOWN_SECONDS
+            self._client, scale_down_seconds=settings.ROUNDHOUSE_SCALE_DOWN_SECONDS
         )
         self._cached: list[_Objectives] = []
         self._cached_at = -1e9
@@ -79,45 +79,45 @@ class PlatformCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
-            "switchyard_queue_depth",
+            "roundhouse_queue_depth",
             "Jobs waiting for a worker.",
             labels=["deployment", "priority"],
         )
         age = GaugeMetricFamily(
-            "switchyard_queue_oldest_age_seconds",
+            "roundhouse_queue_oldest_age_seconds",
             "Age of the oldest waiting job (0 when none waits).",
             labels=["deployment", "priority"],
         )
         backlog = GaugeMetricFamily(
-            "switchyard_backlog_tokens",
+            "roundhouse_backlog_tokens",
             "Reserved tokens (prompt + max_tokens) waiting.",
             labels=["deployment"],
         )
         workers = GaugeMetricFamily(
-            "switchyard_deployment_workers", "Live workers.", labels=["deployment"]
+            "roundhouse_deployment_workers", "Live workers.", labels=["deployment"]
         )
         rate = GaugeMetricFamily(
-            "switchyard_deployment_tokens_per_second",
+            "roundhouse_deployment_tokens_per_second",
             "Measured capacity of one worker while full (reserved tokens/s).",
             labels=["deployment"],
         )
         desired = GaugeMetricFamily(
-            "switchyard_deployment_desired_replicas",
+            "roundhouse_deployment_desired_replicas",
             "Workers the deployment needs to keep its backlog within its TTFT objective.",
             labels=["deployment"],
         )
         slo = GaugeMetricFamily(
-            "switchyard_deployment_slo",
+            "roundhouse_deployment_slo",
             "The deployment's service level objectives.",
             labels=["deployment", "objective"],
         )
         lag = GaugeMetricFamily(
-            "switchyard_usage_ingest_lag_events",
+            "roundhouse_usage_ingest_lag_events",
             "Usage events written by workers and not yet in PostgreSQL.",
             labels=["deployment"],
         )
         lag_age = GaugeMetricFamily(
-            "switchyard_usage_ingest_lag_seconds",
+            "roundhouse_usage_ingest_lag_seconds",
             "Age of the oldest usage event not yet in PostgreSQL.",
             labels=["deployment"],
         )

@@ -429,7 +429,7 @@ def _deadline(principal: Principal, now: float, timeout: float | None) -> float:
     return now + min(
         timeout or math.inf,
         principal.max_request_seconds,
-        settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+        settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
     )
 
 

@@ -170,7 +170,7 @@ async def _replay_or_claim(
     if replayed is not None:
         replayed["Idempotent-Replayed"] = "true"
         replayed["x-request-id"] = original.request_id
-        replayed["x-switchyard-model-version"] = original.version
+        replayed["x-roundhouse-model-version"] = original.version
         return replayed
     # The original failed: its result is not kept, and this request runs in its place.
     await keys.release(tenant_id=principal.tenant_id, key=key)
@@ -361,7 +361,7 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
         dispatch,
         deployment=where.deployment,
         request_id=rid,
-        deadline=time.time() + settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+        deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
         policy=await policy_get(tenant_id=principal.tenant_id, model=model),
         tenant_id=principal.tenant_id,
         after=after,
@@ -413,7 +413,7 @@ async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     await request_principal(request, Scope.MODELS_READ)
     names = await model_names_get()
     data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
+        {"id": name, "object": "model", "created": created, "owned_by": "roundhouse"}
         for name, created in names
     ]
     return json_response({"object": "list", "data": data})
@@ -427,7 +427,7 @@ async def models_detail(request: HttpRequest, request_id: str, name: str) -> Htt
         "id": name,
         "object": "model",
         "created": int(time.time()),
-        "owned_by": "switchyard",
+        "owned_by": "roundhouse",
         "version": routing.primary.version,
     }
     if routing.splits:

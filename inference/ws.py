@@ -3,7 +3,7 @@
 Protocol (JSON text frames):
 
 - connect with `Authorization: Bearer rh-…` (or, from a browser, the subprotocol
-  `switchyard.key.sy-…`); a bad key is refused before the handshake completes.
+  `roundhouse.key.sy-…`); a bad key is refused before the handshake completes.
 - client → server:
   `{"type": "request", "id": "<client id>", "endpoint": "chat.completions" | "completions",
     "body": {… the body of the HTTP endpoint …}}` and `{"type": "cancel", "id": "<client id>"}`.
@@ -40,7 +40,7 @@ from inference.submission import generation_submit
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
-KEY_PROTOCOL = "switchyard.key."
+KEY_PROTOCOL = "roundhouse.key."
 MAX_IN_FLIGHT = 64  # concurrent requests one socket may have running
 MAX_ID_CHARS = 128
 _ENDPOINTS = {"chat.completions": CHAT, "completions": COMPLETIONS}

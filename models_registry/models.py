@@ -80,7 +80,7 @@ class ModelVersion(models.Model):
 
     @property
     def artifact_dir(self) -> Path:
-        return settings.SWITCHYARD_ARTIFACT_ROOT / self.digest
+        return settings.ROUNDHOUSE_ARTIFACT_ROOT / self.digest
 
     def file_uri(self, path: str) -> str:
         """Return the URI a worker fetches one of the version's files from."""

@@ -94,7 +94,7 @@ def _encoder_head(source_dir: Path, engine_args: dict[str, Any]) -> dict[str, An
 
 def _store(*, source_dir: Path, digest: str) -> Path:
     """Copy a version's files into the content-addressed store, read-only, atomically."""
-    root = settings.SWITCHYARD_ARTIFACT_ROOT
+    root = settings.ROUNDHOUSE_ARTIFACT_ROOT
     target = root / digest
     if target.exists():
         return target

@@ -15,21 +15,21 @@ def _fernet(keys: tuple[str, ...]) -> MultiFernet:
 
 
 def content_fernet() -> MultiFernet:
-    """Return the cipher over SWITCHYARD_CONTENT_KEYS as they are set now."""
+    """Return the cipher over ROUNDHOUSE_CONTENT_KEYS as they are set now."""
     # Keyed by the keys themselves, so a settings override (tests, rotation) is picked up.
-    return _fernet(tuple(settings.SWITCHYARD_CONTENT_KEYS))
+    return _fernet(tuple(settings.ROUNDHOUSE_CONTENT_KEYS))
 
 
 def content_keys_check() -> None:
-    """Raise ImproperlyConfigured unless SWITCHYARD_CONTENT_KEYS holds valid Fernet keys."""
-    if not settings.SWITCHYARD_CONTENT_KEYS:
-        raise ImproperlyConfigured("SWITCHYARD_CONTENT_KEYS names no key")
+    """Raise ImproperlyConfigured unless ROUNDHOUSE_CONTENT_KEYS holds valid Fernet keys."""
+    if not settings.ROUNDHOUSE_CONTENT_KEYS:
+        raise ImproperlyConfigured("ROUNDHOUSE_CONTENT_KEYS names no key")
     try:
         content_fernet()
     except ValueError as exc:
         # The message never includes the key: it would end up in logs.
         raise ImproperlyConfigured(
-            "SWITCHYARD_CONTENT_KEYS holds a value that is not a Fernet key "
+            "ROUNDHOUSE_CONTENT_KEYS holds a value that is not a Fernet key "
             "(32 url-safe base64-encoded bytes)"
         ) from exc
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-# Exposed as switchyard_safety_interventions_total (prometheus_client adds the suffix).
+# Exposed as roundhouse_safety_interventions_total (prometheus_client adds the suffix).
 interventions_total = Counter(
-    "switchyard_safety_interventions",
+    "roundhouse_safety_interventions",
     "Findings a safety policy acted on.",
     ["stage", "detector", "action"],
 )

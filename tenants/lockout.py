@@ -51,7 +51,7 @@ def lockout_take(*, username: str) -> int:
     pipe = _client().pipeline(transaction=True)
     pipe.incr(lockout_key(username))
     # NX: later attempts do not stretch the window the first one opened.
-    pipe.expire(lockout_key(username), settings.SWITCHYARD_LOGIN_LOCK_SECONDS, nx=True)
+    pipe.expire(lockout_key(username), settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS, nx=True)
     number, _ = pipe.execute()
     return int(number)
 
@@ -66,7 +66,7 @@ def lockout_is_locked(*, username: str) -> bool:
         value = _client().get(lockout_key(username))
     except (redis.ConnectionError, redis.TimeoutError):
         return False
-    return int(value or 0) >= settings.SWITCHYARD_LOGIN_FAILURES
+    return int(value or 0) >= settings.ROUNDHOUSE_LOGIN_FAILURES
 
 
 def lockout_reset(*, username: str) -> None:
@@ -89,9 +89,9 @@ def lockout_unlock(*, username: str, actor: User | None = None, reason: str = ""
 
 def lockout_fail(*, username: str, attempt: int, request: HttpRequest | None = None) -> None:
     """Record a failed check; the one that reaches the limit locks the name for a full window."""
-    if attempt != settings.SWITCHYARD_LOGIN_FAILURES:
+    if attempt != settings.ROUNDHOUSE_LOGIN_FAILURES:
         return
-    seconds = settings.SWITCHYARD_LOGIN_LOCK_SECONDS
+    seconds = settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS
     _client().expire(lockout_key(username), seconds)
     log.warning("sign-in locked for %r after %d failures", username, attempt)
     audit_record(
@@ -127,7 +127,7 @@ class LockoutBackend(ModelBackend):
             # Without the counter nothing bounds guessing: refuse rather than check unbounded.
             log.warning("sign-in refused: the lockout counter is unreachable")
             raise PermissionDenied("sign-in is unavailable") from None
-        if attempt > settings.SWITCHYARD_LOGIN_FAILURES:
+        if attempt > settings.ROUNDHOUSE_LOGIN_FAILURES:
             # PermissionDenied stops django.contrib.auth.authenticate at this backend.
             raise PermissionDenied("too many failed sign-ins")
         user = super().authenticate(request, username=username, password=password, **kwargs)

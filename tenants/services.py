@@ -40,7 +40,7 @@ def tenant_create(*, slug: str, name: str = "", actor: User | None = None) -> Te
         if Tenant.objects.filter(slug=slug).exists():
             raise ValidationError({"slug": f"tenant {slug!r} already exists"})
         tenant = Tenant.objects.create(slug=slug, name=name or slug)
-        Quota.objects.create(tenant=tenant, **settings.SWITCHYARD_DEFAULT_QUOTA)
+        Quota.objects.create(tenant=tenant, **settings.ROUNDHOUSE_DEFAULT_QUOTA)
         audit_record(
             action="tenant.create", target_type="tenant", target_id=slug, tenant=tenant, actor=actor
         )

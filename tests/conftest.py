@@ -316,7 +316,7 @@ def encoder(
 
 @pytest.fixture
 def artifact_root() -> Path:
-    return Path(settings.SWITCHYARD_ARTIFACT_ROOT)
+    return Path(settings.ROUNDHOUSE_ARTIFACT_ROOT)
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ def test_production_settings_pass_the_deployment_checks():
         "DJANGO_SETTINGS_MODULE": "config.settings.prod",
         "DJANGO_SECRET_KEY": "x7" * 30 + "-a-long-random-production-secret",
         "DJANGO_ALLOWED_HOSTS": "api.example.com",
-        "SWITCHYARD_CONTENT_KEYS": "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleTA=",
-        "DATABASE_URL": "postgresql://switchyard:pw@db.example.com:5432/switchyard",
+        "ROUNDHOUSE_CONTENT_KEYS": "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleTA=",
+        "DATABASE_URL": "postgresql://roundhouse:pw@db.example.com:5432/roundhouse",
         "REDIS_URL": "redis://redis.example.com:6379/0",
     }
     done = subprocess.run(

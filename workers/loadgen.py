@@ -22,7 +22,7 @@ from workers.capacity import Level, Sample, level_summarise
 # Ordinary text: prompts are drawn from the token ids a version's tokenizer gives it, so they
 # hold no special tokens, and every prompt differs (no prefix-cache hits flatter prefill).
 VOCABULARY_TEXT = (
-    "The switchyard sorts freight cars onto tracks by destination. Each morning the yard "
+    "The roundhouse sorts freight cars onto tracks by destination. Each morning the yard "
     "master reads the manifests, checks the weight of every wagon, and plans which engine "
     "pulls which train. Signals change, points move, and a shunting locomotive pushes cars "
     "over the hump so that gravity rolls them into the right siding. Coal, timber, grain, "

@@ -19,7 +19,7 @@ from typing import Any
 from vllm.lora.ops.torch_ops import lora_ops
 from vllm.lora.punica_wrapper import punica_cpu
 
-_PATCHED = "__switchyard_skips_no_lora__"
+_PATCHED = "__roundhouse_skips_no_lora__"
 
 
 def _skip_no_lora(op: Callable[..., Any]) -> Callable[..., Any]:

@@ -14,31 +14,31 @@ from dataplane.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, stage_seconds
 from dataplane.types import Job, UsageEvent
 
 platform_ttft = Histogram(
-    "switchyard_time_to_first_token_seconds",
+    "roundhouse_time_to_first_token_seconds",
     "First token minus admission: the TTFT the objective is about.",
     ["deployment", "priority"],
     buckets=TTFT_BUCKETS,
 )
 requests_ended = Counter(
-    "switchyard_worker_requests", "Requests a worker ended, by status.", ["deployment", "status"]
+    "roundhouse_worker_requests", "Requests a worker ended, by status.", ["deployment", "status"]
 )
 generated_tokens = Counter(
-    "switchyard_generated_tokens", "Completion tokens produced.", ["deployment"]
+    "roundhouse_generated_tokens", "Completion tokens produced.", ["deployment"]
 )
 batch_size = Histogram(
-    "switchyard_encoder_batch_size",
+    "roundhouse_encoder_batch_size",
     "Inputs per forward pass.",
     ["deployment"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
 batch_fill = Histogram(
-    "switchyard_encoder_batch_fill_ratio",
+    "roundhouse_encoder_batch_fill_ratio",
     "Inputs per forward pass over max_batch_size.",
     ["deployment"],
     buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
 )
 batch_seconds = Histogram(
-    "switchyard_encoder_batch_seconds",
+    "roundhouse_encoder_batch_seconds",
     "One forward pass.",
     ["deployment"],
     buckets=LATENCY_BUCKETS,

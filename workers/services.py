@@ -44,8 +44,8 @@ _pinned: dict[tuple[Path, str], Path] = {}
 
 def weights_cache() -> WeightsCache:
     """Return this host's weights cache."""
-    limit = settings.SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES
-    return WeightsCache(root=settings.SWITCHYARD_WEIGHTS_CACHE_DIR, max_bytes=limit or None)
+    limit = settings.ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES
+    return WeightsCache(root=settings.ROUNDHOUSE_WEIGHTS_CACHE_DIR, max_bytes=limit or None)
 
 
 def weight_files(*, version: ModelVersion) -> list[WeightFile]:
@@ -119,7 +119,7 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
         extra_args=extra,
         max_loras=deployment.max_loras,
         max_lora_rank=deployment.max_lora_rank,
-        engine_nice=settings.SWITCHYARD_ENGINE_NICE,
+        engine_nice=settings.ROUNDHOUSE_ENGINE_NICE,
     )
     encoder = None
     if version.model.task == Task.EMBEDDING:
@@ -185,7 +185,7 @@ def deployments_reconcile(*, settle_seconds: float = 30.0) -> int:
 
 
 def lease_seconds() -> float:
-    return settings.SWITCHYARD_LEASE_SECONDS
+    return settings.ROUNDHOUSE_LEASE_SECONDS
 
 
 def throughput_record(

@@ -36,7 +36,7 @@ def env_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in {"1", "true", "yes", "on"}
 
 
-DATA_DIR = Path(env_str("SWITCHYARD_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
+DATA_DIR = Path(env_str("ROUNDHOUSE_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
 
 
 def embedded_urls() -> dict[str, str]:
@@ -56,10 +56,10 @@ def embedded_urls() -> dict[str, str]:
 _embedded = embedded_urls()
 DATABASE_URL = os.environ.get("DATABASE_URL") or _embedded.get(
     "database_url",
-    f"postgresql://postgres@127.0.0.1:{env_int('SWITCHYARD_PG_PORT', 54329)}/switchyard",
+    f"postgresql://postgres@127.0.0.1:{env_int('ROUNDHOUSE_PG_PORT', 54329)}/roundhouse",
 )
 REDIS_URL = os.environ.get("REDIS_URL") or _embedded.get(
-    "redis_url", f"redis://127.0.0.1:{env_int('SWITCHYARD_REDIS_PORT', 63799)}/0"
+    "redis_url", f"redis://127.0.0.1:{env_int('ROUNDHOUSE_REDIS_PORT', 63799)}/0"
 )
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
@@ -73,7 +73,7 @@ def content_keys_parse(raw: str) -> list[str]:
 
 def content_key_derive(secret_key: str) -> str:
     """Return a Fernet key derived from a secret (development and tests only)."""
-    digest = hashlib.sha256(b"switchyard-content-key|" + secret_key.encode()).digest()
+    digest = hashlib.sha256(b"roundhouse-content-key|" + secret_key.encode()).digest()
     return base64.urlsafe_b64encode(digest).decode()
 
 
@@ -82,7 +82,7 @@ def content_key_derive(secret_key: str) -> str:
 # text it sealed has expired. Without the variable, development and tests use one key derived
 # from SECRET_KEY: deterministic, so a dev database stays readable across restarts, and never
 # used in production, where prod.py refuses to start without the variable.
-SWITCHYARD_CONTENT_KEYS = content_keys_parse(env_str("SWITCHYARD_CONTENT_KEYS", "")) or [
+ROUNDHOUSE_CONTENT_KEYS = content_keys_parse(env_str("ROUNDHOUSE_CONTENT_KEYS", "")) or [
     content_key_derive(SECRET_KEY)
 ]
 
@@ -129,8 +129,8 @@ MIDDLEWARE = [
 # Headers on every console, admin and management page. Scripts and styles load from this
 # site's static files only (no inline ones: static/console/console.js holds the console's);
 # no page may be framed, sniffed as another type, or leak its URL to another origin.
-SWITCHYARD_CONTENT_SECURITY_POLICY = env_str(
-    "SWITCHYARD_CONTENT_SECURITY_POLICY",
+ROUNDHOUSE_CONTENT_SECURITY_POLICY = env_str(
+    "ROUNDHOUSE_CONTENT_SECURITY_POLICY",
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
     "form-action 'self'; frame-ancestors 'none'",
@@ -192,13 +192,13 @@ CACHES = {
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:home"
 # Sign-in lockout: this many failures for one username within the window lock it for the window.
-SWITCHYARD_LOGIN_FAILURES = env_int("SWITCHYARD_LOGIN_FAILURES", 5)
-SWITCHYARD_LOGIN_LOCK_SECONDS = env_int("SWITCHYARD_LOGIN_LOCK_SECONDS", 900)
+ROUNDHOUSE_LOGIN_FAILURES = env_int("ROUNDHOUSE_LOGIN_FAILURES", 5)
+ROUNDHOUSE_LOGIN_LOCK_SECONDS = env_int("ROUNDHOUSE_LOGIN_LOCK_SECONDS", 900)
 # The only password check: console, admin and HTTP Basic on the API all count against the lockout.
 AUTHENTICATION_BACKENDS = ["tenants.lockout.LockoutBackend"]
 
 EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
-DEFAULT_FROM_EMAIL = env_str("SWITCHYARD_FROM_EMAIL", "switchyard@localhost")
+DEFAULT_FROM_EMAIL = env_str("ROUNDHOUSE_FROM_EMAIL", "roundhouse@localhost")
 EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
 EMAIL_HOST_USER = env_str("DJANGO_EMAIL_USER", "")
@@ -212,7 +212,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
         "task": "rollouts.tasks.rollouts_analyze",
-        "schedule": env_float("SWITCHYARD_ROLLOUT_ANALYSIS_SECONDS", 30.0),
+        "schedule": env_float("ROUNDHOUSE_ROLLOUT_ANALYSIS_SECONDS", 30.0),
     },
     # Drafts for the month that ended, at 01:00 UTC on the 1st; finance issues them.
     "invoices-build": {
@@ -256,7 +256,7 @@ REST_FRAMEWORK = {
 # The management API's OpenAPI document, served at /api/schema. It is public, like the /v1
 # one: it describes what the code already says, and each operation still checks who calls it.
 SPECTACULAR_SETTINGS = {
-    "TITLE": "Switchyard management API",
+    "TITLE": "Roundhouse management API",
     "DESCRIPTION": "Tenants' quotas and privacy, the model registry and rollouts, and finance. "
     "Staff only, except the finance reads a tenant's finance and admin members may make.",
     "VERSION": "1",
@@ -277,7 +277,7 @@ SPECTACULAR_SETTINGS = {
 
 # Logs: one JSON object per line (`json`, the default: what log pipelines parse) or readable
 # lines (`plain`, what `make demo` uses); both carry the request and trace ids.
-SWITCHYARD_LOG_FORMAT = env_str("SWITCHYARD_LOG_FORMAT", "json")
+ROUNDHOUSE_LOG_FORMAT = env_str("ROUNDHOUSE_LOG_FORMAT", "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -292,11 +292,11 @@ LOGGING = {
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain" if SWITCHYARD_LOG_FORMAT == "plain" else "json",
+            "formatter": "plain" if ROUNDHOUSE_LOG_FORMAT == "plain" else "json",
             "filters": ["context", "redact"],
         }
     },
-    "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_str("ROUNDHOUSE_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.request": {"level": "ERROR"},
         # uvicorn's own handlers would print its lines unfiltered (a WebSocket's request line
@@ -312,70 +312,70 @@ LOGGING = {
 }
 
 # Metrics (docs/metrics.md). Workers and the ingester serve theirs on these ports (0: off).
-SWITCHYARD_WORKER_METRICS_PORT = env_int("SWITCHYARD_WORKER_METRICS_PORT", 0)
-SWITCHYARD_INGESTER_METRICS_PORT = env_int("SWITCHYARD_INGESTER_METRICS_PORT", 0)
+ROUNDHOUSE_WORKER_METRICS_PORT = env_int("ROUNDHOUSE_WORKER_METRICS_PORT", 0)
+ROUNDHOUSE_INGESTER_METRICS_PORT = env_int("ROUNDHOUSE_INGESTER_METRICS_PORT", 0)
 # Tenants named in the per-tenant token series; later ones are counted as `other`.
-SWITCHYARD_METRICS_MAX_TENANTS = env_int("SWITCHYARD_METRICS_MAX_TENANTS", 200)
+ROUNDHOUSE_METRICS_MAX_TENANTS = env_int("ROUNDHOUSE_METRICS_MAX_TENANTS", 200)
 # The autoscaling signal falls only after its raw value stayed lower for this long.
-SWITCHYARD_SCALE_DOWN_SECONDS = env_float("SWITCHYARD_SCALE_DOWN_SECONDS", 300.0)
+ROUNDHOUSE_SCALE_DOWN_SECONDS = env_float("ROUNDHOUSE_SCALE_DOWN_SECONDS", 300.0)
 
 # Largest request body the API accepts; larger ones get 413.
-MAX_REQUEST_BYTES = env_int("SWITCHYARD_MAX_REQUEST_BYTES", 4 * 1024 * 1024)
+MAX_REQUEST_BYTES = env_int("ROUNDHOUSE_MAX_REQUEST_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 # Where registered model versions are stored, content-addressed and read-only.
-SWITCHYARD_ARTIFACT_ROOT = Path(
-    env_str("SWITCHYARD_ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))
+ROUNDHOUSE_ARTIFACT_ROOT = Path(
+    env_str("ROUNDHOUSE_ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))
 ).resolve()
 # Each worker host's copy of the versions it serves, fetched from their weights URIs (a
 # version registered without one is fetched from the store above). 0: no size limit; above
 # the limit, least recently used versions no worker process holds are evicted.
-SWITCHYARD_WEIGHTS_CACHE_DIR = Path(
-    env_str("SWITCHYARD_WEIGHTS_CACHE_DIR", str(DATA_DIR / "weights-cache"))
+ROUNDHOUSE_WEIGHTS_CACHE_DIR = Path(
+    env_str("ROUNDHOUSE_WEIGHTS_CACHE_DIR", str(DATA_DIR / "weights-cache"))
 ).resolve()
-SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES = env_int("SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES", 0)
+ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES = env_int("ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES", 0)
 # How long a frontend serves a cached key, route or safety policy before reloading it. Changes
 # publish a message that marks the cached state stale everywhere at once (a revocation drops
 # the key); these bound staleness only when such a message is lost.
-SWITCHYARD_KEY_CACHE_SECONDS = env_float("SWITCHYARD_KEY_CACHE_SECONDS", 30.0)
-SWITCHYARD_ROUTE_CACHE_SECONDS = env_float("SWITCHYARD_ROUTE_CACHE_SECONDS", 30.0)
+ROUNDHOUSE_KEY_CACHE_SECONDS = env_float("ROUNDHOUSE_KEY_CACHE_SECONDS", 30.0)
+ROUNDHOUSE_ROUTE_CACHE_SECONDS = env_float("ROUNDHOUSE_ROUTE_CACHE_SECONDS", 30.0)
 # A claimed job whose lease is not renewed for this long is reclaimed.
-SWITCHYARD_LEASE_SECONDS = env_float("SWITCHYARD_LEASE_SECONDS", 5.0)
+ROUNDHOUSE_LEASE_SECONDS = env_float("ROUNDHOUSE_LEASE_SECONDS", 5.0)
 # Longest a request may take end to end before the frontend cancels it.
-SWITCHYARD_REQUEST_TIMEOUT_SECONDS = env_float("SWITCHYARD_REQUEST_TIMEOUT_SECONDS", 600.0)
+ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS = env_float("ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS", 600.0)
 # Reply streams outlive the request by this much so a slow reader can finish.
-SWITCHYARD_REPLY_TTL_SECONDS = env_int("SWITCHYARD_REPLY_TTL_SECONDS", 900)
+ROUNDHOUSE_REPLY_TTL_SECONDS = env_int("ROUNDHOUSE_REPLY_TTL_SECONDS", 900)
 # Tokens of a stream produced within this many milliseconds travel as one event (the first
 # token and the end never wait). 0 sends every engine step; raise it when many concurrent
 # streams make per-token relaying cost more CPU than the engine can spare.
-SWITCHYARD_STREAM_INTERVAL_MS = env_float("SWITCHYARD_STREAM_INTERVAL_MS", 20.0)
+ROUNDHOUSE_STREAM_INTERVAL_MS = env_float("ROUNDHOUSE_STREAM_INTERVAL_MS", 20.0)
 # How many nice steps below the worker's event loop its engine's processes run (0: the same):
 # the loop's work (claims, token relay, aborts) is short and waits on nothing else.
-SWITCHYARD_ENGINE_NICE = env_int("SWITCHYARD_ENGINE_NICE", 5)
+ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 5)
 # The share of a worker's engine slots kept for tenants with nothing running on it, so a light
 # tenant's request starts at once while another tenant's long requests fill the rest.
-SWITCHYARD_RESERVED_SLOTS = env_float("SWITCHYARD_RESERVED_SLOTS", 0.125)
+ROUNDHOUSE_RESERVED_SLOTS = env_float("ROUNDHOUSE_RESERVED_SLOTS", 0.125)
 # The quota a new tenant starts with.
-SWITCHYARD_DEFAULT_QUOTA: dict[str, int | Decimal] = {
-    "requests_per_minute": env_int("SWITCHYARD_DEFAULT_RPM", 600),
-    "tokens_per_minute": env_int("SWITCHYARD_DEFAULT_TPM", 200_000),
-    "max_concurrency": env_int("SWITCHYARD_DEFAULT_MAX_CONCURRENCY", 64),
-    "max_tokens_per_request": env_int("SWITCHYARD_DEFAULT_MAX_TOKENS", 1024),
-    "max_context_tokens": env_int("SWITCHYARD_DEFAULT_MAX_CONTEXT", 8192),
-    "monthly_budget": Decimal(env_str("SWITCHYARD_DEFAULT_MONTHLY_BUDGET", "100.00")),
-    "priority_weight": env_int("SWITCHYARD_DEFAULT_PRIORITY_WEIGHT", 1),
+ROUNDHOUSE_DEFAULT_QUOTA: dict[str, int | Decimal] = {
+    "requests_per_minute": env_int("ROUNDHOUSE_DEFAULT_RPM", 600),
+    "tokens_per_minute": env_int("ROUNDHOUSE_DEFAULT_TPM", 200_000),
+    "max_concurrency": env_int("ROUNDHOUSE_DEFAULT_MAX_CONCURRENCY", 64),
+    "max_tokens_per_request": env_int("ROUNDHOUSE_DEFAULT_MAX_TOKENS", 1024),
+    "max_context_tokens": env_int("ROUNDHOUSE_DEFAULT_MAX_CONTEXT", 8192),
+    "monthly_budget": Decimal(env_str("ROUNDHOUSE_DEFAULT_MONTHLY_BUDGET", "100.00")),
+    "priority_weight": env_int("ROUNDHOUSE_DEFAULT_PRIORITY_WEIGHT", 1),
 }
 
 # The Files and Batch APIs: the largest batch input file and the most requests it may hold.
-SWITCHYARD_MAX_FILE_BYTES = env_int("SWITCHYARD_MAX_FILE_BYTES", 64 * 1024 * 1024)
-SWITCHYARD_MAX_FILE_LINES = env_int("SWITCHYARD_MAX_FILE_LINES", 50_000)
+ROUNDHOUSE_MAX_FILE_BYTES = env_int("ROUNDHOUSE_MAX_FILE_BYTES", 64 * 1024 * 1024)
+ROUNDHOUSE_MAX_FILE_LINES = env_int("ROUNDHOUSE_MAX_FILE_LINES", 50_000)
 # A batch job works in steps of this many seconds (short, so a Celery worker's warm shutdown
 # is quick) and holds the batch's lease, renewed as it goes, which lapses this long after its
 # runner dies; then the next step takes the batch over.
-SWITCHYARD_BATCH_STEP_SECONDS = env_float("SWITCHYARD_BATCH_STEP_SECONDS", 20.0)
-SWITCHYARD_BATCH_LEASE_SECONDS = env_int("SWITCHYARD_BATCH_LEASE_SECONDS", 30)
+ROUNDHOUSE_BATCH_STEP_SECONDS = env_float("ROUNDHOUSE_BATCH_STEP_SECONDS", 20.0)
+ROUNDHOUSE_BATCH_LEASE_SECONDS = env_int("ROUNDHOUSE_BATCH_LEASE_SECONDS", 30)
 # Requests one batch keeps admitted at once (they wait in the `batch` class for idle capacity).
-SWITCHYARD_BATCH_IN_FLIGHT = env_int("SWITCHYARD_BATCH_IN_FLIGHT", 64)
+ROUNDHOUSE_BATCH_IN_FLIGHT = env_int("ROUNDHOUSE_BATCH_IN_FLIGHT", 64)
 # Encoder workers: how long arrivals must pause before a partial batch runs (at most the
 # queue delay derived from the deployment's SLO). 0: whenever the engine is free.
-SWITCHYARD_BATCHER_QUIET_MS = env_float("SWITCHYARD_BATCHER_QUIET_MS", 0.0)
+ROUNDHOUSE_BATCHER_QUIET_MS = env_float("ROUNDHOUSE_BATCHER_QUIET_MS", 0.0)

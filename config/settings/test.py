@@ -7,9 +7,9 @@ from config.settings.base import *  # noqa: F403
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # As in production: what the tests change reaches the frontends through change messages.
-SWITCHYARD_KEY_CACHE_SECONDS = 30.0
-SWITCHYARD_ROUTE_CACHE_SECONDS = 30.0
-SWITCHYARD_LEASE_SECONDS = 3.0
+ROUNDHOUSE_KEY_CACHE_SECONDS = 30.0
+ROUNDHOUSE_ROUTE_CACHE_SECONDS = 30.0
+ROUNDHOUSE_LEASE_SECONDS = 3.0
 WHITENOISE_USE_FINDERS = True  # static files served in place: no collectstatic needed
-SWITCHYARD_BATCH_STEP_SECONDS = 4.0
-SWITCHYARD_BATCH_LEASE_SECONDS = 3
+ROUNDHOUSE_BATCH_STEP_SECONDS = 4.0
+ROUNDHOUSE_BATCH_LEASE_SECONDS = 3

@@ -55,7 +55,7 @@ _SAMPLING: dict[str, Schema] = {
         "description": "flex runs in the batch priority class.",
     },
     "timeout": number(0.001, 86400.0, "Seconds the client will wait (as x-request-timeout)."),
-    # Accepted only with the values that mean "not used": Switchyard answers with one choice.
+    # Accepted only with the values that mean "not used": Roundhouse answers with one choice.
     "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
     "logprobs": {"enum": [False, None]},
     "echo": {"enum": [False, None]},

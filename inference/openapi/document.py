@@ -34,7 +34,7 @@ def openapi_document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {
-            "title": "Switchyard /v1 API",
+            "title": "Roundhouse /v1 API",
             "version": "1",
             "description": "OpenAI-compatible inference, files and batches. Authenticate with "
             "an API key: `Authorization: Bearer rh-...`.",

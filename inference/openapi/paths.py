@@ -14,7 +14,7 @@ from inference.idempotency import MAX_KEY_LENGTH
 from inference.openapi.schema import ENTRY_ID, PATH_SEGMENT, Schema, json_content, obj, ref
 
 REQUEST_ID_HEADER = {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
-VERSION_HEADER = {"x-switchyard-model-version": {"$ref": "#/components/headers/ModelVersion"}}
+VERSION_HEADER = {"x-roundhouse-model-version": {"$ref": "#/components/headers/ModelVersion"}}
 
 
 def ok(
@@ -127,7 +127,7 @@ def _generation(chunk: str, body: str, result: str, summary: str) -> Schema:
                     },
                     {
                         **VERSION_HEADER,
-                        "x-switchyard-cache": {"$ref": "#/components/headers/Cache"},
+                        "x-roundhouse-cache": {"$ref": "#/components/headers/Cache"},
                     },
                 ),
                 **errors(400, *AUTH_ERRORS, 404, 409, 413, 422, 429, 503),

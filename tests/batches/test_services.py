@@ -49,14 +49,14 @@ def _batch(world, lines: list[str]) -> Batch:
     )
 
 
-@override_settings(SWITCHYARD_MAX_FILE_BYTES=100)
+@override_settings(ROUNDHOUSE_MAX_FILE_BYTES=100)
 def test_a_file_over_the_size_limit_is_a_413(world):
     with pytest.raises(ApiError) as refused:
         file_create(tenant_id=world.acme.pk, filename="f", purpose="batch", content=b"x" * 101)
     assert (refused.value.status, refused.value.param) == (413, "file")
 
 
-@override_settings(SWITCHYARD_MAX_FILE_LINES=3)
+@override_settings(ROUNDHOUSE_MAX_FILE_LINES=3)
 def test_a_file_over_the_line_limit_names_its_count(world):
     with pytest.raises(ApiError) as refused:
         file_create(tenant_id=world.acme.pk, filename="f", purpose="batch", content=b"{}\n" * 4)

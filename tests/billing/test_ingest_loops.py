@@ -18,7 +18,7 @@ from tests.dataplane.roles import roles
 
 
 def _failures(loop: str) -> float:
-    return REGISTRY.get_sample_value("switchyard_loop_failures_total", {"loop": loop}) or 0.0
+    return REGISTRY.get_sample_value("roundhouse_loop_failures_total", {"loop": loop}) or 0.0
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 15.0) -> None:

@@ -163,7 +163,7 @@ class _FailingReads:
 
 
 def _failures() -> float:
-    return REGISTRY.get_sample_value("switchyard_loop_failures_total", {"loop": "replies"}) or 0.0
+    return REGISTRY.get_sample_value("roundhouse_loop_failures_total", {"loop": "replies"}) or 0.0
 
 
 async def _until(condition, timeout: float = 5.0) -> None:

@@ -158,7 +158,7 @@ def test_a_chat_completion_returns_text_and_exact_usage(client, world, usage_of)
     body = response.json()
     assert body["object"] == "chat.completion"
     assert body["model"] == world.version.public_name
-    assert response.headers["x-switchyard-model-version"] == world.version.version
+    assert response.headers["x-roundhouse-model-version"] == world.version.version
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 12
     [record] = usage_of(response.headers["x-request-id"])

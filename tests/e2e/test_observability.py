@@ -85,43 +85,43 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
     usage_of(response.headers["x-request-id"], streamed.headers["x-request-id"])
     _until(
         lambda: (
-            _value(_scrape(stack.worker_metrics_url), "switchyard_worker_requests_total")
-            >= _value(before, "switchyard_worker_requests_total") + 2
+            _value(_scrape(stack.worker_metrics_url), "roundhouse_worker_requests_total")
+            >= _value(before, "roundhouse_worker_requests_total") + 2
         )
     )
 
     frontend = _scrape(f"{stack.base_url}/metrics")
     for stage in FRONTEND_STAGES:
         assert _value(
-            frontend, "switchyard_stage_seconds_count", stage=stage, deployment=DEPLOYMENT
+            frontend, "roundhouse_stage_seconds_count", stage=stage, deployment=DEPLOYMENT
         ), stage
-    assert _value(frontend, "switchyard_request_seconds_count", endpoint="chat_completions") >= 2
+    assert _value(frontend, "roundhouse_request_seconds_count", endpoint="chat_completions") >= 2
     assert (
         _value(
             frontend,
-            "switchyard_admission_decisions_total",
+            "roundhouse_admission_decisions_total",
             deployment=DEPLOYMENT,
             reason="admitted",
         )
         >= 2
     )
-    assert _value(frontend, "switchyard_requests_total", endpoint="chat_completions", code="200")
+    assert _value(frontend, "roundhouse_requests_total", endpoint="chat_completions", code="200")
     # The platform's shared state, read from Redis at scrape time.
     for priority in ("interactive", "batch"):
         series = frozenset({("deployment", DEPLOYMENT), ("priority", priority)})
-        assert ("switchyard_queue_depth", series) in frontend, priority
+        assert ("roundhouse_queue_depth", series) in frontend, priority
         # Each class has its own age series (a missing one would read as 0), 0 when none waits.
-        assert ("switchyard_queue_oldest_age_seconds", series) in frontend, priority
-        age = frontend[("switchyard_queue_oldest_age_seconds", series)]
+        assert ("roundhouse_queue_oldest_age_seconds", series) in frontend, priority
+        age = frontend[("roundhouse_queue_oldest_age_seconds", series)]
         assert age >= 0, (priority, age)
-        if frontend[("switchyard_queue_depth", series)] == 0:
+        if frontend[("roundhouse_queue_depth", series)] == 0:
             assert age == 0, (priority, age)
-    assert _value(frontend, "switchyard_deployment_workers", deployment=DEPLOYMENT) >= 1
-    assert _value(frontend, "switchyard_deployment_desired_replicas", deployment=DEPLOYMENT) >= 1
+    assert _value(frontend, "roundhouse_deployment_workers", deployment=DEPLOYMENT) >= 1
+    assert _value(frontend, "roundhouse_deployment_desired_replicas", deployment=DEPLOYMENT) >= 1
     assert _value(
-        frontend, "switchyard_deployment_slo", deployment=DEPLOYMENT, objective="ttft_p95_seconds"
+        frontend, "roundhouse_deployment_slo", deployment=DEPLOYMENT, objective="ttft_p95_seconds"
     ) == pytest.approx(world.deployment.slo_ttft_p95_ms / 1000)
-    assert ("switchyard_usage_ingest_lag_events", frozenset({("deployment", DEPLOYMENT)})) in (
+    assert ("roundhouse_usage_ingest_lag_events", frozenset({("deployment", DEPLOYMENT)})) in (
         frontend
     )
     # django-prometheus: the sign-in page passes its middleware; the scrape queries the database.
@@ -148,27 +148,27 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
     assert kv_cache and all(labels["deployment"] == DEPLOYMENT for labels in kv_cache), kv_cache
     assert 0 <= _value(worker, "vllm:kv_cache_usage_perc", **engine) <= 1
     for stage in WORKER_STAGES:
-        assert _value(worker, "switchyard_stage_seconds_count", stage=stage, **engine), stage
+        assert _value(worker, "roundhouse_stage_seconds_count", stage=stage, **engine), stage
     assert (
         _value(
-            worker, "switchyard_time_to_first_token_seconds_count", priority="interactive", **engine
+            worker, "roundhouse_time_to_first_token_seconds_count", priority="interactive", **engine
         )
         >= 2
     )
-    assert _value(worker, "switchyard_worker_requests_total", status="ok", **engine) >= 2
-    assert _value(worker, "switchyard_generated_tokens_total", **engine) >= 24 + 1
+    assert _value(worker, "roundhouse_worker_requests_total", status="ok", **engine) >= 2
+    assert _value(worker, "roundhouse_generated_tokens_total", **engine) >= 24 + 1
 
     ingester = _scrape(stack.ingester_metrics_url)
     assert (
-        _value(ingester, "switchyard_tenant_tokens_total", tenant="acme", kind="completion") >= 25
+        _value(ingester, "roundhouse_tenant_tokens_total", tenant="acme", kind="completion") >= 25
     )
-    assert _value(ingester, "switchyard_usage_ingested_total") >= 2
+    assert _value(ingester, "roundhouse_usage_ingested_total") >= 2
 
 
 def _stage_parts(*scrapes: Samples) -> dict[str, float]:
     return {
         stage: sum(
-            _value(samples, "switchyard_stage_seconds_sum", stage=stage, deployment=DEPLOYMENT)
+            _value(samples, "roundhouse_stage_seconds_sum", stage=stage, deployment=DEPLOYMENT)
             for samples in scrapes
         )
         for stage in (*FRONTEND_STAGES, *WORKER_STAGES)
@@ -183,28 +183,28 @@ def test_the_stages_of_a_request_add_up_to_roughly_its_end_to_end_time(stack, wo
     _until(
         lambda: (
             _value(_scrape(worker_url), "vllm:num_requests_running", deployment=DEPLOYMENT) == 0
-            and _value(_scrape(frontend_url), "switchyard_queue_depth", deployment=DEPLOYMENT) == 0
+            and _value(_scrape(frontend_url), "roundhouse_queue_depth", deployment=DEPLOYMENT) == 0
         )
     )
     time.sleep(0.5)
     parts_before = _stage_parts(_scrape(frontend_url), _scrape(worker_url))
     before = sum(parts_before.values())
-    requests_before = _value(_scrape(worker_url), "switchyard_worker_requests_total")
-    decode_before = _value(_scrape(worker_url), "switchyard_stage_seconds_count", stage="decode")
+    requests_before = _value(_scrape(worker_url), "roundhouse_worker_requests_total")
+    decode_before = _value(_scrape(worker_url), "roundhouse_stage_seconds_count", stage="decode")
     started = time.perf_counter()
     _chat(client, world.acme_key, max_tokens=64)
     waited = time.perf_counter() - started
     _until(
         lambda: (
-            _value(_scrape(worker_url), "switchyard_worker_requests_total") > requests_before
-            and _value(_scrape(worker_url), "switchyard_stage_seconds_count", stage="decode")
+            _value(_scrape(worker_url), "roundhouse_worker_requests_total") > requests_before
+            and _value(_scrape(worker_url), "roundhouse_stage_seconds_count", stage="decode")
             > decode_before
         )
     )
     parts = _stage_parts(_scrape(frontend_url), _scrape(worker_url))
     grown = {stage: round((parts[stage] - parts_before[stage]) * 1000, 1) for stage in parts}
     staged = sum(parts.values()) - before
-    e2e = _value(_scrape(frontend_url), "switchyard_request_seconds_sum")
+    e2e = _value(_scrape(frontend_url), "roundhouse_request_seconds_sum")
     print(f"client waited {waited * 1000:.1f} ms; stages add up to {staged * 1000:.1f} ms")
     # The stages leave out only the Redis hops between them and the client's own HTTP work.
     assert 0.6 * waited <= staged <= 1.05 * waited, f"ms by stage: {grown}"
@@ -300,17 +300,17 @@ def test_encoder_workers_report_their_batches(stack, world, encoder, client):
         headers={"Authorization": f"Bearer {world.acme_key}"},
     )
     assert response.status_code == 200, response.text
-    _until(lambda: _value(_scrape(encoder.metrics_url), "switchyard_encoder_batch_size_count") > 0)
+    _until(lambda: _value(_scrape(encoder.metrics_url), "roundhouse_encoder_batch_size_count") > 0)
     samples = _scrape(encoder.metrics_url)
     labels = {"deployment": ENCODER}
-    assert _value(samples, "switchyard_encoder_batch_size_sum", **labels) >= 3
+    assert _value(samples, "roundhouse_encoder_batch_size_sum", **labels) >= 3
     assert (
         0
-        < _value(samples, "switchyard_encoder_batch_fill_ratio_sum", **labels)
-        <= (_value(samples, "switchyard_encoder_batch_fill_ratio_count", **labels))
+        < _value(samples, "roundhouse_encoder_batch_fill_ratio_sum", **labels)
+        <= (_value(samples, "roundhouse_encoder_batch_fill_ratio_count", **labels))
     )
-    assert _value(samples, "switchyard_encoder_batch_seconds_count", **labels) >= 1
+    assert _value(samples, "roundhouse_encoder_batch_seconds_count", **labels) >= 1
     for stage in ("platform_queue", "engine_queue", "prefill"):
-        assert _value(samples, "switchyard_stage_seconds_count", stage=stage, **labels), stage
+        assert _value(samples, "roundhouse_stage_seconds_count", stage=stage, **labels), stage
     frontend = _scrape(f"{stack.base_url}/metrics")
-    assert _value(frontend, "switchyard_stage_seconds_count", stage="relay", **labels) >= 1
+    assert _value(frontend, "roundhouse_stage_seconds_count", stage="relay", **labels) >= 1

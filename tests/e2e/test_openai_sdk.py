@@ -1,4 +1,4 @@
-"""The official openai SDK against Switchyard: what a client team actually runs."""
+"""The official openai SDK against Roundhouse: what a client team actually runs."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from tests.conftest import CONTEXT, Process, _free_port, _spawn, _wait_for
 DEPLOYMENT = "tiny-prefix"
 MODEL = "tiny-llama@prefix"
 # About 300 tokens of the demo model's tokenizer: two of vLLM's 128-token blocks on CPU.
-SYSTEM_PROMPT = "You are the switchyard's dispatcher. " + " ".join(
+SYSTEM_PROMPT = "You are the roundhouse's dispatcher. " + " ".join(
     f"Track {i} holds the {['red', 'blue', 'green'][i % 3]} freight cars." for i in range(17)
 )
 
@@ -99,7 +99,7 @@ def _counter(process: Process, name: str, **labels: str) -> float:
 
 def _served(replicas: Replicas, since: list[float] | None = None) -> list[float]:
     """Requests each replica served (since an earlier reading)."""
-    now = [_counter(w, "switchyard_worker_requests_total", status="ok") for w in replicas.workers]
+    now = [_counter(w, "roundhouse_worker_requests_total", status="ok") for w in replicas.workers]
     return [n - b for n, b in zip(now, since or [0.0] * len(now), strict=True)]
 
 

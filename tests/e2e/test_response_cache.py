@@ -44,8 +44,8 @@ def test_a_repeated_deterministic_request_is_answered_from_the_cache_and_billed_
     key = world.limited_keys["cyberdyne"]
     first = _chat(client, key, "Name a river")
     again = _chat(client, key, "Name a river")
-    assert first.headers["x-switchyard-cache"] == "miss"
-    assert again.headers["x-switchyard-cache"] == "hit"
+    assert first.headers["x-roundhouse-cache"] == "miss"
+    assert again.headers["x-roundhouse-cache"] == "hit"
     assert _text(again) == _text(first)
     assert again.json()["usage"] == first.json()["usage"]
     assert again.headers["x-request-id"] != first.headers["x-request-id"]
@@ -75,7 +75,7 @@ def test_a_cached_answer_streams_like_any_other(client, world):
         },
         headers={"Authorization": f"Bearer {key}"},
     ) as streamed:
-        assert streamed.headers["x-switchyard-cache"] == "hit"
+        assert streamed.headers["x-roundhouse-cache"] == "hit"
         lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
@@ -86,27 +86,27 @@ def test_a_cached_answer_streams_like_any_other(client, world):
 def test_tenants_never_share_entries_and_tenants_without_it_are_untouched(client, world):
     prompt = "Name a forest"
     _chat(client, world.limited_keys["cyberdyne"], prompt)
-    assert _chat(client, world.limited_keys["cyberdyne"], prompt).headers["x-switchyard-cache"] == (
+    assert _chat(client, world.limited_keys["cyberdyne"], prompt).headers["x-roundhouse-cache"] == (
         "hit"
     )
     # Another opted-in tenant with the very same request fills its own entry.
-    assert _chat(client, world.limited_keys["tyrell"], prompt).headers["x-switchyard-cache"] == (
+    assert _chat(client, world.limited_keys["tyrell"], prompt).headers["x-roundhouse-cache"] == (
         "miss"
     )
     # A tenant that did not opt in never sees the header.
-    assert "x-switchyard-cache" not in _chat(client, world.acme_key, prompt).headers
+    assert "x-roundhouse-cache" not in _chat(client, world.acme_key, prompt).headers
 
 
 def test_sampled_requests_are_never_cached(client, world):
     key = world.limited_keys["tyrell"]
     for _ in range(2):
         response = _chat(client, key, "Name a lake", temperature=0.8)
-        assert "x-switchyard-cache" not in response.headers
+        assert "x-roundhouse-cache" not in response.headers
 
 
 def test_an_entry_expires_after_the_tenants_cache_time(client, world):
     key = world.limited_keys["massive"]
-    assert _chat(client, key, "Name a desert").headers["x-switchyard-cache"] == "miss"
-    assert _chat(client, key, "Name a desert").headers["x-switchyard-cache"] == "hit"
+    assert _chat(client, key, "Name a desert").headers["x-roundhouse-cache"] == "miss"
+    assert _chat(client, key, "Name a desert").headers["x-roundhouse-cache"] == "hit"
     time.sleep(1.5)
-    assert _chat(client, key, "Name a desert").headers["x-switchyard-cache"] == "miss"
+    assert _chat(client, key, "Name a desert").headers["x-roundhouse-cache"] == "miss"

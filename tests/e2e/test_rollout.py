@@ -173,8 +173,8 @@ def test_assignment_is_sticky_across_frontends_and_billing_follows_the_version(
             first = _chat(stack.base_url, world.acme_key, user=user)
             second = _chat(canary.other_frontend, world.acme_key, user=user)
             assert first.status_code == second.status_code == 200, first.text
-            version = first.headers["x-switchyard-model-version"]
-            assert second.headers["x-switchyard-model-version"] == version
+            version = first.headers["x-roundhouse-model-version"]
+            assert second.headers["x-roundhouse-model-version"] == version
             assert first.json()["model"] == f"tiny-llama@{version}"
             served[user] = version
             request_ids[first.headers["x-request-id"]] = version
@@ -182,7 +182,7 @@ def test_assignment_is_sticky_across_frontends_and_billing_follows_the_version(
         # A pinned version bypasses the split, whatever the user.
         for user in served:
             pinned = _chat(stack.base_url, world.acme_key, user=user, model="tiny-llama@slow")
-            assert pinned.headers["x-switchyard-model-version"] == canary.version.version
+            assert pinned.headers["x-roundhouse-model-version"] == canary.version.version
         # Usage is billed to the version that served each request.
         records = usage_of(*request_ids)
         assert len(records) == len(request_ids)
@@ -217,7 +217,7 @@ def test_shadow_copies_run_on_the_candidate_and_are_not_billed(
         for i in range(3):
             response = _chat(stack.base_url, world.acme_key, user=f"shadow-{i}")
             assert response.status_code == 200
-            assert response.headers["x-switchyard-model-version"] == world.version.version
+            assert response.headers["x-roundhouse-model-version"] == world.version.version
             ids.append(response.headers["x-request-id"])
         shadows = usage_of(*(f"{rid}-shadow" for rid in ids))
         originals = usage_of(*ids)
@@ -330,7 +330,7 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
     _route_settle(world.acme_key, stack.base_url)
     for i in range(4):
         response = _chat(stack.base_url, world.acme_key, user=f"ramp-0-{i}")
-        assert response.headers["x-switchyard-model-version"] == world.version.version
+        assert response.headers["x-roundhouse-model-version"] == world.version.version
     # ...the canary's worker served its queue, drained and left; the baseline stays warm.
     canary.worker.popen.wait(timeout=90)
     assert canary.worker.popen.returncode == 0, canary.worker.tail()

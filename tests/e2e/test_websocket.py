@@ -96,7 +96,7 @@ async def test_a_bad_key_is_refused_by_the_server(stack):
 
 
 async def test_interleaved_requests_and_a_browser_style_key(stack, world):
-    protocol = f"switchyard.key.{world.acme_key}"
+    protocol = f"roundhouse.key.{world.acme_key}"
     async with websockets.connect(_ws_url(stack), subprotocols=[protocol]) as socket:  # type: ignore[list-item]
         assert socket.subprotocol == protocol
         for client_id in ("a", "b", "c"):

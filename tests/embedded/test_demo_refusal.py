@@ -17,7 +17,7 @@ def _demo(data_dir: Path, port: int) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.dev",
-        "SWITCHYARD_DATA_DIR": str(data_dir),
+        "ROUNDHOUSE_DATA_DIR": str(data_dir),
     }
     return subprocess.run(
         [sys.executable, "manage.py", "demo", "--port", str(port), "--no-celery"],
@@ -61,7 +61,7 @@ def test_it_refuses_to_start_when_its_port_is_taken(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"CommandError: port {port} is in use: a demo may already run (stop it with Ctrl-C in "
-        "its terminal), or choose another with --port or SWITCHYARD_PORT"
+        "its terminal), or choose another with --port or ROUNDHOUSE_PORT"
     ]
     assert done.stdout == ""
 

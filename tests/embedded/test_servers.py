@@ -75,7 +75,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceC
 
 def test_postgres_answers_select_one(running: tuple[ServiceConfig, Endpoints]) -> None:
     _, endpoints = running
-    assert endpoints.database_url.endswith("/switchyard")
+    assert endpoints.database_url.endswith("/roundhouse")
     assert _select_one(endpoints.database_url) == 1
 
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=False)
 
 
 def _failures() -> float:
-    return REGISTRY.get_sample_value("switchyard_loop_failures_total", {"loop": "changes"}) or 0.0
+    return REGISTRY.get_sample_value("roundhouse_loop_failures_total", {"loop": "changes"}) or 0.0
 
 
 async def test_a_change_listener_that_fails_listens_again_without_waiting_for_a_request(

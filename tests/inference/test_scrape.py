@@ -30,6 +30,6 @@ def test_one_scrape_sums_every_frontend_process(tmp_path, monkeypatch):
         sample.value
         for family in text_string_to_metric_families(response.content.decode())
         for sample in family.samples
-        if sample.name == "switchyard_requests_total" and sample.labels.get("endpoint") == "probe"
+        if sample.name == "roundhouse_requests_total" and sample.labels.get("endpoint") == "probe"
     )
     assert total == 7

@@ -49,7 +49,7 @@ def test_a_missing_or_malformed_header_starts_a_new_trace(header):
 
 def test_json_log_lines_carry_the_request_and_trace_ids():
     record = logging.LogRecord(
-        "switchyard.test", logging.INFO, __file__, 1, "hello %s", ("x",), None
+        "roundhouse.test", logging.INFO, __file__, 1, "hello %s", ("x",), None
     )
     bind(request_id="r123", trace_id=TRACE)
     ContextFilter().filter(record)

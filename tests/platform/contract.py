@@ -206,7 +206,7 @@ def rules_load(paths: tuple[Path, ...] = RULE_FILES) -> list[dict]:
 def recorded_labels(record: str) -> frozenset[str]:
     """Return the labels a recorded series keeps, from its level (`deployment_priority:…`)."""
     level = record.split(":", 1)[0]
-    if level == "switchyard":
+    if level == "roundhouse":
         return frozenset()
     labels = frozenset(level.split("_"))
     return labels

@@ -18,7 +18,7 @@ from tests.platform.contract import (
     selectors,
 )
 
-DASHBOARD = ROOT / "platform" / "grafana" / "switchyard.json"
+DASHBOARD = ROOT / "platform" / "grafana" / "roundhouse.json"
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +45,12 @@ def expressions(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_it_is_a_current_grafana_dashboard(dashboard):
     assert dashboard["schemaVersion"] >= 39
-    assert dashboard["uid"] and dashboard["title"] == "Switchyard"
+    assert dashboard["uid"] and dashboard["title"] == "Roundhouse"
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     deployment = variables["deployment"]
-    assert deployment["query"]["query"] == "label_values(switchyard_queue_depth, deployment)"
+    assert deployment["query"]["query"] == "label_values(roundhouse_queue_depth, deployment)"
     assert deployment["datasource"]["uid"] == "${datasource}"
     assert deployment["multi"] and deployment["includeAll"]
 
@@ -113,25 +113,25 @@ def test_the_deployment_variable_filters_every_per_deployment_query(dashboard):
 def test_it_answers_the_questions_an_operator_asks(dashboard):
     text = "\n".join(expr for _, expr in expressions(dashboard))
     for series in (
-        "switchyard_requests_total",
-        "switchyard_admission_decisions_total",
-        "deployment_stage:switchyard_stage_seconds:p50_rate5m",
-        "deployment_priority:switchyard_time_to_first_token_seconds:p95_rate5m",
+        "roundhouse_requests_total",
+        "roundhouse_admission_decisions_total",
+        "deployment_stage:roundhouse_stage_seconds:p50_rate5m",
+        "deployment_priority:roundhouse_time_to_first_token_seconds:p95_rate5m",
         "deployment:vllm_inter_token_latency_seconds:p95_rate5m",
-        'switchyard_deployment_slo{deployment=~"$deployment", objective="ttft_p95_seconds"}',
-        'switchyard_deployment_slo{deployment=~"$deployment", objective="itl_p95_seconds"}',
-        "deployment_priority:switchyard_queue_depth:max",
-        "deployment_priority:switchyard_queue_oldest_age_seconds:max",
-        "deployment:switchyard_backlog_tokens:max",
-        "deployment:switchyard_deployment_workers:max",
-        "deployment:switchyard_deployment_desired_replicas:max",
+        'roundhouse_deployment_slo{deployment=~"$deployment", objective="ttft_p95_seconds"}',
+        'roundhouse_deployment_slo{deployment=~"$deployment", objective="itl_p95_seconds"}',
+        "deployment_priority:roundhouse_queue_depth:max",
+        "deployment_priority:roundhouse_queue_oldest_age_seconds:max",
+        "deployment:roundhouse_backlog_tokens:max",
+        "deployment:roundhouse_deployment_workers:max",
+        "deployment:roundhouse_deployment_desired_replicas:max",
         "deployment:vllm_kv_cache_usage_perc:max",
         "deployment:vllm_num_requests_running:sum",
         "deployment:vllm_num_requests_waiting:sum",
-        "switchyard_encoder_batch_size_bucket",
-        "switchyard_encoder_batch_fill_ratio",
-        "deployment:switchyard_usage_ingest_lag_seconds:max",
-        "topk(10, sum by (tenant) (rate(switchyard_tenant_tokens_total",
+        "roundhouse_encoder_batch_size_bucket",
+        "roundhouse_encoder_batch_fill_ratio",
+        "deployment:roundhouse_usage_ingest_lag_seconds:max",
+        "topk(10, sum by (tenant) (rate(roundhouse_tenant_tokens_total",
     ):
         assert series in text, series
 
@@ -144,7 +144,7 @@ def test_the_stage_breakdown_is_stacked_per_deployment(dashboard):
         for p in panels
         if p["type"] == "timeseries"
         and p["fieldConfig"]["defaults"]["custom"].get("stacking", {}).get("mode") == "normal"
-        and any("switchyard_stage_seconds" in t["expr"] for t in p["targets"])
+        and any("roundhouse_stage_seconds" in t["expr"] for t in p["targets"])
     ]
     assert {p["title"] for p in stacked} >= {"Stage p50, stacked"}
     for panel in stacked:

@@ -21,15 +21,15 @@ from prometheus_client.utils import floatToGoString
 
 from tests.platform.contract import ROOT, RULE_FILES, contract_load, problems
 
-CHART = ROOT / "platform" / "helm" / "switchyard"
+CHART = ROOT / "platform" / "helm" / "roundhouse"
 TWO_MODELS = ROOT / "platform" / "helm" / "values-two-models.yaml"
 KUBERNETES = "1.30"
 SECRETS = {
     "secrets": {
-        "DATABASE_URL": "postgresql://switchyard:pw@postgres:5432/switchyard",
+        "DATABASE_URL": "postgresql://roundhouse:pw@postgres:5432/roundhouse",
         "REDIS_URL": "redis://valkey:6379/0",
         "DJANGO_SECRET_KEY": "k" * 50,
-        "SWITCHYARD_CONTENT_KEYS": "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleTA=",
+        "ROUNDHOUSE_CONTENT_KEYS": "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleTA=",
     }
 }
 CUSTOM_KINDS = {"ScaledObject", "PrometheusRule", "ServiceMonitor", "PodMonitor"}
@@ -52,7 +52,7 @@ def everything_on() -> dict[str, Any]:
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Render the chart as `helm install` would and return every object."""
     with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values, name="sy", namespace="switchyard", is_install=True)
+        manifests = chart.render(values, name="sy", namespace="roundhouse", is_install=True)
     objects: list[dict[str, Any]] = []
     for path, text in sorted(manifests.items()):
         if path.endswith(".txt"):
@@ -159,18 +159,18 @@ def test_every_built_in_object_is_valid_for_kubernetes(values):
 def test_the_default_release_runs_every_platform_process(default_objects):
     deployments = by_kind(default_objects, "Deployment")
     assert set(deployments) == {
-        "sy-switchyard-frontend",
-        "sy-switchyard-ingester",
-        "sy-switchyard-celery-worker",
-        "sy-switchyard-celery-beat",
+        "sy-roundhouse-frontend",
+        "sy-roundhouse-ingester",
+        "sy-roundhouse-celery-worker",
+        "sy-roundhouse-celery-beat",
     }
     assert by_kind(default_objects, "ScaledObject") == {}
-    assert set(by_kind(default_objects, "Secret")) == {"sy-switchyard-secrets"}
-    assert set(by_kind(default_objects, "PersistentVolumeClaim")) == {"sy-switchyard-artifacts"}
+    assert set(by_kind(default_objects, "Secret")) == {"sy-roundhouse-secrets"}
+    assert set(by_kind(default_objects, "PersistentVolumeClaim")) == {"sy-roundhouse-artifacts"}
 
 
 def test_the_frontend_serves_the_api_with_probes_metrics_and_an_hpa(default_objects):
-    pod = pods(default_objects)["sy-switchyard-frontend"]
+    pod = pods(default_objects)["sy-roundhouse-frontend"]
     (container,) = pod["spec"]["containers"]
     script = container["args"][0]
     assert re.search(r"exec uvicorn config\.asgi:application --host 0\.0\.0\.0 --port 8000", script)
@@ -190,11 +190,11 @@ def test_the_frontend_serves_the_api_with_probes_metrics_and_an_hpa(default_obje
     assert annotations["prometheus.io/path"] == "/metrics"
 
     (hpa,) = by_kind(default_objects, "HorizontalPodAutoscaler").values()
-    assert hpa["spec"]["scaleTargetRef"]["name"] == "sy-switchyard-frontend"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "sy-roundhouse-frontend"
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     # the HPA owns the replica count
     assert (
-        "replicas" not in by_kind(default_objects, "Deployment")["sy-switchyard-frontend"]["spec"]
+        "replicas" not in by_kind(default_objects, "Deployment")["sy-roundhouse-frontend"]["spec"]
     )
 
 
@@ -204,7 +204,7 @@ def test_the_frontend_hpa_can_also_scale_on_requests_per_second():
     )
     (hpa,) = by_kind(objects, "HorizontalPodAutoscaler").values()
     pods_metric = hpa["spec"]["metrics"][1]["pods"]
-    assert pods_metric["metric"]["name"] == "switchyard_requests_per_second"
+    assert pods_metric["metric"]["name"] == "roundhouse_requests_per_second"
     assert pods_metric["target"] == {"type": "AverageValue", "averageValue": "50"}
 
 
@@ -214,11 +214,11 @@ def test_two_models_run_one_gpu_worker_and_one_cpu_worker(two_model_objects):
         for name, pod in pods(two_model_objects).items()
         if pod["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     }
-    assert set(workers) == {"sy-switchyard-worker-chat", "sy-switchyard-worker-embed"}
+    assert set(workers) == {"sy-roundhouse-worker-chat", "sy-roundhouse-worker-embed"}
 
-    chat = workers["sy-switchyard-worker-chat"]["spec"]
+    chat = workers["sy-roundhouse-worker-chat"]["spec"]
     (container,) = chat["containers"]
-    assert container["image"] == "registry.example.com/switchyard-cuda:0.1.0"
+    assert container["image"] == "registry.example.com/roundhouse-cuda:0.1.0"
     assert container["command"] == [
         "python", "manage.py", "run_worker", "--deployment", "llama-chat",
         "--drain-seconds", "570",
@@ -232,13 +232,13 @@ def test_two_models_run_one_gpu_worker_and_one_cpu_worker(two_model_objects):
     assert chat["terminationGracePeriodSeconds"] == 600
     assert "lifecycle" not in container  # SIGTERM drains; no preStop needed
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["SWITCHYARD_WORKER_METRICS_PORT"] == "9400"
+    assert env["ROUNDHOUSE_WORKER_METRICS_PORT"] == "9400"
     assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in chat["volumes"])
 
-    embed = workers["sy-switchyard-worker-embed"]["spec"]
+    embed = workers["sy-roundhouse-worker-embed"]["spec"]
     (container,) = embed["containers"]
-    assert container["image"] == "registry.example.com/switchyard:0.1.0"
+    assert container["image"] == "registry.example.com/roundhouse:0.1.0"
     assert container["command"][4] == "minilm"
     assert "nvidia.com/gpu" not in str(container["resources"])
     assert "tolerations" not in embed
@@ -248,8 +248,8 @@ def test_each_worker_is_scaled_by_keda_on_its_desired_replicas(two_model_objects
     scaled = by_kind(two_model_objects, "ScaledObject")
     deployments = by_kind(two_model_objects, "Deployment")
     expected = {
-        "sy-switchyard-worker-chat": ("llama-chat", 1, 6),
-        "sy-switchyard-worker-embed": ("minilm", 1, 4),
+        "sy-roundhouse-worker-chat": ("llama-chat", 1, 6),
+        "sy-roundhouse-worker-embed": ("minilm", 1, 4),
     }
     assert set(scaled) == set(expected)
     for name, (slug, warm, most) in expected.items():
@@ -260,7 +260,7 @@ def test_each_worker_is_scaled_by_keda_on_its_desired_replicas(two_model_objects
         assert trigger["type"] == "prometheus"
         assert trigger["metricType"] == "AverageValue"
         assert trigger["metadata"]["query"] == (
-            f'max(switchyard_deployment_desired_replicas{{deployment="{slug}"}})'
+            f'max(roundhouse_deployment_desired_replicas{{deployment="{slug}"}})'
         )
         assert trigger["metadata"]["threshold"] == "1"
         assert trigger["metadata"]["ignoreNullValues"] == "false"
@@ -281,7 +281,7 @@ def test_the_redis_trigger_needs_the_key_that_holds_the_signal():
     with pytest.raises(helm.HelmError, match=r"keda\.redis\.keyName is required"):
         render(values)
     values["keda"]["redis"]["keyName"] = "sy:{%s}:desired_replicas"
-    scaled = by_kind(render(values), "ScaledObject")["sy-switchyard-worker-chat"]
+    scaled = by_kind(render(values), "ScaledObject")["sy-roundhouse-worker-chat"]
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "redis"
     assert trigger["metadata"]["keyName"] == "sy:{llama-chat}:desired_replicas"
@@ -300,10 +300,10 @@ def test_each_disruption_budget_covers_exactly_one_component(two_model_objects):
         for name, pdb in budgets.items()
     }
     assert covered == {
-        "sy-switchyard-frontend": ["sy-switchyard-frontend"],
-        "sy-switchyard-ingester": ["sy-switchyard-ingester"],
-        "sy-switchyard-worker-chat": ["sy-switchyard-worker-chat"],
-        "sy-switchyard-worker-embed": ["sy-switchyard-worker-embed"],
+        "sy-roundhouse-frontend": ["sy-roundhouse-frontend"],
+        "sy-roundhouse-ingester": ["sy-roundhouse-ingester"],
+        "sy-roundhouse-worker-chat": ["sy-roundhouse-worker-chat"],
+        "sy-roundhouse-worker-embed": ["sy-roundhouse-worker-embed"],
     }
     assert all(pdb["spec"]["maxUnavailable"] == 1 for pdb in budgets.values())
 
@@ -323,7 +323,7 @@ def test_selectors_match_their_own_pods_only(two_model_objects):
         for d, pod in templates.items()
         if selects(service["spec"]["selector"], pod["metadata"]["labels"])
     ]
-    assert matched == ["sy-switchyard-frontend"]
+    assert matched == ["sy-roundhouse-frontend"]
 
 
 def test_migrations_run_as_a_hook_before_install_and_upgrade(default_objects):
@@ -343,29 +343,29 @@ def test_migrations_run_as_a_hook_before_install_and_upgrade(default_objects):
 
 
 def test_celery_beat_runs_exactly_once(default_objects):
-    beat = by_kind(default_objects, "Deployment")["sy-switchyard-celery-beat"]
+    beat = by_kind(default_objects, "Deployment")["sy-roundhouse-celery-beat"]
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"] == {"type": "Recreate"}
     (container,) = beat["spec"]["template"]["spec"]["containers"]
     assert container["command"][:4] == ["celery", "-A", "config", "beat"]
-    worker = by_kind(default_objects, "Deployment")["sy-switchyard-celery-worker"]
+    worker = by_kind(default_objects, "Deployment")["sy-roundhouse-celery-worker"]
     (container,) = worker["spec"]["template"]["spec"]["containers"]
     assert "--beat" not in container["command"]
 
 
 def test_the_ingesters_serve_metrics_on_their_port(default_objects):
-    pod = pods(default_objects)["sy-switchyard-ingester"]
+    pod = pods(default_objects)["sy-roundhouse-ingester"]
     (container,) = pod["spec"]["containers"]
     assert container["command"] == ["python", "manage.py", "run_ingester"]
-    assert {"name": "SWITCHYARD_INGESTER_METRICS_PORT", "value": "9401"} in container["env"]
+    assert {"name": "ROUNDHOUSE_INGESTER_METRICS_PORT", "value": "9401"} in container["env"]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9401"
-    assert by_kind(default_objects, "Deployment")["sy-switchyard-ingester"]["spec"]["replicas"] == 2
+    assert by_kind(default_objects, "Deployment")["sy-roundhouse-ingester"]["spec"]["replicas"] == 2
 
 
 def test_every_pod_reads_settings_and_secrets_that_exist(default_objects, two_model_objects):
     for objects, secret in (
-        (default_objects, "sy-switchyard-secrets"),
-        (two_model_objects, "switchyard-secrets"),
+        (default_objects, "sy-roundhouse-secrets"),
+        (two_model_objects, "roundhouse-secrets"),
     ):
         config_maps = set(by_kind(objects, "ConfigMap"))
         claims = set(by_kind(objects, "PersistentVolumeClaim"))
@@ -383,9 +383,9 @@ def test_every_pod_reads_settings_and_secrets_that_exist(default_objects, two_mo
                 if "persistentVolumeClaim" in volume:
                     assert volume["persistentVolumeClaim"]["claimName"] in claims
     assert by_kind(two_model_objects, "Secret") == {}
-    config = by_kind(two_model_objects, "ConfigMap")["sy-switchyard-config"]["data"]
+    config = by_kind(two_model_objects, "ConfigMap")["sy-roundhouse-config"]["data"]
     assert config["DJANGO_SETTINGS_MODULE"] == "config.settings.prod"
-    assert config["SWITCHYARD_ARTIFACT_ROOT"] == "/srv/switchyard/artifacts"
+    assert config["ROUNDHOUSE_ARTIFACT_ROOT"] == "/srv/roundhouse/artifacts"
 
 
 # --- CRDs ------------------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def test_custom_resources_are_well_formed(two_model_objects):
                 if selects(spec["selector"], pod["metadata"]["labels"])
             ]
             assert sorted(scraped) == [
-                "sy-switchyard-ingester", "sy-switchyard-worker-chat", "sy-switchyard-worker-embed",
+                "sy-roundhouse-ingester", "sy-roundhouse-worker-chat", "sy-roundhouse-worker-embed",
             ]  # fmt: skip
             for name in scraped:
                 ports = {
@@ -467,7 +467,7 @@ def test_per_deployment_objectives_split_the_rules_by_deployment(two_model_objec
     ttft = [
         " ".join(r["expr"].split())
         for r in rules
-        if r.get("record") == "deployment:switchyard_ttft_slo_errors:ratio_rate1h"
+        if r.get("record") == "deployment:roundhouse_ttft_slo_errors:ratio_rate1h"
     ]
     assert len(ttft) == 2
     assert 'deployment="llama-chat", priority="interactive", le="1.0"' in ttft[0]
@@ -475,7 +475,7 @@ def test_per_deployment_objectives_split_the_rules_by_deployment(two_model_objec
     availability_pages = [
         " ".join(r["expr"].split())
         for r in rules
-        if r.get("alert") == "SwitchyardAvailabilityBudgetBurn"
+        if r.get("alert") == "RoundhouseAvailabilityBudgetBurn"
         and r["labels"]["severity"] == "page"
     ]
     assert len(availability_pages) == 2
@@ -490,7 +490,7 @@ def test_per_deployment_objectives_split_the_rules_by_deployment(two_model_objec
     } == {}
     runbooks = {r["annotations"]["runbook_url"] for r in rules if "alert" in r}
     assert all(
-        u.startswith("https://git.example.com/platform/switchyard/-/blob/main/docs/runbook.md#")
+        u.startswith("https://git.example.com/platform/roundhouse/-/blob/main/docs/runbook.md#")
         for u in runbooks
     )
 
@@ -523,14 +523,14 @@ tests:
 {series}
     alert_rule_test:
       - eval_time: 7h
-        alertname: SwitchyardTTFTBudgetBurn
+        alertname: RoundhouseTTFTBudgetBurn
         exp_alerts:
           - exp_labels: {{severity: page, slo: ttft, deployment: llama-chat}}
             exp_annotations: {ttft_page}
           - exp_labels: {{severity: ticket, slo: ttft, deployment: llama-chat}}
             exp_annotations: {ttft_ticket}
       - eval_time: 7h
-        alertname: SwitchyardAvailabilityBudgetBurn
+        alertname: RoundhouseAvailabilityBudgetBurn
         exp_alerts:
           - exp_labels: {{severity: page, slo: availability, deployment: llama-chat}}
             exp_annotations: {avail_chat_page}
@@ -542,14 +542,14 @@ tests:
 
 
 def _series(deployment: str) -> list[str]:
-    ttft = "switchyard_time_to_first_token_seconds"
+    ttft = "roundhouse_time_to_first_token_seconds"
     where = f'deployment="{deployment}"'
     return [
         f'{ttft}_count{{{where}, priority="interactive"}}|0+100x420',
         f'{ttft}_bucket{{{where}, priority="interactive", le="1.0"}}|0+50x420',
         f'{ttft}_bucket{{{where}, priority="interactive", le="2.0"}}|0+100x420',
-        f'switchyard_admission_decisions_total{{{where}, reason="admitted"}}|0+1000x420',
-        f'switchyard_worker_requests_total{{{where}, status="error"}}|0+10x420',
+        f'roundhouse_admission_decisions_total{{{where}, reason="admitted"}}|0+1000x420',
+        f'roundhouse_worker_requests_total{{{where}, status="error"}}|0+10x420',
     ]
 
 
@@ -589,16 +589,16 @@ def test_per_deployment_objectives_alert_each_deployment_on_its_own_budget(
     )
     test = _OVERRIDE_TEST.format(
         series=series,
-        ttft_page=_annotations(rules["SwitchyardTTFTBudgetBurn", "page"], "llama-chat", "50%"),
-        ttft_ticket=_annotations(rules["SwitchyardTTFTBudgetBurn", "ticket"], "llama-chat", "50%"),
+        ttft_page=_annotations(rules["RoundhouseTTFTBudgetBurn", "page"], "llama-chat", "50%"),
+        ttft_ticket=_annotations(rules["RoundhouseTTFTBudgetBurn", "ticket"], "llama-chat", "50%"),
         avail_chat_page=_annotations(
-            rules["SwitchyardAvailabilityBudgetBurn", "page"], "llama-chat", "1%"
+            rules["RoundhouseAvailabilityBudgetBurn", "page"], "llama-chat", "1%"
         ),
         avail_chat_ticket=_annotations(
-            rules["SwitchyardAvailabilityBudgetBurn", "ticket"], "llama-chat", "1%"
+            rules["RoundhouseAvailabilityBudgetBurn", "ticket"], "llama-chat", "1%"
         ),
         avail_minilm_ticket=_annotations(
-            rules["SwitchyardAvailabilityBudgetBurn", "ticket"], "minilm", "1%"
+            rules["RoundhouseAvailabilityBudgetBurn", "ticket"], "minilm", "1%"
         ),
     )
     (tmp_path / "test.yml").write_text(test)
@@ -618,12 +618,12 @@ def test_workers_keep_their_weights_in_the_nodes_cache(two_model_objects):
             continue
         (container,) = pod["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["SWITCHYARD_WEIGHTS_CACHE_DIR"] == "/var/cache/switchyard/weights", name
+        assert env["ROUNDHOUSE_WEIGHTS_CACHE_DIR"] == "/var/cache/roundhouse/weights", name
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert mounts["weights-cache"] == "/var/cache/switchyard/weights"
+        assert mounts["weights-cache"] == "/var/cache/roundhouse/weights"
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         assert volumes["weights-cache"]["hostPath"] == {
-            "path": "/var/cache/switchyard/weights",
+            "path": "/var/cache/roundhouse/weights",
             "type": "DirectoryOrCreate",
         }
     assert not by_kind(two_model_objects, "DaemonSet")  # nothing to prefetch
@@ -640,11 +640,11 @@ def test_a_prefetch_list_runs_a_warm_pool_daemonset_on_the_worker_nodes():
         "python", "manage.py", "fetch_weights", "llama@v2", "llama@v3",
     ]  # fmt: skip
     env = {e["name"]: e.get("value") for e in fetch["env"]}
-    assert env["SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES"] == str(500 << 30)
+    assert env["ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES"] == str(500 << 30)
     assert {m["name"] for m in fetch["volumeMounts"]} >= {"artifacts", "weights-cache"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
-    assert daemonset["spec"]["template"]["metadata"]["annotations"]["switchyard.io/prefetch"] == (
+    assert daemonset["spec"]["template"]["metadata"]["annotations"]["roundhouse.io/prefetch"] == (
         "llama@v2,llama@v3"
     )

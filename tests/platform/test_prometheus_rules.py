@@ -32,10 +32,10 @@ BURN_RATES = {
     "ticket": {("3", "1d", "2h"), ("1", "3d", "6h")},
 }
 SLIS = (
-    "deployment:switchyard_ttft_slo_errors",
-    "deployment:switchyard_itl_slo_errors",
-    "deployment:switchyard_availability_errors",
-    "switchyard:api_errors",
+    "deployment:roundhouse_ttft_slo_errors",
+    "deployment:roundhouse_itl_slo_errors",
+    "deployment:roundhouse_availability_errors",
+    "roundhouse:api_errors",
 )
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -60,14 +60,14 @@ def test_every_rule_names_only_documented_or_recorded_series():
 
 def test_the_contract_check_catches_an_undocumented_label_and_value():
     contract = contract_load()
-    assert problems('switchyard_requests_total{deployment="chat"}', contract, set()) == [
-        "switchyard_requests_total: no label 'deployment'"
+    assert problems('roundhouse_requests_total{deployment="chat"}', contract, set()) == [
+        "roundhouse_requests_total: no label 'deployment'"
     ]
     assert problems(
-        'switchyard_worker_requests_total{status=~"error|worker-lost"}', contract, set()
-    ) == ["switchyard_worker_requests_total: status values ['worker-lost'] are not documented"]
-    assert problems("switchyard_queue_depth_bucket", contract, set()) == [
-        "switchyard_queue_depth_bucket: not in docs/metrics.md nor recorded"
+        'roundhouse_worker_requests_total{status=~"error|worker-lost"}', contract, set()
+    ) == ["roundhouse_worker_requests_total: status values ['worker-lost'] are not documented"]
+    assert problems("roundhouse_queue_depth_bucket", contract, set()) == [
+        "roundhouse_queue_depth_bucket: not in docs/metrics.md nor recorded"
     ]
 
 
@@ -105,10 +105,10 @@ def test_every_sli_is_recorded_over_every_window_with_the_same_expression():
 def test_slo_alerts_pair_the_standard_burn_rates_and_windows():
     slo_alerts = [rule for rule in rules_load() if "alert" in rule and "slo" in rule["labels"]]
     assert {rule["alert"] for rule in slo_alerts} == {
-        "SwitchyardTTFTBudgetBurn",
-        "SwitchyardITLBudgetBurn",
-        "SwitchyardAvailabilityBudgetBurn",
-        "SwitchyardAPIErrorBudgetBurn",
+        "RoundhouseTTFTBudgetBurn",
+        "RoundhouseITLBudgetBurn",
+        "RoundhouseAvailabilityBudgetBurn",
+        "RoundhouseAPIErrorBudgetBurn",
     }
     for rule in slo_alerts:
         pairs = set()
@@ -138,7 +138,7 @@ def test_latency_thresholds_are_bucket_boundaries_of_their_histograms():
 
     ttft = {floatToGoString(b) for b in TTFT_BUCKETS}
     itl = {floatToGoString(b) for b in histogram_buckets("inter_token_latency")}
-    assert _le_values("switchyard_time_to_first_token_seconds") == {"2.0"} <= ttft
+    assert _le_values("roundhouse_time_to_first_token_seconds") == {"2.0"} <= ttft
     assert _le_values("vllm:inter_token_latency_seconds") == {"0.2"} <= itl
 
 
@@ -202,8 +202,8 @@ def test_promtool_unit_tests_pass():
         ("(14.4 * 0.05)", "(19 * 0.05)"),
         # The short window gone: the page would outlast the burn.
         (
-            "deployment:switchyard_ttft_slo_errors:ratio_rate30m > (6 * 0.05)",
-            "deployment:switchyard_ttft_slo_errors:ratio_rate6h > (6 * 0.05)",
+            "deployment:roundhouse_ttft_slo_errors:ratio_rate30m > (6 * 0.05)",
+            "deployment:roundhouse_ttft_slo_errors:ratio_rate6h > (6 * 0.05)",
         ),
     ],
 )
@@ -217,4 +217,4 @@ def test_the_unit_tests_catch_a_broken_burn_rate_alert(tmp_path, original, mutan
         "test", "rules", "latency-slo.test.yml", cwd=tmp_path / "prometheus" / "tests"
     )
     assert result.returncode != 0
-    assert "SwitchyardTTFTBudgetBurn" in result.stdout + result.stderr
+    assert "RoundhouseTTFTBudgetBurn" in result.stdout + result.stderr

@@ -137,25 +137,25 @@ def test_a_shorter_retention_applies_to_text_already_kept(world):
 
 def test_text_sealed_with_an_old_key_is_readable_after_rotation(world):
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
-    with override_settings(SWITCHYARD_CONTENT_KEYS=[old]):
+    with override_settings(ROUNDHOUSE_CONTENT_KEYS=[old]):
         sealed_old, _ = _retain(world.acme)
-    with override_settings(SWITCHYARD_CONTENT_KEYS=[new, old]):
+    with override_settings(ROUNDHOUSE_CONTENT_KEYS=[new, old]):
         sealed_new, _ = _retain(world.acme)
         for request_id in (sealed_old, sealed_new):
             text = content_get(tenant=world.acme, request_id=request_id)
             assert text is not None and text.prompt == PROMPT
     # The first key encrypts: the new row opens with the new key alone.
     assert PROMPT in Fernet(new).decrypt(_raw_ciphertext(sealed_new)).decode()
-    with override_settings(SWITCHYARD_CONTENT_KEYS=[new]), pytest.raises(InvalidToken):
+    with override_settings(ROUNDHOUSE_CONTENT_KEYS=[new]), pytest.raises(InvalidToken):
         content_get(tenant=world.acme, request_id=sealed_old)
 
 
 def test_a_malformed_content_key_is_refused_at_start():
-    with override_settings(SWITCHYARD_CONTENT_KEYS=["not-a-fernet-key"]):
+    with override_settings(ROUNDHOUSE_CONTENT_KEYS=["not-a-fernet-key"]):
         with pytest.raises(ImproperlyConfigured) as raised:
             content_keys_check()
         assert "not-a-fernet-key" not in str(raised.value)
-    with override_settings(SWITCHYARD_CONTENT_KEYS=[]), pytest.raises(ImproperlyConfigured):
+    with override_settings(ROUNDHOUSE_CONTENT_KEYS=[]), pytest.raises(ImproperlyConfigured):
         content_keys_check()
 
 
@@ -172,11 +172,11 @@ def test_the_text_is_never_logged(world, caplog):
 @pytest.mark.parametrize("raw", [None, "", " , "])
 def test_production_settings_refuse_to_start_without_a_content_key(monkeypatch, raw):
     monkeypatch.setenv("DJANGO_SECRET_KEY", "k" * 50)
-    monkeypatch.setenv("DJANGO_ALLOWED_HOSTS", "switchyard.example")
+    monkeypatch.setenv("DJANGO_ALLOWED_HOSTS", "roundhouse.example")
     if raw is None:
-        monkeypatch.delenv("SWITCHYARD_CONTENT_KEYS", raising=False)
+        monkeypatch.delenv("ROUNDHOUSE_CONTENT_KEYS", raising=False)
     else:
-        monkeypatch.setenv("SWITCHYARD_CONTENT_KEYS", raw)
+        monkeypatch.setenv("ROUNDHOUSE_CONTENT_KEYS", raw)
     monkeypatch.delitem(sys.modules, "config.settings.prod", raising=False)
     with pytest.raises((KeyError, ImproperlyConfigured)):
         importlib.import_module("config.settings.prod")
@@ -185,9 +185,9 @@ def test_production_settings_refuse_to_start_without_a_content_key(monkeypatch, 
 def test_production_settings_take_the_content_keys_from_the_environment(monkeypatch):
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     monkeypatch.setenv("DJANGO_SECRET_KEY", "k" * 50)
-    monkeypatch.setenv("DJANGO_ALLOWED_HOSTS", "switchyard.example")
-    monkeypatch.setenv("SWITCHYARD_CONTENT_KEYS", f"{new}, {old}")
+    monkeypatch.setenv("DJANGO_ALLOWED_HOSTS", "roundhouse.example")
+    monkeypatch.setenv("ROUNDHOUSE_CONTENT_KEYS", f"{new}, {old}")
     monkeypatch.delitem(sys.modules, "config.settings.prod", raising=False)
     prod = importlib.import_module("config.settings.prod")
-    assert [new, old] == prod.SWITCHYARD_CONTENT_KEYS
+    assert [new, old] == prod.ROUNDHOUSE_CONTENT_KEYS
     sys.modules.pop("config.settings.prod", None)

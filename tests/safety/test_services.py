@@ -34,7 +34,7 @@ def _pack(**settings) -> PolicyPack:
 
 def _counted(stage: str, detector: str, action: str) -> float:
     labels = {"stage": stage, "detector": detector, "action": action}
-    return REGISTRY.get_sample_value("switchyard_safety_interventions_total", labels) or 0.0
+    return REGISTRY.get_sample_value("roundhouse_safety_interventions_total", labels) or 0.0
 
 
 def test_a_tenant_without_a_pack_has_no_policy(world):

@@ -25,7 +25,7 @@ async def test_it_never_logs_a_key_sent_in_a_query_string(
         "frontend-logs",
         ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
         tmp_path,
-        env_extra={"SWITCHYARD_LOG_FORMAT": "plain"},
+        env_extra={"ROUNDHOUSE_LOG_FORMAT": "plain"},
     )
     try:
         _wait_for(frontend, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=120)

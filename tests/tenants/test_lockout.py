@@ -77,7 +77,7 @@ def test_the_admin_login_refuses_the_right_password_after_repeated_failures(worl
 
 
 def test_a_lock_reached_in_the_console_also_closes_basic_auth_and_the_admin(world, olga):
-    for _ in range(settings.SWITCHYARD_LOGIN_FAILURES):
+    for _ in range(settings.ROUNDHOUSE_LOGIN_FAILURES):
         assert LOCKED not in _console("olga", "wrong")
     assert LOCKED in _console("olga", PASSWORD)
     assert _basic("olga", PASSWORD) == "refused"
@@ -85,7 +85,7 @@ def test_a_lock_reached_in_the_console_also_closes_basic_auth_and_the_admin(worl
 
 
 def test_a_lock_reached_over_basic_auth_shows_as_locked_in_the_console(world, olga):
-    for _ in range(settings.SWITCHYARD_LOGIN_FAILURES):
+    for _ in range(settings.ROUNDHOUSE_LOGIN_FAILURES):
         _basic("olga", "wrong")
     assert LOCKED in _console("olga", PASSWORD)
 
@@ -97,7 +97,7 @@ def test_the_right_password_clears_earlier_failures(world, olga):
 
 
 def test_an_unknown_username_locks_like_a_known_one(world):
-    for _ in range(settings.SWITCHYARD_LOGIN_FAILURES):
+    for _ in range(settings.ROUNDHOUSE_LOGIN_FAILURES):
         assert LOCKED not in _console("nobody", "wrong")
     assert LOCKED in _console("nobody", "wrong")
 
@@ -112,16 +112,16 @@ def test_the_lock_is_one_audit_event(world, olga):
     ]
     assert events[0].data == {
         "username": "olga",
-        "failures": settings.SWITCHYARD_LOGIN_FAILURES,
-        "lock_seconds": settings.SWITCHYARD_LOGIN_LOCK_SECONDS,
+        "failures": settings.ROUNDHOUSE_LOGIN_FAILURES,
+        "lock_seconds": settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS,
         "path": "/api/tenants/acme/quota",
     }
     assert events[0].actor is None
 
 
 def test_the_lock_ends_with_its_window(world, olga, settings):
-    settings.SWITCHYARD_LOGIN_LOCK_SECONDS = 1
-    for _ in range(settings.SWITCHYARD_LOGIN_FAILURES):
+    settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS = 1
+    for _ in range(settings.ROUNDHOUSE_LOGIN_FAILURES):
         _basic("olga", "wrong")
     assert _basic("olga", PASSWORD) == "refused"
     time.sleep(1.2)
@@ -165,7 +165,7 @@ def test_parallel_wrong_passwords_are_checked_only_as_often_as_failures_are_allo
         thread.start()
     for thread in threads:
         thread.join()
-    assert checks() == settings.SWITCHYARD_LOGIN_FAILURES
+    assert checks() == settings.ROUNDHOUSE_LOGIN_FAILURES
     assert LOCKED in _console("bob", "wrong")
     locks = AuditEvent.objects.filter(pk__gt=last, action=LOCKED_ACTION, target_id="bob")
     assert locks.count() == 1
@@ -183,7 +183,7 @@ def test_it_refuses_sign_in_while_the_counter_is_unreachable(world, olga, monkey
 
 
 def test_an_operator_can_lift_a_lock_and_it_is_audited(world, olga):
-    for _ in range(settings.SWITCHYARD_LOGIN_FAILURES):
+    for _ in range(settings.ROUNDHOUSE_LOGIN_FAILURES):
         _basic("olga", "wrong")
     last = _last_audit_id()
     call_command("unlock_login", "olga", "--reason", "she called the help desk", stdout=StringIO())

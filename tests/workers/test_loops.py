@@ -23,7 +23,7 @@ from workers.runner import Worker
 
 
 def _failures(loop: str) -> float:
-    return REGISTRY.get_sample_value("switchyard_loop_failures_total", {"loop": loop}) or 0.0
+    return REGISTRY.get_sample_value("roundhouse_loop_failures_total", {"loop": loop}) or 0.0
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

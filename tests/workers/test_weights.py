@@ -373,8 +373,8 @@ def _registered(tmp_path: Path, server: WeightsServer, **fields: Any) -> ModelVe
 
 @pytest.fixture
 def host_cache(tmp_path: Path, settings: Any) -> Path:
-    settings.SWITCHYARD_WEIGHTS_CACHE_DIR = tmp_path / "host-cache"
-    return settings.SWITCHYARD_WEIGHTS_CACHE_DIR
+    settings.ROUNDHOUSE_WEIGHTS_CACHE_DIR = tmp_path / "host-cache"
+    return settings.ROUNDHOUSE_WEIGHTS_CACHE_DIR
 
 
 @pytest.mark.django_db

@@ -14,7 +14,7 @@ from dataplane.identity import worker_id_new
 from dataplane.metrics import metrics_serve
 from dataplane.redis_client import redis_client_new
 
-log = logging.getLogger("switchyard.ingester")
+log = logging.getLogger("roundhouse.ingester")
 
 
 class Command(BaseCommand):
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-port",
             type=int,
-            default=settings.SWITCHYARD_INGESTER_METRICS_PORT,
+            default=settings.ROUNDHOUSE_INGESTER_METRICS_PORT,
             help="serve Prometheus metrics on this port (0: off)",
         )
 
@@ -37,7 +37,7 @@ class Command(BaseCommand):
         ingester = Ingester(
             client=client,
             consumer=f"ingester-{worker_id_new()}",
-            reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS,
+            reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

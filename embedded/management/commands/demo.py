@@ -46,8 +46,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--port",
             type=int,
-            default=int(os.environ.get("SWITCHYARD_PORT", "8000")),
-            help="HTTP port of the frontend (default: $SWITCHYARD_PORT or 8000)",
+            default=int(os.environ.get("ROUNDHOUSE_PORT", "8000")),
+            help="HTTP port of the frontend (default: $ROUNDHOUSE_PORT or 8000)",
         )
         parser.add_argument(
             "--no-celery", action="store_true", help="do not start the Celery worker and beat"
@@ -94,8 +94,8 @@ class Command(BaseCommand):
             return None
         config = ServiceConfig(
             data_dir=data_dir,
-            pg_port=int(os.environ.get("SWITCHYARD_PG_PORT", "54329")),
-            redis_port=int(os.environ.get("SWITCHYARD_REDIS_PORT", "63799")),
+            pg_port=int(os.environ.get("ROUNDHOUSE_PG_PORT", "54329")),
+            redis_port=int(os.environ.get("ROUNDHOUSE_REDIS_PORT", "63799")),
         )
         try:
             endpoints = services_start(config)
@@ -168,7 +168,7 @@ class Command(BaseCommand):
     def _start(self, port: int, celery: bool) -> Supervisor:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
-        env.setdefault("SWITCHYARD_LOG_FORMAT", "plain")  # people read these; pipelines get JSON
+        env.setdefault("ROUNDHOUSE_LOG_FORMAT", "plain")  # people read these; pipelines get JSON
         supervisor = Supervisor(cwd=Path(settings.BASE_DIR), env=env, out=sys.stdout)
         py = sys.executable
         supervisor.start(
@@ -222,10 +222,10 @@ class Command(BaseCommand):
         env_file = data_dir / "demo.env"
         # Exported, so programs started after `source .data/demo.env` see them too.
         env_file.write_text(
-            f"export SWITCHYARD_URL={base_url}\n"
-            f"export SWITCHYARD_API_KEY={token}\n"
-            f"export SWITCHYARD_ADMIN_USER={ADMIN_USER}\n"
-            f"export SWITCHYARD_ADMIN_PASSWORD={password}\n"
+            f"export ROUNDHOUSE_URL={base_url}\n"
+            f"export ROUNDHOUSE_API_KEY={token}\n"
+            f"export ROUNDHOUSE_ADMIN_USER={ADMIN_USER}\n"
+            f"export ROUNDHOUSE_ADMIN_PASSWORD={password}\n"
         )
         env_file.chmod(0o600)
         return env_file
@@ -233,7 +233,7 @@ class Command(BaseCommand):
     def _banner(self, base_url: str, token: str, password: str, env_file: Path) -> None:
         self.stdout.write(
             "\n"
-            "==================== Switchyard is running ====================\n"
+            "==================== Roundhouse is running ====================\n"
             f"  API         {base_url}/v1   (models: {DEMO_ALIAS}, {EMBEDDING_ALIAS})\n"
             f"  API key     {token}\n"
             f"  console     {base_url}/console/   user {ADMIN_USER}  password {password}\n"
@@ -287,7 +287,7 @@ def port_free_check(port: int) -> None:
         except OSError:
             raise CommandError(
                 f"port {port} is in use: a demo may already run (stop it with Ctrl-C in its "
-                "terminal), or choose another with --port or SWITCHYARD_PORT"
+                "terminal), or choose another with --port or ROUNDHOUSE_PORT"
             ) from None
 
 

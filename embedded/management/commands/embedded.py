@@ -45,21 +45,21 @@ class Command(BaseCommand):
             type=Path,
             default=None,
             help="Directory holding both servers' data "
-            f"(default: $SWITCHYARD_DATA_DIR or {DEFAULT_DATA_DIR}).",
+            f"(default: $ROUNDHOUSE_DATA_DIR or {DEFAULT_DATA_DIR}).",
         )
         parser.add_argument(
             "--pg-port",
             type=int,
             default=None,
             help="PostgreSQL port on 127.0.0.1, 0 picks a free one "
-            f"(default: $SWITCHYARD_PG_PORT or {DEFAULT_PG_PORT}).",
+            f"(default: $ROUNDHOUSE_PG_PORT or {DEFAULT_PG_PORT}).",
         )
         parser.add_argument(
             "--redis-port",
             type=int,
             default=None,
             help="Valkey port on 127.0.0.1, 0 picks a free one "
-            f"(default: $SWITCHYARD_REDIS_PORT or {DEFAULT_REDIS_PORT}).",
+            f"(default: $ROUNDHOUSE_REDIS_PORT or {DEFAULT_REDIS_PORT}).",
         )
         parser.add_argument(
             "--env-file",
@@ -96,11 +96,11 @@ class Command(BaseCommand):
 
 
 def _config_from(options: dict[str, Any]) -> ServiceConfig:
-    """Combine command-line options with SWITCHYARD_* environment defaults."""
-    data_dir = options["data_dir"] or Path(os.environ.get("SWITCHYARD_DATA_DIR", DEFAULT_DATA_DIR))
-    pg_port = _port(options["pg_port"], "SWITCHYARD_PG_PORT", DEFAULT_PG_PORT, "--pg-port")
+    """Combine command-line options with ROUNDHOUSE_* environment defaults."""
+    data_dir = options["data_dir"] or Path(os.environ.get("ROUNDHOUSE_DATA_DIR", DEFAULT_DATA_DIR))
+    pg_port = _port(options["pg_port"], "ROUNDHOUSE_PG_PORT", DEFAULT_PG_PORT, "--pg-port")
     redis_port = _port(
-        options["redis_port"], "SWITCHYARD_REDIS_PORT", DEFAULT_REDIS_PORT, "--redis-port"
+        options["redis_port"], "ROUNDHOUSE_REDIS_PORT", DEFAULT_REDIS_PORT, "--redis-port"
     )
     return ServiceConfig(data_dir=data_dir, pg_port=pg_port, redis_port=redis_port)
 

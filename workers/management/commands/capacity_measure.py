@@ -54,7 +54,7 @@ class Command(BaseCommand):
             "--timeout",
             type=float,
             default=None,
-            help="seconds a request may take (default SWITCHYARD_REQUEST_TIMEOUT_SECONDS)",
+            help="seconds a request may take (default ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS)",
         )
         parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
 
@@ -103,7 +103,7 @@ class Command(BaseCommand):
             vocabulary=tuple(sorted(set(tokenizer.encode_text(VOCABULARY_TEXT)))),
             prompt_tokens=prompt,
             max_tokens=output,
-            timeout=options["timeout"] or settings.SWITCHYARD_REQUEST_TIMEOUT_SECONDS,
+            timeout=options["timeout"] or settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
             user=f"capacity:{run}",
         )
         self._warn_about_rollouts(deployment)

@@ -35,14 +35,14 @@ from workers.services import (
 )
 from workers.weights import Progress
 
-log = logging.getLogger("switchyard.worker")
+log = logging.getLogger("roundhouse.worker")
 
 
 def reserved_slots(max_num_seqs: int) -> int:
     """Return how many engine slots the worker keeps for tenants with nothing running."""
     if max_num_seqs < 4:
         return 0
-    return max(1, round(max_num_seqs * settings.SWITCHYARD_RESERVED_SLOTS))
+    return max(1, round(max_num_seqs * settings.ROUNDHOUSE_RESERVED_SLOTS))
 
 
 async def _report(*, deployment_name: str, state: str) -> None:
@@ -64,7 +64,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-port",
             type=int,
-            default=settings.SWITCHYARD_WORKER_METRICS_PORT,
+            default=settings.ROUNDHOUSE_WORKER_METRICS_PORT,
             help="serve Prometheus metrics on this port (0: off)",
         )
 
@@ -117,7 +117,7 @@ class Command(BaseCommand):
             max_batch_size=spec.max_batch_size,
             slo_seconds=spec.latency_slo_seconds,
             cost=cost,
-            quiet_seconds=settings.SWITCHYARD_BATCHER_QUIET_MS / 1000,
+            quiet_seconds=settings.ROUNDHOUSE_BATCHER_QUIET_MS / 1000,
             stats=metrics,
         )
         self.stdout.write(
@@ -135,7 +135,7 @@ class Command(BaseCommand):
             engine=engine,
             batcher=batcher,
             client=client,
-            reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS,
+            reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS,
             worker_id=worker_id_new(),
             # Requests held at once: enough to fill a few batches while one computes.
             capacity=4 * spec.max_batch_size,
@@ -184,13 +184,13 @@ class Command(BaseCommand):
             deployment=deployment,
             engine=engine,
             client=client,
-            reply_ttl=settings.SWITCHYARD_REPLY_TTL_SECONDS,
+            reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS,
             worker_id=worker_id_new(),
             capacity=spec.max_num_seqs - reserved,
             reserved=reserved,
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
-            stream_interval=settings.SWITCHYARD_STREAM_INTERVAL_MS / 1000,
+            stream_interval=settings.ROUNDHOUSE_STREAM_INTERVAL_MS / 1000,
             adapters=adapters,
             metrics=metrics,
         )

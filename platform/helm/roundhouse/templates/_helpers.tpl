@@ -1,10 +1,10 @@
 {{/* Names, labels and the pieces every pod of the platform shares. */}}
 
-{{- define "switchyard.name" -}}
+{{- define "roundhouse.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- define "switchyard.fullname" -}}
+{{- define "roundhouse.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
@@ -18,57 +18,57 @@
 {{- end -}}
 
 {{/* A component's resource name: (dict "root" $ "component" "frontend"). */}}
-{{- define "switchyard.componentName" -}}
-{{- printf "%s-%s" (include "switchyard.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- define "roundhouse.componentName" -}}
+{{- printf "%s-%s" (include "roundhouse.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- define "switchyard.chart" -}}
+{{- define "roundhouse.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/* Selector labels of a component: (dict "root" $ "component" "frontend"). */}}
-{{- define "switchyard.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "switchyard.name" .root }}
+{{- define "roundhouse.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "roundhouse.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* All labels of a component's objects: (dict "root" $ "component" "frontend"). */}}
-{{- define "switchyard.labels" -}}
-helm.sh/chart: {{ include "switchyard.chart" .root }}
-{{ include "switchyard.selectorLabels" . }}
+{{- define "roundhouse.labels" -}}
+helm.sh/chart: {{ include "roundhouse.chart" .root }}
+{{ include "roundhouse.selectorLabels" . }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end -}}
 
-{{- define "switchyard.serviceAccountName" -}}
+{{- define "roundhouse.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
-{{- default (include "switchyard.fullname" .) .Values.serviceAccount.name -}}
+{{- default (include "roundhouse.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
-{{- define "switchyard.secretName" -}}
-{{- default (include "switchyard.componentName" (dict "root" . "component" "secrets")) .Values.secrets.existingSecret -}}
+{{- define "roundhouse.secretName" -}}
+{{- default (include "roundhouse.componentName" (dict "root" . "component" "secrets")) .Values.secrets.existingSecret -}}
 {{- end -}}
 
-{{- define "switchyard.configMapName" -}}
-{{- include "switchyard.componentName" (dict "root" . "component" "config") -}}
+{{- define "roundhouse.configMapName" -}}
+{{- include "roundhouse.componentName" (dict "root" . "component" "config") -}}
 {{- end -}}
 
-{{- define "switchyard.artifactsClaimName" -}}
-{{- default (include "switchyard.componentName" (dict "root" . "component" "artifacts")) .Values.artifacts.existingClaim -}}
+{{- define "roundhouse.artifactsClaimName" -}}
+{{- default (include "roundhouse.componentName" (dict "root" . "component" "artifacts")) .Values.artifacts.existingClaim -}}
 {{- end -}}
 
 {{/* repository:tag of an image dict, the tag defaulting to the chart's appVersion. */}}
-{{- define "switchyard.image" -}}
+{{- define "roundhouse.image" -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag | toString) -}}
 {{- end -}}
 
 {{/* Pod annotations: config checksums (pods roll when settings change) and scrape hints.
      (dict "root" $ "metricsPort" 8000 "extra" $podAnnotations); metricsPort 0: no scraping. */}}
-{{- define "switchyard.podAnnotations" -}}
+{{- define "roundhouse.podAnnotations" -}}
 checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
 {{- if not .root.Values.secrets.existingSecret }}
 checksum/secret: {{ include (print .root.Template.BasePath "/secret.yaml") .root | sha256sum }}
@@ -84,15 +84,15 @@ prometheus.io/path: /metrics
 {{- end -}}
 
 {{/* The environment every platform process reads. */}}
-{{- define "switchyard.envFrom" -}}
+{{- define "roundhouse.envFrom" -}}
 - configMapRef:
-    name: {{ include "switchyard.configMapName" . }}
+    name: {{ include "roundhouse.configMapName" . }}
 - secretRef:
-    name: {{ include "switchyard.secretName" . }}
+    name: {{ include "roundhouse.secretName" . }}
 {{- end -}}
 
 {{/* The shared model store and a scratch /tmp: (dict "root" $ "readOnly" true). */}}
-{{- define "switchyard.volumeMounts" -}}
+{{- define "roundhouse.volumeMounts" -}}
 - name: artifacts
   mountPath: {{ .root.Values.artifacts.mountPath }}
   readOnly: {{ .readOnly }}
@@ -100,16 +100,16 @@ prometheus.io/path: /metrics
   mountPath: /tmp
 {{- end -}}
 
-{{- define "switchyard.volumes" -}}
+{{- define "roundhouse.volumes" -}}
 - name: artifacts
   persistentVolumeClaim:
-    claimName: {{ include "switchyard.artifactsClaimName" . }}
+    claimName: {{ include "roundhouse.artifactsClaimName" . }}
 - name: tmp
   emptyDir: {}
 {{- end -}}
 
 {{/* Scheduling fields of a pod spec from a dict with nodeSelector, tolerations, affinity. */}}
-{{- define "switchyard.scheduling" -}}
+{{- define "roundhouse.scheduling" -}}
 {{- with .nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -125,8 +125,8 @@ affinity:
 {{- end -}}
 
 {{/* The deployment name every worker-level object of a model deployment is named after. */}}
-{{- define "switchyard.workerName" -}}
-{{- include "switchyard.componentName" (dict "root" .root "component" (printf "worker-%s" .model.name)) -}}
+{{- define "roundhouse.workerName" -}}
+{{- include "roundhouse.componentName" (dict "root" .root "component" (printf "worker-%s" .model.name)) -}}
 {{- end -}}
 
 {{/*
@@ -136,7 +136,7 @@ every other deployment with the default of .Values.slo. An entry has the objecti
 label matcher to put first inside a selector's braces (`selector`, ending in ", ") and the same
 matcher as a whole selector (`braces`); both are empty when no deployment has its own.
 */}}
-{{- define "switchyard.sloTargets" -}}
+{{- define "roundhouse.sloTargets" -}}
 {{- $root := . -}}
 {{- $result := dict -}}
 {{- range $key := list "ttftSeconds" "itlSeconds" "availability" -}}
@@ -161,21 +161,21 @@ matcher as a whole selector (`braces`); both are empty when no deployment has it
 {{- end -}}
 
 {{/* A worker node's weights cache: the hostPath volume, its mount and the settings naming it. */}}
-{{- define "switchyard.weightsCacheVolume" -}}
+{{- define "roundhouse.weightsCacheVolume" -}}
 - name: weights-cache
   hostPath:
     path: {{ .Values.weightsCache.hostPath }}
     type: DirectoryOrCreate
 {{- end -}}
 
-{{- define "switchyard.weightsCacheMount" -}}
+{{- define "roundhouse.weightsCacheMount" -}}
 - name: weights-cache
   mountPath: {{ .Values.weightsCache.hostPath }}
 {{- end -}}
 
-{{- define "switchyard.weightsCacheEnv" -}}
-- name: SWITCHYARD_WEIGHTS_CACHE_DIR
+{{- define "roundhouse.weightsCacheEnv" -}}
+- name: ROUNDHOUSE_WEIGHTS_CACHE_DIR
   value: {{ .Values.weightsCache.hostPath | quote }}
-- name: SWITCHYARD_WEIGHTS_CACHE_MAX_BYTES
+- name: ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES
   value: {{ .Values.weightsCache.maxBytes | int64 | quote }}
 {{- end -}}
