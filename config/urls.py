@@ -7,9 +7,8 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
-from inference import scrape
+from inference import operations, scrape
 from inference import urls as inference_urls
-from inference import views as inference_views
 from tenants import apis as tenants_apis
 
 urlpatterns = [
@@ -25,8 +24,13 @@ urlpatterns = [
     path("api/", include("rollouts.urls")),
     path("api/finance/", include("billing.urls")),
     re_path(r"^api/(?P<path>[\s\S]*)$", tenants_apis.not_found),
-    path("healthz", inference_views.healthz),
-    path("readyz", inference_views.readyz),
+    path("healthz", operations.healthz),
+    path("readyz", operations.readyz),
+    # vLLM's own operational endpoints, at vLLM's paths (inference.operations).
+    path("health", operations.health),
+    path("version", operations.version),
+    path("tokenize", operations.tokenize),
+    path("detokenize", operations.detokenize),
     path("", RedirectView.as_view(pattern_name="console:home"), name="root"),
     path("metrics", scrape.metrics, name="metrics"),
 ]

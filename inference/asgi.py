@@ -37,6 +37,9 @@ from inference.errors import ApiError
 from inference.metrics import loop_lag_watch
 
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
+# vLLM's operational endpoints, at its paths (inference.operations); these two take a key.
+KEYED_OPERATION_PATHS = ("/tokenize", "/detokenize")
+OPERATION_PATHS = ("/health", "/version", *KEYED_OPERATION_PATHS)
 # The /v1 paths a client may call without a key.
 KEYLESS_PATHS = ("/v1/openapi.json",)
 UPLOAD_PATH = "/v1/files"
@@ -46,7 +49,7 @@ MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it c
 
 
 def is_api_path(path: str) -> bool:
-    return path == "/v1" or path.startswith(API_PREFIXES)
+    return path == "/v1" or path.startswith(API_PREFIXES) or path in OPERATION_PATHS
 
 
 class _TooLarge(Exception):
@@ -89,6 +92,7 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
     if length is not None and length.strip().isdigit() and int(length) > body_limit(path):
         return _too_large(path)
     needs_key = path.startswith("/v1/") and path not in KEYLESS_PATHS
+    needs_key = needs_key or path in KEYED_OPERATION_PATHS
     if needs_key and _has_body(scope):
         # The key is in a header: an anonymous upload costs a lookup, not its body.
         try:

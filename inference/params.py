@@ -535,3 +535,111 @@ def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
         priority=_priority(body),
         timeout=_number(body, "timeout", 0.001, 86400.0),
     )
+
+
+# --- vLLM's /tokenize and /detokenize ----------------------------------------------------------
+
+# Every field of vLLM's TokenizeCompletionRequest, TokenizeChatRequest and DetokenizeRequest;
+# fields in neither are ignored, as on the other endpoints. tests/inference/test_params.py
+# checks that these tables cover the installed vLLM's requests.
+TOKENIZE_FIELDS: dict[str, Field] = {
+    "model": HONOURED,
+    "prompt": HONOURED,
+    "messages": HONOURED,
+    "add_special_tokens": HONOURED,
+    "add_generation_prompt": HONOURED,
+    "continue_final_message": HONOURED,
+    "return_token_strs": HONOURED,
+    # A template of the client's own runs code of the client's in the frontend: vLLM, too,
+    # refuses it unless its operator trusts request templates.
+    "chat_template": refused(),
+    "chat_template_kwargs": refused({}),
+    "tools": refused([]),
+    "media_io_kwargs": refused(),
+    "mm_processor_kwargs": refused(),
+}
+DETOKENIZE_FIELDS: dict[str, Field] = {
+    "model": HONOURED,
+    "tokens": HONOURED,
+}
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """A /tokenize body: a completion prompt, or chat messages to render with the template."""
+
+    model: str
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    continue_final_message: bool
+    return_token_strs: bool
+
+
+def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
+    """Return the typed request of a /tokenize body, or raise a 400 naming the field.
+
+    As vLLM's: `messages` makes it a chat request (defaults: add_generation_prompt true,
+    add_special_tokens false, as the template adds its own), else `prompt` is required
+    (add_special_tokens true).
+    """
+    model = _model(body)
+    _unsupported(body, TOKENIZE_FIELDS)
+    chat = body.get("messages") is not None
+    if chat and body.get("prompt") is not None:
+        raise invalid("prompt", "Send either 'prompt' or 'messages', not both.")
+    return_token_strs = _boolean(body, "return_token_strs")
+    if not chat:
+        # add_generation_prompt and continue_final_message shape chat only: ignored here.
+        prompt = _string(body, "prompt", required=True)
+        return TokenizeRequest(
+            model=model,
+            prompt=prompt,
+            messages=None,
+            add_special_tokens=_boolean(body, "add_special_tokens", default=True),
+            add_generation_prompt=False,
+            continue_final_message=False,
+            return_token_strs=return_token_strs,
+        )
+    add_generation_prompt = _boolean(body, "add_generation_prompt", default=True)
+    continue_final_message = _boolean(body, "continue_final_message")
+    if add_generation_prompt and continue_final_message:
+        raise invalid(
+            "continue_final_message",
+            "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true.",
+        )
+    return TokenizeRequest(
+        model=model,
+        prompt=None,
+        messages=_messages(body),
+        add_special_tokens=_boolean(body, "add_special_tokens"),
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        return_token_strs=return_token_strs,
+    )
+
+
+@dataclass(frozen=True)
+class DetokenizeRequest:
+    model: str
+    tokens: list[int]
+
+
+def detokenize_parse(body: dict[str, Any]) -> DetokenizeRequest:
+    """Return the typed request of a /detokenize body, or raise a 400 naming the field."""
+    model = _model(body)
+    _unsupported(body, DETOKENIZE_FIELDS)
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise invalid(
+            "tokens", "Missing required parameter: 'tokens'.", code="missing_required_parameter"
+        )
+    if not isinstance(tokens, list):
+        raise _type_error("tokens", "an array of token ids", tokens)
+    for index, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise _type_error(f"tokens[{index}]", "an integer", token)
+        if token < 0:
+            raise invalid(f"tokens[{index}]", f"Token ids are at least 0, got {token}.")
+    return DetokenizeRequest(model=model, tokens=tokens)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jinja2 import TemplateError
+
 from inference.errors import ApiError
 from models_registry import tokenizer as registry
 from models_registry.tokenizer import (
@@ -25,12 +27,7 @@ class Tokenizer(registry.Tokenizer):
         try:
             return super().render_chat(messages)
         except ChatTemplateMissing as exc:
-            raise ApiError(
-                400,
-                "chat_template_missing",
-                "This model has no chat template; call /v1/completions instead.",
-                param="model",
-            ) from exc
+            raise _template_missing() from exc
         except ChatTemplateRejected as exc:
             raise ApiError(
                 400,
@@ -38,6 +35,56 @@ class Tokenizer(registry.Tokenizer):
                 f"This model's chat template rejected the messages: {exc}",
                 param="messages",
             ) from exc
+
+    def render_chat_with(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+    ) -> str:
+        """Render a conversation as /tokenize asks: with or without the generation prompt, or
+        leaving the last message open for the model to continue (vLLM's options)."""
+        if add_generation_prompt and not continue_final_message:
+            return self.render_chat(messages)
+        if not getattr(self._hf, "chat_template", None):
+            raise _template_missing()
+        try:
+            rendered = self._hf.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
+        except (TemplateError, ValueError) as exc:
+            raise ApiError(
+                400,
+                "invalid_value",
+                f"This model's chat template rejected the messages: {exc}",
+                param="messages",
+            ) from exc
+        return str(rendered)
+
+    def encode_with(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Encode text as vLLM's /tokenize does: with the special tokens (BOS) or without."""
+        return list(self._fast.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        """The vocabulary entry of each token id (vLLM's `return_token_strs`)."""
+        return [str(token) for token in self._hf.convert_ids_to_tokens(ids)]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens included, as vLLM's /detokenize writes it."""
+        return str(self._hf.decode(ids))
+
+
+def _template_missing() -> ApiError:
+    return ApiError(
+        400,
+        "chat_template_missing",
+        "This model has no chat template; call /v1/completions instead.",
+        param="model",
+    )
 
 
 def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:

@@ -10,12 +10,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from config.db import db_call
 from config.json_body import shown
-from dataplane.background import loops_failing, spawn
+from dataplane.background import spawn
 from dataplane.replies import entry_id_parse
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
@@ -444,31 +443,3 @@ async def openapi(request: HttpRequest, request_id: str) -> HttpResponse:
 @api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
 async def not_found(request: HttpRequest, request_id: str, path: str = "") -> HttpResponse:
     raise ApiError(404, "not_found", f"No endpoint {request.method} {shown(request.path)}.")
-
-
-@api_endpoint("GET")
-async def healthz(request: HttpRequest, request_id: str) -> HttpResponse:
-    """Report that this process serves requests (liveness)."""
-    return json_response({"status": "ok"})
-
-
-def _database_ok() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("select 1")
-    return True
-
-
-@api_endpoint("GET")
-async def readyz(request: HttpRequest, request_id: str) -> HttpResponse:
-    """Report whether Postgres and Redis answer and this process relays replies (readiness).
-
-    A reply reader that failed and has not yet read well again makes this process unready.
-    """
-    try:
-        await dispatch_get().redis.ping()
-        await db_call(_database_ok)
-    except Exception as exc:
-        raise ApiError(503, "not_ready", f"dependency unavailable: {type(exc).__name__}") from exc
-    if loops_failing("replies"):
-        raise ApiError(503, "not_ready", "a reply-stream reader is failing")
-    return json_response({"status": "ready"})

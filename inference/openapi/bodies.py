@@ -154,3 +154,57 @@ EMBEDDING_REQUEST: Schema = obj(
     "model",
     "input",
 )
+
+_BOOLEAN = {"type": ["boolean", "null"]}
+_TOKENIZE_COMMON: dict[str, Schema] = {
+    "model": _SAMPLING["model"],
+    "add_special_tokens": {
+        **_BOOLEAN,
+        "description": "Add the tokenizer's special tokens (BOS); default: true for a "
+        "prompt, false for messages (the chat template writes its own).",
+    },
+    "return_token_strs": {**_BOOLEAN, "description": "Also answer each token's string."},
+    # Accepted only with the values that ask for nothing.
+    "tools": {"type": ["array", "null"], "maxItems": 0},
+    "chat_template_kwargs": {"type": ["object", "null"], "maxProperties": 0},
+}
+# vLLM's TokenizeRequest: a completion prompt, or chat messages (the two cannot be mixed).
+TOKENIZE_REQUEST: Schema = {
+    "anyOf": [
+        obj(
+            {**_TOKENIZE_COMMON, "prompt": {"type": "string"}, "messages": {"type": "null"}},
+            "model",
+            "prompt",
+        ),
+        obj(
+            {
+                **_TOKENIZE_COMMON,
+                "messages": CHAT_REQUEST["properties"]["messages"],
+                "prompt": {"type": "null"},
+                "add_generation_prompt": {
+                    **_BOOLEAN,
+                    "description": "End with the assistant's turn opened (default: true).",
+                },
+                "continue_final_message": {
+                    **_BOOLEAN,
+                    "description": "Leave the last message open, to be continued; not "
+                    "together with add_generation_prompt=true.",
+                },
+            },
+            "model",
+            "messages",
+        ),
+    ]
+}
+DETOKENIZE_REQUEST: Schema = obj(
+    {
+        "model": _SAMPLING["model"],
+        "tokens": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0},
+            "description": "Token ids, each below the model's vocabulary size.",
+        },
+    },
+    "model",
+    "tokens",
+)

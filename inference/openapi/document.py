@@ -14,7 +14,7 @@ import msgspec
 
 from inference.openapi import bodies, objects
 from inference.openapi.parts import parts
-from inference.openapi.paths import model_paths, request_paths, responses
+from inference.openapi.paths import model_paths, operation_paths, request_paths, responses
 from inference.openapi.schema import Schema
 
 
@@ -36,11 +36,14 @@ def openapi_document() -> Schema:
         "info": {
             "title": "Roundhouse /v1 API",
             "version": "1",
-            "description": "OpenAI-compatible inference, files and batches. Authenticate with "
-            "an API key: `Authorization: Bearer rh-...`.",
+            "description": "OpenAI-compatible inference, files and batches, and vLLM's "
+            "operational endpoints at its paths (/health, /version, /tokenize, /detokenize). "
+            "Authenticate with an API key: `Authorization: Bearer rh-...`.",
         },
         "security": [{"bearerAuth": []}],
-        "paths": _merged(model_paths(), *(part.paths() for part in parts()), request_paths()),
+        "paths": _merged(
+            model_paths(), *(part.paths() for part in parts()), request_paths(), operation_paths()
+        ),
         "components": {
             "securitySchemes": {
                 "bearerAuth": {
@@ -85,7 +88,14 @@ def openapi_document() -> Schema:
                     "Model": objects.MODEL,
                 },
                 *(part.schemas for part in parts()),
-                {"RequestStatus": objects.REQUEST_STATUS},
+                {
+                    "RequestStatus": objects.REQUEST_STATUS,
+                    "TokenizeRequest": bodies.TOKENIZE_REQUEST,
+                    "Tokens": objects.TOKENIZE_RESPONSE,
+                    "DetokenizeRequest": bodies.DETOKENIZE_REQUEST,
+                    "Detokenized": objects.DETOKENIZE_RESPONSE,
+                    "Version": objects.VERSION,
+                },
             ),
         },
     }

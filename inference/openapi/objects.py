@@ -210,3 +210,28 @@ REQUEST_STATUS: Schema = obj(
     "object",
     "status",
 )
+
+# vLLM's /tokenize and /detokenize answers (inference.operations), field for field.
+TOKENIZE_RESPONSE: Schema = obj(
+    {
+        "count": {"type": "integer", "minimum": 0},
+        "max_model_len": {
+            "type": "integer",
+            "description": "The context this tenant gets on the routed deployment.",
+        },
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "token_strs": {
+            "type": ["array", "null"],
+            "items": {"type": "string"},
+            "description": "Each token's vocabulary entry, with return_token_strs=true.",
+        },
+    },
+    "count",
+    "max_model_len",
+    "tokens",
+    "token_strs",
+)
+DETOKENIZE_RESPONSE: Schema = obj({"prompt": {"type": "string"}}, "prompt")
+VERSION: Schema = obj(
+    {"version": {"type": "string", "description": "The platform's version."}}, "version"
+)

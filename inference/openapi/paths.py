@@ -243,6 +243,53 @@ def request_paths() -> dict[str, Schema]:
     }
 
 
+def operation_paths() -> dict[str, Schema]:
+    """vLLM's operational endpoints, at vLLM's paths (outside /v1: inference.operations)."""
+    empty = {"headers": REQUEST_ID_HEADER}  # vLLM's /health answers with no body at all
+    return {
+        "/health": {
+            "get": {
+                "summary": "Whether this frontend can serve requests (vLLM's health check)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "It can; the body is empty.", **empty},
+                    "503": {"description": "It cannot now; the body is empty.", **empty},
+                },
+            }
+        },
+        "/version": {
+            "get": {
+                "summary": "The platform's version (vLLM's version endpoint)",
+                "security": [],
+                "responses": {"200": ok("The version.", json_content(ref("Version")))},
+            }
+        },
+        "/tokenize": {
+            "post": {
+                "summary": "A prompt's or a conversation's token ids, as the model routes",
+                "requestBody": {"required": True, "content": json_content(ref("TokenizeRequest"))},
+                "responses": {
+                    "200": ok("The tokens.", json_content(ref("Tokens")), VERSION_HEADER),
+                    **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
+                },
+            }
+        },
+        "/detokenize": {
+            "post": {
+                "summary": "The text of token ids, as the model routes",
+                "requestBody": {
+                    "required": True,
+                    "content": json_content(ref("DetokenizeRequest")),
+                },
+                "responses": {
+                    "200": ok("The text.", json_content(ref("Detokenized")), VERSION_HEADER),
+                    **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
+                },
+            }
+        },
+    }
+
+
 def responses() -> dict[str, Schema]:
     responses = {}
     for status, description in _ERROR_DESCRIPTIONS.items():

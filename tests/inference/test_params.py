@@ -11,11 +11,15 @@ from inference.errors import ApiError
 from inference.params import (
     CHAT,
     COMPLETIONS,
+    DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
+    TOKENIZE_FIELDS,
     body_parse,
+    detokenize_parse,
     embeddings_parse,
     generation_parse,
+    tokenize_parse,
 )
 
 
@@ -317,6 +321,14 @@ def test_every_field_of_vllms_requests_has_a_decision():
     assert len(chat) > 40 and len(completion) > 40 and len(embedding) > 5
     assert (chat | completion) - set(GENERATION_FIELDS) == set()
     assert embedding - set(EMBEDDING_FIELDS) == set()
+    tokenize_protocol = [entrypoints / "serve/tokenize/protocol.py"]
+    tokenize = _pydantic_fields(tokenize_protocol, "TokenizeCompletionRequest") | (
+        _pydantic_fields(tokenize_protocol, "TokenizeChatRequest")
+    )
+    detokenize = _pydantic_fields(tokenize_protocol, "DetokenizeRequest")
+    assert {"prompt", "messages", "add_generation_prompt"} <= tokenize and "tokens" in detokenize
+    assert tokenize - set(TOKENIZE_FIELDS) == set()
+    assert detokenize - set(DETOKENIZE_FIELDS) == set()
 
 
 @pytest.mark.parametrize("value", [10**400, -(10**400), float("nan"), float("inf")])
@@ -328,6 +340,45 @@ def test_a_parsed_body_with_a_number_no_float_holds_is_out_of_range(value):
 
 def test_the_api_docs_name_every_refused_and_ignored_field():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
-    for table in (GENERATION_FIELDS, EMBEDDING_FIELDS):
+    for table in (GENERATION_FIELDS, EMBEDDING_FIELDS, TOKENIZE_FIELDS, DETOKENIZE_FIELDS):
         for field, decision in table.items():
             assert f"`{field}`" in docs, (field, decision.decision)
+
+
+def test_tokenize_takes_a_prompt_or_messages_with_vllms_defaults():
+    prompt = tokenize_parse({"model": "m", "prompt": "hi"})
+    assert (prompt.prompt, prompt.messages, prompt.add_special_tokens) == ("hi", None, True)
+    chat = tokenize_parse({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.messages == [{"role": "user", "content": "hi"}] and chat.prompt is None
+    assert (chat.add_special_tokens, chat.add_generation_prompt) == (False, True)
+    assert chat.continue_final_message is False and chat.return_token_strs is False
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "invalid_value",
+         "prompt"),
+        ({"prompt": ["a"]}, "invalid_type", "prompt"),
+        ({"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
+         "invalid_value", "continue_final_message"),
+        ({"prompt": "a", "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
+        ({"prompt": "a", "add_special_tokens": 1}, "invalid_type", "add_special_tokens"),
+    ],
+)  # fmt: skip
+def test_tokenize_refuses_a_bad_body_naming_the_field(body, code, param):
+    with pytest.raises(ApiError) as caught:
+        tokenize_parse({"model": "m", **body})
+    assert (caught.value.status, caught.value.code, caught.value.param) == (400, code, param)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "code", "param"),
+    [(None, "missing_required_parameter", "tokens"), ([1, True], "invalid_type", "tokens[1]"),
+     ([0, -3], "invalid_value", "tokens[1]"), ({"a": 1}, "invalid_type", "tokens")],
+)  # fmt: skip
+def test_detokenize_takes_token_ids_only(tokens, code, param):
+    assert detokenize_parse({"model": "m", "tokens": []}).tokens == []
+    with pytest.raises(ApiError) as caught:
+        detokenize_parse({"model": "m", "tokens": tokens})
+    assert (caught.value.code, caught.value.param) == (code, param)

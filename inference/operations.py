@@ -1,0 +1,179 @@
+"""vLLM's operational endpoints, at vLLM's paths: /health, /version, /tokenize, /detokenize.
+
+Load-testing tools and clients written against vLLM's own server probe these; each answers
+as vLLM's does (vllm/entrypoints/serve/instrumentator and tokenize), in the same shapes.
+They sit at the root, not under /v1, as in vLLM: /v1 is the OpenAI API, which has no such
+operations. /healthz and /readyz are the platform's own probes, here too.
+
+/tokenize and /detokenize take an API key with the inference scope, and their `model` routes
+as a chat request's does (the same 404 for a name the key cannot call); the routed version's
+tokenizer answers. Each takes a request from the tenant's requests per minute and no tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.metadata
+import tomllib
+from pathlib import Path
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+
+from config.db import db_call
+from dataplane.background import loops_failing
+from inference.auth import Principal
+from inference.clients import dispatch_get, routing_get
+from inference.endpoint import api_endpoint, json_response, request_body, request_principal
+from inference.errors import ApiError, invalid
+from inference.params import TokenizeRequest, body_parse, detokenize_parse, tokenize_parse
+from inference.tokenization import Tokenizer, tokenizer_for
+from models_registry.selectors import Route
+from tenants.models import Scope
+
+DISTRIBUTION = "roundhouse-serving"
+VERSION_HEADER = "x-roundhouse-model-version"
+_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+# Prompts longer than this tokenise off the event loop, as a chat request's do.
+_INLINE_TOKENIZE_CHARS = 16_000
+
+
+@functools.cache
+def platform_version() -> str:
+    """The platform's version: its installed distribution's, else its pyproject.toml's.
+
+    One source either way (pyproject.toml's `version`): a checkout run in place has no
+    installed distribution, and reads the file the distribution is built from.
+    """
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return str(tomllib.loads(_PYPROJECT.read_text())["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def _database_ok() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("select 1")
+    return True
+
+
+async def _unready() -> str | None:
+    """Why this process cannot serve requests now, or None when it can.
+
+    Postgres and Redis must answer, and the reply-stream readers must be reading: a reader
+    that failed and has not yet read well again makes this process unready.
+    """
+    try:
+        await dispatch_get().redis.ping()
+        await db_call(_database_ok)
+    except Exception as exc:
+        return f"dependency unavailable: {type(exc).__name__}"
+    if loops_failing("replies"):
+        return "a reply-stream reader is failing"
+    return None
+
+
+@api_endpoint("GET")
+async def healthz(request: HttpRequest, request_id: str) -> HttpResponse:
+    """Report that this process serves requests (liveness)."""
+    return json_response({"status": "ok"})
+
+
+@api_endpoint("GET")
+async def readyz(request: HttpRequest, request_id: str) -> HttpResponse:
+    """Report whether Postgres and Redis answer and this process relays replies (readiness)."""
+    problem = await _unready()
+    if problem is not None:
+        raise ApiError(503, "not_ready", problem)
+    return json_response({"status": "ready"})
+
+
+@api_endpoint("GET")
+async def health(request: HttpRequest, request_id: str) -> HttpResponse:
+    """vLLM's health check: 200 with an empty body when this frontend can serve, else 503.
+
+    vLLM answers 503 (empty) when its engine is dead; a frontend's engine is its Postgres,
+    Redis and reply readers, so this is /readyz's check, answered as vLLM answers.
+    """
+    return HttpResponse(status=200 if await _unready() is None else 503)
+
+
+@api_endpoint("GET")
+async def version(request: HttpRequest, request_id: str) -> HttpResponse:
+    """vLLM's version endpoint, naming the platform's version (not an engine's)."""
+    return json_response({"version": platform_version()})
+
+
+async def _routed(principal: Principal, model: str) -> tuple[Route, Tokenizer]:
+    """The route a request for `model` takes, as a chat request's would, and its tokenizer."""
+    routing = await routing_get(model)
+    route = routing.pick(tenant_id=principal.tenant_id, user=None)
+    return route, tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+
+
+def _tokens(tokenizer: Tokenizer, parsed: TokenizeRequest) -> list[int]:
+    if parsed.messages is not None:
+        text = tokenizer.render_chat_with(
+            parsed.messages,
+            add_generation_prompt=parsed.add_generation_prompt,
+            continue_final_message=parsed.continue_final_message,
+        )
+    else:
+        text = parsed.prompt or ""
+    return tokenizer.encode_with(text, add_special_tokens=parsed.add_special_tokens)
+
+
+def _chars(parsed: TokenizeRequest) -> int:
+    if parsed.messages is not None:
+        return sum(len(m["content"]) for m in parsed.messages)
+    return len(parsed.prompt or "")
+
+
+@api_endpoint("POST")
+async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
+    """vLLM's /tokenize: a prompt's or a conversation's token ids, with the routed tokenizer.
+
+    `max_model_len` is the context this tenant gets on the routed deployment: the smaller of
+    the deployment's and the tenant's `max_context_tokens`.
+    """
+    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    parsed = tokenize_parse(body_parse(await request_body(request)))
+    route, tokenizer = await _routed(principal, parsed.model)
+    if _chars(parsed) > _INLINE_TOKENIZE_CHARS:
+        tokens = await asyncio.to_thread(_tokens, tokenizer, parsed)
+    else:
+        tokens = _tokens(tokenizer, parsed)
+    response = json_response(
+        {
+            "count": len(tokens),
+            "max_model_len": min(route.context_length, principal.max_context_tokens),
+            "tokens": tokens,
+            "token_strs": tokenizer.token_strs(tokens) if parsed.return_token_strs else None,
+        }
+    )
+    response[VERSION_HEADER] = route.version
+    return response
+
+
+@api_endpoint("POST")
+async def detokenize(request: HttpRequest, request_id: str) -> HttpResponse:
+    """vLLM's /detokenize: the text of token ids (special tokens included), as `prompt`."""
+    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    parsed = detokenize_parse(body_parse(await request_body(request)))
+    route, tokenizer = await _routed(principal, parsed.model)
+    vocab = tokenizer.vocab_size
+    for index, token in enumerate(parsed.tokens):
+        if token >= vocab:
+            raise invalid(f"tokens[{index}]", f"Token ids must be in [0, {vocab}), got {token}.")
+    if len(parsed.tokens) > _INLINE_TOKENIZE_CHARS:
+        text = await asyncio.to_thread(tokenizer.decode, parsed.tokens)
+    else:
+        text = tokenizer.decode(parsed.tokens)
+    response = json_response({"prompt": text})
+    response[VERSION_HEADER] = route.version
+    return response
