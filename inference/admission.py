@@ -22,7 +22,7 @@ from dataplane.quotas import Decision, Limits, Usage, cost_micros
 from dataplane.types import Failed, Finished, Job
 from inference.auth import Principal
 from inference.clients import dispatch_get, idempotency_get, quotas_get
-from inference.errors import ApiError
+from inference.errors import ApiError, should_retry
 from inference.metrics import admission_decided
 from models_registry.selectors import Route
 from privacy.services import content_retain
@@ -197,8 +197,13 @@ _FAILURE_STATUS = {
 
 
 def request_failure(event: Failed) -> ApiError:
-    """The error a client sees for a request that failed after it was admitted."""
-    return ApiError(_FAILURE_STATUS.get(event.code, 503), event.code, event.message, retry_after=1)
+    """The error a client sees for a request that failed after it was admitted.
+
+    A failure a retry cannot mend (its deadline passed, it was cancelled) names no wait.
+    """
+    status = _FAILURE_STATUS.get(event.code, 503)
+    retry_after = 1 if should_retry(status, event.code) else None
+    return ApiError(status, event.code, event.message, retry_after=retry_after)
 
 
 def request_ended(submitted: Submitted, event: Finished | Failed) -> None:

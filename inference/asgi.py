@@ -33,7 +33,7 @@ from django.http import HttpResponse
 from django.urls import set_script_prefix
 
 from inference.auth import key_check
-from inference.errors import ApiError
+from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch
 
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
@@ -145,6 +145,8 @@ class ApiHandler(ASGIHandler):
         if request is None:
             assert error_response is not None  # create_request returns one or the other
             body_file.close()
+            retry = should_retry(error_response.status_code, "")
+            error_response["x-should-retry"] = "true" if retry else "false"
             await self.send_response(error_response, send)
             error_response.close()
             return

@@ -21,6 +21,86 @@ ERROR_TYPES = {
     504: "timeout_error",
 }
 
+# Whether sending the same request again can succeed, per error code: every HTTP error carries
+# the answer as `x-should-retry: true|false`, which the official OpenAI SDKs obey before their
+# own rule (they retry 408, 409, 429 and every 5xx). A deadline that passed is not retried: the
+# same deadline passes again, and each run bills what it made. docs/api.md lists this table;
+# tests/inference/test_should_retry.py checks that every code the platform can raise is here.
+SHOULD_RETRY: dict[str, bool] = {
+    # The platform is short of capacity or briefly unreachable: a retry soon can succeed.
+    "rate_limit_exceeded": True,
+    "tokens_per_minute_exceeded": True,
+    "concurrency_limit_exceeded": True,
+    "too_many_streams": True,
+    "queue_full": True,
+    "deadline_unattainable": True,  # refused before it ran: the queue ahead may drain
+    "model_unavailable": True,
+    "adapter_unavailable": True,
+    "tokenizer_unavailable": True,
+    "service_unavailable": True,
+    "not_ready": True,
+    "idempotency_key_in_use": True,  # the request with that key ends, then its result replays
+    # The platform failed this request: a fresh run can succeed.
+    "internal_error": True,
+    "engine_error": True,
+    "worker_lost": True,
+    "stream_ended": True,
+    "relay_failed": True,
+    # The request's deadline passed, or it was cancelled: the same request ends the same way.
+    "deadline_exceeded": False,
+    "timeout": False,
+    "cancelled": False,
+    # Only the tenant's operator can fix these (a budget is spent until the month ends).
+    "budget_exceeded": False,
+    "tenant_disabled": False,
+    "insufficient_scope": False,
+    # The key or the request itself is wrong: the same request fails the same way.
+    "missing_api_key": False,
+    "invalid_authorization_header": False,
+    "invalid_api_key": False,
+    "revoked_api_key": False,
+    "expired_api_key": False,
+    "invalid_json": False,
+    "invalid_type": False,
+    "invalid_value": False,
+    "invalid_request": False,
+    "invalid_message": False,
+    "invalid_body": False,
+    "invalid_id": False,
+    "invalid_endpoint": False,
+    "invalid_method": False,
+    "missing_required_parameter": False,
+    "unsupported_parameter": False,
+    "max_tokens_exceeded": False,
+    "context_length_exceeded": False,
+    "content_policy_violation": False,
+    "chat_template_missing": False,
+    "wrong_endpoint_for_model": False,
+    "request_too_large": False,
+    "file_too_large": False,
+    "too_many_lines": False,
+    "missing_custom_id": False,
+    "duplicate_custom_id": False,
+    "duplicate_id": False,
+    "mismatched_url": False,
+    "idempotency_key_reused": False,
+    "batch_not_cancellable": False,
+    "model_not_found": False,
+    "request_not_found": False,
+    "file_not_found": False,
+    "batch_not_found": False,
+    "not_found": False,
+    "method_not_allowed": False,
+}
+
+
+def should_retry(status: int, code: str) -> bool:
+    """Whether a retry of a request refused with `status` and `code` can succeed."""
+    decided = SHOULD_RETRY.get(code)
+    if decided is not None:
+        return decided
+    return status in (408, 409, 429) or status >= 500  # a code not in the table: the SDK's rule
+
 
 class ApiError(Exception):
     """A request the platform refuses, with what the client needs to fix or retry it."""
@@ -62,6 +142,7 @@ class ApiError(Exception):
         response = HttpResponse(
             json.dumps(self.body()), status=self.status, content_type="application/json"
         )
+        response["x-should-retry"] = "true" if should_retry(self.status, self.code) else "false"
         if self.retry_after is not None:
             response["Retry-After"] = str(max(1, round(self.retry_after)))
             response["retry-after-ms"] = str(int(self.retry_after * 1000))
