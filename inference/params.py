@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from config.json_body import BodyProblem, json_document, shown
 from inference.errors import ApiError, invalid
+from inference.fields import (
+    DETOKENIZE_FIELDS,
+    EMBEDDING_FIELDS,
+    GENERATION_FIELDS,
+    TOKENIZE_FIELDS,
+    unsupported_refuse,
+)
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -143,174 +149,6 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-@dataclass(frozen=True)
-class Field:
-    """What Roundhouse does with one body field.
-
-    honoured: it shapes the answer. ignored: it cannot change the answer (metadata, hints).
-    refused: a 400 `unsupported_parameter` naming it, unless its value is null or one of
-    `unused`, the values that ask for nothing (n=1, logprobs=false).
-    """
-
-    decision: str
-    unused: tuple[Any, ...] = ()
-
-
-HONOURED = Field("honoured")
-IGNORED = Field("ignored")
-
-
-def refused(*unused: Any) -> Field:
-    return Field("refused", unused)
-
-
-# Every field of OpenAI's and of vLLM's chat and completions bodies. Fields in neither are
-# ignored, as vLLM's own server ignores them: SDKs add fields over time, and one that changes
-# the answer lands in this table before it is served. tests/inference/test_params.py checks
-# that every field of the installed vLLM's requests is here.
-GENERATION_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "messages": HONOURED,  # chat
-    "prompt": HONOURED,  # completions
-    "max_tokens": HONOURED,
-    "max_completion_tokens": HONOURED,  # chat
-    "temperature": HONOURED,
-    "top_p": HONOURED,
-    "top_k": HONOURED,
-    "seed": HONOURED,
-    "stop": HONOURED,
-    "ignore_eos": HONOURED,
-    "min_tokens": HONOURED,
-    "presence_penalty": HONOURED,
-    "frequency_penalty": HONOURED,
-    "stream": HONOURED,
-    "stream_options": HONOURED,
-    "user": HONOURED,
-    "service_tier": HONOURED,
-    "timeout": HONOURED,  # Roundhouse's own
-    "metadata": IGNORED,
-    "prompt_cache_key": IGNORED,
-    "safety_identifier": IGNORED,
-    "parallel_tool_calls": IGNORED,  # only means something with tools, which are refused
-    "request_id": IGNORED,  # vLLM's; every request gets an id of ours (x-request-id)
-    "stream_interval": IGNORED,  # vLLM's chunking of a stream; the text is the same
-    "n": refused(1),
-    "best_of": refused(1),
-    "use_beam_search": refused(False),
-    "logprobs": refused(False),
-    "top_logprobs": refused(0),
-    "prompt_logprobs": refused(),
-    "logprob_token_ids": refused(),
-    "echo": refused(False),
-    "suffix": refused(""),
-    "logit_bias": refused({}),
-    "allowed_token_ids": refused(),
-    "bad_words": refused([]),
-    "stop_token_ids": refused([]),
-    "include_stop_str_in_output": refused(False),
-    "skip_special_tokens": refused(True),
-    "spaces_between_special_tokens": refused(True),
-    "repetition_penalty": refused(1.0),
-    "length_penalty": refused(1.0),
-    "min_p": refused(0.0),
-    "repetition_detection": refused(),
-    "watermarking": refused(),
-    "thinking_token_budget": refused(),
-    "reasoning_effort": refused(),
-    "include_reasoning": refused(True),
-    "verbosity": refused(),
-    "tools": refused([]),
-    "functions": refused([]),
-    "tool_choice": refused("none", "auto"),
-    "function_call": refused("none", "auto"),
-    "response_format": refused({"type": "text"}),
-    "structured_outputs": refused(),
-    "guided_json": refused(),
-    "guided_regex": refused(),
-    "guided_choice": refused(),
-    "guided_grammar": refused(),
-    "guided_decoding_backend": refused(),
-    "guided_whitespace_pattern": refused(),
-    "chat_template": refused(),
-    "chat_template_kwargs": refused(),
-    "add_generation_prompt": refused(True),
-    "continue_final_message": refused(False),
-    "add_special_tokens": refused(),
-    "documents": refused(),
-    "truncate_prompt_tokens": refused(),
-    "truncation_side": refused(),
-    "priority": refused(0),  # vLLM's; service_tier chooses Roundhouse's class
-    "store": refused(False),  # nothing is stored to fetch later
-    "modalities": refused(["text"]),
-    "audio": refused(),
-    "prediction": refused(),
-    "web_search_options": refused(),
-    "prompt_embeds": refused(),
-    "mm_payload": refused(),
-    "mm_processor_kwargs": refused(),
-    "media_io_kwargs": refused(),
-    "return_mm_kwargs": refused(False),
-    "return_prompt_text": refused(False),
-    "return_token_ids": refused(False),
-    "return_token_offsets": refused(False),
-    "return_tokens_as_token_ids": refused(False),
-    "routed_experts_prompt_start": refused(),
-    "session_id": refused(),
-    "kv_transfer_params": refused(),
-    "ec_transfer_params": refused(),
-    "vllm_xargs": refused(),
-    # vLLM's prefix-cache isolation: workers do not salt their prefix cache per request yet.
-    "cache_salt": refused(),
-}
-
-# The same for embeddings bodies: OpenAI's and vLLM's fields.
-EMBEDDING_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "input": HONOURED,
-    "encoding_format": HONOURED,
-    "dimensions": HONOURED,
-    "user": HONOURED,
-    "service_tier": HONOURED,
-    "timeout": HONOURED,
-    "request_id": IGNORED,
-    "cache_salt": refused(),
-    "priority": refused(0),
-    "truncate_prompt_tokens": refused(),
-    "truncation_side": refused(),
-    "add_special_tokens": refused(True),
-    "embed_dtype": refused("float32"),
-    "endianness": refused("native"),
-    "use_activation": refused(),
-    "normalize": refused(),
-    "padding": refused(),
-    "mm_processor_kwargs": refused(),
-}
-
-
-def _same(value: Any, unused: Any) -> bool:
-    """Whether a value equals an unused one, as JSON compares them (1 == 1.0, but not true)."""
-    if isinstance(value, bool) or isinstance(unused, bool):
-        return value is unused
-    if isinstance(value, int | float) and isinstance(unused, int | float):
-        return value == unused
-    return type(value) is type(unused) and value == unused
-
-
-def _unsupported(body: dict[str, Any], fields: dict[str, Field]) -> None:
-    """Refuse every refused field the body sets to something other than null or unused."""
-    for name, value in body.items():
-        field = fields.get(name)
-        if field is None or field.decision != "refused" or value is None:
-            continue
-        if any(_same(value, unused) for unused in field.unused):
-            continue
-        hint = " or ".join(json.dumps(unused) for unused in field.unused)
-        message = f"'{name}' is not supported; leave it out" + (
-            f" or send {hint}." if hint else "."
-        )
-        raise ApiError(400, "unsupported_parameter", message, param=name)
-
-
 def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
@@ -424,7 +262,7 @@ def _priority(body: dict[str, Any]) -> str:
 def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
     """Return the typed request of a chat or completions body, or raise a 400."""
     model = _model(body)
-    _unsupported(body, GENERATION_FIELDS)
+    unsupported_refuse(body, GENERATION_FIELDS)
     max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
     if endpoint == CHAT:
         max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30) or max_tokens
@@ -520,7 +358,7 @@ def _is_token(value: Any) -> bool:
 def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
     """Return the typed request of an embeddings body, or raise a 400."""
     model = _model(body)
-    _unsupported(body, EMBEDDING_FIELDS)
+    unsupported_refuse(body, EMBEDDING_FIELDS)
     encoding = _string(body, "encoding_format") or "float"
     if encoding not in ENCODING_FORMATS:
         raise invalid(
@@ -538,30 +376,6 @@ def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
 
 
 # --- vLLM's /tokenize and /detokenize ----------------------------------------------------------
-
-# Every field of vLLM's TokenizeCompletionRequest, TokenizeChatRequest and DetokenizeRequest;
-# fields in neither are ignored, as on the other endpoints. tests/inference/test_params.py
-# checks that these tables cover the installed vLLM's requests.
-TOKENIZE_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "prompt": HONOURED,
-    "messages": HONOURED,
-    "add_special_tokens": HONOURED,
-    "add_generation_prompt": HONOURED,
-    "continue_final_message": HONOURED,
-    "return_token_strs": HONOURED,
-    # A template of the client's own runs code of the client's in the frontend: vLLM, too,
-    # refuses it unless its operator trusts request templates.
-    "chat_template": refused(),
-    "chat_template_kwargs": refused({}),
-    "tools": refused([]),
-    "media_io_kwargs": refused(),
-    "mm_processor_kwargs": refused(),
-}
-DETOKENIZE_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "tokens": HONOURED,
-}
 
 
 @dataclass(frozen=True)
@@ -585,7 +399,7 @@ def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
     (add_special_tokens true).
     """
     model = _model(body)
-    _unsupported(body, TOKENIZE_FIELDS)
+    unsupported_refuse(body, TOKENIZE_FIELDS)
     chat = body.get("messages") is not None
     if chat and body.get("prompt") is not None:
         raise invalid("prompt", "Send either 'prompt' or 'messages', not both.")
@@ -629,7 +443,7 @@ class DetokenizeRequest:
 def detokenize_parse(body: dict[str, Any]) -> DetokenizeRequest:
     """Return the typed request of a /detokenize body, or raise a 400 naming the field."""
     model = _model(body)
-    _unsupported(body, DETOKENIZE_FIELDS)
+    unsupported_refuse(body, DETOKENIZE_FIELDS)
     tokens = body.get("tokens")
     if tokens is None:
         raise invalid(

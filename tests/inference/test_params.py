@@ -8,13 +8,15 @@ import pytest
 
 from config.json_body import MAX_DEPTH, BodyProblem, json_document, shown
 from inference.errors import ApiError
-from inference.params import (
-    CHAT,
-    COMPLETIONS,
+from inference.fields import (
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
     TOKENIZE_FIELDS,
+)
+from inference.params import (
+    CHAT,
+    COMPLETIONS,
     body_parse,
     detokenize_parse,
     embeddings_parse,
