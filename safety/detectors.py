@@ -19,6 +19,8 @@ import regex
 
 from safety.classifier import toxicity_scores
 from safety.sentences import sentence_spans
+from tenants.keys import PREFIXES as KEY_PREFIXES
+from tenants.keys import PUBLIC_ID_LENGTH
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,15 @@ _PII_PATTERNS = (
         re.compile(r"(?<![\w-])[2-6]\d{3}(?:[ -]?\d){9,15}(?![\w-])"),
         _card,
     ),
-    _PiiPattern("secret", "secret", re.compile(r"\bsy-[a-z0-9]{12}[A-Za-z0-9_-]{16,128}")),
+    # The platform's own keys, under the current prefix and the former one.
+    _PiiPattern(
+        "secret",
+        "secret",
+        re.compile(
+            rf"\b(?:{'|'.join(re.escape(p) for p in KEY_PREFIXES)})"
+            rf"[a-z0-9]{{{PUBLIC_ID_LENGTH}}}[A-Za-z0-9_-]{{16,128}}"
+        ),
+    ),
     _PiiPattern("secret", "secret", re.compile(r"\bsk-[A-Za-z0-9_-]{20,256}")),
     _PiiPattern("secret", "secret", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
     _PiiPattern(

@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from tenants.keys import PREFIX
 from tenants.models import Scope, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import MAX_KEY_DAYS, api_key_issue
@@ -45,5 +46,5 @@ class Command(BaseCommand):
         if options["quiet"]:
             self.stdout.write(issued.token)
             return
-        self.stdout.write(f"key sy-{issued.key.public_id} for {tenant.slug} (shown once):")
+        self.stdout.write(f"key {PREFIX}{issued.key.public_id} for {tenant.slug} (shown once):")
         self.stdout.write(issued.token)
