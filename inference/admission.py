@@ -29,6 +29,8 @@ from privacy.services import content_retain
 from safety.policy import Policy
 
 log = logging.getLogger(__name__)
+# The model version that answered, on every response a version gave.
+VERSION_HEADER = "x-roundhouse-model-version"
 
 
 def request_id_new() -> str:
@@ -64,7 +66,7 @@ class Submitted:
 
     def headers(self) -> dict[str, str]:
         """The headers its response carries: the version, the cache's use and the rate limits."""
-        headers = {"x-roundhouse-model-version": self.route.version}
+        headers = {VERSION_HEADER: self.route.version}
         if self.cache is not None:
             headers["x-roundhouse-cache"] = "hit" if self.cache.hit else "miss"
         return headers | ratelimit_headers(self.principal.limits, self.decision)

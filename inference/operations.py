@@ -23,20 +23,18 @@ from django.http import HttpRequest, HttpResponse
 
 from config.db import db_call
 from dataplane.background import loops_failing
+from inference.admission import VERSION_HEADER
 from inference.auth import Principal
 from inference.clients import dispatch_get, routing_get
 from inference.endpoint import api_endpoint, json_response, request_body, request_principal
 from inference.errors import ApiError, invalid
 from inference.params import TokenizeRequest, body_parse, detokenize_parse, tokenize_parse
-from inference.tokenization import Tokenizer, tokenizer_for
+from inference.tokenization import INLINE_TOKENIZE_CHARS, Tokenizer, tokenizer_for
 from models_registry.selectors import Route
 from tenants.models import Scope
 
 DISTRIBUTION = "roundhouse-serving"
-VERSION_HEADER = "x-roundhouse-model-version"
 _PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-# Prompts longer than this tokenise off the event loop, as a chat request's do.
-_INLINE_TOKENIZE_CHARS = 16_000
 
 
 @functools.cache
@@ -144,7 +142,7 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE, counted=True)
     parsed = tokenize_parse(body_parse(await request_body(request)))
     route, tokenizer = await _routed(principal, parsed.model)
-    if _chars(parsed) > _INLINE_TOKENIZE_CHARS:
+    if _chars(parsed) > INLINE_TOKENIZE_CHARS:
         tokens = await asyncio.to_thread(_tokens, tokenizer, parsed)
     else:
         tokens = _tokens(tokenizer, parsed)
@@ -170,7 +168,7 @@ async def detokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     for index, token in enumerate(parsed.tokens):
         if token >= vocab:
             raise invalid(f"tokens[{index}]", f"Token ids must be in [0, {vocab}), got {token}.")
-    if len(parsed.tokens) > _INLINE_TOKENIZE_CHARS:
+    if len(parsed.tokens) > INLINE_TOKENIZE_CHARS:
         text = await asyncio.to_thread(tokenizer.decode, parsed.tokens)
     else:
         text = tokenizer.decode(parsed.tokens)

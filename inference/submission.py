@@ -48,14 +48,13 @@ from inference.idempotency import KEY_TTL_SECONDS, Original
 from inference.metrics import RequestClock, admission_decided
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.response_cache import Stored, cache_key, cacheable
-from inference.tokenization import tokenizer_for
+from inference.tokenization import INLINE_TOKENIZE_CHARS, tokenizer_for
 from models_registry.models import Task
 from models_registry.selectors import Route
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
 
-_INLINE_TOKENIZE_CHARS = 16_000
 # After a queue_full refusal this frontend refuses that deployment's requests at once for a
 # moment: 50 ms is short next to a request's service time and long next to a flood's gaps.
 QUEUE_FULL_BACKOFF_SECONDS = 0.05
@@ -201,7 +200,7 @@ async def generation_submit(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )
     context = min(route.context_length, principal.max_context_tokens)
-    if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
+    if _prompt_chars(request) > INLINE_TOKENIZE_CHARS:
         # Long prompts tokenise off the event loop so they do not stall other streams.
         prompt = await asyncio.to_thread(_prompt_ids, request, route, context=context)
     else:
@@ -497,7 +496,7 @@ async def embedding_submit(
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
         raise queue_full_error(request.model, deployment=route.deployment)
     context = min(route.context_length, principal.max_context_tokens)
-    if sum(len(i) for i in request.inputs) > _INLINE_TOKENIZE_CHARS:
+    if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS:
         inputs = await asyncio.to_thread(_input_ids, request, route, context=context)
     else:
         inputs = _input_ids(request, route, context=context)

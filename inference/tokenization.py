@@ -19,6 +19,9 @@ from models_registry.tokenizer import (
     TokenizerUnavailable,
 )
 
+# Prompts longer than this (in characters, or token ids) tokenise off the event loop.
+INLINE_TOKENIZE_CHARS = 16_000
+
 
 class Tokenizer(registry.Tokenizer):
     """A version's tokenizer whose refusals of a conversation are the API's 400s."""

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible /v1 endpoints: thin async views over the admission service."""
+"""The OpenAI-compatible /v1 endpoints: thin async views over submission and relay."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataplane.background import spawn
 from dataplane.replies import entry_id_parse
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import request_ended, request_failure
+from inference.admission import VERSION_HEADER, request_ended, request_failure
 from inference.auth import Principal
 from inference.clients import dispatch_get, idempotency_get, model_names_get, routing_get
 from inference.content_policy import policy_get
@@ -169,7 +169,7 @@ async def _replay_or_claim(
     if replayed is not None:
         replayed["Idempotent-Replayed"] = "true"
         replayed["x-request-id"] = original.request_id
-        replayed["x-roundhouse-model-version"] = original.version
+        replayed[VERSION_HEADER] = original.version
         return replayed
     # The original failed: its result is not kept, and this request runs in its place.
     await keys.release(tenant_id=principal.tenant_id, key=key)
