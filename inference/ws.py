@@ -3,7 +3,7 @@
 Protocol (JSON text frames):
 
 - connect with `Authorization: Bearer rh-…` (or, from a browser, the subprotocol
-  `roundhouse.key.sy-…`); a bad key is refused before the handshake completes.
+  `roundhouse.key.rh-…`); a bad key is refused before the handshake completes.
 - client → server:
   `{"type": "request", "id": "<client id>", "endpoint": "chat.completions" | "completions",
     "body": {… the body of the HTTP endpoint …}}` and `{"type": "cancel", "id": "<client id>"}`.

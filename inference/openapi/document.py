@@ -49,7 +49,7 @@ def openapi_document() -> Schema:
                 "bearerAuth": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "A tenant's API key (sy-...), issued in the console.",
+                    "description": "A tenant's API key (rh-...), issued in the console.",
                 }
             },
             "headers": {
