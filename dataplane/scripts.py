@@ -2,8 +2,8 @@
 
 Each script a client registers (`register_script`) is one of the sources below: the queue
 scripts start with the queue prelude (the deployment's keys and shared helpers), the quota
-scripts with the token-bucket prelude. The API's own scripts (autoscaling hysteresis,
-idempotency keys) are here too, so that every script the platform runs is a .lua file.
+scripts with the token-bucket prelude. The autoscaling hysteresis and the API's idempotency keys
+are here too, so that every script the platform runs is a .lua file.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ QUOTA_RELEASE = _read("quota_release")
 QUOTA_TAKE_REQUEST = _QUOTA_PRELUDE + _read("quota_take_request")
 QUOTA_PEEK = _QUOTA_PRELUDE + _read("quota_peek")
 
-# The API's: an autoscaling signal's hysteresis (KEYS: dataplane.keys.autoscale_key) and an
-# Idempotency-Key's first use (KEYS: the key's record).
+# An autoscaling signal's hysteresis (dataplane.autoscale; KEYS: dataplane.keys.autoscale_key)
+# and, the API's, an Idempotency-Key's first use (KEYS: the key's record).
 AUTOSCALE_HYSTERESIS = _read("autoscale_hysteresis")
 IDEMPOTENCY_BEGIN = _read("idempotency_begin")
