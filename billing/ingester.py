@@ -86,8 +86,7 @@ class Ingester:
     async def run(self) -> None:
         """Ingest until stopped; the loop starts again after any failure (see background)."""
         await supervise("ingester", self._run)
-        if self._finishing is not None:
-            await self._finishing  # stopping: the last batch is settled and acknowledged first
+        await self._finished()  # stopping: the last batch is settled and acknowledged first
 
     async def _run(self) -> None:
         # While one batch is settled and acknowledged in Redis, the next is read and written
