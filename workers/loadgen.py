@@ -52,7 +52,7 @@ class Load:
 
 async def curve_measure(
     *,
-    dispatch: FrontDoor,
+    front: FrontDoor,
     load: Load,
     levels: Sequence[int],
     requests: int,
@@ -69,16 +69,14 @@ async def curve_measure(
     # One unmeasured wave first: the first requests of a run pay for cold paths (script
     # loading, the engine's first shapes of this prompt length) that steady traffic never sees.
     say(f"warm-up: {levels[0]} requests (not measured)")
-    await level_run(
-        dispatch=dispatch, load=load, concurrency=levels[0], requests=levels[0], seed=seed
-    )
+    await level_run(front=front, load=load, concurrency=levels[0], requests=levels[0], seed=seed)
     measured = []
     for number, concurrency in enumerate(levels, start=1):
         workers = live_workers()
         tag = f"[{number}/{len(levels)}] concurrency {concurrency}"
         say(f"{tag}: {requests} requests on {workers} worker(s)…")
         samples, seconds = await level_run(
-            dispatch=dispatch,
+            front=front,
             load=load,
             concurrency=concurrency,
             requests=requests,
@@ -118,7 +116,7 @@ def _seconds(value: float | None) -> str:
 
 async def level_run(
     *,
-    dispatch: FrontDoor,
+    front: FrontDoor,
     load: Load,
     concurrency: int,
     requests: int,
@@ -140,7 +138,7 @@ async def level_run(
         while sent < requests:
             sent += 1
             prompt = rng.choices(load.vocabulary, k=load.prompt_tokens)
-            samples.append(await request_run(dispatch=dispatch, load=load, prompt=prompt))
+            samples.append(await request_run(front=front, load=load, prompt=prompt))
             if on_done is not None:
                 on_done(len(samples))
 
@@ -149,7 +147,7 @@ async def level_run(
     return samples, time.perf_counter() - started
 
 
-async def request_run(*, dispatch: FrontDoor, load: Load, prompt: Sequence[int]) -> Sample:
+async def request_run(*, front: FrontDoor, load: Load, prompt: Sequence[int]) -> Sample:
     """Enqueue one completion request and follow its reply stream to its end."""
     now = time.time()
     job = Job(
@@ -171,11 +169,11 @@ async def request_run(*, dispatch: FrontDoor, load: Load, prompt: Sequence[int])
     first: float | None = None
     after = "0-0"
     try:
-        refused = await dispatch.enqueue(job)
+        refused = await front.enqueue(job)
         if refused is not None:
             return Sample(ok=False, error=refused.reason.value)
         while time.time() < job.deadline + _GRACE_SECONDS:
-            events = await dispatch.read_events(
+            events = await front.read_events(
                 deployment=job.deployment, request_id=job.request_id, after=after, block_ms=1000
             )
             arrived = time.perf_counter()
@@ -188,7 +186,7 @@ async def request_run(*, dispatch: FrontDoor, load: Load, prompt: Sequence[int])
                 elif isinstance(event, Finished):
                     return _finished(event, started=started, first=first, ended=arrived)
     except asyncio.CancelledError:
-        await dispatch.cancel(job=job)
+        await front.cancel(job=job)
         raise
     return Sample(ok=False, error="no_reply")
 

@@ -131,7 +131,7 @@ class Command(BaseCommand):
     async def _measure(
         self, load: Load, levels: list[int], requests: int, seed: int
     ) -> list[Level]:
-        dispatch = FrontDoor(redis_client_new())
+        front = FrontDoor(redis_client_new())
         sync_client = redis_sync_client()
 
         def live_workers() -> int:
@@ -145,7 +145,7 @@ class Command(BaseCommand):
 
         try:
             return await curve_measure(
-                dispatch=dispatch,
+                front=front,
                 load=load,
                 levels=levels,
                 requests=requests,
@@ -154,7 +154,7 @@ class Command(BaseCommand):
                 say=self.stdout.write,
             )
         finally:
-            await dispatch.redis.aclose()
+            await front.redis.aclose()
             sync_client.close()
 
 
