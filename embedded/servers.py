@@ -57,16 +57,15 @@ def services_start(config: ServiceConfig) -> Endpoints:
     with _locked(layout):
         state = _read_state(layout)
         pg_port = postgres.start(layout, config)
-        state["postgres"] = {"port": pg_port, "url": postgres.database_url(config.host, pg_port)}
+        database_url = postgres.database_url(config.host, pg_port)
+        state["postgres"] = {"port": pg_port, "url": database_url}
         # Record postgres first so a failing valkey start still leaves it stoppable/visible.
         _write_state(layout, state)
         redis_port = valkey.start(layout, config, _recorded_port(state, "valkey"))
-        state["valkey"] = {"port": redis_port, "url": valkey.redis_url(config.host, redis_port)}
+        redis_url = valkey.redis_url(config.host, redis_port)
+        state["valkey"] = {"port": redis_port, "url": redis_url}
         _write_state(layout, state)
-    return Endpoints(
-        database_url=postgres.database_url(config.host, pg_port),
-        redis_url=valkey.redis_url(config.host, redis_port),
-    )
+    return Endpoints(database_url=database_url, redis_url=redis_url)
 
 
 def services_stop(config: ServiceConfig) -> None:
