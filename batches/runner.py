@@ -69,10 +69,6 @@ _RETRY_LATER = {
 }
 
 
-def lease_name(batch_id: str) -> str:
-    return batch_lease_key(batch_id)
-
-
 @dataclass(frozen=True)
 class Outcome:
     state: str
@@ -362,7 +358,7 @@ async def batch_step(batch_id: str) -> bool | None:
         return True
     redis = dispatch_get().redis
     lease = settings.ROUNDHOUSE_BATCH_LEASE_SECONDS
-    lock = Lock(redis, lease_name(batch_id), timeout=lease, blocking=False)
+    lock = Lock(redis, batch_lease_key(batch_id), timeout=lease, blocking=False)
     try:
         if not await lock.acquire():
             return None
@@ -397,7 +393,7 @@ async def batch_step_failed(batch_id: str, *, give_up: bool) -> bool:
         return False
     dispatch = dispatch_get()
     lease = settings.ROUNDHOUSE_BATCH_LEASE_SECONDS
-    lock = Lock(dispatch.redis, lease_name(batch_id), timeout=lease, blocking=False)
+    lock = Lock(dispatch.redis, batch_lease_key(batch_id), timeout=lease, blocking=False)
     try:
         if not await lock.acquire():
             return False

@@ -36,11 +36,6 @@ LOCKED_ACTION = "login.locked"
 UNLOCKED_ACTION = "login.unlocked"
 
 
-def lockout_key(username: str) -> str:
-    """Return the Valkey key that counts sign-in attempts for a username (case-insensitive)."""
-    return login_attempts_key(username)
-
-
 @functools.cache
 def _client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
@@ -49,9 +44,9 @@ def _client() -> redis.Redis:
 def lockout_take(*, username: str) -> int:
     """Count one attempt for a username and return its number in the current window."""
     pipe = _client().pipeline(transaction=True)
-    pipe.incr(lockout_key(username))
+    pipe.incr(login_attempts_key(username))
     # NX: later attempts do not stretch the window the first one opened.
-    pipe.expire(lockout_key(username), settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS, nx=True)
+    pipe.expire(login_attempts_key(username), settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS, nx=True)
     number, _ = pipe.execute()
     return int(number)
 
@@ -63,7 +58,7 @@ def lockout_is_locked(*, username: str) -> bool:
     every sign-in while it cannot count.
     """
     try:
-        value = _client().get(lockout_key(username))
+        value = _client().get(login_attempts_key(username))
     except (redis.ConnectionError, redis.TimeoutError):
         return False
     return int(value or 0) >= settings.ROUNDHOUSE_LOGIN_FAILURES
@@ -71,7 +66,7 @@ def lockout_is_locked(*, username: str) -> bool:
 
 def lockout_reset(*, username: str) -> None:
     """Forget a username's attempts: after a successful sign-in, or to unlock it by hand."""
-    _client().delete(lockout_key(username))
+    _client().delete(login_attempts_key(username))
 
 
 def lockout_unlock(*, username: str, actor: User | None = None, reason: str = "") -> None:
@@ -92,7 +87,7 @@ def lockout_fail(*, username: str, attempt: int, request: HttpRequest | None = N
     if attempt != settings.ROUNDHOUSE_LOGIN_FAILURES:
         return
     seconds = settings.ROUNDHOUSE_LOGIN_LOCK_SECONDS
-    _client().expire(lockout_key(username), seconds)
+    _client().expire(login_attempts_key(username), seconds)
     log.warning("sign-in locked for %r after %d failures", username, attempt)
     audit_record(
         action=LOCKED_ACTION,

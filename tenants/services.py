@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,6 @@ from tenants.keys import token_generate, token_hash
 from tenants.models import ApiKey, Membership, Quota, Role, Scope, Tenant
 from tenants.signals import TenantDeletion, retention_shortened, tenant_deleted, tenant_deleting
 
-log = logging.getLogger(__name__)
 # A key lives at most ten years, and a rotated key overlaps its successor at most 30 days:
 # longer is never needed, and past year 9999 a date cannot even be stored.
 MAX_KEY_DAYS = 3650
