@@ -121,7 +121,8 @@ def test_luhn():
 @pytest.mark.parametrize(
     "secret",
     [
-        "sy-abcdefghijkl" + "Zx9kQ2mP7vL4tR8wYb3nQ2mP7vL4",
+        "rh-abcdefghijkl" + "Zx9kQ2mP7vL4tR8wYb3nQ2mP7vL4",
+        "sy-abcdefghijkl" + "Zx9kQ2mP7vL4tR8wYb3nQ2mP7vL4",  # issued before the rename
         "sk-proj-abcDEF1234567890ghijKLMN",
         "AKIAIOSFODNN7EXAMPLE",
         "ghp_" + "a1B2c3D4e5" * 4,
