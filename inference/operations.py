@@ -116,7 +116,7 @@ async def _routed(principal: Principal, model: str) -> tuple[Route, Tokenizer]:
 
 def _tokens(tokenizer: Tokenizer, parsed: TokenizeRequest) -> list[int]:
     if parsed.messages is not None:
-        text = tokenizer.render_chat_with(
+        text = tokenizer.render_chat(
             parsed.messages,
             add_generation_prompt=parsed.add_generation_prompt,
             continue_final_message=parsed.continue_final_message,

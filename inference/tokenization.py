@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jinja2 import TemplateError
-
 from inference.errors import ApiError
 from models_registry import tokenizer as registry
 from models_registry.tokenizer import (
@@ -26,9 +24,19 @@ INLINE_TOKENIZE_CHARS = 16_000
 class Tokenizer(registry.Tokenizer):
     """A version's tokenizer whose refusals of a conversation are the API's 400s."""
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
         try:
-            return super().render_chat(messages)
+            return super().render_chat(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
         except ChatTemplateMissing as exc:
             raise _template_missing() from exc
         except ChatTemplateRejected as exc:
@@ -38,35 +46,6 @@ class Tokenizer(registry.Tokenizer):
                 f"This model's chat template rejected the messages: {exc}",
                 param="messages",
             ) from exc
-
-    def render_chat_with(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-    ) -> str:
-        """Render a conversation as /tokenize asks: with or without the generation prompt, or
-        leaving the last message open for the model to continue (vLLM's options)."""
-        if add_generation_prompt and not continue_final_message:
-            return self.render_chat(messages)
-        if not getattr(self._hf, "chat_template", None):
-            raise _template_missing()
-        try:
-            rendered = self._hf.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-            )
-        except (TemplateError, ValueError) as exc:
-            raise ApiError(
-                400,
-                "invalid_value",
-                f"This model's chat template rejected the messages: {exc}",
-                param="messages",
-            ) from exc
-        return str(rendered)
 
     def encode_with(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Encode text as vLLM's /tokenize does: with the special tokens (BOS) or without."""

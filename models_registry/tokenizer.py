@@ -83,17 +83,35 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         return self.encode_text(self.render_chat(messages))
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Return a conversation as the model's chat template writes it, ready to encode."""
+    def render_chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """Return a conversation as the model's chat template writes it, ready to encode.
+
+        By default with the generation prompt (what a chat request runs); /tokenize may leave
+        it out, or leave the last message open for the model to continue (vLLM's options).
+        """
         if not getattr(self._hf, "chat_template", None):
             raise ChatTemplateMissing("this model version has no chat template")
         try:
             rendered = self._hf.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
             )
         except TemplateError as exc:
             # The template refused the conversation (`raise_exception` in its text, such as
             # roles that must alternate): the client's messages are at fault.
+            raise ChatTemplateRejected(str(exc)) from exc
+        except ValueError as exc:
+            if not continue_final_message:
+                raise
+            # transformers cannot continue a conversation whose last message it cannot find.
             raise ChatTemplateRejected(str(exc)) from exc
         return str(rendered)
 
