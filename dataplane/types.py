@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 
 WIRE_VERSION = 1
 
 
-class Sampling(msgspec.Struct, frozen=True, kw_only=True):
+class Structured(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A constraint on the output that the engine's structured decoding enforces; one is set.
+
+    The frontend checked it compiles. `json` is a JSON schema as text.
+    """
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    whitespace_pattern: str | None = None
+
+
+class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How the engine samples: vLLM's SamplingParams, as the frontend validated them."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -20,6 +37,34 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: int = 0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    n: int = 1  # choices per prompt
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: list[int] = []
+    bad_words: list[str] = []
+    logit_bias: dict[int, float] = {}
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Log probabilities of each sampled token and of this many alternatives; None: none.
+    logprobs: int | None = None
+    # The same for every prompt token (completions' `echo` with `logprobs`); None: none.
+    prompt_logprobs: int | None = None
+    structured: Structured | None = None
+
+
+class Tools(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat request's tools: the worker parses the model's output into tool calls.
+
+    `tools` and `choice` are the request's `tools` and `tool_choice` as JSON text (a named
+    choice is an object); `parser` is the tool parser of the model version's manifest
+    (vLLM's names: hermes, llama3_json, mistral, ...).
+    """
+
+    parser: str
+    tools: str
+    choice: str = '"auto"'
+    parallel: bool | None = None
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,9 +97,14 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     # W3C trace context: the trace and the frontend's span, the worker's parent.
     trace_id: str = ""
     parent_span_id: str = ""
+    # A chat request with tools whose output the worker parses into tool calls.
+    tools: Tools | None = None
 
     def inputs(self) -> list[list[int]]:
-        """The token ids of each input of an embeddings request."""
+        """The token ids of each input of an embeddings request or of a completions request
+        with several prompts (one input when `input_lengths` is empty)."""
+        if not self.input_lengths:
+            return [self.prompt_token_ids]
         out, start = [], 0
         for length in self.input_lengths:
             out.append(self.prompt_token_ids[start : start + length])
@@ -62,9 +112,14 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
     @property
+    def choices(self) -> int:
+        """How many choices the request answers: n per prompt."""
+        return max(len(self.input_lengths), 1) * self.sampling.n
+
+    @property
     def reserved_tokens(self) -> int:
-        """Prompt + max_tokens: what admission reserves and fair dispatch charges first."""
-        return len(self.prompt_token_ids) + self.sampling.max_tokens
+        """Prompt + every choice's max_tokens: what admission reserves and dispatch charges."""
+        return len(self.prompt_token_ids) + self.sampling.max_tokens * self.choices
 
 
 class Status(enum.StrEnum):
@@ -81,13 +136,91 @@ class Started(msgspec.Struct, frozen=True, tag="started"):
     at: float
 
 
-class Delta(msgspec.Struct, frozen=True, tag="delta"):
+class TopLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One of the likeliest tokens at a position: its text, log probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """A sampled (or prompt) token's log probability and its likeliest alternatives.
+
+    As vLLM's server shapes them: `logprob` None for a prompt's first token (it has none).
+    """
+
+    token: str
+    logprob: float | None
+    bytes: list[int] | None = None
+    top: list[TopLogprob] = []
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, array_like=True):
+    """A piece of a tool call as OpenAI streams it: id and name first, then the arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
+    """New output of one choice: text, the tokens it took, and what the request asked for.
+
+    `index` is the choice (n > 1, or several prompts: prompt * n + choice). `tool_calls`:
+    the output parsed into tool calls (text then holds only the content beside them).
+    `prompt_logprobs`: the prompt's tokens, sent once before any output (`echo`).
+    """
+
     text: str
     tokens: int
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+    def joins(self, later: Delta) -> bool:
+        """Whether a later delta can be merged into this one (the same choice's output)."""
+        return later.index == self.index and later.prompt_logprobs is None
 
     def then(self, later: Delta) -> Delta:
-        """This delta and a later one of the same request, as one."""
-        return Delta(text=self.text + later.text, tokens=self.tokens + later.tokens)
+        """This delta and a later one of the same choice, as one (see `joins`)."""
+        return Delta(
+            text=self.text + later.text,
+            tokens=self.tokens + later.tokens,
+            index=self.index,
+            logprobs=_joined(self.logprobs, later.logprobs),
+            tool_calls=_calls_joined(self.tool_calls, later.tool_calls),
+            prompt_logprobs=self.prompt_logprobs,
+        )
+
+
+def _joined(first: list[TokenLogprob] | None, then: list[TokenLogprob] | None) -> Any:
+    if first is None or then is None:
+        return first if then is None else then
+    return first + then
+
+
+def _calls_joined(
+    first: list[ToolCallDelta] | None, then: list[ToolCallDelta] | None
+) -> list[ToolCallDelta] | None:
+    """Tool-call pieces one after the other; a call's consecutive pieces become one."""
+    if first is None or then is None:
+        return first if then is None else then
+    calls = list(first)
+    for piece in then:
+        last = calls[-1] if calls else None
+        if last is not None and last.index == piece.index and piece.id is None:
+            calls[-1] = ToolCallDelta(
+                index=last.index,
+                id=last.id,
+                name=last.name if piece.name is None else (last.name or "") + piece.name,
+                arguments=last.arguments + piece.arguments,
+            )
+        else:
+            calls.append(piece)
+    return calls
 
 
 class Embeddings(msgspec.Struct, frozen=True, tag="embeddings"):
@@ -97,10 +230,20 @@ class Embeddings(msgspec.Struct, frozen=True, tag="embeddings"):
     dimensions: int
 
 
-class Finished(msgspec.Struct, frozen=True, tag="finished"):
+class Finished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True):
+    """The request ended well. `finish_reason` is choice 0's; `finish_reasons` every choice's
+    (empty: one choice). Tokens count every prompt and every choice; `cached_tokens` are the
+    prompt tokens the engine's prefix cache served."""
+
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+    finish_reasons: list[str] = []
+
+    def reasons(self) -> list[str]:
+        """The finish reason of every choice, in index order."""
+        return self.finish_reasons or [self.finish_reason]
 
 
 class Failed(msgspec.Struct, frozen=True, tag="error"):

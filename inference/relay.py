@@ -208,6 +208,11 @@ async def _follow(
             pending_last = after
             for entry_id, event in batch:
                 if isinstance(event, Delta):
+                    if pending is not None and not pending.joins(event):
+                        if cursor is not None:
+                            cursor.last = pending_last
+                        yield pending
+                        pending = None
                     pending = event if pending is None else pending.then(event)
                     pending_last = after = entry_id
                     continue

@@ -38,7 +38,12 @@ class Outbox:
         rid = job.request_id
         index = self._last.get(rid)
         pending = self.items[index][1] if index is not None else None
-        if isinstance(event, Delta) and isinstance(pending, Delta) and index is not None:
+        if (
+            isinstance(event, Delta)
+            and isinstance(pending, Delta)
+            and index is not None
+            and pending.joins(event)
+        ):
             self.items[index] = (job, pending.then(event), None, charged)
         else:
             self._last[rid] = len(self.items)
