@@ -22,6 +22,8 @@ class Structured(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     choice: list[str] | None = None
     grammar: str | None = None
     whitespace_pattern: str | None = None
+    # vLLM's structural tag (JSON text): what a tool parser constrains tool calls with.
+    structural_tag: str | None = None
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
 
