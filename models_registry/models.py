@@ -96,6 +96,11 @@ class ModelVersion(models.Model):
         return dict(self.manifest.get("sampling_defaults", {}))
 
     @property
+    def tool_parser(self) -> str:
+        """The vLLM tool parser that turns the model's output into tool calls ("": none)."""
+        return str(self.manifest.get("tool_parser", ""))
+
+    @property
     def encoder(self) -> dict[str, Any]:
         """An embedding model's head: dimensions, pooling, normalisation ({} for others)."""
         return dict(self.manifest.get("encoder", {}))

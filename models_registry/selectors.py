@@ -52,6 +52,7 @@ class Route:
     adapter: str = ""  # the adapter version's digest when the version is a LoRA adapter
     task: str = "chat"  # the model's task: chat, completion or embedding
     dimensions: tuple[int, ...] = ()  # an embedding model's vector sizes, native first
+    tool_parser: str = ""  # the vLLM tool parser of the version (an adapter's: its base's)
 
     @property
     def served_name(self) -> str:
@@ -138,6 +139,7 @@ def _route(
         adapter=version.digest if version.base_id is not None else "",
         task=version.model.task,
         dimensions=encoder_dimensions(version.encoder),
+        tool_parser=(version.base or version).tool_parser,
     )
 
 

@@ -123,6 +123,17 @@ def _label_check(*, model_name: str, label: str, digest: str) -> None:
         )
 
 
+def _tool_parser_check(name: str) -> None:
+    """Refuse a tool parser name that vLLM's workers would not find."""
+    # vLLM takes seconds to import: only a registration that names a parser pays for it.
+    from vllm.tool_parsers import ToolParserManager
+
+    known = ToolParserManager.list_registered()
+    if name not in known:
+        names = ", ".join(sorted(known))
+        raise ValidationError({"tool_parser": f"{name!r} is not a vLLM tool parser ({names})"})
+
+
 def model_version_register(
     *,
     model_name: str,
@@ -135,13 +146,16 @@ def model_version_register(
     price_input_per_1k: Decimal = Decimal("0"),
     price_output_per_1k: Decimal = Decimal("0"),
     weights_uri: str = "",
+    tool_parser: str = "",
     actor: User | None = None,
 ) -> tuple[ModelVersion, bool]:
     """Register the files of a directory as a version; the same content twice is one version.
 
     With `base`, the directory is a LoRA adapter (PEFT layout) served by the base version's
     workers. The manifest (files and their hashes, tokenizer, engine arguments, sampling
-    defaults, price, base) determines the version id; the label is an operator's name for it.
+    defaults, price, base, tool parser) determines the version id; the label is an operator's
+    name for it. `tool_parser` names the vLLM tool parser that turns the model's output into
+    tool calls (hermes, llama3_json, ...); an adapter's calls are read by its base's.
     """
     source_dir = Path(source_dir)
     if not source_dir.is_dir():
@@ -154,6 +168,14 @@ def model_version_register(
         raise ValidationError(
             {"weights_uri": "weights_uri must be a file://, http:// or https:// directory URI"}
         )
+    if tool_parser:
+        if task == Task.EMBEDDING:
+            raise ValidationError({"tool_parser": "an embedding model takes no tools"})
+        if base is not None:
+            raise ValidationError(
+                {"tool_parser": "an adapter's tool calls are read by its base's tool parser"}
+            )
+        _tool_parser_check(tool_parser)
     if base is not None:
         if base.base_id is not None:
             raise ValidationError({"base": "an adapter's base must be a full model version"})
@@ -176,6 +198,9 @@ def model_version_register(
             "output_per_1k": str(price_output_per_1k),
         },
     }
+    if tool_parser:
+        # Only when set: the digests of versions registered without one stay as they were.
+        manifest["tool_parser"] = tool_parser
     if task == Task.EMBEDDING:
         manifest["encoder"] = _encoder_head(source_dir, engine_args or {})
     if base is not None:
@@ -221,6 +246,7 @@ def model_version_register(
                     "label": label,
                     "base": base.public_name if base else None,
                     "weights_uri": weights_uri,
+                    "tool_parser": tool_parser,
                 },
             )
     return version, created

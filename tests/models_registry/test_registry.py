@@ -138,3 +138,48 @@ def test_an_adapter_needs_an_adapter_config_and_a_full_base(tmp_path, world):
         model_version_register(
             model_name="small-lora", source_dir=_small_model(tmp_path), base=world.version
         )
+
+
+def test_a_tool_parser_is_part_of_the_manifest_only_when_named(tmp_path, world):
+    plain, _ = model_version_register(model_name="small", source_dir=_small_model(tmp_path))
+    tools, created = model_version_register(
+        model_name="small", source_dir=tmp_path / "src", tool_parser="hermes"
+    )
+    assert "tool_parser" not in plain.manifest and plain.tool_parser == ""
+    assert created and tools.manifest["tool_parser"] == "hermes"
+    assert tools.tool_parser == "hermes" and tools.digest != plain.digest
+
+
+def test_a_tool_parser_vllm_does_not_know_is_refused(tmp_path, world):
+    with pytest.raises(ValidationError) as refused:
+        model_version_register(
+            model_name="small", source_dir=_small_model(tmp_path), tool_parser="hermes2"
+        )
+    assert "tool_parser" in refused.value.message_dict
+    assert "'hermes2' is not a vLLM tool parser" in refused.value.message_dict["tool_parser"][0]
+    assert not ModelVersion.objects.filter(model__name="small").exists()
+
+
+def test_an_embedding_model_or_an_adapter_names_no_tool_parser(tmp_path, world):
+    with pytest.raises(ValidationError, match="embedding model takes no tools"):
+        model_version_register(
+            model_name="small",
+            source_dir=_small_model(tmp_path),
+            task="embedding",
+            tool_parser="hermes",
+        )
+    with pytest.raises(ValidationError, match="read by its base's tool parser"):
+        model_version_register(
+            model_name="small-lora",
+            source_dir=tmp_path / "src",
+            base=world.version,
+            tool_parser="hermes",
+        )
+
+
+def test_the_register_command_takes_a_tool_parser(tmp_path, world):
+    source = str(_small_model(tmp_path))
+    call_command("register_model", "small", source, "--label", "v1", "--tool-parser", "hermes")
+    assert ModelVersion.objects.get(model__name="small", label="v1").tool_parser == "hermes"
+    with pytest.raises(CommandError, match="'nope' is not a vLLM tool parser"):
+        call_command("register_model", "small", source, "--tool-parser", "nope")

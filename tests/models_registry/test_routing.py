@@ -101,3 +101,22 @@ def test_splits_cannot_pass_100_percent_or_name_the_primary(canary, tmp_path):
         alias_split_set(alias=alias, version=new, percent=101)
     alias_split_set(alias=alias, version=new, percent=0)
     assert not Alias.objects.get(pk=alias.pk).splits.exists()
+
+
+def test_a_route_carries_the_tool_parser_of_its_version(world):
+    route = route_resolve(name="tiny-chat", price_of=price_current)
+    assert route is not None and route.tool_parser == "hermes"
+
+
+def test_an_adapters_route_carries_its_bases_tool_parser(tmp_path, world):
+    adapter_dir = tmp_path / "tool-lora"
+    adapter_dir.mkdir()
+    (adapter_dir / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (adapter_dir / "adapter_model.safetensors").write_text("weights")
+    adapter, _ = model_version_register(
+        model_name="tiny-tool-lora", source_dir=adapter_dir, base=world.version
+    )
+    deployment_create(name="tiny-tool-lora-host", version=world.version, max_loras=1)
+    route = route_resolve(name=adapter.public_name, price_of=price_current)
+    assert route is not None and route.adapter == adapter.digest
+    assert route.tool_parser == "hermes"

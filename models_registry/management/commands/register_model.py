@@ -50,6 +50,11 @@ class Command(BaseCommand):
             "files); default: the registry's own store",
         )
         parser.add_argument(
+            "--tool-parser",
+            default="",
+            help="the vLLM tool parser that turns the model's output into tool calls, e.g. hermes",
+        )
+        parser.add_argument(
             "--base",
             default=None,
             help="register a LoRA adapter on this base version (model@version)",
@@ -73,6 +78,7 @@ class Command(BaseCommand):
                 price_input_per_1k=_price(options["price_input"], "--price-input"),
                 price_output_per_1k=_price(options["price_output"], "--price-output"),
                 weights_uri=options["weights_uri"],
+                tool_parser=options["tool_parser"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
