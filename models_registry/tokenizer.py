@@ -7,8 +7,11 @@ failures are plain exceptions: what a client is told about them is the caller's 
 
 from __future__ import annotations
 
+import copy
 import gc
+import json
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +38,10 @@ class ChatTemplateMissing(TokenizerError):
 
 class ChatTemplateRejected(TokenizerError):
     """The chat template refused the conversation; the message is the template's reason."""
+
+
+class ChatMessageInvalid(TokenizerError):
+    """A message or tool no chat template is given: vLLM refuses it before rendering."""
 
 
 class Tokenizer:
@@ -80,26 +87,42 @@ class Tokenizer:
         """Encode many encoder inputs at once (the tokenizer parallelises the batch)."""
         return [list(e.ids) for e in self._fast.encode_batch(texts, add_special_tokens=True)]
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.encode_text(self.render_chat(messages))
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        return self.encode_text(self.render_chat(messages, tools=tools))
 
     def render_chat(
         self,
-        messages: list[dict[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> str:
         """Return a conversation as the model's chat template writes it, ready to encode.
 
-        By default with the generation prompt (what a chat request runs); /tokenize may leave
-        it out, or leave the last message open for the model to continue (vLLM's options).
+        `messages` are OpenAI's (role, content, name, tool_calls, tool_call_id) and `tools` the
+        request's function tools; both reach the template as vLLM's server gives them, so the
+        prompt is the one vLLM would run (see `chat_conversation` and `chat_tools`). By default
+        with the generation prompt (what a chat request runs); /tokenize may leave it out, or
+        leave the last message open for the model to continue (vLLM's options).
         """
         if not getattr(self._hf, "chat_template", None):
             raise ChatTemplateMissing("this model version has no chat template")
+        tool_dicts = chat_tools(tools) if tools is not None else None
+        conversation = chat_conversation(messages)
+        if any(m["role"] == "developer" for m in conversation) and not _knows_developer(
+            self._hf.get_chat_template(None, tools=tool_dicts)
+        ):
+            conversation = _developer_as_system(conversation)
         try:
             rendered = self._hf.apply_chat_template(
-                messages,
+                conversation,
+                tools=tool_dicts,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -118,6 +141,147 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self._hf)
+
+
+# A system message's first line that Claude Code changes on every request: vLLM drops it so
+# that the prompt's prefix stays cacheable.
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _content_text(content: Any, *, role: str) -> str:
+    """A message's content as one string: text parts joined by newlines, None as ""."""
+    if content is None:
+        return ""
+    parts = [content] if isinstance(content, str) else list(content)
+    texts = []
+    for part in parts:
+        text = (
+            part if isinstance(part, str) else part.get("text") if isinstance(part, dict) else None
+        )
+        if not isinstance(text, str) or (isinstance(part, dict) and part.get("type") != "text"):
+            raise ChatMessageInvalid("only text content parts can be rendered")
+        if role == "system" and text.startswith(_BILLING_HEADER):
+            text = text.partition("\n")[2]
+        if text:
+            texts.append(text)
+    return "\n".join(texts)
+
+
+def _tool_arguments(arguments: Any) -> dict[str, Any]:
+    """A tool call's arguments as the object templates expect ({} when not a JSON object).
+
+    Malformed arguments stay in a conversation's history for good: vLLM renders them as {}
+    rather than fail every later turn, and so does this.
+    """
+    if isinstance(arguments, dict):
+        return arguments
+    if not arguments:
+        return {}
+    parsed = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _tool_calls(calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise ChatMessageInvalid("assistant tool_calls must be an array")
+    result = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ChatMessageInvalid("assistant tool_calls must be objects of type 'function'")
+        call = copy.deepcopy(call)
+        call["function"]["arguments"] = _tool_arguments(function.get("arguments"))
+        result.append(call)
+    return result
+
+
+def chat_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Return OpenAI chat messages as vLLM's server hands them to a chat template.
+
+    Content becomes a string (text parts joined by newlines, None as ""); an assistant's
+    tool calls keep their ids and names and carry their arguments as an object (parsed from
+    the JSON string the API sends; {} when they are not one), and an empty list of them is
+    dropped; a tool message keeps its tool_call_id, and any message its `name`.
+    """
+    conversation = []
+    for message in messages:
+        role = str(message["role"])
+        rendered: dict[str, Any] = {
+            "role": role,
+            "content": _content_text(message.get("content"), role=role),
+        }
+        if role == "assistant" and message.get("tool_calls") is not None:
+            calls = _tool_calls(message["tool_calls"])
+            if calls:
+                rendered["tool_calls"] = calls
+        elif role == "tool" and "tool_call_id" in message:
+            rendered["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            rendered["name"] = message["name"]
+        if role == "developer":
+            rendered["tools"] = message.get("tools")
+        conversation.append(rendered)
+    return conversation
+
+
+def chat_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Return a request's function tools as vLLM's server hands them to a chat template.
+
+    Each is `{"type": "function", "function": {"name", "description", "parameters"}}` in that
+    order, a missing description or parameters as None, `strict` only when given.
+    """
+    result = []
+    for tool in tools:
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, Mapping):
+            raise ChatMessageInvalid("tools must be objects of type 'function'")
+        if not isinstance(function.get("name"), str):
+            raise ChatMessageInvalid("a tool's function must have a name")
+        rendered: dict[str, Any] = {
+            "name": function["name"],
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
+        if function.get("strict") is not None:
+            rendered["strict"] = function["strict"]
+        deferred = function.get("defer_loading")
+        if deferred is None:
+            deferred = tool.get("defer_loading")
+        if deferred is not None:
+            rendered["defer_loading"] = deferred
+        entry: dict[str, Any] = {"type": "function", "function": rendered}
+        if tool.get("defer_loading") is not None:
+            entry["defer_loading"] = tool["defer_loading"]
+        result.append(entry)
+    return result
+
+
+def _knows_developer(template: str) -> bool:
+    """Whether a chat template has its own way with the developer role (vLLM's test)."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Write developer messages as system ones, merged into one first system message (vLLM's)."""
+    converted = [
+        {**{k: v for k, v in m.items() if k != "tools"}, "role": "system"}
+        if m["role"] == "developer"
+        else m
+        for m in conversation
+    ]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if systems in ([], [0]):
+        return converted
+    merged = "\n\n".join(m["content"] for m in converted if m["role"] == "system" and m["content"])
+    return [
+        {"role": "system", "content": merged},
+        *(m for m in converted if m["role"] != "system"),
+    ]
 
 
 T = TypeVar("T", bound=Tokenizer)

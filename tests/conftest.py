@@ -91,6 +91,7 @@ def _world(model_dir: Path) -> World:
         source_dir=model_dir,
         price_input_per_1k=Decimal("0.5"),
         price_output_per_1k=Decimal("1.5"),
+        tool_parser="hermes",
     )
     alias_set(name=ALIAS, version=version)
     deployment = deployment_create(

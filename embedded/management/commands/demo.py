@@ -118,6 +118,8 @@ class Command(BaseCommand):
                 "0.0005",
                 "--price-output",
                 "0.0015",
+                "--tool-parser",
+                "hermes",
                 "--alias",
                 DEMO_ALIAS,
             )
