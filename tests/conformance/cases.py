@@ -1,0 +1,222 @@
+# One case a line reads (and diffs) better than a wrapped one: long lines are kept here.
+# ruff: noqa: E501
+"""The corpus: requests sent alike to the platform and to vLLM's own server, one line each.
+
+Add a case by adding a line: a unique name, the endpoint ("chat" or "completions"), the body
+without `model`, and `stream=True` to send it as a stream (with `include_usage`). Keep answers
+deterministic (temperature 0, or a seed) and short (max_tokens of a few tokens).
+
+The demo model's weights are random. Two things follow: under a JSON grammar its greedy choice
+is whitespace forever, so structured and tool cases carry `logit_bias: NO_WS` (the tokenizer's
+whitespace tokens pushed away, expanded by the test); and the ids below (" head", "QUOT", ...)
+are what it says greedily to "hello", so stop and bias cases have something to act on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+
+# Token ids of the demo tokenizer (models_registry.demo_model builds it deterministically).
+HEAD, QUOT = 2755, 3568  # greedy chat answer to "hello": " headQUOT headQUOT ..."
+ENSURE, MIS = 2754, 3165  # greedy completion of "def main(args):": " ensuremismis..."
+IM_START, IM_END, EOS = 2, 3, 1  # <|im_start|>; <|im_end|> and <|end_of_text|> end a generation
+
+# In a logit_bias: the test replaces this key with every whitespace-only token of the tokenizer.
+WHITESPACE = "whitespace"
+NO_WS = {WHITESPACE: -100}
+
+HELLO = [{"role": "user", "content": "hello"}]
+LONG = [{"role": "system", "content": "You answer briefly and well. " * 60}, *HELLO]
+TURNS = [
+    {"role": "system", "content": "Be terse."},
+    {"role": "user", "content": "hello"},
+    {"role": "assistant", "content": "hi there"},
+    {"role": "user", "content": "what is a queue?"},
+]
+PROMPT = "def main(args):"
+LONG_PROMPT = "import os\nimport sys\n" * 120
+G = {"temperature": 0, "max_tokens": 8}  # greedy
+S = {"temperature": 0.9, "seed": 7, "max_tokens": 8}  # sampled with a seed
+GS = {"temperature": 0, "max_tokens": 24, "logit_bias": NO_WS}  # greedy, structured
+
+
+def _tool(name: str, param: str, values: list[str], strict: bool = True) -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "properties": {param: {"type": "string", "enum": values}},
+        "required": [param],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "function",
+        "function": {"name": name, "description": f"{name} by {param}", "parameters": schema, "strict": strict},
+    }  # fmt: skip
+
+
+WEATHER = _tool("get_weather", "unit", ["celsius", "fahrenheit"])
+TIME = _tool("get_time", "zone", ["utc", "cet"])
+LOOSE = _tool("get_news", "topic", ["sport", "tech"], strict=False)
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "weather in Paris, and the time?"}]
+CALLED = [
+    *ASK,
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"unit": "celsius"}'}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+]  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+UNKNOWN = {"type": "function", "function": {"name": "get_stock"}}
+FUNCTIONS = [WEATHER["function"], TIME["function"]]
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["answer", "score"],
+    "additionalProperties": False,
+}  # fmt: skip
+STRICT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}  # fmt: skip
+LAX = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "objectx"}}}
+REGEX = r"[a-z]{3,8}@example\.(com|org)"
+CHOICES = ["red", "green", "blue"]
+GRAMMAR = 'root ::= "go " direction\ndirection ::= "north" | "south" | "east" | "west"'
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    endpoint: str
+    body: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+
+
+# fmt: off
+CASES = [
+    # --- chat: sampling -----------------------------------------------------------------------
+    Case("chat-greedy", CHAT, {**G, "messages": HELLO}),
+    Case("chat-greedy-stream", CHAT, {**G, "messages": HELLO}, stream=True),
+    Case("chat-seed", CHAT, {**S, "messages": HELLO}),
+    Case("chat-seed-stream", CHAT, {**S, "messages": HELLO}, stream=True),
+    Case("chat-long-system", CHAT, {**G, "messages": LONG}),
+    Case("chat-long-system-stream", CHAT, {**G, "messages": LONG}, stream=True),
+    Case("chat-turns", CHAT, {**G, "messages": TURNS}),
+    Case("chat-max-completion-tokens", CHAT, {"temperature": 0, "max_completion_tokens": 5, "messages": HELLO}),
+    Case("chat-top-k", CHAT, {**S, "top_k": 5, "messages": HELLO}),
+    Case("chat-top-p", CHAT, {**S, "top_p": 0.3, "messages": HELLO}),
+    Case("chat-min-p", CHAT, {**S, "temperature": 1.0, "min_p": 0.9, "messages": HELLO}),
+    Case("chat-presence-frequency", CHAT, {**G, "max_tokens": 16, "presence_penalty": 1.5, "frequency_penalty": 1.0, "messages": HELLO}),
+    Case("chat-repetition-penalty", CHAT, {**G, "max_tokens": 16, "repetition_penalty": 1.5, "messages": HELLO}),
+    Case("chat-logit-bias", CHAT, {**G, "logit_bias": {str(MIS): 50}, "messages": HELLO}),
+    Case("chat-stop", CHAT, {**G, "stop": ["QUOT"], "messages": HELLO}),
+    Case("chat-stop-stream", CHAT, {**G, "stop": ["QUOT"], "messages": HELLO}, stream=True),
+    Case("chat-stop-included", CHAT, {**G, "stop": ["QUOT"], "include_stop_str_in_output": True, "messages": HELLO}),
+    Case("chat-stop-included-stream", CHAT, {**G, "stop": ["QUOT"], "include_stop_str_in_output": True, "messages": HELLO}, stream=True),
+    Case("chat-stop-token-ids", CHAT, {**G, "stop_token_ids": [QUOT], "messages": HELLO}),
+    Case("chat-bad-words", CHAT, {**G, "bad_words": [" head"], "messages": HELLO}),
+    Case("chat-eos-biased", CHAT, {**G, "logit_bias": {str(IM_END): 100}, "messages": HELLO}),
+    Case("chat-min-tokens", CHAT, {**G, "min_tokens": 4, "logit_bias": {str(IM_END): 100}, "messages": HELLO}),
+    Case("chat-ignore-eos", CHAT, {**G, "ignore_eos": True, "logit_bias": {str(IM_END): 100}, "messages": HELLO}),
+    Case("chat-special-kept", CHAT, {**G, "logit_bias": {str(IM_START): 100}, "skip_special_tokens": False, "messages": HELLO}),
+    Case("chat-special-skipped", CHAT, {**G, "logit_bias": {str(IM_START): 100}, "messages": HELLO}),
+    Case("chat-special-unspaced", CHAT, {**G, "logit_bias": {str(IM_START): 100}, "skip_special_tokens": False, "spaces_between_special_tokens": False, "messages": HELLO}),
+    # --- chat: logprobs and n -----------------------------------------------------------------
+    Case("chat-logprobs", CHAT, {**G, "logprobs": True, "messages": HELLO}),
+    Case("chat-top-logprobs", CHAT, {**G, "logprobs": True, "top_logprobs": 3, "messages": HELLO}),
+    Case("chat-top-logprobs-stream", CHAT, {**G, "logprobs": True, "top_logprobs": 3, "messages": HELLO}, stream=True),
+    Case("chat-n2", CHAT, {**S, "n": 2, "messages": HELLO}),
+    Case("chat-n3-stream", CHAT, {**S, "n": 3, "messages": HELLO}, stream=True),
+    Case("chat-n2-logprobs", CHAT, {**S, "n": 2, "logprobs": True, "top_logprobs": 2, "messages": HELLO}),
+    # --- chat: structured output --------------------------------------------------------------
+    Case("chat-json-object", CHAT, {**GS, "response_format": {"type": "json_object"}, "messages": HELLO}),
+    Case("chat-json-object-stream", CHAT, {**GS, "response_format": {"type": "json_object"}, "messages": HELLO}, stream=True),
+    Case("chat-json-schema-strict", CHAT, {**GS, "response_format": STRICT, "messages": HELLO}),
+    Case("chat-json-schema-strict-stream", CHAT, {**GS, "response_format": STRICT, "messages": HELLO}, stream=True),
+    Case("chat-json-schema", CHAT, {**GS, "response_format": LAX, "messages": HELLO}),
+    Case("chat-response-format-text", CHAT, {**G, "response_format": {"type": "text"}, "messages": HELLO}),
+    Case("chat-so-json", CHAT, {**GS, "structured_outputs": {"json": SCHEMA}, "messages": HELLO}),
+    Case("chat-so-regex", CHAT, {**G, "max_tokens": 16, "structured_outputs": {"regex": REGEX}, "messages": HELLO}),
+    Case("chat-so-regex-stream", CHAT, {**G, "max_tokens": 16, "structured_outputs": {"regex": REGEX}, "messages": HELLO}, stream=True),
+    Case("chat-so-choice", CHAT, {**G, "structured_outputs": {"choice": CHOICES}, "messages": HELLO}),
+    Case("chat-so-choice-stream", CHAT, {**G, "structured_outputs": {"choice": CHOICES}, "messages": HELLO}, stream=True),
+    Case("chat-so-grammar", CHAT, {**G, "structured_outputs": {"grammar": GRAMMAR}, "messages": HELLO}),
+    Case("chat-so-grammar-stream", CHAT, {**G, "structured_outputs": {"grammar": GRAMMAR}, "messages": HELLO}, stream=True),
+    Case("chat-so-choice-seed-n2", CHAT, {**S, "n": 2, "structured_outputs": {"choice": CHOICES}, "messages": HELLO}),
+    # --- chat: tools --------------------------------------------------------------------------
+    Case("chat-tools-auto", CHAT, {**G, "tools": TOOLS, "messages": ASK}),
+    Case("chat-tools-auto-stream", CHAT, {**G, "tools": TOOLS, "tool_choice": "auto", "messages": ASK}, stream=True),
+    Case("chat-tools-none", CHAT, {**G, "tools": TOOLS, "tool_choice": "none", "messages": ASK}),
+    Case("chat-tools-required", CHAT, {**GS, "max_tokens": 40, "tools": TOOLS, "tool_choice": "required", "messages": ASK}),
+    Case("chat-tools-required-single", CHAT, {**GS, "max_tokens": 40, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "messages": ASK}),
+    Case("chat-tools-required-single-stream", CHAT, {**GS, "max_tokens": 40, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "messages": ASK}, stream=True),
+    Case("chat-tools-named", CHAT, {**GS, "max_tokens": 40, "tools": TOOLS, "tool_choice": NAMED, "messages": ASK}),
+    Case("chat-tools-named-stream", CHAT, {**GS, "max_tokens": 40, "tools": TOOLS, "tool_choice": NAMED, "messages": ASK}, stream=True),
+    Case("chat-tools-named-loose", CHAT, {**GS, "max_tokens": 40, "tools": [LOOSE], "tool_choice": {"type": "function", "function": {"name": "get_news"}}, "messages": ASK}),
+    Case("chat-tools-required-n2", CHAT, {**GS, **S, "max_tokens": 40, "n": 2, "logit_bias": NO_WS, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "messages": ASK}),
+    Case("chat-tools-history", CHAT, {**G, "tools": TOOLS, "messages": CALLED}),
+    Case("chat-tools-history-stream", CHAT, {**G, "tools": TOOLS, "messages": CALLED}, stream=True),
+    Case("chat-tools-history-named", CHAT, {**GS, "max_tokens": 40, "tools": TOOLS, "tool_choice": NAMED, "messages": CALLED}),
+    Case("chat-functions", CHAT, {**G, "functions": FUNCTIONS, "messages": ASK}),
+    Case("chat-functions-named", CHAT, {**G, "functions": FUNCTIONS, "function_call": {"name": "get_time"}, "messages": ASK}),
+    # --- completions --------------------------------------------------------------------------
+    Case("cmpl-greedy", COMPLETIONS, {**G, "prompt": PROMPT}),
+    Case("cmpl-greedy-stream", COMPLETIONS, {**G, "prompt": PROMPT}, stream=True),
+    Case("cmpl-seed", COMPLETIONS, {**S, "prompt": PROMPT}),
+    Case("cmpl-seed-stream", COMPLETIONS, {**S, "prompt": PROMPT}, stream=True),
+    Case("cmpl-long-prompt", COMPLETIONS, {**G, "prompt": LONG_PROMPT}),
+    Case("cmpl-long-prompt-stream", COMPLETIONS, {**G, "prompt": LONG_PROMPT}, stream=True),
+    Case("cmpl-token-ids", COMPLETIONS, {**G, "prompt": [ENSURE, MIS, HEAD]}),
+    Case("cmpl-list", COMPLETIONS, {**G, "prompt": [PROMPT, "hello", "import os"]}),
+    Case("cmpl-list-stream", COMPLETIONS, {**G, "prompt": [PROMPT, "hello"]}, stream=True),
+    Case("cmpl-list-token-ids", COMPLETIONS, {**G, "prompt": [[ENSURE, MIS], [HEAD, QUOT, HEAD]]}),
+    Case("cmpl-n2", COMPLETIONS, {**S, "n": 2, "prompt": PROMPT}),
+    Case("cmpl-n2-list-stream", COMPLETIONS, {**S, "n": 2, "prompt": [PROMPT, "hello"]}, stream=True),
+    Case("cmpl-logprobs", COMPLETIONS, {**G, "logprobs": 3, "prompt": PROMPT}),
+    Case("cmpl-logprobs-0", COMPLETIONS, {**G, "logprobs": 0, "prompt": PROMPT}),
+    Case("cmpl-logprobs-stream", COMPLETIONS, {**G, "logprobs": 2, "prompt": PROMPT}, stream=True),
+    Case("cmpl-echo", COMPLETIONS, {**G, "echo": True, "prompt": PROMPT}),
+    Case("cmpl-echo-logprobs", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "prompt": PROMPT}),
+    Case("cmpl-echo-logprobs-stream", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "prompt": PROMPT}, stream=True),
+    Case("cmpl-list-logprobs-n2", COMPLETIONS, {**S, "n": 2, "logprobs": 1, "prompt": [PROMPT, "hello"]}),
+    Case("cmpl-stop", COMPLETIONS, {**G, "stop": ["mis"], "prompt": PROMPT}),
+    Case("cmpl-stop-included", COMPLETIONS, {**G, "stop": ["mis"], "include_stop_str_in_output": True, "prompt": PROMPT}),
+    Case("cmpl-stop-token-ids", COMPLETIONS, {**G, "stop_token_ids": [MIS], "prompt": PROMPT}),
+    Case("cmpl-bad-words", COMPLETIONS, {**G, "bad_words": ["mis"], "prompt": PROMPT}),
+    Case("cmpl-logit-bias", COMPLETIONS, {**G, "logit_bias": {str(HEAD): 50}, "prompt": PROMPT}),
+    Case("cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 3, "logit_bias": {str(EOS): 100}, "prompt": PROMPT}),
+    Case("cmpl-ignore-eos", COMPLETIONS, {**G, "ignore_eos": True, "logit_bias": {str(EOS): 100}, "prompt": PROMPT}),
+    Case("cmpl-special-kept", COMPLETIONS, {**G, "logit_bias": {str(IM_START): 100}, "skip_special_tokens": False, "prompt": PROMPT}),
+    Case("cmpl-penalties", COMPLETIONS, {**G, "max_tokens": 16, "presence_penalty": 1.0, "frequency_penalty": 1.5, "prompt": PROMPT}),
+    Case("cmpl-repetition-penalty", COMPLETIONS, {**G, "max_tokens": 16, "repetition_penalty": 1.4, "prompt": PROMPT}),
+    Case("cmpl-min-p", COMPLETIONS, {**S, "temperature": 1.0, "min_p": 0.9, "prompt": PROMPT}),
+    Case("cmpl-so-regex", COMPLETIONS, {**G, "max_tokens": 16, "structured_outputs": {"regex": REGEX}, "prompt": PROMPT}),
+    Case("cmpl-so-choice", COMPLETIONS, {**G, "structured_outputs": {"choice": CHOICES}, "prompt": PROMPT}),
+    Case("cmpl-so-json", COMPLETIONS, {**GS, "structured_outputs": {"json": SCHEMA}, "prompt": PROMPT}),
+    Case("cmpl-json-schema-strict", COMPLETIONS, {**GS, "response_format": STRICT, "prompt": PROMPT}),
+    # --- bad input: the same status ------------------------------------------------------------
+    Case("bad-chat-n0", CHAT, {**G, "n": 0, "messages": HELLO}),
+    Case("bad-chat-n2-greedy", CHAT, {**G, "n": 2, "messages": HELLO}),
+    Case("bad-cmpl-n0", COMPLETIONS, {**G, "n": 0, "prompt": PROMPT}),
+    Case("bad-chat-schema", CHAT, {**G, "response_format": BAD_SCHEMA, "messages": HELLO}),
+    Case("bad-chat-json-schema-missing", CHAT, {**G, "response_format": {"type": "json_schema"}, "messages": HELLO}),
+    Case("bad-chat-regex", CHAT, {**G, "structured_outputs": {"regex": "(unclosed"}, "messages": HELLO}),
+    Case("bad-chat-grammar", CHAT, {**G, "structured_outputs": {"grammar": "root ::= missing"}, "messages": HELLO}),
+    Case("bad-chat-two-constraints", CHAT, {**G, "structured_outputs": {"regex": REGEX, "choice": CHOICES}, "messages": HELLO}),
+    Case("bad-chat-tool-choice-unknown", CHAT, {**G, "tools": TOOLS, "tool_choice": UNKNOWN, "messages": ASK}),
+    Case("bad-chat-tool-choice-without-tools", CHAT, {**G, "tool_choice": NAMED, "messages": ASK}),
+    Case("bad-chat-tool-choice-word", CHAT, {**G, "tools": TOOLS, "tool_choice": "sometimes", "messages": ASK}),
+    Case("bad-chat-top-logprobs-alone", CHAT, {**G, "top_logprobs": 3, "messages": HELLO}),
+    Case("bad-chat-top-logprobs-21", CHAT, {**G, "logprobs": True, "top_logprobs": 21, "messages": HELLO}),
+    Case("bad-cmpl-logprobs-21", COMPLETIONS, {**G, "logprobs": 21, "prompt": PROMPT}),
+    Case("bad-chat-logit-bias-vocab", CHAT, {**G, "logit_bias": {"999999": 5}, "messages": HELLO}),
+    Case("bad-chat-min-p", CHAT, {**G, "min_p": 1.5, "messages": HELLO}),
+    Case("bad-chat-repetition-penalty", CHAT, {**G, "repetition_penalty": 0, "messages": HELLO}),
+    Case("bad-cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 20, "prompt": PROMPT}),
+    Case("bad-cmpl-empty-list", COMPLETIONS, {**G, "prompt": []}),
+]
+# fmt: on

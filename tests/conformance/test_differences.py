@@ -1,0 +1,78 @@
+"""Where the platform answers differently from vLLM's own server on purpose: one test a row.
+
+The table is in docs/conformance.md ("Intentional differences"); each row names its test here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conformance.cases import HELLO
+from tests.conftest import ACME_MAX_TOKENS, ALIAS
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+CHAT_PATH = "/v1/chat/completions"
+BODY = {"model": ALIAS, "messages": HELLO, "temperature": 0, "max_tokens": 4}
+
+
+def _both(targets: Any, body: dict[str, Any]) -> tuple[httpx.Response, httpx.Response]:
+    return targets.platform.post(CHAT_PATH, json=body), targets.vllm.post(CHAT_PATH, json=body)
+
+
+def test_model_names_the_version_that_answered(targets: Any) -> None:
+    ours, theirs = _both(targets, BODY)
+    assert theirs.json()["model"] == ALIAS
+    version = ours.headers["x-roundhouse-model-version"]
+    assert ours.json()["model"] == f"tiny-llama@{version}"
+
+
+def test_the_id_is_the_request_id(targets: Any) -> None:
+    ours, theirs = _both(targets, BODY)
+    assert ours.json()["id"] == f"chatcmpl-{ours.headers['x-request-id']}"
+    assert theirs.json()["id"].startswith("chatcmpl-")
+    assert "x-request-id" not in theirs.headers
+
+
+def test_the_fingerprint_names_the_version(targets: Any) -> None:
+    ours, theirs = _both(targets, BODY)
+    assert ours.json()["system_fingerprint"] == f"rh-{ours.headers['x-roundhouse-model-version']}"
+    assert theirs.json()["system_fingerprint"].startswith("vllm-")
+
+
+def test_the_platform_adds_its_headers(targets: Any) -> None:
+    ours, theirs = _both(targets, BODY)
+    added = {"x-request-id", "x-roundhouse-model-version", "x-ratelimit-limit-requests"}
+    assert added <= set(ours.headers)
+    assert not added & set(theirs.headers)
+
+
+def test_a_refusal_names_its_code_and_field(targets: Any) -> None:
+    ours, theirs = _both(targets, {**BODY, "n": 0})
+    assert ours.status_code == theirs.status_code == 400
+    assert theirs.json()["error"]["code"] == 400
+    assert theirs.json()["error"]["type"] == "BadRequestError"
+    error = ours.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert isinstance(error["code"], str)
+    assert error["param"] == "n"
+    assert ours.headers["x-should-retry"] == "false"
+
+
+def test_a_request_without_a_key_is_refused(targets: Any) -> None:
+    ours = httpx.post(f"{targets.platform.base_url}{CHAT_PATH}", json=BODY, timeout=60)
+    theirs = targets.vllm.post(CHAT_PATH, json=BODY)
+    assert ours.status_code == 401
+    assert ours.json()["error"]["code"] == "missing_api_key"
+    assert theirs.status_code == 200
+
+
+def test_max_tokens_is_capped_by_the_tenants_quota(targets: Any) -> None:
+    ours, theirs = _both(targets, {**BODY, "max_tokens": ACME_MAX_TOKENS + 1})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["code"] == "max_tokens_exceeded"
+    assert ours.json()["error"]["param"] == "max_tokens"

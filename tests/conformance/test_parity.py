@@ -1,0 +1,63 @@
+"""Every case of the corpus, sent to the platform and to vLLM's own server: the same answer.
+
+Compared: per choice the text, tool calls (name and parsed arguments), finish reason and
+logprobs (within 1e-4), the usage, and for a refusal the status. Cached tokens depend on what
+each engine's prefix cache has seen, so each accepted case is sent a second time and the second
+answers' `prompt_tokens_details.cached_tokens` are compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conformance.answers import Answer, answer_of, differences, stream_answer_of
+from tests.conformance.cases import CASES, CHAT, PATHS, WHITESPACE, Case
+from tests.conftest import ALIAS
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def request_body(case: Case, whitespace_ids: list[int]) -> dict[str, Any]:
+    """The case's body as sent: the model, stream options, and the whitespace bias expanded."""
+    body: dict[str, Any] = {"model": ALIAS, **case.body}
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict) and WHITESPACE in bias:
+        weight = bias[WHITESPACE]
+        rest = {key: value for key, value in bias.items() if key != WHITESPACE}
+        body["logit_bias"] = {**{str(i): weight for i in whitespace_ids}, **rest}
+    if case.stream:
+        body["stream"] = True
+        body.setdefault("stream_options", {"include_usage": True})
+    return body
+
+
+def send(client: httpx.Client, case: Case, body: dict[str, Any]) -> Answer:
+    chat = case.endpoint == CHAT
+    if not case.stream:
+        return answer_of(client.post(PATHS[case.endpoint], json=body), chat=chat)
+    with client.stream("POST", PATHS[case.endpoint], json=body) as response:
+        return stream_answer_of(response, chat=chat)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_it_answers_as_vllm_does(case: Case, targets: Any, whitespace_ids: list[int]) -> None:
+    body = request_body(case, whitespace_ids)
+    ours, theirs = send(targets.platform, case, body), send(targets.vllm, case, body)
+    found = differences(ours, theirs)
+    if not found and ours.status == 200:
+        again, vllm_again = send(targets.platform, case, body), send(targets.vllm, case, body)
+        if again.cached_tokens != vllm_again.cached_tokens:
+            found.append(
+                f"cached tokens of a repeat {again.cached_tokens} vs vLLM's "
+                f"{vllm_again.cached_tokens}"
+            )
+    assert not found, f"{case.name}: " + "; ".join(found)
+
+
+def test_the_corpus_names_each_case_once() -> None:
+    names = [case.name for case in CASES]
+    assert len(names) == len(set(names))
+    assert len(CASES) >= 80
