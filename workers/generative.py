@@ -1,20 +1,36 @@
-"""The generative worker: runs each claimed request on an engine that streams tokens (vLLM)."""
+"""The generative worker: runs each claimed request on an engine that streams tokens (vLLM).
+
+A request's choices are multiplexed on one reply stream by `Delta.index`: n completions per
+prompt, and a completions request with several prompts runs each prompt as an engine request
+of its own (choice = prompt * n + completion).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataplane.types import Delta, Event, Finished, Job, Started, Status, UsageEvent, usage_for
+from dataplane.types import (
+    Delta,
+    Event,
+    Finished,
+    Job,
+    Sampling,
+    Started,
+    Status,
+    UsageEvent,
+    usage_for,
+)
 from workers.adapters import AdapterError, Adapters
 from workers.engine import AdapterRef, Engine, Step
 from workers.failures import Failure, failure_of
 from workers.outbox import Outbox
 from workers.runner import Worker
+from workers.tooling import ChoiceTools, ToolCalling
 
 # While a non-streaming request runs, its text goes out at most this often: nobody reads it
 # before the end, and a worker lost mid-way still bills about what it had produced.
@@ -23,77 +39,152 @@ _HOLD_SECONDS = 1.0
 
 @dataclass
 class _Holdback:
-    """A non-streaming request's deltas, written as one event a second instead of per flush."""
+    """A non-streaming request's deltas, written as one event per choice a second instead of
+    per flush."""
 
-    kept: Delta | None = None
+    kept: dict[int, Delta] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
 
-    def add(self, delta: Delta) -> Delta | None:
-        """Keep `delta`; return what was kept when it is time to write it."""
-        self.kept = delta if self.kept is None else self.kept.then(delta)
-        return self.take() if time.monotonic() - self.since >= _HOLD_SECONDS else None
+    def add(self, delta: Delta) -> list[Delta]:
+        """Keep `delta`; return what is to be written now (what was kept, when it is time)."""
+        out = []
+        kept = self.kept.get(delta.index)
+        if kept is None:
+            self.kept[delta.index] = delta
+        elif kept.joins(delta):
+            self.kept[delta.index] = kept.then(delta)
+        else:
+            out.append(kept)
+            self.kept[delta.index] = delta
+        if time.monotonic() - self.since >= _HOLD_SECONDS:
+            out += self.take()
+        return out
 
-    def take(self) -> Delta | None:
-        kept, self.kept, self.since = self.kept, None, time.monotonic()
+    def take(self) -> list[Delta]:
+        """Everything kept, in choice order."""
+        kept = [self.kept[index] for index in sorted(self.kept)]
+        self.kept, self.since = {}, time.monotonic()
         return kept
 
 
 @dataclass
+class _Choice:
+    """One choice's run so far: its tokens, how it ended, and its tool parsing."""
+
+    produced: int = 0
+    finish_reason: str | None = None
+    tools: ChoiceTools | None = None
+
+    def reason(self) -> str:
+        if self.tools is not None:
+            return self.tools.finish_reason(self.finish_reason)
+        return self.finish_reason or "stop"
+
+
+@dataclass
 class _Generation:
-    """One request's run so far: what it produced and when, and where its deltas go."""
+    """One request's run so far: what each choice produced and when, and where deltas go."""
 
     job: Job
     outbox: Outbox
     started_at: float = field(default_factory=time.time)
     first_token_at: float | None = None
-    produced: int = 0
-    cached: int = 0
-    finish_reason: str = "stop"
-    prompt_tokens: int = 0
+    tools: ToolCalling | None = None
+    choices: list[_Choice] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # per prompt
+    cached: list[int] = field(default_factory=list)  # per prompt
     held: _Holdback | None = None
 
     def __post_init__(self) -> None:
-        self.prompt_tokens = len(self.job.prompt_token_ids)
+        self.prompt_tokens = [len(ids) for ids in self.job.inputs()]
+        self.cached = [0] * len(self.prompt_tokens)
+        self.choices = [_Choice() for _ in range(self.job.choices)]
         self.held = None if self.job.stream else _Holdback()
 
-    def step(self, step: Step) -> None:
-        """Take one engine step: its text goes out (the first token at once), its counts add up."""
+    def use_tools(self, tools: ToolCalling) -> None:
+        """Parse each choice's output into tool calls (one parser per choice)."""
+        self.tools = tools
+        for choice in self.choices:
+            choice.tools = tools.choice()
+
+    @property
+    def sampling(self) -> Sampling:
+        """The job's sampling, as its tool parser adjusted it."""
+        sampling = self.job.sampling
+        return sampling if self.tools is None else self.tools.sampling(sampling)
+
+    @property
+    def produced(self) -> int:
+        return sum(choice.produced for choice in self.choices)
+
+    def step(self, step: Step, *, prompt: int = 0) -> None:
+        """Take one engine step of one prompt's completion: its output goes out (the
+        request's first token at once), its counts add up."""
+        index = prompt * self.job.sampling.n + step.index
+        choice = self.choices[index]
+        first = step.tokens > 0 and self.produced == 0
         if step.tokens:
-            first = self.produced == 0
-            self.produced += step.tokens
+            choice.produced += step.tokens
             self.first_token_at = self.first_token_at or time.time()
-            self._emit(Delta(text=step.text, tokens=step.tokens), urgent=first)
-        elif step.text:
-            self._emit(Delta(text=step.text, tokens=0))
         if step.finish_reason:
-            self.finish_reason = step.finish_reason
-        self.prompt_tokens = step.prompt_tokens
-        self.cached = max(self.cached, step.cached_tokens)
+            choice.finish_reason = step.finish_reason
+        self.prompt_tokens[prompt] = step.prompt_tokens
+        self.cached[prompt] = max(self.cached[prompt], step.cached_tokens)
+        delta = self._delta(index, choice, step)
+        if delta is not None:
+            self._emit(delta, urgent=first)
+
+    def _delta(self, index: int, choice: _Choice, step: Step) -> Delta | None:
+        """The step as the client's delta; None when it carries nothing."""
+        text, calls = step.text, None
+        if choice.tools is not None:
+            parsed = choice.tools.step(
+                step.text,
+                step.token_ids,
+                prompt_token_ids=self.job.prompt_token_ids,
+                finished=step.finish_reason is not None,
+            )
+            # A step the parser holds back still bills its tokens and shows its logprobs.
+            text, calls = ("", None) if parsed is None else (parsed.text, parsed.tool_calls)
+        if not (step.tokens or text or calls or step.prompt_logprobs):
+            return None
+        return Delta(
+            text=text,
+            tokens=step.tokens,
+            index=index,
+            logprobs=step.logprobs,
+            tool_calls=calls,
+            prompt_logprobs=step.prompt_logprobs,
+        )
 
     def _emit(self, delta: Delta, *, urgent: bool = False) -> None:
         if self.held is None:
             self.outbox.put(self.job, delta, urgent=urgent)
-        elif (kept := self.held.add(delta)) is not None:
+            return
+        for kept in self.held.add(delta):
             self.outbox.put(self.job, kept)
 
     def release(self) -> None:
         """Write what a non-streaming request still holds back."""
-        if self.held is not None and (kept := self.held.take()) is not None:
-            self.outbox.put(self.job, kept)
+        if self.held is not None:
+            for kept in self.held.take():
+                self.outbox.put(self.job, kept)
 
     def end(self, failure: Failure | None) -> tuple[Event, UsageEvent]:
         """The request's terminal event and usage; a failure bills what it produced."""
+        reasons = [choice.reason() for choice in self.choices]
+        prompt_tokens, cached = sum(self.prompt_tokens), sum(self.cached)
         terminal: Event
         if failure is None:
             terminal = Finished(
-                finish_reason=self.finish_reason,
-                prompt_tokens=self.prompt_tokens,
+                finish_reason=reasons[0],
+                prompt_tokens=prompt_tokens,
                 completion_tokens=self.produced,
+                cached_tokens=cached,
+                finish_reasons=reasons if len(reasons) > 1 else [],
             )
         else:
-            terminal = failure.failed(
-                prompt_tokens=self.prompt_tokens, completion_tokens=self.produced
-            )
+            terminal = failure.failed(prompt_tokens=prompt_tokens, completion_tokens=self.produced)
         self.release()
         status = Status.OK if failure is None else failure.status
         usage = usage_for(
@@ -103,11 +194,23 @@ class _Generation:
             started_at=self.started_at,
             first_token_at=self.first_token_at,
             completion_tokens=self.produced,
-            finish_reason=self.finish_reason if failure is None else "",
+            finish_reason=reasons[0] if failure is None else "",
             error_code="" if failure is None else failure.code,
-            cached_tokens=self.cached,
+            cached_tokens=cached,
+            prompt_tokens=prompt_tokens,
         )
         return terminal, usage
+
+
+async def _together(runs: list[Coroutine[Any, Any, None]]) -> None:
+    """Run several engine requests at once; the first failure ends them all (each aborts
+    inside the engine as it is cancelled) and is raised as itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for run in runs:
+                group.create_task(run)
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
 
 
 class GenerativeWorker(Worker):
@@ -125,24 +228,58 @@ class GenerativeWorker(Worker):
         self._outbox.put(job, Started(at=run.started_at))
         failure = None
         try:
+            if job.tools is not None:
+                run.use_tools(self._tool_calling(job))
             await self._generate(run)
         except BaseException as exc:
             # A cancel aborted the request inside vLLM; any failure bills what it produced.
             failure = failure_of(exc, job=job, engine="engine")
         self._ended(job, *run.end(failure), failure)
 
+    def _tool_calling(self, job: Job) -> ToolCalling:
+        assert job.tools is not None
+        return ToolCalling(
+            job.tools,
+            tokenizer=self.generator.tokenizer(),
+            model_config=self.generator.model_config(),
+            stream=job.stream,
+        )
+
     async def _generate(self, run: _Generation) -> None:
-        """Run the request on the engine, within its deadline (the engine aborts it then)."""
+        """Run the request on the engine, within its deadline (the engine aborts it then).
+
+        Several prompts run as one engine request each, at once.
+        """
         job = run.job
         deadline = asyncio.get_running_loop().time() + (job.deadline - run.started_at)
         async with asyncio.timeout_at(deadline), self._adapter(job) as adapter:
-            async for step in self.generator.generate(
-                request_id=job.request_id,
-                prompt_token_ids=job.prompt_token_ids,
-                sampling=job.sampling,
-                adapter=adapter,
-            ):
-                run.step(step)
+            prompts = job.inputs()
+            if len(prompts) == 1:
+                await self._prompt(run, 0, job.request_id, prompts[0], adapter)
+                return
+            await _together(
+                [
+                    self._prompt(run, i, f"{job.request_id}-{i}", ids, adapter)
+                    for i, ids in enumerate(prompts)
+                ]
+            )
+
+    async def _prompt(
+        self,
+        run: _Generation,
+        prompt: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        adapter: AdapterRef | None,
+    ) -> None:
+        """Run one prompt's engine request; its steps go into the run."""
+        async for step in self.generator.generate(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling=run.sampling,
+            adapter=adapter,
+        ):
+            run.step(step, prompt=prompt)
 
     @contextlib.asynccontextmanager
     async def _adapter(self, job: Job) -> AsyncIterator[AdapterRef | None]:

@@ -13,8 +13,11 @@ from dataplane.types import Delta, Event, Job, UsageEvent
 class Outbox:
     """Events waiting to be written, in order per request.
 
-    A delta joins the request's pending delta when there is one, so a request whose tokens
-    arrive faster than they are flushed costs one Redis entry per flush, not one per token.
+    A delta joins its choice's pending delta when there is one, so a request whose tokens
+    arrive faster than they are flushed costs one Redis entry per flush and choice, not one
+    per token. A choice's deltas stay in order; several choices' may interleave differently
+    (each is its own sequence), and none passes another event of its request (a start, an
+    end).
     Events a client waits on (start, first token, the end) make their request urgent: its
     events are written at once, ahead of the other requests' deltas, which wait for the
     stream interval as before.
@@ -23,7 +26,8 @@ class Outbox:
     items: list[tuple[Job, Event, UsageEvent | None, bool]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     urgent: asyncio.Event = field(default_factory=asyncio.Event)
-    _last: dict[str, int] = field(default_factory=dict)
+    # Where each choice's pending delta waits: request id -> choice index -> position.
+    _pending: dict[str, dict[int, int]] = field(default_factory=dict)
     _urgent: set[str] = field(default_factory=set)
 
     def put(
@@ -36,18 +40,14 @@ class Outbox:
         charged: bool = True,
     ) -> None:
         rid = job.request_id
-        index = self._last.get(rid)
-        pending = self.items[index][1] if index is not None else None
-        if (
-            isinstance(event, Delta)
-            and isinstance(pending, Delta)
-            and index is not None
-            and pending.joins(event)
-        ):
-            self.items[index] = (job, pending.then(event), None, charged)
+        at = self._pending.get(rid, {}).get(event.index) if isinstance(event, Delta) else None
+        pending = self.items[at][1] if at is not None else None
+        if isinstance(event, Delta) and isinstance(pending, Delta) and pending.joins(event):
+            assert at is not None
+            self.items[at] = (job, pending.then(event), None, charged)
         else:
-            self._last[rid] = len(self.items)
             self.items.append((job, event, usage, charged))
+            self._note(len(self.items) - 1)
         self.ready.set()
         if urgent:
             self._urgent.add(rid)
@@ -73,7 +73,7 @@ class Outbox:
             self.items = kept
         else:
             items, self.items = self.items, []
-        self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
+        self._reindex()
         self._urgent.clear()
         self.urgent.clear()
         if not self.items:
@@ -83,11 +83,26 @@ class Outbox:
     def restore(self, items: list[tuple[Job, Event, UsageEvent | None, bool]]) -> None:
         """Put back what a failed write took, ahead of what arrived since, in order."""
         self.items = [*items, *self.items]
-        self._last = {job.request_id: index for index, (job, *_) in enumerate(self.items)}
+        self._reindex()
         if self.items:
-            self._urgent.update(self._last)
+            self._urgent.update(job.request_id for job, *_ in self.items)
             self.ready.set()
             self.urgent.set()
+
+    def _note(self, at: int) -> None:
+        """Make the event at `at` its choice's pending delta; any other event of a request
+        closes its choices' pending deltas (nothing joins across it)."""
+        job, event, *_ = self.items[at]
+        rid = job.request_id
+        if isinstance(event, Delta):
+            self._pending.setdefault(rid, {})[event.index] = at
+        else:
+            self._pending.pop(rid, None)
+
+    def _reindex(self) -> None:
+        self._pending = {}
+        for at in range(len(self.items)):
+            self._note(at)
 
 
 # Streams' deltas are written in shares, one share every 1/shares of the stream interval: each

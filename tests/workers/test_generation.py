@@ -1,0 +1,553 @@
+"""The generative worker's side of API parity: choices, several prompts, logprobs, tools.
+
+The engine is a stand-in that yields scripted steps (the boundary with vLLM); everything from
+its steps to the events on the outbox is the real code, tool parsing included (vLLM's own
+hermes parser on literal text, with the demo model's tokenizer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis.asyncio as aredis
+from vllm.logprobs import Logprob
+
+from dataplane.types import (
+    Delta,
+    Failed,
+    Finished,
+    Job,
+    Sampling,
+    Started,
+    Structured,
+    TokenLogprob,
+    ToolCallDelta,
+    Tools,
+    TopLogprob,
+)
+from workers import generative
+from workers.engine import AdapterRef, EngineError, Step, _Steps, sampling_params
+from workers.generative import GenerativeWorker, _Holdback
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_model_dir))
+
+
+def _job(**kw: Any) -> Job:
+    now = time.time()
+    sampling = kw.pop("sampling", Sampling(max_tokens=8))
+    return Job(
+        request_id=uuid.uuid4().hex,
+        tenant_id=1,
+        api_key_id=1,
+        deployment="d",
+        model_version="v",
+        endpoint=kw.pop("endpoint", "completions"),
+        prompt_token_ids=kw.pop("prompt_token_ids", [1, 2, 3]),
+        sampling=sampling,
+        enqueued_at=now,
+        deadline=now + 60,
+        **kw,
+    )
+
+
+class _Engine:
+    """Yields each request's scripted steps; `fail` names a request that raises after them."""
+
+    prefix_caching = False
+
+    def __init__(
+        self, script: dict[int, list[Step]], tokenizer: Any = None, fail: int | None = None
+    ) -> None:
+        self.script = script
+        self._tokenizer = tokenizer
+        self.fail = fail
+        self.calls: list[tuple[str, list[int], Sampling]] = []
+        self.cancelled: list[str] = []
+
+    async def generate(
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[Step]:
+        prompt = len(self.calls)
+        self.calls.append((request_id, prompt_token_ids, sampling))
+        try:
+            for step in self.script[prompt]:
+                await asyncio.sleep(0.001)
+                yield step
+            if self.fail == prompt:
+                raise RuntimeError("injected")
+            if self.fail is not None:
+                await asyncio.sleep(10)  # the other prompts wait to be ended by the failure
+        except asyncio.CancelledError:
+            self.cancelled.append(request_id)
+            raise
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def model_config(self) -> Any:
+        return None
+
+    async def health(self) -> None:
+        return None
+
+    def kv_cache_usage(self) -> float | None:
+        return 0.0
+
+
+def _worker(engine: _Engine) -> GenerativeWorker:
+    return GenerativeWorker(
+        deployment="d",
+        engine=engine,  # type: ignore[arg-type]
+        client=aredis.Redis(),  # never reached: the test reads the outbox
+        worker_id="w",
+        capacity=4,
+        lease_seconds=10,
+    )
+
+
+async def _served(engine: _Engine, job: Job) -> list[Any]:
+    worker = _worker(engine)
+    await worker._serve(job)
+    return [event for _, event, *_ in worker._outbox.take()]
+
+
+def _step(text: str, index: int = 0, reason: str | None = None, **kw: Any) -> Step:
+    ids = tuple(range(len(text.split()))) if text else ()
+    return Step(
+        text=text,
+        tokens=len(ids),
+        finish_reason=reason,
+        prompt_tokens=kw.pop("prompt_tokens", 3),
+        index=index,
+        token_ids=ids,
+        **kw,
+    )
+
+
+def _by_choice(events: list[Any]) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for event in events:
+        if isinstance(event, Delta):
+            texts[event.index] = texts.get(event.index, "") + event.text
+    return texts
+
+
+# --- SamplingParams ---
+
+
+def test_every_sampling_option_reaches_vllms_sampling_params():
+    params = sampling_params(
+        Sampling(
+            max_tokens=7,
+            temperature=0.5,
+            top_p=0.9,
+            top_k=5,
+            seed=11,
+            stop=["x"],
+            ignore_eos=True,
+            min_tokens=2,
+            presence_penalty=0.1,
+            frequency_penalty=0.2,
+            n=3,
+            repetition_penalty=1.1,
+            min_p=0.05,
+            stop_token_ids=[9],
+            bad_words=["bad"],
+            logit_bias={4: -2.0},
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            include_stop_str_in_output=True,
+            logprobs=2,
+            prompt_logprobs=1,
+        )
+    )
+    from vllm.sampling_params import RequestOutputKind
+
+    assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (7, 0.5, 0.9, 5)
+    assert (params.seed, params.stop, params.ignore_eos, params.min_tokens) == (11, ["x"], True, 2)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.1, 0.2)
+    assert (params.n, params.repetition_penalty, params.min_p) == (3, 1.1, 0.05)
+    assert params.stop_token_ids == [9] and params.bad_words == ["bad"]
+    assert params.logit_bias == {4: -2.0}
+    assert params.skip_special_tokens is False
+    assert params.spaces_between_special_tokens is False
+    assert params.include_stop_str_in_output is True
+    assert (params.logprobs, params.prompt_logprobs) == (2, 1)
+    assert params.structured_outputs is None
+    assert params.output_kind == RequestOutputKind.DELTA
+
+
+def test_defaults_leave_vllms_defaults():
+    params = sampling_params(Sampling(max_tokens=4))
+    assert (params.n, params.top_k, params.logprobs, params.prompt_logprobs) == (1, 0, None, None)
+    assert params.stop_token_ids == [] and params.logit_bias is None
+    assert params.skip_special_tokens is True
+
+
+@pytest.mark.parametrize(
+    ("structured", "field", "value"),
+    [
+        (Structured(json='{"type": "object"}'), "json", {"type": "object"}),
+        (Structured(json_object=True), "json_object", True),
+        (Structured(regex="[a-z]+"), "regex", "[a-z]+"),
+        (Structured(choice=["yes", "no"]), "choice", ["yes", "no"]),
+        (Structured(grammar='root ::= "a"'), "grammar", 'root ::= "a"'),
+        (Structured(structural_tag='{"type": "x"}'), "structural_tag", '{"type": "x"}'),
+    ],
+)
+def test_a_structured_constraint_becomes_vllms(structured, field, value):
+    params = sampling_params(Sampling(max_tokens=4, structured=structured))
+    assert getattr(params.structured_outputs, field) == value
+
+
+def test_structured_switches_go_along():
+    structured = Structured(
+        regex="a+", whitespace_pattern=" ?", disable_any_whitespace=True,
+        disable_additional_properties=True,
+    )  # fmt: skip
+    params = sampling_params(Sampling(max_tokens=4, structured=structured)).structured_outputs
+    assert params.whitespace_pattern == " ?"
+    assert params.disable_any_whitespace and params.disable_additional_properties
+
+
+# --- engine outputs to steps ---
+
+
+def _completion(index: int, text: str, ids: list[int], reason: str | None = None, lps=None):
+    return SimpleNamespace(
+        index=index, text=text, token_ids=ids, finish_reason=reason, logprobs=lps
+    )
+
+
+def _output(*completions: Any, prompt_logprobs: Any = None, cached: int = 0) -> Any:
+    return SimpleNamespace(
+        outputs=list(completions),
+        prompt_token_ids=[5, 6],
+        prompt_logprobs=prompt_logprobs,
+        num_cached_tokens=cached,
+    )
+
+
+def test_every_completion_of_an_engine_output_is_a_step_of_its_own(tokenizer):
+    steps = _Steps([5, 6], tokenizer)
+    first = steps.of(_output(_completion(0, "a", [7]), _completion(1, "b", [8]), cached=2))
+    assert [(s.index, s.text, s.token_ids, s.tokens) for s in first] == [
+        (0, "a", (7,), 1),
+        (1, "b", (8,), 1),
+    ]
+    assert all(s.prompt_tokens == 2 and s.cached_tokens == 2 for s in first)
+    ended = steps.of(_output(_completion(1, "c", [9], "length")))
+    assert [(s.index, s.finish_reason) for s in ended] == [(1, "length")]
+    # vLLM repeats no finished completion; were it to, the step would count its tokens twice.
+    again = steps.of(_output(_completion(1, "", []), _completion(0, "", [])))
+    assert [s.index for s in again] == [0]
+
+
+def test_an_engine_error_fails_the_request(tokenizer):
+    with pytest.raises(EngineError):
+        _Steps([5], tokenizer).of(_output(_completion(0, "", [], "error")))
+
+
+def test_logprobs_are_shaped_as_vllms_chat_server_shapes_them(tokenizer):
+    decoded = tokenizer.decode([8])
+    step_lps = {
+        7: Logprob(logprob=-0.5, rank=1, decoded_token="a"),
+        8: Logprob(logprob=float("-inf"), rank=2, decoded_token=None),
+    }
+    prompt_lps = [None, {6: Logprob(logprob=-1.25, rank=1, decoded_token="é")}]
+    steps = _Steps([5, 6], tokenizer)
+    out = _output(_completion(0, "a", [7], lps=[step_lps]), prompt_logprobs=prompt_lps)
+    (step,) = steps.of(out)
+    assert step.logprobs == [
+        TokenLogprob(
+            token="a",
+            logprob=-0.5,
+            bytes=[97],
+            top=[
+                TopLogprob(token="a", logprob=-0.5, bytes=[97]),
+                TopLogprob(token=decoded, logprob=-9999.0, bytes=list(decoded.encode())),
+            ],
+        )
+    ]
+    first = tokenizer.decode([5])
+    assert step.prompt_logprobs == [
+        TokenLogprob(token=first, logprob=None, bytes=list(first.encode())),
+        TokenLogprob(
+            token="é",
+            logprob=-1.25,
+            bytes=[195, 169],
+            top=[TopLogprob(token="é", logprob=-1.25, bytes=[195, 169])],
+        ),
+    ]
+    # The prompt's logprobs come with each completion's first step only.
+    (later,) = steps.of(_output(_completion(0, "a", [7], lps=[step_lps])))
+    assert later.prompt_logprobs is None
+
+
+def test_a_token_without_its_own_entry_is_decoded_without_a_probability(tokenizer):
+    (step,) = _Steps([5], tokenizer).of(_output(_completion(0, "x", [7], lps=[None])))
+    assert step.logprobs is not None
+    assert step.logprobs[0].logprob is None and step.logprobs[0].top == []
+    assert step.logprobs[0].token == tokenizer.decode([7])
+
+
+# --- choices, holdback, several prompts ---
+
+
+async def test_choices_are_multiplexed_by_index_and_each_finish_reason_kept():
+    job = _job(sampling=Sampling(max_tokens=8, n=2))
+    engine = _Engine(
+        {
+            0: [
+                _step("a b", 0, cached_tokens=2),
+                _step("x", 1),
+                _step("c", 0, "stop"),
+                _step("y z", 1, "length"),
+            ]
+        }
+    )
+    events = await _served(engine, job)
+    assert isinstance(events[0], Started)
+    assert _by_choice(events) == {0: "a bc", 1: "xy z"}
+    assert events[-1] == Finished(
+        finish_reason="stop",
+        prompt_tokens=3,
+        completion_tokens=6,
+        cached_tokens=2,
+        finish_reasons=["stop", "length"],
+    )
+
+
+async def test_one_choice_finishes_without_a_list_of_reasons():
+    events = await _served(_Engine({0: [_step("a", 0, "length")]}), _job())
+    assert events[-1] == Finished(finish_reason="length", prompt_tokens=3, completion_tokens=1)
+
+
+def test_the_holdback_keeps_one_pending_delta_per_choice(monkeypatch):
+    held = _Holdback()
+    assert held.add(Delta(text="a", tokens=1, index=0)) == []
+    assert held.add(Delta(text="x", tokens=1, index=1)) == []
+    assert held.add(Delta(text="b", tokens=1, index=0)) == []
+    monkeypatch.setattr(generative, "_HOLD_SECONDS", 0.0)
+    assert held.add(Delta(text="y", tokens=1, index=1)) == [
+        Delta(text="ab", tokens=2, index=0),
+        Delta(text="xy", tokens=2, index=1),
+    ]
+    assert held.take() == []
+
+
+async def test_a_non_streaming_request_writes_one_delta_per_choice():
+    job = _job(sampling=Sampling(max_tokens=8, n=2), stream=False)
+    engine = _Engine(
+        {0: [_step("a", 0), _step("x", 1), _step("b", 0, "stop"), _step("y", 1, "stop")]}
+    )
+    events = await _served(engine, job)
+    assert [e for e in events if isinstance(e, Delta)] == [
+        Delta(text="ab", tokens=2, index=0),
+        Delta(text="xy", tokens=2, index=1),
+    ]
+
+
+async def test_several_prompts_run_as_engine_requests_of_their_own():
+    job = _job(
+        prompt_token_ids=[1, 2, 3, 4, 5],
+        input_lengths=[2, 3],
+        sampling=Sampling(max_tokens=8, n=2),
+    )
+    engine = _Engine(
+        {
+            0: [
+                _step("a", 0, prompt_tokens=2, cached_tokens=1),
+                _step("b", 1, "stop", prompt_tokens=2),
+            ],
+            1: [
+                _step("c d", 1, "length", prompt_tokens=3, cached_tokens=2),
+                _step("e", 0, "stop", prompt_tokens=3),
+            ],
+        }
+    )
+    events = await _served(engine, job)
+    assert [(rid, ids) for rid, ids, _ in engine.calls] == [
+        (f"{job.request_id}-0", [1, 2]),
+        (f"{job.request_id}-1", [3, 4, 5]),
+    ]
+    assert _by_choice(events) == {0: "a", 1: "b", 2: "e", 3: "c d"}
+    assert events[-1] == Finished(
+        finish_reason="stop",
+        prompt_tokens=5,
+        completion_tokens=5,
+        cached_tokens=3,
+        finish_reasons=["stop", "stop", "stop", "length"],
+    )
+
+
+async def test_a_failing_prompt_ends_every_prompt_and_bills_what_they_produced():
+    job = _job(prompt_token_ids=[1, 2, 3], input_lengths=[1, 2])
+    first = [_step("a", prompt_tokens=1), _step("b", prompt_tokens=1)]
+    engine = _Engine({0: first, 1: [_step("c d", prompt_tokens=2)]}, fail=0)
+    events = await _served(engine, job)
+    assert engine.cancelled == [f"{job.request_id}-1"]
+    assert isinstance(events[-1], Failed) and events[-1].code == "engine_error"
+    assert events[-1].completion_tokens == 4 and events[-1].prompt_tokens == 3
+
+
+async def test_prompt_logprobs_and_logprobs_reach_the_choice():
+    lp = [TokenLogprob(token="a", logprob=-1.0)]
+    prompt = [TokenLogprob(token="p", logprob=None)]
+    step = _step("a", 0, "stop", logprobs=lp, prompt_logprobs=prompt)
+    events = await _served(_Engine({0: [step]}), _job())
+    (delta,) = [e for e in events if isinstance(e, Delta)]
+    assert delta.logprobs == lp and delta.prompt_logprobs == prompt
+
+
+# --- tools ---
+
+
+def _tool_job(choice: Any = "auto", *, stream: bool, n: int = 1, parallel: bool | None = None):
+    return _job(
+        endpoint="chat",
+        stream=stream,
+        sampling=Sampling(max_tokens=64, n=n),
+        tools=Tools(
+            parser="hermes", tools=json.dumps(WEATHER), choice=json.dumps(choice),
+            parallel=parallel,
+        ),
+    )  # fmt: skip
+
+
+def _calls(events: list[Any], index: int = 0) -> list[ToolCallDelta]:
+    calls: list[ToolCallDelta] = []
+    for event in events:
+        if isinstance(event, Delta) and event.index == index and event.tool_calls:
+            calls += event.tool_calls
+    return calls
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _pieces(text: str, size: int = 7) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _ending(pieces: list[str], reason: str = "stop") -> list[Step]:
+    """A step per piece, the last one finishing the choice."""
+    last = len(pieces) - 1
+    return [_step(p, reason=reason if i == last else None) for i, p in enumerate(pieces)]
+
+
+async def test_a_non_streaming_answer_is_parsed_into_tool_calls_at_its_end(tokenizer):
+    pieces = _pieces("Let me look. " + CALL)
+    steps = [
+        _step(p, reason="stop" if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)
+    ]
+    engine = _Engine({0: steps}, tokenizer)
+    events = await _served(engine, _tool_job(stream=False))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert deltas[-1].text == "Let me look. "
+    (call,) = _calls(events)
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+    assert call.id and call.id.startswith("chatcmpl-tool-")
+    assert sum(d.tokens for d in deltas) == sum(s.tokens for s in steps)
+    assert events[-1].finish_reason == "tool_calls"
+    # The parser asked for special tokens to be kept (tool-call tags can be special).
+    assert engine.calls[0][2].skip_special_tokens is False
+
+
+async def test_a_streamed_answer_streams_tool_call_pieces(tokenizer):
+    pieces = _pieces("Sure. " + CALL)
+    steps = [
+        _step(p, reason="stop" if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)
+    ]
+    events = await _served(_Engine({0: steps}, tokenizer), _tool_job(stream=True))
+    assert _by_choice(events)[0] == "Sure. "
+    calls = _calls(events)
+    assert calls[0].name == "get_weather" and calls[0].id
+    assert json.loads("".join(c.arguments for c in calls)) == {"city": "Paris"}
+    assert events[-1].finish_reason == "tool_calls"
+
+
+async def test_plain_text_with_tools_stays_content_and_stops(tokenizer):
+    for stream in (True, False):
+        steps = [_step("It is "), _step("sunny.", reason="stop")]
+        events = await _served(_Engine({0: steps}, tokenizer), _tool_job(stream=stream))
+        assert _by_choice(events)[0] == "It is sunny." and _calls(events) == []
+        assert events[-1].finish_reason == "stop"
+
+
+async def test_a_call_cut_by_length_keeps_the_length_reason_when_streamed(tokenizer):
+    steps = [_step(CALL[:40]), _step(CALL[40:], reason="length")]
+    streamed = await _served(_Engine({0: steps}, tokenizer), _tool_job(stream=True))
+    assert streamed[-1].finish_reason == "length"
+    # vLLM's whole answer says tool_calls whenever auto parsing found one.
+    whole = await _served(_Engine({0: steps}, tokenizer), _tool_job(stream=False))
+    assert whole[-1].finish_reason == "tool_calls"
+
+
+async def test_required_and_named_choices_get_vllms_constraint_and_reasons(tokenizer):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, reason in (("required", "tool_calls"), (named, "stop")):
+        engine = _Engine({0: [_step(CALL, reason="stop")]}, tokenizer)
+        events = await _served(engine, _tool_job(choice, stream=False))
+        structured = engine.calls[0][2].structured
+        assert structured is not None and structured.structural_tag is not None
+        assert "get_weather" in structured.structural_tag
+        (call,) = _calls(events)
+        assert call.name == "get_weather"
+        assert events[-1].finish_reason == reason
+
+
+async def test_no_parallel_calls_keeps_the_first(tokenizer):
+    two = CALL + CALL.replace("Paris", "Oslo")
+    for stream in (False, True):
+        events = await _served(
+            _Engine({0: [_step(p) for p in _pieces(two)] + [_step("", reason="stop")]}, tokenizer),
+            _tool_job(stream=stream, parallel=False),
+        )
+        assert {c.index for c in _calls(events)} == {0}
+        assert "Oslo" not in "".join(c.arguments for c in _calls(events))
+
+
+async def test_each_choice_has_its_own_parser(tokenizer):
+    steps = [
+        _step(CALL[:30], 0),
+        _step("Plain", 1),
+        _step(CALL[30:], 0, "stop"),
+        _step(" text.", 1, "stop"),
+    ]
+    events = await _served(_Engine({0: steps}, tokenizer), _tool_job(stream=True, n=2))
+    assert _calls(events, 1) == [] and _by_choice(events)[1] == "Plain text."
+    assert _calls(events, 0)[0].name == "get_weather"
+    assert events[-1].finish_reasons == ["tool_calls", "stop"]

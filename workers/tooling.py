@@ -1,0 +1,287 @@
+"""What a generative worker makes of the engine's raw output, as vLLM's own server does.
+
+Two things: log probabilities shaped like vLLM's chat server shapes them (the frontend cuts
+the alternatives to what its endpoint shows), and a chat request's output parsed into tool
+calls with vLLM's own parser classes, so a model answers tools here exactly as under
+`vllm serve --enable-auto-tool-choice --tool-call-parser <name>`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from dataplane.types import Sampling, Structured, TokenLogprob, ToolCallDelta, Tools, TopLogprob
+
+# vLLM's floor for a log probability: -inf is not JSON.
+_LOGPROB_FLOOR = -9999.0
+
+
+def _decoded(logprob: Any, token_id: int, tokenizer: Any) -> str:
+    """A token's text: what the engine's detokenizer said, else the tokenizer's decoding."""
+    if logprob.decoded_token is not None:
+        return str(logprob.decoded_token)
+    return str(tokenizer.decode([token_id]))
+
+
+def _utf8(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
+
+
+def _position(token_id: int, step: Mapping[int, Any] | None, tokenizer: Any) -> TokenLogprob:
+    """One position: the chosen token with its probability and every alternative the engine
+    returned, in the engine's order (the likeliest first, the chosen one among them).
+
+    A position without the chosen token's entry (a prompt's first token) has no probability.
+    """
+    entry = None if step is None else step.get(token_id)
+    if entry is None or step is None:
+        text = str(tokenizer.decode([token_id]))
+        return TokenLogprob(token=text, logprob=None, bytes=_utf8(text))
+    top = []
+    for other_id, other in step.items():
+        other_text = _decoded(other, other_id, tokenizer)
+        top.append(
+            TopLogprob(
+                token=other_text,
+                logprob=max(other.logprob, _LOGPROB_FLOOR),
+                bytes=_utf8(other_text),
+            )
+        )
+    return TokenLogprob(
+        token=_decoded(entry, token_id, tokenizer),
+        logprob=max(entry.logprob, _LOGPROB_FLOOR),
+        bytes=None if entry.decoded_token is None else _utf8(entry.decoded_token),
+        top=top,
+    )
+
+
+def logprobs_shaped(
+    token_ids: Sequence[int], steps: Sequence[Mapping[int, Any] | None], tokenizer: Any
+) -> list[TokenLogprob]:
+    """The log probabilities of `token_ids`, one vLLM `Logprob` dict (or None) per token."""
+    pairs = zip(token_ids, steps, strict=False)
+    return [_position(token_id, step, tokenizer) for token_id, step in pairs]
+
+
+# A named tool choice comes as an object; vLLM's request model knows it by this type.
+def _is_named(choice: Any) -> bool:
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionNamedToolChoiceParam,
+    )
+
+    return type(choice) is ChatCompletionNamedToolChoiceParam
+
+
+_parser_classes: dict[tuple[str, bool], Any] = {}
+
+
+def _parser_class(name: str, *, tokenizer: Any, model_config: Any) -> Any:
+    """vLLM's parser class for a tool parser name, built (and checked) once per name."""
+    harmony = model_config is not None and model_config.hf_config.model_type == "gpt_oss"
+    key = (name, harmony)
+    if key not in _parser_classes:
+        from vllm.parser import ParserManager
+
+        _parser_classes[key] = ParserManager.get_parser(
+            tool_parser_name=name,
+            enable_auto_tools=True,
+            is_harmony=harmony,
+            tokenizer=tokenizer,
+        )
+    return _parser_classes[key]
+
+
+def _structured_of(params: Any) -> Structured | None:
+    """vLLM's StructuredOutputsParams as the wire's constraint (None: no constraint)."""
+    if params is None:
+        return None
+    schema = params.json
+    return Structured(
+        json=json.dumps(schema) if isinstance(schema, dict) else schema,
+        json_object=bool(params.json_object),
+        regex=params.regex,
+        choice=params.choice,
+        grammar=params.grammar,
+        whitespace_pattern=params.whitespace_pattern,
+        structural_tag=params.structural_tag,
+        disable_any_whitespace=params.disable_any_whitespace,
+        disable_additional_properties=params.disable_additional_properties,
+    )
+
+
+class ToolCalling:
+    """A chat job's tools: vLLM's request as its server would hold it, and its parser class.
+
+    Built once per job; `choice()` gives each choice its own parser (they are stateful).
+    """
+
+    def __init__(
+        self, tools: Tools, *, tokenizer: Any, model_config: Any = None, stream: bool
+    ) -> None:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.stream = stream
+        self.parser_class = _parser_class(
+            tools.parser, tokenizer=tokenizer, model_config=model_config
+        )
+        # The messages are already the prompt's tokens: the parsers never read them.
+        self.request = ChatCompletionRequest.model_validate(
+            {
+                "messages": [{"role": "user", "content": ""}],
+                "model": "",
+                "tools": json.loads(tools.tools),
+                "tool_choice": json.loads(tools.choice),
+                "parallel_tool_calls": tools.parallel,
+            }
+        )
+        self._adjust()
+
+    def _adjust(self) -> None:
+        """Let the parser shape the request, as vLLM's renderer does before generating.
+
+        A forced choice ("required", a named function) gets the parser's own constraint (a
+        JSON schema or a structural tag), and the parser picks skip_special_tokens.
+        """
+        if self.request.tool_choice == "none":
+            return
+        self.request = self._parser().adjust_request(self.request)
+
+    def _parser(self) -> Any:
+        return self.parser_class(self.tokenizer, self.request.tools, model_config=self.model_config)
+
+    def sampling(self, sampling: Sampling) -> Sampling:
+        """The job's sampling with the parser's adjustments; its constraint wins over the
+        request's own, as in vLLM."""
+        structured = sampling.structured
+        if self.request.structured_outputs is not None:
+            structured = _structured_of(self.request.structured_outputs)
+        return msgspec.structs.replace(
+            sampling,
+            skip_special_tokens=self.request.skip_special_tokens,
+            structured=structured,
+        )
+
+    def choice(self) -> ChoiceTools:
+        return ChoiceTools(self, self._parser())
+
+    @property
+    def named(self) -> bool:
+        return _is_named(self.request.tool_choice)
+
+    @property
+    def single_call(self) -> bool:
+        """Whether the request asked for one tool call at most (parallel_tool_calls false)."""
+        return self.request.parallel_tool_calls is False
+
+
+@dataclass
+class Parsed:
+    """What one step of a choice's output says: content and tool-call pieces."""
+
+    text: str = ""
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+@dataclass
+class ChoiceTools:
+    """One choice's tool parsing: streamed step by step, or the whole output at its end."""
+
+    calling: ToolCalling
+    parser: Any
+    streamed_calls: bool = False
+    auto_called: bool = False
+    produced: int = 0
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    def step(
+        self, text: str, token_ids: Sequence[int], *, prompt_token_ids: list[int], finished: bool
+    ) -> Parsed | None:
+        """Take a step of output; return what the client sees of it now (None: nothing yet).
+
+        A non-streaming choice keeps its text and answers once, when it finishes.
+        """
+        if not self.calling.stream:
+            self.text.append(text)
+            self.token_ids.extend(token_ids)
+            return self._whole(prompt_token_ids) if finished else None
+        if not text and not token_ids and not self.produced:
+            return None  # vLLM's server skips an empty first output (chunked prefill)
+        self.produced += len(token_ids)
+        message = self.parser.parse_delta(
+            delta_text=text,
+            delta_token_ids=list(token_ids),
+            request=self.calling.request,
+            prompt_token_ids=prompt_token_ids,
+            finished=finished,
+        )
+        if message is None:
+            return None
+        calls = None
+        if message.tool_calls:
+            self.streamed_calls = True
+            calls = [
+                ToolCallDelta(
+                    index=call.index,
+                    id=call.id,
+                    name=call.function.name if call.function else None,
+                    arguments=(call.function.arguments or "") if call.function else "",
+                )
+                for call in message.tool_calls
+                if not self.calling.single_call or call.index == 0
+            ]
+        return Parsed(text=message.content or "", tool_calls=calls)
+
+    def _whole(self, prompt_token_ids: list[int]) -> Parsed:
+        """The complete output parsed, as vLLM's non-streaming chat answer builds it."""
+        from vllm.renderers.chat_utils import make_tool_call_id
+
+        request = self.calling.request
+        self.parser.set_prompt_token_ids(prompt_token_ids)
+        _, content, calls = self.parser.parse(
+            "".join(self.text),
+            request,
+            enable_auto_tools=True,
+            model_output_token_ids=self.token_ids,
+        )
+        forced = self.calling.named or request.tool_choice == "required"
+        if request.tool_choice in ("none", None):
+            calls = []
+        elif not forced:
+            self.auto_called = bool(calls)
+        if forced:
+            content = content or ""
+        found = [
+            ToolCallDelta(
+                index=index,
+                id=call.id or make_tool_call_id(),
+                name=call.name,
+                arguments=call.arguments,
+            )
+            for index, call in enumerate(calls or [])
+        ]
+        if self.calling.single_call:
+            found = found[:1]
+        return Parsed(text=content or "", tool_calls=found or None)
+
+    def finish_reason(self, engine_reason: str | None) -> str:
+        """The choice's finish reason as vLLM's server gives it.
+
+        "tool_calls" when the model called tools, except for a named choice, which keeps the
+        engine's. Streaming decides by what was streamed and the engine's "stop"; the whole
+        answer by what auto parsing found (whatever stopped it), or "required" with "stop".
+        """
+        reason = engine_reason or "stop"
+        if self.calling.stream:
+            called = self.streamed_calls and not self.calling.named and reason == "stop"
+        else:
+            required = self.calling.request.tool_choice == "required"
+            called = self.auto_called or (required and reason == "stop")
+        return "tool_calls" if called else reason
