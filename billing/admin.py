@@ -18,6 +18,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
         "status",
         "prompt_tokens",
         "completion_tokens",
+        "cached_tokens",
         "cost",
         "finished_at",
     ]
@@ -29,7 +30,8 @@ class InvoiceLineInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = readonly_fields = ("description", "priority", "requests", "prompt_tokens",
-                                "completion_tokens", "amount")  # fmt: skip
+                                "cached_tokens", "completion_tokens", "cached_amount",
+                                "amount")  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -47,8 +49,8 @@ class InvoiceAdmin(ReadOnlyAdmin):
 
 @admin.register(PriceBook)
 class PriceBookAdmin(admin.ModelAdmin):
-    list_display = ["model_version", "input_per_1k", "output_per_1k", "batch_discount_pct",
-                    "effective_from"]  # fmt: skip
+    list_display = ["model_version", "input_per_1k", "cached_input_per_1k", "output_per_1k",
+                    "batch_discount_pct", "effective_from"]  # fmt: skip
     readonly_fields = [f.name for f in PriceBook._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -103,8 +103,15 @@ def _csv(rows: Iterable[list[str]], filename: str) -> HttpResponse:
 class LineSerializer(serializers.ModelSerializer[InvoiceLine]):
     class Meta:
         model = InvoiceLine
-        fields = ["description", "priority", "requests", "prompt_tokens", "completion_tokens",
-                  "amount"]  # fmt: skip
+        fields = ["description", "priority", "requests", "prompt_tokens", "cached_tokens",
+                  "completion_tokens", "cached_amount", "amount"]  # fmt: skip
+        extra_kwargs = {
+            "prompt_tokens": {"help_text": "All prompt tokens, the cached ones included."},
+            "cached_tokens": {"help_text": "Prompt tokens served from the prefix cache."},
+            "cached_amount": {
+                "help_text": "The part of amount the cached tokens cost (cached-input price)."
+            },
+        }
 
 
 class InvoiceSerializer(serializers.ModelSerializer[Invoice]):
@@ -313,6 +320,15 @@ class PriceBookSerializer(serializers.Serializer[Any]):
     batch_discount_pct = serializers.DecimalField(
         max_digits=5, decimal_places=2, default=Decimal(0)
     )
+    cached_input_per_1k = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        min_value=Decimal(0),
+        allow_null=True,
+        default=None,
+        help_text="Prompt tokens served from the prefix cache; at most input_per_1k. "
+        "Left out or null: they cost input_per_1k.",
+    )
     effective_from = serializers.DateTimeField()
     note = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
 
@@ -399,8 +415,11 @@ class UsageRowSerializer(serializers.Serializer[Any]):
     errors = serializers.IntegerField()  # type: ignore[assignment]  # a field: DRF moves it off the class
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
-    cached_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField(help_text="Part of prompt_tokens.")
     cost = serializers.DecimalField(max_digits=14, decimal_places=8)
+    cached_cost = serializers.DecimalField(
+        max_digits=14, decimal_places=8, help_text="The part of cost the cached tokens paid."
+    )
 
 
 class UsageSerializer(serializers.Serializer[Any]):
@@ -461,12 +480,13 @@ class UsageApi(FinanceView):
                 "completion_tokens": row.completion_tokens,
                 "cached_tokens": row.cached_tokens,
                 "cost": str(row.cost),
+                "cached_cost": str(row.cached_cost),
             }
             for row in rows
         ]
         if params.get("export") == "csv":
             header = [group, "requests", "errors", "prompt_tokens", "completion_tokens",
-                      "cached_tokens", "cost"]  # fmt: skip
+                      "cached_tokens", "cost", "cached_cost"]  # fmt: skip
             # A column, not a comment line above the header: CSV has no comments, so a "#" line
             # breaks spreadsheets, csv.DictReader and loaders, while a column survives sorting,
             # filtering and concatenating exports of several tenants.

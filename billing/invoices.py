@@ -8,7 +8,10 @@ land on the next invoice built.
 Amounts: each line's exact cost (the sum of its requests' stored costs) is rounded to the
 cent so that the lines add up to the month's exact total rounded half-up, the largest
 remainders taking the spare cents. So the invoice total is the sum of the usage costs to
-the cent, and the lines add up to it.
+the cent, and the lines add up to it. A line's cached input tokens (prompt tokens served from
+the prefix cache, counted in its prompt tokens too) show their own amount, at the
+cached-input price: the rounding runs over every line's cached and other parts, so a line's
+amount is its two parts added, and the parts of every line add up to the total as well.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ class _Usage:
     priority: str
     requests: int
     prompt_tokens: int
+    cached_tokens: int
     completion_tokens: int
     cost: Decimal
+    cached_cost: Decimal
 
 
 def _usage(tenant: Tenant, start: dt.date, end: dt.date) -> list[_Usage]:
@@ -66,8 +71,10 @@ def _usage(tenant: Tenant, start: dt.date, end: dt.date) -> list[_Usage]:
         .annotate(
             requests=Count("id"),
             prompt=Sum("prompt_tokens"),
+            cached=Sum("cached_tokens"),
             completion=Sum("completion_tokens"),
             cost=Sum("cost"),
+            cached_cost=Sum("cached_cost"),
         )
         .order_by("model_version_id", "priority")
     )
@@ -77,8 +84,10 @@ def _usage(tenant: Tenant, start: dt.date, end: dt.date) -> list[_Usage]:
             r["priority"],
             r["requests"],
             r["prompt"] or 0,
+            r["cached"] or 0,
             r["completion"] or 0,
             r["cost"] or Decimal(0),
+            r["cached_cost"] or Decimal(0),
         )
         for r in rows
     ]
@@ -129,7 +138,10 @@ def invoice_build(*, tenant: Tenant, month: dt.date, actor: User | None = None) 
             Adjustment.objects.filter(tenant=tenant, invoice__isnull=True)
             | Adjustment.objects.filter(invoice=invoice)
         )
-        amounts = cents_allocate([u.cost for u in usage])
+        # Rounded as parts, so a line's cached amount plus its other part is exactly its amount.
+        parts = cents_allocate([p for u in usage for p in (u.cost - u.cached_cost, u.cached_cost)])
+        rests, cached = parts[0::2], parts[1::2]
+        amounts = [rest + part for rest, part in zip(rests, cached, strict=True)]
         lines = [
             InvoiceLine(
                 invoice=invoice,
@@ -138,10 +150,12 @@ def invoice_build(*, tenant: Tenant, month: dt.date, actor: User | None = None) 
                 priority=u.priority,
                 requests=u.requests,
                 prompt_tokens=u.prompt_tokens,
+                cached_tokens=u.cached_tokens,
                 completion_tokens=u.completion_tokens,
+                cached_amount=cached_amount,
                 amount=amount,
             )
-            for u, amount in zip(usage, amounts, strict=True)
+            for u, cached_amount, amount in zip(usage, cached, amounts, strict=True)
         ]
         lines += [
             InvoiceLine(invoice=invoice, description=f"Adjustment: {a.reason}", amount=a.amount)
@@ -266,17 +280,20 @@ def adjustment_add(
 def invoice_csv_rows(invoice: Invoice) -> Iterator[list[str]]:
     """Yield an invoice as CSV rows: a header, one row per line, then the totals.
 
-    Like the invoice number, tenant and period, the tenant's training flag is on every row (the
-    last column), so a row read on its own still says it.
+    `prompt_tokens` include `cached_tokens`; `cached_amount` is the part of `amount` those
+    cost at the cached-input price. Like the invoice number, tenant and period, the tenant's
+    training flag is on every row (the last column), so a row read on its own still says it.
     """
     yield ["invoice", "tenant", "period", "description", "requests", "prompt_tokens",
-           "completion_tokens", "amount", "currency", "training_use"]  # fmt: skip
+           "completion_tokens", "amount", "cached_tokens", "cached_amount", "currency",
+           "training_use"]  # fmt: skip
     period = f"{invoice.period_start:%Y-%m}"
     number = invoice.number or f"draft-{invoice.pk}"
     training_use = invoice.tenant.training_use
     for line in invoice.lines.all():
         yield [number, invoice.tenant.slug, period, line.description, str(line.requests),
                str(line.prompt_tokens), str(line.completion_tokens), str(line.amount),
-               invoice.currency, training_use]  # fmt: skip
-    yield [number, invoice.tenant.slug, period, "TOTAL", "", "", "", str(invoice.total),
+               str(line.cached_tokens), str(line.cached_amount), invoice.currency,
+               training_use]  # fmt: skip
+    yield [number, invoice.tenant.slug, period, "TOTAL", "", "", "", str(invoice.total), "", "",
            invoice.currency, training_use]  # fmt: skip

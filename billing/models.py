@@ -26,6 +26,8 @@ class UsageRecord(models.Model):
     prompt_tokens = models.PositiveIntegerField()
     completion_tokens = models.PositiveIntegerField()
     cost = models.DecimalField(max_digits=14, decimal_places=8)
+    # The part of `cost` the cached tokens paid, at the cached-input price (discounts applied).
+    cached_cost = models.DecimalField(max_digits=14, decimal_places=8, default=Decimal(0))
     # A shadow copy's record: kept for comparing versions, never billed (cost 0).
     shadow = models.BooleanField(default=False)
     user = models.CharField(max_length=64, blank=True)  # the client's `user` tag
@@ -68,6 +70,10 @@ class PriceBook(models.Model):
     )
     input_per_1k = models.DecimalField(max_digits=12, decimal_places=6)
     output_per_1k = models.DecimalField(max_digits=12, decimal_places=6)
+    # Prompt tokens served from the prefix cache; null: they cost the input price (no discount).
+    cached_input_per_1k = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True
+    )
     # Batch-class requests (the Batch API, service_tier "flex") pay this much less.
     batch_discount_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0))
     effective_from = models.DateTimeField()
@@ -82,7 +88,14 @@ class PriceBook(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["model_version", "effective_from"], name="price_book_one_per_moment"
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(cached_input_per_1k__isnull=True)
+                | models.Q(
+                    cached_input_per_1k__gte=0, cached_input_per_1k__lte=models.F("input_per_1k")
+                ),
+                name="price_book_cached_input_at_most_input",
+            ),
         ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
@@ -163,8 +176,11 @@ class InvoiceLine(models.Model):
     )
     priority = models.CharField(max_length=16, blank=True)
     requests = models.PositiveIntegerField(default=0)
-    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)  # cached ones included
+    cached_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    # The part of `amount` the cached tokens cost, at the cached-input price.
+    cached_amount = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal(0))
     amount = models.DecimalField(max_digits=14, decimal_places=2)
 
     class Meta:

@@ -8,8 +8,9 @@ from fpdf import FPDF
 
 from billing.models import Invoice
 
-_COLUMNS = (("Description", 86), ("Requests", 22), ("Tokens in", 24), ("Tokens out", 24),
-            ("Amount", 24))  # fmt: skip
+# "Tokens in" counts the cached ones too; "Cached amount" is the part of "Amount" they cost.
+_COLUMNS = (("Description", 56), ("Requests", 16), ("Tokens in", 20), ("Cached in", 20),
+            ("Tokens out", 20), ("Cached amount", 25), ("Amount", 23))  # fmt: skip
 
 
 def _money(amount: Decimal, currency: str) -> str:
@@ -48,22 +49,24 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         pdf.set_font("Helvetica", "", 10)
         pdf.cell(0, 6, _latin1(value), new_x="LMARGIN", new_y="NEXT")
     pdf.ln(4)
-    pdf.set_font("Helvetica", "B", 10)
+    pdf.set_font("Helvetica", "B", 8)
     pdf.set_fill_color(230, 230, 230)
     for title, width in _COLUMNS:
         pdf.cell(width, 7, title, border=1, fill=True, align="L" if width > 30 else "R")
     pdf.ln()
-    pdf.set_font("Helvetica", "", 9)
+    pdf.set_font("Helvetica", "", 8)
     lines = list(invoice.lines.all())
     if not lines:
         pdf.cell(sum(w for _, w in _COLUMNS), 6, "No usage in this period.", border=1)
         pdf.ln()
     for line in lines:
         values = (
-            _latin1(line.description)[:60],
+            _latin1(line.description)[:44],
             f"{line.requests:,}",
             f"{line.prompt_tokens:,}",
+            f"{line.cached_tokens:,}",
             f"{line.completion_tokens:,}",
+            _money(line.cached_amount, invoice.currency),
             _money(line.amount, invoice.currency),
         )
         for (_, width), value in zip(_COLUMNS, values, strict=True):
@@ -77,14 +80,17 @@ def invoice_pdf(invoice: Invoice) -> bytes:
     ]
     for label, amount in totals:
         pdf.set_font("Helvetica", "B" if label == "Total due" else "", 10)
-        pdf.cell(156, 7, label, align="R")
-        pdf.cell(24, 7, _money(amount, invoice.currency), align="R", new_x="LMARGIN", new_y="NEXT")
+        pdf.cell(152, 7, label, align="R")
+        pdf.cell(28, 7, _money(amount, invoice.currency), align="R", new_x="LMARGIN", new_y="NEXT")
     pdf.ln(6)
     pdf.set_font("Helvetica", "", 8)
     pdf.multi_cell(
         0,
         4,
         "Each request is priced once, at the price book in force when it was admitted. "
+        "Tokens in include the cached input tokens (prompt tokens served from the prefix cache); "
+        "those are priced at the cached-input price, which is the input price unless a lower "
+        "one is set, and Cached amount is the part of Amount they cost. "
         "Corrections to an issued invoice appear as adjustments on a later one.",
     )
     return bytes(pdf.output())

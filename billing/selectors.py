@@ -53,8 +53,9 @@ class UsageRow:
     errors: int
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # part of prompt_tokens
     cost: Decimal
+    cached_cost: Decimal  # the part of cost the cached tokens paid
 
 
 def usage_aggregate(
@@ -89,6 +90,7 @@ def usage_aggregate(
             completion=Sum("completion_tokens"),
             cached=Sum("cached_tokens"),
             spent=Sum("cost"),
+            cached_spent=Sum("cached_cost"),
         )
         .order_by(column)
     )
@@ -103,6 +105,7 @@ def usage_aggregate(
             completion_tokens=row["completion"] or 0,
             cached_tokens=row["cached"] or 0,
             cost=row["spent"] or Decimal(0),
+            cached_cost=row["cached_spent"] or Decimal(0),
         )
         for row in aggregated
     ]

@@ -33,24 +33,56 @@ def _maybe_when(ts: float | None) -> dt.datetime | None:
 
 @dataclass(frozen=True)
 class Price:
-    """The prices a request pays: a price book's, or its version's registered ones."""
+    """The prices a request pays: a price book's, or its version's registered ones.
+
+    Cached tokens (prompt tokens served from the prefix cache) are part of the prompt; they
+    pay the cached-input price, or the input price where none is set (no discount by default).
+    """
 
     input_per_1k: Decimal
     output_per_1k: Decimal
     batch_discount_pct: Decimal = Decimal(0)
     book: PriceBook | None = None
+    cached_input_per_1k: Decimal | None = None
 
-    def cost(self, *, prompt_tokens: int, completion_tokens: int, priority: str) -> Decimal:
-        full = (self.input_per_1k * prompt_tokens + self.output_per_1k * completion_tokens) / (
-            _THOUSAND
-        )
+    @property
+    def cached_per_1k(self) -> Decimal:
+        """Return what a thousand cached prompt tokens cost."""
+        if self.cached_input_per_1k is None:
+            return self.input_per_1k
+        return self.cached_input_per_1k
+
+    def _discounted(self, amount: Decimal, priority: str) -> Decimal:
         if priority == "batch" and self.batch_discount_pct:
-            return full * (_HUNDRED - self.batch_discount_pct) / _HUNDRED
-        return full
+            return amount * (_HUNDRED - self.batch_discount_pct) / _HUNDRED
+        return amount
+
+    def cached_cost(self, *, prompt_tokens: int, cached_tokens: int, priority: str) -> Decimal:
+        """Return the part of a request's cost its cached prompt tokens pay."""
+        cached = min(cached_tokens, prompt_tokens)
+        return self._discounted(self.cached_per_1k * cached / _THOUSAND, priority)
+
+    def cost(
+        self, *, prompt_tokens: int, completion_tokens: int, priority: str, cached_tokens: int = 0
+    ) -> Decimal:
+        """Return what a request costs: uncached prompt, cached prompt and completion tokens."""
+        uncached = prompt_tokens - min(cached_tokens, prompt_tokens)
+        rest = self._discounted(
+            (self.input_per_1k * uncached + self.output_per_1k * completion_tokens) / _THOUSAND,
+            priority,
+        )
+        cached = self.cached_cost(
+            prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, priority=priority
+        )
+        return rest + cached
 
 
 def usage_cost(*, version: ModelVersion, prompt_tokens: int, completion_tokens: int) -> Decimal:
-    """Return what tokens cost at a version's registered prices (no price book, no discount)."""
+    """Return what tokens cost at a version's registered prices (no price book, no discount).
+
+    A version's registered price has no cached-input price: its cached tokens cost the input
+    price, so they need not be told apart here.
+    """
     price = Price(version.price_input_per_1k, version.price_output_per_1k)
     return price.cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, priority="")
 
@@ -74,7 +106,17 @@ class PriceBooks:
         if index < 0:
             return Price(version.price_input_per_1k, version.price_output_per_1k)
         book = books[index]
-        return Price(book.input_per_1k, book.output_per_1k, book.batch_discount_pct, book)
+        return Price(
+            book.input_per_1k,
+            book.output_per_1k,
+            book.batch_discount_pct,
+            book,
+            cached_input_per_1k=book.cached_input_per_1k,
+        )
+
+
+def _maybe_str(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def price_current(version: ModelVersion) -> Price:
@@ -89,12 +131,21 @@ def price_book_add(
     output_per_1k: Decimal,
     effective_from: dt.datetime,
     batch_discount_pct: Decimal = Decimal(0),
+    cached_input_per_1k: Decimal | None = None,
     note: str = "",
     actor: User | None = None,
 ) -> PriceBook:
-    """Set a version's prices from a moment on; earlier requests keep the prices they had."""
+    """Set a version's prices from a moment on; earlier requests keep the prices they had.
+
+    Without a cached-input price, prompt tokens served from the prefix cache cost the input
+    price; with one, it lies between 0 and the input price.
+    """
     if input_per_1k < 0 or output_per_1k < 0:
         raise ValidationError({"price": "prices cannot be negative"})
+    if cached_input_per_1k is not None and not 0 <= cached_input_per_1k <= input_per_1k:
+        raise ValidationError(
+            {"cached_input_per_1k": "must be between 0 and the input price per 1k"}
+        )
     if not 0 <= batch_discount_pct <= 100:
         raise ValidationError({"batch_discount_pct": "must be between 0 and 100"})
     if effective_from.tzinfo is None:
@@ -108,6 +159,7 @@ def price_book_add(
             input_per_1k=input_per_1k,
             output_per_1k=output_per_1k,
             batch_discount_pct=batch_discount_pct,
+            cached_input_per_1k=cached_input_per_1k,
             effective_from=effective_from,
             note=note,
             created_by=actor,
@@ -119,8 +171,10 @@ def price_book_add(
             actor=actor,
             reason=note,
             before={"input_per_1k": str(before.input_per_1k),
-                    "output_per_1k": str(before.output_per_1k)},
+                    "output_per_1k": str(before.output_per_1k),
+                    "cached_input_per_1k": _maybe_str(before.cached_input_per_1k)},
             after={"input_per_1k": str(input_per_1k), "output_per_1k": str(output_per_1k),
+                   "cached_input_per_1k": _maybe_str(cached_input_per_1k),
                    "batch_discount_pct": str(batch_discount_pct),
                    "effective_from": effective_from.isoformat()},
         )  # fmt: skip
@@ -168,15 +222,22 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
         admitted = _when(event.enqueued_at)
         # Priced once, at the price book in force when the request was admitted.
         price = prices.at(version, admitted)
-        cost = Decimal(0)
+        cost = cached_cost = Decimal(0)
         if not event.shadow:
             cost = price.cost(
                 prompt_tokens=event.prompt_tokens,
                 completion_tokens=event.completion_tokens,
+                cached_tokens=event.cached_tokens,
+                priority=event.priority,
+            )
+            cached_cost = price.cached_cost(
+                prompt_tokens=event.prompt_tokens,
+                cached_tokens=event.cached_tokens,
                 priority=event.priority,
             )
             if event.bill_percent != 100:
                 cost = cost * event.bill_percent / _HUNDRED
+                cached_cost = cached_cost * event.bill_percent / _HUNDRED
         costs[event.request_id] = cost
         rows.append(
             (
@@ -194,6 +255,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 event.cached_tokens,
                 event.trace_id,
                 cost,
+                cached_cost,
                 event.shadow,
                 event.response_cache,
                 event.user,
@@ -221,8 +283,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
 _COLUMNS = (
     "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "trace_id", "cost", "shadow", "response_cache", "user", "priority",
-    "price_book_id",
+    "cached_tokens", "trace_id", "cost", "cached_cost", "shadow", "response_cache", "user",
+    "priority", "price_book_id",
     "enqueued_at", "started_at", "first_token_at", "finished_at", "ingested_at",
 )  # fmt: skip
 _COLUMN_LIST = ", ".join(f'"{c}"' for c in _COLUMNS)
