@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from dataplane.types import Delta, Job, Sampling, Started
+from dataplane.types import Delta, Finished, Job, Sampling, Started
 from workers.outbox import FLUSH_SHARES, Outbox, share_of
 
 
@@ -77,3 +77,29 @@ def test_streams_are_written_a_share_at_a_time_and_urgent_ones_with_any_share():
     assert sorted(taken) == sorted(job.request_id for job in jobs)  # each once
     assert taken.count(urgent.request_id) == 1 and taken[0] == urgent.request_id
     assert not outbox.ready.is_set()
+
+
+def test_each_choice_keeps_one_pending_delta_and_none_passes_the_end():
+    outbox = Outbox()
+    job = _job()
+    outbox.put(job, Started(at=1.0))
+    for text, index in (("a", 0), ("x", 1), ("b", 0), ("y", 1)):
+        outbox.put(job, Delta(text=text, tokens=1, index=index))
+    outbox.put(job, Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=5))
+    outbox.put(job, Delta(text="late", tokens=1, index=0))  # after the end: joins nothing
+    assert [event for _, event in _events(outbox.take())] == [
+        Started(at=1.0),
+        Delta(text="ab", tokens=2, index=0),
+        Delta(text="xy", tokens=2, index=1),
+        Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=5),
+        Delta(text="late", tokens=1, index=0),
+    ]
+
+
+def test_a_choice_merges_with_what_a_failed_write_put_back():
+    outbox = Outbox()
+    job = _job()
+    outbox.put(job, Delta(text="a", tokens=1, index=1))
+    outbox.restore(outbox.take())
+    outbox.put(job, Delta(text="b", tokens=1, index=1))
+    assert _events(outbox.take()) == [(job.request_id, Delta(text="ab", tokens=2, index=1))]
