@@ -52,10 +52,10 @@ from inference.auth import Principal, principal_of_key
 from inference.clients import dispatch_get, quotas_get
 from inference.content_policy import policy_get
 from inference.errors import ApiError
-from inference.openai_format import Formatter
+from inference.openai_format import Formatter, shape_of
 from inference.params import embeddings_parse, generation_parse
 from inference.results import completion_collect, embeddings_collect
-from inference.submission import embedding_submit, generation_submit
+from inference.submission import answer_shape, embedding_submit, generation_submit
 
 log = logging.getLogger(__name__)
 # Refusals that mean "not now" (limits, a full or absent deployment): the line waits and retries.
@@ -237,12 +237,16 @@ class BatchRun:
         if self.kind == "embeddings":
             return await embeddings_collect(events, embeddings_parse(body), model=served,
                                             on_end=on_end)  # fmt: skip
+        parsed = generation_parse(body, endpoint=self.kind)
         formatter = Formatter(
             endpoint=self.kind,
             request_id=rid,
             model=served,
             created=int(time.time()),
             fingerprint=f"rh-{submitted.route.version}" if submitted else "rh",
+            shape=answer_shape(parsed, submitted.route)
+            if submitted
+            else shape_of(parsed, decode=lambda ids: ""),
         )
         return await completion_collect(events, formatter, on_end)
 

@@ -14,7 +14,9 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
+import msgspec
 from django.conf import settings
 
 from config.db import db_call
@@ -94,10 +96,11 @@ async def input_screen(
     if request.messages is not None:
         texts = [str(m["content"]) for m in request.messages]
         param = "messages"
-    elif isinstance(request.prompt, str):
-        texts, param = [request.prompt], "prompt"
     else:
-        return request  # token ids: nothing to read
+        # Token-id prompts: nothing to read.
+        texts, param = [p for p in request.prompts if isinstance(p, str)], "prompt"
+        if not texts:
+            return request
     if sum(len(t) for t in texts) > _INLINE_CHARS:
         passed, found, action = await asyncio.to_thread(_screened, policy, texts)
     else:
@@ -117,7 +120,11 @@ async def input_screen(
     if request.messages is not None:
         messages = [{**m, "content": t} for m, t in zip(request.messages, passed, strict=True)]
         return dataclasses.replace(request, messages=messages)
-    return dataclasses.replace(request, prompt=passed[0])
+    redacted = iter(passed)
+    prompts = tuple(next(redacted) if isinstance(p, str) else p for p in request.prompts)
+    return dataclasses.replace(
+        request, prompts=prompts, prompt=prompts[0] if len(prompts) == 1 else None
+    )
 
 
 async def output_filtered(
@@ -135,16 +142,17 @@ async def output_filtered(
     usage still adds up; text held back for checking goes out with a later delta or at the end.
     A stop reports `prompt_tokens` (0 when the caller does not know them: an attached reader).
     """
-    screen = policy.output_filter()
+    screens: dict[int, Any] = {}  # one per choice: each choice's text is read on its own
     tokens = 0
     try:
         async for event in events:
             if isinstance(event, Delta):
                 tokens += event.tokens
+                screen = screens.setdefault(event.index, policy.output_filter())
                 step = screen.feed(event.text)
                 if step.stop is not None:
                     if step.text:
-                        yield Delta(text=step.text, tokens=event.tokens)
+                        yield msgspec.structs.replace(event, text=step.text)
                     await stop()
                     yield Finished(
                         finish_reason="content_filter",
@@ -152,22 +160,22 @@ async def output_filtered(
                         completion_tokens=tokens,
                     )
                     return
-                if step.text or event.tokens:
-                    yield Delta(text=step.text, tokens=event.tokens)
+                if step.text or event.tokens or event.tool_calls or event.logprobs:
+                    yield msgspec.structs.replace(event, text=step.text)
                 continue
             if isinstance(event, Finished | Failed):
-                step = screen.finish()
-                if step.text:
-                    yield Delta(text=step.text, tokens=0)
-                if step.stop is not None and isinstance(event, Finished):
-                    event = Finished(
-                        finish_reason="content_filter",
-                        prompt_tokens=event.prompt_tokens,
-                        completion_tokens=event.completion_tokens,
-                    )
+                stopped = False
+                for index, screen in screens.items():
+                    step = screen.finish()
+                    if step.text:
+                        yield Delta(text=step.text, tokens=0, index=index)
+                    stopped = stopped or step.stop is not None
+                if stopped and isinstance(event, Finished):
+                    event = msgspec.structs.replace(event, finish_reason="content_filter")
             yield event
     finally:
-        if screen.redactions:
-            _record(request_id, tenant_id, "output", screen.redactions, "redact")
-        if screen.stopped is not None:
-            _record(request_id, tenant_id, "output", [screen.stopped], "stop")
+        for screen in screens.values():
+            if screen.redactions:
+                _record(request_id, tenant_id, "output", screen.redactions, "redact")
+            if screen.stopped is not None:
+                _record(request_id, tenant_id, "output", [screen.stopped], "stop")

@@ -1,7 +1,8 @@
-"""What the platform does with every field of a request body: honoured, ignored or refused.
+"""What the platform does with every field of a request body: honoured, accepted or refused.
 
 One table per endpoint. A refused field is a 400 `unsupported_parameter` naming it, unless it
-asks for nothing (null, or one of its unused values); docs/api.md lists every table.
+asks for nothing (null, or one of its unused values); so is a field in no table, as OpenAI's
+API refuses an argument it does not know. docs/api.md lists every table.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from config.json_body import shown
 from inference.errors import ApiError
 
 
@@ -17,7 +19,8 @@ from inference.errors import ApiError
 class Field:
     """What Roundhouse does with one body field.
 
-    honoured: it shapes the answer. ignored: it cannot change the answer (metadata, hints).
+    honoured: it shapes the answer. ignored: accepted, and it cannot change the answer
+    (metadata, hints; each says why in its table).
     refused: a 400 `unsupported_parameter` naming it, unless its value is null or one of
     `unused`, the values that ask for nothing (n=1, logprobs=false).
     """
@@ -34,10 +37,11 @@ def refused(*unused: Any) -> Field:
     return Field("refused", unused)
 
 
-# Every field of OpenAI's and of vLLM's chat and completions bodies. Fields in neither are
-# ignored, as vLLM's own server ignores them: SDKs add fields over time, and one that changes
-# the answer lands in this table before it is served. tests/inference/test_params.py checks
-# that every field of the installed vLLM's requests is here.
+# Every field of OpenAI's and of vLLM's chat and completions bodies. A field in neither is
+# refused, as OpenAI's API refuses it (vLLM's server logs it and answers as if it were not
+# there): a client that asks for something is told when it does not happen.
+# tests/inference/test_params.py checks that every field of the installed vLLM's requests is
+# here.
 GENERATION_FIELDS: dict[str, Field] = {
     "model": HONOURED,
     "messages": HONOURED,  # chat
@@ -61,40 +65,40 @@ GENERATION_FIELDS: dict[str, Field] = {
     "metadata": IGNORED,
     "prompt_cache_key": IGNORED,
     "safety_identifier": IGNORED,
-    "parallel_tool_calls": IGNORED,  # only means something with tools, which are refused
+    "parallel_tool_calls": HONOURED,  # chat, with tools
     "request_id": IGNORED,  # vLLM's; every request gets an id of ours (x-request-id)
     "stream_interval": IGNORED,  # vLLM's chunking of a stream; the text is the same
-    "n": refused(1),
+    "n": HONOURED,
     "best_of": refused(1),
     "use_beam_search": refused(False),
-    "logprobs": refused(False),
-    "top_logprobs": refused(0),
+    "logprobs": HONOURED,
+    "top_logprobs": HONOURED,  # chat
     "prompt_logprobs": refused(),
     "logprob_token_ids": refused(),
-    "echo": refused(False),
+    "echo": HONOURED,
     "suffix": refused(""),
-    "logit_bias": refused({}),
+    "logit_bias": HONOURED,
     "allowed_token_ids": refused(),
-    "bad_words": refused([]),
-    "stop_token_ids": refused([]),
-    "include_stop_str_in_output": refused(False),
-    "skip_special_tokens": refused(True),
-    "spaces_between_special_tokens": refused(True),
-    "repetition_penalty": refused(1.0),
+    "bad_words": HONOURED,
+    "stop_token_ids": HONOURED,
+    "include_stop_str_in_output": HONOURED,
+    "skip_special_tokens": HONOURED,
+    "spaces_between_special_tokens": HONOURED,
+    "repetition_penalty": HONOURED,
     "length_penalty": refused(1.0),
-    "min_p": refused(0.0),
+    "min_p": HONOURED,
     "repetition_detection": refused(),
     "watermarking": refused(),
     "thinking_token_budget": refused(),
     "reasoning_effort": refused(),
     "include_reasoning": refused(True),
     "verbosity": refused(),
-    "tools": refused([]),
-    "functions": refused([]),
-    "tool_choice": refused("none", "auto"),
-    "function_call": refused("none", "auto"),
-    "response_format": refused({"type": "text"}),
-    "structured_outputs": refused(),
+    "tools": HONOURED,  # chat
+    "functions": HONOURED,  # chat, OpenAI's older name: mapped onto tools
+    "tool_choice": HONOURED,  # chat
+    "function_call": HONOURED,  # chat, mapped onto tool_choice
+    "response_format": HONOURED,
+    "structured_outputs": HONOURED,
     "guided_json": refused(),
     "guided_regex": refused(),
     "guided_choice": refused(),
@@ -103,8 +107,8 @@ GENERATION_FIELDS: dict[str, Field] = {
     "guided_whitespace_pattern": refused(),
     "chat_template": refused(),
     "chat_template_kwargs": refused(),
-    "add_generation_prompt": refused(True),
-    "continue_final_message": refused(False),
+    "add_generation_prompt": HONOURED,  # chat
+    "continue_final_message": HONOURED,  # chat
     "add_special_tokens": refused(),
     "documents": refused(),
     "truncate_prompt_tokens": refused(),
@@ -170,7 +174,10 @@ def unsupported_refuse(body: dict[str, Any], fields: dict[str, Field]) -> None:
     """Refuse every refused field the body sets to something other than null or unused."""
     for name, value in body.items():
         field = fields.get(name)
-        if field is None or field.decision != "refused" or value is None:
+        if field is None:
+            message = f"Unrecognized request argument supplied: {shown(name)}."
+            raise ApiError(400, "unsupported_parameter", message, param=shown(name))
+        if field.decision != "refused" or value is None:
             continue
         if any(_same(value, unused) for unused in field.unused):
             continue
@@ -184,7 +191,7 @@ def unsupported_refuse(body: dict[str, Any], fields: dict[str, Field]) -> None:
 # --- vLLM's /tokenize and /detokenize ----------------------------------------------------------
 
 # Every field of vLLM's TokenizeCompletionRequest, TokenizeChatRequest and DetokenizeRequest;
-# fields in neither are ignored, as on the other endpoints. tests/inference/test_params.py
+# a field in neither is refused, as on the other endpoints. tests/inference/test_params.py
 # checks that these tables cover the installed vLLM's requests.
 TOKENIZE_FIELDS: dict[str, Field] = {
     "model": HONOURED,

@@ -2,34 +2,181 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from inference.params import CHAT
+from dataplane.types import Delta, Finished, TokenLogprob, ToolCallDelta
+from inference.params import CHAT, GenerationRequest
 
 _json = msgspec.json.Encoder()
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage_body(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens served from the prefix cache."""
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a request asked its answer to hold beyond text.
+
+    `logprobs`: chat's top_logprobs (alternatives per token) or completions' logprobs count;
+    None: no logprobs. `echo`: the text each prompt's choices start with (completions' prompts,
+    or chat's last message when it is the assistant's), one per prompt.
+    """
+
+    n: int = 1
+    prompts: int = 1
+    logprobs: int | None = None
+    echo: tuple[str, ...] = ()
+
+    @property
+    def choices(self) -> int:
+        return self.n * self.prompts
+
+
+@dataclass
+class _Choice:
+    """One choice's answer so far (a non-streaming response, or a stream's offsets)."""
+
+    text: list[str] = field(default_factory=list)
+    calls: list[ToolCallDelta] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    offset: int = 0  # completions' text_offset of the next token
+    started: bool = False  # a chat stream sent this choice's role
+
+    def add(self, delta: Delta) -> None:
+        if delta.prompt_logprobs:
+            self.logprobs[:0] = delta.prompt_logprobs
+        self.text.append(delta.text)
+        if delta.tool_calls:
+            self.calls = _calls_merged(self.calls, delta.tool_calls)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+
+
+def _calls_merged(calls: list[ToolCallDelta], pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Whole tool calls from their pieces: a call's name and arguments, by its index."""
+    by_index = {call.index: call for call in calls}
+    for piece in pieces:
+        held = by_index.get(piece.index)
+        if held is None:
+            by_index[piece.index] = piece
+        else:
+            by_index[piece.index] = ToolCallDelta(
+                index=piece.index,
+                id=held.id or piece.id,
+                name=(held.name or "") + (piece.name or "") or None,
+                arguments=held.arguments + piece.arguments,
+            )
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def _call_body(call: ToolCallDelta, *, whole: bool) -> dict[str, Any]:
+    """A tool call as OpenAI shapes it: whole in a message, in pieces in a stream."""
+    function: dict[str, Any] = {}
+    if call.name is not None or whole:
+        function["name"] = call.name or ""
+    function["arguments"] = call.arguments
+    body: dict[str, Any] = {"index": call.index} if not whole else {}
+    if call.id is not None or whole:
+        body["id"] = call.id
+        body["type"] = "function"
+    body["function"] = function
+    return body
+
+
+def _chat_logprobs(entries: list[TokenLogprob], top: int) -> dict[str, Any]:
+    """Chat's logprobs: each token with its bytes and its first `top` alternatives."""
+    return {
+        "content": [
+            {
+                "token": entry.token,
+                "logprob": entry.logprob if entry.logprob is not None else -9999.0,
+                "bytes": entry.bytes,
+                "top_logprobs": [
+                    {"token": alt.token, "logprob": alt.logprob, "bytes": alt.bytes}
+                    for alt in entry.top[:top]
+                ],
+            }
+            for entry in entries
+        ],
+        "refusal": None,
+    }
+
+
+def _completion_logprobs(entries: list[TokenLogprob], top: int, offset: int) -> dict[str, Any]:
+    """Completions' logprobs: tokens, their logprobs, the top `top` + 1 and text offsets."""
+    offsets: list[int] = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [entry.logprob for entry in entries],
+        "tokens": [entry.token for entry in entries],
+        "top_logprobs": [
+            None
+            if entry.logprob is None
+            else {alt.token: alt.logprob for alt in entry.top[: top + 1]}
+            for entry in entries
+        ],
+    }
+
+
+def shape_of(request: GenerationRequest, *, decode: Callable[[list[int]], str]) -> Shape:
+    """The shape of a request's answer; `decode` writes token-id prompts back as text (echo)."""
+    echo: tuple[str, ...] = ()
+    if request.echo and request.messages is not None:
+        last = request.messages[-1]
+        echo = (last["content"] if last["role"] == "assistant" else "",)
+    elif request.echo:
+        echo = tuple(p if isinstance(p, str) else decode(p) for p in request.prompts)
+    return Shape(
+        n=request.n,
+        prompts=max(len(request.prompts), 1),
+        logprobs=request.logprobs,
+        echo=echo,
+    )
 
 
 class Formatter:
     """Build the bodies of one response: ids, model and timestamps fixed at creation."""
 
     def __init__(
-        self, *, endpoint: str, request_id: str, model: str, created: int, fingerprint: str
+        self,
+        *,
+        endpoint: str,
+        request_id: str,
+        model: str,
+        created: int,
+        fingerprint: str,
+        shape: Shape | None = None,
     ) -> None:
         self.chat = endpoint == CHAT
         self.id = f"chatcmpl-{request_id}" if self.chat else f"cmpl-{request_id}"
         self.model = model
         self.created = created
         self.fingerprint = fingerprint
+        self.shape = shape or Shape()
+        self._choices: dict[int, _Choice] = {}
+        self._resumed = False
+
+    def resumed(self) -> None:
+        """The client saw this stream's start already (it resumes it): no role chunk again."""
+        self._resumed = True
 
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {
@@ -40,55 +187,145 @@ class Formatter:
             "system_fingerprint": self.fingerprint,
         }
 
-    def complete(
-        self, *, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
-    ) -> bytes:
-        """Return the body of a non-streaming response."""
+    def _choice(self, index: int) -> _Choice:
+        choice = self._choices.get(index)
+        if choice is None:
+            choice = self._choices[index] = _Choice(started=self._resumed)
+            echo = self.shape.echo
+            if echo:
+                choice.text.append(echo[min(index // self.shape.n, len(echo) - 1)])
+        return choice
+
+    def add(self, delta: Delta) -> None:
+        """Keep a delta of a non-streaming response."""
+        self._choice(delta.index).add(delta)
+
+    def _logprobs(self, entries: list[TokenLogprob], choice: _Choice) -> dict[str, Any] | None:
+        top = self.shape.logprobs
+        if top is None:
+            return None
         if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-            body = self._envelope("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion")
-        body["choices"] = [choice]
-        body["usage"] = usage_body(prompt_tokens, completion_tokens)
+            return _chat_logprobs(entries, top)
+        body = _completion_logprobs(entries, top, choice.offset)
+        if entries:
+            choice.offset = body["text_offset"][-1] + len(entries[-1].token)
+        return body
+
+    def complete(self, finished: Finished) -> bytes:
+        """Return the body of a non-streaming response from the deltas kept and its end."""
+        reasons = finished.reasons()
+        choices = []
+        for index in range(max(len(reasons), self.shape.choices)):
+            kept = self._choice(index)
+            text = "".join(kept.text)
+            reason = reasons[index] if index < len(reasons) else finished.finish_reason
+            logprobs = self._logprobs(kept.logprobs, kept)
+            if self.chat:
+                message: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": text if text or not kept.calls else None,
+                    "refusal": None,
+                }
+                if kept.calls:
+                    message["tool_calls"] = [_call_body(c, whole=True) for c in kept.calls]
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                }
+            else:
+                choice = {
+                    "index": index,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                }
+            choices.append(choice)
+        body = self._envelope("chat.completion" if self.chat else "text_completion")
+        body["choices"] = choices
+        body["usage"] = usage_body(
+            finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens
+        )
         return _json.encode(body)
 
-    def chunk(
-        self, *, text: str, finish_reason: str | None, first: bool, include_usage: bool
+    def chunk(self, delta: Delta, *, include_usage: bool) -> bytes | None:
+        """Return the SSE event carrying a delta, or None when it carries nothing to send."""
+        choice = self._choice(delta.index)
+        entries = [*(delta.prompt_logprobs or []), *(delta.logprobs or [])]
+        text = delta.text
+        if not self.chat and self.shape.echo and not choice.started:
+            text = "".join(choice.text) + text  # the echoed prompt opens the choice
+        if not (text or delta.tool_calls or entries or (self.chat and not choice.started)):
+            return None
+        logprobs = (
+            self._logprobs(entries, choice) if entries or delta.logprobs is not None else None
+        )
+        return self._chunk(delta.index, text, None, include_usage, delta.tool_calls, logprobs)
+
+    def _chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        include_usage: bool,
+        calls: list[ToolCallDelta] | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> bytes:
-        """Return one SSE event carrying a piece of the output."""
+        choice = self._choice(index)
         if self.chat:
             delta: dict[str, Any] = {}
+            first = not choice.started
             if first:
                 delta["role"] = "assistant"
-            if text or first:
+                echo = "".join(choice.text)
+                text = echo + text
+            if text or (first and not calls):
                 delta["content"] = text
-            choice: dict[str, Any] = {
-                "index": 0,
+            if calls:
+                delta["tool_calls"] = [_call_body(c, whole=False) for c in calls]
+            body_choice: dict[str, Any] = {
+                "index": index,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
             body = self._envelope("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            body_choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
             body = self._envelope("text_completion")
-        body["choices"] = [choice]
+        choice.started = True
+        body["choices"] = [body_choice]
         if include_usage:
             body["usage"] = None
         return b"data: " + _json.encode(body) + b"\n\n"
 
-    def usage_chunk(self, *, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def finish_chunks(self, finished: Finished, *, include_usage: bool) -> list[bytes]:
+        """Return the events that end every choice of a stream (and its usage, if asked)."""
+        reasons = finished.reasons()
+        chunks = []
+        for index in range(max(len(reasons), self.shape.choices)):
+            reason = reasons[index] if index < len(reasons) else finished.finish_reason
+            text = ""
+            if not self.chat and self.shape.echo and not self._choice(index).started:
+                text = "".join(self._choice(index).text)
+            chunks.append(self._chunk(index, text, reason, include_usage))
+        if include_usage:
+            chunks.append(self.usage_chunk(finished))
+        return chunks
+
+    def usage_chunk(self, finished: Finished) -> bytes:
         """Return the final chunk that carries usage (`stream_options.include_usage`)."""
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = usage_body(prompt_tokens, completion_tokens)
+        body["usage"] = usage_body(
+            finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens
+        )
         return b"data: " + _json.encode(body) + b"\n\n"
 
 

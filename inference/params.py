@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.json_body import BodyProblem, json_document, shown
+from dataplane.types import Structured
 from inference.errors import ApiError, invalid
 from inference.fields import (
     DETOKENIZE_FIELDS,
@@ -14,6 +15,12 @@ from inference.fields import (
     TOKENIZE_FIELDS,
     unsupported_refuse,
 )
+from inference.structured import (
+    ToolUse,
+    response_format_parse,
+    structured_outputs_parse,
+    tools_parse,
+)
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -21,11 +28,18 @@ ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
 
 
+MAX_CHOICES = 128  # OpenAI's limit on n
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs, and OpenAI's top_logprobs limit
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     endpoint: str
     model: str
-    messages: list[dict[str, str]] | None
+    # Chat: every message as the template reads it (role, content text, name, tool_calls,
+    # tool_call_id). Completions: `prompts` holds each prompt, `prompt` the first.
+    messages: list[dict[str, Any]] | None
     prompt: str | list[int] | None
     max_tokens: int | None
     temperature: float | None
@@ -42,6 +56,23 @@ class GenerationRequest:
     user: str | None
     priority: str = "interactive"
     timeout: float | None = None
+    prompts: tuple[str | list[int], ...] = ()
+    n: int = 1
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    bad_words: tuple[str, ...] = ()
+    logit_bias: dict[int, float] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Chat: logprobs true gives top_logprobs alternatives; completions: logprobs is the count.
+    logprobs: int | None = None
+    echo: bool = False
+    structured: Structured | None = None
+    tools: ToolUse | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -161,13 +192,14 @@ def _content_text(content: Any, where: str) -> str:
             if not isinstance(text, str):
                 raise _type_error(f"{where}.content[{i}].text", "a string", text)
             parts.append(text)
-        return "".join(parts)
+        # As vLLM's server renders a message of several text parts: one per line.
+        return "\n".join(parts)
     if content is None:
         return ""
     raise _type_error(f"{where}.content", "a string or an array of content parts", content)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     value = body.get("messages")
     if value is None:
         raise invalid(
@@ -177,16 +209,67 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         raise _type_error("messages", "an array", value)
     if not value:
         raise invalid("messages", "'messages' must contain at least one message.")
-    messages = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _type_error(where, "an object", message)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
-        messages.append({"role": role, "content": _content_text(message.get("content"), where)})
-    return messages
+    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+
+
+def _message(message: Any, where: str) -> dict[str, Any]:
+    """One chat message as the template reads it; what it cannot hold is refused, naming it."""
+    if not isinstance(message, dict):
+        raise _type_error(where, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
+    kept: dict[str, Any] = {"role": role, "content": _content_text(message.get("content"), where)}
+    name = message.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise _type_error(f"{where}.name", "a string", name)
+        kept["name"] = name
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise invalid(f"{where}.tool_calls", "Only assistant messages carry 'tool_calls'.")
+        if not isinstance(calls, list):
+            raise _type_error(f"{where}.tool_calls", "an array", calls)
+        if calls:
+            kept["tool_calls"] = [
+                _tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
+            ]
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise invalid(
+                f"{where}.tool_call_id",
+                "A 'tool' message needs the 'tool_call_id' it answers.",
+                code="missing_required_parameter",
+            )
+        kept["tool_call_id"] = call_id
+    return kept
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise _type_error(where, "an object", call)
+    if call.get("type", "function") != "function":
+        raise invalid(f"{where}.type", f"'{where}.type' must be 'function'.")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise _type_error(f"{where}.function", "an object", function)
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(name, str):
+        raise _type_error(f"{where}.function.name", "a string", name)
+    if not isinstance(arguments, str):
+        raise _type_error(f"{where}.function.arguments", "a JSON string", arguments)
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise _type_error(f"{where}.id", "a string", call_id)
+    kept: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    if call_id is not None:
+        kept["id"] = call_id
+    return kept
 
 
 def _token_ids(value: Any) -> bool:
@@ -198,28 +281,34 @@ def _token_ids(value: Any) -> bool:
     )
 
 
-def _prompt(body: dict[str, Any]) -> str | list[int]:
+MAX_PROMPTS = 128
+
+
+def _prompts(body: dict[str, Any]) -> tuple[str | list[int], ...]:
+    """A completions body's prompts: one text or token list, or an array of them."""
     value = body.get("prompt")
     if value is None:
         raise invalid(
             "prompt", "Missing required parameter: 'prompt'.", code="missing_required_parameter"
         )
     if isinstance(value, str):
-        return value
+        return (value,)
+    if _token_ids(value):
+        return (list(value),)
+    if isinstance(value, list) and value:
+        if len(value) > MAX_PROMPTS:
+            raise invalid("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts.")
+        prompts: list[str | list[int]] = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                prompts.append(item)
+            elif _token_ids(item):
+                prompts.append(list(item))
+            else:
+                raise _type_error(f"prompt[{i}]", "a string or an array of token ids", item)
+        return tuple(prompts)
     if isinstance(value, list):
-        if _token_ids(value):
-            return list(value)
-        if len(value) == 1 and isinstance(value[0], str):
-            return str(value[0])
-        if len(value) == 1 and _token_ids(value[0]):
-            return list(value[0])
-        if len(value) > 1 and all(isinstance(p, str | list) for p in value):
-            raise ApiError(
-                400,
-                "unsupported_parameter",
-                "Send one prompt per request (batches of prompts are not supported).",
-                param="prompt",
-            )
+        raise invalid("prompt", "'prompt' cannot be an empty array.")
     raise _type_error("prompt", "a string or an array of token ids", value)
 
 
@@ -263,8 +352,11 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
     """Return the typed request of a chat or completions body, or raise a 400."""
     model = _model(body)
     unsupported_refuse(body, GENERATION_FIELDS)
+    chat = endpoint == CHAT
+    if not chat:
+        _chat_only(body)
     max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
-    if endpoint == CHAT:
+    if chat:
         max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30) or max_tokens
     stream = _boolean(body, "stream")
     options = body.get("stream_options")
@@ -276,11 +368,20 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
             raise invalid("stream_options", "'stream_options' is only allowed with stream=true.")
         include_usage = _boolean(options, "include_usage")
     top_k = _integer(body, "top_k", -1, 1 << 20)
+    prompts = () if chat else _prompts(body)
+    add_generation_prompt = _boolean(body, "add_generation_prompt", default=True)
+    continue_final_message = _boolean(body, "continue_final_message")
+    if add_generation_prompt and continue_final_message:
+        raise invalid(
+            "continue_final_message",
+            "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true.",
+        )
     return GenerationRequest(
         endpoint=endpoint,
         model=model,
-        messages=_messages(body) if endpoint == CHAT else None,
-        prompt=_prompt(body) if endpoint == COMPLETIONS else None,
+        messages=_messages(body) if chat else None,
+        prompt=prompts[0] if len(prompts) == 1 else None,
+        prompts=prompts,
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0),
         top_p=_top_p(body),
@@ -297,7 +398,105 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         priority=_priority(body),
         # Roundhouse's own: the seconds the client will wait, like the x-request-timeout header.
         timeout=_number(body, "timeout", 0.001, 86400.0),
+        n=_integer(body, "n", 1, MAX_CHOICES) or 1,
+        repetition_penalty=_repetition_penalty(body),
+        min_p=_number(body, "min_p", 0.0, 1.0, default=0.0) or 0.0,
+        stop_token_ids=tuple(_token_list(body, "stop_token_ids")),
+        bad_words=tuple(_strings(body, "bad_words")),
+        logit_bias=_logit_bias(body),
+        skip_special_tokens=_boolean(body, "skip_special_tokens", default=True),
+        spaces_between_special_tokens=_boolean(body, "spaces_between_special_tokens", default=True),
+        include_stop_str_in_output=_boolean(body, "include_stop_str_in_output"),
+        logprobs=_chat_logprobs(body) if chat else _integer(body, "logprobs", 0, MAX_LOGPROBS),
+        echo=_boolean(body, "echo"),
+        structured=_structured(body),
+        tools=tools_parse(body) if chat else None,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
     )
+
+
+_CHAT_ONLY = ("tools", "tool_choice", "functions", "function_call", "top_logprobs")
+
+
+def _chat_only(body: dict[str, Any]) -> None:
+    """Refuse a chat-only field on /v1/completions (vLLM's completions ignore them unread)."""
+    for name in _CHAT_ONLY:
+        if body.get(name) is not None:
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"'{name}' is a chat field; send it to /v1/chat/completions.",
+                param=name,
+            )
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's logprobs: a boolean, with top_logprobs (0-20) alternatives per token."""
+    wanted = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top and not wanted:
+        raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true.")
+    return (top or 0) if wanted else None
+
+
+def _repetition_penalty(body: dict[str, Any]) -> float:
+    penalty = _number(body, "repetition_penalty", 0.0, 1e6, default=1.0)
+    if penalty == 0.0:
+        raise invalid("repetition_penalty", "'repetition_penalty' must be above 0, got 0.")
+    return penalty or 1.0
+
+
+def _token_list(body: dict[str, Any], name: str) -> list[int]:
+    """A list of token ids (their range is checked against the vocabulary when tokenising)."""
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(_is_token(t) for t in value):
+        raise _type_error(name, "an array of token ids", value)
+    return list(value)
+
+
+def _strings(body: dict[str, Any], name: str) -> list[str]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error(name, "an array of non-empty strings", value)
+    return list(value)
+
+
+def _logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
+    """OpenAI's logit_bias: token id (as a string) to a bias from -100 to 100."""
+    value = body.get("logit_bias")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error("logit_bias", "an object", value)
+    if len(value) > MAX_LOGIT_BIAS:
+        raise invalid("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens.")
+    bias: dict[int, float] = {}
+    for key, weight in value.items():
+        where = f"logit_bias.{shown(key)}"
+        if not key.isdigit():
+            raise invalid("logit_bias", f"'logit_bias' keys are token ids, got '{shown(key)}'.")
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise _type_error(where, "a number", weight)
+        if not -100 <= weight <= 100:
+            raise invalid("logit_bias", f"'{where}' must be between -100 and 100.")
+        bias[int(key)] = float(weight)
+    return bias
+
+
+def _structured(body: dict[str, Any]) -> Structured | None:
+    """The request's output constraint: response_format or vLLM's structured_outputs."""
+    fmt = response_format_parse(body.get("response_format"))
+    extra = structured_outputs_parse(body.get("structured_outputs"))
+    if fmt is not None and extra is not None:
+        raise invalid(
+            "structured_outputs", "Send either 'response_format' or 'structured_outputs', not both."
+        )
+    return fmt or extra
 
 
 EMBEDDINGS = "embeddings"

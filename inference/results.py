@@ -35,22 +35,16 @@ async def completion_collect(
 
     Whatever else raises, the events are closed first, which cancels a request still running.
     """
-    parts: list[str] = []
     try:
         async for event in events:
             if isinstance(event, Delta):
-                parts.append(event.text)
+                formatter.add(event)
             elif isinstance(event, Finished | Failed):
                 if on_end is not None:
                     on_end(event)
                 if isinstance(event, Failed):
                     raise request_failure(event)
-                return formatter.complete(
-                    text="".join(parts),
-                    finish_reason=event.finish_reason,
-                    prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                )
+                return formatter.complete(event)
     finally:
         await events_close(events)
     raise _stream_ended()

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from django.conf import settings
@@ -27,6 +28,7 @@ from dataplane.types import (
     Sampling,
     Started,
     Status,
+    Tools,
     encode,
     usage_for,
 )
@@ -46,6 +48,7 @@ from inference.content_policy import input_screen, policy_get
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Original
 from inference.metrics import RequestClock, admission_decided
+from inference.openai_format import Shape, shape_of
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.response_cache import Stored, cache_key, cacheable
 from inference.tokenization import INLINE_TOKENIZE_CHARS, tokenizer_for
@@ -64,42 +67,55 @@ _full_until: dict[str, float] = {}
 def _prompt_chars(request: GenerationRequest) -> int:
     if request.messages is not None:
         return sum(len(m["content"]) for m in request.messages)
-    return len(request.prompt) if isinstance(request.prompt, str) else 0
+    return sum(len(p) for p in request.prompts if isinstance(p, str))
 
 
 def _prompt_text(request: GenerationRequest) -> str:
     """The prompt as retained: chat messages as JSON, a completion prompt as it came."""
     if request.messages is not None:
         return json.dumps(request.messages, ensure_ascii=False)
-    if isinstance(request.prompt, list):
-        return json.dumps(request.prompt)
+    if len(request.prompts) > 1 or isinstance(request.prompt, list):
+        return json.dumps(list(request.prompts), ensure_ascii=False)
     return request.prompt or ""
 
 
 def _prompt_ids(
     request: GenerationRequest, route: Route, *, context: int | None = None
-) -> list[int]:
-    """Tokenise a request's prompt.
+) -> list[list[int]]:
+    """Tokenise a request's prompts (a chat's conversation is one).
 
     A prompt that is certainly longer than `context` tokens (its text alone says so) is
     refused before the tokenizer runs: tokenising megabytes takes seconds.
     """
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    vocab = tokenizer.vocab_size
+    _vocabulary_check(request, vocab)
     if request.endpoint == CHAT:
         assert request.messages is not None
-        text = tokenizer.render_chat(request.messages)
-    elif isinstance(request.prompt, list):
-        vocab = tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in request.prompt):
-            raise ApiError(
-                400, "invalid_value", f"Token ids must be in [0, {vocab}).", param="prompt"
-            )
-        return request.prompt
-    else:
-        text = request.prompt or ""
+        tools = request.tools.tools if request.tools is not None else None
+        text = tokenizer.render_chat(
+            request.messages,
+            tools=tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+        )
+        return [_encoded(tokenizer, text, "messages", context)]
+    prompts = []
+    for i, prompt in enumerate(request.prompts):
+        param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
+        if isinstance(prompt, list):
+            if any(not 0 <= t < vocab for t in prompt):
+                message = f"Token ids must be in [0, {vocab})."
+                raise ApiError(400, "invalid_value", message, param=param)
+            prompts.append(prompt)
+        else:
+            prompts.append(_encoded(tokenizer, prompt, param, context))
+    return prompts
+
+
+def _encoded(tokenizer: Any, text: str, param: str, context: int | None) -> list[int]:
     floor = tokenizer.token_count_floor(text)
     if context is not None and floor >= context:
-        param = "messages" if request.endpoint == CHAT else "prompt"
         raise ApiError(
             400,
             "context_length_exceeded",
@@ -107,13 +123,26 @@ def _prompt_ids(
             f"{param} resulted in at least {floor} tokens.",
             param=param,
         )
-    return tokenizer.encode_text(text)
+    return list(tokenizer.encode_text(text))
+
+
+def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
+    """Refuse token ids outside the model's vocabulary, naming the field that holds them."""
+    for token in request.stop_token_ids:
+        if token >= vocab:
+            raise invalid("stop_token_ids", f"Token ids must be in [0, {vocab}), got {token}.")
+    for token in request.logit_bias or {}:
+        if token >= vocab:
+            raise invalid("logit_bias", f"Token ids must be in [0, {vocab}), got {token}.")
 
 
 def sampling_build(
     *, request: GenerationRequest, route: Route, principal: Principal, prompt_tokens: int
 ) -> Sampling:
-    """Return the sampling parameters of a request after enforcing token and context limits."""
+    """Return the sampling parameters of a request after enforcing token and context limits.
+
+    `prompt_tokens` is the longest prompt's length (a completions request may send several).
+    """
     prompt_param = "messages" if request.endpoint == CHAT else "prompt"
     if prompt_tokens == 0:
         # The engine refuses an empty prompt; the client hears why, not a 503.
@@ -164,6 +193,50 @@ def sampling_build(
         min_tokens=request.min_tokens,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
+        n=request.n,
+        repetition_penalty=request.repetition_penalty,
+        min_p=request.min_p,
+        stop_token_ids=list(request.stop_token_ids),
+        bad_words=list(request.bad_words),
+        logit_bias=dict(request.logit_bias or {}),
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        logprobs=request.logprobs,
+        # Completions' echo with logprobs gives the prompt's tokens their logprobs too.
+        prompt_logprobs=request.logprobs if request.echo and request.endpoint != CHAT else None,
+        structured=request.structured,
+    )
+
+
+def answer_shape(request: GenerationRequest, route: Route) -> Shape:
+    """The shape of a request's answer; token-id prompts echo as the tokenizer writes them."""
+
+    def decode(ids: list[int]) -> str:
+        tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+        return tokenizer.decode(ids)
+
+    return shape_of(request, decode=decode)
+
+
+def _tools(request: GenerationRequest, route: Route) -> Tools | None:
+    """What the worker needs to parse tool calls out of the output; None when none can come."""
+    use = request.tools
+    if use is None or (use.choice == "none" and not use.named):
+        return None
+    if not route.tool_parser:
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            f"'{request.model}' has no tool parser in its manifest, so it cannot call tools; "
+            "leave 'tool_choice' out or send \"none\".",
+            param="tools",
+        )
+    return Tools(
+        parser=route.tool_parser,
+        tools=json.dumps(use.tools),
+        choice=use.choice_json,
+        parallel=use.parallel,
     )
 
 
@@ -200,14 +273,19 @@ async def generation_submit(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )
     context = min(route.context_length, principal.max_context_tokens)
-    if _prompt_chars(request) > INLINE_TOKENIZE_CHARS:
-        # Long prompts tokenise off the event loop so they do not stall other streams.
-        prompt = await asyncio.to_thread(_prompt_ids, request, route, context=context)
+    if _prompt_chars(request) > INLINE_TOKENIZE_CHARS or request.tools is not None:
+        # Long prompts (and templates with tools) tokenise off the event loop so they do not
+        # stall other streams.
+        prompts = await asyncio.to_thread(_prompt_ids, request, route, context=context)
     else:
-        prompt = _prompt_ids(request, route, context=context)
+        prompts = _prompt_ids(request, route, context=context)
     sampling = sampling_build(
-        request=request, route=route, principal=principal, prompt_tokens=len(prompt)
+        request=request,
+        route=route,
+        principal=principal,
+        prompt_tokens=max(len(p) for p in prompts),
     )
+    tools = _tools(request, route)
     now = time.time()
     job = Job(
         request_id=request_id,
@@ -216,8 +294,10 @@ async def generation_submit(
         deployment=route.deployment,
         model_version=route.version_digest,
         endpoint=request.endpoint,
-        prompt_token_ids=prompt,
+        prompt_token_ids=[t for p in prompts for t in p],
+        input_lengths=[len(p) for p in prompts] if len(prompts) > 1 else [],
         sampling=sampling,
+        tools=tools,
         priority=priority,
         weight=principal.priority_weight,
         enqueued_at=now,
@@ -283,7 +363,7 @@ def _envelope(job: Job) -> bytes:
     try:
         return encode(job)
     except (ValueError, OverflowError, msgspec.EncodeError):
-        texts = {"user": [job.user], "stop": job.sampling.stop}
+        texts = {"user": [job.user], "stop": job.sampling.stop, "bad_words": job.sampling.bad_words}
         param = next((name for name, found in texts.items() if not _encodable(found)), "body")
         message = f"'{param}' holds text that cannot be encoded as UTF-8 (a lone surrogate?)."
         raise invalid(param, message) from None
@@ -341,7 +421,9 @@ async def _job_submit(
         reserve = Usage(
             tokens=job.reserved_tokens,
             cost_micros=route_cost(
-                route, prompt=len(job.prompt_token_ids), completion=job.sampling.max_tokens
+                route,
+                prompt=len(job.prompt_token_ids),
+                completion=job.sampling.max_tokens * job.choices,
             ),
         )
         decision = await admit(
@@ -544,14 +626,15 @@ async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> 
     the candidate's latencies and errors for comparison.
     """
     try:
-        prompt = await asyncio.to_thread(_prompt_ids, request, route)
+        prompts = await asyncio.to_thread(_prompt_ids, request, route)
         copy = msgspec.structs.replace(
             job,
             request_id=f"{job.request_id}-shadow",
             deployment=route.deployment,
             model_version=route.version_digest,
             adapter=route.adapter,
-            prompt_token_ids=prompt,
+            prompt_token_ids=[t for p in prompts for t in p],
+            input_lengths=[len(p) for p in prompts] if len(prompts) > 1 else [],
             priority="batch",
             reply_ttl=SHADOW_REPLY_TTL_SECONDS,
             shadow=True,

@@ -7,11 +7,14 @@ cannot be loaded a 503 to retry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from inference.errors import ApiError
 from models_registry import tokenizer as registry
 from models_registry.tokenizer import (
+    ChatMessageInvalid,
     ChatTemplateMissing,
     ChatTemplateRejected,
     TokenizerUnavailable,
@@ -26,19 +29,23 @@ class Tokenizer(registry.Tokenizer):
 
     def render_chat(
         self,
-        messages: list[dict[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> str:
         try:
             return super().render_chat(
                 messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
             )
         except ChatTemplateMissing as exc:
             raise _template_missing() from exc
+        except ChatMessageInvalid as exc:
+            raise ApiError(400, "invalid_value", str(exc), param="messages") from exc
         except ChatTemplateRejected as exc:
             raise ApiError(
                 400,

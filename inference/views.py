@@ -35,7 +35,7 @@ from inference.endpoint import (
 from inference.errors import ApiError
 from inference.idempotency import Original, body_digest, key_validate
 from inference.metrics import RequestClock
-from inference.openai_format import DONE, Formatter, error_chunk
+from inference.openai_format import DONE, Formatter, Shape, error_chunk, shape_of
 from inference.openapi import openapi_json
 from inference.params import (
     CHAT,
@@ -46,7 +46,7 @@ from inference.params import (
     generation_parse,
 )
 from inference.results import OnEnd, completion_collect, embeddings_collect, events_close
-from inference.submission import embedding_submit, generation_submit
+from inference.submission import answer_shape, embedding_submit, generation_submit
 from models_registry.selectors import version_served_name
 from tenants.models import Scope
 
@@ -123,6 +123,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         model=submitted.route.served_name,
         version=submitted.route.version,
         created=int(submitted.job.enqueued_at),
+        shape=answer_shape(parsed, submitted.route),
     )
     cursor = relay.Cursor() if parsed.stream else None
     events = relay.events(dispatch_get(), submitted, cursor=cursor)
@@ -140,7 +141,13 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
 
 
 def _formatter(
-    *, endpoint: str, request_id: str, model: str, version: str, created: int
+    *,
+    endpoint: str,
+    request_id: str,
+    model: str,
+    version: str,
+    created: int,
+    shape: Shape | None = None,
 ) -> Formatter:
     """The response builder of a request; a replay builds the same one from its record."""
     return Formatter(
@@ -148,6 +155,7 @@ def _formatter(
         request_id=request_id,
         model=model,
         created=created,
+        shape=shape,
         fingerprint=f"rh-{version}",
     )
 
@@ -198,6 +206,7 @@ async def _replay(
         model=original.model,
         version=original.version,
         created=original.created,
+        shape=shape_of(parsed, decode=lambda ids: ""),
     )
     events = relay.attach(
         dispatch,
@@ -244,7 +253,6 @@ async def _sse(
     clock: RequestClock,
     *,
     cursor: relay.Cursor | None = None,
-    first: bool = True,
 ) -> AsyncIterator[bytes]:
     """Write a request's events as SSE; with a cursor, each event carries its stream id.
 
@@ -254,7 +262,7 @@ async def _sse(
     """
     ended = False
     try:
-        async for chunk in _sse_chunks(events, include_usage, formatter, on_end, clock, first):
+        async for chunk in _sse_chunks(events, include_usage, formatter, on_end, clock):
             ended = chunk is DONE
             yield chunk if cursor is None else b"id: " + cursor.last.encode() + b"\n" + chunk
         clock.lap("relay")
@@ -280,30 +288,19 @@ async def _sse_chunks(
     formatter: Formatter,
     on_end: OnEnd,
     clock: RequestClock,
-    first: bool = True,
 ) -> AsyncIterator[bytes]:
     async for event in events:
         if isinstance(event, Finished | Failed):
             clock.skip()  # the worker timed everything up to its terminal event
         if isinstance(event, Delta):
-            if event.text or first:
-                yield formatter.chunk(
-                    text=event.text, finish_reason=None, first=first, include_usage=include_usage
-                )
-                first = False
+            chunk = formatter.chunk(event, include_usage=include_usage)
+            if chunk is not None:
+                yield chunk
         elif isinstance(event, Finished):
             if on_end is not None:
                 on_end(event)
-            yield formatter.chunk(
-                text="",
-                finish_reason=event.finish_reason,
-                first=first,
-                include_usage=include_usage,
-            )
-            if include_usage:
-                yield formatter.usage_chunk(
-                    prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens
-                )
+            for chunk in formatter.finish_chunks(event, include_usage=include_usage):
+                yield chunk
             yield DONE
             return
         elif isinstance(event, Failed):
@@ -349,6 +346,8 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
         version=where.version_digest[:12],
         created=where.created,
     )
+    if after != "0-0":
+        formatter.resumed()
     include_usage = request.GET.get("include_usage", "").lower() in ("1", "true")
     finished = await dispatch.finished(deployment=where.deployment, request_id=rid)
     newest = await dispatch.reply_last_id(deployment=where.deployment, request_id=rid)
@@ -374,7 +373,6 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
             None,
             request_clock(request),
             cursor=cursor,
-            first=after == "0-0",
         )
     )
     response["x-request-id"] = rid

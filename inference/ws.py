@@ -34,6 +34,7 @@ from inference.admission import request_ended, request_failure, request_id_new
 from inference.auth import Principal, authenticate
 from inference.clients import dispatch_get
 from inference.errors import ApiError
+from inference.openai_format import usage_body
 from inference.params import CHAT, COMPLETIONS, body_problem, generation_parse
 from inference.results import events_close
 from inference.submission import generation_submit
@@ -219,29 +220,21 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             await self._send(started)
             async for event in events:
                 if isinstance(event, Delta):
-                    await self._send(
-                        {
-                            "type": "delta",
-                            "id": client_id,
-                            "text": event.text,
-                            "tokens": event.tokens,
-                        }
-                    )
+                    await self._send(_delta_message(client_id, event))
                 elif isinstance(event, Finished):
                     ended = True
                     request_ended(submitted, event)
-                    await self._send(
-                        {
-                            "type": "finished",
-                            "id": client_id,
-                            "finish_reason": event.finish_reason,
-                            "usage": {
-                                "prompt_tokens": event.prompt_tokens,
-                                "completion_tokens": event.completion_tokens,
-                                "total_tokens": event.prompt_tokens + event.completion_tokens,
-                            },
-                        }
-                    )
+                    finished = {
+                        "type": "finished",
+                        "id": client_id,
+                        "finish_reason": event.finish_reason,
+                        "usage": usage_body(
+                            event.prompt_tokens, event.completion_tokens, event.cached_tokens
+                        ),
+                    }
+                    if event.finish_reasons:
+                        finished["finish_reasons"] = event.finish_reasons
+                    await self._send(finished)
                 elif isinstance(event, Failed):
                     ended = True
                     request_ended(submitted, event)
@@ -272,3 +265,31 @@ class GenerationConsumer(AsyncWebsocketConsumer):
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(message, ensure_ascii=False))
+
+
+def _delta_message(client_id: str, delta: Delta) -> dict[str, Any]:
+    """A delta as the socket sends it: text and tokens, and what else the request asked for."""
+    message: dict[str, Any] = {
+        "type": "delta",
+        "id": client_id,
+        "text": delta.text,
+        "tokens": delta.tokens,
+    }
+    if delta.index:
+        message["index"] = delta.index
+    if delta.tool_calls:
+        message["tool_calls"] = [
+            {"index": c.index, "id": c.id, "name": c.name, "arguments": c.arguments}
+            for c in delta.tool_calls
+        ]
+    entries = [*(delta.prompt_logprobs or []), *(delta.logprobs or [])]
+    if entries:
+        message["logprobs"] = [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "top_logprobs": [{"token": t.token, "logprob": t.logprob} for t in e.top],
+            }
+            for e in entries
+        ]
+    return message
