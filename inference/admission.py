@@ -189,6 +189,7 @@ def _limit_error(principal: Principal, decision: Decision) -> ApiError:
 
 # Failures that happen after admission; none of them is the client's fault.
 _FAILURE_STATUS = {
+    "invalid_request": 400,  # the engine refused what the frontend let through
     "timeout": 503,
     "deadline_exceeded": 503,
     "worker_lost": 503,

@@ -41,6 +41,9 @@ class Shape:
     prompts: int = 1
     logprobs: int | None = None
     echo: tuple[str, ...] = ()
+    # tool_choice "required" or a named function: a message of tool calls has content ""
+    # (as vLLM's server answers); after `auto` it has none (null).
+    forced_tools: bool = False
 
     @property
     def choices(self) -> int:
@@ -149,6 +152,8 @@ def shape_of(request: GenerationRequest, *, decode: Callable[[list[int]], str]) 
         prompts=max(len(request.prompts), 1),
         logprobs=request.logprobs,
         echo=echo,
+        forced_tools=request.tools is not None
+        and (request.tools.named or request.tools.choice == "required"),
     )
 
 
@@ -223,7 +228,7 @@ class Formatter:
             if self.chat:
                 message: dict[str, Any] = {
                     "role": "assistant",
-                    "content": text if text or not kept.calls else None,
+                    "content": text if text or not kept.calls or self.shape.forced_tools else None,
                     "refusal": None,
                 }
                 if kept.calls:

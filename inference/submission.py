@@ -99,7 +99,8 @@ def _prompt_ids(
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
         )
-        return [_encoded(tokenizer, text, "messages", context)]
+        # The template writes the special tokens (BOS) itself.
+        return [_encoded(tokenizer, text, "messages", context, special=False)]
     prompts = []
     for i, prompt in enumerate(request.prompts):
         param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -109,11 +110,14 @@ def _prompt_ids(
                 raise ApiError(400, "invalid_value", message, param=param)
             prompts.append(prompt)
         else:
-            prompts.append(_encoded(tokenizer, prompt, param, context))
+            # As vLLM's server encodes a completions prompt: with the special tokens (BOS).
+            prompts.append(_encoded(tokenizer, prompt, param, context, special=True))
     return prompts
 
 
-def _encoded(tokenizer: Any, text: str, param: str, context: int | None) -> list[int]:
+def _encoded(
+    tokenizer: Any, text: str, param: str, context: int | None, *, special: bool
+) -> list[int]:
     floor = tokenizer.token_count_floor(text)
     if context is not None and floor >= context:
         raise ApiError(
@@ -123,6 +127,8 @@ def _encoded(tokenizer: Any, text: str, param: str, context: int | None) -> list
             f"{param} resulted in at least {floor} tokens.",
             param=param,
         )
+    if special:
+        return list(tokenizer.encode_with(text, add_special_tokens=True))
     return list(tokenizer.encode_text(text))
 
 
@@ -134,6 +140,9 @@ def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
     for token in request.logit_bias or {}:
         if token >= vocab:
             raise invalid("logit_bias", f"Token ids must be in [0, {vocab}), got {token}.")
+
+
+GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily
 
 
 def sampling_build(
@@ -180,11 +189,18 @@ def sampling_build(
             400, "invalid_value", "'min_tokens' cannot exceed max_tokens.", param="min_tokens"
         )
     defaults = route.sampling_defaults
+    temperature = (
+        request.temperature
+        if request.temperature is not None
+        else float(defaults.get("temperature", 1.0))
+    )
+    if request.n > 1 and temperature < GREEDY_TEMPERATURE:
+        # Greedy choices would all be the same text: vLLM refuses it, so does the platform.
+        message = f"n must be 1 when using greedy sampling, got {request.n}."
+        raise ApiError(400, "invalid_value", message, param="n")
     return Sampling(
         max_tokens=max_tokens,
-        temperature=request.temperature
-        if request.temperature is not None
-        else float(defaults.get("temperature", 1.0)),
+        temperature=temperature,
         top_p=request.top_p if request.top_p is not None else float(defaults.get("top_p", 1.0)),
         top_k=request.top_k if request.top_k is not None else int(defaults.get("top_k", 0)),
         seed=request.seed,

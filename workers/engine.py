@@ -22,6 +22,10 @@ from dataplane.types import Sampling, Structured, TokenLogprob
 from workers.tooling import logprobs_shaped
 
 
+class RequestRefused(Exception):
+    """The engine refused a request as invalid (vLLM's validation): a client error."""
+
+
 @dataclass(frozen=True)
 class Step:
     """What one engine iteration produced for one completion of a request (`index`: n > 1).
@@ -240,10 +244,18 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
         lora = _lora_request(adapter) if adapter is not None else None
         steps = _Steps(prompt_token_ids, self.tokenizer())
-        params = sampling_params(sampling)
-        async for output in self._llm.generate(prompt, params, request_id, lora_request=lora):
-            for step in steps.of(output):
-                yield step
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            params = sampling_params(sampling)
+            outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
+            async for output in outputs:
+                for step in steps.of(output):
+                    yield step
+        except VLLMClientError as exc:
+            # The engine refused the request itself (an option it cannot serve): the client
+            # hears why, as vLLM's server answers it, and a retry would not help.
+            raise RequestRefused(str(exc)) from exc
 
     def tokenizer(self) -> Any:
         return self._llm.get_tokenizer()

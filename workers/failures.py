@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dataplane.types import Failed, Job, Status
 from workers.adapters import AdapterError
 from workers.batcher import DeadlineUnattainable
+from workers.engine import RequestRefused
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ def failure_of(exc: BaseException, *, job: Job, engine: str) -> Failure:
         return Failure(
             Status.TIMEOUT, "deadline_exceeded", "the request's deadline passed while it ran"
         )
+    if isinstance(exc, RequestRefused):
+        return Failure(Status.ERROR, "invalid_request", str(exc))
     if isinstance(exc, AdapterError):
         log.warning("request %s: %s", job.request_id, exc)
         return Failure(Status.ERROR, "adapter_unavailable", str(exc))

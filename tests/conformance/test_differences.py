@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conformance.cases import HELLO
+from tests.conformance.cases import ASK, FUNCTIONS, HELLO
 from tests.conftest import ACME_MAX_TOKENS, ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -76,3 +76,27 @@ def test_max_tokens_is_capped_by_the_tenants_quota(targets: Any) -> None:
     assert ours.status_code == 400
     assert ours.json()["error"]["code"] == "max_tokens_exceeded"
     assert ours.json()["error"]["param"] == "max_tokens"
+
+
+def test_legacy_functions_are_tools(targets: Any, whitespace_ids: list[int]) -> None:
+    body = {
+        **BODY,
+        "max_tokens": 64,
+        "logit_bias": {str(token): -100 for token in whitespace_ids},
+        "messages": ASK,
+        "functions": FUNCTIONS,
+        "function_call": {"name": "get_time"},
+    }
+    ours, theirs = _both(targets, body)
+    assert ours.status_code == theirs.status_code == 200
+    [call] = ours.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_time"
+    assert theirs.json()["choices"][0]["message"].get("tool_calls") in (None, [])
+
+
+def test_an_unknown_field_is_refused(targets: Any) -> None:
+    ours, theirs = _both(targets, {**BODY, "some_new_option": True})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    error = ours.json()["error"]
+    assert (error["code"], error["param"]) == ("unsupported_parameter", "some_new_option")
