@@ -135,11 +135,17 @@ class Target:
 
 @contextlib.contextmanager
 def vllm_server(
-    model_dir: Path, work: Path, *, max_num_seqs: int, cpus: str | None = None
+    model_dir: Path,
+    work: Path,
+    *,
+    max_num_seqs: int,
+    cpus: str | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Target]:
     """Run vLLM's own OpenAI server (first come, first served) with the benchmark's settings.
 
     `cpus` (a taskset list) pins the server and its engine, as `roundhouse_stack` pins a worker.
+    `extra_args` are more server flags, such as the tool parser's.
     The server keeps its default engine statistics (its Prometheus series), as Roundhouse's
     worker does: with `--disable-log-stats` its engine skipped per-step work Roundhouse's
     engine does, and the comparison was of two settings rather than of what is in front.
@@ -159,6 +165,7 @@ def vllm_server(
             "--max-num-seqs", str(max_num_seqs),
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
             "--uvicorn-log-level", "warning",
+            *extra_args,
         ]),
         log,
         env,
@@ -192,10 +199,12 @@ def prepare_roundhouse(
     tenants: dict[str, dict[str, Any]],
     max_num_seqs: int,
     max_queued: int = 256,
+    tool_parser: str = "",
 ) -> Platform:
     """Start embedded servers, register the model and deploy it, and create the tenants.
 
-    `tenants` maps a slug to quota fields over the unlimited defaults.
+    `tenants` maps a slug to quota fields over the unlimited defaults; `tool_parser` names the
+    vLLM tool parser the model is registered with (none: it serves no tools).
     """
     from embedded.servers import ServiceConfig, services_start
 
@@ -222,7 +231,9 @@ def prepare_roundhouse(
     from tenants.services import api_key_issue, tenant_create
 
     call_command("migrate", verbosity=0)
-    version, _ = model_version_register(model_name="tiny", source_dir=model_dir)
+    version, _ = model_version_register(
+        model_name="tiny", source_dir=model_dir, tool_parser=tool_parser
+    )
     deployment_create(
         name="tiny",
         version=version,

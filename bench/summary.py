@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import plot_path, progress, section_write_first  # noqa: E402
 
 # Benchmarks listed first, in this order; other results files follow by name.
-ORDER = ("stream_overhead", "admission", "embeddings", "gateway_overhead", "soak")
+ORDER = ("stream_overhead", "structured", "admission", "embeddings", "gateway_overhead", "soak")
 BOUNDS = {
     "≤": operator.le,
     "<=": operator.le,
