@@ -12,29 +12,107 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.json_body import shown
-from inference.errors import ApiError
+from inference.errors import ApiError, invalid
+from inference.kinds import (
+    MAX_TOKENS,
+    Kind,
+    accepted,
+    boolean,
+    custom,
+    integer,
+    number,
+    one_of,
+    string,
+    strings,
+    token_list,
+)
+from inference.kinds import type_error as _type_error
+from inference.prompts import LOGIT_BIAS, MESSAGES, MODEL, PROMPT, STOP
+from inference.structured import (
+    FUNCTION_CALL,
+    FUNCTIONS,
+    PARALLEL_TOOL_CALLS,
+    RESPONSE_FORMAT,
+    STRUCTURED_OUTPUTS,
+    TOOL_CHOICE,
+    TOOLS,
+)
 
 
 @dataclass(frozen=True)
 class Field:
-    """What Roundhouse does with one body field.
+    """What Roundhouse does with one body field, and what the field holds.
 
     honoured: it shapes the answer. ignored: accepted, and it cannot change the answer
     (metadata, hints; each says why in its table).
     refused: a 400 `unsupported_parameter` naming it, unless its value is null or one of
     `unused`, the values that ask for nothing (n=1, logprobs=false).
+    `kind`: the field's type, read and published from this one declaration (inference.kinds).
+    `only`: the one endpoint that takes it (chat's tools); the other refuses it.
     """
 
     decision: str
     unused: tuple[Any, ...] = ()
+    kind: Kind | None = None
+    only: str | None = None
+
+    def read(self, body: dict[str, Any], name: str) -> Any:
+        """The field's value in `body`, as its kind reads it (a 400 naming it if wrong)."""
+        assert self.kind is not None, f"{name} has no kind"
+        return self.kind.read(body, name)
 
 
 HONOURED = Field("honoured")
 IGNORED = Field("ignored")
 
 
+def honoured(kind: Kind, *, only: str | None = None) -> Field:
+    return Field("honoured", kind=kind, only=only)
+
+
+def ignored(kind: Kind | None = None) -> Field:
+    return Field("ignored", kind=kind or accepted())
+
+
 def refused(*unused: Any) -> Field:
     return Field("refused", unused)
+
+
+CHAT = "chat.completions"
+COMPLETIONS = "completions"
+MAX_CHOICES = 128  # OpenAI's limit on n
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs, and OpenAI's top_logprobs limit
+# OpenAI's `service_tier`: "flex" trades latency for price, which is our batch class.
+SERVICE_TIERS = {
+    "auto": "interactive",
+    "default": "interactive",
+    "priority": "interactive",
+    "flex": "batch",
+}
+
+
+def _stream_options(body: dict[str, Any], name: str) -> bool:
+    """Whether the stream ends with a usage chunk (`stream_options.include_usage`)."""
+    options = body.get(name)
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise _type_error(name, "an object", options)
+    if not body.get("stream"):
+        raise invalid(name, f"'{name}' is only allowed with stream=true.")
+    return bool(boolean().read(options, "include_usage"))
+
+
+def _logprobs(body: dict[str, Any], name: str) -> bool | int | None:
+    """Chat's logprobs switch or completions' count (each endpoint checks which it takes)."""
+    value = body.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    return integer(0, MAX_LOGPROBS).read(body, name)
+
+
+_PENALTY = number(-2.0, 2.0, default=0.0)
+_SWITCH = boolean()
 
 
 # Every field of OpenAI's and of vLLM's chat and completions bodies. A field in neither is
@@ -43,62 +121,100 @@ def refused(*unused: Any) -> Field:
 # tests/inference/test_params.py checks that every field of the installed vLLM's requests is
 # here.
 GENERATION_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "messages": HONOURED,  # chat
-    "prompt": HONOURED,  # completions
-    "max_tokens": HONOURED,
-    "max_completion_tokens": HONOURED,  # chat
-    "temperature": HONOURED,
-    "top_p": HONOURED,
-    "top_k": HONOURED,
-    "seed": HONOURED,
-    "stop": HONOURED,
-    "ignore_eos": HONOURED,
-    "min_tokens": HONOURED,
-    "presence_penalty": HONOURED,
-    "frequency_penalty": HONOURED,
-    "stream": HONOURED,
-    "stream_options": HONOURED,
-    "user": HONOURED,
-    "service_tier": HONOURED,
-    "timeout": HONOURED,  # Roundhouse's own
-    "metadata": IGNORED,
-    "prompt_cache_key": IGNORED,
-    "safety_identifier": IGNORED,
-    "parallel_tool_calls": HONOURED,  # chat, with tools
-    "request_id": IGNORED,  # vLLM's; every request gets an id of ours (x-request-id)
-    "stream_interval": IGNORED,  # vLLM's chunking of a stream; the text is the same
-    "n": HONOURED,
+    "model": honoured(MODEL),
+    "messages": honoured(MESSAGES, only=CHAT),
+    "prompt": honoured(PROMPT, only=COMPLETIONS),
+    "max_tokens": honoured(
+        integer(
+            1,
+            MAX_TOKENS,
+            doc="At most the tenant's max_tokens_per_request; default: "
+            "as many as fit, for every choice.",
+        )
+    ),
+    "max_completion_tokens": honoured(
+        integer(1, MAX_TOKENS, doc="Takes the place of max_tokens."), only=CHAT
+    ),
+    "temperature": honoured(number(0.0, 2.0)),
+    "top_p": honoured(number(0.0, 1.0, above=True)),
+    "top_k": honoured(integer(-1, 1 << 20)),
+    "seed": honoured(integer(-(1 << 63), (1 << 63) - 1)),
+    "stop": honoured(STOP),
+    "ignore_eos": honoured(_SWITCH),
+    "min_tokens": honoured(integer(0, MAX_TOKENS, default=0, doc="At most max_tokens.")),
+    "presence_penalty": honoured(_PENALTY),
+    "frequency_penalty": honoured(_PENALTY),
+    "stream": honoured(_SWITCH),
+    "stream_options": honoured(
+        custom(
+            {
+                "type": ["object", "null"],
+                "description": "Only with stream=true.",
+                "properties": {"include_usage": {"type": ["boolean", "null"]}},
+            },
+            _stream_options,
+        )
+    ),
+    "user": honoured(string(nul=False, doc="Kept on the usage record (first 64 characters).")),
+    "service_tier": honoured(one_of(list(SERVICE_TIERS), doc="flex runs in the batch class.")),
+    # Roundhouse's own: the seconds the client will wait, like the x-request-timeout header.
+    "timeout": honoured(number(0.001, 86400.0, doc="Seconds the client will wait.")),
+    "metadata": ignored(accepted({"type": ["object", "null"]})),
+    "prompt_cache_key": ignored(accepted({"type": ["string", "null"]})),
+    "safety_identifier": ignored(accepted({"type": ["string", "null"]})),
+    "parallel_tool_calls": honoured(PARALLEL_TOOL_CALLS, only=CHAT),
+    "request_id": ignored(accepted({"type": ["string", "null"]})),  # we give x-request-id
+    "stream_interval": ignored(accepted({"type": ["integer", "null"]})),  # vLLM's chunking
+    "n": honoured(integer(1, MAX_CHOICES, default=1, doc="Choices per prompt; each billed.")),
     "best_of": refused(1),
     "use_beam_search": refused(False),
-    "logprobs": HONOURED,
-    "top_logprobs": HONOURED,  # chat
+    "logprobs": honoured(
+        custom(
+            {
+                "type": ["boolean", "integer", "null"],
+                "minimum": 0,
+                "maximum": MAX_LOGPROBS,
+                "description": "Chat: true for each token's logprob; completions: how many "
+                "alternatives per token.",
+            },
+            _logprobs,
+        )
+    ),
+    "top_logprobs": honoured(
+        integer(0, MAX_LOGPROBS, doc="Alternatives per token; needs logprobs=true."), only=CHAT
+    ),
     "prompt_logprobs": refused(),
     "logprob_token_ids": refused(),
-    "echo": HONOURED,
+    "echo": honoured(
+        boolean(
+            doc="Start each choice with its prompt (chat: the last message, if the assistant's)."
+        )
+    ),
     "suffix": refused(""),
-    "logit_bias": HONOURED,
+    "logit_bias": honoured(LOGIT_BIAS),
     "allowed_token_ids": refused(),
-    "bad_words": HONOURED,
-    "stop_token_ids": HONOURED,
-    "include_stop_str_in_output": HONOURED,
-    "skip_special_tokens": HONOURED,
-    "spaces_between_special_tokens": HONOURED,
-    "repetition_penalty": HONOURED,
+    "bad_words": honoured(strings(doc="Words the output never holds.")),
+    "stop_token_ids": honoured(token_list(doc="Token ids that end a choice.")),
+    "include_stop_str_in_output": honoured(_SWITCH),
+    "skip_special_tokens": honoured(boolean(default=True)),
+    "spaces_between_special_tokens": honoured(boolean(default=True)),
+    # vLLM takes any penalty above 0, but one near 0 divides logits into infinities and its
+    # engine fails the request (a 500 from vLLM's own server): refused here instead.
+    "repetition_penalty": honoured(number(0.01, 100.0, default=1.0)),
     "length_penalty": refused(1.0),
-    "min_p": HONOURED,
+    "min_p": honoured(number(0.0, 1.0, default=0.0)),
     "repetition_detection": refused(),
     "watermarking": refused(),
     "thinking_token_budget": refused(),
     "reasoning_effort": refused(),
     "include_reasoning": refused(True),
     "verbosity": refused(),
-    "tools": HONOURED,  # chat
-    "functions": HONOURED,  # chat, OpenAI's older name: mapped onto tools
-    "tool_choice": HONOURED,  # chat
-    "function_call": HONOURED,  # chat, mapped onto tool_choice
-    "response_format": HONOURED,
-    "structured_outputs": HONOURED,
+    "tools": honoured(TOOLS, only=CHAT),
+    "functions": honoured(FUNCTIONS, only=CHAT),  # OpenAI's older name: mapped onto tools
+    "tool_choice": honoured(TOOL_CHOICE, only=CHAT),
+    "function_call": honoured(FUNCTION_CALL, only=CHAT),  # mapped onto tool_choice
+    "response_format": honoured(RESPONSE_FORMAT),
+    "structured_outputs": honoured(STRUCTURED_OUTPUTS),
     "guided_json": refused(),
     "guided_regex": refused(),
     "guided_choice": refused(),
@@ -107,8 +223,8 @@ GENERATION_FIELDS: dict[str, Field] = {
     "guided_whitespace_pattern": refused(),
     "chat_template": refused(),
     "chat_template_kwargs": refused(),
-    "add_generation_prompt": HONOURED,  # chat
-    "continue_final_message": HONOURED,  # chat
+    "add_generation_prompt": honoured(boolean(default=True), only=CHAT),
+    "continue_final_message": honoured(_SWITCH, only=CHAT),
     "add_special_tokens": refused(),
     "documents": refused(),
     "truncate_prompt_tokens": refused(),
@@ -170,13 +286,24 @@ def _same(value: Any, unused: Any) -> bool:
     return type(value) is type(unused) and value == unused
 
 
-def unsupported_refuse(body: dict[str, Any], fields: dict[str, Field]) -> None:
-    """Refuse every refused field the body sets to something other than null or unused."""
+def unsupported_refuse(
+    body: dict[str, Any], fields: dict[str, Field], *, endpoint: str | None = None
+) -> None:
+    """Refuse every field the body sets that is refused, unknown, or for another endpoint.
+
+    A refused field set to null or to one of its unused values asks for nothing: it passes.
+    """
     for name, value in body.items():
         field = fields.get(name)
         if field is None:
             message = f"Unrecognized request argument supplied: {shown(name)}."
             raise ApiError(400, "unsupported_parameter", message, param=shown(name))
+        if field.only is not None and endpoint is not None and field.only != endpoint:
+            if value is None:
+                continue
+            where = "/v1/chat/completions" if field.only == CHAT else "/v1/completions"
+            message = f"'{name}' is not a field of this endpoint; send it to {where}."
+            raise ApiError(400, "unsupported_parameter", message, param=name)
         if field.decision != "refused" or value is None:
             continue
         if any(_same(value, unused) for unused in field.unused):

@@ -14,10 +14,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from dataplane.types import Structured
 from inference.errors import ApiError, invalid
+from inference.kinds import Schema, boolean_or_none, custom
+from inference.kinds import type_error as _type_error
 
 MAX_TOOLS = 128  # OpenAI's limit
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -42,14 +42,6 @@ class ToolUse:
         if self.named:
             return json.dumps({"type": "function", "function": {"name": self.choice}})
         return json.dumps(self.choice)
-
-
-def _type_error(name: str, expected: str, value: Any) -> ApiError:
-    return invalid(
-        name,
-        f"Invalid type for '{name}': expected {expected}, got {type(value).__name__}.",
-        code="invalid_type",
-    )
 
 
 def _object(value: Any, name: str) -> dict[str, Any]:
@@ -140,17 +132,16 @@ def tools_parse(body: dict[str, Any]) -> ToolUse | None:
     if legacy and (body.get("tools") is not None or body.get("tool_choice") is not None):
         raise invalid("functions", "Send either 'tools' or the older 'functions', not both.")
     tools_name, choice_name = ("functions", "function_call") if legacy else ("tools", "tool_choice")
-    raw_tools, raw_choice = body.get(tools_name), body.get(choice_name)
-    tools = _tools(raw_tools, tools_name, legacy=legacy) if raw_tools is not None else []
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise _type_error("parallel_tool_calls", "a boolean", parallel)
-    if raw_choice is None:
+    tools_kind, choice_kind = (FUNCTIONS, FUNCTION_CALL) if legacy else (TOOLS, TOOL_CHOICE)
+    tools: list[dict[str, Any]] = tools_kind.read(body, tools_name)
+    chosen: tuple[str, bool] | None = choice_kind.read(body, choice_name)
+    parallel = PARALLEL_TOOL_CALLS.read(body, "parallel_tool_calls")
+    if chosen is None:
         if not tools:
             return None
         choice, named = "auto", False
     else:
-        choice, named = _choice(raw_choice, choice_name, legacy=legacy)
+        choice, named = chosen
     if not tools:
         if choice == "none" and not named:
             return None
@@ -167,6 +158,71 @@ def tools_parse(body: dict[str, Any]) -> ToolUse | None:
             where = f"{tools_name}[{i}]" + ("" if legacy else ".function") + ".parameters"
             schema_check(json.dumps(parameters), where)
     return ToolUse(tools=tools, choice=choice, named=named, parallel=parallel)
+
+
+_FUNCTION: Schema = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": _NAME.pattern},
+        "description": {"type": ["string", "null"]},
+        "parameters": {
+            "type": ["object", "null"],
+            "description": "A JSON Schema; compiled before the request is queued.",
+        },
+        "strict": {"type": ["boolean", "null"]},
+    },
+}
+TOOLS = custom(
+    {
+        "type": ["array", "null"],
+        "maxItems": MAX_TOOLS,
+        "items": {
+            "type": "object",
+            "required": ["function"],
+            "properties": {"type": {"const": "function"}, "function": _FUNCTION},
+        },
+        "description": "Functions the model may call (chat).",
+    },
+    lambda body, name: [] if body.get(name) is None else _tools(body[name], name, legacy=False),
+)
+FUNCTIONS = custom(
+    {
+        "type": ["array", "null"],
+        "maxItems": MAX_TOOLS,
+        "items": _FUNCTION,
+        "description": "OpenAI's older name for tools: mapped onto them.",
+    },
+    lambda body, name: [] if body.get(name) is None else _tools(body[name], name, legacy=True),
+)
+_NAMED: Schema = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {"name": {"type": "string"}},
+}
+TOOL_CHOICE = custom(
+    {
+        "anyOf": [
+            {"type": "string", "enum": list(TOOL_CHOICES)},
+            {
+                "type": "object",
+                "required": ["function"],
+                "properties": {"type": {"const": "function"}, "function": _NAMED},
+            },
+            {"type": "null"},
+        ],
+        "description": "none, auto (the default with tools), required, or a named function.",
+    },
+    lambda body, name: None if body.get(name) is None else _choice(body[name], name, legacy=False),
+)
+FUNCTION_CALL = custom(
+    {
+        "anyOf": [{"type": "string", "enum": ["none", "auto"]}, _NAMED, {"type": "null"}],
+        "description": "OpenAI's older name for tool_choice: mapped onto it.",
+    },
+    lambda body, name: None if body.get(name) is None else _choice(body[name], name, legacy=True),
+)
+PARALLEL_TOOL_CALLS = boolean_or_none(doc="false: at most one tool call (chat, with tools).")
 
 
 # --- structured output ---------------------------------------------------------------------
@@ -226,6 +282,38 @@ def response_format_parse(value: Any) -> Structured | None:
     )
 
 
+RESPONSE_FORMAT = custom(
+    {
+        "anyOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"enum": ["text", "json_object"]}},
+            },
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {
+                        "type": "object",
+                        "required": ["schema"],
+                        "properties": {
+                            "name": {"type": ["string", "null"], "pattern": _NAME.pattern},
+                            "description": {"type": ["string", "null"]},
+                            "schema": {"type": ["object", "boolean"]},
+                            "strict": {"type": ["boolean", "null"]},
+                        },
+                    },
+                },
+            },
+            {"type": "null"},
+        ],
+        "description": "The answer as JSON: any object, or one a JSON Schema describes.",
+    },
+    lambda body, name: response_format_parse(body.get(name)),
+)
+
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
@@ -247,78 +335,73 @@ def structured_outputs_parse(value: Any) -> Structured | None:
         )
     [kind] = given
     where = f"structured_outputs.{kind}"
-    whitespace = spec.get("whitespace_pattern")
-    if whitespace is not None and not isinstance(whitespace, str):
-        raise _type_error("structured_outputs.whitespace_pattern", "a string", whitespace)
+    _switches_refuse(spec)
     raw = spec[kind]
     if kind == "json":
         text = _schema_text(raw, where)
         schema_check(text, where)
-        return _switched(
-            Structured(
-                json=text,
-                whitespace_pattern=whitespace,
-            ),
-            spec,
-        )
+        return Structured(json=text)
     if kind == "json_object":
         if raw is not True:
             raise invalid(where, f"'{where}' must be true.")
-        return _switched(
-            Structured(
-                json_object=True,
-                whitespace_pattern=whitespace,
-            ),
-            spec,
-        )
+        return Structured(json_object=True)
     if kind == "regex":
         if not isinstance(raw, str):
             raise _type_error(where, "a string", raw)
         _compile("regex", raw, where)
-        return _switched(
-            Structured(
-                regex=raw,
-            ),
-            spec,
-        )
+        return Structured(regex=raw)
     if kind == "choice":
         if not isinstance(raw, list) or not raw or not all(isinstance(c, str) for c in raw):
             raise _type_error(where, "a non-empty array of strings", raw)
-        return _switched(
-            Structured(
-                choice=list(raw),
-            ),
-            spec,
-        )
+        return Structured(choice=list(raw))
     if kind == "grammar":
         if not isinstance(raw, str):
             raise _type_error(where, "a string", raw)
         _compile("grammar", raw, where)
-        return _switched(
-            Structured(
-                grammar=raw,
-            ),
-            spec,
-        )
+        return Structured(grammar=raw)
     raise ApiError(400, "unsupported_parameter", f"'{where}' is not supported.", param=where)
 
 
-_SWITCHES = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
-
-
-def _switched(structured: Structured, spec: dict[str, Any]) -> Structured:
-    """The constraint with vLLM's switches the request set (disable_fallback is the
-    server's business: the engine picks its backend as vLLM's server does)."""
-    kept = {}
-    for name in _SWITCHES:
+def _switches_refuse(spec: dict[str, Any]) -> None:
+    """Refuse vLLM's per-request switches that ask for something: its engine reads them from
+    its own configuration only (vLLM's server accepts and drops them), so none would happen."""
+    for name in (*_SWITCHES, "whitespace_pattern"):
         value = spec.get(name)
-        if value is None:
+        where = f"structured_outputs.{name}"
+        if value is None or value is False:
             continue
-        if not isinstance(value, bool):
-            raise _type_error(f"structured_outputs.{name}", "a boolean", value)
-        if name != "disable_fallback":
-            kept[name] = value
-    return msgspec.structs.replace(structured, **kept)
+        if name != "whitespace_pattern" and not isinstance(value, bool):
+            raise _type_error(where, "a boolean", value)
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            f"'{where}' is not supported: the engine sets it for the whole deployment, not "
+            "per request; leave it out.",
+            param=where,
+        )
+
+
+_SWITCHES = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
+STRUCTURED_OUTPUTS = custom(
+    {
+        "type": ["object", "null"],
+        "description": "vLLM's constraint on the output: exactly one of json, regex, choice, "
+        "grammar or json_object.",
+        "properties": {
+            "json": {"type": ["object", "boolean", "string"]},
+            "regex": {"type": "string"},
+            "choice": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "grammar": {"type": "string", "description": "EBNF (xgrammar's dialect)."},
+            "json_object": {"const": True},
+            # vLLM's per-request switches: its engine reads them from its configuration
+            # only, so they are refused unless they ask for nothing.
+            "whitespace_pattern": {"type": "null"},
+            **{name: {"enum": [False, None]} for name in _SWITCHES},
+        },
+        "additionalProperties": False,
+    },
+    lambda body, name: structured_outputs_parse(body.get(name)),
+)
 
 
 # --- compiling, as the engine will -----------------------------------------------------------

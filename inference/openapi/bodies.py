@@ -1,132 +1,59 @@
 """The request bodies of the /v1 API, as its OpenAPI document describes them.
 
-Written from what inference.params accepts; the limits are the ones the code enforces, imported
-where the code names them. The batch views' bodies are batches.openapi's.
+Chat and completions bodies are built from their field table (inference.fields): each field's
+schema is the one its reader enforces. The embeddings and tokenize bodies are written from what
+inference.params accepts, with the limits imported where the code names them. The batch views'
+bodies are batches.openapi's.
 """
 
 from __future__ import annotations
 
-from inference.openapi.schema import MAX_TOKENS, NO_NUL, Schema, integer, number, obj
-from inference.params import (
-    ENCODING_FORMATS,
-    MAX_EMBEDDING_INPUTS,
-    MAX_STOP_SEQUENCES,
-    ROLES,
-    SERVICE_TIERS,
-)
+from inference.fields import CHAT, COMPLETIONS, GENERATION_FIELDS, Field
+from inference.kinds import TOKEN_IDS
+from inference.openapi.schema import Schema, integer, obj
+from inference.params import ENCODING_FORMATS, MAX_EMBEDDING_INPUTS
 
-_SAMPLING: dict[str, Schema] = {
-    "model": {
-        "type": "string",
-        "description": "A model or alias name; `name@version` pins a version.",
-    },
-    "max_tokens": integer(
-        1, MAX_TOKENS, "At most the tenant's max_tokens_per_request; default: as many as fit."
-    ),
-    "temperature": number(0.0, 2.0),
-    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0.0, "maximum": 1.0},
-    "top_k": integer(-1, 1 << 20),
-    "seed": integer(-(1 << 63), (1 << 63) - 1),
-    "stop": {
-        "anyOf": [
-            {"type": "string", "minLength": 1},
-            {
-                "type": "array",
-                "maxItems": MAX_STOP_SEQUENCES,
-                "items": {"type": "string", "minLength": 1},
-            },
-            {"type": "null"},
-        ]
-    },
-    "ignore_eos": {"type": ["boolean", "null"]},
-    "min_tokens": integer(0, MAX_TOKENS, "At most max_tokens."),
-    "presence_penalty": number(-2.0, 2.0),
-    "frequency_penalty": number(-2.0, 2.0),
-    "stream": {"type": ["boolean", "null"]},
-    "stream_options": {
-        "type": ["object", "null"],
-        "description": "Only with stream=true.",
-        "properties": {"include_usage": {"type": ["boolean", "null"]}},
-    },
-    "user": {"type": ["string", "null"], "pattern": NO_NUL},
-    "service_tier": {
-        "type": ["string", "null"],
-        "enum": [*sorted(SERVICE_TIERS), None],
-        "description": "flex runs in the batch priority class.",
-    },
-    "timeout": number(0.001, 86400.0, "Seconds the client will wait (as x-request-timeout)."),
-    # Accepted only with the values that mean "not used": Roundhouse answers with one choice.
-    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
-    "logprobs": {"enum": [False, None]},
-    "echo": {"enum": [False, None]},
-    "tools": {"type": ["array", "null"], "maxItems": 0},
-    "functions": {"type": ["array", "null"], "maxItems": 0},
-    "suffix": {"type": "null"},
-    "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
-    "response_format": {
-        "anyOf": [
-            obj({"type": {"const": "text"}}, "type", additionalProperties=False),
-            {"type": "null"},
-        ]
-    },
-}
+
+def request_schema(fields: dict[str, Field], endpoint: str, *required: str) -> Schema:
+    """A request body's schema, from its field table: each field as its kind declares it.
+
+    A refused field takes only null or the values that ask for nothing; a field in no table
+    is refused, so the body takes no other properties.
+    """
+    properties: dict[str, Schema] = {}
+    for name, field in fields.items():
+        if field.only is not None and field.only != endpoint:
+            continue
+        if field.decision == "refused":
+            properties[name] = {
+                "enum": [*field.unused, None],
+                "description": "Not served: refused unless null"
+                + (" or an unused value." if field.unused else "."),
+            }
+        elif field.kind is not None:
+            properties[name] = field.kind.schema
+    return obj(properties, *required, additionalProperties=False)
+
+
 # A stream with options is a conditional JSON Schema can say: options need stream=true.
 _STREAM_OPTIONS_NEED_STREAM: Schema = {
     "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
     "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
 }
-
-_TEXT_PART = obj({"type": {"const": "text"}, "text": {"type": "string"}}, "type", "text")
-CHAT_REQUEST: Schema = obj(
-    {
-        **_SAMPLING,
-        "messages": {
-            "type": "array",
-            "minItems": 1,
-            "items": obj(
-                {
-                    "role": {"type": "string", "enum": sorted(ROLES)},
-                    "content": {
-                        "anyOf": [
-                            {"type": "string"},
-                            {"type": "array", "items": _TEXT_PART},
-                            {"type": "null"},
-                        ]
-                    },
-                },
-                "role",
-            ),
-        },
-        "max_completion_tokens": integer(1, MAX_TOKENS, "Takes the place of max_tokens."),
-    },
-    "model",
-    "messages",
+CHAT_REQUEST: Schema = {
+    **request_schema(GENERATION_FIELDS, CHAT, "model", "messages"),
     **_STREAM_OPTIONS_NEED_STREAM,
-)
-
-_TOKENS = {
-    "type": "array",
-    "minItems": 1,
-    "items": {"type": "integer", "minimum": 0},
-    "description": "Token ids, each below the model's vocabulary size.",
 }
-COMPLETION_REQUEST: Schema = obj(
-    {
-        **_SAMPLING,
-        "prompt": {
-            "description": "One prompt: a string or token ids (a list of one is the same).",
-            "anyOf": [
-                {"type": "string"},
-                _TOKENS,
-                {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}},
-                {"type": "array", "minItems": 1, "maxItems": 1, "items": _TOKENS},
-            ],
-        },
-    },
-    "model",
-    "prompt",
+COMPLETION_REQUEST: Schema = {
+    **request_schema(GENERATION_FIELDS, COMPLETIONS, "model", "prompt"),
     **_STREAM_OPTIONS_NEED_STREAM,
-)
+}
+_TOKENS = TOKEN_IDS
+# Fields the embeddings body shares with chat, as chat declares them.
+_SAMPLING = {
+    name: CHAT_REQUEST["properties"][name] for name in ("model", "user", "timeout", "service_tier")
+}
+
 
 _TEXT = {"type": "string", "pattern": "\\S", "description": "Not blank."}
 EMBEDDING_REQUEST: Schema = obj(

@@ -28,9 +28,18 @@ ERROR: Schema = obj(
 
 USAGE: Schema = obj(
     {
-        "prompt_tokens": {"type": "integer"},
-        "completion_tokens": {"type": "integer"},
+        "prompt_tokens": {"type": "integer", "description": "Every prompt's tokens."},
+        "completion_tokens": {"type": "integer", "description": "Every choice's tokens."},
         "total_tokens": {"type": "integer"},
+        "prompt_tokens_details": obj(
+            {
+                "cached_tokens": {
+                    "type": "integer",
+                    "description": "Prompt tokens the engine's prefix cache served.",
+                }
+            },
+            "cached_tokens",
+        ),
     },
     "prompt_tokens",
     "completion_tokens",
@@ -43,7 +52,84 @@ _ENVELOPE: dict[str, Schema] = {
     "model": {"type": "string"},
     "system_fingerprint": {"type": "string"},
 }
-_FINISH = {"type": "string", "description": "stop, length or abort."}
+_FINISH = {"type": "string", "description": "stop, length, tool_calls or content_filter."}
+_TOP_LOGPROB: Schema = obj(
+    {
+        "token": {"type": "string"},
+        "logprob": {"type": "number"},
+        "bytes": {"type": ["array", "null"], "items": {"type": "integer"}},
+    },
+    "token",
+    "logprob",
+)
+_CHAT_LOGPROBS: Schema = {
+    "anyOf": [
+        obj(
+            {
+                "content": {
+                    "type": ["array", "null"],
+                    "items": obj(
+                        {
+                            **_TOP_LOGPROB["properties"],
+                            "top_logprobs": {"type": "array", "items": _TOP_LOGPROB},
+                        },
+                        "token",
+                        "logprob",
+                        "top_logprobs",
+                    ),
+                },
+                "refusal": {"type": "null"},
+            },
+            "content",
+        ),
+        {"type": "null"},
+    ]
+}
+_COMPLETION_LOGPROBS: Schema = {
+    "anyOf": [
+        obj(
+            {
+                "text_offset": {"type": "array", "items": {"type": "integer"}},
+                "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
+                "tokens": {"type": "array", "items": {"type": "string"}},
+                "top_logprobs": {
+                    "type": "array",
+                    "items": {
+                        "type": ["object", "null"],
+                        "additionalProperties": {"type": "number"},
+                    },
+                },
+            },
+            "text_offset",
+            "token_logprobs",
+            "tokens",
+            "top_logprobs",
+        ),
+        {"type": "null"},
+    ]
+}
+_TOOL_CALL: Schema = obj(
+    {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": obj(
+            {"name": {"type": "string"}, "arguments": {"type": "string"}}, "name", "arguments"
+        ),
+    },
+    "id",
+    "type",
+    "function",
+)
+_TOOL_CALL_PIECE: Schema = obj(
+    {
+        "index": {"type": "integer"},
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": obj({"name": {"type": "string"}, "arguments": {"type": "string"}}),
+    },
+    "index",
+    description="A tool call in pieces: id, type and name first, then the arguments.",
+)
 
 CHAT_COMPLETION: Schema = obj(
     {
@@ -57,13 +143,17 @@ CHAT_COMPLETION: Schema = obj(
                     "message": obj(
                         {
                             "role": {"const": "assistant"},
-                            "content": {"type": "string"},
+                            "content": {
+                                "type": ["string", "null"],
+                                "description": "null beside the tool calls of tool_choice auto.",
+                            },
                             "refusal": {"type": "null"},
+                            "tool_calls": {"type": "array", "items": _TOOL_CALL},
                         },
                         "role",
                         "content",
                     ),
-                    "logprobs": {"type": "null"},
+                    "logprobs": _CHAT_LOGPROBS,
                     "finish_reason": _FINISH,
                 },
                 "index",
@@ -93,7 +183,7 @@ def _text_completion(finish: Schema, usage: Schema) -> Schema:
                     {
                         "index": {"type": "integer"},
                         "text": {"type": "string"},
-                        "logprobs": {"type": "null"},
+                        "logprobs": _COMPLETION_LOGPROBS,
                         "finish_reason": finish,
                     },
                     "index",
@@ -128,8 +218,14 @@ CHAT_COMPLETION_CHUNK: Schema = obj(
             "items": obj(
                 {
                     "index": {"type": "integer"},
-                    "delta": obj({"role": {"const": "assistant"}, "content": {"type": "string"}}),
-                    "logprobs": {"type": "null"},
+                    "delta": obj(
+                        {
+                            "role": {"const": "assistant"},
+                            "content": {"type": "string"},
+                            "tool_calls": {"type": "array", "items": _TOOL_CALL_PIECE},
+                        }
+                    ),
+                    "logprobs": _CHAT_LOGPROBS,
                     "finish_reason": {**_FINISH, "type": ["string", "null"]},
                 },
                 "index",

@@ -216,5 +216,6 @@ CASES = [
     Case("bad-chat-repetition-penalty", CHAT, {**G, "repetition_penalty": 0, "messages": HELLO}),
     Case("bad-cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 20, "prompt": PROMPT}),
     Case("bad-cmpl-empty-list", COMPLETIONS, {**G, "prompt": []}),
+    Case("bad-cmpl-empty-prompt", COMPLETIONS, {**G, "prompt": ""}),
 ]
 # fmt: on

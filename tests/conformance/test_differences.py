@@ -100,3 +100,11 @@ def test_an_unknown_field_is_refused(targets: Any) -> None:
     assert ours.status_code == 400
     error = ours.json()["error"]
     assert (error["code"], error["param"]) == ("unsupported_parameter", "some_new_option")
+
+
+def test_a_switch_the_engine_ignores_is_refused(targets: Any) -> None:
+    switch = {"structured_outputs": {"choice": ["yes", "no"], "disable_any_whitespace": True}}
+    ours, theirs = _both(targets, {**BODY, **switch})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "structured_outputs.disable_any_whitespace"

@@ -165,10 +165,24 @@ def test_vllm_structured_outputs_are_honoured():
     parsed = generation_parse(_chat(structured_outputs={"choice": ["yes", "no"]}), endpoint=CHAT)
     assert parsed.structured == Structured(choice=["yes", "no"])
     parsed = generation_parse(
-        _chat(structured_outputs={"regex": "[a-z]+", "disable_any_whitespace": True}),
+        _chat(structured_outputs={"regex": "[a-z]+", "disable_any_whitespace": False}),
         endpoint=CHAT,
     )
-    assert parsed.structured == Structured(regex="[a-z]+", disable_any_whitespace=True)
+    assert parsed.structured == Structured(regex="[a-z]+")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("disable_any_whitespace", True),
+        ("disable_additional_properties", True),
+        ("disable_fallback", True),
+        ("whitespace_pattern", " *"),
+    ],
+)
+def test_switches_the_engine_reads_only_from_its_configuration_are_refused(name, value):
+    error = _error(_chat(structured_outputs={"regex": "a+", name: value}))
+    assert (error.code, error.param) == ("unsupported_parameter", f"structured_outputs.{name}")
 
 
 def test_logprobs_are_a_switch_on_chat_and_a_count_on_completions():
@@ -198,6 +212,7 @@ def test_chat_fields_are_refused_on_completions():
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"5": "up"}}, "logit_bias.5"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 5e-324}, "repetition_penalty"),
         ({"min_p": 1.5}, "min_p"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"bad_words": [""]}, "bad_words"),
@@ -227,3 +242,8 @@ def test_vllm_sampling_options_are_kept():
     assert parsed.repetition_penalty == 1.1 and parsed.min_p == 0.05
     assert parsed.stop_token_ids == (1, 2) and parsed.bad_words == ("import",)
     assert not parsed.skip_special_tokens and parsed.include_stop_str_in_output
+
+
+def test_an_empty_text_prompt_is_refused_as_vllm_refuses_it():
+    assert _error({"model": "m", "prompt": ""}, endpoint=COMPLETIONS).param == "prompt"
+    assert _error({"model": "m", "prompt": ["a", ""]}, endpoint=COMPLETIONS).param == "prompt[1]"

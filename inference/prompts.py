@@ -1,0 +1,318 @@
+"""The fields that carry a request's input: model, chat messages, completion prompts, stops.
+
+Each is declared here as a `Kind` (its JSON Schema and its reader, together); inference.fields
+puts them in the request tables, so the parsers and the OpenAPI document share them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from config.json_body import shown
+from inference.errors import ApiError, invalid
+from inference.kinds import TOKEN_IDS, Schema, custom
+from inference.kinds import type_error as _type_error
+
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_STOP_SEQUENCES = 4
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+
+
+def _string_required(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if value is None:
+        raise invalid(
+            name, f"Missing required parameter: '{name}'.", code="missing_required_parameter"
+        )
+    if not isinstance(value, str):
+        raise _type_error(name, "a string", value)
+    return value
+
+
+MAX_MODEL_CHARS = 256  # model names are slugs of at most 100 characters, plus @version
+
+
+def model_read(body: dict[str, Any], name: str = "model") -> str:
+    """The model a request names; one no model can have is a 404, as an unknown one is."""
+    model = _string_required(body, name)
+    if len(model) > MAX_MODEL_CHARS or "\x00" in model:
+        message = f"The model '{shown(model)}' does not exist or you do not have access to it."
+        raise ApiError(404, "model_not_found", message, param="model")
+    return model
+
+
+MODEL = custom(
+    {"type": "string", "description": "A model or alias name; `name@version` pins a version."},
+    model_read,
+)
+
+
+def _stop(body: dict[str, Any], name: str) -> list[str]:
+    value = body.get(name)
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _type_error("stop", "a string or an array of strings", value)
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise invalid("stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences.")
+    if any(s == "" for s in stops):
+        raise invalid("stop", "'stop' sequences cannot be empty.")
+    return stops
+
+
+STOP = custom(
+    {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {
+                "type": "array",
+                "maxItems": MAX_STOP_SEQUENCES,
+                "items": {"type": "string", "minLength": 1},
+            },
+            {"type": "null"},
+        ]
+    },
+    _stop,
+)
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise invalid(f"{where}.content[{i}]", "Only text content parts are supported.")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _type_error(f"{where}.content[{i}].text", "a string", text)
+            parts.append(text)
+        # As vLLM's server renders a message of several text parts: one per line.
+        return "\n".join(parts)
+    if content is None:
+        return ""
+    raise _type_error(f"{where}.content", "a string or an array of content parts", content)
+
+
+def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    value = body.get(name)
+    if value is None:
+        raise invalid(
+            "messages", "Missing required parameter: 'messages'.", code="missing_required_parameter"
+        )
+    if not isinstance(value, list):
+        raise _type_error("messages", "an array", value)
+    if not value:
+        raise invalid("messages", "'messages' must contain at least one message.")
+    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+
+
+def _message(message: Any, where: str) -> dict[str, Any]:
+    """One chat message as the template reads it; what it cannot hold is refused, naming it."""
+    if not isinstance(message, dict):
+        raise _type_error(where, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
+    kept: dict[str, Any] = {"role": role, "content": _content_text(message.get("content"), where)}
+    name = message.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise _type_error(f"{where}.name", "a string", name)
+        kept["name"] = name
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise invalid(f"{where}.tool_calls", "Only assistant messages carry 'tool_calls'.")
+        if not isinstance(calls, list):
+            raise _type_error(f"{where}.tool_calls", "an array", calls)
+        if calls:
+            kept["tool_calls"] = [
+                _tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
+            ]
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise invalid(
+                f"{where}.tool_call_id",
+                "A 'tool' message needs the 'tool_call_id' it answers.",
+                code="missing_required_parameter",
+            )
+        kept["tool_call_id"] = call_id
+    return kept
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise _type_error(where, "an object", call)
+    if call.get("type", "function") != "function":
+        raise invalid(f"{where}.type", f"'{where}.type' must be 'function'.")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise _type_error(f"{where}.function", "an object", function)
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(name, str):
+        raise _type_error(f"{where}.function.name", "a string", name)
+    if not isinstance(arguments, str):
+        raise _type_error(f"{where}.function.arguments", "a JSON string", arguments)
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise _type_error(f"{where}.id", "a string", call_id)
+    kept: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    if call_id is not None:
+        kept["id"] = call_id
+    return kept
+
+
+def _token_ids(value: Any) -> bool:
+    """Whether a prompt is token ids (ones outside the vocabulary are refused later, saying so)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+MAX_PROMPTS = 128
+
+
+def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
+    """A completions body's prompts: one text or token list, or an array of them."""
+    value = body.get(name)
+    if value is None:
+        raise invalid(
+            "prompt", "Missing required parameter: 'prompt'.", code="missing_required_parameter"
+        )
+    if value == "" or (isinstance(value, list) and "" in value):
+        # As vLLM's server answers: a text prompt needs at least one character.
+        where = "prompt" if value == "" else f"prompt[{value.index('')}]"
+        raise invalid(where, f"'{where}' is empty: send a prompt of at least one character.")
+    if isinstance(value, str):
+        return (value,)
+    if _token_ids(value):
+        return (list(value),)
+    if isinstance(value, list) and value:
+        if len(value) > MAX_PROMPTS:
+            raise invalid("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts.")
+        prompts: list[str | list[int]] = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                prompts.append(item)
+            elif _token_ids(item):
+                prompts.append(list(item))
+            else:
+                raise _type_error(f"prompt[{i}]", "a string or an array of token ids", item)
+        return tuple(prompts)
+    if isinstance(value, list):
+        raise invalid("prompt", "'prompt' cannot be an empty array.")
+    raise _type_error("prompt", "a string or an array of token ids", value)
+
+
+_TEXT_PART: Schema = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
+_TOOL_CALL: Schema = {
+    "type": "object",
+    "required": ["function"],
+    "properties": {
+        "id": {"type": ["string", "null"]},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "properties": {
+                "name": {"type": "string"},
+                "arguments": {"type": "string", "description": "The arguments as JSON text."},
+            },
+        },
+    },
+}
+MESSAGES = custom(
+    {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role"],
+            "properties": {
+                "role": {"type": "string", "enum": sorted(ROLES)},
+                "content": {
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "array", "items": _TEXT_PART},
+                        {"type": "null"},
+                    ]
+                },
+                "name": {"type": ["string", "null"]},
+                "tool_calls": {
+                    "type": ["array", "null"],
+                    "items": _TOOL_CALL,
+                    "description": "Assistant messages only.",
+                },
+                "tool_call_id": {
+                    "type": ["string", "null"],
+                    "description": "Required in a tool message: the call it answers.",
+                },
+            },
+        },
+    },
+    _messages,
+)
+PROMPT = custom(
+    {
+        "description": "A prompt (text or token ids), or an array of prompts; each prompt "
+        "gets its own n choices.",
+        "anyOf": [
+            {"type": "string"},
+            TOKEN_IDS,
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_PROMPTS,
+                "items": {"anyOf": [{"type": "string"}, TOKEN_IDS]},
+            },
+        ],
+    },
+    _prompts,
+)
+
+
+def _logit_bias(body: dict[str, Any], name: str) -> dict[int, float] | None:
+    """OpenAI's logit_bias: token id (as a string) to a bias from -100 to 100."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error("logit_bias", "an object", value)
+    if len(value) > MAX_LOGIT_BIAS:
+        raise invalid("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens.")
+    bias: dict[int, float] = {}
+    for key, weight in value.items():
+        where = f"logit_bias.{shown(key)}"
+        if not key.isdigit():
+            raise invalid("logit_bias", f"'logit_bias' keys are token ids, got '{shown(key)}'.")
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise _type_error(where, "a number", weight)
+        if not -100 <= weight <= 100:
+            raise invalid("logit_bias", f"'{where}' must be between -100 and 100.")
+        bias[int(key)] = float(weight)
+    return bias
+
+
+LOGIT_BIAS = custom(
+    {
+        "type": ["object", "null"],
+        "maxProperties": MAX_LOGIT_BIAS,
+        "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        "description": "Token id to a bias added to its logit.",
+    },
+    _logit_bias,
+)

@@ -1,0 +1,68 @@
+"""Chat and completions fields are declared once: the parsers and /v1/openapi.json agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inference.errors import ApiError
+from inference.fields import CHAT, COMPLETIONS, GENERATION_FIELDS
+from inference.openapi.bodies import CHAT_REQUEST, COMPLETION_REQUEST
+from inference.params import generation_parse
+
+BASE = {
+    CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    COMPLETIONS: {"model": "m", "prompt": "hi"},
+}
+DOCUMENTS = {CHAT: CHAT_REQUEST, COMPLETIONS: COMPLETION_REQUEST}
+# Rules between fields the schema states in words: what a field needs beside it.
+NEEDS = {"top_logprobs": {"logprobs": True}}
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+def test_the_document_lists_every_field_of_the_table_and_no_other(endpoint):
+    table = {n for n, f in GENERATION_FIELDS.items() if f.only in (None, endpoint)}
+    document = DOCUMENTS[endpoint]
+    assert set(document["properties"]) == table
+    assert document["additionalProperties"] is False
+
+
+def _bounded() -> list[tuple[str, str, Any]]:
+    """(endpoint, field, schema) of every honoured numeric field with bounds in its schema."""
+    cases = []
+    for name, field in GENERATION_FIELDS.items():
+        if field.decision != "honoured" or field.kind is None:
+            continue
+        kinds = field.kind.schema.get("type", [])
+        if "number" in kinds or kinds == ["integer", "null"]:
+            endpoint = field.only or CHAT
+            cases.append((endpoint, name, field.kind.schema))
+    return cases
+
+
+@pytest.mark.parametrize(("endpoint", "name", "schema"), _bounded())
+def test_a_value_past_a_published_bound_is_refused_and_one_at_it_is_taken(endpoint, name, schema):
+    body = {**BASE[endpoint], **NEEDS.get(name, {})}
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    high = schema["maximum"]
+    integral = "integer" in schema["type"]
+    step = 1 if integral else 0.5
+    for outside in (low - step, high + step):
+        with pytest.raises(ApiError) as caught:
+            generation_parse({**body, name: outside}, endpoint=endpoint)
+        assert caught.value.param == name
+    if "exclusiveMinimum" in schema:
+        with pytest.raises(ApiError):
+            generation_parse({**body, name: low}, endpoint=endpoint)
+    else:
+        generation_parse({**body, name: low}, endpoint=endpoint)
+    generation_parse({**body, name: high}, endpoint=endpoint)
+
+
+def test_a_refused_field_is_published_with_only_the_values_that_ask_for_nothing():
+    best_of = CHAT_REQUEST["properties"]["best_of"]
+    assert best_of["enum"] == [1, None]
+    with pytest.raises(ApiError):
+        generation_parse({**BASE[CHAT], "best_of": 2}, endpoint=CHAT)
+    generation_parse({**BASE[CHAT], "best_of": 1}, endpoint=CHAT)
