@@ -28,10 +28,11 @@ async def http_application(scope: dict, receive: object, send: object) -> None:
     await handler(scope, receive, send)  # type: ignore[arg-type]
 
 
-# Import the tokenizer stack and the grammar compiler now (AutoTokenizer pulls in torch; `import transformers` alone
-# is lazy and loads almost nothing), then move everything loaded so far out of the garbage
-# collector's reach: full collections over Django's, torch's and transformers' objects
-# otherwise stall the event loop for a quarter of a second every few seconds under load.
+# Import the tokenizer stack and the grammar compiler now (AutoTokenizer pulls in torch;
+# `import transformers` alone is lazy and loads almost nothing), then move everything loaded
+# so far out of the garbage collector's reach: full collections over Django's, torch's and
+# transformers' objects otherwise stall the event loop for a quarter of a second every few
+# seconds under load.
 # Loading a tokenizer freezes again what it added (models_registry.tokenizer).
 from transformers import AutoTokenizer  # noqa: E402, F401
 

@@ -11,13 +11,13 @@ from inference.fields import CHAT, COMPLETIONS, GENERATION_FIELDS
 from inference.openapi.bodies import CHAT_REQUEST, COMPLETION_REQUEST
 from inference.params import generation_parse
 
-BASE = {
+BASE: dict[str, dict[str, Any]] = {
     CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     COMPLETIONS: {"model": "m", "prompt": "hi"},
 }
 DOCUMENTS = {CHAT: CHAT_REQUEST, COMPLETIONS: COMPLETION_REQUEST}
 # Rules between fields the schema states in words: what a field needs beside it.
-NEEDS = {"top_logprobs": {"logprobs": True}}
+NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])

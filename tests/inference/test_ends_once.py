@@ -282,13 +282,13 @@ def _inject(
         # Formatting a token for the client (SSE, WebSocket) or the whole body (JSON).
         real_chunk, real_complete = Formatter.chunk, Formatter.complete
 
-        def chunk(self: Formatter, **kwargs: Any) -> bytes:
+        def chunk(self: Formatter, *args: Any, **kwargs: Any) -> bytes | None:
             once()
-            return real_chunk(self, **kwargs)
+            return real_chunk(self, *args, **kwargs)
 
-        def complete(self: Formatter, **kwargs: Any) -> bytes:
+        def complete(self: Formatter, *args: Any, **kwargs: Any) -> bytes:
             once()
-            return real_complete(self, **kwargs)
+            return real_complete(self, *args, **kwargs)
 
         monkeypatch.setattr(Formatter, "chunk", chunk)
         monkeypatch.setattr(Formatter, "complete", complete)
