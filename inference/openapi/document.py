@@ -67,6 +67,12 @@ def openapi_document() -> Schema:
                     "description": "hit or miss, for tenants that use the response cache.",
                     "schema": {"type": "string", "enum": ["hit", "miss"]},
                 },
+                "ShouldRetry": {
+                    "description": "Whether a retry can succeed: false for a refusal no retry "
+                    "mends (bad input, a deadline the client set that passed), true where "
+                    "one can; OpenAI's SDKs follow it.",
+                    "schema": {"type": "string", "enum": ["true", "false"]},
+                },
                 "RetryAfter": {
                     "description": "Seconds to wait before retrying.",
                     "schema": {"type": "integer"},

@@ -293,7 +293,11 @@ def operation_paths() -> dict[str, Schema]:
 def responses() -> dict[str, Schema]:
     responses = {}
     for status, description in _ERROR_DESCRIPTIONS.items():
-        headers = {**REQUEST_ID_HEADER, **(_RETRY_AFTER if status in (409, 429, 503) else {})}
+        headers = {
+            **REQUEST_ID_HEADER,
+            "x-should-retry": {"$ref": "#/components/headers/ShouldRetry"},
+            **(_RETRY_AFTER if status in (409, 429, 503) else {}),
+        }
         responses[str(status)] = {
             "description": description,
             "headers": headers,
