@@ -130,6 +130,7 @@ class Level:
     shaped: int  # streams whose deltas carried what the scenario asks (content, tool calls)
     requests: int
     wall_s: float = 0.0
+    load_1m: float = 0.0  # the machine's 1-minute load average as the level started
     ttfts_ms: list[float] = field(default_factory=list)
 
 
@@ -248,7 +249,9 @@ def _measure(
     warm: bool,
 ) -> Level:
     requests = max(per_level * concurrency, 16)
+    load = os.getloadavg()[0]
     level = asyncio.run(_level(target, scenario, body, concurrency, requests, warm))
+    level.load_1m = load
     progress(
         f"{target.name} {scenario}: c={concurrency} {level.tokens_per_s:,.0f} tok/s, "
         f"TTFT p50 {level.ttft_p50_ms:.1f} ms, {level.errors} errors, {level.short} short, "
@@ -451,7 +454,9 @@ def _plot(
             )
         ax.set_xscale("log", base=2)
         ax.set_xticks(conc, [str(c) for c in conc])
-        ax.set(xlabel="concurrent streams", ylabel="output tokens/s", ylim=(0, None))
+        top = max(lvl.tokens_per_s for lvl in [*vllm[scenario], *roundhouse[scenario]])
+        # Headroom for the ratios written above the points.
+        ax.set(xlabel="concurrent streams", ylabel="output tokens/s", ylim=(0, top * 1.15))
         ax.set_title(f"Streaming, {LABELS[scenario]}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -602,6 +607,9 @@ def main() -> None:
         s: [_median(measured["roundhouse"][s][c]) for c in args.levels] for s in SCENARIOS
     }
     streams = _stream_table(vllm, roundhouse)
+    loads = [
+        lvl.load_1m for t in measured.values() for s in t.values() for r in s.values() for lvl in r
+    ]
     frontend = _frontend_table(times)
     added_p50, added_p99 = _added(times)
     print(f"\n{streams}\n\n{frontend}\n\nadded: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
@@ -621,7 +629,9 @@ def main() -> None:
         "run side by side from one process tree with the same engine settings; each level runs "
         f"{args.rounds} rounds per target, alternating which goes first, the median round shown; "
         f"{args.requests_per_level} requests per stream per level (16 at least). Target: "
-        f"Roundhouse ÷ vLLM {TARGET_RATIO}, as for plain text.\n\n"
+        f"Roundhouse ÷ vLLM {TARGET_RATIO}, as for plain text. The machine's 1-minute load "
+        f"average ran from {min(loads):.1f} to {max(loads):.1f} during the streams: other work "
+        "shared its cores, so a ratio here measures that work too.\n\n"
         + streams
         + "\n\n### The frontend's time for a big tool list\n\n"
         "Measured in process, on the frontend's own functions (not through HTTP): the body's "
