@@ -190,8 +190,11 @@ def test_a_bad_field_is_a_400_naming_it(client, world, path, body, code, param):
     _error(response, 400, code, param)
 
 
-def test_unknown_fields_are_ignored_as_vllm_ignores_them(client, world, hf):
-    body = {"model": ALIAS, "prompt": PROMPT, "echo_me": 1, "add_generation_prompt": False}
+def test_an_unknown_field_is_refused_and_a_chat_only_one_is_not_read(client, world, hf):
+    body = {"model": ALIAS, "prompt": PROMPT, "echo_me": 1}
+    response = client.post("/tokenize", json=body, headers=_auth(world.acme_key))
+    _error(response, 400, "unsupported_parameter", "echo_me")
+    body = {"model": ALIAS, "prompt": PROMPT, "add_generation_prompt": False}
     response = client.post("/tokenize", json=body, headers=_auth(world.acme_key))
     assert response.status_code == 200, response.text
     assert response.json()["tokens"] == hf(PROMPT)["input_ids"]
