@@ -94,6 +94,7 @@ class _Generation:
     prompt_tokens: list[int] = field(default_factory=list)  # per prompt
     cached: list[int] = field(default_factory=list)  # per prompt
     held: _Holdback | None = None
+    shown: bool = False  # some output the client can see went out
 
     def __post_init__(self) -> None:
         self.prompt_tokens = [len(ids) for ids in self.job.inputs()]
@@ -132,7 +133,11 @@ class _Generation:
         self.cached[prompt] = max(self.cached[prompt], step.cached_tokens)
         delta = self._delta(index, choice, step)
         if delta is not None:
-            self._emit(delta, urgent=first)
+            # The first output a client can see goes at once too: a tool parser holds back
+            # the first tokens, so the first visible piece may come steps after them.
+            shown = bool(delta.text or delta.tool_calls)
+            self._emit(delta, urgent=first or (shown and not self.shown))
+            self.shown = self.shown or shown
 
     def _delta(self, index: int, choice: _Choice, step: Step) -> Delta | None:
         """The step as the client's delta; None when it carries nothing."""

@@ -551,3 +551,29 @@ async def test_each_choice_has_its_own_parser(tokenizer):
     assert _calls(events, 1) == [] and _by_choice(events)[1] == "Plain text."
     assert _calls(events, 0)[0].name == "get_weather"
     assert events[-1].finish_reasons == ["tool_calls", "stop"]
+
+
+class _Flags:
+    """An outbox that records which deltas went out at once (urgent)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Delta, bool]] = []
+
+    def put(self, job: Any, event: Any, usage: Any = None, *, urgent: bool = False) -> None:
+        if isinstance(event, Delta):
+            self.sent.append((event, urgent))
+
+
+def test_the_first_visible_piece_goes_at_once_when_a_parser_held_the_first_tokens(tokenizer):
+    job = _tool_job(stream=True)
+    outbox = _Flags()
+    run = generative._Generation(job, outbox)  # type: ignore[arg-type]
+    assert job.tools is not None
+    run.use_tools(generative.ToolCalling(job.tools, tokenizer=tokenizer, stream=True))
+    for piece in _pieces(CALL):
+        run.step(_step(piece))
+    urgent = [(bool(d.text or d.tool_calls), flag) for d, flag in outbox.sent]
+    first_visible = next(i for i, (visible, _) in enumerate(urgent) if visible)
+    assert first_visible > 0  # the parser held the first tokens back
+    assert urgent[0][1] and urgent[first_visible][1]
+    assert not any(flag for _, flag in urgent[first_visible + 1 :])
