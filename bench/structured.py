@@ -136,16 +136,9 @@ class Level:
 
 def whitespace_ids(model_dir: Path) -> list[int]:
     """The tokenizer's tokens that are only whitespace (not its special tokens)."""
-    from tokenizers import Tokenizer
+    from models_registry.demo_model import whitespace_token_ids
 
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    special = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
-    ids = []
-    for token_id in range(tokenizer.get_vocab_size()):
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if text and not text.strip() and tokenizer.id_to_token(token_id) not in special:
-            ids.append(token_id)
-    return ids
+    return whitespace_token_ids(model_dir)
 
 
 def request_body(scenario: str, model: str, no_whitespace: dict[str, float]) -> dict[str, Any]:

@@ -253,3 +253,22 @@ def _save_model(target: Path, *, seed: int, token_ids: dict[str, int]) -> None:
         pad_token_id=token_ids[PAD_TOKEN],
     )
     model.save_pretrained(str(target), safe_serialization=True)
+
+
+def whitespace_token_ids(model_dir: Path) -> list[int]:
+    """The demo tokenizer's tokens that are only whitespace (not its special tokens).
+
+    The demo model's weights are random: under a JSON grammar its likeliest token is
+    whitespace forever, so demos, tests and benchmarks of structured output bias these away
+    (`logit_bias` -100) to reach a complete object.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    special = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+    ids = []
+    for token_id in range(tokenizer.get_vocab_size()):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        if text and not text.strip() and tokenizer.id_to_token(token_id) not in special:
+            ids.append(token_id)
+    return ids

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from models_registry.demo_model import whitespace_token_ids
 from tests.conftest import ALIAS, ROOT, Process, Stack, World, _free_port, _http_ok, _wait_for
 
 # The worker's engine environment (workers.engine._engine_environment) and nothing else.
@@ -136,18 +137,5 @@ def targets(
 
 @pytest.fixture(scope="session")
 def whitespace_ids(demo_model_dir: Path) -> list[int]:
-    """The demo tokenizer's tokens that are only whitespace (not its special tokens).
-
-    The tiny model's weights are random: under a JSON grammar its greedy choice is whitespace
-    forever, so the structured and tool cases bias these away to reach a complete object.
-    """
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(demo_model_dir / "tokenizer.json"))
-    special = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
-    ids = []
-    for token_id in range(tokenizer.get_vocab_size()):
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if text and not text.strip() and tokenizer.id_to_token(token_id) not in special:
-            ids.append(token_id)
-    return ids
+    """The demo tokenizer's tokens that are only whitespace (not its special tokens)."""
+    return whitespace_token_ids(demo_model_dir)
