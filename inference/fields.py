@@ -18,6 +18,7 @@ from inference.kinds import (
     Kind,
     accepted,
     boolean,
+    boolean_or_none,
     custom,
     integer,
     number,
@@ -27,7 +28,7 @@ from inference.kinds import (
     token_list,
 )
 from inference.kinds import type_error as _type_error
-from inference.prompts import LOGIT_BIAS, MESSAGES, MODEL, PROMPT, STOP
+from inference.prompts import INPUT, LOGIT_BIAS, MESSAGES, MODEL, PROMPT, STOP, TOKENS
 from inference.structured import (
     FUNCTION_CALL,
     FUNCTIONS,
@@ -60,10 +61,6 @@ class Field:
         """The field's value in `body`, as its kind reads it (a 400 naming it if wrong)."""
         assert self.kind is not None, f"{name} has no kind"
         return self.kind.read(body, name)
-
-
-HONOURED = Field("honoured")
-IGNORED = Field("ignored")
 
 
 def honoured(kind: Kind, *, only: str | None = None) -> Field:
@@ -254,15 +251,18 @@ GENERATION_FIELDS: dict[str, Field] = {
 }
 
 # The same for embeddings bodies: OpenAI's and vLLM's fields.
+ENCODING_FORMATS = ("float", "base64")
 EMBEDDING_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "input": HONOURED,
-    "encoding_format": HONOURED,
-    "dimensions": HONOURED,
-    "user": HONOURED,
-    "service_tier": HONOURED,
-    "timeout": HONOURED,
-    "request_id": IGNORED,
+    "model": honoured(MODEL),
+    "input": honoured(INPUT),
+    "encoding_format": honoured(one_of(ENCODING_FORMATS)),
+    "dimensions": honoured(
+        integer(1, 1 << 16, doc="Fewer than the model's: cut and normalised again.")
+    ),
+    "user": GENERATION_FIELDS["user"],
+    "service_tier": GENERATION_FIELDS["service_tier"],
+    "timeout": GENERATION_FIELDS["timeout"],
+    "request_id": GENERATION_FIELDS["request_id"],
     "cache_salt": refused(),
     "priority": refused(0),
     "truncate_prompt_tokens": refused(),
@@ -321,13 +321,25 @@ def unsupported_refuse(
 # a field in neither is refused, as on the other endpoints. tests/inference/test_params.py
 # checks that these tables cover the installed vLLM's requests.
 TOKENIZE_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "prompt": HONOURED,
-    "messages": HONOURED,
-    "add_special_tokens": HONOURED,
-    "add_generation_prompt": HONOURED,
-    "continue_final_message": HONOURED,
-    "return_token_strs": HONOURED,
+    "model": honoured(MODEL),
+    "prompt": honoured(string()),
+    "messages": honoured(MESSAGES),
+    "add_special_tokens": honoured(
+        boolean_or_none(
+            doc="Add the tokenizer's special tokens (BOS); default: true for a prompt, false "
+            "for messages (the chat template writes its own)."
+        )
+    ),
+    "add_generation_prompt": honoured(
+        boolean(default=True, doc="Messages: end with the assistant's turn opened.")
+    ),
+    "continue_final_message": honoured(
+        boolean(
+            doc="Messages: leave the last one open, to be continued; not together with "
+            "add_generation_prompt=true."
+        )
+    ),
+    "return_token_strs": honoured(boolean(doc="Also answer each token's string.")),
     # A template of the client's own runs code of the client's in the frontend: vLLM, too,
     # refuses it unless its operator trusts request templates.
     "chat_template": refused(),
@@ -337,6 +349,6 @@ TOKENIZE_FIELDS: dict[str, Field] = {
     "mm_processor_kwargs": refused(),
 }
 DETOKENIZE_FIELDS: dict[str, Field] = {
-    "model": HONOURED,
-    "tokens": HONOURED,
+    "model": honoured(MODEL),
+    "tokens": honoured(TOKENS),
 }

@@ -13,6 +13,7 @@ from inference.fields import (
     COMPLETIONS,
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
+    ENCODING_FORMATS,
     GENERATION_FIELDS,
     MAX_CHOICES,
     MAX_LOGPROBS,
@@ -20,14 +21,22 @@ from inference.fields import (
     TOKENIZE_FIELDS,
     unsupported_refuse,
 )
-from inference.kinds import boolean, integer, is_token, number, string, type_error
-from inference.prompts import MAX_LOGIT_BIAS, MAX_STOP_SEQUENCES, MESSAGES, MODEL, ROLES
+from inference.kinds import string, type_error
+from inference.prompts import (
+    MAX_EMBEDDING_INPUTS,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_SEQUENCES,
+    MODEL,
+    ROLES,
+)
 from inference.structured import ToolUse, tools_parse
 
 __all__ = [
     "CHAT",
     "COMPLETIONS",
+    "ENCODING_FORMATS",
     "MAX_CHOICES",
+    "MAX_EMBEDDING_INPUTS",
     "MAX_LOGIT_BIAS",
     "MAX_LOGPROBS",
     "MAX_STOP_SEQUENCES",
@@ -98,47 +107,6 @@ def body_parse(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
     return body
-
-
-# Shorthands for the embeddings and tokenize bodies, read with the same kinds.
-
-
-def _model(body: dict[str, Any]) -> str:
-    return str(MODEL.read(body, "model"))
-
-
-def _string(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
-    value: str | None = string(required=required).read(body, name)
-    return value
-
-
-def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
-    value: int | None = integer(lo, hi).read(body, name)
-    return value
-
-
-def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
-    value: float | None = number(lo, hi).read(body, name)
-    return value
-
-
-def _boolean(body: dict[str, Any], name: str, default: bool = False) -> bool:
-    return bool(boolean(default=default).read(body, name))
-
-
-def _user(body: dict[str, Any]) -> str | None:
-    value: str | None = GENERATION_FIELDS["user"].read(body, "user")
-    return value
-
-
-def _priority(body: dict[str, Any]) -> str:
-    tier = GENERATION_FIELDS["service_tier"].read(body, "service_tier")
-    return SERVICE_TIERS[tier] if tier is not None else "interactive"
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    value: list[dict[str, Any]] = MESSAGES.read(body, "messages")
-    return value
 
 
 def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
@@ -236,8 +204,6 @@ def _structured(body: dict[str, Any]) -> Structured | None:
 
 
 EMBEDDINGS = "embeddings"
-MAX_EMBEDDING_INPUTS = 2048
-ENCODING_FORMATS = ("float", "base64")
 
 
 @dataclass(frozen=True)
@@ -255,54 +221,26 @@ class EmbeddingRequest:
         return bool(self.inputs) and isinstance(self.inputs[0], list)
 
 
-def _embedding_inputs(body: dict[str, Any]) -> list[str] | list[list[int]]:
-    """Return `input` as a list of texts or of token-id lists, or raise a 400 naming it."""
-    value = body.get("input")
-    if value is None:
-        raise invalid("input", "Missing required parameter: 'input'.", "missing_required_parameter")
-    single_tokens = isinstance(value, list) and value and all(is_token(t) for t in value)
-    if isinstance(value, str) or single_tokens:
-        value = [value]  # one input
-    if not isinstance(value, list):
-        raise type_error("input", "a string, an array of strings or of token arrays", value)
-    if not value:
-        raise invalid("input", "'input' cannot be an empty array.")
-    if len(value) > MAX_EMBEDDING_INPUTS:
-        raise invalid(
-            "input", f"'input' takes at most {MAX_EMBEDDING_INPUTS} items, got {len(value)}."
-        )
-    if all(isinstance(item, str) for item in value):
-        for index, item in enumerate(value):
-            if not item.strip():
-                raise invalid(f"input[{index}]", f"'input[{index}]' cannot be an empty string.")
-        return value
-    if all(isinstance(item, list) for item in value):
-        for index, item in enumerate(value):
-            if not item:
-                raise invalid(f"input[{index}]", f"'input[{index}]' cannot be an empty array.")
-            if not all(is_token(t) for t in item):
-                raise invalid(f"input[{index}]", f"'input[{index}]' must hold token ids (>= 0).")
-        return value
-    raise type_error("input", "a string, an array of strings or of token arrays", value)
-
-
 def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
-    """Return the typed request of an embeddings body, or raise a 400."""
-    model = _model(body)
+    """Return the typed request of an embeddings body, or raise a 400.
+
+    Every field is read through its declaration in EMBEDDING_FIELDS.
+    """
+    model = MODEL.read(body, "model")
     unsupported_refuse(body, EMBEDDING_FIELDS)
-    encoding = _string(body, "encoding_format") or "float"
-    if encoding not in ENCODING_FORMATS:
-        raise invalid(
-            "encoding_format", f"'encoding_format' must be one of {', '.join(ENCODING_FORMATS)}."
-        )
+
+    def read(name: str) -> Any:
+        return EMBEDDING_FIELDS[name].read(body, name)
+
+    tier = read("service_tier")
     return EmbeddingRequest(
         model=model,
-        inputs=_embedding_inputs(body),
-        encoding_format=encoding,
-        dimensions=_integer(body, "dimensions", 1, 1 << 16),
-        user=_user(body),
-        priority=_priority(body),
-        timeout=_number(body, "timeout", 0.001, 86400.0),
+        inputs=read("input"),
+        encoding_format=read("encoding_format") or "float",
+        dimensions=read("dimensions"),
+        user=read("user"),
+        priority=SERVICE_TIERS[tier] if tier is not None else "interactive",
+        timeout=read("timeout"),
     )
 
 
@@ -327,28 +265,32 @@ def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
 
     As vLLM's: `messages` makes it a chat request (defaults: add_generation_prompt true,
     add_special_tokens false, as the template adds its own), else `prompt` is required
-    (add_special_tokens true).
+    (add_special_tokens true). Every field is read through TOKENIZE_FIELDS.
     """
-    model = _model(body)
+    model = MODEL.read(body, "model")
     unsupported_refuse(body, TOKENIZE_FIELDS)
+
+    def read(name: str) -> Any:
+        return TOKENIZE_FIELDS[name].read(body, name)
+
     chat = body.get("messages") is not None
     if chat and body.get("prompt") is not None:
         raise invalid("prompt", "Send either 'prompt' or 'messages', not both.")
-    return_token_strs = _boolean(body, "return_token_strs")
+    return_token_strs = read("return_token_strs")
+    special = read("add_special_tokens")
     if not chat:
         # add_generation_prompt and continue_final_message shape chat only: ignored here.
-        prompt = _string(body, "prompt", required=True)
         return TokenizeRequest(
             model=model,
-            prompt=prompt,
+            prompt=string(required=True).read(body, "prompt"),
             messages=None,
-            add_special_tokens=_boolean(body, "add_special_tokens", default=True),
+            add_special_tokens=True if special is None else special,
             add_generation_prompt=False,
             continue_final_message=False,
             return_token_strs=return_token_strs,
         )
-    add_generation_prompt = _boolean(body, "add_generation_prompt", default=True)
-    continue_final_message = _boolean(body, "continue_final_message")
+    add_generation_prompt = read("add_generation_prompt")
+    continue_final_message = read("continue_final_message")
     if add_generation_prompt and continue_final_message:
         raise invalid(
             "continue_final_message",
@@ -357,8 +299,8 @@ def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
     return TokenizeRequest(
         model=model,
         prompt=None,
-        messages=_messages(body),
-        add_special_tokens=_boolean(body, "add_special_tokens"),
+        messages=read("messages"),
+        add_special_tokens=bool(special),
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
         return_token_strs=return_token_strs,
@@ -373,18 +315,6 @@ class DetokenizeRequest:
 
 def detokenize_parse(body: dict[str, Any]) -> DetokenizeRequest:
     """Return the typed request of a /detokenize body, or raise a 400 naming the field."""
-    model = _model(body)
+    model = MODEL.read(body, "model")
     unsupported_refuse(body, DETOKENIZE_FIELDS)
-    tokens = body.get("tokens")
-    if tokens is None:
-        raise invalid(
-            "tokens", "Missing required parameter: 'tokens'.", code="missing_required_parameter"
-        )
-    if not isinstance(tokens, list):
-        raise type_error("tokens", "an array of token ids", tokens)
-    for index, token in enumerate(tokens):
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise type_error(f"tokens[{index}]", "an integer", token)
-        if token < 0:
-            raise invalid(f"tokens[{index}]", f"Token ids are at least 0, got {token}.")
-    return DetokenizeRequest(model=model, tokens=tokens)
+    return DetokenizeRequest(model=model, tokens=DETOKENIZE_FIELDS["tokens"].read(body, "tokens"))

@@ -10,7 +10,7 @@ from typing import Any
 
 from config.json_body import shown
 from inference.errors import ApiError, invalid
-from inference.kinds import TOKEN_IDS, Schema, custom
+from inference.kinds import TOKEN_IDS, Schema, custom, is_token
 from inference.kinds import type_error as _type_error
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -315,4 +315,78 @@ LOGIT_BIAS = custom(
         "description": "Token id to a bias added to its logit.",
     },
     _logit_bias,
+)
+
+
+# --- embeddings and detokenize ----------------------------------------------------------------
+
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def _embedding_inputs(body: dict[str, Any], name: str) -> list[str] | list[list[int]]:
+    """Return `input` as a list of texts or of token-id lists, or raise a 400 naming it."""
+    value = body.get(name)
+    if value is None:
+        raise invalid(name, f"Missing required parameter: '{name}'.", "missing_required_parameter")
+    single_tokens = isinstance(value, list) and value and all(is_token(t) for t in value)
+    if isinstance(value, str) or single_tokens:
+        value = [value]  # one input
+    if not isinstance(value, list):
+        raise _type_error(name, "a string, an array of strings or of token arrays", value)
+    if not value:
+        raise invalid(name, f"'{name}' cannot be an empty array.")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise invalid(
+            name, f"'{name}' takes at most {MAX_EMBEDDING_INPUTS} items, got {len(value)}."
+        )
+    if all(isinstance(item, str) for item in value):
+        for index, item in enumerate(value):
+            if not item.strip():
+                raise invalid(f"{name}[{index}]", f"'{name}[{index}]' cannot be an empty string.")
+        return value
+    if all(isinstance(item, list) for item in value):
+        for index, item in enumerate(value):
+            if not item:
+                raise invalid(f"{name}[{index}]", f"'{name}[{index}]' cannot be an empty array.")
+            if not all(is_token(t) for t in item):
+                raise invalid(f"{name}[{index}]", f"'{name}[{index}]' must hold token ids (>= 0).")
+        return value
+    raise _type_error(name, "a string, an array of strings or of token arrays", value)
+
+
+_TEXT: Schema = {"type": "string", "pattern": "\\S", "description": "Not blank."}
+INPUT = custom(
+    {
+        "anyOf": [
+            _TEXT,
+            {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": _TEXT},
+            TOKEN_IDS,
+            {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": TOKEN_IDS},
+        ]
+    },
+    _embedding_inputs,
+)
+
+
+def _tokens(body: dict[str, Any], name: str) -> list[int]:
+    tokens = body.get(name)
+    if tokens is None:
+        raise invalid(name, f"Missing required parameter: '{name}'.", "missing_required_parameter")
+    if not isinstance(tokens, list):
+        raise _type_error(name, "an array of token ids", tokens)
+    for index, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise _type_error(f"{name}[{index}]", "an integer", token)
+        if token < 0:
+            raise invalid(f"{name}[{index}]", f"Token ids are at least 0, got {token}.")
+    return tokens
+
+
+TOKENS = custom(
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0},
+        "description": "Token ids, each below the model's vocabulary size.",
+    },
+    _tokens,
 )

@@ -1,17 +1,22 @@
 """The request bodies of the /v1 API, as its OpenAPI document describes them.
 
-Chat and completions bodies are built from their field table (inference.fields): each field's
-schema is the one its reader enforces. The embeddings and tokenize bodies are written from what
-inference.params accepts, with the limits imported where the code names them. The batch views'
-bodies are batches.openapi's.
+Every body is built from its field table (inference.fields): each field's schema is the one
+its reader enforces. The batch views' bodies are batches.openapi's.
 """
 
 from __future__ import annotations
 
-from inference.fields import CHAT, COMPLETIONS, GENERATION_FIELDS, Field
-from inference.kinds import TOKEN_IDS
-from inference.openapi.schema import Schema, integer, obj
-from inference.params import ENCODING_FORMATS, MAX_EMBEDDING_INPUTS
+from inference.fields import (
+    CHAT,
+    COMPLETIONS,
+    DETOKENIZE_FIELDS,
+    EMBEDDING_FIELDS,
+    GENERATION_FIELDS,
+    TOKENIZE_FIELDS,
+    Field,
+)
+from inference.openapi.schema import Schema, obj
+from inference.params import EMBEDDINGS
 
 
 def request_schema(fields: dict[str, Field], endpoint: str, *required: str) -> Schema:
@@ -48,90 +53,18 @@ COMPLETION_REQUEST: Schema = {
     **request_schema(GENERATION_FIELDS, COMPLETIONS, "model", "prompt"),
     **_STREAM_OPTIONS_NEED_STREAM,
 }
-_TOKENS = TOKEN_IDS
-# Fields the embeddings body shares with chat, as chat declares them.
-_SAMPLING = {
-    name: CHAT_REQUEST["properties"][name] for name in ("model", "user", "timeout", "service_tier")
-}
+EMBEDDING_REQUEST: Schema = request_schema(EMBEDDING_FIELDS, EMBEDDINGS, "model", "input")
 
 
-_TEXT = {"type": "string", "pattern": "\\S", "description": "Not blank."}
-EMBEDDING_REQUEST: Schema = obj(
-    {
-        "model": _SAMPLING["model"],
-        "input": {
-            "anyOf": [
-                _TEXT,
-                {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": _TEXT},
-                _TOKENS,
-                {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_EMBEDDING_INPUTS,
-                    "items": _TOKENS,
-                },
-            ]
-        },
-        "encoding_format": {"type": ["string", "null"], "enum": [*ENCODING_FORMATS, None]},
-        "dimensions": integer(1, 1 << 16, "Fewer than the model's: cut and normalised again."),
-        "user": _SAMPLING["user"],
-        "service_tier": _SAMPLING["service_tier"],
-        "timeout": _SAMPLING["timeout"],
-    },
-    "model",
-    "input",
-)
+def _tokenize_variant(required: str, absent: str) -> Schema:
+    """One of /tokenize's two bodies (vLLM's): a prompt, or messages; never both."""
+    schema = request_schema(TOKENIZE_FIELDS, "tokenize", "model", required)
+    schema["properties"][absent] = {"type": "null"}
+    return schema
 
-_BOOLEAN = {"type": ["boolean", "null"]}
-_TOKENIZE_COMMON: dict[str, Schema] = {
-    "model": _SAMPLING["model"],
-    "add_special_tokens": {
-        **_BOOLEAN,
-        "description": "Add the tokenizer's special tokens (BOS); default: true for a "
-        "prompt, false for messages (the chat template writes its own).",
-    },
-    "return_token_strs": {**_BOOLEAN, "description": "Also answer each token's string."},
-    # Accepted only with the values that ask for nothing.
-    "tools": {"type": ["array", "null"], "maxItems": 0},
-    "chat_template_kwargs": {"type": ["object", "null"], "maxProperties": 0},
-}
+
 # vLLM's TokenizeRequest: a completion prompt, or chat messages (the two cannot be mixed).
 TOKENIZE_REQUEST: Schema = {
-    "anyOf": [
-        obj(
-            {**_TOKENIZE_COMMON, "prompt": {"type": "string"}, "messages": {"type": "null"}},
-            "model",
-            "prompt",
-        ),
-        obj(
-            {
-                **_TOKENIZE_COMMON,
-                "messages": CHAT_REQUEST["properties"]["messages"],
-                "prompt": {"type": "null"},
-                "add_generation_prompt": {
-                    **_BOOLEAN,
-                    "description": "End with the assistant's turn opened (default: true).",
-                },
-                "continue_final_message": {
-                    **_BOOLEAN,
-                    "description": "Leave the last message open, to be continued; not "
-                    "together with add_generation_prompt=true.",
-                },
-            },
-            "model",
-            "messages",
-        ),
-    ]
+    "anyOf": [_tokenize_variant("prompt", "messages"), _tokenize_variant("messages", "prompt")]
 }
-DETOKENIZE_REQUEST: Schema = obj(
-    {
-        "model": _SAMPLING["model"],
-        "tokens": {
-            "type": "array",
-            "items": {"type": "integer", "minimum": 0},
-            "description": "Token ids, each below the model's vocabulary size.",
-        },
-    },
-    "model",
-    "tokens",
-)
+DETOKENIZE_REQUEST: Schema = request_schema(DETOKENIZE_FIELDS, "detokenize", "model", "tokens")

@@ -66,3 +66,21 @@ def test_a_refused_field_is_published_with_only_the_values_that_ask_for_nothing(
     with pytest.raises(ApiError):
         generation_parse({**BASE[CHAT], "best_of": 2}, endpoint=CHAT)
     generation_parse({**BASE[CHAT], "best_of": 1}, endpoint=CHAT)
+
+
+def test_every_other_body_is_built_from_its_table():
+    from inference.fields import DETOKENIZE_FIELDS, EMBEDDING_FIELDS, TOKENIZE_FIELDS
+    from inference.openapi.bodies import DETOKENIZE_REQUEST, EMBEDDING_REQUEST, TOKENIZE_REQUEST
+
+    assert set(EMBEDDING_REQUEST["properties"]) == set(EMBEDDING_FIELDS)
+    assert set(DETOKENIZE_REQUEST["properties"]) == set(DETOKENIZE_FIELDS)
+    for variant in TOKENIZE_REQUEST["anyOf"]:
+        assert set(variant["properties"]) == set(TOKENIZE_FIELDS)
+        assert variant["additionalProperties"] is False
+    dimensions = EMBEDDING_REQUEST["properties"]["dimensions"]
+    from inference.params import embeddings_parse
+
+    body = {"model": "m", "input": "x"}
+    with pytest.raises(ApiError):
+        embeddings_parse({**body, "dimensions": dimensions["maximum"] + 1})
+    assert embeddings_parse({**body, "dimensions": dimensions["maximum"]}).dimensions
