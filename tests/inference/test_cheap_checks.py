@@ -79,13 +79,7 @@ def _send_until_answered(
             if readable:
                 sock.setblocking(True)
                 sock.settimeout(5)
-                answer = b""
-                while b"\r\n\r\n" not in answer:
-                    part = sock.recv(65536)
-                    if not part:
-                        break
-                    answer += part
-                return answer, sent
+                return _answer_read(sock), sent
             if writable:
                 if not pending:
                     try:
@@ -100,6 +94,33 @@ def _send_until_answered(
                 sent += n
                 pending = pending[n:]
     raise AssertionError(f"no answer within {timeout}s after sending {sent} bytes")
+
+
+def _answer_read(sock: socket.socket) -> bytes:
+    """Read a whole answer: its head, then its body (the server may send the two apart)."""
+    answer = b""
+    while not _answer_complete(answer):
+        try:
+            part = sock.recv(65536)
+        except TimeoutError:
+            break
+        if not part:
+            break
+        answer += part
+    return answer
+
+
+def _answer_complete(answer: bytes) -> bool:
+    head, found, body = answer.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    headers = head.lower()
+    if b"transfer-encoding: chunked" in headers:
+        return body.endswith(b"0\r\n\r\n")
+    for line in headers.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":", 1)[1])
+    return True
 
 
 def _chunked(total: int, size: int = 64 * 1024) -> Iterator[bytes]:
