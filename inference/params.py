@@ -133,6 +133,11 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
             "continue_final_message",
             "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true.",
         )
+    n = read("n")
+    if n * max(len(prompts), 1) > MAX_CHOICES:
+        # Every choice reserves max_tokens: one request answers at most OpenAI's n limit.
+        message = f"n × prompts is at most {MAX_CHOICES}, got {n} × {len(prompts)}."
+        raise invalid("n", message)
     tier = read("service_tier")
     return GenerationRequest(
         endpoint=endpoint,
@@ -155,7 +160,7 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         user=read("user"),
         priority=SERVICE_TIERS[tier] if tier is not None else "interactive",
         timeout=read("timeout"),
-        n=read("n"),
+        n=n,
         repetition_penalty=read("repetition_penalty"),
         min_p=read("min_p"),
         stop_token_ids=tuple(read("stop_token_ids")),

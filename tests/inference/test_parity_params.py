@@ -247,3 +247,9 @@ def test_vllm_sampling_options_are_kept():
 def test_an_empty_text_prompt_is_refused_as_vllm_refuses_it():
     assert _error({"model": "m", "prompt": ""}, endpoint=COMPLETIONS).param == "prompt"
     assert _error({"model": "m", "prompt": ["a", ""]}, endpoint=COMPLETIONS).param == "prompt[1]"
+
+
+def test_choices_across_prompts_are_capped_as_n_is():
+    body = {"model": "m", "prompt": ["a"] * 4, "n": 33}
+    assert _error(body, endpoint=COMPLETIONS).param == "n"
+    assert generation_parse({**body, "n": 32}, endpoint=COMPLETIONS).n == 32
