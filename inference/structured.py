@@ -8,6 +8,7 @@ xgrammar's, the library vLLM's structured decoding uses.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -425,6 +426,13 @@ def _compiler() -> Any:
 def _compile(kind: str, text: str, where: str) -> None:
     if "\x00" in text:
         raise invalid(where, f"'{where}' cannot contain the NUL character.")
+    _compiles(kind, text, where)
+
+
+# A client sends the same tools and schemas with every request of a conversation: each text
+# compiles once per frontend. Failures are not kept (an exception is never cached).
+@functools.lru_cache(maxsize=1024)
+def _compiles(kind: str, text: str, where: str) -> None:
     grammar = _compiler().Grammar
     build = {
         "json": grammar.from_json_schema,

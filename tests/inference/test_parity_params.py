@@ -253,3 +253,25 @@ def test_choices_across_prompts_are_capped_as_n_is():
     body = {"model": "m", "prompt": ["a"] * 4, "n": 33}
     assert _error(body, endpoint=COMPLETIONS).param == "n"
     assert generation_parse({**body, "n": 32}, endpoint=COMPLETIONS).n == 32
+
+
+def test_a_schema_sent_again_is_not_compiled_again(monkeypatch):
+    from inference import structured
+
+    compiled: list[str] = []
+    grammar = structured._compiler().Grammar
+    real = grammar.from_json_schema
+
+    def counting(text: str) -> object:
+        compiled.append(text)
+        return real(text)
+
+    monkeypatch.setattr(grammar, "from_json_schema", counting)
+    schema = json.dumps({"type": "object", "properties": {"once": {"type": "integer"}}})
+    structured.schema_check(schema, "tools[0].function.parameters")
+    structured.schema_check(schema, "tools[0].function.parameters")
+    assert compiled == [schema]
+    with pytest.raises(ApiError):
+        structured.schema_check('{"type": "nonsense"}', "x")
+    with pytest.raises(ApiError):  # a failure is not kept: it is refused every time
+        structured.schema_check('{"type": "nonsense"}', "x")
