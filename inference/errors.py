@@ -77,6 +77,7 @@ SHOULD_RETRY: dict[str, bool] = {
     "chat_template_missing": False,
     "wrong_endpoint_for_model": False,
     "request_too_large": False,
+    "exceeds_queue_capacity": False,  # larger than its deployment's queue takes at all
     "file_too_large": False,
     "too_many_lines": False,
     "missing_custom_id": False,

@@ -434,6 +434,7 @@ async def _job_submit(
     if clock is not None:
         clock.lap("preprocess")
     try:
+        _queue_fit_check(route, job, model=model)
         reserve = Usage(
             tokens=job.reserved_tokens,
             cost_micros=route_cost(
@@ -479,6 +480,33 @@ async def _job_submit(
             clock.lap("admission")
     admission_decided(deployment=route.deployment, reason="admitted")
     return decision
+
+
+def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:
+    """Refuse a request that reserves more tokens than its deployment queues at all.
+
+    The queue refuses it as full whatever waits ahead of it, so a 503 queue_full would have
+    the client retry for ever: it is a 400 that names what to lower, before anything is
+    reserved.
+    """
+    limit = route.max_queued_tokens
+    if job.reserved_tokens <= limit:
+        return
+    prompt = len(job.prompt_token_ids)
+    if job.endpoint == EMBEDDINGS:
+        message = (
+            f"This request's input is {prompt} tokens, more than '{model}' queues at once "
+            f"({limit} tokens). Send fewer or shorter inputs."
+        )
+        raise ApiError(400, "exceeds_queue_capacity", message, param="input")
+    # Name n when max_tokens for one choice would fit: it is the choices that overflow.
+    param = "n" if job.choices > 1 and prompt + job.sampling.max_tokens <= limit else "max_tokens"
+    message = (
+        f"This request reserves {job.reserved_tokens} tokens ({prompt} in its prompts and "
+        f"max_tokens {job.sampling.max_tokens} for each of its {job.choices} choices), more "
+        f"than '{model}' queues at once ({limit} tokens). Lower max_tokens or n."
+    )
+    raise ApiError(400, "exceeds_queue_capacity", message, param=param)
 
 
 async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None = None) -> None:

@@ -157,6 +157,21 @@ def _route_settle(key: str, *base_urls: str, alias: str = CANARY_ALIAS) -> None:
     time.sleep(0.5)
 
 
+def _served_by(key: str, base_url: str, version: str, *, alias: str = CANARY_ALIAS) -> None:
+    """Wait until a frontend sends some users to `version`: its route has the new split.
+
+    `_route_settle` gives a reload time to land; on a loaded machine the change message can
+    come later than that, and a load sent meanwhile all goes to the old version.
+    """
+    deadline = time.monotonic() + 30
+    for i in range(10_000):
+        response = _chat(base_url, key, model=alias, user=f"settle-{i}", max_tokens=1)
+        if response.headers.get("x-roundhouse-model-version") == version:
+            return
+        assert time.monotonic() < deadline, f"{base_url} never routed a user to {version}"
+        time.sleep(0.05)
+
+
 def test_assignment_is_sticky_across_frontends_and_billing_follows_the_version(
     canary, stack, world, usage_of, django_db_blocker
 ):
@@ -241,8 +256,9 @@ def _load(
     n: int = 32,
     model: str = CANARY_ALIAS,
     max_tokens: int = 8,
+    parallel: int = 8,
 ) -> list[str]:
-    """Send n requests, 8 at a time, from n users; return their request ids."""
+    """Send n requests, `parallel` at a time, from n users; return their request ids."""
 
     def one(i: int) -> str:
         response = _chat(
@@ -251,7 +267,7 @@ def _load(
         assert response.status_code == 200, response.text
         return response.headers["x-request-id"]
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
         return list(pool.map(one, range(n)))
 
 
@@ -284,7 +300,7 @@ def _long_stream(base_url: str, key: str, out: dict[str, Any], started: threadin
 def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_streams(
     canary, stack, world, usage_of, django_db_blocker
 ):
-    from rollouts.services import rollout_start
+    from rollouts.services import rollout_start, rollout_verdict
     from rollouts.tasks import rollouts_analyze
 
     with django_db_blocker.unblock():
@@ -297,6 +313,7 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
             breach_checks=2,
         )
     _route_settle(world.acme_key, stack.base_url)
+    _served_by(world.acme_key, stack.base_url, canary.version.version)
     verdicts = []
     stream: dict[str, Any] = {}
     started = threading.Event()
@@ -304,17 +321,30 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
         target=_long_stream, args=(stack.base_url, world.acme_key, stream, started)
     )
     for round_ in range(2):
-        # 32-token answers: on one sequence at a time, the canary's queue makes its TTFT
-        # several times the baseline's, whatever else the machine is doing.
-        usage_of(*_load(stack.base_url, world.acme_key, prefix=f"ramp-{round_}", max_tokens=32))
+        # 32-token answers, 16 at a time: on one sequence at a time the canary keeps about
+        # eight waiting, so its TTFT is several times the baseline's. With eight at a time it
+        # kept four, and the baseline's TTFT (its engine sharing two cores with the canary's)
+        # came within 1.5 times of it now and then.
+        ids = _load(
+            stack.base_url,
+            world.acme_key,
+            prefix=f"ramp-{round_}",
+            n=48,
+            max_tokens=32,
+            parallel=16,
+        )
+        usage_of(*ids)
         if round_ == 1:
             # A stream in flight on the canary when it is rolled back must still finish.
             streamer.start()
             assert started.wait(60)
         with django_db_blocker.unblock():
+            rollout.refresh_from_db()
+            evidence = rollout_verdict(rollout).evidence["checks"]  # what the analysis sees
             done = rollouts_analyze.apply().get()
-        assert rollout.pk in done, f"rollout {rollout.pk} was not analysed: {done}"
+        assert rollout.pk in done, f"rollout {rollout.pk} was not analysed: {done}, {evidence}"
         verdicts.append(done[rollout.pk])
+        assert verdicts == ["hold", "rollback"][: round_ + 1], evidence
     streamer.join(120)
     assert verdicts == ["hold", "rollback"]
     assert stream["finish_reason"] == "length"

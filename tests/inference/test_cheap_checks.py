@@ -9,6 +9,7 @@ without running the tokenizer, and made-up keys cannot grow a frontend's key cac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import select
 import socket
@@ -239,3 +240,55 @@ async def test_made_up_keys_do_not_grow_the_key_cache(world):
     assert len(auth._keys._missing) == 1_024
     # The key in use kept its place: made-up keys evict only made-up keys.
     assert token_parse(world.acme_key).public_id in auth._keys._entries  # type: ignore[union-attr]
+
+
+@pytest.mark.django_db
+async def test_a_request_larger_than_its_deployments_queue_is_a_400_before_admission(
+    world, monkeypatch
+):
+    """The queue refuses such a request whatever waits ahead of it: a 503 queue_full would be
+    retried for ever. It is a 400 naming what to lower, and nothing is reserved."""
+    from inference import submission
+
+    public_id = token_parse(world.acme_key).public_id  # type: ignore[union-attr]
+    principal = await db_call(auth.principal_of_key, public_id)
+    routing_get = submission.routing_get
+
+    async def small_queue(name: str) -> Any:
+        routing = await routing_get(name)
+
+        class Small:
+            def pick(self, **kwargs: Any) -> Any:
+                return dataclasses.replace(routing.pick(**kwargs), max_queued_tokens=120)
+
+            def shadow_for(self, **kwargs: Any) -> Any:
+                return None
+
+        return Small()
+
+    admitted: list[str] = []
+    admit = submission.admit
+
+    async def counting_admit(**kwargs: Any) -> Any:
+        admitted.append(kwargs["request_id"])
+        return await admit(**kwargs)
+
+    monkeypatch.setattr(submission, "routing_get", small_queue)
+    monkeypatch.setattr(submission, "admit", counting_admit)
+    hello = [{"role": "user", "content": "hello"}]
+    cases: dict[str, dict[str, Any]] = {
+        # One choice's max_tokens alone overflows the queue: lower max_tokens.
+        "max_tokens": {"max_tokens": 150},
+        # Each choice fits; four of them do not: lower n.
+        "n": {"max_tokens": 40, "n": 4, "temperature": 1.0},
+    }
+    for param, fields in cases.items():
+        body = {"model": ALIAS, "messages": hello, **fields}
+        request = generation_parse(body, endpoint=CHAT)
+        with pytest.raises(ApiError) as refused:
+            await generation_submit(principal=principal, request=request, request_id=param)
+        error = refused.value
+        assert (error.status, error.code, error.param) == (400, "exceeds_queue_capacity", param)
+        assert "queues at once (120 tokens)" in error.message
+        assert error.response()["x-should-retry"] == "false"
+    assert admitted == []
