@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    TTFT_STAGES,
     Platform,
+    Sent,
     Target,
     closed_loop_rate,
     percentile,
@@ -50,6 +52,7 @@ from bench.common import (  # noqa: E402
     results_write,
     roundhouse_stack,
     section_write,
+    ttft_stages,
     vllm_server,
 )
 
@@ -139,19 +142,10 @@ def _session(limit: int) -> aiohttp.ClientSession:
 
 
 @dataclass
-class Light:
-    """One of tenant B's requests: its TTFT, and what finds its usage record."""
-
-    ttft_ms: float
-    request_id: str
-    sent_at: float
-
-
-@dataclass
 class Neighbour:
     target: str
-    alone: list[Light]
-    flooded: list[Light]
+    alone: list[Sent]
+    flooded: list[Sent]
     flood_tokens_per_s: float
     # Roundhouse only: B's TTFT split into stages, alone and under the flood (ms samples).
     stages: dict[str, dict[str, list[float]]] = field(default_factory=dict)
@@ -169,21 +163,21 @@ class Neighbour:
         return percentile(self.flooded_ms, 0.99) / percentile(self.alone_ms, 0.99)
 
 
-async def _light(session: aiohttp.ClientSession, target: Target, n: int) -> list[Light]:
+async def _light(session: aiohttp.ClientSession, target: Target, n: int) -> list[Sent]:
     lights = []
     for _ in range(n):
         outcome = await _stream(session, target, "light", LIGHT_TOKENS)
         if outcome.ttft is not None:
-            lights.append(Light(outcome.ttft * 1000, outcome.request_id, outcome.sent_at))
+            lights.append(Sent(outcome.request_id, outcome.sent_at, outcome.ttft * 1000))
         await asyncio.sleep(0.05)
     return lights
 
 
-def _light_client(base_url: str, model: str, key: str, n: int) -> list[Light]:
+def _light_client(base_url: str, model: str, key: str, n: int) -> list[Sent]:
     """Tenant B's client, in a process of its own: n of B's requests in turn."""
     target = Target(name="light", base_url=base_url, model=model, api_keys={"light": key})
 
-    async def run() -> list[Light]:
+    async def run() -> list[Sent]:
         async with _session(4) as session:
             await asyncio.gather(*(_stream(session, target, "light", 4) for _ in range(2)))
             return await _light(session, target, n)
@@ -200,7 +194,7 @@ async def _neighbour(target: Target, flood: int, light_requests: int) -> Neighbo
     key = target.api_keys.get("light", "none")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
 
-        async def light(n: int) -> list[Light]:
+        async def light(n: int) -> list[Sent]:
             # The client warms its own connection and the path before it measures.
             return await loop.run_in_executor(
                 pool, _light_client, target.base_url, target.model, key, n
@@ -213,7 +207,7 @@ async def _neighbour_with(
     target: Target,
     flood: int,
     light_requests: int,
-    light: Callable[[int], Awaitable[list[Light]]],
+    light: Callable[[int], Awaitable[list[Sent]]],
 ) -> Neighbour:
     async with _session(flood + 8) as session:
         alone = await light(light_requests)
@@ -240,47 +234,10 @@ async def _neighbour_with(
     return Neighbour(target.name, alone, flooded, produced / max(elapsed, 1e-9))
 
 
-STAGES = {
-    "frontend": "sent → admitted: HTTP, key, parsing, chat template and tokens",
-    "queue": "admitted → started: quota and queue scripts, a worker's claim",
-    "engine": "started → first token: the engine's prefill step behind the running batch",
-    "relay": "first token → client: the worker's write, the frontend's relay, SSE",
-}
-
-
 def _stages(row: Neighbour) -> dict[str, dict[str, list[float]]]:
     """Split each of B's Roundhouse TTFTs into stages by its usage record's timestamps."""
-    from billing.models import UsageRecord
 
-    def split(lights: list[Light]) -> dict[str, list[float]]:
-        records = UsageRecord.objects.in_bulk(
-            [x.request_id for x in lights], field_name="request_id"
-        )
-        out: dict[str, list[float]] = {name: [] for name in STAGES}
-        for light in lights:
-            record = records.get(light.request_id)
-            if record is None or record.started_at is None or record.first_token_at is None:
-                continue
-            admitted = record.enqueued_at.timestamp()
-            started = record.started_at.timestamp()
-            first = record.first_token_at.timestamp()
-            seen = light.sent_at + light.ttft_ms / 1000
-            for name, seconds in (
-                ("frontend", admitted - light.sent_at),
-                ("queue", started - admitted),
-                ("engine", first - started),
-                ("relay", seen - first),
-            ):
-                out[name].append(seconds * 1000)
-        return out
-
-    for _ in range(50):  # the ingester writes usage records within moments
-        if UsageRecord.objects.filter(
-            request_id__in=[x.request_id for x in row.flooded]
-        ).count() >= len(row.flooded):
-            break
-        time.sleep(0.2)
-    return {"alone": split(row.alone), "flooded": split(row.flooded)}
+    return {"alone": ttft_stages(row.alone), "flooded": ttft_stages(row.flooded)}
 
 
 def _stages_table(row: Neighbour) -> str:
@@ -288,7 +245,7 @@ def _stages_table(row: Neighbour) -> str:
         "| stage of B's TTFT | alone p50 / p99 (ms) | under flood p50 / p99 (ms) |",
         "| --- | ---: | ---: |",
     ]
-    for name, meaning in STAGES.items():
+    for name, meaning in TTFT_STAGES.items():
         alone, flooded = row.stages["alone"][name], row.stages["flooded"][name]
         lines.append(
             f"| {name} ({meaning}) | {percentile(alone, 0.5):.1f} / {percentile(alone, 0.99):.1f}"

@@ -66,6 +66,78 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+# The stages of a Roundhouse request's time to first token, read from its usage record's
+# timestamps and the client's clock (one machine: one clock).
+TTFT_STAGES = {
+    "frontend": "sent → admitted: HTTP, key, parsing, chat template and tokens",
+    "queue": "admitted → started: quota and queue scripts, a worker's claim",
+    "engine": "started → first token: the engine's prefill step behind the running batch",
+    "relay": "first token → client: the worker's write, the frontend's relay, SSE",
+}
+
+
+@dataclass
+class Sent:
+    """One streamed request as its client saw it: what finds its usage record, and its TTFT."""
+
+    request_id: str
+    sent_at: float  # time.time() as it was sent
+    ttft_ms: float
+
+
+def ttft_stages(sent: list[Sent], *, wait_s: float = 10.0) -> dict[str, list[float]]:
+    """Split each request's TTFT into `TTFT_STAGES` (ms per request, in `sent`'s order).
+
+    Waits up to `wait_s` for the ingester to write the usage records; a request without one
+    (or one that never started) is left out. Needs Django set up (`prepare_roundhouse`).
+    """
+    from billing.models import UsageRecord
+
+    ids = [x.request_id for x in sent]
+    deadline = time.monotonic() + wait_s
+    while UsageRecord.objects.filter(request_id__in=ids).count() < len(set(ids)):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    records = UsageRecord.objects.in_bulk(ids, field_name="request_id")
+    out: dict[str, list[float]] = {name: [] for name in TTFT_STAGES}
+    for x in sent:
+        record = records.get(x.request_id)
+        if record is None or record.started_at is None or record.first_token_at is None:
+            continue
+        admitted = record.enqueued_at.timestamp()
+        started = record.started_at.timestamp()
+        first = record.first_token_at.timestamp()
+        seen = x.sent_at + x.ttft_ms / 1000
+        for name, seconds in (
+            ("frontend", admitted - x.sent_at),
+            ("queue", started - admitted),
+            ("engine", first - started),
+            ("relay", seen - first),
+        ):
+            out[name].append(seconds * 1000)
+    return out
+
+
+def cpu_features() -> str:
+    """The processor's model and the vector extensions vLLM's CPU kernels use, as one line.
+
+    The engine's speed differs by about five times between cores with AVX-512 and bf16 (or
+    AMX) and plain AVX2 ones, so a figure means little without it.
+    """
+    model, flags = "unknown processor", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    found = [flag for flag in wanted if flag in flags]
+    return f"{model}; {', '.join(found) or 'no AVX2'}"
+
+
 def closed_loop_rate(slots: int, durations: list[float]) -> float:
     """Completions per second of a closed loop that keeps `slots` requests busy (Little's law).
 

@@ -3,14 +3,23 @@
 (a) vLLM's own OpenAI server on the tiny demo model, (b) Roundhouse end to end (frontend, Redis
 queue, worker with the same engine settings, usage ingester) on the same model. Each runs
 streaming completions of 64 output tokens (ignore_eos) at concurrency 1, 8 and 32, and we
-report aggregate output tokens/s, TTFT p50/p99 and the ratios Roundhouse / vLLM. CPU time per
-process is sampled during each level, because on a small machine the platform's own processes
-compete with the engine for the same cores.
+report aggregate output tokens/s, time to first token (TTFT) p50/p99, inter-token latency (ITL:
+the gap between consecutive chunks that carry text, as `vllm bench serve` counts it, so a chunk
+of several tokens is one gap) p50/p99 and end-to-end p99, with the ratios Roundhouse / vLLM.
+Roundhouse's TTFT is split by stage (frontend, queue, engine, relay) from its usage records and
+the client's clock, for every request and for the slowest 1 %. CPU time per process is sampled
+during each level, because on a small machine the platform's own processes compete with the
+engine for the same cores.
 
-    .venv/bin/python bench/stream_overhead.py [--requests-per-level 8] [--levels 1,8,32]
+The machine is kept honest: the report names the processor and its vector extensions (vLLM's
+CPU kernels run about five times faster with AVX-512 and bf16 than on plain AVX2), each level
+records the 1-minute load average before it ran, and a round whose vLLM figures moved more than
+10 % from the earlier rounds' median is run again (twice at most).
 
-Writes docs/benchmarks.md, docs/img/stream_overhead.png and the raw results (every TTFT of every
-round) to docs/bench-data/stream_overhead.json. Asserts nothing.
+    .venv/bin/python bench/stream_overhead.py [--requests-per-level 16] [--levels 1,8,32]
+
+Writes docs/benchmarks.md, docs/img/stream_overhead.png and the raw results (every TTFT, gap
+and stage of every round) to docs/bench-data/stream_overhead.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,8 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    TTFT_STAGES,
     Platform,
+    Sent,
     Target,
+    cpu_features,
     cpu_seconds,
     percentile,
     platform_stop,
@@ -44,12 +56,35 @@ from bench.common import (  # noqa: E402
     results_write,
     roundhouse_stack,
     section_write,
+    ttft_stages,
     vllm_server,
 )
 
 OUTPUT_TOKENS = 64
 PROMPT = "Once upon a time, in a roundhouse far away,"
 MAX_NUM_SEQS = 64
+# A round whose vLLM tokens/s at some level moved more than this from the earlier rounds'
+# median is run again, at most RERUNS times: the machine changed under it.
+DRIFT = 0.10
+RERUNS = 2
+TARGETS = {
+    "throughput_ratio": "≥ 0.97",
+    "ttft_p99_ratio": "≤ 1.25",
+    "itl_p99_ratio": "≤ 1.25",
+    "ttft_p50_delta_ms": "≤ 5",  # at one stream
+}
+
+
+@dataclass
+class Stream:
+    """One streamed completion as its client saw it."""
+
+    request_id: str
+    sent_at: float  # time.time()
+    ttft_ms: float
+    e2e_ms: float
+    tokens: int
+    gaps_ms: list[float]  # between consecutive chunks that carried text
 
 
 @dataclass
@@ -62,10 +97,17 @@ class Level:
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     ttfts_ms: list[float] = field(default_factory=list)
+    itl_p50_ms: float = float("nan")
+    itl_p99_ms: float = float("nan")
+    e2e_p99_ms: float = float("nan")
+    load_1m: float = 0.0  # the machine's 1-minute load average as the level started
+    # Roundhouse only: each TTFT stage in ms, for every request and for the slowest 1 %.
+    stages_ms: dict[str, list[float]] = field(default_factory=dict)
+    slowest_stages_ms: dict[str, list[float]] = field(default_factory=dict)
 
 
-async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, int]:
-    """Stream one completion; return (TTFT seconds, output tokens)."""
+async def _one(session: aiohttp.ClientSession, target: Target) -> Stream:
+    """Stream one completion; return what its client saw."""
     body = {
         "model": target.model,
         "prompt": PROMPT,
@@ -76,14 +118,18 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, i
         "temperature": 0.0,
     }
     headers = {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
+    sent_at = time.time()
     started = time.perf_counter()
     ttft = -1.0
     tokens = 0
+    gaps: list[float] = []
+    last = 0.0
     async with session.post(
         f"{target.base_url}/v1/completions", json=body, headers=headers
     ) as response:
         if response.status != 200:
             raise RuntimeError(f"{response.status}: {await response.text()}")
+        request_id = response.headers.get("x-request-id", "")
         async for raw in response.content:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -91,12 +137,24 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> tuple[float, i
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            elif ttft < 0 and chunk["choices"] and chunk["choices"][0]["text"]:
-                ttft = time.perf_counter() - started
-    return ttft, tokens
+            elif chunk["choices"] and chunk["choices"][0]["text"]:
+                now = time.perf_counter()
+                if ttft < 0:
+                    ttft = now - started
+                else:
+                    gaps.append((now - last) * 1000)
+                last = now
+    return Stream(
+        request_id=request_id,
+        sent_at=sent_at,
+        ttft_ms=ttft * 1000,
+        e2e_ms=(time.perf_counter() - started) * 1000,
+        tokens=tokens,
+        gaps_ms=gaps,
+    )
 
 
-async def _level(target: Target, concurrency: int, requests: int) -> Level:
+async def _level(target: Target, concurrency: int, requests: int) -> tuple[Level, list[Stream]]:
     connector = aiohttp.TCPConnector(limit=concurrency * 2)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -106,7 +164,7 @@ async def _level(target: Target, concurrency: int, requests: int) -> Level:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(requests):
             queue.put_nowait(i)
-        results: list[tuple[float, int]] = []
+        results: list[Stream] = []
         errors = 0
 
         async def client() -> None:
@@ -127,67 +185,140 @@ async def _level(target: Target, concurrency: int, requests: int) -> Level:
         await asyncio.gather(*(client() for _ in range(concurrency)))
         wall = time.perf_counter() - started
         cpu_after = cpu_seconds(target.processes)
-    ttfts = sorted(r[0] * 1000 for r in results if r[0] >= 0)
-    tokens = sum(r[1] for r in results)
-    return Level(
+    ttfts = sorted(r.ttft_ms for r in results if r.ttft_ms >= 0)
+    gaps = [gap for r in results for gap in r.gaps_ms]
+    level = Level(
         concurrency=concurrency,
-        tokens_per_s=tokens / wall,
+        tokens_per_s=sum(r.tokens for r in results) / wall,
         ttft_p50_ms=statistics.median(ttfts) if ttfts else float("nan"),
         ttft_p99_ms=percentile(ttfts, 0.99),
         errors=errors,
         cpu_seconds={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after},
         wall_s=wall,
         ttfts_ms=ttfts,
+        itl_p50_ms=percentile(gaps, 0.5),
+        itl_p99_ms=percentile(gaps, 0.99),
+        e2e_p99_ms=percentile([r.e2e_ms for r in results], 0.99),
+    )
+    return level, results
+
+
+def _stages_into(level: Level, streams: list[Stream]) -> None:
+    """Split the level's Roundhouse TTFTs by stage: every request, and the slowest 1 %."""
+    timed = [s for s in streams if s.ttft_ms >= 0 and s.request_id]
+    level.stages_ms = ttft_stages([Sent(s.request_id, s.sent_at, s.ttft_ms) for s in timed])
+    slowest = sorted(timed, key=lambda s: s.ttft_ms)[-max(1, len(timed) // 100) :]
+    level.slowest_stages_ms = ttft_stages(
+        [Sent(s.request_id, s.sent_at, s.ttft_ms) for s in slowest]
     )
 
 
 def run_vllm_server(model_dir: Path, work: Path, levels: list[int], per_level: int) -> list[Level]:
     with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
-        return [_measure(target, c, per_level) for c in levels]
+        return [_measure(target, c, per_level)[0] for c in levels]
 
 
 def run_roundhouse(
     platform: Platform, work: Path, levels: list[int], per_level: int
 ) -> list[Level]:
+    measured = []
     with roundhouse_stack(platform, work) as target:
-        return [_measure(target, c, per_level) for c in levels]
+        for c in levels:
+            level, streams = _measure(target, c, per_level)
+            _stages_into(level, streams)
+            measured.append(level)
+    return measured
 
 
-def _measure(target: Target, concurrency: int, per_level: int) -> Level:
+def _measure(target: Target, concurrency: int, per_level: int) -> tuple[Level, list[Stream]]:
     requests = max(per_level * concurrency, 32)
     progress(f"{target.name}: concurrency {concurrency}, {requests} requests")
-    level = asyncio.run(_level(target, concurrency, requests))
+    load = os.getloadavg()[0]
+    level, streams = asyncio.run(_level(target, concurrency, requests))
+    level.load_1m = load
     progress(
         f"{target.name}: c={concurrency} {level.tokens_per_s:,.0f} tok/s, "
-        f"TTFT p50 {level.ttft_p50_ms:.1f} ms p99 {level.ttft_p99_ms:.1f} ms"
+        f"TTFT p50 {level.ttft_p50_ms:.1f} ms p99 {level.ttft_p99_ms:.1f} ms, "
+        f"ITL p50 {level.itl_p50_ms:.1f} ms p99 {level.itl_p99_ms:.1f} ms (load {load:.1f})"
     )
-    return level
+    return level, streams
 
 
-def _median_levels(rounds: list[list[Level]]) -> list[Level]:
-    """Return, per concurrency level, the round with the median throughput."""
-    picked = []
-    for per_level in zip(*rounds, strict=True):
-        ordered = sorted(per_level, key=lambda lvl: lvl.tokens_per_s)
-        picked.append(ordered[(len(ordered) - 1) // 2])
-    return picked
+def _drifted(vllm: list[Level], earlier: list[list[Level]]) -> str:
+    """Why a round's vLLM figures are off the earlier rounds' median, or "" when they are not."""
+    if not earlier:
+        return ""
+    for i, level in enumerate(vllm):
+        median = statistics.median(r[i].tokens_per_s for r in earlier)
+        moved = level.tokens_per_s / median - 1
+        if abs(moved) > DRIFT:
+            return f"vLLM at {level.concurrency} streams moved {moved:+.0%} from {median:,.0f}"
+    return ""
+
+
+def _median_pairs(
+    vllm_rounds: list[list[Level]], roundhouse_rounds: list[list[Level]]
+) -> tuple[list[Level], list[Level]]:
+    """Per level, the round whose throughput ratio is the median: both of its figures.
+
+    A round runs both targets one after the other; its ratio sees about one state of the
+    machine, where each side's own median round could pair two different moments.
+    """
+    vllm, roundhouse = [], []
+    for per_vllm, per_rh in zip(
+        zip(*vllm_rounds, strict=True), zip(*roundhouse_rounds, strict=True), strict=True
+    ):
+        pairs = sorted(
+            zip(per_vllm, per_rh, strict=True), key=lambda p: p[1].tokens_per_s / p[0].tokens_per_s
+        )
+        a, b = pairs[(len(pairs) - 1) // 2]
+        vllm.append(a)
+        roundhouse.append(b)
+    return vllm, roundhouse
+
+
+def _ratio(b: float, a: float) -> float:
+    return b / a if a else float("nan")
 
 
 def _table(vllm: list[Level], roundhouse: list[Level]) -> str:
     rows = [
-        "| concurrency | vLLM tok/s | Roundhouse tok/s | throughput ratio "
-        "| vLLM TTFT p50 / p99 (ms) | Roundhouse TTFT p50 / p99 (ms) | TTFT p50 delta (ms) "
-        "| errors |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| streams | tok/s vLLM / Roundhouse | throughput ratio "
+        "| TTFT p50 vLLM / Roundhouse (ms) | TTFT p99 vLLM / Roundhouse (ms) | TTFT p99 ratio "
+        "| ITL p50 vLLM / Roundhouse (ms) | ITL p99 vLLM / Roundhouse (ms) | ITL p99 ratio "
+        "| E2E p99 vLLM / Roundhouse (ms) | errors |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for a, b in zip(vllm, roundhouse, strict=True):
         rows.append(
-            f"| {a.concurrency} | {a.tokens_per_s:,.0f} | {b.tokens_per_s:,.0f} "
-            f"| **{b.tokens_per_s / a.tokens_per_s:.2f}** "
-            f"| {a.ttft_p50_ms:.1f} / {a.ttft_p99_ms:.1f} "
-            f"| {b.ttft_p50_ms:.1f} / {b.ttft_p99_ms:.1f} "
-            f"| **{b.ttft_p50_ms - a.ttft_p50_ms:+.1f}** | {a.errors + b.errors} |"
+            f"| {a.concurrency} | {a.tokens_per_s:,.0f} / {b.tokens_per_s:,.0f} "
+            f"| **{_ratio(b.tokens_per_s, a.tokens_per_s):.2f}** "
+            f"| {a.ttft_p50_ms:.1f} / {b.ttft_p50_ms:.1f} "
+            f"| {a.ttft_p99_ms:.1f} / {b.ttft_p99_ms:.1f} "
+            f"| **{_ratio(b.ttft_p99_ms, a.ttft_p99_ms):.2f}** "
+            f"| {a.itl_p50_ms:.1f} / {b.itl_p50_ms:.1f} "
+            f"| {a.itl_p99_ms:.1f} / {b.itl_p99_ms:.1f} "
+            f"| **{_ratio(b.itl_p99_ms, a.itl_p99_ms):.2f}** "
+            f"| {a.e2e_p99_ms:.0f} / {b.e2e_p99_ms:.0f} | {a.errors + b.errors} |"
         )
+    return "\n".join(rows)
+
+
+def _stages_table(roundhouse: list[Level]) -> str:
+    """Roundhouse's TTFT by stage: the median of every request, the mean of the slowest 1 %."""
+    rows = [
+        "| stage | "
+        + " | ".join(f"{lvl.concurrency} streams: p50 / slowest 1 % (ms)" for lvl in roundhouse)
+        + " |",
+        "| --- " + "| ---: " * len(roundhouse) + "|",
+    ]
+    for name, meaning in TTFT_STAGES.items():
+        cells = []
+        for lvl in roundhouse:
+            every, slowest = lvl.stages_ms.get(name, []), lvl.slowest_stages_ms.get(name, [])
+            mean = statistics.fmean(slowest) if slowest else float("nan")
+            cells.append(f"{percentile(every, 0.5):.1f} / {mean:.1f}")
+        rows.append(f"| {name} ({meaning}) | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -207,6 +338,7 @@ def _results(
     roundhouse: list[Level],
     vllm_rounds: list[list[Level]],
     roundhouse_rounds: list[list[Level]],
+    reruns: list[str],
     args: argparse.Namespace,
 ) -> dict[str, object]:
     """Return what docs/bench-data/stream_overhead.json keeps: the table, then every round."""
@@ -215,12 +347,20 @@ def _results(
             "concurrency": a.concurrency,
             "vllm_tokens_per_s": a.tokens_per_s,
             "roundhouse_tokens_per_s": b.tokens_per_s,
-            "throughput_ratio": b.tokens_per_s / a.tokens_per_s,
+            "throughput_ratio": _ratio(b.tokens_per_s, a.tokens_per_s),
             "vllm_ttft_p50_ms": a.ttft_p50_ms,
             "vllm_ttft_p99_ms": a.ttft_p99_ms,
             "roundhouse_ttft_p50_ms": b.ttft_p50_ms,
             "roundhouse_ttft_p99_ms": b.ttft_p99_ms,
             "ttft_p50_delta_ms": b.ttft_p50_ms - a.ttft_p50_ms,
+            "ttft_p99_ratio": _ratio(b.ttft_p99_ms, a.ttft_p99_ms),
+            "vllm_itl_p50_ms": a.itl_p50_ms,
+            "vllm_itl_p99_ms": a.itl_p99_ms,
+            "roundhouse_itl_p50_ms": b.itl_p50_ms,
+            "roundhouse_itl_p99_ms": b.itl_p99_ms,
+            "itl_p99_ratio": _ratio(b.itl_p99_ms, a.itl_p99_ms),
+            "vllm_e2e_p99_ms": a.e2e_p99_ms,
+            "roundhouse_e2e_p99_ms": b.e2e_p99_ms,
             "errors": a.errors + b.errors,
         }
         for a, b in zip(vllm, roundhouse, strict=True)
@@ -229,13 +369,17 @@ def _results(
         "section": "stream_overhead",
         "settings": {
             "cpu_count": os.cpu_count(),
+            "cpu": cpu_features(),
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
             "levels": [lvl.concurrency for lvl in vllm],
             "requests_per_level": args.requests_per_level,
             "rounds": args.rounds,
+            "drift": DRIFT,
         },
+        "targets": TARGETS,
         "summary": {"levels": summary},
+        "reruns": reruns,
         "median": {
             "vllm": [asdict(lvl) for lvl in vllm],
             "roundhouse": [asdict(lvl) for lvl in roundhouse],
@@ -254,29 +398,63 @@ def _plot(vllm: list[Level], roundhouse: list[Level], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     conc = [lvl.concurrency for lvl in vllm]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     left.plot(conc, [lvl.tokens_per_s for lvl in vllm], "o-", label="vLLM OpenAI server")
     left.plot(conc, [lvl.tokens_per_s for lvl in roundhouse], "s-", label="Roundhouse")
     left.set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s")
     left.set_xticks(conc, [str(c) for c in conc])
     left.set_title("Aggregate throughput")
     left.legend()
-    width = 0.35
-    xs = range(len(conc))
-    right.bar([x - width / 2 for x in xs], [lvl.ttft_p50_ms for lvl in vllm], width, label="vLLM")
-    right.bar(
-        [x + width / 2 for x in xs],
-        [lvl.ttft_p50_ms for lvl in roundhouse],
-        width,
-        label="Roundhouse",
-    )
-    right.set_xticks(list(xs), [str(c) for c in conc])
-    right.set(xlabel="concurrent streams", ylabel="TTFT p50 (ms)")
-    right.set_title("Time to first token")
-    right.legend()
+    xs = list(range(len(conc)))
+    width = 0.2
+    for ax, title, p50, p99 in (
+        (middle, "Time to first token", "ttft_p50_ms", "ttft_p99_ms"),
+        (right, "Inter-token latency (gap between chunks)", "itl_p50_ms", "itl_p99_ms"),
+    ):
+        bars = (
+            ("vLLM p50", vllm, p50, -1.5),
+            ("Roundhouse p50", roundhouse, p50, -0.5),
+            ("vLLM p99", vllm, p99, 0.5),
+            ("Roundhouse p99", roundhouse, p99, 1.5),
+        )
+        for label, levels, attr, offset in bars:
+            values = [getattr(lvl, attr) for lvl in levels]
+            ax.bar([x + offset * width for x in xs], values, width, label=label)
+        ax.set_xticks(xs, [str(c) for c in conc])
+        ax.set(xlabel="concurrent streams", ylabel="ms")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
     fig.suptitle(f"Streaming {OUTPUT_TOKENS} tokens, tiny Llama on this CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _rounds(
+    model_dir: Path, platform: Platform, work: Path, levels: list[int], args: argparse.Namespace
+) -> tuple[list[list[Level]], list[list[Level]], list[str]]:
+    """Every round, both targets one after the other; a round whose vLLM figures drifted from
+    the earlier rounds' median runs again (`RERUNS` times at most, then it is kept)."""
+    vllm_rounds: list[list[Level]] = []
+    roundhouse_rounds: list[list[Level]] = []
+    reruns: list[str] = []
+    for round_ in range(1, args.rounds + 1):
+        for attempt in range(RERUNS + 1):
+            # Alternating the targets spreads slow phases of the machine over both.
+            progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
+            vllm = run_vllm_server(model_dir, work, levels, args.requests_per_level)
+            drift = _drifted(vllm, vllm_rounds)
+            if drift and attempt < RERUNS:
+                reruns.append(f"round {round_}, try {attempt + 1}: {drift}")
+                progress(f"running round {round_} again: {drift}")
+                continue
+            progress(f"round {round_}/{args.rounds}: (b) Roundhouse end to end")
+            where = work / f"rh{round_}-{attempt}"
+            roundhouse = run_roundhouse(platform, where, levels, args.requests_per_level)
+            vllm_rounds.append(vllm)
+            roundhouse_rounds.append(roundhouse)
+            break
+    return vllm_rounds, roundhouse_rounds, reruns
 
 
 def main() -> None:
@@ -293,8 +471,8 @@ def main() -> None:
     levels = [int(c) for c in args.levels.split(",")]
     work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform: Platform | None = None
-    vllm_rounds: list[list[Level]] = []
-    roundhouse_rounds: list[list[Level]] = []
+    cpu = cpu_features()
+    progress(f"processor: {cpu}")
     try:
         from models_registry.demo_model import demo_model_build
 
@@ -303,42 +481,53 @@ def main() -> None:
         platform = prepare_roundhouse(
             model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
         )
-        for round_ in range(1, args.rounds + 1):
-            # Alternating the targets spreads slow phases of the machine over both.
-            progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
-            vllm_rounds.append(run_vllm_server(model_dir, work, levels, args.requests_per_level))
-            progress(f"round {round_}/{args.rounds}: (b) Roundhouse end to end")
-            roundhouse_rounds.append(
-                run_roundhouse(platform, work / f"sy{round_}", levels, args.requests_per_level)
-            )
+        vllm_rounds, roundhouse_rounds, reruns = _rounds(model_dir, platform, work, levels, args)
     finally:
         platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
-    vllm = _median_levels(vllm_rounds)
-    roundhouse = _median_levels(roundhouse_rounds)
+    vllm, roundhouse = _median_pairs(vllm_rounds, roundhouse_rounds)
     table = _table(vllm, roundhouse)
-    cpu = _cpu_table(roundhouse, vllm)
-    print("\n" + table + "\n\nCPU use during each level (100% = one core):\n" + cpu)
+    stages = _stages_table(roundhouse)
+    cpu_use = _cpu_table(roundhouse, vllm)
+    loads = [lvl.load_1m for r in [*vllm_rounds, *roundhouse_rounds] for lvl in r]
+    print(f"\n{table}\n\n{stages}\n\nCPU use during each level (100% = one core):\n{cpu_use}")
     args.docs.mkdir(exist_ok=True)
     _plot(vllm, roundhouse, plot_path(args.docs, "stream_overhead"))
+    rerun_text = (
+        "; ".join(reruns) + "."
+        if reruns
+        else f"none: every round's vLLM figures stayed within {DRIFT:.0%} of the earlier rounds'."
+    )
     section_write(
         args.docs,
         "stream_overhead",
         "## Streaming overhead: Roundhouse vs vLLM's own OpenAI server\n\n"
-        f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
-        f"tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
+        f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores "
+        f"({cpu}), tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
         f"(ignore_eos), {args.requests_per_level} requests per stream per level (32 at least), "
-        f"{args.rounds} alternating rounds, the median round per level shown. Both targets run "
-        "the same engine settings, one after the other, from one process tree.\n\n"
+        f"{args.rounds} rounds, each running vLLM then Roundhouse with the same engine settings "
+        "from one process tree; per level, the round whose throughput ratio is the median is "
+        "shown. ITL is the gap between consecutive chunks that carry text, as `vllm bench serve` "
+        "counts it: vLLM's server sends a chunk per token, Roundhouse's worker gathers a "
+        "stream's tokens for `ROUNDHOUSE_STREAM_INTERVAL_MS` into one event (the first token "
+        "and the end at once), so its gaps are fewer and longer. The 1-minute load average "
+        f"before each level ran from {min(loads):.1f} to {max(loads):.1f}. Rounds run again "
+        f"because vLLM's own figures moved by more than {DRIFT:.0%}: {rerun_text}\n\n"
         + table
+        + "\n\nRoundhouse's time to first token by stage, from each request's usage record "
+        "and the client's clock: the median over every request of the level, and the mean "
+        "over its slowest 1 % (the requests that make the p99):\n\n"
+        + stages
         + "\n\nCPU use per process during each level of the Roundhouse run "
         "(CPU seconds / wall seconds; 100% = one core of the machine's "
-        f"{os.cpu_count()}):\n\n" + cpu + "\n\n![throughput and TTFT](img/stream_overhead.png)\n",
+        f"{os.cpu_count()}):\n\n"
+        + cpu_use
+        + "\n\n![throughput, TTFT and ITL](img/stream_overhead.png)\n",
     )
     results_write(
         args.docs,
         "stream_overhead",
-        _results(vllm, roundhouse, vllm_rounds, roundhouse_rounds, args),
+        _results(vllm, roundhouse, vllm_rounds, roundhouse_rounds, reruns, args),
     )
     progress(
         f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'stream_overhead.png'} and "

@@ -122,10 +122,23 @@ def _stream_rows(data: Results) -> list[Row]:
                 f"Streaming TTFT p50, Roundhouse − vLLM, {_many(lvl['concurrency'], 'stream')}",
                 delta,
                 "n/a" if delta is None else f"{delta:+.1f} ms",
-                targets.get("ttft_p50_delta_ms"),
+                # The added median is a target at one stream, where nothing else adds to it.
+                targets.get("ttft_p50_delta_ms") if lvl["concurrency"] == 1 else None,
                 "ms",
             )
         )
+    for key, name in (("ttft_p99_ratio", "TTFT p99"), ("itl_p99_ratio", "ITL p99")):
+        for lvl in levels:
+            if key not in lvl:
+                continue  # results from before the tail was measured
+            rows.append(
+                _judged(
+                    f"Streaming {name}, Roundhouse ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
+                    lvl[key],
+                    _number(lvl[key]),
+                    targets.get(key),
+                )
+            )
     return rows
 
 
