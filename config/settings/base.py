@@ -351,7 +351,7 @@ ROUNDHOUSE_REPLY_TTL_SECONDS = env_int("ROUNDHOUSE_REPLY_TTL_SECONDS", 900)
 ROUNDHOUSE_STREAM_INTERVAL_MS = env_float("ROUNDHOUSE_STREAM_INTERVAL_MS", 20.0)
 # How many nice steps below the worker's event loop its engine's processes run (0: the same):
 # the loop's work (claims, token relay, aborts) is short and waits on nothing else.
-ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 5)
+ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)
 # The share of a worker's engine slots kept for tenants with nothing running on it, so a light
 # tenant's request starts at once while another tenant's long requests fill the rest.
 ROUNDHOUSE_RESERVED_SLOTS = env_float("ROUNDHOUSE_RESERVED_SLOTS", 0.125)
