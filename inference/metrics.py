@@ -7,6 +7,7 @@ scrape of any process sums every process's (the `/metrics` view).
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import time
 from dataclasses import dataclass, field
@@ -56,15 +57,34 @@ loop_lag_seconds = Histogram(
     buckets=PAUSE_BUCKETS,
 )
 _gc_started: list[float] = []
+# Pauses the collector made, waiting to be observed: (generation, seconds).
+_gc_pauses: collections.deque[tuple[int, float]] = collections.deque(maxlen=4096)
 _lag_watchers: set[asyncio.AbstractEventLoop] = set()
 
 
 def _gc_observe(phase: str, info: dict[str, int]) -> None:
+    """Record a collection's pause; never touch a metric here.
+
+    The callback runs wherever a collection starts, inside prometheus_client's own code too:
+    its multiprocess values hold a lock that is not reentrant while they create a series. A
+    callback that observed the histogram there waited for that lock in the thread that held
+    it, and the event loop's next observation waited behind it: the frontend froze. The loop's
+    watcher observes what was recorded (`gc_pauses_flush`).
+    """
     if phase == "start":
         _gc_started[:] = [time.perf_counter()]
     elif _gc_started:
-        seconds = time.perf_counter() - _gc_started.pop()
-        gc_pause_seconds.labels(generation=str(info["generation"])).observe(seconds)
+        _gc_pauses.append((info["generation"], time.perf_counter() - _gc_started.pop()))
+
+
+def gc_pauses_flush() -> None:
+    """Observe the pauses recorded since the last call."""
+    while _gc_pauses:
+        try:
+            generation, seconds = _gc_pauses.popleft()
+        except IndexError:
+            return
+        gc_pause_seconds.labels(generation=str(generation)).observe(seconds)
 
 
 def gc_pauses_observe() -> None:
@@ -85,6 +105,7 @@ def loop_lag_watch(interval: float = 0.05) -> None:
             due = loop.time() + interval
             await asyncio.sleep(interval)
             loop_lag_seconds.observe(max(loop.time() - due, 0.0))
+            gc_pauses_flush()
 
     task = loop.create_task(watch(), name="loop-lag")
     task.add_done_callback(lambda _: _lag_watchers.discard(loop))
