@@ -138,6 +138,17 @@ def cpu_features() -> str:
     return f"{model}; {', '.join(found) or 'no AVX2'}"
 
 
+def median_ratio_pair(pairs: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """Of (vLLM, Roundhouse) figures measured back to back, the pair whose tokens/s ratio
+    Roundhouse ÷ vLLM is the median.
+
+    A pair sees one state of the machine; its speed drifts between rounds by more than the
+    difference measured, so each side's own median round would pair two different moments.
+    """
+    ordered = sorted(pairs, key=lambda p: p[1].tokens_per_s / p[0].tokens_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def closed_loop_rate(slots: int, durations: list[float]) -> float:
     """Completions per second of a closed loop that keeps `slots` requests busy (Little's law).
 

@@ -48,6 +48,7 @@ from bench.common import (  # noqa: E402
     Target,
     cpu_features,
     cpu_seconds,
+    median_ratio_pair,
     percentile,
     platform_stop,
     plot_path,
@@ -259,19 +260,12 @@ def _drifted(vllm: list[Level], earlier: list[list[Level]]) -> str:
 def _median_pairs(
     vllm_rounds: list[list[Level]], roundhouse_rounds: list[list[Level]]
 ) -> tuple[list[Level], list[Level]]:
-    """Per level, the round whose throughput ratio is the median: both of its figures.
-
-    A round runs both targets one after the other; its ratio sees about one state of the
-    machine, where each side's own median round could pair two different moments.
-    """
+    """Per level, the round whose throughput ratio is the median: both of its figures."""
     vllm, roundhouse = [], []
     for per_vllm, per_rh in zip(
         zip(*vllm_rounds, strict=True), zip(*roundhouse_rounds, strict=True), strict=True
     ):
-        pairs = sorted(
-            zip(per_vllm, per_rh, strict=True), key=lambda p: p[1].tokens_per_s / p[0].tokens_per_s
-        )
-        a, b = pairs[(len(pairs) - 1) // 2]
+        a, b = median_ratio_pair(list(zip(per_vllm, per_rh, strict=True)))
         vllm.append(a)
         roundhouse.append(b)
     return vllm, roundhouse

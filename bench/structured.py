@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     Platform,
     Target,
+    median_ratio_pair,
     percentile,
     platform_stop,
     plot_path,
@@ -264,20 +265,6 @@ def _measure(
         f"{level.shaped}/{len(level.ttfts_ms)} shaped"
     )
     return level
-
-
-def _median_pair(vllm: list[Level], roundhouse: list[Level]) -> tuple[Level, Level]:
-    """The round whose ratio Roundhouse ÷ vLLM is the median: both of its figures.
-
-    Each round measures the two servers back to back, so a round's ratio sees the same machine
-    on both sides; the machine's speed drifts between rounds by more than the difference
-    measured (vLLM alone moved by 15 % from one round to the next), so taking each side's
-    median round separately paired figures from different moments.
-    """
-    pairs = sorted(
-        zip(vllm, roundhouse, strict=True), key=lambda p: p[1].tokens_per_s / p[0].tokens_per_s
-    )
-    return pairs[(len(pairs) - 1) // 2]
 
 
 Rounds = dict[str, dict[str, dict[int, list[Level]]]]  # target → scenario → concurrency → rounds
@@ -633,7 +620,12 @@ def main() -> None:
         platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
     medians = {
-        s: [_median_pair(measured["vllm"][s][c], measured["roundhouse"][s][c]) for c in args.levels]
+        s: [
+            median_ratio_pair(
+                list(zip(measured["vllm"][s][c], measured["roundhouse"][s][c], strict=True))
+            )
+            for c in args.levels
+        ]
         for s in SCENARIOS
     }
     vllm = {s: [pair[0] for pair in medians[s]] for s in SCENARIOS}
