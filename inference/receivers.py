@@ -8,8 +8,9 @@ from typing import Any
 from dataplane.redis_client import redis_sync_client
 from dataplane.tenancy import tenant_keys_forget
 from inference.response_cache import tenant_answers_forget
+from inference.responses_store import responses_delete, responses_expiry_shorten
 from tenants.models import Tenant
-from tenants.signals import tenant_deleted
+from tenants.signals import TenantDeletion, retention_shortened, tenant_deleted, tenant_deleting
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,15 @@ def _answers_forget(*, tenant_id: int, slug: str, **_: Any) -> None:
         log.warning("could not drop the response cache of %s", slug, exc_info=True)
 
 
+def _responses_delete(*, deletion: TenantDeletion, **_: Any) -> None:
+    # Stored responses are the tenant's kept text: counted with the rest of it.
+    deletion.retained_texts_deleted += responses_delete(tenant_id=deletion.tenant.pk)
+
+
+def _responses_shorten(*, tenant: Tenant, retention_days: int, **_: Any) -> None:
+    responses_expiry_shorten(tenant_id=tenant.pk, retention_days=retention_days)
+
+
 def receivers_connect() -> None:
     """Connect the data plane's and the response cache's receivers (InferenceConfig.ready).
 
@@ -30,4 +40,10 @@ def receivers_connect() -> None:
     tenant_deleted.connect(tenant_keys_forget, sender=Tenant, dispatch_uid="dataplane.keys_forget")
     tenant_deleted.connect(
         _answers_forget, sender=Tenant, dispatch_uid="inference.response_cache_forget"
+    )
+    tenant_deleting.connect(
+        _responses_delete, sender=Tenant, dispatch_uid="inference.responses_delete"
+    )
+    retention_shortened.connect(
+        _responses_shorten, sender=Tenant, dispatch_uid="inference.responses_shorten"
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from inference import views
+from inference import responses_views, views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions),
@@ -15,6 +15,9 @@ urlpatterns = [
     path("embeddings", views.embeddings),
     path("models", views.models_list),
     path("openapi.json", views.openapi),
+    path("responses", responses_views.responses_create),
+    path("responses/<str:response_id>", responses_views.response_detail),
+    path("responses/<str:response_id>/input_items", responses_views.response_input_items),
     path("requests/<str:target>/cancel", views.request_cancel),
     path("requests/<str:target>/stream", views.request_stream),
     path("models/<path:name>", views.models_detail),

@@ -1,0 +1,35 @@
+"""What the API itself keeps in PostgreSQL: the Responses API's stored responses."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from tenants.models import Tenant
+
+
+class StoredResponse(models.Model):
+    """One response of `POST /v1/responses` with `store` true, kept so any frontend can
+    answer `GET`, chain a later turn on it (`previous_response_id`) or list its input.
+
+    Its text (the input items, the output, instructions and metadata) is sealed with the
+    content keys like any other text the platform keeps; the columns hold only what finding
+    it needs. `previous_id` is not a foreign key: a deleted previous response ends the chain
+    (a 404 for the turn that names it), as OpenAI's does.
+    """
+
+    id = models.CharField(max_length=64, primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="responses")
+    request_id = models.CharField(max_length=64, unique=True)
+    previous_id = models.CharField(max_length=64, blank=True, default="")
+    status = models.CharField(max_length=16)
+    created_at = models.DateTimeField()
+    # The tenant's retention period when it keeps text, else OpenAI's 30 days; the hourly
+    # purge deletes it after, and reads never return it.
+    expires_at = models.DateTimeField(db_index=True)
+    sealed = models.BinaryField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,651 @@
+"""The Responses API (`/v1/responses`) on the chat path.
+
+A Responses request becomes a chat request (its input items, the stored turns before it and
+its instructions become messages; `text.format` the response format; function tools chat's
+tools), runs like any chat request (quotas, queues, deadlines, safety, usage), and its events
+become the Responses API's: one `Response` object, or a stream of semantic events each with a
+`sequence_number`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from config.json_body import shown
+from dataplane.types import Delta, Failed, Finished, ToolCallDelta
+from inference.errors import ApiError, invalid
+from inference.params import CHAT, GenerationRequest, generation_parse
+from inference.responses_store import Kept
+
+_json = msgspec.json.Encoder()
+
+# The body's fields: honoured, or refused with what to send instead. Anything else is an
+# unknown field (400 unsupported_parameter), as on the other endpoints.
+HONOURED = frozenset(
+    {
+        "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+        "tools", "tool_choice", "parallel_tool_calls", "text", "metadata", "user",
+        "safety_identifier", "store", "previous_response_id", "stream", "truncation",
+        "background", "service_tier",
+    }
+)  # fmt: skip
+# vLLM's sampling extras its own Responses server takes: they go to chat as they are.
+PASSED_TO_CHAT = (
+    "logit_bias", "seed", "stop", "stop_token_ids", "top_k", "min_p", "ignore_eos",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "skip_special_tokens",
+    "include_stop_str_in_output",
+)  # fmt: skip
+# Refused unless left out or set to what asks for nothing.
+REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
+    "include": (None, []),
+    "reasoning": (None, {}),
+    "top_logprobs": (None, 0),
+    "max_tool_calls": (None,),
+    "prompt": (None,),
+    "conversation": (None,),
+    "stream_options": (None, {}),
+    "prompt_cache_key": (None,),
+}
+MAX_METADATA_KEYS = 16
+ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+# Chat's names of the fields a Responses request names otherwise (for errors).
+_PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+}
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A Responses request, read: its chat request and what its answer repeats."""
+
+    chat: GenerationRequest
+    input_items: list[dict[str, Any]]  # this turn's, with ids: what input_items lists
+    store: bool
+    background: bool
+    previous_response_id: str | None
+    echo: dict[str, Any]  # the request's settings the response object repeats
+
+
+def _text_of(content: Any, where: str, *, output: bool) -> str:
+    """A message's content as one string: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(where, f"'{where}' must be a string or a list of content parts.")
+    kinds = ("output_text", "refusal") if output else ("input_text",)
+    texts = []
+    for i, part in enumerate(content):
+        at = f"{where}[{i}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds and not (output and kind == "input_text"):
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"'{at}.type' must be {' or '.join(repr(k) for k in kinds)}; "
+                f"got {shown(str(kind))}.",
+                param=f"{at}.type",
+            )
+        text = part.get("text", part.get("refusal"))
+        if not isinstance(text, str):
+            raise invalid(f"{at}.text", f"'{at}.text' must be a string.")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _string(item: dict[str, Any], name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str):
+        raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string.")
+    return value
+
+
+def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
+    """The input's items in their full shape, each with an id (a string is one user message)."""
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise invalid("input", "'input' must be a string or a non-empty list of input items.")
+    items = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(where, f"'{where}' must be an object.")
+        kind = item.get("type", "message")
+        item_id = item.get("id") if isinstance(item.get("id"), str) else None
+        default_id = f"{response_id}_in{i}".replace("resp_", "item_", 1)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise invalid(
+                    f"{where}.role",
+                    f"'{where}.role' must be one of {', '.join(ROLES)}; got {shown(str(role))}.",
+                )
+            output = role == "assistant"
+            text = _text_of(item.get("content"), f"{where}.content", output=output)
+            part = "output_text" if output else "input_text"
+            items.append(
+                {
+                    "type": "message",
+                    "id": item_id or default_id,
+                    "role": role,
+                    "status": "completed",
+                    "content": [
+                        {"type": part, "text": text, **({"annotations": []} if output else {})}
+                    ],
+                }
+            )
+        elif kind == "function_call":
+            arguments = _string(item, "arguments", where)
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": item_id or default_id,
+                    "call_id": _string(item, "call_id", where),
+                    "name": _string(item, "name", where),
+                    "arguments": arguments,
+                    "status": "completed",
+                }
+            )
+        elif kind == "function_call_output":
+            output_value = item.get("output")
+            if not isinstance(output_value, str):
+                output_value = _text_of(output_value, f"{where}.output", output=False)
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "id": item_id or default_id,
+                    "call_id": _string(item, "call_id", where),
+                    "output": output_value,
+                    "status": "completed",
+                }
+            )
+        else:
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"Input items of type {shown(str(kind))} are not supported; send messages, "
+                "function_call and function_call_output items.",
+                param=f"{where}.type",
+            )
+    return items
+
+
+def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages from input and output items, in order.
+
+    Function calls join the assistant message just before them (or open one); each call's
+    output is a tool message. Reasoning items carry nothing a chat template reads.
+    """
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            text = "".join(part.get("text", "") for part in item["content"])
+            messages.append({"role": ROLES[item["role"]], "content": text})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
+    return messages
+
+
+def _tools(raw: Any) -> list[dict[str, Any]] | None:
+    """Responses' function tools as chat's (the function's fields one level down)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise invalid("tools", "'tools' must be a list of tools.")
+    tools = []
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(where, f"'{where}' must be an object.")
+        if tool.get("type") != "function":
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"Only function tools are supported; '{where}.type' is "
+                f"{shown(str(tool.get('type')))}.",
+                param=f"{where}.type",
+            )
+        keys = ("name", "description", "parameters", "strict")
+        function = {k: tool[k] for k in keys if k in tool}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _tool_choice(raw: Any) -> Any:
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        return {"type": "function", "function": {"name": raw.get("name")}}
+    return raw
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """`text.format` as chat's response_format."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise invalid("text", "'text' must be an object.")
+    unknown = set(text) - {"format", "verbosity"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise ApiError(
+            400, "unsupported_parameter", f"'text.{shown(name)}' is not supported.",
+            param=f"text.{shown(name)}",
+        )  # fmt: skip
+    if text.get("verbosity") not in (None, "medium"):
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            "'text.verbosity' is not supported; leave it out or send \"medium\".",
+            param="text.verbosity",
+        )
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise invalid("text.format", "'text.format' must be an object.")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise invalid(
+        "text.format.type",
+        "'text.format.type' must be 'text', 'json_object' or 'json_schema'; "
+        f"got {shown(str(kind))}.",
+    )
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, value in body.items():
+        if name in HONOURED or name in PASSED_TO_CHAT:
+            continue
+        allowed = REFUSED_UNLESS.get(name)
+        if allowed is None:
+            message = f"Unrecognized request argument supplied: {shown(name)}."
+            raise ApiError(400, "unsupported_parameter", message, param=shown(name))
+        if not any(value == unused and type(value) is type(unused) for unused in allowed):
+            raise ApiError(
+                400, "unsupported_parameter", f"'{name}' is not supported; leave it out.",
+                param=name,
+            )  # fmt: skip
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(name, f"'{name}' must be a boolean.")
+    return value
+
+
+def _metadata(raw: Any) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_METADATA_KEYS:
+        raise invalid(
+            "metadata", f"'metadata' must be an object of at most {MAX_METADATA_KEYS} keys."
+        )
+    for key, value in raw.items():
+        if len(key) > 64 or not isinstance(value, str) or len(value) > 512:
+            raise invalid(
+                "metadata",
+                "'metadata' keys are at most 64 characters and values strings of at most 512.",
+            )
+    return raw
+
+
+def _renamed(exc: ApiError) -> ApiError:
+    """A chat field's error, naming the Responses field the client sent."""
+    if exc.param:
+        head, dot, tail = exc.param.partition(".")
+        base = head.split("[")[0]
+        if base in _PARAMS:
+            exc.param = _PARAMS[base] + head[len(base) :] + dot + tail
+            exc.message = exc.message.replace(f"'{base}", f"'{_PARAMS[base]}")
+    return exc
+
+
+def responses_parse(
+    body: dict[str, Any], *, response_id: str, history: list[Kept]
+) -> ResponsesRequest:
+    """Return the chat request of a Responses body, or raise a 400 naming its field.
+
+    `history`: the stored turns before this one, oldest first (from previous_response_id).
+    """
+    _refuse_unsupported(body)
+    if "input" not in body:
+        raise invalid("input", "'input' is required.", code="missing_required_parameter")
+    items = input_items_read(body["input"], response_id=response_id)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid("instructions", "'instructions' must be a string.")
+    if body.get("truncation") not in (None, "disabled"):
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            '\'truncation\' "auto" is not supported; send "disabled" (the default): a turn '
+            "longer than the model's context is a 400.",
+            param="truncation",
+        )
+    earlier: list[dict[str, Any]] = []
+    for turn in history:
+        earlier.extend(turn.input_items)
+        earlier.extend(turn.body.get("output", []))
+    messages = messages_of(earlier + items)
+    if instructions:
+        # A turn's instructions are its own: those of earlier turns are not carried over.
+        messages.insert(0, {"role": "system", "content": instructions})
+    user = body.get("user") if body.get("user") is not None else body.get("safety_identifier")
+    chat_body: dict[str, Any] = {
+        "model": body.get("model"),
+        "messages": messages,
+        "stream": _flag(body, "stream", False),
+    }
+    optional = {
+        "max_tokens": body.get("max_output_tokens"),
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "tools": _tools(body.get("tools")),
+        "tool_choice": _tool_choice(body.get("tool_choice")),
+        "parallel_tool_calls": body.get("parallel_tool_calls"),
+        "response_format": _response_format(body.get("text")),
+        "user": user,
+        "service_tier": body.get("service_tier"),
+    }
+    optional.update({name: body.get(name) for name in PASSED_TO_CHAT})
+    chat_body.update({k: v for k, v in optional.items() if v is not None})
+    try:
+        chat = generation_parse(chat_body, endpoint=CHAT)
+    except ApiError as exc:
+        raise _renamed(exc) from None
+    previous = body.get("previous_response_id")
+    tools = body.get("tools") or []
+    return ResponsesRequest(
+        chat=chat,
+        input_items=items,
+        store=_flag(body, "store", True),
+        background=_flag(body, "background", False),
+        previous_response_id=previous,
+        echo={
+            "instructions": instructions,
+            "max_output_tokens": chat.max_tokens,
+            "metadata": _metadata(body.get("metadata")) or {},
+            "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+            "previous_response_id": previous,
+            "temperature": 1.0 if chat.temperature is None else chat.temperature,
+            "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"),
+            "tools": tools,
+            "top_p": 1.0 if chat.top_p is None else chat.top_p,
+            "truncation": "disabled",
+            "user": user,
+            "store": _flag(body, "store", True),
+            "background": _flag(body, "background", False),
+        },
+    )
+
+
+def previous_id_read(body: dict[str, Any]) -> str | None:
+    """The body's previous_response_id, checked (it is read before the rest of the body)."""
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise invalid("previous_response_id", "'previous_response_id' must be a response id.")
+    return previous
+
+
+# --- the answer -------------------------------------------------------------------------------
+
+
+def usage_of(finished: Finished | Failed) -> dict[str, Any]:
+    cached = finished.cached_tokens if isinstance(finished, Finished) else 0
+    return {
+        "input_tokens": finished.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": finished.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+    }
+
+
+@dataclass
+class _Call:
+    item: dict[str, Any]
+    position: int  # its output_index
+
+
+@dataclass
+class ResponseBuilder:
+    """A response's object and its stream of events, built from the request's events.
+
+    Items are written in the order the model produced them: a message with its text, then
+    each function call. `events()` of each step returns what a stream sends for it.
+    """
+
+    response_id: str
+    model: str
+    echo: dict[str, Any]
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    output: list[dict[str, Any]] = field(default_factory=list)
+    sequence: int = 0
+    status: str = "in_progress"
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    incomplete: dict[str, Any] | None = None
+    completed_at: int | None = None
+    _message: dict[str, Any] | None = None
+    _message_index: int = -1
+    _calls: dict[int, _Call] = field(default_factory=dict)
+    _open_call: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The Response object as it stands."""
+        text = "".join(
+            part.get("text", "")
+            for item in self.output
+            if item["type"] == "message"
+            for part in item["content"]
+        )
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "completed_at": self.completed_at,
+            "status": self.status,
+            "error": self.error,
+            "incomplete_details": self.incomplete,
+            "model": self.model,
+            "output": self.output,
+            "output_text": text,
+            "usage": self.usage,
+            **self.echo,
+        }
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def start(self) -> list[dict[str, Any]]:
+        """The events that open a stream: created, then in progress."""
+        created = self._event("response.created", response=self.body())
+        return [created, self._event("response.in_progress", response=self.body())]
+
+    def _message_open(self) -> list[dict[str, Any]]:
+        self._message = {
+            "type": "message",
+            "id": self.response_id.replace("resp_", "msg_", 1),
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        self._message_index = len(self.output)
+        self.output.append(self._message)
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        added = self._event(
+            "response.output_item.added",
+            output_index=self._message_index,
+            item=json.loads(_json.encode(self._message)),
+        )
+        self._message["content"].append(part)
+        return [
+            added,
+            self._event(
+                "response.content_part.added",
+                item_id=self._message["id"],
+                output_index=self._message_index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+            ),
+        ]
+
+    def _message_close(self) -> list[dict[str, Any]]:
+        message = self._message
+        if message is None:
+            return []
+        self._message = None
+        part = message["content"][0]
+        message["status"] = "completed"
+        where = {"item_id": message["id"], "output_index": self._message_index, "content_index": 0}
+        return [
+            self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self._event("response.content_part.done", **where, part=part),
+            self._event(
+                "response.output_item.done", output_index=self._message_index, item=message
+            ),
+        ]
+
+    def _call_close(self) -> list[dict[str, Any]]:
+        if self._open_call is None:
+            return []
+        call = self._calls[self._open_call]
+        self._open_call = None
+        call.item["status"] = "completed"
+        return [
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=call.item["id"],
+                output_index=call.position,
+                name=call.item["name"],
+                arguments=call.item["arguments"],
+            ),
+            self._event("response.output_item.done", output_index=call.position, item=call.item),
+        ]
+
+    def _call_piece(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        call = self._calls.get(piece.index)
+        if call is None:
+            events += self._message_close() + self._call_close()
+            item = {
+                "type": "function_call",
+                "id": f"fc_{self.response_id.removeprefix('resp_')}_{piece.index}",
+                "call_id": piece.id or f"call_{self.response_id.removeprefix('resp_')}",
+                "name": piece.name or "",
+                "arguments": "",
+                "status": "in_progress",
+            }
+            call = self._calls[piece.index] = _Call(item=item, position=len(self.output))
+            self.output.append(item)
+            self._open_call = piece.index
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=call.position,
+                    item=json.loads(_json.encode(item)),
+                )
+            )
+        elif piece.name:
+            call.item["name"] += piece.name
+        if piece.arguments:
+            call.item["arguments"] += piece.arguments
+            events.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=call.item["id"],
+                    output_index=call.position,
+                    delta=piece.arguments,
+                )
+            )
+        return events
+
+    def delta(self, delta: Delta) -> list[dict[str, Any]]:
+        """The events of new output (only the first choice: a response has one)."""
+        if delta.index != 0:
+            return []
+        events: list[dict[str, Any]] = []
+        if delta.text:
+            if self._message is None:
+                events += self._call_close() + self._message_open()
+            assert self._message is not None
+            self._message["content"][0]["text"] += delta.text
+            events.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self._message["id"],
+                    output_index=self._message_index,
+                    content_index=0,
+                    delta=delta.text,
+                    logprobs=[],
+                )
+            )
+        for piece in delta.tool_calls or []:
+            events += self._call_piece(piece)
+        return events
+
+    def end(
+        self, event: Finished | Failed, *, error: ApiError | None = None
+    ) -> list[dict[str, Any]]:
+        """The events that close every open item and end the response."""
+        events = self._message_close() + self._call_close()
+        self.usage = usage_of(event)
+        self.completed_at = int(time.time())
+        if isinstance(event, Failed):
+            self.status = "failed"
+            self.error = {
+                "code": error.code if error is not None else event.code,
+                "message": error.message if error is not None else event.message,
+            }
+            kind = "response.failed"
+        elif event.finish_reason == "length":
+            self.status = "incomplete"
+            self.incomplete = {"reason": "max_output_tokens"}
+            kind = "response.incomplete"
+        elif event.finish_reason == "content_filter":
+            self.status = "incomplete"
+            self.incomplete = {"reason": "content_filter"}
+            kind = "response.incomplete"
+        else:
+            self.status = "completed"
+            kind = "response.completed"
+        events.append(self._event(kind, response=self.body()))
+        return events
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    """One event as OpenAI streams it: its type as the SSE event name, the JSON as data."""
+    return b"event: " + event["type"].encode() + b"\ndata: " + _json.encode(event) + b"\n\n"

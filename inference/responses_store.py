@@ -1,0 +1,135 @@
+"""Stored responses: write, read, chain and delete, always within one tenant.
+
+Every function takes the tenant; another tenant's id reads as absent (a 404 to the caller).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from inference.models import StoredResponse
+from privacy.crypto import content_open, content_seal
+
+# How long a stored response is kept when its tenant keeps no text otherwise (OpenAI's).
+DEFAULT_DAYS = 30
+# The longest chain of previous responses a turn may rebuild (OpenAI sets no number; this
+# bounds the reads of one request).
+MAX_CHAIN = 256
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A stored response opened: its object as the API returned it, and its input items."""
+
+    id: str
+    previous_id: str
+    body: dict[str, Any]
+    input_items: list[dict[str, Any]]
+
+
+def _opened(row: StoredResponse) -> Kept:
+    sealed = json.loads(content_open(bytes(row.sealed)))
+    return Kept(
+        id=row.id,
+        previous_id=row.previous_id,
+        body=sealed["response"],
+        input_items=sealed["input_items"],
+    )
+
+
+def _kept_days(retention_days: int) -> int:
+    """A stored response's lifetime: the tenant's retention period when it sets one."""
+    return retention_days if retention_days > 0 else DEFAULT_DAYS
+
+
+def response_save(
+    *,
+    tenant_id: int,
+    request_id: str,
+    body: dict[str, Any],
+    input_items: list[dict[str, Any]],
+    retention_days: int,
+) -> bool:
+    """Keep a response and its input items; False when its id is kept already (a replay)."""
+    created = dt.datetime.fromtimestamp(body["created_at"], tz=dt.UTC)
+    sealed = content_seal(json.dumps({"response": body, "input_items": input_items}).encode())
+    try:
+        with transaction.atomic():
+            StoredResponse.objects.create(
+                id=body["id"],
+                tenant_id=tenant_id,
+                request_id=request_id,
+                previous_id=body.get("previous_response_id") or "",
+                status=body["status"],
+                created_at=created,
+                expires_at=created + dt.timedelta(days=_kept_days(retention_days)),
+                sealed=sealed,
+            )
+    except IntegrityError:
+        return False
+    return True
+
+
+def response_get(*, tenant_id: int, response_id: str) -> Kept | None:
+    """The tenant's stored response, or None (unknown, deleted, or another tenant's)."""
+    row = StoredResponse.objects.filter(
+        tenant_id=tenant_id, id=response_id, expires_at__gt=timezone.now()
+    ).first()
+    return None if row is None else _opened(row)
+
+
+def response_chain(*, tenant_id: int, response_id: str) -> list[Kept] | None:
+    """A response and every response before it, oldest first; None when one is missing.
+
+    A turn rebuilt from a chain with a gap would silently drop part of the conversation, so a
+    missing link (deleted, or never stored) fails the whole chain.
+    """
+    chain: list[Kept] = []
+    next_id = response_id
+    while next_id:
+        if len(chain) >= MAX_CHAIN:
+            return None
+        kept = response_get(tenant_id=tenant_id, response_id=next_id)
+        if kept is None:
+            return None
+        chain.append(kept)
+        next_id = kept.previous_id
+    chain.reverse()
+    return chain
+
+
+def response_delete(*, tenant_id: int, response_id: str) -> bool:
+    """Delete the tenant's stored response; False when it has none by that id."""
+    deleted, _ = StoredResponse.objects.filter(
+        tenant_id=tenant_id, id=response_id, expires_at__gt=timezone.now()
+    ).delete()
+    return deleted > 0
+
+
+def responses_purge(*, now: dt.datetime | None = None) -> int:
+    """Delete every stored response past its expiry; return how many."""
+    expired = StoredResponse.objects.filter(expires_at__lte=now or timezone.now())
+    deleted, _ = expired.delete()
+    return deleted
+
+
+def responses_delete(*, tenant_id: int) -> int:
+    """Delete every stored response of a tenant (a tenant deletion); return how many."""
+    deleted, _ = StoredResponse.objects.filter(tenant_id=tenant_id).delete()
+    return deleted
+
+
+def responses_expiry_shorten(*, tenant_id: int, retention_days: int) -> int:
+    """Bring a tenant's stored responses within a shorter retention period."""
+    from django.db.models import F
+
+    limit = dt.timedelta(days=_kept_days(retention_days))
+    return StoredResponse.objects.filter(
+        tenant_id=tenant_id, expires_at__gt=F("created_at") + limit
+    ).update(expires_at=F("created_at") + limit)

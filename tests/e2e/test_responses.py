@@ -1,0 +1,270 @@
+"""The Responses API through the official openai SDK, on the real stack.
+
+Create (whole and streamed), retrieve, chain turns with previous_response_id, a function tool
+round trip, json_schema output, delete, input items a page at a time, and another tenant's
+ids answered as absent. The demo model's weights are random: a forced tool choice and a JSON
+schema keep its output parseable (its whitespace tokens pushed away with vLLM's
+`logit_bias` extra, which vLLM's own Responses server takes too).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
+from tests.conftest import ALIAS
+
+TOOL = {
+    "type": "function",
+    "name": "get_time",
+    "description": "The time in a zone.",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+@pytest.fixture
+def sdk(stack, world):
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
+
+
+@pytest.fixture
+def no_ws(whitespace_ids) -> dict[str, int]:  # noqa: F811 (the fixture imported above)
+    """A logit_bias that keeps the random model off whitespace inside JSON."""
+    return {str(token_id): -100 for token_id in whitespace_ids}
+
+
+@pytest.fixture
+def other(stack, world):
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.globex_key, max_retries=0)
+
+
+def _ask(sdk, **fields):
+    return sdk.responses.create(model=ALIAS, max_output_tokens=8, temperature=0, **fields)
+
+
+def test_a_response_is_created_stored_and_retrieved(sdk, world, usage_of):
+    raw = sdk.responses.with_raw_response.create(
+        model=ALIAS,
+        input="Say hello.",
+        instructions="Be brief.",
+        max_output_tokens=6,
+        temperature=0,
+        metadata={"team": "yard"},
+    )
+    response = raw.parse()
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "incomplete"  # the random model runs to max_output_tokens
+    assert response.incomplete_details.reason == "max_output_tokens"
+    [message] = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert response.output_text == message.content[0].text and response.output_text
+    assert response.usage.output_tokens == 6
+    assert response.usage.input_tokens > 0
+    assert response.metadata == {"team": "yard"} and response.instructions == "Be brief."
+    kept = sdk.responses.retrieve(response.id)
+    assert kept.model_dump() == response.model_dump()
+    [record] = usage_of(raw.headers["x-request-id"])
+    assert record.completion_tokens == 6 and record.prompt_tokens == response.usage.input_tokens
+
+
+def test_a_streamed_response_sends_openais_events_in_order(sdk):
+    # The SDK's stream helper wants `response.completed`; a response cut by
+    # max_output_tokens ends with `response.incomplete` (as OpenAI's do), so read the events.
+    events = list(
+        sdk.responses.create(
+            model=ALIAS, input="Count.", max_output_tokens=8, temperature=0, stream=True
+        )
+    )
+    final = events[-1].response
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text and final.usage.output_tokens == 8
+    assert sdk.responses.retrieve(final.id).output_text == deltas
+
+
+def test_three_chained_turns_carry_the_history(sdk):
+    first = _ask(sdk, input="My name is Ada.")
+    second = _ask(sdk, input="What is my name?", previous_response_id=first.id)
+    third = _ask(sdk, input="Say it again.", previous_response_id=second.id)
+    # Each turn's prompt holds the turns before it: their input and their answer.
+    assert first.usage.input_tokens < second.usage.input_tokens < third.usage.input_tokens
+    assert third.previous_response_id == second.id
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+
+def test_a_function_tool_round_trip(sdk, no_ws):
+    called = sdk.responses.create(
+        model=ALIAS,
+        input="What time is it in Paris?",
+        tools=[TOOL],
+        tool_choice={"type": "function", "name": "get_time"},
+        max_output_tokens=48,
+        temperature=0,
+        extra_body={"logit_bias": no_ws},  # vLLM's extra, as its own server takes it
+    )
+    [call] = [item for item in called.output if item.type == "function_call"]
+    assert call.name == "get_time" and call.call_id
+    assert json.loads(call.arguments)["zone"] in ("utc", "cet")  # the engine kept the schema
+    answered = sdk.responses.create(
+        model=ALIAS,
+        previous_response_id=called.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12:00"}],
+        tools=[TOOL],
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert answered.output[0].type == "message" and answered.output_text
+    assert answered.usage.input_tokens > called.usage.input_tokens
+
+
+def test_a_json_schema_format_is_kept(sdk, no_ws):
+    response = sdk.responses.create(
+        model=ALIAS,
+        input="Rate it.",
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "verdict",
+                "schema": {
+                    "type": "object",
+                    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+                    "required": ["answer"],
+                },
+                "strict": True,
+            }
+        },
+        max_output_tokens=24,
+        temperature=0,
+        extra_body={"logit_bias": no_ws},
+    )
+    assert json.loads(response.output_text)["answer"] in ("yes", "no")
+    assert response.status == "completed"
+    assert response.text.format.type == "json_schema"
+
+
+def test_delete_then_retrieve_is_a_404(sdk):
+    response = _ask(sdk, input="Forget me.")
+    deleted = sdk.responses.delete(response.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        _ask(sdk, input="And now?", previous_response_id=response.id)
+
+
+def test_input_items_come_a_page_at_a_time(sdk):
+    response = _ask(
+        sdk,
+        input=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "two"},
+            {"role": "user", "content": "three"},
+        ],
+    )
+    newest_first = sdk.responses.input_items.list(response.id, limit=3)
+    assert [item.content[0].text for item in newest_first.data] == ["three", "two", "one"]
+    assert newest_first.has_more
+    rest = sdk.responses.input_items.list(response.id, limit=3, after=newest_first.last_id)
+    assert [item.content[0].text for item in rest.data] == ["Be brief."] and not rest.has_more
+    everything = list(sdk.responses.input_items.list(response.id, limit=1, order="asc"))
+    assert [item.content[0].text for item in everything] == ["Be brief.", "one", "two", "three"]
+
+
+def test_another_tenants_response_is_absent_and_unchanged(sdk, other):
+    response = _ask(sdk, input="Mine.")
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.input_items.list(response.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError) as chained:
+        _ask(other, input="Yours?", previous_response_id=response.id)
+    assert chained.value.body["param"] == "previous_response_id"
+    assert sdk.responses.retrieve(response.id).output_text == response.output_text
+
+
+def test_store_false_is_not_kept(sdk):
+    response = _ask(sdk, input="Do not keep this.", store=False)
+    assert response.store is False
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(response.id)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "truncation": "auto"}, "truncation"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"input": "hi", "colour": "red"}, "colour"),
+        ({}, "input"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(stack, world, fields, param):
+    response = httpx.post(
+        f"{stack.base_url}/v1/responses",
+        json={"model": ALIAS, **fields},
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_a_streamed_function_call_sends_its_arguments_in_pieces(sdk, no_ws):
+    events = list(
+        sdk.responses.create(
+            model=ALIAS,
+            input="What time is it in Paris?",
+            tools=[TOOL],
+            tool_choice={"type": "function", "name": "get_time"},
+            max_output_tokens=48,
+            temperature=0,
+            stream=True,
+            extra_body={"logit_bias": no_ws},
+        )
+    )
+    kinds = [event.type for event in events]
+    assert kinds[2] == "response.output_item.added" and events[2].item.type == "function_call"
+    assert "response.function_call_arguments.delta" in kinds
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = events[-3]
+    assert done.name == "get_time" and pieces == done.arguments
+    assert json.loads(done.arguments)["zone"] in ("utc", "cet")
+    [call] = events[-1].response.output
+    assert call.arguments == done.arguments and call.status == "completed"
