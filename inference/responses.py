@@ -10,6 +10,7 @@ become the Responses API's: one `Response` object, or a stream of semantic event
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -326,7 +327,7 @@ def _renamed(exc: ApiError) -> ApiError:
         base = head.split("[")[0]
         if base in _PARAMS:
             exc.param = _PARAMS[base] + head[len(base) :] + dot + tail
-            exc.message = exc.message.replace(f"'{base}", f"'{_PARAMS[base]}")
+            exc.message = re.sub(rf"\b{base}\b", _PARAMS[base], exc.message)
     return exc
 
 
@@ -491,9 +492,19 @@ class ResponseBuilder:
         return event
 
     def start(self) -> list[dict[str, Any]]:
-        """The events that open a stream: created, then in progress."""
+        """The events that open a stream: created, then in progress; a background response
+        is queued until its request starts (`running`)."""
         created = self._event("response.created", response=self.body())
+        if self.status == "queued":
+            return [created, self._event("response.queued", response=self.body())]
         return [created, self._event("response.in_progress", response=self.body())]
+
+    def running(self) -> list[dict[str, Any]]:
+        """The event of a queued response whose request has started (none after that)."""
+        if self.status != "queued":
+            return []
+        self.status = "in_progress"
+        return [self._event("response.in_progress", response=self.body())]
 
     def _message_open(self) -> list[dict[str, Any]]:
         self._message = {
@@ -624,7 +635,10 @@ class ResponseBuilder:
         events = self._message_close() + self._call_close()
         self.usage = usage_of(event)
         self.completed_at = int(time.time())
-        if isinstance(event, Failed):
+        if isinstance(event, Failed) and event.code == "cancelled":
+            self.status = "cancelled"  # a background response cancelled: not an error
+            kind = "response.cancelled"
+        elif isinstance(event, Failed):
             self.status = "failed"
             self.error = {
                 "code": error.code if error is not None else event.code,

@@ -31,6 +31,18 @@ class Kept:
     previous_id: str
     body: dict[str, Any]
     input_items: list[dict[str, Any]]
+    request_id: str = ""
+    requested_model: str = ""  # the model as the client named it (an alias, say)
+    # The sequence number of a background response's last event (-1: not ended, or not
+    # background): a stream resumed after its reply stream expired starts after it.
+    last_sequence: int = -1
+
+    @property
+    def finished(self) -> bool:
+        return self.body["status"] in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = ("completed", "incomplete", "failed", "cancelled")
 
 
 def _opened(row: StoredResponse) -> Kept:
@@ -40,6 +52,28 @@ def _opened(row: StoredResponse) -> Kept:
         previous_id=row.previous_id,
         body=sealed["response"],
         input_items=sealed["input_items"],
+        request_id=row.request_id,
+        requested_model=sealed.get("requested_model", ""),
+        last_sequence=sealed.get("last_sequence", -1),
+    )
+
+
+def _sealed(
+    body: dict[str, Any],
+    input_items: list[dict[str, Any]],
+    *,
+    requested_model: str,
+    last_sequence: int = -1,
+) -> bytes:
+    return content_seal(
+        json.dumps(
+            {
+                "response": body,
+                "input_items": input_items,
+                "requested_model": requested_model,
+                "last_sequence": last_sequence,
+            }
+        ).encode()
     )
 
 
@@ -55,10 +89,14 @@ def response_save(
     body: dict[str, Any],
     input_items: list[dict[str, Any]],
     retention_days: int,
+    requested_model: str = "",
 ) -> bool:
-    """Keep a response and its input items; False when its id is kept already (a replay)."""
+    """Keep a response and its input items; False when its id is kept already (a replay).
+
+    A background response is kept as it is accepted (queued) and ended by response_finish.
+    """
     created = dt.datetime.fromtimestamp(body["created_at"], tz=dt.UTC)
-    sealed = content_seal(json.dumps({"response": body, "input_items": input_items}).encode())
+    sealed = _sealed(body, input_items, requested_model=requested_model)
     try:
         with transaction.atomic():
             StoredResponse.objects.create(
@@ -82,6 +120,45 @@ def response_get(*, tenant_id: int, response_id: str) -> Kept | None:
         tenant_id=tenant_id, id=response_id, expires_at__gt=timezone.now()
     ).first()
     return None if row is None else _opened(row)
+
+
+def response_finish(
+    *, tenant_id: int, response_id: str, body: dict[str, Any], last_sequence: int
+) -> bool:
+    """Write a background response's end; False when it has ended already (or is gone).
+
+    Any frontend may try at once (the one that accepted it, a poll, the sweep): the row is
+    locked and only an unfinished one is written, so its end is written once.
+    """
+    with transaction.atomic():
+        row = (
+            StoredResponse.objects.select_for_update()
+            .filter(tenant_id=tenant_id, id=response_id)
+            .exclude(status__in=TERMINAL_STATUSES)
+            .first()
+        )
+        if row is None:
+            return False
+        kept = _opened(row)
+        row.status = body["status"]
+        row.sealed = _sealed(
+            body,
+            kept.input_items,
+            requested_model=kept.requested_model,
+            last_sequence=last_sequence,
+        )
+        row.save(update_fields=["status", "sealed"])
+    return True
+
+
+def responses_unfinished(*, older_than: float) -> list[tuple[int, Kept]]:
+    """Background responses not ended in the store, accepted more than `older_than` seconds
+    ago (the accepting frontend normally ends them first), with their tenants."""
+    cutoff = timezone.now() - dt.timedelta(seconds=older_than)
+    rows = StoredResponse.objects.exclude(status__in=TERMINAL_STATUSES).filter(
+        created_at__lt=cutoff, expires_at__gt=timezone.now()
+    )
+    return [(row.tenant_id, _opened(row)) for row in rows[:500]]
 
 
 def response_chain(*, tenant_id: int, response_id: str) -> list[Kept] | None:

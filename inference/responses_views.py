@@ -8,18 +8,24 @@ sent to any frontend, finds it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from config.db import db_call
 from config.json_body import shown
+from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
 from inference.admission import Submitted, request_ended, request_failure
 from inference.clients import dispatch_get
+from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
     client_timeout,
@@ -40,7 +46,10 @@ from inference.responses import (
     responses_parse,
     sse,
 )
+from inference.responses_background import builder_of, finish_stored, replay, settle_from_stream
 from inference.responses_store import (
+    TERMINAL_STATUSES,
+    Kept,
     response_chain,
     response_delete,
     response_get,
@@ -52,6 +61,10 @@ from tenants.models import Scope
 
 log = logging.getLogger(__name__)
 MAX_ITEMS_PAGE = 100
+# A background response's terminal event may come this long after its deadline.
+_GRACE_SECONDS = 5.0
+# How long a cancel waits for the response's end before it answers with where it stands.
+_CANCEL_WAIT_SECONDS = 3.0
 
 
 def _not_found(response_id: str, param: str = "response_id") -> ApiError:
@@ -71,14 +84,8 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
             raise _not_found(previous, "previous_response_id")
         history = chain
     parsed = responses_parse(body, response_id=response_id, history=history)
-    if parsed.background:
-        raise ApiError(
-            400,
-            "unsupported_parameter",
-            "'background' true is not supported yet; send the request without it (stream it "
-            "to see its progress).",
-            param="background",
-        )
+    if parsed.background and not parsed.store:
+        raise invalid("store", "A background response is stored: leave 'store' out or send true.")
     clock = request_clock(request)
     submitted = await generation_submit(
         principal=principal,
@@ -96,19 +103,108 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
         echo=parsed.echo,
         created_at=int(submitted.job.enqueued_at),
     )
-    events = relay.events(dispatch_get(), submitted)
     response: HttpResponseBase
+    if parsed.background:
+        response = await _background(builder, parsed, submitted)
+        for name, value in submitted.headers().items():
+            response[name] = value
+        return response
+    events = relay.events(dispatch_get(), submitted)
     if parsed.chat.stream:
-        response = StreamingHttpResponse(
-            _streamed(events, builder, parsed, submitted, clock), content_type="text/event-stream"
-        )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+        response = _event_stream(_streamed(events, builder, parsed, submitted, clock))
     else:
         response = json_response(await _whole(events, builder, parsed, submitted))
         clock.skip()
     for name, value in submitted.headers().items():
         response[name] = value
+    return response
+
+
+async def _background(
+    builder: ResponseBuilder, parsed: ResponsesRequest, submitted: Submitted
+) -> HttpResponseBase:
+    """Store a background response as queued, follow it to its end off the request, and
+    answer now: the queued response, or its events (a stream that may be resumed)."""
+    builder.status = "queued"
+    job = submitted.job
+    await db_call(
+        response_save,
+        tenant_id=job.tenant_id,
+        request_id=job.request_id,
+        body=builder.body(),
+        input_items=parsed.input_items,
+        retention_days=submitted.principal.retention_days,
+        requested_model=parsed.chat.model,
+    )
+    spawn(_background_follow(dataclasses.replace(builder), submitted))
+    if not parsed.chat.stream:
+        return json_response(builder.body())
+    return _event_stream(
+        _sequenced(
+            replay(
+                dispatch_get(),
+                builder,
+                deployment=job.deployment,
+                request_id=job.request_id,
+                tenant_id=job.tenant_id,
+                policy=submitted.policy,
+                follow=True,
+                deadline=job.deadline + _GRACE_SECONDS,
+            ),
+            after=-1,
+        )
+    )
+
+
+async def _background_follow(builder: ResponseBuilder, submitted: Submitted) -> None:
+    """The accepting frontend's part: follow the response to its end, settle its
+    reservation and store its end. Leaving early (this frontend stops) cancels nothing."""
+    job = submitted.job
+    last = -1
+    async for event in replay(
+        dispatch_get(),
+        builder,
+        deployment=job.deployment,
+        request_id=job.request_id,
+        tenant_id=job.tenant_id,
+        policy=submitted.policy,
+        follow=True,
+        deadline=job.deadline + _GRACE_SECONDS,
+        on_end=functools.partial(request_ended, submitted),
+    ):
+        last = event["sequence_number"]
+    if builder.status in TERMINAL_STATUSES:
+        await finish_stored(builder, tenant_id=job.tenant_id, last_sequence=last)
+
+
+async def _sequenced(events: AsyncIterator[dict[str, Any]], *, after: int) -> AsyncIterator[bytes]:
+    """A response's events after a sequence number, as SSE; one error event if it breaks."""
+    sequence = after
+    try:
+        async for event in events:
+            sequence = event["sequence_number"]
+            if sequence > after:
+                yield sse(event)
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception:
+        log.error("a background response's stream failed", exc_info=True)
+        error = internal_error()
+        yield sse(
+            {
+                "type": "error",
+                "sequence_number": sequence + 1,
+                "code": error.code,
+                "message": error.message,
+                "param": None,
+            }
+        )
+
+
+def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
     return response
 
 
@@ -124,6 +220,7 @@ async def _kept(builder: ResponseBuilder, parsed: ResponsesRequest, submitted: S
             body=builder.body(),
             input_items=parsed.input_items,
             retention_days=submitted.principal.retention_days,
+            requested_model=parsed.chat.model,
         )
     except Exception:
         log.exception("could not store response %s", builder.response_id)
@@ -209,7 +306,9 @@ async def _streamed(
 
 
 @api_endpoint("GET", "DELETE")
-async def response_detail(request: HttpRequest, request_id: str, response_id: str) -> HttpResponse:
+async def response_detail(
+    request: HttpRequest, request_id: str, response_id: str
+) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
     if request.method == "DELETE":
         deleted = await db_call(
@@ -218,17 +317,93 @@ async def response_detail(request: HttpRequest, request_id: str, response_id: st
         if not deleted:
             raise _not_found(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
-    if request.GET.get("stream", "").lower() in ("1", "true"):
-        raise ApiError(
-            400,
-            "unsupported_parameter",
-            "'stream' is for background responses, which are not supported yet.",
-            param="stream",
-        )
     kept = await db_call(response_get, tenant_id=principal.tenant_id, response_id=response_id)
     if kept is None:
         raise _not_found(response_id)
-    return json_response(kept.body)
+    if request.GET.get("stream", "").lower() in ("1", "true"):
+        return await _resumed(request, kept, tenant_id=principal.tenant_id)
+    if kept.finished:
+        return json_response(kept.body)
+    # A background response not ended in the store: its reply stream says where it stands
+    # (and ends it in the store if it has ended, its accepting frontend gone).
+    builder = await settle_from_stream(
+        dispatch_get(),
+        kept,
+        tenant_id=principal.tenant_id,
+        policy=await policy_get(tenant_id=principal.tenant_id, model=kept.requested_model),
+        follow=False,
+        deadline=0.0,
+    )
+    return json_response(kept.body if builder is None else builder.body())
+
+
+async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpResponseBase:
+    """A background response's events again, after `starting_after` (from its start)."""
+    if not kept.body.get("background"):
+        raise invalid("stream", "Only a background response can be streamed again.")
+    raw = request.GET.get("starting_after", "-1")
+    try:
+        after = int(raw)
+    except ValueError:
+        raise invalid("starting_after", "'starting_after' must be an integer.") from None
+    dispatch = dispatch_get()
+    where = await dispatch.whereabouts(kept.request_id)
+    if where is None:
+        # The reply stream has expired: only the end the store kept is left to send.
+        return _event_stream(_stored_end(kept, after=after))
+    builder = builder_of(kept)
+    events = replay(
+        dispatch,
+        builder,
+        deployment=where.deployment,
+        request_id=kept.request_id,
+        tenant_id=tenant_id,
+        policy=await policy_get(tenant_id=tenant_id, model=kept.requested_model),
+        follow=True,
+        deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
+    )
+    return _event_stream(_sequenced(events, after=after))
+
+
+async def _stored_end(kept: Kept, *, after: int) -> AsyncIterator[bytes]:
+    if kept.finished and kept.last_sequence > after:
+        kind = {
+            "completed": "response.completed",
+            "incomplete": "response.incomplete",
+        }.get(kept.body["status"], "response.failed")
+        yield sse({"type": kind, "sequence_number": kept.last_sequence, "response": kept.body})
+
+
+@api_endpoint("POST")
+async def response_cancel(request: HttpRequest, request_id: str, response_id: str) -> HttpResponse:
+    """Cancel a background response; one that has ended is answered as it is."""
+    principal = await request_principal(request, Scope.INFERENCE)
+    kept = await db_call(response_get, tenant_id=principal.tenant_id, response_id=response_id)
+    if kept is None:
+        raise _not_found(response_id)
+    if not kept.body.get("background"):
+        raise ApiError(
+            400,
+            "invalid_request",
+            "Only a background response can be cancelled.",
+            param="response_id",
+        )
+    if kept.finished:
+        return json_response(kept.body)
+    dispatch = dispatch_get()
+    where = await dispatch.whereabouts(kept.request_id)
+    if where is not None:
+        await dispatch.cancel_by_id(where=where, request_id=kept.request_id)
+    # Its end (cancelled, or whatever came first) arrives within moments: answer with it.
+    builder = await settle_from_stream(
+        dispatch,
+        kept,
+        tenant_id=principal.tenant_id,
+        policy=None,
+        follow=True,
+        deadline=time.time() + _CANCEL_WAIT_SECONDS,
+    )
+    return json_response(kept.body if builder is None else builder.body())
 
 
 def _page_query(request: HttpRequest) -> tuple[int, str, str | None]:

@@ -11,3 +11,18 @@ from inference.responses_store import responses_purge as _responses_purge
 def responses_purge() -> int:
     """Delete stored responses (the Responses API's) past their expiry."""
     return _responses_purge()
+
+
+@shared_task
+def responses_orphans_finish(older_than: float = 60.0) -> int:
+    """End in the store the background responses whose accepting frontend died (accepted
+    more than `older_than` seconds ago, whose request has ended)."""
+    import asyncio
+
+    from inference.clients import dispatch_get
+    from inference.responses_background import orphans_finish
+
+    async def run() -> int:
+        return await orphans_finish(dispatch_get(), older_than=older_than)
+
+    return asyncio.run(run())

@@ -18,6 +18,7 @@ urlpatterns = [
     path("responses", responses_views.responses_create),
     path("responses/<str:response_id>", responses_views.response_detail),
     path("responses/<str:response_id>/input_items", responses_views.response_input_items),
+    path("responses/<str:response_id>/cancel", responses_views.response_cancel),
     path("requests/<str:target>/cancel", views.request_cancel),
     path("requests/<str:target>/stream", views.request_stream),
     path("models/<path:name>", views.models_detail),

@@ -237,6 +237,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "privacy.tasks.content_purge",
         "schedule": crontab(minute=0),
     },
+    # Background responses whose accepting frontend died are ended in the store.
+    "inference-responses-orphans": {
+        "task": "inference.tasks.responses_orphans_finish",
+        "schedule": 60.0,
+    },
     # Stored responses (the Responses API's) past their expiry are deleted.
     "inference-responses-purge": {
         "task": "inference.tasks.responses_purge",

@@ -10,13 +10,15 @@ schema keep its output parseable (its whitespace tokens pushed away with vLLM's
 from __future__ import annotations
 
 import json
+import signal
+import time
 
 import httpx
 import openai
 import pytest
 
 from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
-from tests.conftest import ALIAS
+from tests.conftest import ALIAS, _free_port, _http_ok, _spawn, _wait_for
 
 TOOL = {
     "type": "function",
@@ -219,7 +221,7 @@ def test_store_false_is_not_kept(sdk):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "background": True, "store": False}, "store"),
         ({"input": "hi", "truncation": "auto"}, "truncation"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
@@ -268,3 +270,135 @@ def test_a_streamed_function_call_sends_its_arguments_in_pieces(sdk, no_ws):
     assert json.loads(done.arguments)["zone"] in ("utc", "cet")
     [call] = events[-1].response.output
     assert call.arguments == done.arguments and call.status == "completed"
+
+
+# --- background responses ---------------------------------------------------------------------
+
+LONG = {"max_output_tokens": 160, "extra_body": {"ignore_eos": True}}
+
+
+def _until(sdk, response_id: str, *statuses: str, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        response = sdk.responses.retrieve(response_id)
+        if response.status in statuses or time.monotonic() > deadline:
+            return response
+        time.sleep(0.2)
+
+
+def test_a_background_response_is_queued_then_polled_to_its_end(sdk, usage_of):
+    raw = sdk.responses.with_raw_response.create(
+        model=ALIAS, input="Take your time.", background=True, temperature=0, **LONG
+    )
+    accepted = raw.parse()
+    assert accepted.status == "queued" and accepted.background is True
+    done = _until(sdk, accepted.id, "completed", "incomplete", "failed")
+    assert done.status == "incomplete" and done.usage.output_tokens == 160
+    [record] = usage_of(raw.headers["x-request-id"])
+    assert record.completion_tokens == 160  # one usage record, as for chat
+    events = list(sdk.responses.retrieve(accepted.id, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == done.output_text
+
+
+def test_a_background_response_is_cancelled(sdk, usage_of):
+    raw = sdk.responses.with_raw_response.create(
+        model=ALIAS, input="Go on and on.", background=True, max_output_tokens=200,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    accepted = raw.parse()
+    cancelled = sdk.responses.cancel(accepted.id)  # queued, or a few tokens in
+    assert cancelled.status == "cancelled"
+    assert sdk.responses.retrieve(accepted.id).status == "cancelled"
+    assert sdk.responses.cancel(accepted.id).status == "cancelled"  # once ended, as it is
+    [record] = usage_of(raw.headers["x-request-id"])
+    assert record.status == "cancelled" and record.completion_tokens < 200
+
+
+def test_only_a_background_response_is_cancelled_or_streamed_again(sdk):
+    response = _ask(sdk, input="Not in the background.")
+    with pytest.raises(openai.BadRequestError):
+        sdk.responses.cancel(response.id)
+    with pytest.raises(openai.BadRequestError):
+        list(sdk.responses.retrieve(response.id, stream=True))
+
+
+@pytest.fixture
+def second_frontend(stack, tmp_path):
+    port = _free_port()
+    frontend = _spawn(
+        "frontend-responses",
+        ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        tmp_path,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(frontend, lambda: _http_ok(f"{base_url}/healthz"), timeout=120)
+        yield frontend, base_url
+    finally:
+        if frontend.popen.poll() is None:
+            frontend.popen.kill()
+        frontend.popen.wait(timeout=30)
+
+
+def test_a_background_response_outlives_the_frontend_that_accepted_it(
+    sdk, stack, world, second_frontend, usage_of
+):
+    frontend, base_url = second_frontend
+    doomed = openai.OpenAI(base_url=f"{base_url}/v1", api_key=world.acme_key, max_retries=0)
+    raw = doomed.responses.with_raw_response.create(
+        model=ALIAS, input="Outlive it.", background=True, temperature=0, **LONG
+    )
+    accepted = raw.parse()
+    assert _until(sdk, accepted.id, "in_progress").status == "in_progress"
+    # The worker's loop holds the rest of the tokens while the frontend dies (no goodbye: its
+    # follower dies with it), so nothing of the end reaches the store from there.
+    worker = stack.worker.popen
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        frontend.popen.send_signal(signal.SIGKILL)
+        frontend.popen.wait(timeout=30)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    # Another frontend reads where it stands, and ends it in the store once it has ended.
+    done = _until(sdk, accepted.id, "completed", "incomplete", "failed")
+    assert done.status == "incomplete" and done.usage.output_tokens == 160
+    [record] = usage_of(raw.headers["x-request-id"])
+    assert record.completion_tokens == 160
+    # Its stream resumes on this frontend: every event after the one asked for, once.
+    events = list(sdk.responses.retrieve(accepted.id, stream=True, starting_after=3))
+    assert [e.sequence_number for e in events] == list(range(4, 4 + len(events)))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output_text == done.output_text
+
+
+def test_the_sweep_ends_an_orphan_nobody_polls(
+    sdk, stack, world, second_frontend, usage_of, django_db_blocker
+):
+    from inference.models import StoredResponse
+    from inference.tasks import responses_orphans_finish
+
+    frontend, base_url = second_frontend
+    doomed = openai.OpenAI(base_url=f"{base_url}/v1", api_key=world.acme_key, max_retries=0)
+    worker = stack.worker.popen
+    worker.send_signal(signal.SIGSTOP)  # it claims nothing until the frontend is gone
+    try:
+        raw = doomed.responses.with_raw_response.create(
+            model=ALIAS, input="Nobody asks.", background=True, temperature=0, **LONG
+        )
+        frontend.popen.send_signal(signal.SIGKILL)
+        frontend.popen.wait(timeout=30)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    accepted = raw.parse()
+    [record] = usage_of(raw.headers["x-request-id"])  # the request ran to its end
+    with django_db_blocker.unblock():
+        row = StoredResponse.objects.get(pk=accepted.id)
+        assert row.status == "queued"  # nothing ended it: its frontend died first
+        assert responses_orphans_finish(older_than=0) >= 1
+        row.refresh_from_db()
+        assert row.status == "incomplete"
+    done = sdk.responses.retrieve(accepted.id)
+    assert done.usage.output_tokens == record.completion_tokens == 160
