@@ -88,6 +88,7 @@ SHOULD_RETRY: dict[str, bool] = {
     "batch_not_cancellable": False,
     "model_not_found": False,
     "request_not_found": False,
+    "response_not_found": False,
     "file_not_found": False,
     "batch_not_found": False,
     "not_found": False,

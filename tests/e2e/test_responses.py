@@ -402,3 +402,67 @@ def test_the_sweep_ends_an_orphan_nobody_polls(
         assert row.status == "incomplete"
     done = sdk.responses.retrieve(accepted.id)
     assert done.usage.output_tokens == record.completion_tokens == 160
+
+
+# --- the same answer as chat completions --------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_plain_text_is_chats_text(sdk, seed):
+    sampling: dict = {"temperature": 0} if seed is None else {"temperature": 0.9}
+    extra = {} if seed is None else {"seed": seed}
+    chat = sdk.chat.completions.create(
+        model=ALIAS,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}],
+        max_tokens=12,
+        extra_body=extra,
+        **sampling,
+    )
+    response = sdk.responses.create(
+        model=ALIAS,
+        instructions="Be brief.",
+        input="Hi.",
+        max_output_tokens=12,
+        extra_body=extra,
+        **sampling,
+    )
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_calls_are_chats_calls(sdk, no_ws, stream):
+    chat = sdk.chat.completions.create(
+        model=ALIAS,
+        messages=[{"role": "user", "content": "What time is it in Paris?"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {k: TOOL[k] for k in ("name", "description", "parameters", "strict")},
+            }
+        ],
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+        logit_bias=no_ws,
+    )
+    request = {
+        "model": ALIAS,
+        "input": "What time is it in Paris?",
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "max_output_tokens": 48,
+        "temperature": 0,
+        "extra_body": {"logit_bias": no_ws},
+    }
+    if stream:
+        response = list(sdk.responses.create(stream=True, **request))[-1].response
+    else:
+        response = sdk.responses.create(**request)
+    calls = [item for item in response.output if item.type == "function_call"]
+    expected = chat.choices[0].message.tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in expected
+    ]
+    assert response.usage.output_tokens == chat.usage.completion_tokens
