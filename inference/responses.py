@@ -124,7 +124,7 @@ def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
         default_id = f"{response_id}_in{i}".replace("resp_", "item_", 1)
         if kind == "message":
             role = item.get("role")
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
                 raise invalid(
                     f"{where}.role",
                     f"'{where}.role' must be one of {', '.join(ROLES)}; got {shown(str(role))}.",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,9 @@ from privacy.crypto import content_open, content_seal
 
 # How long a stored response is kept when its tenant keeps no text otherwise (OpenAI's).
 DEFAULT_DAYS = 30
+# What an id this API made looks like; any other is absent without a query (a NUL byte, say,
+# which PostgreSQL cannot even compare).
+RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
 # The longest chain of previous responses a turn may rebuild (OpenAI sets no number; this
 # bounds the reads of one request).
 MAX_CHAIN = 256
@@ -116,6 +120,8 @@ def response_save(
 
 def response_get(*, tenant_id: int, response_id: str) -> Kept | None:
     """The tenant's stored response, or None (unknown, deleted, or another tenant's)."""
+    if not RESPONSE_ID.fullmatch(response_id):
+        return None
     row = StoredResponse.objects.filter(
         tenant_id=tenant_id, id=response_id, expires_at__gt=timezone.now()
     ).first()
@@ -183,6 +189,8 @@ def response_chain(*, tenant_id: int, response_id: str) -> list[Kept] | None:
 
 def response_delete(*, tenant_id: int, response_id: str) -> bool:
     """Delete the tenant's stored response; False when it has none by that id."""
+    if not RESPONSE_ID.fullmatch(response_id):
+        return False
     deleted, _ = StoredResponse.objects.filter(
         tenant_id=tenant_id, id=response_id, expires_at__gt=timezone.now()
     ).delete()

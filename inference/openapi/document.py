@@ -15,6 +15,8 @@ import msgspec
 from inference.openapi import bodies, objects
 from inference.openapi.parts import parts
 from inference.openapi.paths import model_paths, operation_paths, request_paths, responses
+from inference.openapi.responses import SCHEMAS as RESPONSES_SCHEMAS
+from inference.openapi.responses import responses_paths
 from inference.openapi.schema import Schema
 
 
@@ -42,7 +44,11 @@ def openapi_document() -> Schema:
         },
         "security": [{"bearerAuth": []}],
         "paths": _merged(
-            model_paths(), *(part.paths() for part in parts()), request_paths(), operation_paths()
+            model_paths(),
+            responses_paths(),
+            *(part.paths() for part in parts()),
+            request_paths(),
+            operation_paths(),
         ),
         "components": {
             "securitySchemes": {
@@ -93,6 +99,7 @@ def openapi_document() -> Schema:
                     "Embeddings": objects.EMBEDDINGS,
                     "Model": objects.MODEL,
                 },
+                RESPONSES_SCHEMAS,
                 *(part.schemas for part in parts()),
                 {
                     "RequestStatus": objects.REQUEST_STATUS,

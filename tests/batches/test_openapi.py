@@ -29,6 +29,10 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
         "/v1/embeddings",
         "/v1/models",
         "/v1/models/{name}",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/input_items",
+        "/v1/responses/{response_id}/cancel",
         "/v1/files",
         "/v1/files/{file_id}",
         "/v1/files/{file_id}/content",
@@ -46,8 +50,9 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
     schemas = document["components"]["schemas"]
     names = list(schemas)
     batches = ["File", "FileUpload", "Batch", "BatchRequest", "RequestStatus"]
-    # The batches' part sits right after the models' schemas and before the operational ones.
-    start = names.index("Model") + 1
+    # The batches' part sits right after the models' and the Responses API's schemas and
+    # before the operational ones.
+    start = names.index("ResponseInputItems") + 1
     assert names[start : start + len(batches)] == batches
     assert schemas["BatchRequest"]["properties"]["endpoint"]["enum"] == list(ENDPOINTS)
     # Every reference resolves: the part's to the API's (Error, the error responses) and back.

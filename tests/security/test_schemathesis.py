@@ -160,13 +160,19 @@ def fuzzed(stack: Any, encoder: Any, django_db_blocker: Any) -> Fuzzed:
             "/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
         )
         answered = client.post("/v1/chat/completions", json={**chat, "stream": True})
+        responded = client.post(
+            "/v1/responses", json={"model": ALIAS, "input": "hi", "background": True}
+        )
     assert uploaded.status_code == batch.status_code == answered.status_code == 200
+    assert responded.status_code == 200, responded.text
     own = {
         "file_id": file_id,
         "input_file_id": file_id,
         "batch_id": batch.json()["id"],
         "after": batch.json()["id"],
         "request_id": answered.headers["x-request-id"],
+        "response_id": responded.json()["id"],
+        "previous_response_id": responded.json()["id"],
     }
     return Fuzzed(key=key, own=own)
 

@@ -1,0 +1,242 @@
+"""The Responses API's operations and objects in the /v1 document (docs/responses.md)."""
+
+from __future__ import annotations
+
+from inference.openapi.paths import AUTH_ERRORS, errors, ok, path_parameter
+from inference.openapi.schema import Schema, json_content, obj, ref
+from inference.responses import MAX_METADATA_KEYS
+
+_STATUS = {
+    "type": "string",
+    "enum": ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"],
+}
+_TEXT_PART = obj({"type": {"type": "string"}, "text": {"type": "string"}}, "type")
+_ITEM: Schema = {
+    "type": "object",
+    "description": "A message (role, content parts), a function_call (call_id, name, "
+    "arguments) or a function_call_output (call_id, output).",
+    "properties": {
+        "type": {"type": "string", "enum": ["message", "function_call", "function_call_output"]},
+        "id": {"type": "string"},
+        "role": {"type": "string", "enum": ["user", "system", "developer", "assistant"]},
+        "content": {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}],
+        },
+        "call_id": {"type": "string"},
+        "name": {"type": "string"},
+        "arguments": {"type": "string"},
+        "output": {"type": "string"},
+    },
+}
+_FUNCTION_TOOL = obj(
+    {
+        "type": {"const": "function"},
+        "name": {"type": "string"},
+        "description": {"type": "string"},
+        "parameters": {"type": "object"},
+        "strict": {"type": ["boolean", "null"]},
+    },
+    "type",
+    "name",
+)
+
+RESPONSES_REQUEST: Schema = obj(
+    {
+        "model": {"type": "string", "description": "A model, alias or name@version."},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": _ITEM}]},
+        "instructions": {"type": ["string", "null"]},
+        "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+        "tools": {"type": ["array", "null"], "items": _FUNCTION_TOOL},
+        "tool_choice": {
+            "anyOf": [
+                {"type": "string", "enum": ["none", "auto", "required"]},
+                obj({"type": {"const": "function"}, "name": {"type": "string"}}, "type", "name"),
+                {"type": "null"},
+            ]
+        },
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
+        "text": {
+            "type": ["object", "null"],
+            "properties": {
+                "format": obj(
+                    {
+                        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+                        "name": {"type": "string"},
+                        "schema": {"type": "object"},
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                    "type",
+                )
+            },
+        },
+        "metadata": {
+            "type": ["object", "null"],
+            "maxProperties": MAX_METADATA_KEYS,
+            "additionalProperties": {"type": "string", "maxLength": 512},
+        },
+        "user": {"type": ["string", "null"]},
+        "safety_identifier": {"type": ["string", "null"]},
+        "store": {"type": ["boolean", "null"]},
+        "previous_response_id": {"type": ["string", "null"]},
+        "background": {"type": ["boolean", "null"]},
+        "stream": {"type": ["boolean", "null"]},
+        "truncation": {"type": ["string", "null"], "enum": ["disabled", None]},
+    },
+    "model",
+    "input",
+    additionalProperties=False,
+)
+
+RESPONSE: Schema = obj(
+    {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "completed_at": {"type": ["integer", "null"]},
+        "status": _STATUS,
+        "error": {"type": ["object", "null"]},
+        "incomplete_details": {"type": ["object", "null"]},
+        "model": {"type": "string"},
+        "output": {"type": "array", "items": {"type": "object"}},
+        "output_text": {"type": "string"},
+        "usage": {"type": ["object", "null"]},
+        "background": {"type": "boolean"},
+        "store": {"type": "boolean"},
+    },
+    "id",
+    "object",
+    "created_at",
+    "status",
+    "model",
+    "output",
+)
+RESPONSE_DELETED: Schema = obj(
+    {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}},
+    "id",
+    "object",
+    "deleted",
+)
+INPUT_ITEMS: Schema = obj(
+    {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object"}},
+        "first_id": {"type": ["string", "null"]},
+        "last_id": {"type": ["string", "null"]},
+        "has_more": {"type": "boolean"},
+    },
+    "object",
+    "data",
+    "has_more",
+)
+_EVENT: Schema = obj(
+    {
+        "event": {"type": "string", "description": "The event's type."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": obj(
+                {"type": {"type": "string"}, "sequence_number": {"type": "integer"}},
+                "type",
+                "sequence_number",
+            ),
+        },
+    },
+    "data",
+)
+SCHEMAS: dict[str, Schema] = {
+    "ResponsesRequest": RESPONSES_REQUEST,
+    "Response": RESPONSE,
+    "ResponseDeleted": RESPONSE_DELETED,
+    "ResponseInputItems": INPUT_ITEMS,
+}
+_ID = path_parameter("response_id", "The response's id (resp_...).")
+
+
+def responses_paths() -> dict[str, Schema]:
+    return {
+        "/v1/responses": {
+            "post": {
+                "summary": "Create a response (whole, streamed, or in the background)",
+                "requestBody": {"required": True, "content": json_content(ref("ResponsesRequest"))},
+                "responses": {
+                    "200": ok(
+                        "The response (queued, in the background), or its events with stream=true.",
+                        {
+                            **json_content(ref("Response")),
+                            "text/event-stream": {"schema": _EVENT},
+                        },
+                    ),
+                    **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
+                },
+            }
+        },
+        "/v1/responses/{response_id}": {
+            "get": {
+                "summary": "A stored response; with stream=true a background response's events",
+                "parameters": [
+                    _ID,
+                    {
+                        "name": "stream",
+                        "in": "query",
+                        "description": "Stream a background response's events again.",
+                        "schema": {"type": "boolean"},
+                    },
+                    {
+                        "name": "starting_after",
+                        "in": "query",
+                        "description": "With stream: send the events after this sequence number.",
+                        "schema": {"type": "integer"},
+                    },
+                ],
+                "responses": {
+                    "200": ok(
+                        "The response, or its events.",
+                        {
+                            **json_content(ref("Response")),
+                            "text/event-stream": {"schema": _EVENT},
+                        },
+                    ),
+                    **errors(400, *AUTH_ERRORS, 404, 503),
+                },
+            },
+            "delete": {
+                "summary": "Delete a stored response",
+                "parameters": [_ID],
+                "responses": {
+                    "200": ok("It is deleted.", json_content(ref("ResponseDeleted"))),
+                    **errors(*AUTH_ERRORS, 404, 503),
+                },
+            },
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": {
+                "summary": "A stored response's input items, a page at a time",
+                "parameters": [
+                    _ID,
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                    },
+                    {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": ok("A page of items.", json_content(ref("ResponseInputItems"))),
+                    **errors(400, *AUTH_ERRORS, 404, 503),
+                },
+            }
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": {
+                "summary": "Cancel a background response",
+                "parameters": [_ID],
+                "responses": {
+                    "200": ok("The response as it ended.", json_content(ref("Response"))),
+                    **errors(400, *AUTH_ERRORS, 404, 503),
+                },
+            }
+        },
+    }
