@@ -54,6 +54,8 @@ from inference.content_policy import policy_get
 from inference.errors import ApiError
 from inference.openai_format import Formatter, shape_of
 from inference.params import embeddings_parse, generation_parse
+from inference.responses import RESPONSES, batch_line_parse
+from inference.responses_views import responses_collect
 from inference.results import completion_collect, embeddings_collect
 from inference.submission import answer_shape, embedding_submit, generation_submit
 
@@ -214,13 +216,18 @@ class BatchRun:
                 priority="batch",
                 reply_ttl=reply_ttl,
             )
+        if self.kind == RESPONSES:
+            request = batch_line_parse(body, response_id=f"resp_{rid}").chat
+        else:
+            request = generation_parse(body, endpoint=self.kind)
         return await generation_submit(
             principal=principal,
-            request=generation_parse(body, endpoint=self.kind),
+            request=request,
             request_id=rid,
             timeout=timeout,
             priority="batch",
             reply_ttl=reply_ttl,
+            endpoint=RESPONSES if self.kind == RESPONSES else None,
         )
 
     async def _collect(
@@ -237,6 +244,14 @@ class BatchRun:
         if self.kind == "embeddings":
             return await embeddings_collect(events, embeddings_parse(body), model=served,
                                             on_end=on_end)  # fmt: skip
+        if self.kind == RESPONSES:
+            return await responses_collect(
+                events,
+                batch_line_parse(body, response_id=f"resp_{rid}"),
+                model=served,
+                submitted=submitted,
+                tenant_id=self.batch.tenant_id,
+            )
         parsed = generation_parse(body, endpoint=self.kind)
         formatter = Formatter(
             endpoint=self.kind,

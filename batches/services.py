@@ -25,6 +25,7 @@ from batches.models import (
 from config.json_body import BodyProblem, json_check, shown
 from inference.errors import ApiError, invalid
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
+from inference.responses import RESPONSES, batch_line_parse
 from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ ENDPOINTS = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
     "/v1/embeddings": "embeddings",
+    "/v1/responses": RESPONSES,
 }
 # At most five ASCII digits: 168h is 10080m, and the column holds eight characters.
 _WINDOW = re.compile(r"([0-9]{1,5})([mh])")
@@ -194,6 +196,8 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
     kind = ENDPOINTS[endpoint]
     if kind == "embeddings":
         embeddings_parse(body)
+    elif kind == RESPONSES:
+        batch_line_parse(body, response_id=f"resp_{'0' * 32}")
     else:
         generation_parse(body, endpoint=kind)
     return custom_id, body

@@ -67,10 +67,12 @@ _PARAMS = {
 class ResponsesRequest:
     """A Responses request, read: its chat request and what its answer repeats."""
 
+    response_id: str
     chat: GenerationRequest
     input_items: list[dict[str, Any]]  # this turn's, with ids: what input_items lists
     store: bool
     background: bool
+    truncate: bool  # truncation "auto": drop the oldest turns while the prompt does not fit
     previous_response_id: str | None
     echo: dict[str, Any]  # the request's settings the response object repeats
 
@@ -320,7 +322,7 @@ def _metadata(raw: Any) -> dict[str, str] | None:
     return raw
 
 
-def _renamed(exc: ApiError) -> ApiError:
+def chat_error_renamed(exc: ApiError) -> ApiError:
     """A chat field's error, naming the Responses field the client sent."""
     if exc.param:
         head, dot, tail = exc.param.partition(".")
@@ -345,13 +347,11 @@ def responses_parse(
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("instructions", "'instructions' must be a string.")
-    if body.get("truncation") not in (None, "disabled"):
-        raise ApiError(
-            400,
-            "unsupported_parameter",
-            '\'truncation\' "auto" is not supported; send "disabled" (the default): a turn '
-            "longer than the model's context is a 400.",
-            param="truncation",
+    truncation = body.get("truncation")
+    if truncation not in (None, "disabled", "auto"):
+        raise invalid(
+            "truncation",
+            f"'truncation' must be 'auto' or 'disabled'; got {shown(str(truncation))}.",
         )
     earlier: list[dict[str, Any]] = []
     for turn in history:
@@ -383,14 +383,16 @@ def responses_parse(
     try:
         chat = generation_parse(chat_body, endpoint=CHAT)
     except ApiError as exc:
-        raise _renamed(exc) from None
+        raise chat_error_renamed(exc) from None
     previous = body.get("previous_response_id")
     tools = body.get("tools") or []
     return ResponsesRequest(
+        response_id=response_id,
         chat=chat,
         input_items=items,
         store=_flag(body, "store", True),
         background=_flag(body, "background", False),
+        truncate=truncation == "auto",
         previous_response_id=previous,
         echo={
             "instructions": instructions,
@@ -403,12 +405,42 @@ def responses_parse(
             "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"),
             "tools": tools,
             "top_p": 1.0 if chat.top_p is None else chat.top_p,
-            "truncation": "disabled",
+            "truncation": truncation or "disabled",
             "user": user,
             "store": _flag(body, "store", True),
             "background": _flag(body, "background", False),
         },
     )
+
+
+RESPONSES = "responses"  # a batch's endpoint kind for /v1/responses lines
+
+
+def batch_line_parse(body: dict[str, Any], *, response_id: str) -> ResponsesRequest:
+    """A /v1/responses batch line: a response of its own, never chained or in the background
+    (the batch already runs in the background; a line cannot wait on another's answer)."""
+    for name in ("previous_response_id", "background", "truncation"):
+        if body.get(name) not in (None, False, "disabled"):
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"'{name}' is not supported in a batch line; leave it out.",
+                param=f"body.{name}",
+            )
+    return responses_parse(body, response_id=response_id, history=[])
+
+
+def oldest_dropped(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The conversation without its oldest message (and the tool answers that followed it),
+    keeping the instructions; None when only the last message is left to drop."""
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    rest = messages[head:]
+    if len(rest) <= 1:
+        return None
+    rest = rest[1:]
+    while len(rest) > 1 and rest[0]["role"] == "tool":
+        rest = rest[1:]
+    return messages[:head] + rest
 
 
 def previous_id_read(body: dict[str, Any]) -> str | None:
@@ -462,6 +494,16 @@ class ResponseBuilder:
     _message_index: int = -1
     _calls: dict[int, _Call] = field(default_factory=dict)
     _open_call: int | None = None
+
+    def fresh(self) -> ResponseBuilder:
+        """A builder of the same response from its start (a second reader of its events)."""
+        return ResponseBuilder(
+            response_id=self.response_id,
+            model=self.model,
+            echo=self.echo,
+            created_at=self.created_at,
+            status=self.status,
+        )
 
     def body(self) -> dict[str, Any]:
         """The Response object as it stands."""

@@ -32,7 +32,7 @@ from inference.responses_store import (
 
 log = logging.getLogger(__name__)
 # A follower's longest wait for a reply entry before it looks at the deadline again.
-_BLOCK_MS = 5000
+_BLOCK_S = 5.0
 
 
 def builder_of(kept: Kept) -> ResponseBuilder:
@@ -59,22 +59,38 @@ def builder_of(kept: Kept) -> ResponseBuilder:
 async def _entries(
     dispatch: FrontDoor, *, deployment: str, request_id: str, follow: bool, deadline: float
 ) -> AsyncIterator[Event]:
-    """A request's reply events one entry at a time; `follow` waits for more up to the end."""
-    after = "0-0"
-    while True:
-        wait = max(int(min(deadline - time.time(), _BLOCK_MS / 1000) * 1000), 1)
-        entries = await dispatch.read_events(
-            deployment=deployment, request_id=request_id, after=after, block_ms=wait
-        )
-        if not entries:
-            if not follow or time.time() >= deadline:
+    """A request's reply events one entry at a time.
+
+    A poll (`follow` false) reads what the stream holds now with reads of its own; a follower
+    waits for the rest up to the end (or the deadline) over the frontend's shared reader of
+    the deployment, so a thousand background responses do not hold a thousand connections.
+    """
+    if not follow:
+        after = "0-0"
+        while True:
+            entries = await dispatch.read_events(
+                deployment=deployment, request_id=request_id, after=after, block_ms=1
+            )
+            if not entries:
                 return
-            continue
-        for entry_id, event in entries:
-            after = entry_id
-            yield event
-            if isinstance(event, Finished | Failed):
+            for _, event in entries:
+                yield event
+                if isinstance(event, Finished | Failed):
+                    return
+            after = entries[-1][0]
+    follower = dispatch.follow_replies(deployment=deployment, request_id=request_id, after="0-0")
+    try:
+        while True:
+            remaining = deadline - time.time()
+            if remaining <= 0:
                 return
+            batch = await follower.read(block_ms=max(int(min(remaining, _BLOCK_S) * 1000), 1))
+            for _, event in batch:
+                yield event
+                if isinstance(event, Finished | Failed):
+                    return
+    finally:
+        follower.close()
 
 
 async def replay(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,8 +24,8 @@ from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import Submitted, request_ended, request_failure
-from inference.clients import dispatch_get
+from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
+from inference.clients import dispatch_get, idempotency_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
@@ -37,11 +38,15 @@ from inference.endpoint import (
     request_trace,
 )
 from inference.errors import ApiError, invalid
+from inference.idempotency import Original, body_digest, key_validate
 from inference.metrics import RequestClock
 from inference.params import body_parse
 from inference.responses import (
+    RESPONSES,
     ResponseBuilder,
     ResponsesRequest,
+    chat_error_renamed,
+    oldest_dropped,
     previous_id_read,
     responses_parse,
     sse,
@@ -86,17 +91,39 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     parsed = responses_parse(body, response_id=response_id, history=history)
     if parsed.background and not parsed.store:
         raise invalid("store", "A background response is stored: leave 'store' out or send true.")
+    key = key_validate(request.headers.get("Idempotency-Key"))
+    if key is not None:
+        replayed = await _replay_or_claim(principal.tenant_id, key, body, parsed)
+        if replayed is not None:
+            return replayed
     clock = request_clock(request)
-    submitted = await generation_submit(
-        principal=principal,
-        request=parsed.chat,
-        request_id=request_id,
-        timeout=client_timeout(request, parsed.chat.timeout),
-        priority=parsed.chat.priority,
-        clock=clock,
-        trace=request_trace(request),
-        request_taken=True,
-    )
+    chat = parsed.chat
+    try:
+        while True:
+            try:
+                submitted = await generation_submit(
+                    principal=principal,
+                    request=chat,
+                    request_id=request_id,
+                    timeout=client_timeout(request, chat.timeout),
+                    priority=chat.priority,
+                    idempotency_key=key,
+                    clock=clock,
+                    trace=request_trace(request),
+                    request_taken=True,
+                    endpoint=RESPONSES,
+                )
+                break
+            except ApiError as exc:
+                # truncation "auto": the oldest turns go until the conversation fits.
+                shorter = oldest_dropped(chat.messages or []) if parsed.truncate else None
+                if exc.code != "context_length_exceeded" or shorter is None:
+                    raise chat_error_renamed(exc) from None
+                chat = dataclasses.replace(chat, messages=shorter)
+    except BaseException:
+        if key is not None:
+            spawn(idempotency_get().release(tenant_id=principal.tenant_id, key=key))
+        raise
     builder = ResponseBuilder(
         response_id=response_id,
         model=submitted.route.served_name,
@@ -113,11 +140,136 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     if parsed.chat.stream:
         response = _event_stream(_streamed(events, builder, parsed, submitted, clock))
     else:
-        response = json_response(await _whole(events, builder, parsed, submitted))
+        job = submitted.job
+        body = await _whole(
+            events,
+            builder,
+            parsed,
+            submitted,
+            tenant_id=job.tenant_id,
+            request_id=job.request_id,
+            retention_days=submitted.principal.retention_days,
+        )
+        response = json_response(body)
         clock.skip()
     for name, value in submitted.headers().items():
         response[name] = value
     return response
+
+
+async def _replay_or_claim(
+    tenant_id: int, key: str, body: dict[str, Any], parsed: ResponsesRequest
+) -> HttpResponseBase | None:
+    """Answer a retry with the response its key first made, or claim the key (None).
+
+    The first response, stored, is answered as the store has it (a background one as it
+    stands); one not stored is rebuilt from its reply stream. One that failed frees its key
+    and this request runs in its place.
+    """
+    keys = idempotency_get()
+    digest = body_digest(endpoint="responses", body=body)
+    original = await keys.begin(tenant_id=tenant_id, key=key, digest=digest)
+    if original is None:
+        return None
+    replayed = await _replay(original, parsed, tenant_id=tenant_id)
+    if replayed is not None:
+        replayed["Idempotent-Replayed"] = "true"
+        replayed["x-request-id"] = original.request_id
+        replayed[VERSION_HEADER] = original.version
+        return replayed
+    await keys.release(tenant_id=tenant_id, key=key)
+    if await keys.begin(tenant_id=tenant_id, key=key, digest=digest) is not None:
+        raise ApiError(
+            409,
+            "idempotency_key_in_use",
+            "Another request with this Idempotency-Key is running; retry shortly.",
+            param="Idempotency-Key",
+            retry_after=1,
+        )
+    return None
+
+
+async def _replay(
+    original: Original, parsed: ResponsesRequest, *, tenant_id: int
+) -> HttpResponseBase | None:
+    response_id = f"resp_{original.request_id}"
+    kept = await db_call(response_get, tenant_id=tenant_id, response_id=response_id)
+    if kept is not None and (kept.finished or kept.body.get("background")):
+        if kept.body["status"] == "failed":
+            return None
+        if parsed.chat.stream and kept.body.get("background"):
+            semantic = replay(
+                dispatch_get(),
+                builder_of(kept),
+                deployment=original.deployment,
+                request_id=original.request_id,
+                tenant_id=tenant_id,
+                policy=await policy_get(tenant_id=tenant_id, model=parsed.chat.model),
+                follow=True,
+                deadline=original.deadline + _GRACE_SECONDS,
+            )
+            return _event_stream(_sequenced(semantic, after=-1))
+        if not parsed.chat.stream:
+            return json_response(kept.body)
+    # Not stored (or a stream of a response that was not in the background): its events again.
+    dispatch = dispatch_get()
+    if not parsed.chat.stream and not await dispatch.finished(
+        deployment=original.deployment, request_id=original.request_id
+    ):
+        raise ApiError(
+            409,
+            "idempotency_key_in_use",
+            "The request with this Idempotency-Key is still running; retry when it has finished.",
+            param="Idempotency-Key",
+            retry_after=1,
+        )
+    builder = ResponseBuilder(
+        response_id=response_id,
+        model=original.model,
+        echo=parsed.echo,
+        created_at=original.created,
+    )
+    events = relay.attach(
+        dispatch,
+        deployment=original.deployment,
+        request_id=original.request_id,
+        deadline=original.deadline,
+        policy=await policy_get(tenant_id=tenant_id, model=parsed.chat.model),
+        tenant_id=tenant_id,
+    )
+    if parsed.chat.stream:
+        return _event_stream(_replayed_stream(events, builder))
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                builder.delta(event)
+            elif isinstance(event, Finished | Failed):
+                if isinstance(event, Failed):
+                    return None
+                builder.end(event)
+                return json_response(builder.body())
+    finally:
+        await events_close(events)
+    return None
+
+
+async def _replayed_stream(
+    events: AsyncIterator[Event], builder: ResponseBuilder
+) -> AsyncIterator[bytes]:
+    try:
+        for opening in builder.start():
+            yield sse(opening)
+        async for event in events:
+            if isinstance(event, Delta):
+                for piece in builder.delta(event):
+                    yield sse(piece)
+            elif isinstance(event, Finished | Failed):
+                error = request_failure(event) if isinstance(event, Failed) else None
+                for piece in builder.end(event, error=error):
+                    yield sse(piece)
+                return
+    finally:
+        await events_close(events)
 
 
 async def _background(
@@ -136,7 +288,7 @@ async def _background(
         retention_days=submitted.principal.retention_days,
         requested_model=parsed.chat.model,
     )
-    spawn(_background_follow(dataclasses.replace(builder), submitted))
+    spawn(_background_follow(builder.fresh(), submitted))
     if not parsed.chat.stream:
         return json_response(builder.body())
     return _event_stream(
@@ -158,23 +310,29 @@ async def _background(
 
 async def _background_follow(builder: ResponseBuilder, submitted: Submitted) -> None:
     """The accepting frontend's part: follow the response to its end, settle its
-    reservation and store its end. Leaving early (this frontend stops) cancels nothing."""
+    reservation and store its end. Leaving early (this frontend stops) cancels nothing; what
+    fails here is logged, and a later GET or the sweep ends the response instead."""
     job = submitted.job
     last = -1
-    async for event in replay(
-        dispatch_get(),
-        builder,
-        deployment=job.deployment,
-        request_id=job.request_id,
-        tenant_id=job.tenant_id,
-        policy=submitted.policy,
-        follow=True,
-        deadline=job.deadline + _GRACE_SECONDS,
-        on_end=functools.partial(request_ended, submitted),
-    ):
-        last = event["sequence_number"]
-    if builder.status in TERMINAL_STATUSES:
-        await finish_stored(builder, tenant_id=job.tenant_id, last_sequence=last)
+    try:
+        async for event in replay(
+            dispatch_get(),
+            builder,
+            deployment=job.deployment,
+            request_id=job.request_id,
+            tenant_id=job.tenant_id,
+            policy=submitted.policy,
+            follow=True,
+            deadline=job.deadline + _GRACE_SECONDS,
+            on_end=functools.partial(request_ended, submitted),
+        ):
+            last = event["sequence_number"]
+        if builder.status in TERMINAL_STATUSES:
+            await finish_stored(builder, tenant_id=job.tenant_id, last_sequence=last)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("following background response %s failed", builder.response_id)
 
 
 async def _sequenced(events: AsyncIterator[dict[str, Any]], *, after: int) -> AsyncIterator[bytes]:
@@ -208,22 +366,56 @@ def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
     return response
 
 
-async def _kept(builder: ResponseBuilder, parsed: ResponsesRequest, submitted: Submitted) -> None:
+async def _kept(
+    builder: ResponseBuilder,
+    parsed: ResponsesRequest,
+    *,
+    tenant_id: int,
+    request_id: str,
+    retention_days: int,
+) -> None:
     """Store the response, if asked; a store that fails is logged, the answer still goes out."""
     if not parsed.store:
         return
     try:
         await db_call(
             response_save,
-            tenant_id=submitted.job.tenant_id,
-            request_id=submitted.job.request_id,
+            tenant_id=tenant_id,
+            request_id=request_id,
             body=builder.body(),
             input_items=parsed.input_items,
-            retention_days=submitted.principal.retention_days,
+            retention_days=retention_days,
             requested_model=parsed.chat.model,
         )
     except Exception:
         log.exception("could not store response %s", builder.response_id)
+
+
+async def responses_collect(
+    events: AsyncIterator[Event],
+    parsed: ResponsesRequest,
+    *,
+    model: str,
+    submitted: Submitted | None,
+    tenant_id: int,
+) -> bytes:
+    """A batch line's response body (stored, if asked), or the ApiError it ended with.
+
+    A resumed line (no `submitted`) settles nothing: the ingester settles its reservation.
+    """
+    builder = ResponseBuilder(response_id=parsed.response_id, model=model, echo=parsed.echo)
+    retention = submitted.principal.retention_days if submitted is not None else 0
+    return json.dumps(
+        await _whole(
+            events,
+            builder,
+            parsed,
+            submitted,
+            tenant_id=tenant_id,
+            request_id=parsed.response_id.removeprefix("resp_"),
+            retention_days=retention,
+        )
+    ).encode()
 
 
 def _ended(
@@ -238,7 +430,11 @@ async def _whole(
     events: AsyncIterator[Event],
     builder: ResponseBuilder,
     parsed: ResponsesRequest,
-    submitted: Submitted,
+    submitted: Submitted | None,
+    *,
+    tenant_id: int,
+    request_id: str,
+    retention_days: int,
 ) -> dict[str, Any]:
     """The response object once the request has ended; a failed one raises its error."""
     try:
@@ -246,8 +442,17 @@ async def _whole(
             if isinstance(event, Delta):
                 builder.delta(event)
             elif isinstance(event, Finished | Failed):
-                _, failure = _ended(event, builder, submitted)
-                await _kept(builder, parsed, submitted)
+                if submitted is not None:
+                    request_ended(submitted, event)
+                failure = request_failure(event) if isinstance(event, Failed) else None
+                builder.end(event, error=failure)
+                await _kept(
+                    builder,
+                    parsed,
+                    tenant_id=tenant_id,
+                    request_id=request_id,
+                    retention_days=retention_days,
+                )
                 if failure is not None:
                     raise failure
                 return builder.body()
@@ -275,7 +480,14 @@ async def _streamed(
             elif isinstance(event, Finished | Failed):
                 clock.skip()  # the worker timed everything up to its terminal event
                 closing, _ = _ended(event, builder, submitted)
-                await _kept(builder, parsed, submitted)  # before the client sees the end
+                job = submitted.job
+                await _kept(  # before the client sees the end
+                    builder,
+                    parsed,
+                    tenant_id=job.tenant_id,
+                    request_id=job.request_id,
+                    retention_days=submitted.principal.retention_days,
+                )
                 ended = True
                 for piece in closing:
                     yield sse(piece)

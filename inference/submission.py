@@ -268,8 +268,12 @@ async def generation_submit(
     clock: RequestClock | None = None,
     trace: TraceContext | None = None,
     request_taken: bool = False,
+    endpoint: str | None = None,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
+
+    `endpoint` names the API the request came through on its usage record, where that is not
+    the request's own (the Responses API runs as chat).
 
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
     platform's maximum. `clock` times its preprocessing and admission; `trace` is the
@@ -309,7 +313,7 @@ async def generation_submit(
         api_key_id=principal.key_id,
         deployment=route.deployment,
         model_version=route.version_digest,
-        endpoint=request.endpoint,
+        endpoint=endpoint or request.endpoint,
         prompt_token_ids=[t for p in prompts for t in p],
         input_lengths=[len(p) for p in prompts] if len(prompts) > 1 else [],
         sampling=sampling,

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from inference.openapi.paths import AUTH_ERRORS, errors, ok, path_parameter
+from inference.openapi.paths import (
+    _IDEMPOTENCY_KEY,
+    _TIMEOUT_HEADER,
+    AUTH_ERRORS,
+    errors,
+    ok,
+    path_parameter,
+)
 from inference.openapi.schema import Schema, json_content, obj, ref
 from inference.responses import MAX_METADATA_KEYS
 
@@ -159,6 +166,7 @@ def responses_paths() -> dict[str, Schema]:
         "/v1/responses": {
             "post": {
                 "summary": "Create a response (whole, streamed, or in the background)",
+                "parameters": [_IDEMPOTENCY_KEY, _TIMEOUT_HEADER],
                 "requestBody": {"required": True, "content": json_content(ref("ResponsesRequest"))},
                 "responses": {
                     "200": ok(
@@ -168,7 +176,7 @@ def responses_paths() -> dict[str, Schema]:
                             "text/event-stream": {"schema": _EVENT},
                         },
                     ),
-                    **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
+                    **errors(400, *AUTH_ERRORS, 404, 409, 413, 422, 429, 503),
                 },
             }
         },

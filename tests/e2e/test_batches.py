@@ -503,3 +503,35 @@ def test_a_file_downloads_under_its_own_non_ascii_name_and_is_never_sniffed(stac
         "filename*=UTF-8''donn%C3%A9es%20%E6%97%A5%E6%9C%AC.jsonl"
     )
     assert content.headers["x-content-type-options"] == "nosniff"
+
+
+def _responses_line(custom_id: str, text: str, **body: Any) -> str:
+    request = {"model": ALIAS, "input": text, "max_output_tokens": 6, "temperature": 0, **body}
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/responses", "body": request}
+    )
+
+
+def test_a_batch_of_responses_api_lines_answers_responses_and_stores_them(sdk, world, usage_of):
+    lines = [
+        _responses_line("kept", "Say hello."),
+        _responses_line("not-kept", "Say hi.", store=False),
+        _responses_line("chained", "Again.", previous_response_id="resp_" + "0" * 32),
+    ]
+    batch = sdk.batches.create(
+        input_file_id=_upload(sdk, lines), endpoint="/v1/responses", completion_window="24h"
+    )
+    batch = _wait(sdk, batch.id, until=_ended)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+    output = {e["custom_id"]: e["response"] for e in _entries(sdk, batch.output_file_id)}
+    kept, not_kept = output["kept"]["body"], output["not-kept"]["body"]
+    assert kept["object"] == not_kept["object"] == "response"
+    assert kept["output_text"] and kept["usage"]["output_tokens"] == 6
+    # A stored line's response is there to fetch (and chain on) like any other.
+    assert sdk.responses.retrieve(kept["id"]).output_text == kept["output_text"]
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(not_kept["id"])
+    [chained] = _entries(sdk, batch.error_file_id)
+    assert chained["error"]["param"] == "body.previous_response_id"
+    records = usage_of(output["kept"]["request_id"], output["not-kept"]["request_id"])
+    assert {r.priority for r in records} == {"batch"}

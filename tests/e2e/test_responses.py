@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from typing import Any
 
 import httpx
 import openai
@@ -77,6 +78,7 @@ def test_a_response_is_created_stored_and_retrieved(sdk, world, usage_of):
     assert kept.model_dump() == response.model_dump()
     [record] = usage_of(raw.headers["x-request-id"])
     assert record.completion_tokens == 6 and record.prompt_tokens == response.usage.input_tokens
+    assert record.endpoint == "responses"  # the console's request view names the API
 
 
 def test_a_streamed_response_sends_openais_events_in_order(sdk):
@@ -199,6 +201,14 @@ def test_input_items_come_a_page_at_a_time(sdk):
 
 def test_another_tenants_response_is_absent_and_unchanged(sdk, other):
     response = _ask(sdk, input="Mine.")
+    background = sdk.responses.create(
+        model=ALIAS, input="Mine too.", background=True, max_output_tokens=8
+    )
+    with pytest.raises(openai.NotFoundError):
+        other.responses.cancel(background.id)
+    with pytest.raises(openai.NotFoundError):
+        list(other.responses.retrieve(background.id, stream=True))
+    assert _until(sdk, background.id, "completed", "incomplete").status != "cancelled"
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(response.id)
     with pytest.raises(openai.NotFoundError):
@@ -207,7 +217,7 @@ def test_another_tenants_response_is_absent_and_unchanged(sdk, other):
         other.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError) as chained:
         _ask(other, input="Yours?", previous_response_id=response.id)
-    assert chained.value.body["param"] == "previous_response_id"
+    assert chained.value.param == "previous_response_id"
     assert sdk.responses.retrieve(response.id).output_text == response.output_text
 
 
@@ -222,7 +232,7 @@ def test_store_false_is_not_kept(sdk):
     ("fields", "param"),
     [
         ({"input": "hi", "background": True, "store": False}, "store"),
-        ({"input": "hi", "truncation": "auto"}, "truncation"),
+        ({"input": "hi", "truncation": "sideways"}, "truncation"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
@@ -274,7 +284,7 @@ def test_a_streamed_function_call_sends_its_arguments_in_pieces(sdk, no_ws):
 
 # --- background responses ---------------------------------------------------------------------
 
-LONG = {"max_output_tokens": 160, "extra_body": {"ignore_eos": True}}
+LONG: dict[str, Any] = {"max_output_tokens": 160, "extra_body": {"ignore_eos": True}}
 
 
 def _until(sdk, response_id: str, *statuses: str, timeout: float = 90.0):
@@ -466,3 +476,53 @@ def test_function_calls_are_chats_calls(sdk, no_ws, stream):
         (c.function.name, json.loads(c.function.arguments)) for c in expected
     ]
     assert response.usage.output_tokens == chat.usage.completion_tokens
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_a_retry_with_its_idempotency_key_gets_the_first_response(sdk, usage_of, store):
+    key = f"resp-retry-{store}-{time.time_ns()}"
+    fields = {"input": "Once only.", "store": store}
+    first = sdk.responses.with_raw_response.create(
+        model=ALIAS,
+        max_output_tokens=8,
+        temperature=0.9,
+        extra_headers={"Idempotency-Key": key},
+        **fields,
+    )
+    again = sdk.responses.with_raw_response.create(
+        model=ALIAS,
+        max_output_tokens=8,
+        temperature=0.9,
+        extra_headers={"Idempotency-Key": key},
+        **fields,
+    )
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["x-request-id"] == first.headers["x-request-id"]
+    assert again.parse().id == first.parse().id
+    assert again.parse().output_text == first.parse().output_text
+    assert len(usage_of(first.headers["x-request-id"])) == 1  # ran, and was billed, once
+    with pytest.raises(openai.UnprocessableEntityError):
+        sdk.responses.create(
+            model=ALIAS,
+            max_output_tokens=8,
+            input="Something else.",
+            extra_headers={"Idempotency-Key": key},
+        )
+
+
+def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(sdk):
+    chatter = " ".join(f"word{i}" for i in range(120))
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {chatter}"}
+        for i in range(40)
+    ]
+    turns.append({"role": "user", "content": "And the last question?"})
+    with pytest.raises(openai.BadRequestError) as refused:
+        _ask(sdk, input=turns)
+    assert refused.value.code == "context_length_exceeded"
+    assert refused.value.param == "input"
+    response = _ask(sdk, input=turns, instructions="Be brief.", truncation="auto")
+    assert response.status == "incomplete" and response.truncation == "auto"
+    assert 0 < response.usage.input_tokens + 8 <= 2048  # it fits the tiny model's context
+    # What was kept is the newest part: the instructions, then the turns up to the question.
+    assert response.usage.input_tokens > 500

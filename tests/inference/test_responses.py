@@ -11,6 +11,7 @@ from inference.responses import (
     ResponseBuilder,
     input_items_read,
     messages_of,
+    oldest_dropped,
     responses_parse,
 )
 from inference.responses_store import Kept
@@ -133,3 +134,13 @@ def test_a_failed_request_ends_as_failed_with_its_error():
     assert last["type"] == "response.failed"
     assert last["response"]["error"] == {"code": "deadline_exceeded", "message": "Too slow."}
     assert last["response"]["output"][0]["status"] == "completed"  # closed, never left open
+
+
+def test_truncation_drops_the_oldest_turn_with_its_tool_answers_and_keeps_the_instructions():
+    system = {"role": "system", "content": "rules"}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}
+    answer = {"role": "tool", "tool_call_id": "c", "content": "12:00"}
+    last = {"role": "user", "content": "now?"}
+    assert oldest_dropped([system, call, answer, last]) == [system, last]
+    assert oldest_dropped([system, last]) is None
+    assert oldest_dropped([call, last]) == [last]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.django_db
 
 def _save(tenant, *, previous: str = "", days: int = 0, created: float | None = None) -> str:
     rid = uuid.uuid4().hex
-    body = {
+    body: dict[str, Any] = {
         "id": f"resp_{rid}",
         "created_at": int(created or time.time()),
         "status": "completed",
