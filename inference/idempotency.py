@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
@@ -21,6 +22,7 @@ from dataplane.keys import idempotency_key
 from dataplane.scripts import IDEMPOTENCY_BEGIN
 from inference.errors import ApiError
 
+R = TypeVar("R")
 KEY_TTL_SECONDS = 24 * 3600
 # How long a key stays claimed by a request that has not yet been queued (its frontend may die).
 _PENDING_TTL_SECONDS = 60
@@ -124,6 +126,36 @@ class Idempotency:
             )
             pipe.expire(record, KEY_TTL_SECONDS)
             await pipe.execute()
+
+    async def replayed_or_claimed(
+        self,
+        *,
+        tenant_id: int,
+        key: str,
+        digest: str,
+        replay: Callable[[Original], Awaitable[R | None]],
+    ) -> tuple[Original, R] | None:
+        """The first request's answer again (with it), or None with the key claimed here.
+
+        `replay` answers the first request again, or None when it failed: its key is freed
+        and this request runs in its place (a 409 while another retry took the key first).
+        """
+        original = await self.begin(tenant_id=tenant_id, key=key, digest=digest)
+        if original is None:
+            return None
+        replayed = await replay(original)
+        if replayed is not None:
+            return original, replayed
+        await self.release(tenant_id=tenant_id, key=key)
+        if await self.begin(tenant_id=tenant_id, key=key, digest=digest) is not None:
+            raise ApiError(
+                409,
+                "idempotency_key_in_use",
+                "Another request with this Idempotency-Key is running; retry shortly.",
+                param="Idempotency-Key",
+                retry_after=1,
+            )
+        return None
 
     async def release(self, *, tenant_id: int, key: str) -> None:
         """Free a key whose request was refused or failed, so a retry runs again."""

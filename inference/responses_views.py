@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +24,7 @@ from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
+from inference.admission import Submitted, request_ended, request_failure
 from inference.clients import dispatch_get, idempotency_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
@@ -62,6 +62,7 @@ from inference.responses_store import (
 )
 from inference.results import events_close
 from inference.submission import generation_submit
+from inference.views import replayed_marked
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,9 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
         raise invalid("store", "A background response is stored: leave 'store' out or send true.")
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:
-        replayed = await _replay_or_claim(principal.tenant_id, key, body, parsed)
+        replayed = await _replay_or_claim(
+            principal.tenant_id, key, body, parsed, request_clock(request)
+        )
         if replayed is not None:
             return replayed
     clock = request_clock(request)
@@ -138,7 +141,19 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
         return response
     events = relay.events(dispatch_get(), submitted)
     if parsed.chat.stream:
-        response = _event_stream(_streamed(events, builder, parsed, submitted, clock))
+        job = submitted.job
+
+        async def settled(event: Finished | Failed) -> None:
+            request_ended(submitted, event)
+            await _kept(
+                builder,
+                parsed,
+                tenant_id=job.tenant_id,
+                request_id=job.request_id,
+                retention_days=submitted.principal.retention_days,
+            )
+
+        response = _event_stream(_streamed(events, builder, clock, at_end=settled))
     else:
         job = submitted.job
         body = await _whole(
@@ -158,7 +173,7 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
 
 
 async def _replay_or_claim(
-    tenant_id: int, key: str, body: dict[str, Any], parsed: ResponsesRequest
+    tenant_id: int, key: str, body: dict[str, Any], parsed: ResponsesRequest, clock: RequestClock
 ) -> HttpResponseBase | None:
     """Answer a retry with the response its key first made, or claim the key (None).
 
@@ -166,31 +181,20 @@ async def _replay_or_claim(
     stands); one not stored is rebuilt from its reply stream. One that failed frees its key
     and this request runs in its place.
     """
-    keys = idempotency_get()
-    digest = body_digest(endpoint="responses", body=body)
-    original = await keys.begin(tenant_id=tenant_id, key=key, digest=digest)
-    if original is None:
+    found = await idempotency_get().replayed_or_claimed(
+        tenant_id=tenant_id,
+        key=key,
+        digest=body_digest(endpoint=RESPONSES, body=body),
+        replay=lambda original: _replay(original, parsed, clock, tenant_id=tenant_id),
+    )
+    if found is None:
         return None
-    replayed = await _replay(original, parsed, tenant_id=tenant_id)
-    if replayed is not None:
-        replayed["Idempotent-Replayed"] = "true"
-        replayed["x-request-id"] = original.request_id
-        replayed[VERSION_HEADER] = original.version
-        return replayed
-    await keys.release(tenant_id=tenant_id, key=key)
-    if await keys.begin(tenant_id=tenant_id, key=key, digest=digest) is not None:
-        raise ApiError(
-            409,
-            "idempotency_key_in_use",
-            "Another request with this Idempotency-Key is running; retry shortly.",
-            param="Idempotency-Key",
-            retry_after=1,
-        )
-    return None
+    original, replayed = found
+    return replayed_marked(replayed, original)
 
 
 async def _replay(
-    original: Original, parsed: ResponsesRequest, *, tenant_id: int
+    original: Original, parsed: ResponsesRequest, clock: RequestClock, *, tenant_id: int
 ) -> HttpResponseBase | None:
     response_id = f"resp_{original.request_id}"
     kept = await db_call(response_get, tenant_id=tenant_id, response_id=response_id)
@@ -238,7 +242,7 @@ async def _replay(
         tenant_id=tenant_id,
     )
     if parsed.chat.stream:
-        return _event_stream(_replayed_stream(events, builder))
+        return _event_stream(_streamed(events, builder, clock))
     try:
         async for event in events:
             if isinstance(event, Delta):
@@ -251,25 +255,6 @@ async def _replay(
     finally:
         await events_close(events)
     return None
-
-
-async def _replayed_stream(
-    events: AsyncIterator[Event], builder: ResponseBuilder
-) -> AsyncIterator[bytes]:
-    try:
-        for opening in builder.start():
-            yield sse(opening)
-        async for event in events:
-            if isinstance(event, Delta):
-                for piece in builder.delta(event):
-                    yield sse(piece)
-            elif isinstance(event, Finished | Failed):
-                error = request_failure(event) if isinstance(event, Failed) else None
-                for piece in builder.end(event, error=error):
-                    yield sse(piece)
-                return
-    finally:
-        await events_close(events)
 
 
 async def _background(
@@ -291,20 +276,26 @@ async def _background(
     spawn(_background_follow(builder.fresh(), submitted))
     if not parsed.chat.stream:
         return json_response(builder.body())
-    return _event_stream(
-        _sequenced(
-            replay(
-                dispatch_get(),
-                builder,
-                deployment=job.deployment,
-                request_id=job.request_id,
-                tenant_id=job.tenant_id,
-                policy=submitted.policy,
-                follow=True,
-                deadline=job.deadline + _GRACE_SECONDS,
-            ),
-            after=-1,
-        )
+    return _event_stream(_sequenced(_followed(builder, submitted), after=-1))
+
+
+def _followed(
+    builder: ResponseBuilder,
+    submitted: Submitted,
+    on_end: Callable[[Finished | Failed], None] | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """A background response's events as its accepting frontend follows them to the end."""
+    job = submitted.job
+    return replay(
+        dispatch_get(),
+        builder,
+        deployment=job.deployment,
+        request_id=job.request_id,
+        tenant_id=job.tenant_id,
+        policy=submitted.policy,
+        follow=True,
+        deadline=job.deadline + _GRACE_SECONDS,
+        on_end=on_end,
     )
 
 
@@ -315,17 +306,8 @@ async def _background_follow(builder: ResponseBuilder, submitted: Submitted) -> 
     job = submitted.job
     last = -1
     try:
-        async for event in replay(
-            dispatch_get(),
-            builder,
-            deployment=job.deployment,
-            request_id=job.request_id,
-            tenant_id=job.tenant_id,
-            policy=submitted.policy,
-            follow=True,
-            deadline=job.deadline + _GRACE_SECONDS,
-            on_end=functools.partial(request_ended, submitted),
-        ):
+        ended = functools.partial(request_ended, submitted)
+        async for event in _followed(builder, submitted, ended):
             last = event["sequence_number"]
         if builder.status in TERMINAL_STATUSES:
             await finish_stored(builder, tenant_id=job.tenant_id, last_sequence=last)
@@ -347,16 +329,7 @@ async def _sequenced(events: AsyncIterator[dict[str, Any]], *, after: int) -> As
         raise
     except Exception:
         log.error("a background response's stream failed", exc_info=True)
-        error = internal_error()
-        yield sse(
-            {
-                "type": "error",
-                "sequence_number": sequence + 1,
-                "code": error.code,
-                "message": error.message,
-                "param": None,
-            }
-        )
+        yield _error_event(sequence + 1, None)
 
 
 def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
@@ -418,14 +391,6 @@ async def responses_collect(
     ).encode()
 
 
-def _ended(
-    event: Finished | Failed, builder: ResponseBuilder, submitted: Submitted
-) -> tuple[list[dict[str, Any]], ApiError | None]:
-    request_ended(submitted, event)
-    failure = request_failure(event) if isinstance(event, Failed) else None
-    return builder.end(event, error=failure), failure
-
-
 async def _whole(
     events: AsyncIterator[Event],
     builder: ResponseBuilder,
@@ -464,11 +429,15 @@ async def _whole(
 async def _streamed(
     events: AsyncIterator[Event],
     builder: ResponseBuilder,
-    parsed: ResponsesRequest,
-    submitted: Submitted,
     clock: RequestClock,
+    *,
+    at_end: Callable[[Finished | Failed], Awaitable[None]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The response's semantic events; whatever breaks, the client gets one terminal event."""
+    """The response's semantic events; whatever breaks, the client gets one terminal event.
+
+    `at_end` runs once the response has ended, before the client sees its end (settle and
+    store it); a replay has none.
+    """
     ended = False
     try:
         for opening in builder.start():
@@ -479,15 +448,10 @@ async def _streamed(
                     yield sse(piece)
             elif isinstance(event, Finished | Failed):
                 clock.skip()  # the worker timed everything up to its terminal event
-                closing, _ = _ended(event, builder, submitted)
-                job = submitted.job
-                await _kept(  # before the client sees the end
-                    builder,
-                    parsed,
-                    tenant_id=job.tenant_id,
-                    request_id=job.request_id,
-                    retention_days=submitted.principal.retention_days,
-                )
+                failure = request_failure(event) if isinstance(event, Failed) else None
+                closing = builder.end(event, error=failure)
+                if at_end is not None:
+                    await at_end(event)
                 ended = True
                 for piece in closing:
                     yield sse(piece)
@@ -500,21 +464,26 @@ async def _streamed(
     except BaseException as exc:
         log.error("the stream of %s failed", builder.response_id, exc_info=True)
         if not ended:
-            error = exc if isinstance(exc, ApiError) else internal_error()
-            yield sse(
-                {
-                    "type": "error",
-                    "sequence_number": builder.sequence,
-                    "code": error.code,
-                    "message": error.message,
-                    "param": error.param,
-                }
-            )
+            yield _error_event(builder.sequence, exc if isinstance(exc, ApiError) else None)
         if not isinstance(exc, Exception):
             raise
     finally:
         await events_close(events)
         clock.finish()
+
+
+def _error_event(sequence: int, error: ApiError | None) -> bytes:
+    """The one `error` event of a stream that broke (the platform's fault without `error`)."""
+    error = error or internal_error()
+    return sse(
+        {
+            "type": "error",
+            "sequence_number": sequence,
+            "code": error.code,
+            "message": error.message,
+            "param": error.param,
+        }
+    )
 
 
 @api_endpoint("GET", "DELETE")

@@ -168,28 +168,16 @@ async def _replay_or_claim(
     clock: RequestClock,
 ) -> HttpResponseBase | None:
     """Answer a retry with its original's result, or claim the key for this request (None)."""
-    keys = idempotency_get()
-    digest = body_digest(endpoint=parsed.endpoint, body=body)
-    original = await keys.begin(tenant_id=principal.tenant_id, key=key, digest=digest)
-    if original is None:
+    found = await idempotency_get().replayed_or_claimed(
+        tenant_id=principal.tenant_id,
+        key=key,
+        digest=body_digest(endpoint=parsed.endpoint, body=body),
+        replay=lambda original: _replay(original, parsed, clock, tenant_id=principal.tenant_id),
+    )
+    if found is None:
         return None
-    replayed = await _replay(original, parsed, clock, tenant_id=principal.tenant_id)
-    if replayed is not None:
-        replayed["Idempotent-Replayed"] = "true"
-        replayed["x-request-id"] = original.request_id
-        replayed[VERSION_HEADER] = original.version
-        return replayed
-    # The original failed: its result is not kept, and this request runs in its place.
-    await keys.release(tenant_id=principal.tenant_id, key=key)
-    if await keys.begin(tenant_id=principal.tenant_id, key=key, digest=digest) is not None:
-        raise ApiError(
-            409,
-            "idempotency_key_in_use",
-            "Another request with this Idempotency-Key is running; retry shortly.",
-            param="Idempotency-Key",
-            retry_after=1,
-        )
-    return None
+    original, replayed = found
+    return replayed_marked(replayed, original)
 
 
 async def _replay(
@@ -230,6 +218,14 @@ async def _replay(
         return await _collect(events, formatter, on_end=None)
     except ApiError:
         return None
+
+
+def replayed_marked(response: HttpResponseBase, original: Original) -> HttpResponseBase:
+    """A replayed answer says so, and names the request that made it."""
+    response["Idempotent-Replayed"] = "true"
+    response["x-request-id"] = original.request_id
+    response[VERSION_HEADER] = original.version
+    return response
 
 
 def _streaming(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:

@@ -10,6 +10,7 @@ schema keep its output parseable (its whitespace tokens pushed away with vLLM's
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from typing import Any
@@ -32,6 +33,20 @@ TOOL = {
         "additionalProperties": False,
     },
     "strict": True,
+}
+
+VERDICT: Any = {
+    "format": {
+        "type": "json_schema",
+        "name": "verdict",
+        "schema": {
+            "type": "object",
+            "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+            "required": ["answer"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    }
 }
 
 
@@ -149,18 +164,7 @@ def test_a_json_schema_format_is_kept(sdk, no_ws):
     response = sdk.responses.create(
         model=ALIAS,
         input="Rate it.",
-        text={
-            "format": {
-                "type": "json_schema",
-                "name": "verdict",
-                "schema": {
-                    "type": "object",
-                    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
-                    "required": ["answer"],
-                },
-                "strict": True,
-            }
-        },
+        text=VERDICT,
         max_output_tokens=24,
         temperature=0,
         extra_body={"logit_bias": no_ws},
@@ -526,3 +530,46 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(sdk)
     assert 0 < response.usage.input_tokens + 8 <= 2048  # it fits the tiny model's context
     # What was kept is the newest part: the instructions, then the turns up to the question.
     assert response.usage.input_tokens > 500
+
+
+def test_a_background_response_that_ends_on_its_own_is_completed(sdk, no_ws):
+    accepted = sdk.responses.create(
+        model=ALIAS,
+        input="Rate it.",
+        background=True,
+        temperature=0,
+        max_output_tokens=48,
+        text=VERDICT,
+        extra_body={"logit_bias": no_ws},
+    )
+    done = _until(sdk, accepted.id, "completed", "incomplete", "failed")
+    assert done.status == "completed" and done.completed_at is not None
+    assert json.loads(done.output_text)["answer"] in ("yes", "no")
+
+
+def test_the_tenants_safety_pack_stops_a_response_live(sdk, stack, world, django_db_blocker):
+    from tests.e2e.test_safety import _tenant_with_pack
+
+    asked: dict[str, Any] = {
+        "input": "Tell me about the yard",
+        "max_output_tokens": 96,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    full = sdk.responses.create(model=ALIAS, **asked).output_text
+    words = [m for m in re.finditer(r"\b[A-Za-z]{4,}\b", full) if m.start() >= 24]
+    assert words, full
+    term = next(m.group() for m in words if full.lower().find(m.group().lower()) == m.start())
+    with django_db_blocker.unblock():
+        _, key = _tenant_with_pack("responses-guarded", deny_terms=[term])
+    guarded = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
+    events = list(guarded.responses.create(model=ALIAS, stream=True, **asked))
+    stopped = events[-1].response
+    assert events[-1].type == "response.incomplete"
+    assert stopped.incomplete_details.reason == "content_filter"
+    assert term.lower() not in stopped.output_text.lower() and full.startswith(stopped.output_text)
+    # In the background the same pack reads the same text: the stored answer is filtered too.
+    accepted = guarded.responses.create(model=ALIAS, background=True, **asked)
+    done = _until(guarded, accepted.id, "completed", "incomplete", "failed")
+    assert done.incomplete_details.reason == "content_filter"
+    assert term.lower() not in done.output_text.lower()
