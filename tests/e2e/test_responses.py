@@ -362,11 +362,13 @@ def test_a_background_response_outlives_the_frontend_that_accepted_it(
 ):
     frontend, base_url = second_frontend
     doomed = openai.OpenAI(base_url=f"{base_url}/v1", api_key=world.acme_key, max_retries=0)
+    finished = _ask(doomed, input="Kept in the store.")  # a response that ended there
     raw = doomed.responses.with_raw_response.create(
         model=ALIAS, input="Outlive it.", background=True, temperature=0, **LONG
     )
     accepted = raw.parse()
-    assert _until(sdk, accepted.id, "in_progress").status == "in_progress"
+    # Running (on a fast machine it may have ended already: then its end is in the store).
+    assert _until(sdk, accepted.id, "in_progress", "incomplete").status != "queued"
     # The worker's loop holds the rest of the tokens while the frontend dies (no goodbye: its
     # follower dies with it), so nothing of the end reaches the store from there.
     worker = stack.worker.popen
@@ -376,6 +378,8 @@ def test_a_background_response_outlives_the_frontend_that_accepted_it(
         frontend.popen.wait(timeout=30)
     finally:
         worker.send_signal(signal.SIGCONT)
+    # Nothing its frontend stored is lost with it.
+    assert sdk.responses.retrieve(finished.id).output_text == finished.output_text
     # Another frontend reads where it stands, and ends it in the store once it has ended.
     done = _until(sdk, accepted.id, "completed", "incomplete", "failed")
     assert done.status == "incomplete" and done.usage.output_tokens == 160
@@ -573,3 +577,30 @@ def test_the_tenants_safety_pack_stops_a_response_live(sdk, stack, world, django
     done = _until(guarded, accepted.id, "completed", "incomplete", "failed")
     assert done.incomplete_details.reason == "content_filter"
     assert term.lower() not in done.output_text.lower()
+
+
+def test_budgets_and_deadlines_refuse_a_response_as_they_refuse_chat(stack, world, usage_of):
+    def both(key: str, headers: dict[str, str], **fields: Any) -> list[httpx.Response]:
+        auth = {"Authorization": f"Bearer {key}", **headers}
+        chat = {"messages": [{"role": "user", "content": "Once"}], "max_tokens": 160}
+        responses = {"input": "Once", "max_output_tokens": 160}
+        return [
+            httpx.post(
+                f"{stack.base_url}{path}",
+                json={"model": ALIAS, **body, **fields},
+                headers=auth,
+                timeout=60,
+            )
+            for path, body in (("/v1/chat/completions", chat), ("/v1/responses", responses))
+        ]
+
+    # A tenant with no budget left: refused before admission, the same way.
+    broke = both(world.limited_keys["umbrella"], {})
+    assert broke[0].status_code == broke[1].status_code == 429
+    assert broke[0].json()["error"]["code"] == broke[1].json()["error"]["code"]
+    # A client's deadline that passes mid-generation ends both, billed for what was made.
+    late = both(world.globex_key, {"x-request-timeout": "0.05"}, ignore_eos=True)
+    assert late[0].status_code == late[1].status_code == 503
+    assert late[1].json()["error"]["code"] == "deadline_exceeded"
+    [record] = usage_of(late[1].headers["x-request-id"])
+    assert record.status == "timeout" and record.endpoint == "responses"
