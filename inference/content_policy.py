@@ -21,7 +21,7 @@ from django.conf import settings
 
 from config.db import db_call
 from dataplane.background import spawn
-from dataplane.types import Delta, Event, Failed, Finished
+from dataplane.types import Delta, Event, Failed, Finished, ToolCallDelta
 from inference.cache import RefreshingCache
 from inference.errors import ApiError
 from inference.params import GenerationRequest
@@ -136,13 +136,17 @@ async def output_filtered(
     prompt_tokens: int,
     stop: Callable[[], Awaitable[object]],
 ) -> AsyncIterator[Event]:
-    """Yield a request's events with its text filtered; end with content_filter on a stop.
+    """Yield a request's events with its text and tool arguments filtered; end with
+    content_filter on a stop.
 
     `stop` aborts the request in the engine. Deltas keep their token counts so that streamed
     usage still adds up; text held back for checking goes out with a later delta or at the end.
     A stop reports `prompt_tokens` (0 when the caller does not know them: an attached reader).
     """
     screens: dict[int, Any] = {}  # one per choice: each choice's text is read on its own
+    # One per tool call of a choice: a call's arguments are text the client acts on, read
+    # like the content (a denied term in them stops the stream; PII in them is redacted).
+    call_screens: dict[tuple[int, int], Any] = {}
     tokens = 0
     try:
         async for event in events:
@@ -150,9 +154,10 @@ async def output_filtered(
                 tokens += event.tokens
                 screen = screens.setdefault(event.index, policy.output_filter())
                 step = screen.feed(event.text)
-                if step.stop is not None:
-                    if step.text:
-                        yield msgspec.structs.replace(event, text=step.text)
+                calls, call_stop = _calls_screened(event, call_screens, policy)
+                if step.stop is not None or call_stop:
+                    if step.text or calls:
+                        yield msgspec.structs.replace(event, text=step.text, tool_calls=calls)
                     await stop()
                     yield Finished(
                         finish_reason="content_filter",
@@ -160,8 +165,8 @@ async def output_filtered(
                         completion_tokens=tokens,
                     )
                     return
-                if step.text or event.tokens or event.tool_calls or event.logprobs:
-                    yield msgspec.structs.replace(event, text=step.text)
+                if step.text or event.tokens or calls or event.logprobs:
+                    yield msgspec.structs.replace(event, text=step.text, tool_calls=calls)
                 continue
             if isinstance(event, Finished | Failed):
                 stopped = False
@@ -170,12 +175,34 @@ async def output_filtered(
                     if step.text:
                         yield Delta(text=step.text, tokens=0, index=index)
                     stopped = stopped or step.stop is not None
+                for (index, call), screen in call_screens.items():
+                    step = screen.finish()
+                    if step.text:
+                        held = [ToolCallDelta(index=call, arguments=step.text)]
+                        yield Delta(text="", tokens=0, index=index, tool_calls=held)
+                    stopped = stopped or step.stop is not None
                 if stopped and isinstance(event, Finished):
                     event = msgspec.structs.replace(event, finish_reason="content_filter")
             yield event
     finally:
-        for screen in screens.values():
+        for screen in [*screens.values(), *call_screens.values()]:
             if screen.redactions:
                 _record(request_id, tenant_id, "output", screen.redactions, "redact")
             if screen.stopped is not None:
                 _record(request_id, tenant_id, "output", [screen.stopped], "stop")
+
+
+def _calls_screened(
+    event: Delta, screens: dict[tuple[int, int], Any], policy: Policy
+) -> tuple[list[ToolCallDelta] | None, bool]:
+    """A delta's tool-call pieces with their arguments screened; True when one must stop."""
+    if not event.tool_calls:
+        return event.tool_calls, False
+    calls: list[ToolCallDelta] = []
+    for piece in event.tool_calls:
+        screen = screens.setdefault((event.index, piece.index), policy.output_filter())
+        step = screen.feed(piece.arguments)
+        if step.stop is not None:
+            return calls or None, True
+        calls.append(msgspec.structs.replace(piece, arguments=step.text))
+    return calls, False

@@ -1,0 +1,75 @@
+"""A tool call's arguments are screened by the tenant's output policy like the content."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from dataplane.types import Delta, Event, Finished, ToolCallDelta
+from inference import content_policy
+from inference.content_policy import output_filtered
+from safety.detectors import DenyList, Pii
+from safety.policy import Policy
+
+
+def _run(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event], list[bool]]:
+    monkeypatch.setattr(content_policy, "_record", lambda *args: None)
+    stopped: list[bool] = []
+
+    async def events() -> AsyncIterator[Event]:
+        for i, piece in enumerate(pieces):
+            call = ToolCallDelta(index=0, id="c" if i == 0 else None, name="f" if i == 0 else None,
+                                 arguments=piece)  # fmt: skip
+            yield Delta(text="", tokens=1, tool_calls=[call])
+        yield Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=len(pieces))
+
+    async def stop() -> None:
+        stopped.append(True)
+
+    async def collect() -> list[Event]:
+        filtered = output_filtered(
+            events(), policy=policy, tenant_id=1, request_id="r", prompt_tokens=3, stop=stop
+        )
+        return [event async for event in filtered]
+
+    return asyncio.run(collect()), stopped
+
+
+def _arguments(events: list[Event]) -> str:
+    return "".join(
+        call.arguments for e in events if isinstance(e, Delta) for call in e.tool_calls or []
+    )
+
+
+def test_a_denied_term_split_across_argument_pieces_never_goes_out(monkeypatch):
+    policy = Policy(detectors=(DenyList(terms=["project falcon"]),))
+    events, _ = _run(policy, ['{"q": "about proj', "ect fal", 'con now"}'], monkeypatch)
+    # Held back until it can be read whole: the term never goes out, and the call ends there.
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "content_filter"
+    assert "falcon" not in _arguments(events)
+
+
+def test_pii_in_arguments_is_redacted_and_every_argument_comes_out(monkeypatch):
+    policy = Policy(detectors=(Pii(["email"]),), pii_action="redact")
+    events, stopped = _run(policy, ['{"to": "bob.smi', 'th@example.com", "n": 1}'], monkeypatch)
+    assert not stopped
+    arguments = _arguments(events)
+    assert "bob.smith@example.com" not in arguments and arguments.endswith('"n": 1}')
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop"
+
+
+def test_clean_arguments_come_through_whole(monkeypatch):
+    policy = Policy(detectors=(DenyList(terms=["falcon"]),))
+    pieces = ['{"city": ', '"Paris", ', '"unit": "celsius"}']
+    events, stopped = _run(policy, pieces, monkeypatch)
+    assert not stopped and _arguments(events) == "".join(pieces)
+
+
+def test_a_denied_term_in_a_long_call_stops_the_request_at_once(monkeypatch):
+    policy = Policy(detectors=(DenyList(terms=["falcon"]),))
+    tail = [" and more words follow here."] * 6
+    pieces = ['{"notes": "', *(["plain words go here. "] * 60), "now falcon", *tail, '"}']
+    events, stopped = _run(policy, pieces, monkeypatch)
+    assert stopped == [True]  # aborted in the engine, not at its end
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "content_filter"
+    assert "falcon" not in _arguments(events) and "and more" not in _arguments(events)
