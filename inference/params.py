@@ -13,36 +13,18 @@ from inference.fields import (
     COMPLETIONS,
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
-    ENCODING_FORMATS,
     GENERATION_FIELDS,
     MAX_CHOICES,
-    MAX_LOGPROBS,
     SERVICE_TIERS,
     TOKENIZE_FIELDS,
     unsupported_refuse,
 )
 from inference.kinds import string, type_error
-from inference.prompts import (
-    MAX_EMBEDDING_INPUTS,
-    MAX_LOGIT_BIAS,
-    MAX_STOP_SEQUENCES,
-    MODEL,
-    ROLES,
-)
+from inference.prompts import MODEL
 from inference.structured import ToolUse, tools_parse
 
-__all__ = [
-    "CHAT",
-    "COMPLETIONS",
-    "ENCODING_FORMATS",
-    "MAX_CHOICES",
-    "MAX_EMBEDDING_INPUTS",
-    "MAX_LOGIT_BIAS",
-    "MAX_LOGPROBS",
-    "MAX_STOP_SEQUENCES",
-    "ROLES",
-    "SERVICE_TIERS",
-]
+# The endpoints' names, which callers read with the request types here.
+__all__ = ["CHAT", "COMPLETIONS"]
 
 
 @dataclass(frozen=True)
