@@ -85,6 +85,8 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     previous = previous_id_read(body)
     history = []
     if previous is not None:
+        # The body is checked before the store is read: a bad one costs no query.
+        responses_parse(body, response_id=response_id, history=[])
         chain = await db_call(response_chain, tenant_id=principal.tenant_id, response_id=previous)
         if chain is None:
             raise _not_found(previous, "previous_response_id")
