@@ -604,3 +604,16 @@ def test_budgets_and_deadlines_refuse_a_response_as_they_refuse_chat(stack, worl
     assert late[1].json()["error"]["code"] == "deadline_exceeded"
     [record] = usage_of(late[1].headers["x-request-id"])
     assert record.status == "timeout" and record.endpoint == "responses"
+
+
+def test_the_consoles_request_view_names_the_responses_api(sdk, world, usage_of, django_db_blocker):
+    from django.test import Client
+
+    raw = sdk.responses.with_raw_response.create(model=ALIAS, input="Seen?", max_output_tokens=4)
+    [record] = usage_of(raw.headers["x-request-id"])
+    with django_db_blocker.unblock():
+        admin = Client()
+        admin.force_login(world.alice)
+        page = admin.get("/console/t/acme/requests").content.decode()
+    row = next(line for line in page.splitlines() if record.request_id[:13] in line)
+    assert "<td>responses</td>" in row
