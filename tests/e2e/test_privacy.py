@@ -17,6 +17,11 @@ from tests.conftest import ALIAS
 
 PROMPT = "Quietly remember the violet heron 7731"
 
+# An API key, current (rh-) or issued before the rename (sy-): prefix, public id, secret.
+KEY_SHAPE = r"(rh|sy)-[a-z0-9]{12}[A-Za-z0-9_-]{16,}"
+# Columns that hold text sealed with the content keys (privacy.crypto).
+SEALED = {("privacy_retainedcontent", "ciphertext"), ("inference_storedresponse", "sealed")}
+
 
 @pytest.mark.run_last
 def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
@@ -46,7 +51,7 @@ def test_logs_carry_no_key_secret_and_no_prompt_or_completion(stack, world):
         assert token not in logs
         assert token[16:] not in logs  # not even the secret part alone
     # Nor any key another test issued: no key-shaped secret at all.
-    assert not re.search(r"sy-[A-Za-z0-9]{12}[A-Za-z0-9_-]{16,}", logs)
+    assert not re.search(KEY_SHAPE, logs)
     assert PROMPT not in logs
     if len(completion.strip()) >= 12:
         assert completion not in logs
@@ -71,10 +76,16 @@ def test_the_database_holds_no_key_secret_in_plain_text(stack, world, django_db_
         for table, column, kind in columns:
             name = f'"{table}"."{column}"'
             name = f"encode({name}, 'escape')" if kind == "bytea" else f"{name}::text"
-            cursor.execute(
-                f'SELECT count(*) FROM "{table}" WHERE {name} ~ %s OR {name} LIKE ANY(%s)',
-                [r"sy-[A-Za-z0-9]{12}[A-Za-z0-9_-]{16,}", [f"%{t[16:]}%" for t in secrets]],
-            )
+            # Ciphertext is url-safe base64: a key's shape turns up in it by chance (about once
+            # a megabyte), so sealed columns are searched for the run's own secrets only.
+            own = [f"%{t[16:]}%" for t in secrets]
+            params: list[Any]
+            if (table, column) in SEALED:
+                query, params = f'SELECT count(*) FROM "{table}" WHERE {name} LIKE ANY(%s)', [own]
+            else:
+                query = f'SELECT count(*) FROM "{table}" WHERE {name} ~ %s OR {name} LIKE ANY(%s)'
+                params = [KEY_SHAPE, own]
+            cursor.execute(query, params)
             if cursor.fetchone()[0]:
                 found.append(name)
     assert not found, f"key secrets stored in plain text in {found}"

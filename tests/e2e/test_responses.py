@@ -310,6 +310,7 @@ def test_a_background_response_is_queued_then_polled_to_its_end(sdk, usage_of):
     assert done.status == "incomplete" and done.usage.output_tokens == 160
     [record] = usage_of(raw.headers["x-request-id"])
     assert record.completion_tokens == 160  # one usage record, as for chat
+    assert record.priority == "interactive"  # interactive work, not the batch class
     events = list(sdk.responses.retrieve(accepted.id, stream=True))
     assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
     assert [e.sequence_number for e in events] == list(range(len(events)))
