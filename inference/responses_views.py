@@ -553,6 +553,7 @@ async def _stored_end(kept: Kept, *, after: int) -> AsyncIterator[bytes]:
         kind = {
             "completed": "response.completed",
             "incomplete": "response.incomplete",
+            "cancelled": "response.cancelled",
         }.get(kept.body["status"], "response.failed")
         yield sse({"type": kind, "sequence_number": kept.last_sequence, "response": kept.body})
 
