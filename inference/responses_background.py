@@ -22,7 +22,7 @@ from dataplane.frontdoor import FrontDoor
 from dataplane.types import Delta, Event, Failed, Finished
 from inference.admission import request_failure
 from inference.content_policy import Policy, output_filtered, policy_get
-from inference.responses import ResponseBuilder
+from inference.response_events import ResponseBuilder
 from inference.responses_store import (
     TERMINAL_STATUSES,
     Kept,

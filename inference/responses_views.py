@@ -41,15 +41,14 @@ from inference.errors import ApiError, invalid
 from inference.idempotency import Original, body_digest, key_validate
 from inference.metrics import RequestClock
 from inference.params import body_parse
+from inference.response_events import ResponseBuilder, sse
 from inference.responses import (
     RESPONSES,
-    ResponseBuilder,
     ResponsesRequest,
     chat_error_renamed,
     oldest_dropped,
     previous_id_read,
     responses_parse,
-    sse,
 )
 from inference.responses_background import builder_of, finish_stored, replay, settle_from_stream
 from inference.responses_store import (

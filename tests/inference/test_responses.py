@@ -7,8 +7,8 @@ import pytest
 
 from dataplane.types import Delta, Failed, Finished, ToolCallDelta
 from inference.errors import ApiError
+from inference.response_events import ResponseBuilder
 from inference.responses import (
-    ResponseBuilder,
     input_items_read,
     messages_of,
     oldest_dropped,
