@@ -50,7 +50,9 @@ class Ingester:
         tenant_labels: TenantLabels | None = None,
     ) -> None:
         self.usage = UsageStream(client)
-        self.reaper = Reaper(client, reply_ttl=reply_ttl)
+        self.reaper = Reaper(
+            client, reply_ttl=reply_ttl, lease_seconds=settings.ROUNDHOUSE_LEASE_SECONDS
+        )
         self.tenant_labels = tenant_labels or TenantLabels(settings.ROUNDHOUSE_METRICS_MAX_TENANTS)
         self.quotas = Quotas(client)
         self.consumer = consumer
@@ -95,11 +97,15 @@ class Ingester:
         while not self._stopping.is_set():
             try:
                 await self._step()
+                if outage.since is not None:
+                    # Found again: give the workers a whole lease from now to renew theirs.
+                    self._reap_at = time.monotonic() + settings.ROUNDHOUSE_LEASE_SECONDS
                 outage.ok()
                 loop_ok("ingester")
             except UNREACHABLE as exc:
                 # Leases lapse while Redis is down though their workers live; the workers renew
-                # them within a quarter lease of its return, so reaping waits a whole lease.
+                # them within a quarter lease of its return, so reaping waits a whole lease
+                # (counted again from the first call that succeeds, above).
                 self._reap_at = max(
                     self._reap_at, time.monotonic() + settings.ROUNDHOUSE_LEASE_SECONDS
                 )

@@ -4,6 +4,10 @@ A job whose lease lapsed before it started goes back to the head of its tenant's
 had started ends with a `worker_lost` error billing what was produced (it cannot resume
 elsewhere without repeating tokens its client saw). Queued jobs whose deadline passed end as
 timeouts. The usage ingesters run it (billing.ingester).
+
+A lease that lapsed while Redis itself was down says nothing about its worker: the worker could
+not renew it. So nothing is reclaimed until the server has been up for a whole lease (its own
+uptime, which a restart resets), and the ingester waits a lease after it finds Redis again.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from dataplane.types import (
 class Reaper:
     """Takes back lapsed leases and ends overdue queued jobs, over one async Redis client."""
 
-    def __init__(self, client: aredis.Redis, *, reply_ttl: int = 900) -> None:
+    def __init__(
+        self, client: aredis.Redis, *, reply_ttl: int = 900, lease_seconds: float = 0.0
+    ) -> None:
         self.redis = client
+        self.lease_seconds = lease_seconds
         self._requeue = client.register_script(scripts.REQUEUE)
         self._finisher = Finisher(client, reply_ttl=reply_ttl)
         self._front = FrontDoor(client, reply_ttl=reply_ttl)
@@ -46,6 +53,8 @@ class Reaper:
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
         keys = deployment_keys(deployment)
+        if not await self._up_for_a_lease():
+            return 0
         now = time.time()
         lapsed: Any = await self.redis.zrangebyscore(keys.leases, "-inf", now, start=0, num=100)
         reclaimed = 0
@@ -66,6 +75,13 @@ class Reaper:
             await self._end_lost(job, events)
             reclaimed += 1
         return reclaimed
+
+    async def _up_for_a_lease(self) -> bool:
+        """Whether the server has been up long enough for every live worker to have renewed."""
+        if self.lease_seconds <= 0:
+            return True
+        info: Any = await self.redis.info("server")
+        return float(info.get("uptime_in_seconds", 0)) >= self.lease_seconds
 
     async def _end_lost(self, job: Job, events: list[Event]) -> None:
         produced = sum(e.tokens for e in events if isinstance(e, Delta))

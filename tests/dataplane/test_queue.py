@@ -13,6 +13,7 @@ from django.conf import settings
 
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.keys import reply_key, usage_key
+from dataplane.reaper import Reaper
 from dataplane.snapshots import Depth
 from dataplane.types import (
     Delta,
@@ -150,6 +151,24 @@ async def test_a_renewed_lease_is_not_reaped(dispatch):
     )
     await asyncio.sleep(0.15)
     assert await dispatch.reaper.reclaim_expired(deployment=deployment) == 0
+
+
+async def test_a_lease_that_lapsed_before_the_server_was_up_a_lease_is_not_reaped(dispatch):
+    """After a Redis restart its workers get a whole lease of the server's uptime to renew."""
+    deployment = await _served_deployment(dispatch)
+    job = _job(deployment)
+    await dispatch.front.enqueue(job)
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.1)
+    await dispatch.finisher.publish(job=job, events=[Started(at=time.time())])
+    await asyncio.sleep(0.2)
+    info: Any = await dispatch.redis.info("server")
+    up = float(info["uptime_in_seconds"])
+    # A lease longer than the server has been up: as if it had just restarted.
+    fresh = Reaper(dispatch.redis, reply_ttl=60, lease_seconds=up + 3600)
+    assert await fresh.reclaim_expired(deployment=deployment) == 0
+    settled = Reaper(dispatch.redis, reply_ttl=60, lease_seconds=0.1)
+    assert await settled.reclaim_expired(deployment=deployment) == 1
+    assert isinstance(await _terminal(dispatch, job), Failed)
 
 
 async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatch):
