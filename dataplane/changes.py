@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from dataplane.keys import CONTROL_CHANGES_CHANNEL
-from dataplane.redis_client import redis_sync_client
+from dataplane.redis_client import control_sync_client
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def change_publish(kind: str) -> None:
 
 def _publish(kind: str) -> None:
     try:
-        redis_sync_client().publish(CONTROL_CHANGES_CHANNEL, kind)
+        control_sync_client().publish(CONTROL_CHANGES_CHANNEL, kind)
     except Exception:
         # Frontends still reload within their cache TTL.
         log.warning("could not publish a change of %s", kind, exc_info=True)

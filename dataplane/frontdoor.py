@@ -194,10 +194,11 @@ class FrontDoor:
             await self.cancel(job=job_decoder.decode(payload))
         else:
             # Not queued (maybe not yet recorded): flag it; its worker checks at claim.
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(cancel_key(where.deployment, request_id), "1", ex=MARKER_TTL_SECONDS)
-                pipe.publish(cancel_channel(where.deployment), request_id)
-                await pipe.execute()
+            # Two calls: a cluster client takes no PUBLISH in a pipeline.
+            await self.redis.set(
+                cancel_key(where.deployment, request_id), "1", ex=MARKER_TTL_SECONDS
+            )
+            await self.redis.publish(cancel_channel(where.deployment), request_id)
         return True
 
     async def reply_last_id(self, *, deployment: str, request_id: str) -> str | None:

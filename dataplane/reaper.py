@@ -21,6 +21,7 @@ from dataplane import scripts
 from dataplane.finish import Finisher
 from dataplane.frontdoor import FrontDoor
 from dataplane.keys import WAKE_CAP, deployment_keys, reply_key
+from dataplane.redis_client import server_uptime
 from dataplane.types import (
     Delta,
     Event,
@@ -53,7 +54,7 @@ class Reaper:
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
         keys = deployment_keys(deployment)
-        if not await self._up_for_a_lease():
+        if not await self._up_for_a_lease(keys.leases):
             return 0
         now = time.time()
         lapsed: Any = await self.redis.zrangebyscore(keys.leases, "-inf", now, start=0, num=100)
@@ -76,12 +77,11 @@ class Reaper:
             reclaimed += 1
         return reclaimed
 
-    async def _up_for_a_lease(self) -> bool:
+    async def _up_for_a_lease(self, leases_key: str) -> bool:
         """Whether the server has been up long enough for every live worker to have renewed."""
         if self.lease_seconds <= 0:
             return True
-        info: Any = await self.redis.info("server")
-        return float(info.get("uptime_in_seconds", 0)) >= self.lease_seconds
+        return await server_uptime(self.redis, leases_key) >= self.lease_seconds
 
     async def _end_lost(self, job: Job, events: list[Event]) -> None:
         produced = sum(e.tokens for e in events if isinstance(e, Delta))

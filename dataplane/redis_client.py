@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aredis
@@ -18,18 +20,31 @@ ScriptArg = bytes | str | int | float
 
 
 def redis_client_new() -> aredis.Redis:
-    """Return a new asyncio Redis client bound to the running event loop."""
-    # Reads block for at most a few seconds (see dataplane.leases); the socket timeout exceeds that.
-    return aredis.Redis.from_url(
-        settings.REDIS_URL,
-        max_connections=4096,
-        socket_timeout=30,
-        socket_connect_timeout=5,
-        health_check_interval=30,
+    """Return a new asyncio client of the data plane's Valkey, bound to the running loop.
+
+    With REDIS_CLUSTER it is a cluster client: every key is sent to the node serving its slot,
+    and each script or pipeline stays within one slot (dataplane.keys' hash tags). Its commands
+    are the plain client's, so it is typed as one.
+    """
+    options: dict[str, Any] = {
+        # Reads block for at most a few seconds (dataplane.leases); the socket timeout exceeds
+        # that.
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
         # One quick retry on a fresh connection covers a pooled one the server dropped; more
         # would hold a request for seconds while Redis is down, when a fast 503 is the answer
         # (the long-running loops retry on their own, see Outage).
-        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), retries=2),
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), retries=2),
+    }
+    if settings.REDIS_CLUSTER:
+        return cast(
+            aredis.Redis,
+            aredis.RedisCluster.from_url(
+                settings.REDIS_URL, max_connections=4096, require_full_coverage=True, **options
+            ),
+        )
+    return aredis.Redis.from_url(
+        settings.REDIS_URL, max_connections=4096, health_check_interval=30, **options
     )
 
 
@@ -52,8 +67,76 @@ def script_into(
 
 
 def redis_sync_client() -> redis.Redis:
-    """Return a blocking Redis client for management code."""
+    """Return a blocking client of the data plane's Valkey, for management code.
+
+    With a cluster the client is the process's one, shared (closing it does nothing).
+    """
+    if settings.REDIS_CLUSTER:
+        return cast(redis.Redis, _sync_cluster_client(settings.REDIS_URL))
     return redis.Redis.from_url(settings.REDIS_URL)
+
+
+class _SharedCluster(redis.RedisCluster):
+    """The process's one blocking cluster client: a caller's close() leaves it open."""
+
+    def close(self) -> None:
+        return None
+
+
+@functools.cache
+def _sync_cluster_client(url: str) -> redis.RedisCluster:
+    # One per process: a cluster client asks for the slot map and the command table when it
+    # is made, too much for every call; it finds moved slots again by itself.
+    return _SharedCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def cluster_of(client: aredis.Redis) -> aredis.RedisCluster | None:
+    """The client as a cluster client, or None when it speaks to one server."""
+    as_any: Any = client
+    return as_any if isinstance(as_any, aredis.RedisCluster) else None
+
+
+def slot_groups(client: aredis.Redis, keys: Sequence[str]) -> list[list[str]]:
+    """Keys grouped so that a multi-key command may take each group (one slot per group)."""
+    cluster = cluster_of(client)
+    if cluster is None:
+        return [list(keys)] if keys else []
+    groups: dict[int, list[str]] = {}
+    for key in keys:
+        groups.setdefault(cluster.keyslot(key), []).append(key)
+    return list(groups.values())
+
+
+async def ping_everywhere(client: aredis.Redis) -> None:
+    """PING the server, or with a cluster every primary (one down fails its slots)."""
+    cluster = cluster_of(client)
+    if cluster is None:
+        await client.ping()
+    else:
+        await cluster.ping(target_nodes=aredis.RedisCluster.PRIMARIES)
+
+
+async def server_uptime(client: aredis.Redis, key: str) -> float:
+    """Seconds since the server holding `key` started (with a cluster, its slot's primary)."""
+    cluster = cluster_of(client)
+    info: Any
+    if cluster is None:
+        info = await client.info("server")
+    else:
+        info = await cluster.info("server", target_nodes=cluster.get_node_from_key(key))
+    return float(info.get("uptime_in_seconds", 0))
+
+
+def control_client_new() -> aredis.Redis:
+    """Return a new asyncio client of the control plane's Valkey (its messages)."""
+    return aredis.Redis.from_url(settings.CONTROL_REDIS_URL, socket_timeout=30)
+
+
+def control_sync_client() -> redis.Redis:
+    """Return a blocking client of the control plane's Valkey (lockout, its messages)."""
+    return redis.Redis.from_url(
+        settings.CONTROL_REDIS_URL, socket_timeout=5, socket_connect_timeout=5
+    )
 
 
 # What a Redis outage looks like to a client: refused or dropped connections, timeouts, and a

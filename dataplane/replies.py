@@ -31,7 +31,7 @@ import redis.asyncio as aredis
 
 from dataplane.background import loop_ok, spawn, supervise
 from dataplane.keys import reply_wake_key
-from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.redis_client import UNREACHABLE, Outage, cluster_of
 from dataplane.types import Event, event_decoder
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,15 @@ class _DeploymentReader:
 
     async def _run(self) -> None:
         outage = Outage(f"reading reply streams of {self.deployment}", log, logging.DEBUG)
-        connection = aredis.Redis(
-            connection_pool=self._client.connection_pool, single_connection_client=True
+        # A connection of its own for the blocking reads; a cluster client takes a connection
+        # to the slot's node from its pool for each read instead.
+        dedicated = cluster_of(self._client) is None
+        connection = (
+            aredis.Redis(
+                connection_pool=self._client.connection_pool, single_connection_client=True
+            )
+            if dedicated
+            else self._client
         )
         idle_since: float | None = None
         try:
@@ -247,8 +254,9 @@ class _DeploymentReader:
                     continue
                 self._deliver(response)
         finally:
-            with contextlib.suppress(Exception):
-                await connection.aclose(close_connection_pool=False)
+            if dedicated:
+                with contextlib.suppress(Exception):
+                    await connection.aclose(close_connection_pool=False)
 
     def _failed(self, error: BaseException) -> None:
         """End every current follower with ReaderFailed; the restarted reader starts afresh.

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 
 from dataplane.keys import KEY_REVOCATIONS_CHANNEL
-from dataplane.redis_client import redis_sync_client
+from dataplane.redis_client import control_sync_client
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def key_revocation_publish(*, public_id: str) -> None:
     """Tell every frontend to forget a key now."""
     try:
-        redis_sync_client().publish(KEY_REVOCATIONS_CHANNEL, public_id)
+        control_sync_client().publish(KEY_REVOCATIONS_CHANNEL, public_id)
     except Exception:
         # The cache TTL still bounds how long a revoked key keeps working.
         log.warning("could not publish revocation of %s", public_id, exc_info=True)

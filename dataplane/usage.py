@@ -7,12 +7,14 @@ and deletes what it stored, and dead-letters what the database refused.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from dataplane.keys import INGEST_GROUP, dead_usage_key, deployment_of, usage_key
+from dataplane.redis_client import slot_groups
 from dataplane.types import UsageEvent, encode, usage_decoder
 
 
@@ -38,15 +40,17 @@ class UsageStream:
         """Return new usage events as (deployment, entry id, event) for this consumer."""
         if not deployments:
             return []
-        streams: Any = {usage_key(d): ">" for d in deployments}
-        response: Any = await self.redis.xreadgroup(
-            INGEST_GROUP,
-            consumer,
-            streams,
-            count=count,
-            block=block_ms,
+        # One read per slot: with a cluster, a read may name only streams of one slot.
+        groups = slot_groups(self.redis, [usage_key(d) for d in deployments])
+        responses: list[Any] = await asyncio.gather(
+            *(
+                self.redis.xreadgroup(
+                    INGEST_GROUP, consumer, dict.fromkeys(keys, ">"), count=count, block=block_ms
+                )
+                for keys in groups
+            )
         )
-        return self._usage_entries(response or [])
+        return self._usage_entries([stream for response in responses for stream in response or []])
 
     async def reclaim_usage(
         self, *, deployment: str, consumer: str, min_idle_ms: int

@@ -17,12 +17,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import redis.asyncio as aredis
-from django.conf import settings
-
 from config.db import db_call
 from dataplane.background import loop_ok, spawn, supervise
 from dataplane.keys import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
+from dataplane.redis_client import control_client_new
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -150,7 +148,7 @@ def _listener_ensure() -> None:
 
 async def _listen() -> None:
     """Apply change and revocation messages to this process's caches until it stops."""
-    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
+    client = control_client_new()
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
         await pubsub.subscribe(CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL)

@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse
 
 from config.db import db_call
 from dataplane.background import loops_failing
+from dataplane.redis_client import ping_everywhere
 from inference.admission import VERSION_HEADER
 from inference.auth import Principal
 from inference.clients import dispatch_get, routing_get
@@ -67,7 +68,7 @@ async def _unready() -> str | None:
     that failed and has not yet read well again makes this process unready.
     """
     try:
-        await dispatch_get().redis.ping()
+        await ping_everywhere(dispatch_get().redis)
         await db_call(_database_ok)
     except Exception as exc:
         return f"dependency unavailable: {type(exc).__name__}"

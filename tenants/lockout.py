@@ -28,6 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from dataplane.keys import login_attempts_key
+from dataplane.redis_client import control_sync_client
 from tenants.audit import audit_record
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ UNLOCKED_ACTION = "login.unlocked"
 
 @functools.cache
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+    return control_sync_client()
 
 
 def lockout_take(*, username: str) -> int:

@@ -2,6 +2,9 @@
 
 Loaded with `-p tests.services_plugin`. Set ROUNDHOUSE_TEST_EXTERNAL=1 to use the servers named
 by DATABASE_URL and REDIS_URL instead (their data is changed by the tests).
+
+With ROUNDHOUSE_TEST_CLUSTER=1 the data plane runs on an embedded Valkey Cluster (three primaries
+with a replica each) and the plain Valkey carries the control plane only (CONTROL_REDIS_URL).
 """
 
 from __future__ import annotations
@@ -16,26 +19,35 @@ from typing import Any
 import pytest
 
 from embedded.servers import ServiceConfig, services_start, services_stop
+from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop
 
 _config: ServiceConfig | None = None
 _root: Path | None = None
+cluster: Cluster | None = None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> Generator[None]:
-    global _config, _root
+    global _config, _root, cluster
     if os.environ.get("ROUNDHOUSE_TEST_EXTERNAL") != "1":
         _root = Path(tempfile.mkdtemp(prefix="roundhouse-test-"))
         _config = ServiceConfig(data_dir=_root / "services", pg_port=0, redis_port=0, fast=True)
         endpoints = services_start(_config)
         os.environ["DATABASE_URL"] = endpoints.database_url
         os.environ["REDIS_URL"] = endpoints.redis_url
+        if os.environ.get("ROUNDHOUSE_TEST_CLUSTER") == "1":
+            cluster = cluster_start(_root / "cluster", fast=True)
+            os.environ["CONTROL_REDIS_URL"] = endpoints.redis_url
+            os.environ["REDIS_URL"] = cluster.url
+            os.environ["REDIS_CLUSTER"] = "1"
         os.environ["ROUNDHOUSE_DATA_DIR"] = str(_root)
         os.environ["ROUNDHOUSE_ARTIFACT_ROOT"] = str(_root / "artifacts")
     return (yield)
 
 
 def pytest_unconfigure(config: Any) -> None:
+    if cluster is not None:
+        cluster_stop(cluster.root)
     if _config is not None:
         services_stop(_config)
     if _root is not None:

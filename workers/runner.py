@@ -401,14 +401,14 @@ class Worker(abc.ABC):
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for job, event, usage, charged in items:
-                    queued = len(pipe.command_stack)
+                    queued = len(pipe)
                     if usage is None:
                         self.finisher.publish_into(pipe, job=job, events=[event])
                     else:
                         await self.finisher.finalize_into(
                             pipe, job=job, terminal=event, usage=usage, charged=charged
                         )
-                    commands.append(len(pipe.command_stack) - queued)
+                    commands.append(len(pipe) - queued)
                 results = await pipe.execute(raise_on_error=False)
         except BaseException:
             # Finishing is exactly-once (a marker per request), so writing an end again after

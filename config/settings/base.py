@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 from dataplane.keys import DJANGO_CACHE_PREFIX
 
@@ -61,6 +62,18 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or _embedded.get(
 REDIS_URL = os.environ.get("REDIS_URL") or _embedded.get(
     "redis_url", f"redis://127.0.0.1:{env_int('ROUNDHOUSE_REDIS_PORT', 63799)}/0"
 )
+# REDIS_URL names one node of a Valkey (Redis) Cluster: the data plane's clients are cluster
+# clients, which learn the other nodes from it (docs/scale-out.md).
+REDIS_CLUSTER = env_bool("REDIS_CLUSTER", False)
+# The control plane's Valkey: Celery's broker, Django's cache (sign-in lockout) and the
+# change and key-revocation messages frontends listen to. None of those speaks Cluster, so
+# with REDIS_CLUSTER this must name a plain server; without, it is REDIS_URL's.
+CONTROL_REDIS_URL = os.environ.get("CONTROL_REDIS_URL") or REDIS_URL
+if REDIS_CLUSTER and "CONTROL_REDIS_URL" not in os.environ:
+    raise ImproperlyConfigured(
+        "REDIS_CLUSTER=1 needs CONTROL_REDIS_URL: a plain Valkey for Celery, the cache and "
+        "the control plane's messages"
+    )
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -185,7 +198,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": CONTROL_REDIS_URL,
         "KEY_PREFIX": DJANGO_CACHE_PREFIX,
     }
 }
@@ -205,8 +218,8 @@ EMAIL_HOST_USER = env_str("DJANGO_EMAIL_USER", "")
 EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_PASSWORD", "")
 EMAIL_USE_TLS = env_str("DJANGO_EMAIL_TLS", "0") == "1"
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
-CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", CONTROL_REDIS_URL)
+CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", CONTROL_REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {

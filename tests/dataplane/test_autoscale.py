@@ -6,11 +6,9 @@ import time
 import uuid
 
 import pytest
-import redis
-import redis.asyncio as aredis
-from django.conf import settings
 
 from dataplane.autoscale import Autoscaler, ScalingPolicy, replicas_needed
+from dataplane.redis_client import redis_client_new, redis_sync_client
 from dataplane.snapshots import QueueSnapshot, queue_snapshot_sync
 from dataplane.types import Finished, Job, Sampling, Status, usage_for
 from tests.dataplane.roles import Roles, roles
@@ -75,13 +73,11 @@ def _job(deployment: str, *, tokens: int, priority: str = "interactive") -> Job:
 
 @pytest.fixture
 def sync_client():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    yield client
-    client.close()
+    return redis_sync_client()
 
 
 async def test_the_signal_rises_with_backlog_and_falls_only_after_the_window(sync_client):
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = f"scale-{uuid.uuid4().hex[:8]}"
     await dispatch.usage.ensure_groups(deployment)

@@ -14,12 +14,11 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 
-import redis.asyncio as aredis
-from django.conf import settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from dataplane.redis_client import redis_client_new
 from dataplane.types import Finished, Job, Sampling, Status, usage_for
 from tests.dataplane.roles import Roles, roles
 
@@ -76,7 +75,7 @@ async def _drain_in_order(
     specs: list[Spec], weights: dict[int, int]
 ) -> tuple[list[Job], list[Job], list[Job]]:
     """Queue every job, then claim one at a time; return (queued, dispatched, expired)."""
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     try:
         dispatch = roles(client, reply_ttl=60)
         deployment = await _fresh_deployment(dispatch)
@@ -170,7 +169,7 @@ def test_weighted_shares_stay_within_the_fair_queuing_bound(specs, weights):
 
 
 async def test_long_run_shares_follow_the_weights():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
@@ -189,7 +188,7 @@ async def test_long_run_shares_follow_the_weights():
 
 
 async def test_a_tenant_arriving_late_goes_next_not_behind_the_backlog():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
@@ -208,7 +207,7 @@ async def test_a_tenant_arriving_late_goes_next_not_behind_the_backlog():
 
 async def test_idle_time_earns_no_credit():
     """A tenant returning after idling shares from then on; it does not get a catch-up burst."""
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
@@ -238,7 +237,7 @@ async def test_idle_time_earns_no_credit():
 
 async def test_counters_settle_to_tokens_used_not_tokens_reserved():
     """A tenant whose requests stop early is charged what they used, so it is not starved."""
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
@@ -257,7 +256,7 @@ async def test_counters_settle_to_tokens_used_not_tokens_reserved():
 
 
 async def test_workers_claiming_at_once_share_one_order_and_never_double_dispatch():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()
@@ -282,7 +281,7 @@ async def test_workers_claiming_at_once_share_one_order_and_never_double_dispatc
 
 
 async def test_reserved_slots_go_only_to_tenants_with_nothing_running():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     dispatch = roles(client, reply_ttl=60)
     deployment = await _fresh_deployment(dispatch)
     now = time.time()

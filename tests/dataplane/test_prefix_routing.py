@@ -15,13 +15,12 @@ import uuid
 from typing import Any
 
 import pytest
-import redis.asyncio as aredis
-from django.conf import settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from dataplane.frontdoor import PREFIX_TOKENS, prefix_key
+from dataplane.redis_client import redis_client_new
 from dataplane.types import Failed, Finished, Job, Sampling, Status, usage_for
 from tests.dataplane.roles import Roles, roles
 
@@ -30,7 +29,7 @@ WORKERS = ("a", "b")
 
 @pytest.fixture
 async def dispatch():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     yield roles(client, reply_ttl=60)
     await client.aclose()
 
@@ -313,7 +312,7 @@ async def _dequeue_order(specs: list[tuple[int, str, int, bool]], affinity: bool
     With affinity, `a` claims and `b` takes what `a` handed it before `a` claims again: one of
     a's claims dequeues the jobs it handed over (in that order), then the one it keeps.
     """
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     try:
         dispatch = roles(client, reply_ttl=60)
         deployment = await _deployment(dispatch)

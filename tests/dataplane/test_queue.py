@@ -8,12 +8,11 @@ import uuid
 from typing import Any
 
 import pytest
-import redis.asyncio as aredis
-from django.conf import settings
 
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.keys import reply_key, usage_key
 from dataplane.reaper import Reaper
+from dataplane.redis_client import redis_client_new
 from dataplane.snapshots import Depth
 from dataplane.types import (
     Delta,
@@ -31,7 +30,7 @@ from tests.dataplane.roles import Roles, roles
 
 @pytest.fixture
 async def dispatch():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     yield roles(client, reply_ttl=60)
     await client.aclose()
 

@@ -9,17 +9,16 @@ import uuid
 from decimal import Decimal
 
 import pytest
-import redis.asyncio as aredis
-from django.conf import settings
 
 from dataplane.quotas import Limits, Quotas, Usage, cost_micros
+from dataplane.redis_client import redis_client_new
 
 _tenants = itertools.count(10_000)
 
 
 @pytest.fixture
 async def quotas():
-    client = aredis.Redis.from_url(settings.REDIS_URL, max_connections=1000)
+    client = redis_client_new()
     yield Quotas(client)
     await client.aclose()
 

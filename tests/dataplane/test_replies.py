@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 import redis.asyncio as aredis
-from django.conf import settings
 from django.test import AsyncClient
 from prometheus_client import REGISTRY
 from redis.exceptions import ResponseError
@@ -16,6 +15,7 @@ from redis.exceptions import ResponseError
 from dataplane import background, replies
 from dataplane.background import loops_failing
 from dataplane.keys import reply_key
+from dataplane.redis_client import cluster_of, redis_client_new
 from dataplane.replies import Follower, ReaderFailed
 from dataplane.types import Delta, Event, Failed, encode
 from inference import relay
@@ -24,7 +24,7 @@ from tests.dataplane.roles import Roles, roles
 
 @pytest.fixture
 async def client():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     yield client
     await client.aclose()
 
@@ -67,7 +67,7 @@ async def test_every_followed_stream_of_a_deployment_is_read_over_one_connection
         readers = [asyncio.create_task(_texts(f, 1)) for f in followers]
         await asyncio.sleep(0.2)  # every reader is waiting now
         # Twenty clients waiting for their streams hold one connection between them.
-        assert len(client.connection_pool._in_use_connections) == 1
+        assert _in_use(client, reply_key(deployment, ids[0])) == 1
         for rid in ids:
             await _write(client, deployment, rid, f"{rid}:1")
         assert await asyncio.gather(*readers) == [[f"{rid}:1"] for rid in ids]
@@ -145,13 +145,23 @@ async def test_a_closed_follower_is_no_longer_read(client, dispatch):
         kept.close()
 
 
+def _in_use(client: aredis.Redis, key: str) -> int:
+    """Connections in use to the server holding `key` (with a cluster, its slot's node)."""
+    cluster = cluster_of(client)
+    if cluster is None:
+        return len(client.connection_pool._in_use_connections)
+    node = cluster.get_node_from_key(key)
+    assert node is not None
+    return len(node._connections) - len(node._free)
+
+
 class _FailingReads:
     """XREAD that raises while `failing` is set (each raise counted), as a bug in it would."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.failing = True
         self.raised = 0
-        real = aredis.Redis.xread
+        real = aredis.Redis.xread  # the same command on the cluster client
 
         async def xread(client: aredis.Redis, *args: object, **kwargs: object) -> object:
             if self.failing:
@@ -160,6 +170,7 @@ class _FailingReads:
             return await real(client, *args, **kwargs)  # type: ignore[call-overload]
 
         monkeypatch.setattr(aredis.Redis, "xread", xread)
+        monkeypatch.setattr(aredis.RedisCluster, "xread", xread)
 
 
 def _failures() -> float:

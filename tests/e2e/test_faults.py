@@ -15,10 +15,9 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import redis
-from django.conf import settings
 
 from dataplane.keys import INGEST_GROUP, usage_key
+from dataplane.redis_client import redis_sync_client
 from embedded.servers import service_restarted, services_status
 from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin
@@ -221,7 +220,7 @@ def test_a_valkey_restart_under_load_fails_fast_recovers_and_loses_no_usage(
     records = usage_of(*ids, timeout=60)
     assert sorted(r.request_id for r in records) == sorted(ids)
     # Every reservation the accepted requests held has been settled.
-    store = redis.Redis.from_url(settings.REDIS_URL)
+    store = redis_sync_client()
     deadline = time.monotonic() + 30
     while True:
         open_held = store.keys(f"sy:{{t{tenant_id}}}:held:*")
@@ -260,7 +259,7 @@ def test_an_ingester_stopped_gracefully_leaves_nothing_unacknowledged(
     assert int(stopped) > 0
     records = usage_of(*ids, timeout=60)
     assert sorted(r.request_id for r in records) == sorted(ids)
-    store = redis.Redis.from_url(settings.REDIS_URL)
+    store = redis_sync_client()
     consumers = store.xinfo_consumers(usage_key(DEPLOYMENT), INGEST_GROUP)
     [mine] = [c for c in consumers if c["name"].decode() == consumer]
     assert mine["pending"] == 0

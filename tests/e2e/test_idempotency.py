@@ -9,9 +9,8 @@ import uuid
 
 import httpx
 import pytest
-import redis
-from django.conf import settings
 
+from dataplane.redis_client import redis_sync_client
 from inference.idempotency import record_key
 from tests.conftest import ALIAS
 
@@ -100,13 +99,12 @@ def test_a_retry_while_the_original_runs_is_a_conflict(stack, world):
 
 
 def _wait_until_bound(tenant_id: int, key: str) -> None:
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_sync_client()
     record = record_key(tenant_id, key)
     deadline = time.monotonic() + 30
     while not client.hexists(record, "rid"):
         assert time.monotonic() < deadline, "the original never claimed its key"
         time.sleep(0.01)
-    client.close()
 
 
 def _stream_text(response: httpx.Response) -> tuple[str, str]:

@@ -3,11 +3,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import redis
-from django.conf import settings
 
 from dataplane.changes import POLICIES, ROUTES, change_publish
 from dataplane.keys import CONTROL_CHANGES_CHANNEL
+from dataplane.redis_client import control_sync_client
 from inference.cache import RefreshingCache, change_received, revocation_received
 from models_registry.models import Alias
 
@@ -113,7 +112,7 @@ async def test_a_revocation_drops_the_key_at_once():
 def test_saving_a_route_source_publishes_a_change_once_the_transaction_commits(
     world, django_capture_on_commit_callbacks
 ):
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = control_sync_client()
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(CONTROL_CHANGES_CHANNEL)
     try:

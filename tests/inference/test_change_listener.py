@@ -55,7 +55,9 @@ async def test_a_change_listener_that_fails_listens_again_without_waiting_for_a_
 
     # The listener that started again applies a change published now.
     values["value"] = "v2"
-    redis.Redis.from_url(settings.REDIS_URL).publish(CONTROL_CHANGES_CHANNEL, "test-listener")
+    redis.Redis.from_url(settings.CONTROL_REDIS_URL).publish(
+        CONTROL_CHANGES_CHANNEL, "test-listener"
+    )
     deadline = time.monotonic() + 10
     while await cache.get("k") != "k:v2":
         assert time.monotonic() < deadline, "the change was not applied"

@@ -10,12 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis.asyncio as aredis
-from django.conf import settings
 from prometheus_client import REGISTRY
 
 from dataplane.background import loops_failing, supervise
 from dataplane.keys import reply_key
+from dataplane.redis_client import redis_client_new
 from dataplane.types import Delta, Job, Sampling, Started
 from tests.dataplane.roles import Roles, roles
 from workers.batcher import CostModel, DynamicBatcher
@@ -62,7 +61,7 @@ class _IdleWorker(Worker):
 
 @pytest.fixture
 async def dispatch():
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client_new()
     yield roles(client, reply_ttl=60)
     await client.aclose()
 

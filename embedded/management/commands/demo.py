@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from embedded.servers import ServiceConfig, ServiceError, services_start, services_stop
 from embedded.supervisor import Supervisor
+from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop
 from models_registry.models import Alias, Deployment, DeploymentState
 from models_registry.packaged import minilm_dir
 from tenants.models import Role, Tenant
@@ -52,6 +53,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-celery", action="store_true", help="do not start the Celery worker and beat"
         )
+        parser.add_argument(
+            "--cluster",
+            action="store_true",
+            help="run the data plane on an embedded Valkey Cluster (three primaries with a "
+            "replica each); the plain Valkey keeps the control plane",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir = Path(settings.DATA_DIR)
@@ -60,6 +67,7 @@ class Command(BaseCommand):
         self._lock = demo_lock(data_dir)
         port_free_check(options["port"])
         embedded = self._services(data_dir)
+        cluster = self._cluster(data_dir) if options["cluster"] else None
         supervisor: Supervisor | None = None
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -84,6 +92,8 @@ class Command(BaseCommand):
         finally:
             if supervisor is not None:
                 supervisor.stop()
+            if cluster is not None:
+                cluster_stop(cluster.root)
             if embedded is not None:
                 services_stop(embedded)
             self.stdout.write("demo stopped")
@@ -103,6 +113,28 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"postgres {endpoints.database_url}\nvalkey   {endpoints.redis_url}")
         return config
+
+    def _cluster(self, data_dir: Path) -> Cluster:
+        """Start the embedded cluster and point this process and its children's data plane at it."""
+        self.stdout.write("starting a Valkey Cluster (3 primaries, 3 replicas) ...")
+        try:
+            cluster = cluster_start(data_dir / "valkey-cluster")
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        # The plain server stays the control plane's (Celery, cache, change messages).
+        control = settings.REDIS_URL
+        for name, value in (
+            ("CONTROL_REDIS_URL", control),
+            ("REDIS_URL", cluster.url),
+            ("REDIS_CLUSTER", "1"),
+        ):
+            os.environ[name] = value
+        settings.CONTROL_REDIS_URL = control
+        settings.REDIS_URL = cluster.url
+        settings.REDIS_CLUSTER = True
+        nodes = " ".join(f"{n.name}={n.address}" for n in cluster.nodes)
+        self.stdout.write(f"cluster  {nodes}")
+        return cluster
 
     def _prepare(self, data_dir: Path) -> None:
         self.stdout.write("migrating ...")

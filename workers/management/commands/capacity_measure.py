@@ -155,7 +155,6 @@ class Command(BaseCommand):
             )
         finally:
             await front.redis.aclose()
-            sync_client.close()
 
 
 def _s(seconds: float | None) -> str:
