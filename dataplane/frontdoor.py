@@ -236,6 +236,11 @@ class FrontDoor:
 
     async def cancel(self, *, job: Job) -> bool:
         """Cancel a request; return True when it was still queued and is now finished."""
+        # Queued again after a worker handed it on, it bills what it had made: the stored
+        # job says so, the caller's copy does not.
+        stored: Any = await self.redis.hget(deployment_keys(job.deployment).jobs, job.request_id)
+        if stored is not None:
+            job = job_decoder.decode(stored)
         return await self._end_queued(
             job, code="cancelled", message="request cancelled", status=Status.CANCELLED, flag=True
         )
@@ -282,7 +287,10 @@ class FrontDoor:
         # A request ended before it reached the queue used nothing, not even its prompt.
         prompt_tokens = 0 if unqueued_too else len(job.prompt_token_ids)
         terminal = Failed(
-            code=code, message=message, prompt_tokens=prompt_tokens, completion_tokens=0
+            code=code,
+            message=message,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=job.resumed_tokens,
         )
         usage = usage_for(
             job,

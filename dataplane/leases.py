@@ -46,7 +46,7 @@ from dataplane.keys import (
     retire_key,
 )
 from dataplane.redis_client import ScriptArg
-from dataplane.types import Job, job_decoder
+from dataplane.types import Job, encode, job_decoder
 
 # A replica takes a job for its prefix only while it holds at most this many times the mean load.
 PREFIX_LOAD_BOUND = 1.25
@@ -171,6 +171,16 @@ class Leases:
             pipe.hdel(gauges_key(deployment), worker)
             pipe.hdel(deployment_keys(deployment).held, worker)
             await pipe.execute()
+
+    async def hand_on(self, *, worker: str, job: Job) -> bool:
+        """Put a running job back at the head of its tenant's queue for another worker to carry
+        on; `job` carries what was produced (Job.resumed). False if it is no longer this
+        worker's to hand on (it ended, or its lease lapsed and was reclaimed)."""
+        keys = deployment_keys(job.deployment)
+        args: list[ScriptArg] = [
+            job.request_id, time.time(), WAKE_CAP, worker, "resume", encode(job)
+        ]  # fmt: skip
+        return bool(await self._requeue(keys=list(keys), args=args))
 
     async def handoffs_return(self, *, deployment: str, worker: str) -> int:
         """Put the jobs handed to a worker that stops claiming back in the queue; return how many.

@@ -6,9 +6,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from django.conf import settings
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    start_http_server,
+)
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+
+from dataplane.identity import host_name
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +73,27 @@ class _WithDeployment(Collector):
             yield family
 
 
+host_info = Info(
+    "roundhouse_host", "The host a worker or ingester runs on and its zone (ROUNDHOUSE_ZONE)."
+)
+
+
 def metrics_serve(port: int, *, what: str, deployment: str = "") -> None:
     """Serve this process's series on a port (0: not at all); a busy port is only a warning.
 
-    With a deployment, vLLM's series carry it as a label.
+    With a deployment, vLLM's series carry it as a label. The series include the host's name
+    and zone (`roundhouse_host_info`), so a dashboard can sum a zone's workers.
     """
     if port <= 0:
         return
+    host_info.info({"host": host_name(), "zone": settings.ROUNDHOUSE_ZONE})
     registry = REGISTRY
     if deployment:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_WithDeployment(deployment))
     try:
-        start_http_server(port, registry=registry)
+        start_http_server(port, addr=settings.ROUNDHOUSE_BIND_ADDRESS, registry=registry)
     except OSError as exc:
         log.warning("%s metrics not served on port %d: %s", what, port, exc)
         return
-    log.info("%s metrics on :%d/metrics", what, port)
+    log.info("%s metrics on %s:%d/metrics", what, settings.ROUNDHOUSE_BIND_ADDRESS, port)

@@ -71,6 +71,15 @@ class Tools(msgspec.Struct, frozen=True, kw_only=True):
     parallel: bool | None = None
 
 
+class Resumed(msgspec.Struct, frozen=True, kw_only=True):
+    """What a running request had produced when its worker handed it on (a preempted worker
+    draining): the next worker feeds these tokens back as prompt and carries on from there."""
+
+    token_ids: list[int]
+    started_at: float
+    first_token_at: float | None = None
+
+
 class Job(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a worker needs to run one request; the prompt is already token ids."""
 
@@ -103,6 +112,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     parent_span_id: str = ""
     # A chat request with tools whose output the worker parses into tool calls.
     tools: Tools | None = None
+    # Set when a stopping worker handed the running request on (see Resumed).
+    resumed: Resumed | None = None
 
     def inputs(self) -> list[list[int]]:
         """The token ids of each input of an embeddings request or of a completions request
@@ -119,6 +130,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     def choices(self) -> int:
         """How many choices the request answers: n per prompt."""
         return max(len(self.input_lengths), 1) * self.sampling.n
+
+    @property
+    def resumed_tokens(self) -> int:
+        """Completion tokens produced (and sent) before the request was handed on."""
+        return len(self.resumed.token_ids) if self.resumed is not None else 0
 
     @property
     def reserved_tokens(self) -> int:
@@ -307,13 +323,17 @@ def usage_for(
     finished_at: float,
     started_at: float | None = None,
     first_token_at: float | None = None,
-    completion_tokens: int = 0,
+    completion_tokens: int | None = None,
     finish_reason: str = "",
     error_code: str = "",
     cached_tokens: int = 0,
     prompt_tokens: int | None = None,
 ) -> UsageEvent:
-    """Build the usage event of a job; its prompt counts in full unless told otherwise."""
+    """Build the usage event of a job; its prompt counts in full unless told otherwise.
+
+    Without a count of completion tokens, those produced before the job was handed on (none
+    for most jobs) are billed: a resumed job ended in the queue still made them.
+    """
     return UsageEvent(
         request_id=job.request_id,
         tenant_id=job.tenant_id,
@@ -325,7 +345,7 @@ def usage_for(
         finish_reason=finish_reason,
         error_code=error_code,
         prompt_tokens=len(job.prompt_token_ids) if prompt_tokens is None else prompt_tokens,
-        completion_tokens=completion_tokens,
+        completion_tokens=job.resumed_tokens if completion_tokens is None else completion_tokens,
         enqueued_at=job.enqueued_at,
         started_at=started_at,
         first_token_at=first_token_at,

@@ -50,6 +50,7 @@ from inference.idempotency import KEY_TTL_SECONDS, Original
 from inference.metrics import RequestClock, admission_decided
 from inference.openai_format import Shape, shape_of
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
+from inference.pools import pool_route
 from inference.response_cache import Stored, cache_key, cacheable
 from inference.tokenization import INLINE_TOKENIZE_CHARS, tokenizer_for
 from models_registry.models import Task
@@ -282,6 +283,7 @@ async def generation_submit(
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     _task_check(route, embeddings=False, model=request.model)
+    route = await pool_route(route, priority=priority)
     if clock is not None:
         clock.deployment = route.deployment
     if _full_until.get(route.deployment, 0.0) > time.monotonic():
@@ -615,6 +617,7 @@ async def embedding_submit(
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     _task_check(route, embeddings=True, model=request.model)
+    route = await pool_route(route, priority=priority or request.priority)
     if clock is not None:
         clock.deployment = route.deployment
     if request.dimensions is not None and request.dimensions not in route.dimensions:

@@ -210,6 +210,12 @@ class Deployment(models.Model):
     # Bounds of the autoscaling signal: the warm pool kept however idle, and the ceiling.
     min_replicas = models.PositiveIntegerField(default=1)
     max_replicas = models.PositiveIntegerField(default=8)
+    # A pool of the version: several deployments of one version share its traffic
+    # (dataplane/pools.py). The accelerator its workers run on (a GPU type such as "h100" or
+    # "l4", a MIG profile, or "cpu"), which the Helm chart turns into node selectors and
+    # resource names; and whether they are preemptible (spot), where batch work goes first.
+    accelerator = models.CharField(max_length=64, blank=True, default="")
+    spot = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)

@@ -34,6 +34,18 @@ PriceOf = Callable[[ModelVersion], Price]
 
 
 @dataclass(frozen=True)
+class Pool:
+    """One deployment of a version, as the frontend weighs it against the version's others."""
+
+    deployment: str
+    spot: bool
+    accelerator: str
+    max_queued: int
+    max_queued_tokens: int
+    target_wait_seconds: float  # its time-to-first-token objective
+
+
+@dataclass(frozen=True)
 class Route:
     """Where a request for a model name goes: a version and the deployment that serves it."""
 
@@ -53,6 +65,8 @@ class Route:
     task: str = "chat"  # the model's task: chat, completion or embedding
     dimensions: tuple[int, ...] = ()  # an embedding model's vector sizes, native first
     tool_parser: str = ""  # the vLLM tool parser of the version (an adapter's: its base's)
+    # Every pool (deployment) of the version, `deployment` first; one pool: no choice to make.
+    pools: tuple[Pool, ...] = ()
 
     @property
     def served_name(self) -> str:
@@ -90,6 +104,31 @@ def deployment_for(version: ModelVersion, *, ready_only: bool = False) -> Deploy
     return ranked[0] if ranked else None
 
 
+def pools_for(version: ModelVersion, first: Deployment) -> list[Deployment]:
+    """Every deployment serving a version (adapters: those that load them), `first` first."""
+    served = version.base if version.base_id is not None else version
+    others = (
+        Deployment.objects.select_related("version")
+        .filter(version=served)
+        .exclude(pk=first.pk)
+        .order_by("name")
+    )
+    if version.base_id is not None:
+        others = others.filter(max_loras__gt=0)
+    return [first, *others]
+
+
+def _pool(deployment: Deployment) -> Pool:
+    return Pool(
+        deployment=deployment.name,
+        spot=deployment.spot,
+        accelerator=deployment.accelerator,
+        max_queued=deployment.max_queued,
+        max_queued_tokens=deployment.max_queued_tokens,
+        target_wait_seconds=deployment.slo_ttft_p95_ms / 1000,
+    )
+
+
 def version_served_name(*, digest: str) -> str | None:
     """Return how responses name a version (`model@version`), or None if it is unknown."""
     version = ModelVersion.objects.select_related("model").filter(digest=digest).first()
@@ -123,13 +162,15 @@ def _route(
     requested: str, version: ModelVersion, deployment: Deployment, price_of: PriceOf
 ) -> Route:
     price = price_of(version)
+    deployments = pools_for(version, deployment)
     return Route(
         requested=requested,
         model_name=version.model.name,
         version=version.version,
         version_digest=version.digest,
         deployment=deployment.name,
-        context_length=deployment.context_length,
+        # Pools of a version should share a context length; a request must fit the smallest.
+        context_length=min(d.context_length for d in deployments),
         artifact_dir=(version.base or version).artifact_dir,
         sampling_defaults=version.sampling_defaults,
         price_input_per_1k=price.input_per_1k,
@@ -140,6 +181,7 @@ def _route(
         task=version.model.task,
         dimensions=encoder_dimensions(version.encoder),
         tool_parser=(version.base or version).tool_parser,
+        pools=tuple(_pool(d) for d in deployments) if len(deployments) > 1 else (),
     )
 
 

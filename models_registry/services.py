@@ -425,9 +425,14 @@ def deployment_create(
     slo_availability: Decimal = Decimal("0.999"),
     min_replicas: int = 1,
     max_replicas: int = 8,
+    accelerator: str = "",
+    spot: bool = False,
     actor: User | None = None,
 ) -> Deployment:
-    """Create a deployment of a version; its workers start with `run_worker`."""
+    """Create a deployment of a version; its workers start with `run_worker`.
+
+    A second deployment of the same version is another pool of it (dataplane/pools.py).
+    """
     if Deployment.objects.filter(name=name).exists():
         raise ValidationError({"name": f"deployment {name!r} already exists"})
     if max_num_seqs < 1:
@@ -476,6 +481,8 @@ def deployment_create(
             slo_availability=slo_availability,
             min_replicas=min_replicas,
             max_replicas=max_replicas,
+            accelerator=accelerator,
+            spot=spot,
         )
         audit_record(
             action="deployment.create",

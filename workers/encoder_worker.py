@@ -11,7 +11,7 @@ from dataplane.background import supervise
 from dataplane.types import Embeddings, Event, Finished, Job, Started, Status, UsageEvent, usage_for
 from workers.batcher import DynamicBatcher
 from workers.engine import Monitored
-from workers.failures import Failure, failure_of
+from workers.failures import Failure
 from workers.runner import Worker
 
 
@@ -44,7 +44,7 @@ class EncoderWorker(Worker):
         try:
             await self._embed(job, started_at)
         except BaseException as exc:
-            failure = failure_of(exc, job=job, engine="encoder")
+            failure = self._failure(exc, job=job, engine="encoder")
         self._ended(job, *_end(job, started_at, failure), failure)
 
     async def _embed(self, job: Job, started_at: float) -> None:

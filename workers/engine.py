@@ -131,7 +131,9 @@ def _engine_environment() -> None:
     # vLLM reads these at import time; a worker never reaches a model hub and binds loopback.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    # vLLM's own sockets listen on the host's address: loopback unless it names one.
+    bind = os.environ.get("ROUNDHOUSE_BIND_ADDRESS", "")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1" if bind in ("", "0.0.0.0") else bind)  # nosec B104
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     # Two processes (this one and the engine core) instead of three: faster to start and run.

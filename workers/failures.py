@@ -69,6 +69,17 @@ def failure_of(exc: BaseException, *, job: Job, engine: str) -> Failure:
     )
 
 
+def failure_stopped() -> Failure:
+    """The end of a request its worker stopped running: the drain time (a node's notice, say
+    a spot instance's) ran out first. Its client may retry; what it produced is billed."""
+    return Failure(
+        Status.WORKER_LOST,
+        "worker_lost",
+        "the worker serving this request stopped before it finished (its drain time ran out); "
+        "partial output was billed",
+    )
+
+
 def failure_unstarted(code: str, status: Status) -> Failure:
     """The end of a request whose run never started: past its deadline, or cancelled."""
     return Failure(status, code, f"request ended before it started: {code}")

@@ -14,11 +14,14 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from dataplane.types import (
     Delta,
     Event,
     Finished,
     Job,
+    Resumed,
     Sampling,
     Started,
     Status,
@@ -27,7 +30,7 @@ from dataplane.types import (
 )
 from workers.adapters import AdapterError, Adapters
 from workers.engine import AdapterRef, Engine, Step
-from workers.failures import Failure, failure_of
+from workers.failures import Failure
 from workers.outbox import Outbox
 from workers.runner import Worker
 from workers.tooling import ChoiceTools, ToolCalling
@@ -95,12 +98,48 @@ class _Generation:
     cached: list[int] = field(default_factory=list)  # per prompt
     held: _Holdback | None = None
     shown: bool = False  # some output the client can see went out
+    # The tokens produced so far, kept for a run that can be handed on (handable).
+    token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt_tokens = [len(ids) for ids in self.job.inputs()]
         self.cached = [0] * len(self.prompt_tokens)
         self.choices = [_Choice() for _ in range(self.job.choices)]
         self.held = None if self.job.stream else _Holdback()
+        resumed = self.job.resumed
+        if resumed is not None:
+            # Carried on from another worker: what it produced counts, and went out already.
+            self.choices[0].produced = len(resumed.token_ids)
+            self.token_ids = list(resumed.token_ids)
+            self.started_at = resumed.started_at
+            self.first_token_at = resumed.first_token_at
+            self.shown = True
+
+    @property
+    def handable(self) -> bool:
+        """Whether another worker can carry this run on from its tokens alone.
+
+        One plain completion: no tools to parse, no grammar, no logprobs or echo, no stop
+        strings (one could straddle the cut), one prompt, one choice.
+        """
+        job, sampling = self.job, self.job.sampling
+        return (
+            job.tools is None
+            and job.choices == 1
+            and sampling.structured is None
+            and sampling.logprobs is None
+            and sampling.prompt_logprobs is None
+            and not sampling.stop
+            and not job.adapter
+        )
+
+    def resumed(self) -> Resumed:
+        """What this run produced, for the worker that carries it on."""
+        return Resumed(
+            token_ids=list(self.token_ids),
+            started_at=self.started_at,
+            first_token_at=self.first_token_at,
+        )
 
     def use_tools(self, tools: ToolCalling) -> None:
         """Parse each choice's output into tool calls (one parser per choice)."""
@@ -110,9 +149,21 @@ class _Generation:
 
     @property
     def sampling(self) -> Sampling:
-        """The job's sampling, as its tool parser adjusted it."""
+        """The job's sampling, as its tool parser adjusted it; for a run carried on, what is
+        left of it."""
         sampling = self.job.sampling
+        done = self.job.resumed_tokens
+        if done:
+            sampling = msgspec.structs.replace(
+                sampling,
+                max_tokens=max(sampling.max_tokens - done, 1),
+                min_tokens=max(sampling.min_tokens - done, 0),
+            )
         return sampling if self.tools is None else self.tools.sampling(sampling)
+
+    def prompt_of(self, ids: list[int]) -> list[int]:
+        """The engine's prompt: a run carried on continues after the tokens already produced."""
+        return ids + self.token_ids if self.job.resumed is not None else ids
 
     @property
     def produced(self) -> int:
@@ -123,14 +174,20 @@ class _Generation:
         request's first token at once), its counts add up."""
         index = prompt * self.job.sampling.n + step.index
         choice = self.choices[index]
-        first = step.tokens > 0 and self.produced == 0
+        first = step.tokens > 0 and self.first_token_at is None
         if step.tokens:
             choice.produced += step.tokens
             self.first_token_at = self.first_token_at or time.time()
+            if self.job.choices == 1:
+                self.token_ids.extend(step.token_ids)
         if step.finish_reason:
             choice.finish_reason = step.finish_reason
-        self.prompt_tokens[prompt] = step.prompt_tokens
-        self.cached[prompt] = max(self.cached[prompt], step.cached_tokens)
+        # A run carried on fed its earlier tokens back as prompt: they are billed as output.
+        resumed = self.job.resumed_tokens
+        self.prompt_tokens[prompt] = step.prompt_tokens - resumed
+        self.cached[prompt] = min(
+            max(self.cached[prompt], step.cached_tokens), self.prompt_tokens[prompt]
+        )
         delta = self._delta(index, choice, step)
         if delta is not None:
             # The first output a client can see goes at once too: a tool parser holds back
@@ -230,15 +287,21 @@ class GenerativeWorker(Worker):
 
     async def _serve(self, job: Job) -> None:
         run = _Generation(job, self._outbox)
-        self._outbox.put(job, Started(at=run.started_at))
+        if job.resumed is None:
+            self._outbox.put(job, Started(at=run.started_at))
         failure = None
         try:
             if job.tools is not None:
                 run.use_tools(self._tool_calling(job))
             await self._generate(run)
         except BaseException as exc:
+            if self._handing_on(job, exc) and run.handable:
+                # The drain ran out: another worker carries it on from what it produced.
+                run.release()
+                self._hand_on(job, run.resumed())
+                return
             # A cancel aborted the request inside vLLM; any failure bills what it produced.
-            failure = failure_of(exc, job=job, engine="engine")
+            failure = self._failure(exc, job=job, engine="engine")
         self._ended(job, *run.end(failure), failure)
 
     def _tool_calling(self, job: Job) -> ToolCalling:
@@ -260,7 +323,7 @@ class GenerativeWorker(Worker):
         async with asyncio.timeout_at(deadline), self._adapter(job) as adapter:
             prompts = job.inputs()
             if len(prompts) == 1:
-                await self._prompt(run, 0, job.request_id, prompts[0], adapter)
+                await self._prompt(run, 0, job.request_id, run.prompt_of(prompts[0]), adapter)
                 return
             await _together(
                 [

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import redis.asyncio as aredis
 
 from dataplane.background import loop_failed, loop_ok, supervise
@@ -26,13 +27,20 @@ from dataplane.tracing import bind
 from dataplane.types import (
     Event,
     Job,
+    Resumed,
     Status,
     UsageEvent,
     usage_for,
 )
 from dataplane.usage import UsageStream
 from workers.engine import Monitored
-from workers.failures import Failure, failure_unended, failure_unstarted
+from workers.failures import (
+    Failure,
+    failure_of,
+    failure_stopped,
+    failure_unended,
+    failure_unstarted,
+)
 from workers.metrics import WorkerMetrics
 from workers.outbox import FLUSH_SHARES, STREAMS_PER_SHARE, Outbox
 
@@ -118,6 +126,10 @@ class Worker(abc.ABC):
         # Hand jobs whose prompt prefix another worker owns to that worker (dataplane.leases)
         self.prefix_routing = prefix_routing
         self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        # Requests whose run the drain stopped when its time ran out (not a client's cancel),
+        # and those of them to hand on to another worker.
+        self._stopped: set[str] = set()
+        self._handed_on: list[Job] = []
         self._rate = _RateMeter()
         self._outbox = Outbox()
         self._slot_free = asyncio.Event()
@@ -312,6 +324,12 @@ class Worker(abc.ABC):
     async def _serve(self, job: Job) -> None:
         """Run one claimed job to its end; put its events, terminal event and usage."""
 
+    def _failure(self, exc: BaseException, *, job: Job, engine: str) -> Failure:
+        """How a run that raised ends: as failure_of says, unless the drain stopped it."""
+        if isinstance(exc, asyncio.CancelledError) and job.request_id in self._stopped:
+            return failure_stopped()
+        return failure_of(exc, job=job, engine=engine)
+
     def _ended(
         self, job: Job, terminal: Event, usage: UsageEvent, failure: Failure | None = None
     ) -> None:
@@ -333,11 +351,14 @@ class Worker(abc.ABC):
         if job.request_id not in self.active:
             return
         self.active.pop(job.request_id, None)
-        self._finish_unstarted(job, failure_unended(job, task))
+        stopped = job.request_id in self._stopped and task.cancelled()
+        self._finish_unstarted(job, failure_stopped() if stopped else failure_unended(job, task))
         self._slot_free.set()
 
     def _finish_unstarted(self, job: Job, failure: Failure, *, charged: bool = True) -> None:
-        terminal = failure.failed(prompt_tokens=len(job.prompt_token_ids), completion_tokens=0)
+        terminal = failure.failed(
+            prompt_tokens=len(job.prompt_token_ids), completion_tokens=job.resumed_tokens
+        )
         usage = usage_for(
             job, status=failure.status, finished_at=time.time(), error_code=failure.code
         )
@@ -498,12 +519,62 @@ class Worker(abc.ABC):
             running[1].cancel()
 
     async def _finish_in_flight(self) -> None:
-        """Let in-flight jobs finish for up to the drain time, then cancel the rest."""
+        """Let in-flight jobs finish for up to the drain time, then stop the rest.
+
+        A stopped run that another worker can carry on from its tokens is handed on: its
+        output so far is written, then the job goes back to the head of its tenant's queue
+        with what it produced. The others end as `worker_lost`, billing what they produced.
+        """
         if not self.active:
             return
         log.info("draining %d in-flight requests", len(self.active))
-        tasks = [task for _, task in self.active.values()]
+        tasks = {task: job.request_id for job, task in self.active.values()}
         _, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)
         for task in pending:
+            self._stopped.add(tasks[task])
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        await self._hand_on_all()
+
+    def _handing_on(self, job: Job, exc: BaseException) -> bool:
+        """Whether a run that raised was stopped by the drain, to be handed on if it can be."""
+        return isinstance(exc, asyncio.CancelledError) and job.request_id in self._stopped
+
+    def _hand_on(self, job: Job, resumed: Resumed) -> None:
+        """Keep a stopped run's job, with what it produced, for _hand_on_all; free its slot."""
+        self._handed_on.append(msgspec.structs.replace(job, resumed=resumed))
+        self.active.pop(job.request_id, None)
+        self._slot_free.set()
+
+    async def _hand_on_all(self) -> None:
+        handed, self._handed_on = self._handed_on, []
+        if not handed:
+            return
+        try:
+            # Their output so far first: the next worker's goes after it in the reply stream.
+            await self._flush_once()
+            for job in handed:
+                if await self.leases.hand_on(worker=self.worker_id, job=job):
+                    log.info("handed %s on after %d tokens", job.request_id, job.resumed_tokens)
+                else:
+                    self._end_stopped(job)  # it ended, or was reclaimed, meanwhile
+        except Exception:
+            log.exception("could not hand the stopped requests on; ending them")
+            for job in handed:
+                self._end_stopped(job)
+
+    def _end_stopped(self, job: Job) -> None:
+        """End a stopped run as worker_lost, billing what it produced (the job carries it)."""
+        failure = failure_stopped()
+        terminal = failure.failed(
+            prompt_tokens=len(job.prompt_token_ids), completion_tokens=job.resumed_tokens
+        )
+        usage = usage_for(
+            job,
+            status=failure.status,
+            finished_at=time.time(),
+            started_at=job.resumed.started_at if job.resumed else None,
+            first_token_at=job.resumed.first_token_at if job.resumed else None,
+            error_code=failure.code,
+        )
+        self._outbox.put(job, terminal, usage, urgent=True)

@@ -335,6 +335,12 @@ LOGGING = {
 }
 
 # Metrics (docs/metrics.md). Workers and the ingester serve theirs on these ports (0: off).
+# The host a process runs on, as its peers see it: its name (in worker ids), the address its
+# servers listen on (metrics, vLLM's own sockets; 0.0.0.0 is every interface), and its zone.
+# Several "hosts" can share a machine, each on its own loopback address (127.0.0.2, ...).
+ROUNDHOUSE_HOST_NAME = env_str("ROUNDHOUSE_HOST_NAME", "")  # "" is the machine's host name
+ROUNDHOUSE_BIND_ADDRESS = env_str("ROUNDHOUSE_BIND_ADDRESS", "0.0.0.0")  # nosec B104
+ROUNDHOUSE_ZONE = env_str("ROUNDHOUSE_ZONE", "")
 ROUNDHOUSE_WORKER_METRICS_PORT = env_int("ROUNDHOUSE_WORKER_METRICS_PORT", 0)
 ROUNDHOUSE_INGESTER_METRICS_PORT = env_int("ROUNDHOUSE_INGESTER_METRICS_PORT", 0)
 # Tenants named in the per-tenant token series; later ones are counted as `other`.

@@ -1,10 +1,15 @@
 -- Put a job whose lease lapsed before it started back at the head of its tenant's queue. With a
 -- worker (ARGV[4]), put back instead a job handed to that worker that it has not taken, whatever
--- its lease.
-local rid, now, from = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
+-- its lease. With ARGV[5] 'resume', the worker that runs the job hands it on: the job (ARGV[6],
+-- now carrying what it produced) goes back to the queue for another worker to carry on.
+local rid, now, from, mode = ARGV[1], tonumber(ARGV[2]), ARGV[4] or '', ARGV[5] or ''
 local lease = redis.call('ZSCORE', LEASES, rid)
 if not lease then return 0 end
-if from ~= '' then
+if mode == 'resume' then
+  local holder = redis.call('HGET', HOLDERS, rid)
+  if holder and holder ~= from then return 0 end
+  redis.call('HSET', JOBS, rid, ARGV[6])
+elseif from ~= '' then
   local handed = redis.call('HGET', HANDOFFS, rid)
   if not handed or string.match(handed, '^%d+ (%S+)$') ~= from then return 0 end
 elseif tonumber(lease) >= now then

@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 
 from dataplane.frontdoor import Refusal, Refused
@@ -277,3 +278,50 @@ async def test_the_reaper_ends_queued_jobs_past_their_deadline(dispatch):
     [usage] = await _usage(dispatch, deployment)
     assert usage.status == Status.TIMEOUT
     assert await dispatch.depth(deployment) == Depth(requests=0, tokens=0)
+
+
+async def test_a_running_job_handed_on_is_carried_on_by_another_worker_and_billed_once(dispatch):
+    from dataplane.types import Resumed
+
+    deployment = await _served_deployment(dispatch)
+    job = _job(deployment)
+    await dispatch.front.enqueue(job)
+    [claimed] = (
+        await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5, worker="w")
+    ).run
+    await dispatch.finisher.publish(job=claimed, events=[Started(at=1.0), Delta("ab", 2)])
+    carried = msgspec.structs.replace(
+        claimed, resumed=Resumed(token_ids=[7, 8], started_at=1.0, first_token_at=1.5)
+    )
+    # Only the worker that runs it may hand it on.
+    assert not await dispatch.leases.hand_on(worker="someone-else", job=carried)
+    assert await dispatch.leases.hand_on(worker="w", job=carried)
+    assert await dispatch.depth(deployment) == Depth(requests=1, tokens=job.reserved_tokens)
+    [again] = (
+        await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5, worker="w2")
+    ).run
+    assert again.resumed == carried.resumed and again.resumed_tokens == 2
+    done = Finished(finish_reason="length", prompt_tokens=3, completion_tokens=8)
+    usage = usage_for(again, status=Status.OK, finished_at=time.time(), completion_tokens=8)
+    assert await dispatch.finisher.finalize(job=again, terminal=done, usage=usage)
+    [record] = await _usage(dispatch, deployment)
+    assert (record.status, record.completion_tokens) == (Status.OK, 8)
+
+
+async def test_a_handed_on_job_cancelled_while_queued_bills_what_it_had_produced(dispatch):
+    from dataplane.types import Resumed
+
+    deployment = await _served_deployment(dispatch)
+    job = _job(deployment)
+    await dispatch.front.enqueue(job)
+    await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5, worker="w")
+    carried = msgspec.structs.replace(
+        job, resumed=Resumed(token_ids=[7, 8, 9], started_at=time.time())
+    )
+    assert await dispatch.leases.hand_on(worker="w", job=carried)
+    # The client's copy of the job knows nothing of it; the stored one does.
+    assert await dispatch.front.cancel(job=job)
+    [record] = await _usage(dispatch, deployment)
+    assert (record.status, record.completion_tokens) == (Status.CANCELLED, 3)
+    terminal = await _terminal(dispatch, job)
+    assert isinstance(terminal, Failed) and terminal.completion_tokens == 3

@@ -120,3 +120,21 @@ def test_an_adapters_route_carries_its_bases_tool_parser(tmp_path, world):
     route = route_resolve(name=adapter.public_name, price_of=price_current)
     assert route is not None and route.adapter == adapter.digest
     assert route.tool_parser == "hermes"
+
+
+def test_a_version_served_by_several_deployments_routes_to_all_its_pools(canary):
+    _alias, base, new = canary
+    deployment_create(
+        name="small-one-l4", version=base, accelerator="l4", spot=True, max_model_len=128
+    )
+    route = route_resolve(name="small-chat", price_of=price_current)
+    assert route is not None and route.deployment == "small-one"
+    assert [(p.deployment, p.spot, p.accelerator) for p in route.pools] == [
+        ("small-one", False, ""),
+        ("small-one-l4", True, "l4"),
+    ]
+    # A request must fit every pool it may join.
+    assert route.context_length == 128
+    # A version with one deployment has no pools to choose among.
+    pinned = route_resolve(name=f"small@{new.version}", price_of=price_current)
+    assert pinned is not None and pinned.pools == ()

@@ -23,6 +23,7 @@ from tests.platform.contract import ROOT, RULE_FILES, contract_load, problems
 
 CHART = ROOT / "platform" / "helm" / "roundhouse"
 TWO_MODELS = ROOT / "platform" / "helm" / "values-two-models.yaml"
+POOLS = ROOT / "platform" / "helm" / "values-pools.yaml"
 KUBERNETES = "1.30"
 SECRETS = {
     "secrets": {
@@ -102,7 +103,9 @@ def two_model_objects() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "values", [SECRETS, two_models(), everything_on()], ids=["default", "two-models", "all-on"]
+    "values",
+    [SECRETS, two_models(), everything_on(), yaml.safe_load(POOLS.read_text())],
+    ids=["default", "two-models", "all-on", "pools"],
 )
 def test_helm_lint_finds_nothing_to_warn_about(values):
     report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBERNETES}.0")
@@ -648,3 +651,42 @@ def test_a_prefetch_list_runs_a_warm_pool_daemonset_on_the_worker_nodes():
     assert daemonset["spec"]["template"]["metadata"]["annotations"]["roundhouse.io/prefetch"] == (
         "llama@v2,llama@v3"
     )
+
+
+def test_each_pool_of_a_version_gets_its_nodes_its_resource_and_its_grace():
+    objects = render(yaml.safe_load(POOLS.read_text()))
+    for obj in objects:
+        if obj["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    deployments = by_kind(objects, "Deployment")
+    h100 = deployments["sy-roundhouse-worker-llama-h100"]
+    l4 = deployments["sy-roundhouse-worker-llama-l4"]
+    mig = deployments["sy-roundhouse-worker-llama-mig"]
+    assert h100["metadata"]["labels"]["roundhouse.io/capacity"] == "on-demand"
+    assert l4["metadata"]["labels"]["roundhouse.io/capacity"] == "spot"
+    assert mig["metadata"]["labels"]["roundhouse.io/accelerator"] == "NVIDIA-A100-SXM4-40GB"
+
+    h100_pod, l4_pod, mig_pod = (d["spec"]["template"]["spec"] for d in (h100, l4, mig))
+    assert h100_pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert l4_pod["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-L4",
+        "karpenter.sh/capacity-type": "spot",
+    }
+    assert {"key": "karpenter.sh/capacity-type", "operator": "Equal", "value": "spot",
+            "effect": "NoSchedule"} in l4_pod["tolerations"]  # fmt: skip
+    assert not any(t.get("key") == "karpenter.sh/capacity-type" for t in h100_pod["tolerations"])
+    # A MIG profile is a resource name of its own.
+    (container,) = mig_pod["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/mig-3g.20gb": 1}
+    # A spot pool drains within its node's notice.
+    (container,) = l4_pod["containers"]
+    assert l4_pod["terminationGracePeriodSeconds"] == 120
+    assert container["command"][-2:] == ["--drain-seconds", "110"]
+    # Each pool's workers, and the frontends, spread over zones.
+    for pod, own in ((h100_pod, "llama-h100"), (l4_pod, "llama-l4")):
+        (spread,) = pod["topologySpreadConstraints"]
+        assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+        assert spread["labelSelector"]["matchLabels"]["roundhouse.io/model-deployment"] == own
+    frontend = deployments["sy-roundhouse-frontend"]["spec"]["template"]
+    (spread,) = frontend["spec"]["topologySpreadConstraints"]
+    assert selects(spread["labelSelector"], frontend["metadata"]["labels"])

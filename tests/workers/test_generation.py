@@ -577,3 +577,76 @@ def test_the_first_visible_piece_goes_at_once_when_a_parser_held_the_first_token
     assert first_visible > 0  # the parser held the first tokens back
     assert urgent[0][1] and urgent[first_visible][1]
     assert not any(flag for _, flag in urgent[first_visible + 1 :])
+
+
+# --- handing a run on (a preempted worker draining) ---
+
+
+async def test_a_run_carried_on_continues_after_the_tokens_already_produced():
+    from dataplane.types import Resumed
+
+    resumed = Resumed(token_ids=[40, 41, 42], started_at=100.0, first_token_at=100.5)
+    job = _job(sampling=Sampling(max_tokens=8, min_tokens=5), resumed=resumed)
+    # The engine sees the earlier tokens as prompt: 3 + 3.
+    engine = _Engine({0: [_step("d e", prompt_tokens=6), _step("f", reason="length",
+                                                                prompt_tokens=6)]})  # fmt: skip
+    events = await _served(engine, job)
+    [(_, prompt, sampling)] = engine.calls
+    assert prompt == [1, 2, 3, 40, 41, 42]
+    assert (sampling.max_tokens, sampling.min_tokens) == (5, 2)
+    assert not any(isinstance(e, Started) for e in events)  # the first worker sent it
+    assert _by_choice(events) == {0: "d ef"}
+    end = events[-1]
+    assert isinstance(end, Finished)
+    # Billed once for everything: the first worker's 3 tokens and these 3; the prompt as asked.
+    assert (end.prompt_tokens, end.completion_tokens) == (3, 6)
+
+
+async def test_a_run_the_drain_stops_is_handed_on_with_what_it_produced():
+    engine = _Engine({})
+    worker = _worker(engine)
+    job = _job(sampling=Sampling(max_tokens=100))
+    blocked = asyncio.Event()
+
+    async def slow_generate(**kw: Any) -> AsyncIterator[Step]:
+        yield _step("a b")
+        yield _step("c")
+        await blocked.wait()  # still running when the drain runs out
+        yield _step("never")
+
+    engine.generate = slow_generate  # type: ignore[method-assign]
+    task = asyncio.create_task(worker._serve(job))
+    worker.active[job.request_id] = (job, task)
+    await asyncio.sleep(0.05)
+    worker._stopped.add(job.request_id)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    [handed] = worker._handed_on
+    assert handed.resumed is not None and handed.resumed.token_ids == [0, 1, 0]
+    assert handed.resumed_tokens == 3 and job.request_id not in worker.active
+    events = [event for _, event, *_ in worker._outbox.take()]
+    # Its output so far goes out; no end: the next worker ends it.
+    assert _by_choice(events) == {0: "a bc"}
+    assert not any(isinstance(e, Finished | Failed) for e in events)
+
+
+async def test_a_run_another_worker_cannot_carry_on_ends_as_worker_lost():
+    worker = _worker(_Engine({}))
+    job = _job(sampling=Sampling(max_tokens=100, stop=["\n"]))  # a stop string could straddle
+
+    async def slow_generate(**kw: Any) -> AsyncIterator[Step]:
+        yield _step("a b")
+        await asyncio.Event().wait()
+        yield _step("never")
+
+    worker.generator.generate = slow_generate  # type: ignore[method-assign]
+    task = asyncio.create_task(worker._serve(job))
+    worker.active[job.request_id] = (job, task)
+    await asyncio.sleep(0.05)
+    worker._stopped.add(job.request_id)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert worker._handed_on == []
+    events = [event for _, event, *_ in worker._outbox.take()]
+    end = events[-1]
+    assert isinstance(end, Failed) and end.code == "worker_lost" and end.completion_tokens == 2

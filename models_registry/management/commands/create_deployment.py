@@ -71,6 +71,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-replicas", type=int, default=8, help="autoscaling: workers at most"
         )
+        parser.add_argument(
+            "--accelerator",
+            default="",
+            help="what its workers run on (a GPU type such as h100 or l4, a MIG profile, cpu); "
+            "another deployment of the same version is another pool of it",
+        )
+        parser.add_argument(
+            "--spot", action="store_true", help="its workers are preemptible: batch work goes first"
+        )
         parser.add_argument("--if-missing", action="store_true", help="no error if it exists")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -106,6 +115,8 @@ class Command(BaseCommand):
                 slo_availability=options["slo_availability"],
                 min_replicas=options["min_replicas"],
                 max_replicas=options["max_replicas"],
+                accelerator=options["accelerator"],
+                spot=options["spot"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc

@@ -122,6 +122,23 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with .spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pods of one component spread over zones: (dict "root" $ "labels" <its selector labels>). */}}
+{{- define "roundhouse.zoneSpread" -}}
+{{- $spread := .root.Values.zoneSpread -}}
+{{- if $spread.enabled -}}
+- maxSkew: {{ $spread.maxSkew }}
+  topologyKey: {{ $spread.topologyKey }}
+  whenUnsatisfiable: {{ $spread.whenUnsatisfiable }}
+  labelSelector:
+    matchLabels:
+      {{- toYaml .labels | nindent 6 }}
+{{- end -}}
 {{- end -}}
 
 {{/* The deployment name every worker-level object of a model deployment is named after. */}}
