@@ -241,7 +241,9 @@ def _plot(rows: list[dict[str, int]], desired: dict[int, int], killed_at: int, p
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, default=6)
+    # More clients than both workers' slots (2 x 8): requests queue, so the autoscaling
+    # signal sees the capacity lost.
+    parser.add_argument("--clients", type=int, default=24)
     parser.add_argument("--before", type=int, default=20, help="seconds of load before the kill")
     parser.add_argument("--after", type=int, default=30, help="seconds of load after it")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs")
@@ -257,7 +259,7 @@ def main() -> None:
         platform = prepare_roundhouse(model_dir, work, tenants={"drill": {}}, max_num_seqs=8)
         py = sys.executable
         ports: dict[str, int] = {}
-        for zone, (frontend, worker) in ZONES.items():
+        for core, (zone, (frontend, worker)) in enumerate(ZONES.items()):
             env = {**platform.env, "ROUNDHOUSE_ZONE": zone}
             ports[zone] = free_port()
             popens[f"frontend-{zone}"] = spawn(
@@ -266,10 +268,16 @@ def main() -> None:
                 work / f"frontend-{zone}.log",
                 {**env, "ROUNDHOUSE_BIND_ADDRESS": frontend, "ROUNDHOUSE_HOST_NAME": frontend},
             )  # fmt: skip
+            # Each zone's engine on a core of its own (the rest share both cores).
             popens[f"worker-{zone}"] = spawn(
                 [py, "manage.py", "run_worker", "--deployment", "tiny"],
                 work / f"worker-{zone}.log",
-                {**env, "ROUNDHOUSE_BIND_ADDRESS": worker, "ROUNDHOUSE_HOST_NAME": worker},
+                {
+                    **env,
+                    "ROUNDHOUSE_BIND_ADDRESS": worker,
+                    "ROUNDHOUSE_HOST_NAME": worker,
+                    "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
+                },
             )
         popens["ingester-b"] = spawn(
             [py, "manage.py", "run_ingester"], work / "ingester-b.log", platform.env
@@ -328,15 +336,21 @@ def main() -> None:
     desired = {int(at): n for at, n in timeline.desired}
     before = rows[max(0, killed_at - 15) : killed_at]
     rate = sum(r["completed"] for r in before) / max(1, len(before))
+    tail = sorted(r["completed"] for r in rows[-10:])
+    steady = tail[len(tail) // 2]  # the surviving zone's rate: the median of the last 10 s
+    # Recovered: from this second on, no refusal, break or error, and completions at 80 % of
+    # the surviving zone's steady rate.
     recovered = next(
         (
             s - killed_at
-            for s in range(killed_at + 1, total)
-            if rows[s]["completed"] >= 0.8 * rate
-            and all(r["completed"] >= 0.8 * rate for r in rows[s : s + 3])
+            for s in range(killed_at, total)
+            if rows[s]["completed"] >= 0.8 * steady
+            and all(r["refused"] + r["resumed"] + r["failed"] == 0 for r in rows[s:])
         ),
         None,
     )
+    desired_before = max((n for s, n in desired.items() if s < killed_at), default=0)
+    desired_after = max((n for s, n in desired.items() if s >= killed_at), default=0)
     unaccounted = len(timeline.accepted - set(billed))
     twice = sum(1 for n in billed.values() if n > 1)
     counts = {kind: sum(r[kind] for r in rows[killed_at:]) for kind in EVENTS}
@@ -350,19 +364,18 @@ def main() -> None:
         args.docs,
         "zone_drill",
         {
-            "section": "zone-loss-drill",
+            "section": "zone_drill",
             "headline": [
                 {
-                    "measure": "Zone-loss drill: seconds until completions are back to 80 % "
-                    "of their rate before the kill",
-                    "value": "not within the run" if recovered is None else str(recovered),
+                    "measure": "Zone-loss drill: seconds from the kill until the surviving "
+                    "zone serves steadily (no refusal, break or error)",
+                    "value": "not within the run" if recovered is None else recovered,
                 },
                 {
                     "measure": "Zone-loss drill: accepted requests without exactly one usage "
                     "record",
-                    "value": str(unaccounted + twice),
+                    "value": unaccounted + twice,
                     "target": "≤ 0",
-                    "met": unaccounted + twice == 0,
                 },
             ],
             "per_second": rows,
@@ -385,15 +398,19 @@ there with `Last-Event-ID`. After {args.before} s both hosts of zone A are kille
 
 ![Zone-loss drill timeline](img/zone_drill.png)
 
-Completions were back to 80 % of their rate before the kill
-{"within the run: never" if recovered is None else f"{recovered} s after it"}; zone A's
-worker was half the capacity, so the rate after is the surviving worker's. Streams that zone
-A's frontend was relaying were resumed on zone B's, each token once; streams zone A's worker was
-running ended with `worker_lost` once the reaper saw its lease lapse, billed for what they had
-made. Of {len(timeline.accepted)} accepted requests, {unaccounted} have no usage record and
-{twice} have more than one. The desired replicas are the autoscaling signal read from the
-queue: the surviving worker's backlog makes it ask for more. See
-[scale-out.md](scale-out.md#losing-a-zone).
+The platform was serving steadily again, with no refusal, break or error from then on,
+{"never within the run" if recovered is None else f"{recovered} s after the kill"}. After the
+kill {counts["resumed"]} streams broke with zone A's frontend and were resumed on zone B's,
+{counts["failed"]} ended with an error (the ones zone A's worker was running: `worker_lost`
+once the reaper saw their leases lapse, billed for what they had made) and
+{counts["refused"]} were refused. Of {len(timeline.accepted)} accepted requests,
+{unaccounted} have no usage record and {twice} have more than one. The autoscaling signal
+asked for at most {desired_before} replicas before the kill and {desired_after} after it.
+
+What this machine cannot show is capacity: completions went from {rate:.1f} a second before
+the kill to {steady} after it, because both zones' processes (and the 24 clients) share two
+cores, and killing zone A freed the CPU its frontend and engine used. On machines of their own
+the surviving zone would serve about half. See [scale-out.md](scale-out.md#losing-a-zone).
 """
     section_write(args.docs, "zone_drill", text)
     progress(f"wrote {args.docs / 'benchmarks.md'} and {plot}")
