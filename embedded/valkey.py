@@ -48,7 +48,7 @@ def _pid(layout: Layout) -> int | None:
     return pid if pid is not None and pid_alive(pid, "valkey-server") else None
 
 
-def _ping(host: str, port: int) -> bool:
+def ping(host: str, port: int) -> bool:
     """Tell whether Valkey answers PING on host:port."""
     client = redis.Redis(host=host, port=port, socket_connect_timeout=1, socket_timeout=1)
     try:
@@ -107,7 +107,7 @@ def start(layout: Layout, config: ServiceConfig, recorded_port: int | None) -> i
         check=False,
     )
     started = launcher.returncode == 0
-    if not (started and wait_for(lambda: _ping(config.host, port), START_TIMEOUT)):
+    if not (started and wait_for(lambda: ping(config.host, port), START_TIMEOUT)):
         raise ServiceError(
             f"valkey-server did not start on {config.host}:{port}. "
             f"Log tail:\n{log_tail(layout.valkey_log)}"
@@ -122,7 +122,7 @@ def _adopt(layout: Layout, host: str, pid: int, port: int | None) -> int:
             f"valkey-server (pid {pid}) from {layout.valkey_dir} is running but "
             f"{layout.state.name} does not record its port; stop it first"
         )
-    if not wait_for(lambda: _ping(host, port), START_TIMEOUT):
+    if not wait_for(lambda: ping(host, port), START_TIMEOUT):
         raise ServiceError(
             f"valkey-server (pid {pid}) from {layout.valkey_dir} does not answer PING on "
             f"{host}:{port}; stop it first"

@@ -36,6 +36,7 @@ from embedded.service import (
     read_pid,
     wait_for,
 )
+from embedded.valkey import ping
 
 SLOTS = 16384
 # A primary that does not answer its peers for this long is failed over to its replica.
@@ -88,13 +89,7 @@ def _client(node: Node) -> redis.Redis:
 
 
 def _answers(node: Node) -> bool:
-    client = _client(node)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    return ping(node.host, node.port)
 
 
 def _state_file(root: Path) -> Path:
@@ -132,6 +127,9 @@ def node_start(cluster: Cluster, node: Node, *, fast: bool = False) -> None:
             "yes",
             "--cluster-port",
             str(node.bus_port),
+            # Peers reach it at its own address (a connection from it may come from another).
+            "--cluster-announce-ip",
+            node.host,
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",

@@ -154,6 +154,38 @@ def world(django_db_setup: None, django_db_blocker: Any, demo_model_dir: Path) -
         return _world(demo_model_dir)
 
 
+INGESTER_HOST = "127.0.0.6"
+
+
+def own_deployment(name: str, model_name: str, price: Decimal, model_dir: Path) -> ModelVersion:
+    """Register the demo model under a version of its own (another price makes another
+    version, so it routes only to its own workers) and deploy it small, for a test's workers."""
+    version, _ = model_version_register(
+        model_name=model_name, source_dir=model_dir, price_input_per_1k=price
+    )
+    deployment_create(
+        name=name,
+        version=version,
+        max_num_seqs=8,
+        max_model_len=2048,
+        kv_cache_bytes=32 << 20,
+        enforce_eager=True,
+    )
+    return version
+
+
+def roomy_key(slug: str, **quota: int) -> str:
+    """A key of a tenant of its own with room for a test's load (and any quota given)."""
+    tenant = tenant_create(slug=slug)
+    tenant.quota.requests_per_minute = 100_000
+    tenant.quota.tokens_per_minute = 10_000_000
+    tenant.quota.max_concurrency = 100
+    for field, value in quota.items():
+        setattr(tenant.quota, field, value)
+    tenant.quota.save()
+    return api_key_issue(tenant=tenant, name="tests").token
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,8 +267,12 @@ def stack(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         ],
         logs,
     )  # fmt: skip
+    # The ingester on a host of its own (its metrics listen there only).
     ingester = _spawn(
-        "ingester", ["manage.py", "run_ingester", "--metrics-port", str(ingester_metrics)], logs
+        "ingester",
+        ["manage.py", "run_ingester", "--metrics-port", str(ingester_metrics)],
+        logs,
+        {"ROUNDHOUSE_BIND_ADDRESS": INGESTER_HOST, "ROUNDHOUSE_HOST_NAME": "ingester-host"},
     )
     # The frontend runs as production does: metrics in multi-process files.
     multiproc = tmp_path_factory.mktemp("prometheus-multiproc")
@@ -266,7 +302,7 @@ def stack(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
             frontend=frontend,
             ingester=ingester,
             worker_metrics_url=f"http://127.0.0.1:{worker_metrics}/metrics",
-            ingester_metrics_url=f"http://127.0.0.1:{ingester_metrics}/metrics",
+            ingester_metrics_url=f"http://{INGESTER_HOST}:{ingester_metrics}/metrics",
         )
     finally:
         for process in processes:

@@ -21,6 +21,9 @@ import pytest
 from embedded.servers import ServiceConfig, services_start, services_stop
 from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop
 
+SERVICES_HOST = "127.0.0.7"
+CLUSTER_HOSTS = ("127.0.0.8", "127.0.0.9", "127.0.0.10")
+
 _config: ServiceConfig | None = None
 _root: Path | None = None
 cluster: Cluster | None = None
@@ -31,12 +34,16 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
     global _config, _root, cluster
     if os.environ.get("ROUNDHOUSE_TEST_EXTERNAL") != "1":
         _root = Path(tempfile.mkdtemp(prefix="roundhouse-test-"))
-        _config = ServiceConfig(data_dir=_root / "services", pg_port=0, redis_port=0, fast=True)
+        # PostgreSQL and Valkey on a loopback address of their own, as on hosts of their own:
+        # nothing may assume it shares 127.0.0.1 with them.
+        _config = ServiceConfig(
+            data_dir=_root / "services", pg_port=0, redis_port=0, fast=True, host=SERVICES_HOST
+        )
         endpoints = services_start(_config)
         os.environ["DATABASE_URL"] = endpoints.database_url
         os.environ["REDIS_URL"] = endpoints.redis_url
         if os.environ.get("ROUNDHOUSE_TEST_CLUSTER") == "1":
-            cluster = cluster_start(_root / "cluster", fast=True)
+            cluster = cluster_start(_root / "cluster", fast=True, hosts=CLUSTER_HOSTS)
             os.environ["CONTROL_REDIS_URL"] = endpoints.redis_url
             os.environ["REDIS_URL"] = cluster.url
             os.environ["REDIS_CLUSTER"] = "1"

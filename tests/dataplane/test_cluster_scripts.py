@@ -26,11 +26,12 @@ from dataplane.keys import quota_keys, tag, usage_key
 from dataplane.quotas import Limits, Quotas, Usage, month_of
 from dataplane.reaper import Reaper
 from dataplane.snapshots import QueueSnapshot
-from dataplane.types import Failed, Finished, Job, Sampling, Started, Status, usage_for
+from dataplane.types import Failed, Finished, Started, Status, usage_for
 from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop, primary_of
 from inference.idempotency import Idempotency
 from tests import services_plugin
 from tests.dataplane.roles import roles
+from tests.dataplane.test_queue import _job
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +70,6 @@ def _apart(cluster: Cluster) -> tuple[str, str, int]:
     return first, second, tenant
 
 
-def _job(deployment: str, tenant: int) -> Job:
-    now = time.time()
-    return Job(
-        request_id=uuid.uuid4().hex,
-        tenant_id=tenant,
-        api_key_id=1,
-        deployment=deployment,
-        model_version="v",
-        endpoint="completions",
-        prompt_token_ids=[1, 2, 3],
-        sampling=Sampling(max_tokens=8),
-        enqueued_at=now,
-        deadline=now + 60,
-    )
-
-
 def _scripts() -> dict[str, str]:
     """Every script the platform runs, by its name in dataplane.scripts."""
     return {
@@ -121,12 +106,12 @@ async def test_every_script_and_read_stays_within_one_slot(cluster: Cluster, cli
         await r.leases.heartbeat(deployment=deployment, worker="w", ttl=60)
 
     # ENQUEUE, then UNQUEUE (a cancel of a queued job).
-    cancelled = _job(first, tenant)
+    cancelled = _job(first, tenant=tenant)
     assert await r.front.enqueue(cancelled) is None
     assert await r.front.cancel(job=cancelled)
 
     # CLAIM, then REQUEUE: the lease lapses before the job started.
-    requeued = _job(first, tenant)
+    requeued = _job(first, tenant=tenant)
     assert await r.front.enqueue(requeued) is None
     await r.leases.claim(deployment=first, count=1, lease_seconds=0.05)
     time.sleep(0.1)
@@ -140,7 +125,7 @@ async def test_every_script_and_read_stays_within_one_slot(cluster: Cluster, cli
     done = Finished(finish_reason="length", prompt_tokens=3, completion_tokens=8)
     usage = usage_for(requeued, status=Status.OK, finished_at=time.time(), completion_tokens=8)
     assert await r.finisher.finalize(job=requeued, terminal=done, usage=usage)
-    lost = _job(second, tenant)
+    lost = _job(second, tenant=tenant)
     assert await r.front.enqueue(lost) is None
     await r.leases.claim(deployment=second, count=1, lease_seconds=0.05)
     await r.finisher.publish(job=lost, events=[Started(at=time.time())])

@@ -25,9 +25,8 @@ from embedded.valkey_cluster import (
     wait_healthy,
     wait_promoted,
 )
-from tenants.services import api_key_issue, tenant_create
 from tests import services_plugin
-from tests.conftest import DEPLOYMENT
+from tests.conftest import DEPLOYMENT, roomy_key
 from tests.e2e.test_faults import _Outcome, _stream_once
 
 pytestmark = pytest.mark.skipif(
@@ -38,12 +37,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def failover_key(world, django_db_blocker) -> str:
     with django_db_blocker.unblock():
-        tenant = tenant_create(slug="piedpiper-failover")
-        tenant.quota.requests_per_minute = 100_000
-        tenant.quota.tokens_per_minute = 10_000_000
-        tenant.quota.max_concurrency = 100
-        tenant.quota.save()
-        return api_key_issue(tenant=tenant, name="tests").token
+        return roomy_key("piedpiper-failover")
 
 
 def test_a_primary_failover_under_load_bills_nothing_twice(stack, failover_key, usage_of):

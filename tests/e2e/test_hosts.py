@@ -27,9 +27,15 @@ import pytest
 from dataplane.keys import heartbeats_key
 from dataplane.redis_client import redis_sync_client
 from models_registry.models import ModelVersion
-from models_registry.services import deployment_create, model_version_register
-from tenants.services import api_key_issue, tenant_create
-from tests.conftest import Process, _free_port, _http_ok, _spawn, _wait_for
+from tests.conftest import (
+    Process,
+    _free_port,
+    _http_ok,
+    _spawn,
+    _wait_for,
+    own_deployment,
+    roomy_key,
+)
 
 DEPLOYMENT = "spread"
 # Tokens of the stream a preempted host is running: far more than its 5 s grace lets it make.
@@ -39,32 +45,14 @@ LONG = 1800
 @pytest.fixture(scope="module")
 def spread(world, django_db_blocker, demo_model_dir) -> ModelVersion:
     with django_db_blocker.unblock():
-        # Another price makes another version, so this model routes only to its own workers.
-        version, _ = model_version_register(
-            model_name="spread-llama", source_dir=demo_model_dir, price_input_per_1k=Decimal(3)
-        )
-        deployment_create(
-            name=DEPLOYMENT,
-            version=version,
-            max_num_seqs=8,
-            max_model_len=2048,
-            kv_cache_bytes=32 << 20,
-            enforce_eager=True,
-        )
-    return version
+        return own_deployment(DEPLOYMENT, "spread-llama", Decimal(3), demo_model_dir)
 
 
 @pytest.fixture(scope="module")
 def hosts_key(world, django_db_blocker) -> str:
     """A tenant of its own, with room for the load and for one long stream."""
     with django_db_blocker.unblock():
-        tenant = tenant_create(slug="hosts")
-        tenant.quota.requests_per_minute = 100_000
-        tenant.quota.tokens_per_minute = 10_000_000
-        tenant.quota.max_concurrency = 100
-        tenant.quota.max_tokens_per_request = 2048
-        tenant.quota.save()
-        return api_key_issue(tenant=tenant, name="tests").token
+        return roomy_key("hosts", max_tokens_per_request=2048)
 
 
 def _host_env(address: str, name: str) -> dict[str, str]:

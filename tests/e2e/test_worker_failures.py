@@ -18,8 +18,7 @@ import pytest
 
 from dataplane.redis_client import redis_client_new, redis_sync_client
 from models_registry.models import ModelVersion
-from models_registry.services import deployment_create, model_version_register
-from tests.conftest import _spawn, _wait_for
+from tests.conftest import _spawn, _wait_for, own_deployment
 from tests.dataplane.roles import roles
 
 DEPLOYMENT = "fragile"
@@ -28,19 +27,7 @@ DEPLOYMENT = "fragile"
 @pytest.fixture(scope="module")
 def fragile(world, django_db_blocker, demo_model_dir) -> ModelVersion:
     with django_db_blocker.unblock():
-        # Another price makes another version, so this model routes only to its own workers.
-        version, _ = model_version_register(
-            model_name="fragile-llama", source_dir=demo_model_dir, price_input_per_1k=Decimal(2)
-        )
-        deployment_create(
-            name=DEPLOYMENT,
-            version=version,
-            max_num_seqs=8,
-            max_model_len=2048,
-            kv_cache_bytes=32 << 20,
-            enforce_eager=True,
-        )
-    return version
+        return own_deployment(DEPLOYMENT, "fragile-llama", Decimal(2), demo_model_dir)
 
 
 def _start_worker(tmp_path, name: str):

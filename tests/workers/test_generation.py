@@ -582,6 +582,16 @@ def test_the_first_visible_piece_goes_at_once_when_a_parser_held_the_first_token
 # --- handing a run on (a preempted worker draining) ---
 
 
+async def _stopped_by_the_drain(worker: GenerativeWorker, job: Job) -> None:
+    """Run a job until it is under way, then stop it as a drain whose time ran out does."""
+    task = asyncio.create_task(worker._serve(job))
+    worker.active[job.request_id] = (job, task)
+    await asyncio.sleep(0.05)
+    worker._stopped.add(job.request_id)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_run_carried_on_continues_after_the_tokens_already_produced():
     from dataplane.types import Resumed
 
@@ -615,12 +625,7 @@ async def test_a_run_the_drain_stops_is_handed_on_with_what_it_produced():
         yield _step("never")
 
     engine.generate = slow_generate  # type: ignore[method-assign]
-    task = asyncio.create_task(worker._serve(job))
-    worker.active[job.request_id] = (job, task)
-    await asyncio.sleep(0.05)
-    worker._stopped.add(job.request_id)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _stopped_by_the_drain(worker, job)
     [handed] = worker._handed_on
     assert handed.resumed is not None and handed.resumed.token_ids == [0, 1, 0]
     assert handed.resumed_tokens == 3 and job.request_id not in worker.active
@@ -640,12 +645,7 @@ async def test_a_run_another_worker_cannot_carry_on_ends_as_worker_lost():
         yield _step("never")
 
     worker.generator.generate = slow_generate  # type: ignore[method-assign]
-    task = asyncio.create_task(worker._serve(job))
-    worker.active[job.request_id] = (job, task)
-    await asyncio.sleep(0.05)
-    worker._stopped.add(job.request_id)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _stopped_by_the_drain(worker, job)
     assert worker._handed_on == []
     events = [event for _, event, *_ in worker._outbox.take()]
     end = events[-1]
