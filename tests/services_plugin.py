@@ -43,7 +43,13 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
         os.environ["DATABASE_URL"] = endpoints.database_url
         os.environ["REDIS_URL"] = endpoints.redis_url
         if os.environ.get("ROUNDHOUSE_TEST_CLUSTER") == "1":
-            cluster = cluster_start(_root / "cluster", fast=True, hosts=CLUSTER_HOSTS)
+            try:
+                cluster = cluster_start(_root / "cluster", fast=True, hosts=CLUSTER_HOSTS)
+            except BaseException:
+                # pytest stops before it would unconfigure: leave no server running.
+                cluster_stop(_root / "cluster")
+                services_stop(_config)
+                raise
             os.environ["CONTROL_REDIS_URL"] = endpoints.redis_url
             os.environ["REDIS_URL"] = cluster.url
             os.environ["REDIS_CLUSTER"] = "1"
