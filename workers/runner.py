@@ -130,6 +130,7 @@ class Worker(abc.ABC):
         # and those of them to hand on to another worker.
         self._stopped: set[str] = set()
         self._handed_on: list[Job] = []
+        self._flushing = asyncio.Lock()
         self._rate = _RateMeter()
         self._outbox = Outbox()
         self._slot_free = asyncio.Event()
@@ -415,6 +416,12 @@ class Worker(abc.ABC):
     async def _flush_once(
         self, *, urgent_only: bool = False, share: tuple[int, int] | None = None
     ) -> None:
+        # One flush at a time: a request's events reach its reply stream in the order they
+        # were put (the drain's own flush may run beside the flush loop's).
+        async with self._flushing:
+            await self._flush_taken(urgent_only=urgent_only, share=share)
+
+    async def _flush_taken(self, *, urgent_only: bool, share: tuple[int, int] | None) -> None:
         items = self._outbox.take(urgent_only=urgent_only, share=share)
         if not items:
             return
