@@ -191,7 +191,7 @@ class FrontDoor:
             return False
         payload: Any = await self.redis.hget(deployment_keys(where.deployment).jobs, request_id)
         if payload is not None:
-            await self.cancel(job=job_decoder.decode(payload))
+            await self._cancelled(job_decoder.decode(payload))
         else:
             # Not queued (maybe not yet recorded): flag it; its worker checks at claim.
             # Two calls: a cluster client takes no PUBLISH in a pipeline.
@@ -239,8 +239,10 @@ class FrontDoor:
         # Queued again after a worker handed it on, it bills what it had made: the stored
         # job says so, the caller's copy does not.
         stored: Any = await self.redis.hget(deployment_keys(job.deployment).jobs, job.request_id)
-        if stored is not None:
-            job = job_decoder.decode(stored)
+        return await self._cancelled(job if stored is None else job_decoder.decode(stored))
+
+    async def _cancelled(self, job: Job) -> bool:
+        """Cancel a request whose job is the stored one (or none is stored)."""
         return await self._end_queued(
             job, code="cancelled", message="request cancelled", status=Status.CANCELLED, flag=True
         )

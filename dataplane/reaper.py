@@ -54,10 +54,10 @@ class Reaper:
         seen, so it ends with a `worker_lost` error and bills what was produced.
         """
         keys = deployment_keys(deployment)
-        if not await self._up_for_a_lease(keys.leases):
-            return 0
         now = time.time()
         lapsed: Any = await self.redis.zrangebyscore(keys.leases, "-inf", now, start=0, num=100)
+        if not lapsed or not await self._up_for_a_lease(keys.leases):
+            return 0
         reclaimed = 0
         for raw in lapsed:
             rid = raw.decode()

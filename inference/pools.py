@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from dataplane.pools import PoolLoad, PoolSpec, pool_loads, pool_pick
+from dataplane.pools import PoolLoad, pool_loads, pool_pick
 from dataplane.redis_client import UNREACHABLE
 from inference.clients import dispatch_get
 from models_registry.selectors import Route
@@ -35,11 +35,7 @@ async def pool_route(route: Route, *, priority: str) -> Route:
         except UNREACHABLE:
             return route  # admission meets the same outage and answers 503
         _loads[names] = (time.monotonic(), loads)
-    specs = [
-        PoolSpec(deployment=p.deployment, spot=p.spot, target_wait_seconds=p.target_wait_seconds)
-        for p in route.pools
-    ]
-    chosen = pool_pick(specs, loads, priority=priority)
+    chosen = pool_pick(route.pools, loads, priority=priority)
     if chosen == route.deployment:
         return route
     pool = next(p for p in route.pools if p.deployment == chosen)

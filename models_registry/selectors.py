@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from django.db import models
 
+from dataplane.pools import PoolSpec
 from models_registry.models import BUCKETS, Alias, Deployment, DeploymentState, ModelVersion
 
 
@@ -33,16 +34,13 @@ class Price(Protocol):
 PriceOf = Callable[[ModelVersion], Price]
 
 
-@dataclass(frozen=True)
-class Pool:
-    """One deployment of a version, as the frontend weighs it against the version's others."""
+@dataclass(frozen=True, kw_only=True)
+class Pool(PoolSpec):
+    """One deployment of a version: what the pick weighs (PoolSpec), and its queue's limits."""
 
-    deployment: str
-    spot: bool
     accelerator: str
     max_queued: int
     max_queued_tokens: int
-    target_wait_seconds: float  # its time-to-first-token objective
 
 
 @dataclass(frozen=True)

@@ -98,14 +98,16 @@ class _Generation:
     cached: list[int] = field(default_factory=list)  # per prompt
     held: _Holdback | None = None
     shown: bool = False  # some output the client can see went out
-    # The tokens produced so far, kept for a run that can be handed on (handable).
+    # The tokens produced so far, kept only for a run that can be handed on (handable).
     token_ids: list[int] = field(default_factory=list)
+    keeps_ids: bool = False
 
     def __post_init__(self) -> None:
         self.prompt_tokens = [len(ids) for ids in self.job.inputs()]
         self.cached = [0] * len(self.prompt_tokens)
         self.choices = [_Choice() for _ in range(self.job.choices)]
         self.held = None if self.job.stream else _Holdback()
+        self.keeps_ids = self.handable
         resumed = self.job.resumed
         if resumed is not None:
             # Carried on from another worker: what it produced counts, and went out already.
@@ -178,7 +180,7 @@ class _Generation:
         if step.tokens:
             choice.produced += step.tokens
             self.first_token_at = self.first_token_at or time.time()
-            if self.job.choices == 1:
+            if self.keeps_ids:
                 self.token_ids.extend(step.token_ids)
         if step.finish_reason:
             choice.finish_reason = step.finish_reason
@@ -295,7 +297,7 @@ class GenerativeWorker(Worker):
                 run.use_tools(self._tool_calling(job))
             await self._generate(run)
         except BaseException as exc:
-            if self._handing_on(job, exc) and run.handable:
+            if self._handing_on(job, exc) and run.keeps_ids:
                 # The drain ran out: another worker carries it on from what it produced.
                 run.release()
                 self._hand_on(job, run.resumed())

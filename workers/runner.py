@@ -327,7 +327,7 @@ class Worker(abc.ABC):
 
     def _failure(self, exc: BaseException, *, job: Job, engine: str) -> Failure:
         """How a run that raised ends: as failure_of says, unless the drain stopped it."""
-        if isinstance(exc, asyncio.CancelledError) and job.request_id in self._stopped:
+        if self._handing_on(job, exc):
             return failure_stopped()
         return failure_of(exc, job=job, engine=engine)
 
@@ -357,11 +357,19 @@ class Worker(abc.ABC):
         self._slot_free.set()
 
     def _finish_unstarted(self, job: Job, failure: Failure, *, charged: bool = True) -> None:
+        """End a job this worker did not run (or stopped before handing it on): billed for
+        what it produced elsewhere before, if anything."""
         terminal = failure.failed(
             prompt_tokens=len(job.prompt_token_ids), completion_tokens=job.resumed_tokens
         )
+        resumed = job.resumed
         usage = usage_for(
-            job, status=failure.status, finished_at=time.time(), error_code=failure.code
+            job,
+            status=failure.status,
+            finished_at=time.time(),
+            started_at=resumed.started_at if resumed else None,
+            first_token_at=resumed.first_token_at if resumed else None,
+            error_code=failure.code,
         )
         self._outbox.put(job, terminal, usage, urgent=True, charged=charged)
         if self.metrics is not None:
@@ -554,34 +562,21 @@ class Worker(abc.ABC):
         self._slot_free.set()
 
     async def _hand_on_all(self) -> None:
-        handed, self._handed_on = self._handed_on, []
-        if not handed:
+        waiting, self._handed_on = self._handed_on, []
+        if not waiting:
             return
         try:
             # Their output so far first: the next worker's goes after it in the reply stream.
             await self._flush_once()
-            for job in handed:
+            while waiting:
+                job = waiting[0]
                 if await self.leases.hand_on(worker=self.worker_id, job=job):
                     log.info("handed %s on after %d tokens", job.request_id, job.resumed_tokens)
                 else:
-                    self._end_stopped(job)  # it ended, or was reclaimed, meanwhile
+                    self._finish_unstarted(job, failure_stopped())  # it ended, or was reclaimed
+                waiting.pop(0)
         except Exception:
-            log.exception("could not hand the stopped requests on; ending them")
-            for job in handed:
-                self._end_stopped(job)
-
-    def _end_stopped(self, job: Job) -> None:
-        """End a stopped run as worker_lost, billing what it produced (the job carries it)."""
-        failure = failure_stopped()
-        terminal = failure.failed(
-            prompt_tokens=len(job.prompt_token_ids), completion_tokens=job.resumed_tokens
-        )
-        usage = usage_for(
-            job,
-            status=failure.status,
-            finished_at=time.time(),
-            started_at=job.resumed.started_at if job.resumed else None,
-            first_token_at=job.resumed.first_token_at if job.resumed else None,
-            error_code=failure.code,
-        )
-        self._outbox.put(job, terminal, usage, urgent=True)
+            # Those not yet handed on end here (the _helpers_stop flush writes their ends).
+            log.exception("could not hand %d stopped requests on; ending them", len(waiting))
+            for job in waiting:
+                self._finish_unstarted(job, failure_stopped())
