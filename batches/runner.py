@@ -42,6 +42,7 @@ from batches.services import (
     counts_refresh,
 )
 from config.db import db_call
+from dataplane.background import settle
 from dataplane.frontdoor import FrontDoor
 from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
@@ -69,6 +70,8 @@ _RETRY_LATER = {
     "model_unavailable",
     "deadline_unattainable",
 }
+# How long the end of a step waits for submissions under way and the work they spawned.
+_SUBMIT_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class BatchRun:
         self.kind = ENDPOINTS[batch.endpoint]
         self.dispatch = dispatch_get()
         self.in_flight: dict[int, asyncio.Task[Outcome]] = {}
+        self.submitting: set[asyncio.Future[Submitted]] = set()
         self.retry_at = 0.0  # monotonic: no new lines before this (after a "not now")
 
     async def step(self) -> bool:
@@ -144,6 +148,13 @@ class BatchRun:
             assert line.body is not None, "a runnable line has a body"
             if resumed:
                 where = await self.dispatch.whereabouts(rid)
+                if where is not None and not await self.dispatch.reached_queue(
+                    deployment=where.deployment, request_id=rid
+                ):
+                    # Its submission was cut off before the queue took it: it would never
+                    # end. What it reserved goes back, and it is submitted again.
+                    await _reservation_release(rid, tenant_id=principal.tenant_id)
+                    where = None
                 if where is not None:
                     model = str(line.body.get("model", ""))
                     events = relay.attach(
@@ -155,7 +166,13 @@ class BatchRun:
                         tenant_id=principal.tenant_id,
                     )
                     return _succeeded(await self._collect(line.body, rid, events))
-            submitted = await self._submit(line.body, principal, rid, deadline)
+            # A submission runs to its end even when the step stops following the line: cut
+            # off between the admission and the queue, it would leave a request that never
+            # ends (see _abandon).
+            submission = asyncio.ensure_future(self._submit(line.body, principal, rid, deadline))
+            self.submitting.add(submission)
+            submission.add_done_callback(self.submitting.discard)
+            submitted = await asyncio.shield(submission)
             events = relay.attach(
                 self.dispatch,
                 deployment=submitted.job.deployment,
@@ -191,12 +208,7 @@ class BatchRun:
             if where is not None:
                 await self.dispatch.cancel_by_id(where=where, request_id=rid)
                 return
-            await quotas_get().release(
-                tenant_id=tenant_id,
-                request_id=rid,
-                admitted_at=time.time(),
-                used=Usage(tokens=0, cost_micros=0),
-            )
+            await _reservation_release(rid, tenant_id=tenant_id)
         except Exception:
             log.warning("batch %s: could not give back %s; its lease will", self.batch.id, rid,
                         exc_info=True)  # fmt: skip
@@ -305,7 +317,15 @@ class BatchRun:
         return True
 
     async def _abandon(self) -> None:
-        """Stop following lines (their requests keep running) and record those that ended."""
+        """Stop following lines (their requests keep running) and record those that ended.
+
+        Submissions under way finish first (they take milliseconds): one cut off between its
+        admission and the queue would hold its reservation and leave a request that never
+        ends. One that still has not finished when the wait is up is left to the next step,
+        which finds what it reached (see `_run_line`).
+        """
+        if self.submitting:
+            await asyncio.wait(set(self.submitting), timeout=_SUBMIT_WAIT_SECONDS)
         outcomes = {i: t.result() for i, t in self.in_flight.items() if t.done()}
         for task in self.in_flight.values():
             task.cancel()
@@ -320,6 +340,16 @@ async def _submitted_abort(dispatch: FrontDoor, batch: Batch) -> None:
         where = await dispatch.whereabouts(line.request_id)
         if where is not None:
             await dispatch.cancel_by_id(where=where, request_id=line.request_id)
+
+
+async def _reservation_release(rid: str, *, tenant_id: int) -> None:
+    """Settle a reservation that queued nothing to nothing used (a no-op if it is settled)."""
+    await quotas_get().release(
+        tenant_id=tenant_id,
+        request_id=rid,
+        admitted_at=time.time(),
+        used=Usage(tokens=0, cost_micros=0),
+    )
 
 
 def _succeeded(body: bytes) -> Outcome:
@@ -388,6 +418,12 @@ async def batch_step(batch_id: str) -> bool | None:
             with contextlib.suppress(LockError):
                 await lock.release()
     finally:
+        # What the step spawned (ending a request cut off half-way, releasing a reservation)
+        # finishes before the loop ends and would cancel it.
+        left = await settle(timeout=_SUBMIT_WAIT_SECONDS)
+        if left:
+            log.warning("batch %s: %d background tasks still running at the step's end",
+                        batch_id, left)  # fmt: skip
         await redis.aclose()
 
 

@@ -27,15 +27,40 @@ RESTART_MOST_SECONDS = 5.0
 
 # Loops that failed and have not yet run well since: name -> monotonic time of the failure.
 _failing: dict[str, float] = {}
+_passing: set[asyncio.Task[Any]] = set()
 
 
-def spawn(work: Coroutine[Any, Any, Any], *, name: str | None = None) -> asyncio.Task[Any]:
-    """Run a coroutine without waiting for it, even from a task that is being cancelled."""
+def spawn(
+    work: Coroutine[Any, Any, Any], *, name: str | None = None, lasting: bool = False
+) -> asyncio.Task[Any]:
+    """Run a coroutine without waiting for it, even from a task that is being cancelled.
+
+    `lasting` marks a loop that runs as long as its process; `settle` waits for the others.
+    """
     task = asyncio.get_running_loop().create_task(work, name=name)
     # The loop keeps only weak references to tasks; this set keeps them until they finish.
     _running.add(task)
     task.add_done_callback(_running.discard)
+    if not lasting:
+        _passing.add(task)
+        task.add_done_callback(_passing.discard)
     return task
+
+
+async def settle(*, timeout: float) -> int:
+    """Wait up to `timeout` for the running loop's spawned work (not its lasting loops).
+
+    For a loop about to end (`asyncio.run` in a Celery task): what its work spawned, such as
+    ending a request whose submission was cut off, would otherwise be cancelled half-way.
+    Returns how many tasks were still running when the time was up.
+    """
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    waiting = {t for t in _passing if t.get_loop() is loop and t is not current}
+    if not waiting:
+        return 0
+    _, pending = await asyncio.wait(waiting, timeout=timeout)
+    return len(pending)
 
 
 async def supervise(

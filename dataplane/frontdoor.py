@@ -117,6 +117,19 @@ class FrontDoor:
         """Return whether a request has ended."""
         return bool(await self.redis.exists(final_key(deployment, request_id)))
 
+    async def reached_queue(self, *, deployment: str, request_id: str) -> bool:
+        """Return whether a request whose whereabouts exist ever got into its queue.
+
+        A submission cut off half-way can write the whereabouts and not the job: on a cluster
+        they live on different nodes. Such a request would never end; one that got in is
+        queued or running (its job is kept until it ends) or has ended. The job is read first:
+        the script that ends a request drops the job and marks it ended in one step.
+        """
+        keys = deployment_keys(deployment)
+        if await self.redis.hexists(keys.jobs, request_id):
+            return True
+        return await self.finished(deployment=deployment, request_id=request_id)
+
     async def enqueue(
         self,
         job: Job,

@@ -172,7 +172,9 @@ class _DeploymentReader:
         self._followers.setdefault(follower.key, []).append(follower)
         if self._task is None:
             self._task = spawn(
-                supervise(self._name, self._run, on_failure=self._failed), name=self._name
+                supervise(self._name, self._run, on_failure=self._failed),
+                name=self._name,
+                lasting=True,
             )
         else:
             self.wake()
@@ -238,9 +240,10 @@ class _DeploymentReader:
                 elif now - idle_since > LINGER_SECONDS:
                     self._task = None  # before any await: a new follower starts a new task
                     return
+                streams = self._streams()
                 try:
                     response: Any = await connection.xread(
-                        self._streams(),  # type: ignore[arg-type]
+                        streams,  # type: ignore[arg-type]
                         count=READ_COUNT,
                         block=BLOCK_MS,
                     )
@@ -252,7 +255,7 @@ class _DeploymentReader:
                             follower._fail(exc)
                     await asyncio.sleep(outage.failed(exc))
                     continue
-                self._deliver(response)
+                self._deliver(response, streams)
         finally:
             if dedicated:
                 with contextlib.suppress(Exception):
@@ -271,16 +274,24 @@ class _DeploymentReader:
                 follower._end(failure)
         self._wake_pending = False
 
-    def _deliver(self, response: Any) -> None:
+    def _deliver(self, response: Any, sent: dict[str, str]) -> None:
+        """Hand each follower the entries of an XREAD that was sent `sent` (key: read after).
+
+        A follower gets entries only from a read that started at or before its own position:
+        one that joined (or was paused) while the read was out may sit further back than the
+        read began, and taking its entries would skip the ones between. The next read, sent at
+        once, starts from where that follower is.
+        """
         for raw_key, entries in response or []:
             key = _text(raw_key)
             if key == self._wake_key:
                 self._wake_seen = _text(entries[-1][0])
                 self._wake_pending = False
                 continue
+            start = _entry_id(sent[key])
             decoded = [(_text(eid), event_decoder.decode(fields[b"e"])) for eid, fields in entries]
             for follower in self._followers.get(key, []):
-                if decoded and not follower.paused:
+                if decoded and not follower.paused and _entry_id(follower.after) >= start:
                     follower._put(decoded)
 
 

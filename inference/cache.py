@@ -143,7 +143,7 @@ def _listener_ensure() -> None:
     loop = asyncio.get_running_loop()
     if _listener is None or _listener.done() or _listener.get_loop() is not loop:
         # Supervised: it subscribes again after any failure, without waiting for a request.
-        _listener = spawn(supervise("changes", _listen), name="changes")
+        _listener = spawn(supervise("changes", _listen), name="changes", lasting=True)
 
 
 async def _listen() -> None:

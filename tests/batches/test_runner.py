@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,10 +19,12 @@ from django.utils import timezone
 
 from batches import services, tasks
 from batches.models import Batch, BatchStatus, LineState
-from batches.runner import BatchRun, batch_step
+from batches.runner import BatchRun, _reservation_release, batch_step
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
-from dataplane.frontdoor import FrontDoor
+from dataplane.frontdoor import FrontDoor, Refusal, Refused
+from dataplane.quotas import month_of
 from dataplane.redis_client import redis_sync_client
+from inference import submission
 from tenants.models import ApiKey
 from tests.conftest import ALIAS
 
@@ -205,3 +208,78 @@ def test_a_batch_cancelled_while_validating_counts_every_line_it_read(world, db,
     batch.refresh_from_db()
     assert (batch.status, batch.total, batch.completed, batch.failed) == ("cancelled", 4, 0, 4)
     _counts_add_up(batch)
+
+
+def _spent(tenant_id: int) -> int:
+    """The tenant's reserved and billed spend this month, in micros."""
+    month = month_of(time.time())
+    return int(redis_sync_client().get(f"sy:{{t{tenant_id}}}:spent:{month}") or 0)
+
+
+def test_a_step_that_ends_lets_a_submission_under_way_reach_the_queue(world, db, monkeypatch,
+                                                                        settings):  # fmt: skip
+    """Its time up, a step stops following its lines, but never cuts a submission off half-way:
+    admitted and not queued, the request would hold its reservation and never end."""
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 0.2
+    reached: list[str] = []
+
+    async def slow(self: FrontDoor, job: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(3.0)  # past the end of the step
+        reached.append(job.request_id)
+        return None  # queued, as far as the runner can tell
+
+    monkeypatch.setattr(FrontDoor, "enqueue", slow)
+    batch = _batch(world, 1)
+    rid = line_request_id(batch.id, 0)
+    try:
+        assert asyncio.run(batch_step(batch.id)) is False  # time up, the line left running
+        assert reached == [rid]
+        assert batch.lines.get().state == LineState.SUBMITTED
+    finally:
+        batch_cancel(batch=batch)
+        asyncio.run(_reservation_release(rid, tenant_id=world.acme.pk))
+
+
+def test_a_line_whose_submission_was_cut_off_is_submitted_again_not_followed_for_ever(
+    world, db, monkeypatch, settings
+):
+    """A runner that died between writing a request's whereabouts and queueing it (on a
+    cluster they live on different nodes) leaves a request no worker will ever end. The next
+    step gives back what it reserved and submits the line again."""
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 0.5
+    batch = _batch(world, 1)
+    rid = line_request_id(batch.id, 0)
+    spent_before = _spent(world.acme.pk)
+
+    async def cut_off(self: FrontDoor, job: Any, **kwargs: Any) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self._whereabouts_into(pipe, job)
+            await pipe.execute()
+        await asyncio.Event().wait()  # the runner dies here: the job is never queued
+
+    async def dead_runner(job: Any) -> None:
+        """A runner that died ends nothing."""
+
+    monkeypatch.setattr(FrontDoor, "enqueue", cut_off)
+    monkeypatch.setattr(submission, "request_abandon", dead_runner)
+    monkeypatch.setattr("batches.runner._SUBMIT_WAIT_SECONDS", 0.1)
+    assert asyncio.run(batch_step(batch.id)) is False
+    assert batch.lines.get().state == LineState.SUBMITTED
+    assert _held(world.acme.pk, rid)
+
+    submitted: list[str] = []
+
+    async def no_worker(self: FrontDoor, job: Any, **kwargs: Any) -> Refused:
+        submitted.append(job.request_id)
+        return Refused(Refusal.NO_WORKER)
+
+    monkeypatch.setattr(FrontDoor, "enqueue", no_worker)
+    try:
+        assert asyncio.run(batch_step(batch.id)) is False
+        assert submitted == [rid], "the cut-off line was followed instead of submitted again"
+        # Refused for now (no worker): it waits to be tried again, holding nothing.
+        assert batch.lines.get().state == LineState.PENDING
+        assert not _held(world.acme.pk, rid)
+        assert _spent(world.acme.pk) == spent_before
+    finally:
+        batch_cancel(batch=batch)

@@ -115,6 +115,34 @@ async def test_two_followers_of_one_stream_each_get_every_entry_after_their_own_
         resumed.close()
 
 
+async def test_a_follower_that_joins_while_a_read_is_out_misses_no_entry(
+    client, dispatch, monkeypatch
+):
+    """An Idempotency-Key retry attaches to a stream its first client already reads.
+
+    The reader's XREAD is out, sent from the first client's position, when the retry joins
+    from the start; what that read brings back must not be handed to the retry, which would
+    then skip every entry before it.
+    """
+    monkeypatch.setattr(replies, "BLOCK_MS", 60_000)
+    # No wake: the read sent before the retry joined is the one that returns its entry.
+    monkeypatch.setattr(replies._DeploymentReader, "wake", lambda self: None)
+    deployment = f"r-{uuid.uuid4().hex[:8]}"
+    await _write(client, deployment, "same", "1")
+    await _write(client, deployment, "same", "2")
+    first = dispatch.front.follow_replies(deployment=deployment, request_id="same", after="0-0")
+    try:
+        assert await _texts(first, 2) == ["1", "2"]
+        await asyncio.sleep(0.1)  # the reader's XREAD now waits after "2"
+        retry = dispatch.front.follow_replies(deployment=deployment, request_id="same", after="0-0")
+        await _write(client, deployment, "same", "3")
+        assert await _texts(first, 1) == ["3"]
+        assert await _texts(retry, 3) == ["1", "2", "3"]
+        retry.close()
+    finally:
+        first.close()
+
+
 async def test_a_follower_that_reads_slowly_is_paused_and_loses_nothing(
     client, dispatch, monkeypatch
 ):
