@@ -110,3 +110,31 @@ def test_an_entry_expires_after_the_tenants_cache_time(client, world):
     assert _chat(client, key, "Name a desert").headers["x-roundhouse-cache"] == "hit"
     time.sleep(1.5)
     assert _chat(client, key, "Name a desert").headers["x-roundhouse-cache"] == "miss"
+
+
+def test_a_repeated_response_is_answered_from_the_cache_but_never_from_a_chat_answer(
+    client, world, usage_of
+):
+    key = world.limited_keys["cyberdyne"]
+    _chat(client, key, "Name a lake")
+
+    def respond() -> httpx.Response:
+        body = {"model": ALIAS, "input": "Name a lake", "max_output_tokens": 12, "temperature": 0}
+        response = client.post(
+            "/v1/responses", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        assert response.status_code == 200, response.text
+        return response
+
+    first, again = respond(), respond()
+    # The same prompt answered by chat is not a response's answer: the key names the endpoint.
+    assert first.headers["x-roundhouse-cache"] == "miss"
+    assert again.headers["x-roundhouse-cache"] == "hit"
+    assert again.json()["output_text"] == first.json()["output_text"]
+    assert again.json()["id"] != first.json()["id"]
+    miss, hit = sorted(
+        usage_of(first.headers["x-request-id"], again.headers["x-request-id"]),
+        key=lambda r: r.response_cache,
+    )
+    assert (miss.response_cache, hit.response_cache) == (False, True)
+    assert {miss.endpoint, hit.endpoint} == {"responses"}

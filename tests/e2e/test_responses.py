@@ -13,11 +13,12 @@ import json
 import re
 import signal
 import time
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
 from tests.conftest import ALIAS, _free_port, _http_ok, _spawn, _wait_for
@@ -172,6 +173,59 @@ def test_a_json_schema_format_is_kept(sdk, no_ws):
     assert json.loads(response.output_text)["answer"] in ("yes", "no")
     assert response.status == "completed"
     assert response.text.format.type == "json_schema"
+
+
+class Verdict(BaseModel):
+    answer: Literal["yes", "no"]
+    score: int = Field(ge=0, le=9)
+
+
+def test_the_sdks_parse_gives_the_answer_as_a_pydantic_model(sdk, no_ws):
+    response = sdk.responses.parse(
+        model=ALIAS,
+        input="Is a queue a list?",
+        text_format=Verdict,
+        max_output_tokens=32,
+        temperature=0,
+        extra_body={"logit_bias": no_ws},
+    )
+    assert response.status == "completed"
+    assert isinstance(response.output_parsed, Verdict)
+    assert response.output_parsed == Verdict.model_validate_json(response.output_text)
+
+
+def test_a_json_object_format_gives_a_json_object(sdk, no_ws):
+    response = sdk.responses.create(
+        model=ALIAS,
+        input="hello",
+        text={"format": {"type": "json_object"}},
+        # As on chat (the same prompt): greedy, the random model writes one endless key; this
+        # seed closes the object.
+        temperature=1,
+        max_output_tokens=64,
+        extra_body={"logit_bias": no_ws, "seed": 0},
+    )
+    assert response.status == "completed"
+    assert isinstance(json.loads(response.output_text), dict)
+
+
+def test_a_repeated_long_prompt_reports_its_cached_tokens(sdk, usage_of):
+    instructions = f"Session {time.time_ns()}. You answer briefly. " + "Keep it short. " * 80
+
+    def ask() -> Any:
+        return sdk.responses.with_raw_response.create(
+            model=ALIAS, input="hello", instructions=instructions, max_output_tokens=2,
+            temperature=0,
+        )  # fmt: skip
+
+    first, second = ask(), ask()
+    usage = second.parse().usage
+    cached = usage.input_tokens_details.cached_tokens
+    # The prefix cache serves whole blocks, and never the last prompt token.
+    assert 0 < cached < usage.input_tokens
+    assert first.parse().usage.input_tokens_details.cached_tokens < cached
+    [record] = usage_of(second.headers["x-request-id"])
+    assert (record.prompt_tokens, record.cached_tokens) == (usage.input_tokens, cached)
 
 
 def test_delete_then_retrieve_is_a_404(sdk):
