@@ -59,10 +59,35 @@ from models_registry.selectors import Route
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
 
-# After a queue_full refusal this frontend refuses that deployment's requests at once for a
-# moment: 50 ms is short next to a request's service time and long next to a flood's gaps.
+# After a queue_full refusal this frontend refuses that deployment's requests of the class
+# refused (and of the batch class, after an interactive one) at once for a moment: 50 ms is
+# short next to a request's service time and long next to a flood's gaps.
 QUEUE_FULL_BACKOFF_SECONDS = 0.05
-_full_until: dict[str, float] = {}
+_full_until: dict[tuple[str, str], float] = {}
+
+
+def queue_limits(route: Route, job: Job) -> tuple[int, int]:
+    """The queue's limits (jobs, reserved tokens) a job is admitted under.
+
+    Interactive work may fill the deployment's whole queue; batch work (batch lines, shadow
+    copies) only its `ROUNDHOUSE_BATCH_QUEUE_SHARE`, so under overload the batch class is
+    shed first and interactive requests still find room. A batch job that alone reserves
+    more than the share still gets in when no tokens wait ahead of it.
+    """
+    if job.priority == "interactive":
+        return route.max_queued, route.max_queued_tokens
+    share = settings.ROUNDHOUSE_BATCH_QUEUE_SHARE
+    return (
+        int(route.max_queued * share),
+        max(int(route.max_queued_tokens * share), job.reserved_tokens),
+    )
+
+
+def _queue_full_recently(deployment: str, priority: str) -> bool:
+    """Whether the queue refused this class a moment ago (an interactive refusal: any class)."""
+    interactive = _full_until.get((deployment, "interactive"), 0.0)
+    until = max(interactive, _full_until.get((deployment, priority), 0.0))
+    return until > time.monotonic()
 
 
 def _prompt_chars(request: GenerationRequest) -> int:
@@ -286,7 +311,7 @@ async def generation_submit(
     route = await pool_route(route, priority=priority)
     if clock is not None:
         clock.deployment = route.deployment
-    if _full_until.get(route.deployment, 0.0) > time.monotonic():
+    if _queue_full_recently(route.deployment, priority):
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
         raise queue_full_error(request.model, deployment=route.deployment)
@@ -517,15 +542,14 @@ def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:
 
 async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None = None) -> None:
     """Queue an admitted job for its deployment's workers, or raise why the queue refused it."""
+    max_queued, max_queued_tokens = queue_limits(route, job)
     refused = await dispatch_get().enqueue(
-        job,
-        max_queued=route.max_queued,
-        max_queued_tokens=route.max_queued_tokens,
-        payload=payload,
+        job, max_queued=max_queued, max_queued_tokens=max_queued_tokens, payload=payload
     )
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
-            _full_until[route.deployment] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
+            key = (route.deployment, job.priority)
+            _full_until[key] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
         raise refusal_error(refused, model=model, job=job)
 
 
@@ -626,7 +650,7 @@ async def embedding_submit(
             "dimensions",
             f"'{request.model}' returns vectors of {allowed} dimensions, not {request.dimensions}.",
         )
-    if _full_until.get(route.deployment, 0.0) > time.monotonic():
+    if _queue_full_recently(route.deployment, priority or request.priority):
         raise queue_full_error(request.model, deployment=route.deployment)
     context = min(route.context_length, principal.max_context_tokens)
     if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS:
@@ -690,8 +714,9 @@ async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> 
             reply_ttl=SHADOW_REPLY_TTL_SECONDS,
             shadow=True,
         )
+        max_queued, max_queued_tokens = queue_limits(route, copy)
         refused = await dispatch_get().enqueue(
-            copy, max_queued=route.max_queued, max_queued_tokens=route.max_queued_tokens
+            copy, max_queued=max_queued, max_queued_tokens=max_queued_tokens
         )
         if refused is not None:
             log.info("shadow copy of %s not queued: %s", job.request_id, refused.reason)

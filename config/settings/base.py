@@ -405,6 +405,9 @@ ROUNDHOUSE_BATCH_STEP_SECONDS = env_float("ROUNDHOUSE_BATCH_STEP_SECONDS", 20.0)
 ROUNDHOUSE_BATCH_LEASE_SECONDS = env_int("ROUNDHOUSE_BATCH_LEASE_SECONDS", 30)
 # Requests one batch keeps admitted at once (they wait in the `batch` class for idle capacity).
 ROUNDHOUSE_BATCH_IN_FLIGHT = env_int("ROUNDHOUSE_BATCH_IN_FLIGHT", 64)
+# The part of each deployment's queue (its max_queued jobs and max_queued_tokens) that batch
+# work may fill; interactive work may fill all of it, so overload sheds the batch class first.
+ROUNDHOUSE_BATCH_QUEUE_SHARE = env_float("ROUNDHOUSE_BATCH_QUEUE_SHARE", 0.5)
 # Encoder workers: how long arrivals must pause before a partial batch runs (at most the
 # queue delay derived from the deployment's SLO). 0: whenever the engine is free.
 ROUNDHOUSE_BATCHER_QUIET_MS = env_float("ROUNDHOUSE_BATCHER_QUIET_MS", 0.0)

@@ -1,0 +1,92 @@
+"""Overload sheds the batch class first: batch work fills only its share of a queue.
+
+Against a real Valkey, on a deployment of the test's own with one live worker heartbeat and
+no free slots, so every job admitted waits in the queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import pytest
+
+from dataplane.leases import Leases
+from dataplane.types import Job, Sampling
+from inference import submission
+from inference.clients import dispatch_get
+from inference.errors import ApiError
+from models_registry.selectors import Route
+from tests.conftest import ALIAS
+
+pytestmark = pytest.mark.django_db
+
+
+def _job(deployment: str, priority: str, *, max_tokens: int = 7) -> Job:
+    now = time.time()
+    return Job(
+        request_id=uuid.uuid4().hex,
+        tenant_id=1,
+        api_key_id=1,
+        deployment=deployment,
+        model_version="v",
+        endpoint="completions",
+        prompt_token_ids=[1, 2, 3],
+        sampling=Sampling(max_tokens=max_tokens),
+        enqueued_at=now,
+        deadline=now + 60,
+        priority=priority,
+    )
+
+
+async def _route(world, *, max_queued: int, max_queued_tokens: int) -> Route:
+    """The demo model's route, moved to a fresh deployment whose one worker has no free slot."""
+    deployment = f"share-{uuid.uuid4().hex[:8]}"
+    await Leases(dispatch_get().redis).heartbeat(
+        deployment=deployment, worker="w", ttl=60, slots=(0, 0)
+    )
+    route = (await submission.routing_get(ALIAS)).pick(tenant_id=world.acme.pk, user=None)
+    return dataclasses.replace(
+        route,
+        deployment=deployment,
+        max_queued=max_queued,
+        max_queued_tokens=max_queued_tokens,
+    )
+
+
+async def _refused(route: Route, job: Job) -> str:
+    with pytest.raises(ApiError) as refused:
+        await submission._enqueue(route=route, job=job, model=ALIAS)
+    return refused.value.code
+
+
+async def test_batch_work_fills_half_the_queue_and_interactive_work_the_rest(world, settings):
+    settings.ROUNDHOUSE_BATCH_QUEUE_SHARE = 0.5
+    route = await _route(world, max_queued=4, max_queued_tokens=1_000_000)
+    deployment = route.deployment
+    for _ in range(2):
+        await submission._enqueue(route=route, job=_job(deployment, "batch"), model=ALIAS)
+    assert await _refused(route, _job(deployment, "batch")) == "queue_full"
+    # The batch class is shed, and only it: interactive requests still get in.
+    assert submission._queue_full_recently(deployment, "batch")
+    assert not submission._queue_full_recently(deployment, "interactive")
+    for _ in range(2):
+        await submission._enqueue(route=route, job=_job(deployment, "interactive"), model=ALIAS)
+    assert await _refused(route, _job(deployment, "interactive")) == "queue_full"
+    assert submission._queue_full_recently(deployment, "interactive")
+    assert submission._queue_full_recently(deployment, "batch")
+
+
+async def test_batch_work_takes_its_share_of_the_queued_tokens(world, settings):
+    settings.ROUNDHOUSE_BATCH_QUEUE_SHARE = 0.5
+    route = await _route(world, max_queued=100, max_queued_tokens=100)
+    deployment = route.deployment
+    # 80 tokens, more than the batch class's 50: it still gets in when nothing waits ahead.
+    big = _job(deployment, "batch", max_tokens=77)
+    assert big.reserved_tokens == 80
+    await submission._enqueue(route=route, job=big, model=ALIAS)
+    assert await _refused(route, _job(deployment, "batch", max_tokens=7)) == "queue_full"
+    await submission._enqueue(route=route, job=_job(deployment, "interactive", max_tokens=17),
+                              model=ALIAS)  # fmt: skip
+    assert await _refused(route, _job(deployment, "interactive", max_tokens=1)) == "queue_full"
