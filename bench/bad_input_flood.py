@@ -181,10 +181,10 @@ def main() -> None:
         platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
     p50 = {
-        "chat_alone_ms": percentile(alone, 50) * 1000,
-        "chat_flooded_ms": percentile(flooded, 50) * 1000,
-        "healthz_alone_ms": percentile(health_alone, 50) * 1000,
-        "healthz_flooded_ms": percentile(health_flooded, 50) * 1000,
+        "chat_alone_ms": percentile(alone, 0.5) * 1000,
+        "chat_flooded_ms": percentile(flooded, 0.5) * 1000,
+        "healthz_alone_ms": percentile(health_alone, 0.5) * 1000,
+        "healthz_flooded_ms": percentile(health_flooded, 0.5) * 1000,
     }
     ratio = p50["chat_flooded_ms"] / p50["chat_alone_ms"]
     health_ratio = p50["healthz_flooded_ms"] / p50["healthz_alone_ms"]

@@ -60,6 +60,8 @@ def progress(text: str) -> None:
 
 def percentile(values: list[float], q: float) -> float:
     """Return the q-quantile (0..1) of values by nearest rank; NaN when empty."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"a quantile is between 0 and 1, not {q}")
     if not values:
         return float("nan")
     ordered = sorted(values)
