@@ -118,6 +118,7 @@ def _prompt_ids(
     _vocabulary_check(request, vocab)
     if request.endpoint == CHAT:
         assert request.messages is not None
+        _user_turn_floor_check(tokenizer, request.messages, context)
         tools = request.tools.tools if request.tools is not None else None
         text = tokenizer.render_chat(
             request.messages,
@@ -139,6 +140,32 @@ def _prompt_ids(
             # As vLLM's server encodes a completions prompt: with the special tokens (BOS).
             prompts.append(_encoded(tokenizer, prompt, param, context, special=True))
     return prompts
+
+
+def _user_turn_floor_check(
+    tokenizer: Any, messages: list[dict[str, Any]], context: int | None
+) -> None:
+    """Refuse a conversation one of whose user turns alone is certainly over the context.
+
+    Checked before the chat template is rendered: rendering megabytes holds the interpreter
+    for tens of milliseconds, other requests' included. A template keeps a user's words (it
+    may trim the whitespace around them, never drop them), so their floor bounds the whole.
+    """
+    if context is None:
+        return
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, str):
+            continue
+        floor = tokenizer.token_count_floor(content.strip())
+        if floor >= context:
+            raise ApiError(
+                400,
+                "context_length_exceeded",
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"messages resulted in at least {floor} tokens.",
+                param="messages",
+            )
 
 
 def _encoded(

@@ -200,29 +200,38 @@ def test_a_tenant_flooding_bad_requests_runs_out_of_its_own_requests_only(
 
 @pytest.mark.django_db
 async def test_an_oversized_prompt_is_refused_without_running_the_tokenizer(world, monkeypatch):
+    """Nor the chat template: rendering megabytes holds the interpreter for every request."""
     public_id = token_parse(world.acme_key).public_id  # type: ignore[union-attr]
     principal = await db_call(auth.principal_of_key, public_id)
     encoded: list[int] = []
-    encode_text = Tokenizer.encode_text
+    rendered: list[int] = []
+    encode_text, render_chat = Tokenizer.encode_text, Tokenizer.render_chat
 
     def counting(self: Tokenizer, text: str) -> list[int]:
         encoded.append(len(text))
         return encode_text(self, text)
 
+    def counting_renders(self: Tokenizer, messages: Any, **kwargs: Any) -> str:
+        rendered.append(len(messages))
+        return render_chat(self, messages, **kwargs)
+
     monkeypatch.setattr(Tokenizer, "encode_text", counting)
+    monkeypatch.setattr(Tokenizer, "render_chat", counting_renders)
     huge = {"role": "user", "content": "hello world " * 350_000}  # 4.2 MB
     request = generation_parse({"model": ALIAS, "messages": [huge]}, endpoint=CHAT)
     with pytest.raises(ApiError) as refused:
         await generation_submit(principal=principal, request=request, request_id="huge")
     assert refused.value.code == "context_length_exceeded"
     assert f"maximum context length is {CONTEXT} tokens" in refused.value.message
-    assert encoded == []
+    assert refused.value.param == "messages"
+    assert encoded == [] and rendered == []
     # A prompt that may fit is tokenised as before (and refused, at its exact length, if not).
     near = {"role": "user", "content": "hello world " * CONTEXT}
     request = generation_parse({"model": ALIAS, "messages": [near]}, endpoint=CHAT)
     with pytest.raises(ApiError) as refused:
         await generation_submit(principal=principal, request=request, request_id="near")
-    assert refused.value.code == "context_length_exceeded" and len(encoded) == 1
+    assert refused.value.code == "context_length_exceeded"
+    assert len(encoded) == 1 and len(rendered) == 1
 
 
 @pytest.mark.django_db
