@@ -10,8 +10,9 @@ import pytest
 from dataplane.autoscale import Autoscaler, ScalingPolicy, replicas_needed
 from dataplane.redis_client import redis_client_new, redis_sync_client
 from dataplane.snapshots import QueueSnapshot, queue_snapshot_sync
-from dataplane.types import Finished, Job, Sampling, Status, usage_for
+from dataplane.types import Finished, Job, Status, usage_for
 from tests.dataplane.roles import Roles, roles
+from tests.jobs import job_new
 
 POLICY = ScalingPolicy(target_wait_seconds=2.0, min_replicas=1, max_replicas=10)
 
@@ -55,19 +56,14 @@ def test_queued_work_with_no_worker_asks_for_one_even_with_an_empty_warm_pool():
 
 
 def _job(deployment: str, *, tokens: int, priority: str = "interactive") -> Job:
-    now = time.time()
-    return Job(
-        request_id=uuid.uuid4().hex,
-        tenant_id=1,
-        api_key_id=1,
-        deployment=deployment,
-        model_version="v",
-        endpoint="completions",
-        prompt_token_ids=[1] * (tokens - 100),
-        sampling=Sampling(max_tokens=100),
+    """A job reserving `tokens` (100 of them for its completion), queued three seconds ago."""
+    return job_new(
+        deployment,
+        prompt=[1] * (tokens - 100),
+        max_tokens=100,
         priority=priority,
-        enqueued_at=now - 3.0,  # queued three seconds ago
-        deadline=now + 600,
+        timeout=600,
+        queued_for=3.0,
     )
 
 

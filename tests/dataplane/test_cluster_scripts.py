@@ -31,7 +31,7 @@ from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop, primar
 from inference.idempotency import Idempotency
 from tests import services_plugin
 from tests.dataplane.roles import roles
-from tests.dataplane.test_queue import _job
+from tests.jobs import job_new
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +106,12 @@ async def test_every_script_and_read_stays_within_one_slot(cluster: Cluster, cli
         await r.leases.heartbeat(deployment=deployment, worker="w", ttl=60)
 
     # ENQUEUE, then UNQUEUE (a cancel of a queued job).
-    cancelled = _job(first, tenant=tenant)
+    cancelled = job_new(first, tenant=tenant)
     assert await r.front.enqueue(cancelled) is None
     assert await r.front.cancel(job=cancelled)
 
     # CLAIM, then REQUEUE: the lease lapses before the job started.
-    requeued = _job(first, tenant=tenant)
+    requeued = job_new(first, tenant=tenant)
     assert await r.front.enqueue(requeued) is None
     await r.leases.claim(deployment=first, count=1, lease_seconds=0.05)
     time.sleep(0.1)
@@ -125,7 +125,7 @@ async def test_every_script_and_read_stays_within_one_slot(cluster: Cluster, cli
     done = Finished(finish_reason="length", prompt_tokens=3, completion_tokens=8)
     usage = usage_for(requeued, status=Status.OK, finished_at=time.time(), completion_tokens=8)
     assert await r.finisher.finalize(job=requeued, terminal=done, usage=usage)
-    lost = _job(second, tenant=tenant)
+    lost = job_new(second, tenant=tenant)
     assert await r.front.enqueue(lost) is None
     await r.leases.claim(deployment=second, count=1, lease_seconds=0.05)
     await r.finisher.publish(job=lost, events=[Started(at=time.time())])

@@ -10,7 +10,7 @@ from dataplane.frontdoor import FrontDoor
 from dataplane.leases import Leases
 from dataplane.pools import PoolLoad, PoolSpec, pool_loads, pool_pick
 from dataplane.redis_client import redis_client_new
-from tests.dataplane.test_queue import _job
+from tests.jobs import job_new
 
 
 def _load(name: str, workers: int, rate: float, backlog: int = 0) -> PoolLoad:
@@ -77,7 +77,7 @@ async def test_each_pool_s_load_is_read_from_its_queue_and_live_workers():
         await leases.heartbeat(deployment=slow, worker="w1", ttl=60, tokens_per_second=100.0)
         # A worker whose heartbeat lapsed counts for nothing, its last rate included.
         await leases.heartbeat(deployment=slow, worker="old", ttl=-1, tokens_per_second=5000.0)
-        assert await FrontDoor(client, reply_ttl=60).enqueue(_job(slow)) is None
+        assert await FrontDoor(client, reply_ttl=60).enqueue(job_new(slow)) is None
         loads = await pool_loads(client, [fast, slow, gone])
         assert loads[fast] == _load(fast, 2, 1500.0, 0)
         assert loads[slow].live_workers == 1 and loads[slow].tokens_per_second == 100.0

@@ -20,13 +20,13 @@ from dataplane.types import (
     Failed,
     Finished,
     Job,
-    Sampling,
     Started,
     Status,
     usage_decoder,
     usage_for,
 )
 from tests.dataplane.roles import Roles, roles
+from tests.jobs import job_new
 
 
 @pytest.fixture
@@ -34,22 +34,6 @@ async def dispatch():
     client = redis_client_new()
     yield roles(client, reply_ttl=60)
     await client.aclose()
-
-
-def _job(deployment: str, *, tenant: int = 1, timeout: float = 60.0) -> Job:
-    now = time.time()
-    return Job(
-        request_id=uuid.uuid4().hex,
-        tenant_id=tenant,
-        api_key_id=1,
-        deployment=deployment,
-        model_version="v",
-        endpoint="completions",
-        prompt_token_ids=[1, 2, 3],
-        sampling=Sampling(max_tokens=8),
-        enqueued_at=now,
-        deadline=now + timeout,
-    )
 
 
 async def _served_deployment(dispatch: Roles) -> str:
@@ -74,7 +58,7 @@ async def _terminal(dispatch: Roles, job: Job):
 
 async def test_a_request_is_finished_exactly_once(dispatch):
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     assert await dispatch.front.enqueue(job) is None
     claimed = await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)
     assert [j.request_id for j in claimed.run] == [job.request_id]
@@ -89,7 +73,7 @@ async def test_a_request_is_finished_exactly_once(dispatch):
 
 async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     assert await dispatch.front.cancel(job=job)
     claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
@@ -102,7 +86,7 @@ async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
 
 async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
     assert not await dispatch.front.cancel(job=job)
@@ -114,7 +98,7 @@ async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
 
 async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.1)
     await asyncio.sleep(0.2)
@@ -125,7 +109,7 @@ async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
 
 async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch):
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.1)
     await dispatch.finisher.publish(
@@ -142,7 +126,7 @@ async def test_the_reaper_ends_a_started_job_and_bills_what_it_produced(dispatch
 
 async def test_a_renewed_lease_is_not_reaped(dispatch):
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.25)
     await asyncio.sleep(0.15)
@@ -156,7 +140,7 @@ async def test_a_renewed_lease_is_not_reaped(dispatch):
 async def test_a_lease_that_lapsed_before_the_server_was_up_a_lease_is_not_reaped(dispatch):
     """After a Redis restart its workers get a whole lease of the server's uptime to renew."""
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=0.1)
     await dispatch.finisher.publish(job=job, events=[Started(at=time.time())])
@@ -173,62 +157,62 @@ async def test_a_lease_that_lapsed_before_the_server_was_up_a_lease_is_not_reape
 
 async def test_nothing_is_enqueued_for_a_deployment_without_live_workers(dispatch):
     deployment = f"t-{uuid.uuid4().hex[:8]}"
-    assert await dispatch.front.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
+    assert await dispatch.front.enqueue(job_new(deployment)) == Refused(Refusal.NO_WORKER)
     await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60)
-    assert await dispatch.front.enqueue(_job(deployment)) is None
+    assert await dispatch.front.enqueue(job_new(deployment)) is None
     await dispatch.leases.leave(deployment=deployment, worker="w")
-    assert await dispatch.front.enqueue(_job(deployment)) == Refused(Refusal.NO_WORKER)
+    assert await dispatch.front.enqueue(job_new(deployment)) == Refused(Refusal.NO_WORKER)
 
 
 async def test_a_full_queue_refuses_at_once_and_claimed_jobs_do_not_count(dispatch):
     deployment = await _served_deployment(dispatch)
-    queued = [_job(deployment) for _ in range(2)]
+    queued = [job_new(deployment) for _ in range(2)]
     for job in queued:
         assert await dispatch.front.enqueue(job, max_queued=2) is None
-    refused = _job(deployment)
+    refused = job_new(deployment)
     assert await dispatch.front.enqueue(refused, max_queued=2) == Refused(Refusal.QUEUE_FULL)
     # A queued request can be found by id; a refused one left nothing behind.
     assert await dispatch.front.whereabouts(queued[0].request_id) is not None
     assert await dispatch.front.whereabouts(refused.request_id) is None
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
-    assert await dispatch.front.enqueue(_job(deployment), max_queued=2) is None
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued=2) is None
 
 
 async def test_free_slots_take_jobs_beyond_the_queue_bound(dispatch):
     deployment = await _served_deployment(dispatch)
     await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(2, 0))
     # With no waiting allowed, a job is admitted only while a slot is free for it.
-    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) is None
-    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) is None
-    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) == Refused(
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued=0) is None
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued=0) is None
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued=0) == Refused(
         Refusal.QUEUE_FULL
     )
     claimed = await dispatch.leases.claim(deployment=deployment, count=2, lease_seconds=5)
-    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) == Refused(
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued=0) == Refused(
         Refusal.QUEUE_FULL
     )
     usage = usage_for(claimed.run[0], status=Status.OK, finished_at=time.time())
     done = Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=0)
     await dispatch.finisher.finalize(job=claimed.run[0], terminal=done, usage=usage)
-    assert await dispatch.front.enqueue(_job(deployment), max_queued=0) is None
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued=0) is None
 
 
 async def test_reserved_slots_count_as_free_only_for_a_tenant_with_nothing_running(dispatch):
     deployment = await _served_deployment(dispatch)
     await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, slots=(1, 1))
-    assert await dispatch.front.enqueue(_job(deployment, tenant=1), max_queued=0) is None
+    assert await dispatch.front.enqueue(job_new(deployment, tenant=1), max_queued=0) is None
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
-    refused = await dispatch.front.enqueue(_job(deployment, tenant=1), max_queued=0)
+    refused = await dispatch.front.enqueue(job_new(deployment, tenant=1), max_queued=0)
     assert refused == Refused(Refusal.QUEUE_FULL)
-    assert await dispatch.front.enqueue(_job(deployment, tenant=2), max_queued=0) is None
+    assert await dispatch.front.enqueue(job_new(deployment, tenant=2), max_queued=0) is None
 
 
 async def test_queued_tokens_are_bounded_too(dispatch):
     deployment = await _served_deployment(dispatch)
     # Each job reserves 3 prompt + 8 completion tokens.
-    assert await dispatch.front.enqueue(_job(deployment), max_queued_tokens=22) is None
-    assert await dispatch.front.enqueue(_job(deployment), max_queued_tokens=22) is None
-    refused = await dispatch.front.enqueue(_job(deployment), max_queued_tokens=22)
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued_tokens=22) is None
+    assert await dispatch.front.enqueue(job_new(deployment), max_queued_tokens=22) is None
+    refused = await dispatch.front.enqueue(job_new(deployment), max_queued_tokens=22)
     assert refused == Refused(Refusal.QUEUE_FULL)
     assert await dispatch.depth(deployment) == Depth(requests=2, tokens=22)
 
@@ -238,27 +222,27 @@ async def test_a_deadline_the_backlog_cannot_meet_is_refused_with_an_estimate(di
     # The worker finishes 11 reserved tokens a second: one queued job is a second of work.
     await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
     for _ in range(3):
-        assert await dispatch.front.enqueue(_job(deployment)) is None
-    hurried = _job(deployment, timeout=2.0)
+        assert await dispatch.front.enqueue(job_new(deployment)) is None
+    hurried = job_new(deployment, timeout=2.0)
     refused = await dispatch.front.enqueue(hurried)
     assert refused is not None and refused.reason is Refusal.DEADLINE_UNATTAINABLE
     assert 2500 <= refused.estimated_wait_ms <= 3500
-    assert await dispatch.front.enqueue(_job(deployment, timeout=10.0)) is None
+    assert await dispatch.front.enqueue(job_new(deployment, timeout=10.0)) is None
 
 
 async def test_another_tenants_backlog_delays_only_by_its_fair_share(dispatch):
     deployment = await _served_deployment(dispatch)
     await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
     for _ in range(20):  # twenty seconds of another tenant's work
-        assert await dispatch.front.enqueue(_job(deployment, tenant=2)) is None
+        assert await dispatch.front.enqueue(job_new(deployment, tenant=2)) is None
     # Alone in its queue, tenant 1 waits for about one of tenant 2's jobs, not twenty.
-    assert await dispatch.front.enqueue(_job(deployment, tenant=1, timeout=3.0)) is None
+    assert await dispatch.front.enqueue(job_new(deployment, tenant=1, timeout=3.0)) is None
 
 
 async def test_a_job_whose_deadline_passed_in_queue_is_never_run(dispatch):
     deployment = await _served_deployment(dispatch)
-    late = _job(deployment, timeout=0.05)
-    fresh = _job(deployment)
+    late = job_new(deployment, timeout=0.05)
+    fresh = job_new(deployment)
     await dispatch.front.enqueue(late)
     await dispatch.front.enqueue(fresh)
     await asyncio.sleep(0.1)
@@ -269,7 +253,7 @@ async def test_a_job_whose_deadline_passed_in_queue_is_never_run(dispatch):
 
 async def test_the_reaper_ends_queued_jobs_past_their_deadline(dispatch):
     deployment = await _served_deployment(dispatch)
-    late = _job(deployment, timeout=0.05)
+    late = job_new(deployment, timeout=0.05)
     await dispatch.front.enqueue(late)
     await asyncio.sleep(0.1)
     assert await dispatch.reaper.expire_queued(deployment=deployment) == 1
@@ -284,7 +268,7 @@ async def test_a_running_job_handed_on_is_carried_on_by_another_worker_and_bille
     from dataplane.types import Resumed
 
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     [claimed] = (
         await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5, worker="w")
@@ -312,7 +296,7 @@ async def test_a_handed_on_job_cancelled_while_queued_bills_what_it_had_produced
     from dataplane.types import Resumed
 
     deployment = await _served_deployment(dispatch)
-    job = _job(deployment)
+    job = job_new(deployment)
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5, worker="w")
     carried = msgspec.structs.replace(

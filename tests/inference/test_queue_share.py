@@ -7,37 +7,20 @@ no free slots, so every job admitted waits in the queue.
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
+from typing import Any
 
 import pytest
 
 from dataplane.leases import Leases
-from dataplane.types import Job, Sampling
 from inference import submission
 from inference.clients import dispatch_get
 from inference.errors import ApiError
 from models_registry.selectors import Route
 from tests.conftest import ALIAS
+from tests.jobs import job_new
 
 pytestmark = pytest.mark.django_db
-
-
-def _job(deployment: str, priority: str, *, max_tokens: int = 7) -> Job:
-    now = time.time()
-    return Job(
-        request_id=uuid.uuid4().hex,
-        tenant_id=1,
-        api_key_id=1,
-        deployment=deployment,
-        model_version="v",
-        endpoint="completions",
-        prompt_token_ids=[1, 2, 3],
-        sampling=Sampling(max_tokens=max_tokens),
-        enqueued_at=now,
-        deadline=now + 60,
-        priority=priority,
-    )
 
 
 async def _route(world, *, max_queued: int, max_queued_tokens: int) -> Route:
@@ -55,7 +38,7 @@ async def _route(world, *, max_queued: int, max_queued_tokens: int) -> Route:
     )
 
 
-async def _refused(route: Route, job: Job) -> str:
+async def _refused(route: Route, job: Any) -> str:
     with pytest.raises(ApiError) as refused:
         await submission._enqueue(route=route, job=job, model=ALIAS)
     return refused.value.code
@@ -66,14 +49,16 @@ async def test_batch_work_fills_half_the_queue_and_interactive_work_the_rest(wor
     route = await _route(world, max_queued=4, max_queued_tokens=1_000_000)
     deployment = route.deployment
     for _ in range(2):
-        await submission._enqueue(route=route, job=_job(deployment, "batch"), model=ALIAS)
-    assert await _refused(route, _job(deployment, "batch")) == "queue_full"
+        await submission._enqueue(
+            route=route, job=job_new(deployment, priority="batch"), model=ALIAS
+        )
+    assert await _refused(route, job_new(deployment, priority="batch")) == "queue_full"
     # The batch class is shed, and only it: interactive requests still get in.
     assert submission._queue_full_recently(deployment, "batch")
     assert not submission._queue_full_recently(deployment, "interactive")
     for _ in range(2):
-        await submission._enqueue(route=route, job=_job(deployment, "interactive"), model=ALIAS)
-    assert await _refused(route, _job(deployment, "interactive")) == "queue_full"
+        await submission._enqueue(route=route, job=job_new(deployment), model=ALIAS)
+    assert await _refused(route, job_new(deployment)) == "queue_full"
     assert submission._queue_full_recently(deployment, "interactive")
     assert submission._queue_full_recently(deployment, "batch")
 
@@ -83,10 +68,10 @@ async def test_batch_work_takes_its_share_of_the_queued_tokens(world, settings):
     route = await _route(world, max_queued=100, max_queued_tokens=100)
     deployment = route.deployment
     # 80 tokens, more than the batch class's 50: it still gets in when nothing waits ahead.
-    big = _job(deployment, "batch", max_tokens=77)
+    big = job_new(deployment, priority="batch", max_tokens=77)
     assert big.reserved_tokens == 80
     await submission._enqueue(route=route, job=big, model=ALIAS)
-    assert await _refused(route, _job(deployment, "batch", max_tokens=7)) == "queue_full"
-    await submission._enqueue(route=route, job=_job(deployment, "interactive", max_tokens=17),
+    assert await _refused(route, job_new(deployment, priority="batch")) == "queue_full"
+    await submission._enqueue(route=route, job=job_new(deployment, max_tokens=17),
                               model=ALIAS)  # fmt: skip
-    assert await _refused(route, _job(deployment, "interactive", max_tokens=1)) == "queue_full"
+    assert await _refused(route, job_new(deployment, max_tokens=1)) == "queue_full"

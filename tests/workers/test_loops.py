@@ -15,8 +15,9 @@ from prometheus_client import REGISTRY
 from dataplane.background import loops_failing, supervise
 from dataplane.keys import reply_key
 from dataplane.redis_client import redis_client_new
-from dataplane.types import Delta, Job, Sampling, Started
+from dataplane.types import Delta, Job, Started
 from tests.dataplane.roles import Roles, roles
+from tests.jobs import job_new
 from workers.batcher import CostModel, DynamicBatcher
 from workers.runner import Worker
 
@@ -78,22 +79,6 @@ def _worker(dispatch: Roles, deployment: str) -> _IdleWorker:
     )
 
 
-def _job(deployment: str) -> Job:
-    now = time.time()
-    return Job(
-        request_id=uuid.uuid4().hex,
-        tenant_id=1,
-        api_key_id=1,
-        deployment=deployment,
-        model_version="v",
-        endpoint="completions",
-        prompt_token_ids=[1, 2, 3],
-        sampling=Sampling(max_tokens=8),
-        enqueued_at=now,
-        deadline=now + 60,
-    )
-
-
 async def test_a_heartbeat_that_fails_is_counted_and_beats_again(dispatch, monkeypatch):
     deployment = f"w-{uuid.uuid4().hex[:8]}"
     worker = _worker(dispatch, deployment)
@@ -122,7 +107,7 @@ async def test_a_heartbeat_that_fails_is_counted_and_beats_again(dispatch, monke
 async def test_events_redis_refuses_are_written_again_and_do_not_hold_back_others(dispatch):
     deployment = f"w-{uuid.uuid4().hex[:8]}"
     worker = _worker(dispatch, deployment)
-    refused, other = _job(deployment), _job(deployment)
+    refused, other = job_new(deployment), job_new(deployment)
     # A key of the wrong type: Redis refuses the XADD of the refused job's events (WRONGTYPE).
     await dispatch.redis.set(reply_key(deployment, refused.request_id), "in the way")
     before = _failures("flush")
