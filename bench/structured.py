@@ -16,7 +16,7 @@ alternate which goes first.
 (2) The frontend's added time for a chat request carrying 20 tools (8 KB of JSON) over the
 same conversation without tools, measured in process on the frontend's own functions: the
 body's JSON decode, `inference.params.generation_parse` (validation, and each tool's schema
-compiled by xgrammar as the engine would), `inference.submission._prompt_ids` (the chat
+compiled by xgrammar as the engine would), `inference.tokenization.prompt_ids` (the chat
 template rendered with the tools, then tokenised) and the job's tool list. p50 and p99 of many
 alternating runs of each body.
 
@@ -353,7 +353,8 @@ def frontend_times(iterations: int) -> dict[str, FrontendTimes]:
     """Time the frontend's preprocessing of a plain chat and the same chat with 20 tools."""
     from billing.services import price_current
     from inference.params import CHAT, body_parse, generation_parse
-    from inference.submission import _prompt_ids, _tools
+    from inference.submission import _tools
+    from inference.tokenization import prompt_ids
     from models_registry.selectors import route_resolve
 
     route = route_resolve(name="tiny", price_of=price_current)
@@ -371,7 +372,7 @@ def frontend_times(iterations: int) -> dict[str, FrontendTimes]:
             parsed = time.perf_counter()
             # As the frontend tokenises: without a context bound the 20 tools' prompt is
             # measured whole even where it is longer than the tiny model's context.
-            prompts = _prompt_ids(request, route)
+            prompts = prompt_ids(request, route)
             _tools(request, route)
             ended = time.perf_counter()
             if i < 10:
@@ -667,7 +668,7 @@ def main() -> None:
         "Measured in process, on the frontend's own functions (not through HTTP): the body's "
         "JSON decode and `generation_parse` (validation, and every tool's parameters compiled "
         "by xgrammar as the engine will, so a bad schema is a 400 before queueing), then "
-        "`_prompt_ids` (the chat template rendered with the tools, tokenised) and the job's "
+        "`prompt_ids` (the chat template rendered with the tools, tokenised) and the job's "
         f"tool list; {args.iterations} runs of each body, alternating. The tool body carries 20 "
         f"tools ({tools_bytes:,} bytes of JSON) over the same one-message conversation. On the "
         "tiny model (2,048-token context) the frontend would refuse that prompt as too long "

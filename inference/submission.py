@@ -12,7 +12,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 from django.conf import settings
@@ -52,7 +51,14 @@ from inference.openai_format import Shape, shape_of
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pools import pool_route
 from inference.response_cache import Stored, cache_key, cacheable
-from inference.tokenization import INLINE_TOKENIZE_CHARS, tokenizer_for
+from inference.tokenization import (
+    INLINE_TOKENIZE_CHARS,
+    input_ids,
+    input_too_long,
+    prompt_chars,
+    prompt_ids,
+    tokenizer_for,
+)
 from models_registry.models import Task
 from models_registry.selectors import Route
 
@@ -90,12 +96,6 @@ def _queue_full_recently(deployment: str, priority: str) -> bool:
     return until > time.monotonic()
 
 
-def _prompt_chars(request: GenerationRequest) -> int:
-    if request.messages is not None:
-        return sum(len(m["content"]) for m in request.messages)
-    return sum(len(p) for p in request.prompts if isinstance(p, str))
-
-
 def _prompt_text(request: GenerationRequest) -> str:
     """The prompt as retained: chat messages as JSON, a completion prompt as it came."""
     if request.messages is not None:
@@ -103,96 +103,6 @@ def _prompt_text(request: GenerationRequest) -> str:
     if len(request.prompts) > 1 or isinstance(request.prompt, list):
         return json.dumps(list(request.prompts), ensure_ascii=False)
     return request.prompt or ""
-
-
-def _prompt_ids(
-    request: GenerationRequest, route: Route, *, context: int | None = None
-) -> list[list[int]]:
-    """Tokenise a request's prompts (a chat's conversation is one).
-
-    A prompt that is certainly longer than `context` tokens (its text alone says so) is
-    refused before the tokenizer runs: tokenising megabytes takes seconds.
-    """
-    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
-    vocab = tokenizer.vocab_size
-    _vocabulary_check(request, vocab)
-    if request.endpoint == CHAT:
-        assert request.messages is not None
-        _user_turn_floor_check(tokenizer, request.messages, context)
-        tools = request.tools.tools if request.tools is not None else None
-        text = tokenizer.render_chat(
-            request.messages,
-            tools=tools,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-        )
-        # The template writes the special tokens (BOS) itself.
-        return [_encoded(tokenizer, text, "messages", context, special=False)]
-    prompts = []
-    for i, prompt in enumerate(request.prompts):
-        param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
-        if isinstance(prompt, list):
-            if any(not 0 <= t < vocab for t in prompt):
-                message = f"Token ids must be in [0, {vocab})."
-                raise ApiError(400, "invalid_value", message, param=param)
-            prompts.append(prompt)
-        else:
-            # As vLLM's server encodes a completions prompt: with the special tokens (BOS).
-            prompts.append(_encoded(tokenizer, prompt, param, context, special=True))
-    return prompts
-
-
-def _user_turn_floor_check(
-    tokenizer: Any, messages: list[dict[str, Any]], context: int | None
-) -> None:
-    """Refuse a conversation one of whose user turns alone is certainly over the context.
-
-    Checked before the chat template is rendered: rendering megabytes holds the interpreter
-    for tens of milliseconds, other requests' included. A template keeps a user's words (it
-    may trim the whitespace around them, never drop them), so their floor bounds the whole.
-    """
-    if context is None:
-        return
-    for message in messages:
-        content = message.get("content")
-        if message.get("role") != "user" or not isinstance(content, str):
-            continue
-        floor = tokenizer.token_count_floor(content.strip())
-        if floor >= context:
-            raise ApiError(
-                400,
-                "context_length_exceeded",
-                f"This model's maximum context length is {context} tokens. However, your "
-                f"messages resulted in at least {floor} tokens.",
-                param="messages",
-            )
-
-
-def _encoded(
-    tokenizer: Any, text: str, param: str, context: int | None, *, special: bool
-) -> list[int]:
-    floor = tokenizer.token_count_floor(text)
-    if context is not None and floor >= context:
-        raise ApiError(
-            400,
-            "context_length_exceeded",
-            f"This model's maximum context length is {context} tokens. However, your "
-            f"{param} resulted in at least {floor} tokens.",
-            param=param,
-        )
-    if special:
-        return list(tokenizer.encode_with(text, add_special_tokens=True))
-    return list(tokenizer.encode_text(text))
-
-
-def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
-    """Refuse token ids outside the model's vocabulary, naming the field that holds them."""
-    for token in request.stop_token_ids:
-        if token >= vocab:
-            raise invalid("stop_token_ids", f"Token ids must be in [0, {vocab}), got {token}.")
-    for token in request.logit_bias or {}:
-        if token >= vocab:
-            raise invalid("logit_bias", f"Token ids must be in [0, {vocab}), got {token}.")
 
 
 GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily
@@ -347,12 +257,12 @@ async def generation_submit(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )
     context = min(route.context_length, principal.max_context_tokens)
-    if _prompt_chars(request) > INLINE_TOKENIZE_CHARS or request.tools is not None:
+    if prompt_chars(request) > INLINE_TOKENIZE_CHARS or request.tools is not None:
         # Long prompts (and templates with tools) tokenise off the event loop so they do not
         # stall other streams.
-        prompts = await asyncio.to_thread(_prompt_ids, request, route, context=context)
+        prompts = await asyncio.to_thread(prompt_ids, request, route, context=context)
     else:
-        prompts = _prompt_ids(request, route, context=context)
+        prompts = prompt_ids(request, route, context=context)
     sampling = sampling_build(
         request=request,
         route=route,
@@ -626,32 +536,6 @@ def _task_check(route: Route, *, embeddings: bool, model: str) -> None:
     raise ApiError(400, "wrong_endpoint_for_model", message, param="model")
 
 
-def _input_ids(request: EmbeddingRequest, route: Route, *, context: int) -> list[list[int]]:
-    """Tokenise a request's inputs; one certainly longer than `context` is refused first."""
-    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
-    if not request.tokenized:
-        for index, text in enumerate(request.inputs):
-            floor = tokenizer.token_count_floor(text)  # type: ignore[arg-type]
-            if floor > context:
-                raise _input_too_long(index, f"at least {floor}", context)
-        return tokenizer.encode_inputs(list(request.inputs))  # type: ignore[arg-type]
-    vocab = tokenizer.vocab_size
-    for index, ids in enumerate(request.inputs):
-        if any(t >= vocab for t in ids):  # type: ignore[operator]
-            raise invalid(f"input[{index}]", f"Token ids must be in [0, {vocab}).")
-    return list(request.inputs)  # type: ignore[arg-type]
-
-
-def _input_too_long(index: int, tokens: str, context: int) -> ApiError:
-    return ApiError(
-        400,
-        "context_length_exceeded",
-        f"'input[{index}]' is {tokens} tokens; this model takes at most {context} tokens per "
-        "input.",
-        param=f"input[{index}]",
-    )
-
-
 async def embedding_submit(
     *,
     principal: Principal,
@@ -681,12 +565,12 @@ async def embedding_submit(
         raise queue_full_error(request.model, deployment=route.deployment)
     context = min(route.context_length, principal.max_context_tokens)
     if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS:
-        inputs = await asyncio.to_thread(_input_ids, request, route, context=context)
+        inputs = await asyncio.to_thread(input_ids, request, route, context=context)
     else:
-        inputs = _input_ids(request, route, context=context)
+        inputs = input_ids(request, route, context=context)
     for index, ids in enumerate(inputs):
         if len(ids) > context:
-            raise _input_too_long(index, str(len(ids)), context)
+            raise input_too_long(index, str(len(ids)), context)
     now = time.time()
     job = Job(
         request_id=request_id,
@@ -728,7 +612,7 @@ async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> 
     the candidate's latencies and errors for comparison.
     """
     try:
-        prompts = await asyncio.to_thread(_prompt_ids, request, route)
+        prompts = await asyncio.to_thread(prompt_ids, request, route)
         copy = msgspec.structs.replace(
             job,
             request_id=f"{job.request_id}-shadow",

@@ -2,7 +2,9 @@
 
 The tokenizer is the registry's (models_registry.tokenizer); here its failures become the
 API's errors: a conversation the template refuses is the client's 400, a tokenizer that
-cannot be loaded a 503 to retry.
+cannot be loaded a 503 to retry. A request's prompts (or embedding inputs) become token ids
+here, and one certainly longer than the context is refused before the template or the
+tokenizer runs.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from inference.errors import ApiError
+from inference.errors import ApiError, invalid
+from inference.params import CHAT, EmbeddingRequest, GenerationRequest
 from models_registry import tokenizer as registry
+from models_registry.selectors import Route
 from models_registry.tokenizer import (
     ChatMessageInvalid,
     ChatTemplateMissing,
@@ -87,3 +91,125 @@ def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:
             "The tokenizer of this model version could not be loaded.",
             retry_after=30,
         ) from exc
+
+
+def prompt_chars(request: GenerationRequest) -> int:
+    if request.messages is not None:
+        return sum(len(m["content"]) for m in request.messages)
+    return sum(len(p) for p in request.prompts if isinstance(p, str))
+
+
+def prompt_ids(
+    request: GenerationRequest, route: Route, *, context: int | None = None
+) -> list[list[int]]:
+    """Tokenise a request's prompts (a chat's conversation is one).
+
+    A prompt that is certainly longer than `context` tokens (its text alone says so) is
+    refused before the tokenizer runs: tokenising megabytes takes seconds.
+    """
+    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    vocab = tokenizer.vocab_size
+    _vocabulary_check(request, vocab)
+    if request.endpoint == CHAT:
+        assert request.messages is not None
+        _user_turn_floor_check(tokenizer, request.messages, context)
+        tools = request.tools.tools if request.tools is not None else None
+        text = tokenizer.render_chat(
+            request.messages,
+            tools=tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+        )
+        # The template writes the special tokens (BOS) itself.
+        return [_encoded(tokenizer, text, "messages", context, special=False)]
+    prompts = []
+    for i, prompt in enumerate(request.prompts):
+        param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
+        if isinstance(prompt, list):
+            if any(not 0 <= t < vocab for t in prompt):
+                message = f"Token ids must be in [0, {vocab})."
+                raise ApiError(400, "invalid_value", message, param=param)
+            prompts.append(prompt)
+        else:
+            # As vLLM's server encodes a completions prompt: with the special tokens (BOS).
+            prompts.append(_encoded(tokenizer, prompt, param, context, special=True))
+    return prompts
+
+
+def _user_turn_floor_check(
+    tokenizer: Any, messages: list[dict[str, Any]], context: int | None
+) -> None:
+    """Refuse a conversation one of whose user turns alone is certainly over the context.
+
+    Checked before the chat template is rendered: rendering megabytes holds the interpreter
+    for tens of milliseconds, other requests' included. A template keeps a user's words (it
+    may trim the whitespace around them, never drop them), so their floor bounds the whole.
+    """
+    if context is None:
+        return
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, str):
+            continue
+        floor = tokenizer.token_count_floor(content.strip())
+        if floor >= context:
+            raise ApiError(
+                400,
+                "context_length_exceeded",
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"messages resulted in at least {floor} tokens.",
+                param="messages",
+            )
+
+
+def _encoded(
+    tokenizer: Any, text: str, param: str, context: int | None, *, special: bool
+) -> list[int]:
+    floor = tokenizer.token_count_floor(text)
+    if context is not None and floor >= context:
+        raise ApiError(
+            400,
+            "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens. However, your "
+            f"{param} resulted in at least {floor} tokens.",
+            param=param,
+        )
+    if special:
+        return list(tokenizer.encode_with(text, add_special_tokens=True))
+    return list(tokenizer.encode_text(text))
+
+
+def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
+    """Refuse token ids outside the model's vocabulary, naming the field that holds them."""
+    for token in request.stop_token_ids:
+        if token >= vocab:
+            raise invalid("stop_token_ids", f"Token ids must be in [0, {vocab}), got {token}.")
+    for token in request.logit_bias or {}:
+        if token >= vocab:
+            raise invalid("logit_bias", f"Token ids must be in [0, {vocab}), got {token}.")
+
+
+def input_ids(request: EmbeddingRequest, route: Route, *, context: int) -> list[list[int]]:
+    """Tokenise a request's inputs; one certainly longer than `context` is refused first."""
+    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    if not request.tokenized:
+        for index, text in enumerate(request.inputs):
+            floor = tokenizer.token_count_floor(text)  # type: ignore[arg-type]
+            if floor > context:
+                raise input_too_long(index, f"at least {floor}", context)
+        return tokenizer.encode_inputs(list(request.inputs))  # type: ignore[arg-type]
+    vocab = tokenizer.vocab_size
+    for index, ids in enumerate(request.inputs):
+        if any(t >= vocab for t in ids):  # type: ignore[operator]
+            raise invalid(f"input[{index}]", f"Token ids must be in [0, {vocab}).")
+    return list(request.inputs)  # type: ignore[arg-type]
+
+
+def input_too_long(index: int, tokens: str, context: int) -> ApiError:
+    return ApiError(
+        400,
+        "context_length_exceeded",
+        f"'input[{index}]' is {tokens} tokens; this model takes at most {context} tokens per "
+        "input.",
+        param=f"input[{index}]",
+    )
