@@ -18,6 +18,8 @@ records the 1-minute load average before it ran, and a round whose vLLM figures 
 
     .venv/bin/python bench/stream_overhead.py [--requests-per-level 16] [--levels 1,8,32]
 
+Each level runs at least 256 requests, so that its p99 is not one request's luck.
+
 Writes docs/benchmarks.md, docs/img/stream_overhead.png and the raw results (every TTFT, gap
 and stage of every round) to docs/bench-data/stream_overhead.json. Asserts nothing.
 """
@@ -68,6 +70,9 @@ MAX_NUM_SEQS = 64
 # median is run again, at most RERUNS times: the machine changed under it.
 DRIFT = 0.10
 RERUNS = 2
+# Requests per level at least. A p99 is only as good as the requests behind it: of 32 it is
+# the slowest request, of 256 the third slowest, so one late wake-up no longer makes it.
+MIN_REQUESTS = 256
 TARGETS = {
     "throughput_ratio": "≥ 0.97",
     "ttft_p99_ratio": "≤ 1.25",
@@ -232,7 +237,7 @@ def run_roundhouse(
 
 
 def _measure(target: Target, concurrency: int, per_level: int) -> tuple[Level, list[Stream]]:
-    requests = max(per_level * concurrency, 32)
+    requests = max(per_level * concurrency, MIN_REQUESTS)
     progress(f"{target.name}: concurrency {concurrency}, {requests} requests")
     load = os.getloadavg()[0]
     level, streams = asyncio.run(_level(target, concurrency, requests))
@@ -273,6 +278,31 @@ def _median_pairs(
 
 def _ratio(b: float, a: float) -> float:
     return b / a if a else float("nan")
+
+
+def _rounds_table(vllm_rounds: list[list[Level]], roundhouse_rounds: list[list[Level]]) -> str:
+    """Every round's ratios, in the order they ran: how far the shown round is from the others."""
+    rows = [
+        "| streams | throughput ratio | TTFT p99 ratio | ITL p99 ratio | TTFT p50 added (ms) |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for i, level in enumerate(vllm_rounds[0]):
+        pairs = [(v[i], r[i]) for v, r in zip(vllm_rounds, roundhouse_rounds, strict=True)]
+
+        def each(figure: str, pairs: list[tuple[Level, Level]] = pairs) -> str:
+            values = []
+            for a, b in pairs:
+                if figure == "added":
+                    values.append(f"{b.ttft_p50_ms - a.ttft_p50_ms:+.1f}")
+                else:
+                    values.append(f"{_ratio(getattr(b, figure), getattr(a, figure)):.2f}")
+            return " · ".join(values)
+
+        rows.append(
+            f"| {level.concurrency} | {each('tokens_per_s')} | {each('ttft_p99_ms')} "
+            f"| {each('itl_p99_ms')} | {each('added')} |"
+        )
+    return "\n".join(rows)
 
 
 def _table(vllm: list[Level], roundhouse: list[Level]) -> str:
@@ -481,6 +511,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     vllm, roundhouse = _median_pairs(vllm_rounds, roundhouse_rounds)
     table = _table(vllm, roundhouse)
+    spread = _rounds_table(vllm_rounds, roundhouse_rounds)
     stages = _stages_table(roundhouse)
     cpu_use = _cpu_table(roundhouse, vllm)
     loads = [lvl.load_1m for r in [*vllm_rounds, *roundhouse_rounds] for lvl in r]
@@ -498,7 +529,8 @@ def main() -> None:
         "## Streaming overhead: Roundhouse vs vLLM's own OpenAI server\n\n"
         f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores "
         f"({cpu}), tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
-        f"(ignore_eos), {args.requests_per_level} requests per stream per level (32 at least), "
+        f"(ignore_eos), {args.requests_per_level} requests per stream per level "
+        f"({MIN_REQUESTS} at least), "
         f"{args.rounds} rounds, each running vLLM then Roundhouse with the same engine settings "
         "from one process tree; per level, the round whose throughput ratio is the median is "
         "shown. ITL is the gap between consecutive chunks that carry text, as `vllm bench serve` "
@@ -508,6 +540,9 @@ def main() -> None:
         f"before each level ran from {min(loads):.1f} to {max(loads):.1f}. Rounds run again "
         f"because vLLM's own figures moved by more than {DRIFT:.0%}: {rerun_text}\n\n"
         + table
+        + "\n\nEvery round's Roundhouse ÷ vLLM figures, in the order the rounds ran (the "
+        "table above shows the median one by throughput):\n\n"
+        + spread
         + "\n\nRoundhouse's time to first token by stage, from each request's usage record "
         "and the client's clock: the median over every request of the level, and the mean "
         "over its slowest 1 % (the requests that make the p99):\n\n"
