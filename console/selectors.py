@@ -114,7 +114,7 @@ def alias_list() -> QuerySet[Alias]:
 
 def alias_get(*, name: str) -> Alias | None:
     """The alias with this name, with its version and model, or None."""
-    return Alias.objects.select_related("version__model").filter(name=name).first()
+    return Alias.objects.select_related("version__model", "fallback").filter(name=name).first()
 
 
 def alias_split_list(*, alias: Alias) -> list[AliasSplit]:

@@ -31,6 +31,9 @@ from safety.policy import Policy
 log = logging.getLogger(__name__)
 # The model version that answered, on every response a version gave.
 VERSION_HEADER = "x-roundhouse-model-version"
+# On a response an alias's fallback gave: the alias the client named, and why it could not.
+FALLBACK_FROM_HEADER = "x-roundhouse-fallback-from"
+FALLBACK_REASON_HEADER = "x-roundhouse-fallback-reason"
 
 
 def request_id_new() -> str:
@@ -58,6 +61,9 @@ class Submitted:
     # The prompt as the client sent it, kept only for a tenant that retains its text.
     prompt_text: str | None = None
     policy: Policy | None = None  # the tenant's safety policy, which filters the output
+    # The alias the client named, when it could not take the request and its fallback did.
+    fallback_from: str = ""
+    fallback_reason: str = ""  # the refusal's code that sent it on
 
     @property
     def bill_percent(self) -> int:
@@ -69,6 +75,9 @@ class Submitted:
         headers = {VERSION_HEADER: self.route.version}
         if self.cache is not None:
             headers["x-roundhouse-cache"] = "hit" if self.cache.hit else "miss"
+        if self.fallback_from:
+            headers[FALLBACK_FROM_HEADER] = self.fallback_from
+            headers[FALLBACK_REASON_HEADER] = self.fallback_reason
         return headers | ratelimit_headers(self.principal.limits, self.decision)
 
 

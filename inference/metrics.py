@@ -41,6 +41,11 @@ admission_decisions = Counter(
     "Admission decisions: admitted, or the refusal's code.",
     ["deployment", "reason"],
 )
+fallbacks = Counter(
+    "roundhouse_fallbacks",
+    "Interactive requests an alias could not take that went to its fallback, and why.",
+    ["model", "fallback", "reason"],
+)
 
 
 # Pauses of a process: short ones matter (a stream's next token waits behind them).
@@ -113,6 +118,10 @@ def loop_lag_watch(interval: float = 0.05) -> None:
 
 def admission_decided(*, deployment: str, reason: str) -> None:
     admission_decisions.labels(deployment=deployment, reason=reason).inc()
+
+
+def fallback_taken(*, model: str, fallback: str, reason: str) -> None:
+    fallbacks.labels(model=model, fallback=fallback, reason=reason).inc()
 
 
 @dataclass

@@ -7,11 +7,12 @@ limits is in inference.admission, the shared clients and route cache in inferenc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 from django.conf import settings
@@ -39,6 +40,7 @@ from inference.admission import (
     ratelimit_headers,
     refusal_error,
     request_abandon,
+    request_count,
     route_cost,
 )
 from inference.auth import Principal
@@ -46,7 +48,7 @@ from inference.clients import dispatch_get, idempotency_get, quotas_get, respons
 from inference.content_policy import input_screen, policy_get
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Original
-from inference.metrics import RequestClock, admission_decided
+from inference.metrics import RequestClock, admission_decided, fallback_taken
 from inference.openai_format import Shape, shape_of
 from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pools import pool_route
@@ -59,8 +61,8 @@ from inference.tokenization import (
     prompt_ids,
     tokenizer_for,
 )
-from models_registry.models import Task
-from models_registry.selectors import Route
+from models_registry.models import FALLBACK_HOPS, Task
+from models_registry.selectors import Route, Routing
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
@@ -69,6 +71,9 @@ SHADOW_REPLY_TTL_SECONDS = 60
 # refused (and of the batch class, after an interactive one) at once for a moment: 50 ms is
 # short next to a request's service time and long next to a flood's gaps.
 QUEUE_FULL_BACKOFF_SECONDS = 0.05
+# Refusals that say the platform cannot take a request on this model now, not that the
+# request or its tenant is at fault: an alias's fallback may take it (generation_submit).
+FALLBACK_REASONS = frozenset({"queue_full", "model_unavailable", "deadline_unattainable"})
 _full_until: dict[tuple[str, str], float] = {}
 
 
@@ -241,8 +246,78 @@ async def generation_submit(
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
     platform's maximum. `clock` times its preprocessing and admission; `trace` is the
     caller's span, which the worker continues. `request_taken`: `request_count` counted it.
+
+    An interactive request that its alias's deployment cannot take (see FALLBACK_REASONS)
+    goes to the alias's fallback, and on down its chain: admitted there from the start (its
+    prompt rendered by the fallback's template, its reservation at the fallback's prices),
+    once what it reserved here has been given back. Batch work waits for its own model.
     """
     routing = await routing_get(request.model)
+    if routing.fallback and priority == "interactive" and not request_taken:
+        # Counted once, here, whichever model takes it (an attempt refused before admission
+        # would not have counted it).
+        await request_count(principal=principal)
+        request_taken = True
+    named, reason = request.model, ""
+    tried = {named}  # each alias once, whatever a change made of the chain meanwhile
+    while True:
+        follow = (
+            bool(routing.fallback)
+            and priority == "interactive"
+            and routing.fallback not in tried
+            and len(tried) <= FALLBACK_HOPS
+        )
+        try:
+            submitted = await _generation_admit(
+                routing=routing,
+                principal=principal,
+                request=request,
+                request_id=request_id,
+                timeout=timeout,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                reply_ttl=reply_ttl,
+                clock=clock,
+                trace=trace,
+                request_taken=request_taken,
+                endpoint=endpoint,
+                settle_refusal=follow,
+            )
+        except ApiError as refused:
+            if not follow or refused.code not in FALLBACK_REASONS:
+                raise
+            try:
+                onward = await routing_get(routing.fallback)
+            except ApiError:
+                raise refused from None  # the fallback routes nowhere now: the refusal stands
+            fallback_taken(model=request.model, fallback=routing.fallback, reason=refused.code)
+            reason = refused.code
+            tried.add(routing.fallback)
+            request = replace(request, model=routing.fallback)
+            routing = onward
+            continue
+        if request.model == named:
+            return submitted
+        return replace(submitted, fallback_from=named, fallback_reason=reason)
+
+
+async def _generation_admit(
+    *,
+    routing: Routing,
+    principal: Principal,
+    request: GenerationRequest,
+    request_id: str,
+    timeout: float | None,
+    priority: str,
+    idempotency_key: str | None,
+    reply_ttl: int,
+    clock: RequestClock | None,
+    trace: TraceContext | None,
+    request_taken: bool,
+    endpoint: str | None,
+    settle_refusal: bool,
+) -> Submitted:
+    """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     _task_check(route, embeddings=False, model=request.model)
     route = await pool_route(route, priority=priority)
@@ -304,6 +379,7 @@ async def generation_submit(
         clock=clock,
         cache=cache,
         request_taken=request_taken,
+        settle_refusal=settle_refusal,
     )
     try:
         shadow = routing.shadow_for(request_id=request_id)
@@ -393,11 +469,14 @@ async def _job_submit(
     cache: _Lookup | None = None,
     payload: bytes | None = None,
     request_taken: bool = False,
+    settle_refusal: bool = False,
 ) -> Decision:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
 
     A request found in its tenant's response cache is admitted the same way, then answered
     from the cache instead of queued. `payload` is the job's encoding, if made already.
+    `settle_refusal`: when the queue refuses the job, its reservation is given back before
+    this raises (the request is about to be admitted again, under the same id, elsewhere).
     """
     if clock is not None:
         clock.lap("preprocess")
@@ -425,7 +504,7 @@ async def _job_submit(
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes
             # back at once and the request leaves no usage record, like any other refusal.
-            spawn(
+            released = spawn(
                 quotas_get().release(
                     tenant_id=principal.tenant_id,
                     request_id=job.request_id,
@@ -433,6 +512,10 @@ async def _job_submit(
                     used=Usage(tokens=0, cost_micros=0),
                 )
             )
+            if settle_refusal:
+                # Shielded: a cancel of this request still lets the release finish.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(released)
             raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
         except BaseException:
             # Admitted, then anything else (any exception, a cancelled task): the job may or

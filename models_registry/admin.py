@@ -27,7 +27,9 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
 @admin.register(Alias)
 class AliasAdmin(admin.ModelAdmin):
-    list_display = ["name", "version", "updated_at"]
+    list_display = ["name", "version", "fallback", "updated_at"]
+    # Set through the API, which refuses loops and fallbacks of another kind of model.
+    readonly_fields = ["fallback"]
 
 
 @admin.register(Deployment)

@@ -20,7 +20,7 @@ from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import live_workers_sync
 from models_registry.models import Alias, Deployment, ModelVersion
 from models_registry.selectors import version_pinned
-from models_registry.services import alias_shadow_set, alias_split_set
+from models_registry.services import alias_fallback_set, alias_shadow_set, alias_split_set
 from tenants.apis import FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 
 
@@ -37,7 +37,7 @@ def version_named(field: str, ref: str) -> ModelVersion:
 def alias_named(name: str) -> Alias:
     """Return the alias a path names, else a 404."""
     try:
-        return Alias.objects.select_related("version__model").get(name=name)
+        return Alias.objects.select_related("version__model", "fallback").get(name=name)
     except Alias.DoesNotExist as exc:
         raise Http404(f"no alias {name!r}") from exc
 
@@ -60,6 +60,7 @@ class AliasSerializer(serializers.Serializer[Any]):
     primary = serializers.CharField()
     splits = ShareBodySerializer(many=True)
     shadow = ShareBodySerializer(allow_null=True)
+    fallback = serializers.CharField(allow_null=True)
 
 
 def _alias_body(alias: Alias) -> dict[str, Any]:
@@ -74,6 +75,7 @@ def _alias_body(alias: Alias) -> dict[str, Any]:
         "shadow": {"version": shadow.version.public_name, "percent": shadow.buckets / 100}
         if shadow
         else None,
+        "fallback": alias.fallback.name if alias.fallback is not None else None,
     }
 
 
@@ -128,6 +130,38 @@ class AliasShadowApi(APIView):
                 alias=alias,
                 version=version,
                 percent=given.validated_data["percent"],
+                actor=request.user,  # type: ignore[arg-type]
+                reason=given.validated_data["reason"],
+            )
+        except DjangoValidationError as exc:
+            raise drf_validation_error(exc) from exc
+        return Response(_alias_body(alias_named(name)))
+
+
+class FallbackSerializer(serializers.Serializer[Any]):
+    alias = serializers.CharField(allow_null=True)
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+class AliasFallbackApi(APIView):
+    """PUT the alias an alias's interactive requests go to when it cannot take them (null: none)."""
+
+    @extend_schema(
+        request=FallbackSerializer,
+        responses={200: AliasSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
+    def put(self, request: Request, name: str) -> Response:
+        alias = alias_named(name)
+        given = FallbackSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        ref = given.validated_data["alias"]
+        fallback = Alias.objects.select_related("version__model").filter(name=ref).first()
+        if ref is not None and fallback is None:
+            raise serializers.ValidationError({"alias": f"no alias {ref!r}"})
+        try:
+            alias_fallback_set(
+                alias=alias,
+                fallback=fallback,
                 actor=request.user,  # type: ignore[arg-type]
                 reason=given.validated_data["reason"],
             )

@@ -109,14 +109,23 @@ class ModelVersion(models.Model):
         return self.public_name
 
 
+FALLBACK_HOPS = 3  # an alias's fallback, its fallback's, and one more at most
+
+
 class Alias(models.Model):
     """A stable name clients call (e.g. `chat-default`).
 
-    `version` is the primary version: it takes every bucket the splits do not.
+    `version` is the primary version: it takes every bucket the splits do not. `fallback` is
+    the alias an interactive request goes to when this one's deployment cannot take it (its
+    queue is full, no worker serves it, or its wait passes the deadline): a smaller model
+    answering beats a 503 (docs/rollouts.md, "Fallbacks").
     """
 
     name = models.SlugField(max_length=100, unique=True)
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="aliases")
+    fallback = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="fallback_of"
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -207,6 +207,8 @@ class Routing:
     shadow: Route | None = None
     shadow_buckets: int = 0
     weights: dict[str, float] = field(default_factory=dict)  # version -> percent
+    # The alias an interactive request goes to when this one's deployment cannot take it.
+    fallback: str = ""
 
     def pick(self, *, tenant_id: int, user: str | None) -> Route:
         if not self.splits:
@@ -253,6 +255,7 @@ def _alias_routing(alias: Alias, price_of: PriceOf) -> Routing | None:
         shadow=shadow_route,
         shadow_buckets=shadow.buckets if shadow_route is not None and shadow else 0,
         weights=weights,
+        fallback=alias.fallback.name if alias.fallback is not None else "",
     )
 
 
@@ -267,7 +270,9 @@ def routing_resolve(*, name: str, price_of: PriceOf) -> Routing | None:
         version = version_pinned(name)
     else:
         alias = (
-            Alias.objects.select_related("version__model", "version__base", "shadow__version")
+            Alias.objects.select_related(
+                "version__model", "version__base", "shadow__version", "fallback"
+            )
             .filter(name=name)
             .first()
         )

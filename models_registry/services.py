@@ -29,6 +29,7 @@ from models_registry.manifest import (
 )
 from models_registry.models import (
     BUCKETS,
+    FALLBACK_HOPS,
     Alias,
     AliasShadow,
     AliasSplit,
@@ -372,6 +373,60 @@ def alias_shadow_set(
             before=before,
             after=after,
         )
+    return alias
+
+
+def alias_fallback_set(
+    *, alias: Alias, fallback: Alias | None, actor: User | None = None, reason: str = ""
+) -> Alias:
+    """Name the alias an alias's interactive requests go to when it cannot take them (None: none).
+
+    The fallback must answer the same kind of request (a chat model for a chat model; an
+    embedding model's vectors differ from any other's, so embeddings have none), and the
+    chain it starts must end without coming back to this alias, within FALLBACK_HOPS aliases.
+    """
+    if fallback is not None:
+        if fallback.pk == alias.pk:
+            raise ValidationError({"alias": f"{alias.name} cannot fall back to itself"})
+        tasks = {a.name: a.version.model.task for a in (alias, fallback)}
+        if Task.EMBEDDING in tasks.values() or len(set(tasks.values())) > 1:
+            raise ValidationError(
+                {
+                    "alias": f"{fallback.name} serves {tasks[fallback.name]} requests and "
+                    f"{alias.name} {tasks[alias.name]} requests: a fallback answers chat or "
+                    "completion requests like its alias's own"
+                }
+            )
+        chain = [alias.name, fallback.name]
+        after = fallback.fallback
+        while after is not None and len(chain) <= FALLBACK_HOPS + 1:
+            chain.append(after.name)
+            if after.pk == alias.pk:
+                raise ValidationError({"alias": f"a loop of fallbacks: {' -> '.join(chain)}"})
+            after = after.fallback
+        if len(chain) - 1 > FALLBACK_HOPS:
+            raise ValidationError(
+                {
+                    "alias": f"a chain of {len(chain) - 1} fallbacks ({' -> '.join(chain)}); "
+                    f"at most {FALLBACK_HOPS} are followed"
+                }
+            )
+    with transaction.atomic():
+        current = Alias.objects.select_for_update(of=("self",)).select_related("fallback")
+        held = current.get(pk=alias.pk)
+        before = {"fallback": held.fallback.name if held.fallback else None}
+        Alias.objects.filter(pk=alias.pk).update(fallback=fallback)
+        change_publish(ROUTES)  # update() sends no signal
+        audit_record(
+            action="alias.fallback",
+            target_type="alias",
+            target_id=alias.name,
+            actor=actor,
+            reason=reason,
+            before=before,
+            after={"fallback": fallback.name if fallback else None},
+        )
+    alias.fallback = fallback
     return alias
 
 

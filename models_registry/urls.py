@@ -13,5 +13,6 @@ urlpatterns = [
     path("aliases/<slug:name>", apis.AliasDetailApi.as_view()),
     path("aliases/<slug:name>/split", apis.AliasSplitApi.as_view()),
     path("aliases/<slug:name>/shadow", apis.AliasShadowApi.as_view()),
+    path("aliases/<slug:name>/fallback", apis.AliasFallbackApi.as_view()),
     path("deployments", apis.DeploymentListApi.as_view()),
 ]

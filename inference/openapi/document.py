@@ -73,6 +73,18 @@ def openapi_document() -> Schema:
                     "description": "hit or miss, for tenants that use the response cache.",
                     "schema": {"type": "string", "enum": ["hit", "miss"]},
                 },
+                "FallbackFrom": {
+                    "description": "The alias the request named, when that alias's model "
+                    "could not take it and its fallback alias answered.",
+                    "schema": {"type": "string"},
+                },
+                "FallbackReason": {
+                    "description": "Why the named alias could not take the request.",
+                    "schema": {
+                        "type": "string",
+                        "enum": ["queue_full", "model_unavailable", "deadline_unattainable"],
+                    },
+                },
                 "ShouldRetry": {
                     "description": "Whether a retry can succeed: false for a refusal no retry "
                     "mends (bad input, a deadline the client set that passed), true where "

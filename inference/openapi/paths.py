@@ -128,6 +128,10 @@ def _generation(chunk: str, body: str, result: str, summary: str) -> Schema:
                     {
                         **VERSION_HEADER,
                         "x-roundhouse-cache": {"$ref": "#/components/headers/Cache"},
+                        "x-roundhouse-fallback-from": {"$ref": "#/components/headers/FallbackFrom"},
+                        "x-roundhouse-fallback-reason": {
+                            "$ref": "#/components/headers/FallbackReason"
+                        },
                     },
                 ),
                 **errors(400, *AUTH_ERRORS, 404, 409, 413, 422, 429, 503),

@@ -552,6 +552,7 @@ STAFF_ONLY = [
     (Call("GET", "/api/aliases/tiny-chat"), 403),
     (Call("PUT", "/api/aliases/tiny-chat/split", {"version": "tiny-llama@x", "percent": 50}), 403),
     (Call("PUT", "/api/aliases/tiny-chat/shadow", {"version": "tiny-llama@x", "percent": 50}), 403),
+    (Call("PUT", "/api/aliases/tiny-chat/fallback", {"alias": None}), 403),
     (Call("GET", "/api/deployments"), 403),
     (Call("GET", "/api/versions/tiny-llama@x/slis"), 403),
     (Call("POST", "/api/finance/invoices/build", {"tenant": "acme", "month": "2001-02"}), 403),

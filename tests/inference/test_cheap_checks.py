@@ -267,6 +267,8 @@ async def test_a_request_larger_than_its_deployments_queue_is_a_400_before_admis
         routing = await routing_get(name)
 
         class Small:
+            fallback = ""
+
             def pick(self, **kwargs: Any) -> Any:
                 return dataclasses.replace(routing.pick(**kwargs), max_queued_tokens=120)
 
