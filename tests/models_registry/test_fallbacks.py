@@ -39,67 +39,67 @@ def _alias(tmp_path, name: str, *, task: str = Task.CHAT) -> Alias:
 @pytest.fixture
 def staff() -> APIClient:
     client = APIClient()
-    client.force_login(User.objects.create_user("fb-ops", is_staff=True))
+    client.force_login(User.objects.create_user("fbr-ops", is_staff=True))
     return client
 
 
 def test_a_fallback_is_set_routed_audited_and_cleared_through_the_api(tmp_path, staff, world):
-    big, small = _alias(tmp_path, "fb-big"), _alias(tmp_path, "fb-small")
+    big, small = _alias(tmp_path, "fbr-big"), _alias(tmp_path, "fbr-small")
     response = staff.put(
-        "/api/aliases/fb-big-chat/fallback",
-        {"alias": "fb-small-chat", "reason": "degrade, do not refuse"},
+        "/api/aliases/fbr-big-chat/fallback",
+        {"alias": "fbr-small-chat", "reason": "degrade, do not refuse"},
         format="json",
     )
     assert response.status_code == 200, response.content
-    assert response.json()["fallback"] == "fb-small-chat"
-    assert staff.get("/api/aliases/fb-big-chat").json()["fallback"] == "fb-small-chat"
-    routing = routing_resolve(name="fb-big-chat", price_of=price_current)
-    assert routing is not None and routing.fallback == "fb-small-chat"
+    assert response.json()["fallback"] == "fbr-small-chat"
+    assert staff.get("/api/aliases/fbr-big-chat").json()["fallback"] == "fbr-small-chat"
+    routing = routing_resolve(name="fbr-big-chat", price_of=price_current)
+    assert routing is not None and routing.fallback == "fbr-small-chat"
     # The fallback's own routing has none: a chain ends where no alias names another.
-    onward = routing_resolve(name="fb-small-chat", price_of=price_current)
+    onward = routing_resolve(name="fbr-small-chat", price_of=price_current)
     assert onward is not None and onward.fallback == ""
-    page = staff.get("/console/ops/aliases/fb-big-chat").content.decode()
-    assert '<a href="/console/ops/aliases/fb-small-chat">fb-small-chat</a> takes' in page
+    page = staff.get("/console/ops/aliases/fbr-big-chat").content.decode()
+    assert '<a href="/console/ops/aliases/fbr-small-chat">fbr-small-chat</a> takes' in page
     event = AuditEvent.objects.filter(action="alias.fallback", target_id=big.name).get()
     assert event.before == {"fallback": None}
     assert event.after == {"fallback": small.name}
     assert event.reason == "degrade, do not refuse"
 
-    cleared = staff.put("/api/aliases/fb-big-chat/fallback", {"alias": None}, format="json")
+    cleared = staff.put("/api/aliases/fbr-big-chat/fallback", {"alias": None}, format="json")
     assert cleared.status_code == 200 and cleared.json()["fallback"] is None
-    assert "Fallback: none" in staff.get("/console/ops/aliases/fb-big-chat").content.decode()
-    routing = routing_resolve(name="fb-big-chat", price_of=price_current)
+    assert "Fallback: none" in staff.get("/console/ops/aliases/fbr-big-chat").content.decode()
+    routing = routing_resolve(name="fbr-big-chat", price_of=price_current)
     assert routing is not None and routing.fallback == ""
 
 
 def test_the_api_names_a_missing_alias_and_refuses_non_staff(tmp_path, staff, world):
-    _alias(tmp_path, "fb-one")
-    missing = staff.put("/api/aliases/fb-one-chat/fallback", {"alias": "nope"}, format="json")
+    _alias(tmp_path, "fbr-one")
+    missing = staff.put("/api/aliases/fbr-one-chat/fallback", {"alias": "nope"}, format="json")
     assert missing.status_code == 400 and "alias" in missing.json()
     assert (
         staff.put("/api/aliases/nope/fallback", {"alias": None}, format="json").status_code == 404
     )
     outsider = APIClient()
     outsider.force_login(world.alice)
-    refused = outsider.put("/api/aliases/fb-one-chat/fallback", {"alias": None}, format="json")
+    refused = outsider.put("/api/aliases/fbr-one-chat/fallback", {"alias": None}, format="json")
     assert refused.status_code == 403
-    assert Alias.objects.get(name="fb-one-chat").fallback is None
+    assert Alias.objects.get(name="fbr-one-chat").fallback is None
 
 
 def test_a_fallback_to_itself_or_back_round_a_loop_is_refused(tmp_path, world):
-    a, b, c = (_alias(tmp_path, f"fb-loop-{x}") for x in "abc")
+    a, b, c = (_alias(tmp_path, f"fbr-loop-{x}") for x in "abc")
     with pytest.raises(ValidationError, match="itself"):
         alias_fallback_set(alias=a, fallback=a)
     alias_fallback_set(alias=a, fallback=b)
     alias_fallback_set(alias=b, fallback=c)
-    loop = "a loop of fallbacks: fb-loop-c-chat -> fb-loop-a-chat -> fb-loop-b-chat -> fb-loop-c"
+    loop = "a loop of fallbacks: fbr-loop-c-chat -> fbr-loop-a-chat -> fbr-loop-b-chat -> fbr-loop"
     with pytest.raises(ValidationError, match=loop):
         alias_fallback_set(alias=c, fallback=a)
     assert Alias.objects.get(pk=c.pk).fallback is None
 
 
 def test_a_chain_longer_than_three_is_refused(tmp_path, world):
-    chain = [_alias(tmp_path, f"fb-chain-{i}") for i in range(5)]
+    chain = [_alias(tmp_path, f"fbr-chain-{i}") for i in range(5)]
     for here, there in itertools.pairwise(chain[1:]):
         alias_fallback_set(alias=here, fallback=there)  # 1 -> 2 -> 3 -> 4: three hops
     with pytest.raises(ValidationError, match="a chain of 4 fallbacks"):
@@ -107,19 +107,19 @@ def test_a_chain_longer_than_three_is_refused(tmp_path, world):
 
 
 def test_a_fallback_answers_the_same_kind_of_request(tmp_path, world):
-    chat = _alias(tmp_path, "fb-kind-chat")
-    completion = _alias(tmp_path, "fb-kind-text", task=Task.COMPLETION)
-    encoder = _alias(tmp_path, "fb-kind-vec", task=Task.EMBEDDING)
-    other_encoder = _alias(tmp_path, "fb-kind-vec2", task=Task.EMBEDDING)
+    chat = _alias(tmp_path, "fbr-kind-chat")
+    completion = _alias(tmp_path, "fbr-kind-text", task=Task.COMPLETION)
+    encoder = _alias(tmp_path, "fbr-kind-vec", task=Task.EMBEDDING)
+    other_encoder = _alias(tmp_path, "fbr-kind-vec2", task=Task.EMBEDDING)
     with pytest.raises(ValidationError, match="serves completion requests"):
         alias_fallback_set(alias=chat, fallback=completion)
     with pytest.raises(ValidationError, match="embedding"):
         alias_fallback_set(alias=encoder, fallback=other_encoder)
-    assert Alias.objects.filter(fallback__isnull=False).count() == 0
+    assert not Alias.objects.filter(pk__in=[chat.pk, encoder.pk], fallback__isnull=False)
 
 
 def test_an_alias_that_is_deleted_leaves_no_dangling_fallback(tmp_path, world):
-    big, small = _alias(tmp_path, "fb-del-big"), _alias(tmp_path, "fb-del-small")
+    big, small = _alias(tmp_path, "fbr-del-big"), _alias(tmp_path, "fbr-del-small")
     alias_fallback_set(alias=big, fallback=small)
     small.delete()
     assert Alias.objects.get(pk=big.pk).fallback is None
