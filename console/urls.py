@@ -25,6 +25,7 @@ urlpatterns = [
     path("ops/live", views.ops_live, name="ops_live"),
     path("ops/aliases/<slug:name>", views.canary, name="canary"),
     path("ops/aliases/<slug:name>/split", views.canary_split, name="canary_split"),
+    path("ops/aliases/<slug:name>/fallback", views.canary_fallback, name="canary_fallback"),
     path(
         "ops/aliases/<slug:name>/rollouts/<int:pk>/<slug:action>",
         views.canary_action,

@@ -30,7 +30,7 @@ from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
 from models_registry.selectors import version_pinned
-from models_registry.services import alias_split_set
+from models_registry.services import alias_fallback_set, alias_split_set
 from rollouts.services import RolloutConflict, rollout_act
 from tenants.lockout import lockout_is_locked
 from tenants.models import ApiKey, Role, Scope, Tenant
@@ -388,6 +388,7 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
             "split": split,
             "candidates": [v for v in versions if v != alias.version],
             "comparison": comparison,
+            "fallbacks": [a.name for a in selectors.alias_list() if a.pk != alias.pk],
         },
     )
 
@@ -414,6 +415,33 @@ def canary_split(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(request, f"{version.public_name} now gets {percent:g}% of {name}.")
     except (ValueError, ValidationError) as exc:
         messages.error(request, f"Split not changed: {exc}")
+    return redirect("console:canary", name=name)
+
+
+@login_required
+@require_POST
+def canary_fallback(request: HttpRequest, name: str) -> HttpResponse:
+    _staff(request)
+    alias = selectors.alias_get(name=name)
+    if alias is None:
+        raise Http404("no such alias")
+    chosen = request.POST.get("fallback", "")
+    fallback = selectors.alias_get(name=chosen) if chosen else None
+    try:
+        if chosen and fallback is None:
+            raise ValidationError(f"no alias {chosen!r}")
+        alias_fallback_set(
+            alias=alias,
+            fallback=fallback,
+            actor=_user(request),
+            reason=request.POST.get("reason", ""),
+        )
+        if fallback is None:
+            messages.success(request, f"{name} has no fallback now.")
+        else:
+            messages.success(request, f"{fallback.name} now takes what {name} cannot.")
+    except ValidationError as exc:
+        messages.error(request, f"Fallback not changed: {'; '.join(exc.messages)}")
     return redirect("console:canary", name=name)
 
 

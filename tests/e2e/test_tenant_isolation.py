@@ -565,6 +565,7 @@ STAFF_ONLY = [
     (Call("GET", "/console/ops/live"), 404),
     (Call("GET", "/console/ops/aliases/tiny-chat"), 404),
     (Call("POST", "/console/ops/aliases/tiny-chat/split", {"percent": "50"}), 404),
+    (Call("POST", "/console/ops/aliases/tiny-chat/fallback", {"fallback": ""}), 404),
     (Call("GET", "/console/ops/audit"), 404),
     (Call("GET", "/console/ops/versions"), 404),
     (Call("GET", "/console/ops/tenants"), 404),

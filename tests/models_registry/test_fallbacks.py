@@ -125,3 +125,22 @@ def test_an_alias_that_is_deleted_leaves_no_dangling_fallback(tmp_path, world):
     assert Alias.objects.get(pk=big.pk).fallback is None
     routing = routing_resolve(name=big.name, price_of=price_current)
     assert routing is not None and routing.fallback == ""
+
+
+def test_the_console_sets_and_clears_a_fallback_and_says_why_not(tmp_path, staff, world):
+    big, small = _alias(tmp_path, "fbr-con-big"), _alias(tmp_path, "fbr-con-small")
+    page = "/console/ops/aliases/{}/fallback"
+    set_ = staff.post(
+        page.format("fbr-con-big-chat"),
+        {"fallback": "fbr-con-small-chat", "reason": "degrade"},
+        follow=True,
+    )
+    assert "fbr-con-small-chat now takes what fbr-con-big-chat cannot." in set_.content.decode()
+    assert Alias.objects.get(pk=big.pk).fallback_id == small.pk
+    assert AuditEvent.objects.filter(action="alias.fallback", reason="degrade").exists()
+    loop = staff.post(page.format("fbr-con-small-chat"), {"fallback": big.name}, follow=True)
+    assert "Fallback not changed: a loop of fallbacks" in loop.content.decode()
+    assert Alias.objects.get(pk=small.pk).fallback is None
+    cleared = staff.post(page.format("fbr-con-big-chat"), {"fallback": ""}, follow=True)
+    assert "fbr-con-big-chat has no fallback now." in cleared.content.decode()
+    assert Alias.objects.get(pk=big.pk).fallback is None
