@@ -353,7 +353,7 @@ def frontend_times(iterations: int) -> dict[str, FrontendTimes]:
     """Time the frontend's preprocessing of a plain chat and the same chat with 20 tools."""
     from billing.services import price_current
     from inference.params import CHAT, body_parse, generation_parse
-    from inference.submission import _tools
+    from inference.sampling import tools_build
     from inference.tokenization import prompt_ids
     from models_registry.selectors import route_resolve
 
@@ -373,7 +373,7 @@ def frontend_times(iterations: int) -> dict[str, FrontendTimes]:
             # As the frontend tokenises: without a context bound the 20 tools' prompt is
             # measured whole even where it is longer than the tiny model's context.
             prompts = prompt_ids(request, route)
-            _tools(request, route)
+            tools_build(request, route)
             ended = time.perf_counter()
             if i < 10:
                 continue

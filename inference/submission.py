@@ -28,7 +28,6 @@ from dataplane.types import (
     Sampling,
     Started,
     Status,
-    Tools,
     encode,
     usage_for,
 )
@@ -50,9 +49,10 @@ from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Original
 from inference.metrics import RequestClock, admission_decided, fallback_taken
 from inference.openai_format import Shape, shape_of
-from inference.params import CHAT, EMBEDDINGS, EmbeddingRequest, GenerationRequest
+from inference.params import EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pools import pool_route
 from inference.response_cache import Stored, cache_key, cacheable
+from inference.sampling import sampling_build, tools_build
 from inference.tokenization import (
     INLINE_TOKENIZE_CHARS,
     input_ids,
@@ -110,89 +110,6 @@ def _prompt_text(request: GenerationRequest) -> str:
     return request.prompt or ""
 
 
-GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily
-
-
-def sampling_build(
-    *, request: GenerationRequest, route: Route, principal: Principal, prompt_tokens: int
-) -> Sampling:
-    """Return the sampling parameters of a request after enforcing token and context limits.
-
-    `prompt_tokens` is the longest prompt's length (a completions request may send several).
-    """
-    prompt_param = "messages" if request.endpoint == CHAT else "prompt"
-    if prompt_tokens == 0:
-        # The engine refuses an empty prompt; the client hears why, not a 503.
-        message = f"The {prompt_param} is empty: it has no tokens."
-        raise ApiError(400, "invalid_value", message, param=prompt_param)
-    context = min(route.context_length, principal.max_context_tokens)
-    if prompt_tokens >= context:
-        raise ApiError(
-            400,
-            "context_length_exceeded",
-            f"This model's maximum context length is {context} tokens. However, your "
-            f"{prompt_param} resulted in {prompt_tokens} tokens.",
-            param=prompt_param,
-        )
-    cap = principal.max_tokens_per_request
-    if request.max_tokens is not None and request.max_tokens > cap:
-        raise ApiError(
-            400,
-            "max_tokens_exceeded",
-            f"max_tokens is {request.max_tokens}, but this tenant allows at most {cap}.",
-            param="max_tokens",
-        )
-    max_tokens = request.max_tokens or min(cap, context - prompt_tokens)
-    if prompt_tokens + max_tokens > context:
-        raise ApiError(
-            400,
-            "context_length_exceeded",
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, "
-            f"{max_tokens} in the completion). Reduce the {prompt_param} or max_tokens.",
-            param="max_tokens",
-        )
-    if request.min_tokens > max_tokens:
-        raise ApiError(
-            400, "invalid_value", "'min_tokens' cannot exceed max_tokens.", param="min_tokens"
-        )
-    defaults = route.sampling_defaults
-    temperature = (
-        request.temperature
-        if request.temperature is not None
-        else float(defaults.get("temperature", 1.0))
-    )
-    if request.n > 1 and temperature < GREEDY_TEMPERATURE:
-        # Greedy choices would all be the same text: vLLM refuses it, so does the platform.
-        message = f"n must be 1 when using greedy sampling, got {request.n}."
-        raise ApiError(400, "invalid_value", message, param="n")
-    return Sampling(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=request.top_p if request.top_p is not None else float(defaults.get("top_p", 1.0)),
-        top_k=request.top_k if request.top_k is not None else int(defaults.get("top_k", 0)),
-        seed=request.seed,
-        stop=request.stop,
-        ignore_eos=request.ignore_eos,
-        min_tokens=request.min_tokens,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        n=request.n,
-        repetition_penalty=request.repetition_penalty,
-        min_p=request.min_p,
-        stop_token_ids=list(request.stop_token_ids),
-        bad_words=list(request.bad_words),
-        logit_bias=dict(request.logit_bias or {}),
-        skip_special_tokens=request.skip_special_tokens,
-        spaces_between_special_tokens=request.spaces_between_special_tokens,
-        include_stop_str_in_output=request.include_stop_str_in_output,
-        logprobs=request.logprobs,
-        # Completions' echo with logprobs gives the prompt's tokens their logprobs too.
-        prompt_logprobs=request.logprobs if request.echo and request.endpoint != CHAT else None,
-        structured=request.structured,
-    )
-
-
 def answer_shape(request: GenerationRequest, route: Route) -> Shape:
     """The shape of a request's answer; token-id prompts echo as the tokenizer writes them."""
 
@@ -201,27 +118,6 @@ def answer_shape(request: GenerationRequest, route: Route) -> Shape:
         return tokenizer.decode(ids)
 
     return shape_of(request, decode=decode)
-
-
-def _tools(request: GenerationRequest, route: Route) -> Tools | None:
-    """What the worker needs to parse tool calls out of the output; None when none can come."""
-    use = request.tools
-    if use is None or (use.choice == "none" and not use.named):
-        return None
-    if not route.tool_parser:
-        raise ApiError(
-            400,
-            "unsupported_parameter",
-            f"'{request.model}' has no tool parser in its manifest, so it cannot call tools; "
-            "leave 'tool_choice' out or send \"none\".",
-            param="tools",
-        )
-    return Tools(
-        parser=route.tool_parser,
-        tools=json.dumps(use.tools),
-        choice=use.choice_json,
-        parallel=use.parallel,
-    )
 
 
 async def generation_submit(
@@ -344,7 +240,7 @@ async def _generation_admit(
         principal=principal,
         prompt_tokens=max(len(p) for p in prompts),
     )
-    tools = _tools(request, route)
+    tools = tools_build(request, route)
     now = time.time()
     job = Job(
         request_id=request_id,
