@@ -34,6 +34,9 @@ VERSION_HEADER = "x-roundhouse-model-version"
 # On a response an alias's fallback gave: the alias the client named, and why it could not.
 FALLBACK_FROM_HEADER = "x-roundhouse-fallback-from"
 FALLBACK_REASON_HEADER = "x-roundhouse-fallback-reason"
+# Refusals that say the platform cannot take a request on this model now, not that the
+# request or its tenant is at fault: an alias's fallback may take it (generation_submit).
+FALLBACK_REASONS = frozenset({"queue_full", "model_unavailable", "deadline_unattainable"})
 
 
 def request_id_new() -> str:

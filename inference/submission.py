@@ -32,6 +32,7 @@ from dataplane.types import (
     usage_for,
 )
 from inference.admission import (
+    FALLBACK_REASONS,
     CacheUse,
     Submitted,
     admit,
@@ -71,9 +72,6 @@ SHADOW_REPLY_TTL_SECONDS = 60
 # refused (and of the batch class, after an interactive one) at once for a moment: 50 ms is
 # short next to a request's service time and long next to a flood's gaps.
 QUEUE_FULL_BACKOFF_SECONDS = 0.05
-# Refusals that say the platform cannot take a request on this model now, not that the
-# request or its tenant is at fault: an alias's fallback may take it (generation_submit).
-FALLBACK_REASONS = frozenset({"queue_full", "model_unavailable", "deadline_unattainable"})
 _full_until: dict[tuple[str, str], float] = {}
 
 
@@ -177,7 +175,6 @@ async def generation_submit(
                 trace=trace,
                 request_taken=request_taken,
                 endpoint=endpoint,
-                settle_refusal=follow,
             )
         except ApiError as refused:
             if not follow or refused.code not in FALLBACK_REASONS:
@@ -211,7 +208,6 @@ async def _generation_admit(
     trace: TraceContext | None,
     request_taken: bool,
     endpoint: str | None,
-    settle_refusal: bool,
 ) -> Submitted:
     """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
@@ -275,7 +271,6 @@ async def _generation_admit(
         clock=clock,
         cache=cache,
         request_taken=request_taken,
-        settle_refusal=settle_refusal,
     )
     try:
         shadow = routing.shadow_for(request_id=request_id)
@@ -365,14 +360,11 @@ async def _job_submit(
     cache: _Lookup | None = None,
     payload: bytes | None = None,
     request_taken: bool = False,
-    settle_refusal: bool = False,
 ) -> Decision:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
 
     A request found in its tenant's response cache is admitted the same way, then answered
     from the cache instead of queued. `payload` is the job's encoding, if made already.
-    `settle_refusal`: when the queue refuses the job, its reservation is given back before
-    this raises (the request is about to be admitted again, under the same id, elsewhere).
     """
     if clock is not None:
         clock.lap("preprocess")
@@ -408,10 +400,11 @@ async def _job_submit(
                     used=Usage(tokens=0, cost_micros=0),
                 )
             )
-            if settle_refusal:
-                # Shielded: a cancel of this request still lets the release finish.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(released)
+            # Given back before the refusal is answered: a fallback admits the request again
+            # under the same id, and a late release would take what that attempt holds.
+            # Shielded: a cancel of this request still lets the release finish.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(released)
             raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
         except BaseException:
             # Admitted, then anything else (any exception, a cancelled task): the job may or

@@ -155,7 +155,9 @@ class AliasFallbackApi(APIView):
         given = FallbackSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         ref = given.validated_data["alias"]
-        fallback = Alias.objects.select_related("version__model").filter(name=ref).first()
+        fallback = None
+        if ref is not None:
+            fallback = Alias.objects.select_related("version__model").filter(name=ref).first()
         if ref is not None and fallback is None:
             raise serializers.ValidationError({"alias": f"no alias {ref!r}"})
         try:

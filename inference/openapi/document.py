@@ -12,6 +12,7 @@ import functools
 
 import msgspec
 
+from inference.admission import FALLBACK_REASONS
 from inference.openapi import bodies, objects
 from inference.openapi.parts import parts
 from inference.openapi.paths import model_paths, operation_paths, request_paths, responses
@@ -82,7 +83,7 @@ def openapi_document() -> Schema:
                     "description": "Why the named alias could not take the request.",
                     "schema": {
                         "type": "string",
-                        "enum": ["queue_full", "model_unavailable", "deadline_unattainable"],
+                        "enum": sorted(FALLBACK_REASONS),
                     },
                 },
                 "ShouldRetry": {
