@@ -114,6 +114,8 @@ def alias_list() -> QuerySet[Alias]:
 
 def alias_get(*, name: str) -> Alias | None:
     """The alias with this name, with its version and model, or None."""
+    if "\x00" in name:
+        return None  # no name holds one, and PostgreSQL cannot compare text that does
     return Alias.objects.select_related("version__model", "fallback").filter(name=name).first()
 
 

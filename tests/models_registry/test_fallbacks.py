@@ -144,3 +144,13 @@ def test_the_console_sets_and_clears_a_fallback_and_says_why_not(tmp_path, staff
     cleared = staff.post(page.format("fbr-con-big-chat"), {"fallback": ""}, follow=True)
     assert "fbr-con-big-chat has no fallback now." in cleared.content.decode()
     assert Alias.objects.get(pk=big.pk).fallback is None
+
+
+def test_the_consoles_form_names_a_hostile_alias_and_changes_nothing(tmp_path, staff, world):
+    big = _alias(tmp_path, "fbr-nul-big")
+    page = "/console/ops/aliases/fbr-nul-big-chat/fallback"
+    for hostile in ("a\x00b", "x" * 100_000, "../fbr-nul-big-chat"):
+        answer = staff.post(page, {"fallback": hostile}, follow=True)
+        assert answer.status_code == 200
+        assert "Fallback not changed: no alias" in answer.content.decode()
+    assert Alias.objects.get(pk=big.pk).fallback is None
