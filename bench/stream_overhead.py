@@ -21,7 +21,10 @@ records the 1-minute load average before it ran, and a round whose vLLM figures 
 Each level runs at least 256 requests, so that its p99 is not one request's luck.
 
 Writes docs/benchmarks.md, docs/img/stream_overhead.png and the raw results (every TTFT, gap
-and stage of every round) to docs/bench-data/stream_overhead.json. Asserts nothing.
+and stage of every round) to docs/bench-data/stream_overhead.json, after every round, so a run
+cut short keeps what it finished. On a machine with an NVIDIA GPU the section, plot and results
+are `stream_overhead_gpu`, beside the CPU ones. `--from-log LOG` rebuilds a section from a
+run's progress lines. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -48,6 +53,7 @@ from bench.common import (  # noqa: E402
     Platform,
     Sent,
     Target,
+    accelerator,
     cpu_features,
     cpu_seconds,
     median_ratio_pair,
@@ -61,6 +67,7 @@ from bench.common import (  # noqa: E402
     section_write,
     ttft_stages,
     vllm_server,
+    vllm_version,
 )
 
 OUTPUT_TOKENS = 64
@@ -219,25 +226,29 @@ def _stages_into(level: Level, streams: list[Stream]) -> None:
     )
 
 
-def run_vllm_server(model_dir: Path, work: Path, levels: list[int], per_level: int) -> list[Level]:
+def run_vllm_server(
+    model_dir: Path, work: Path, levels: list[int], args: argparse.Namespace
+) -> list[Level]:
     with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
-        return [_measure(target, c, per_level)[0] for c in levels]
+        return [_measure(target, c, args)[0] for c in levels]
 
 
 def run_roundhouse(
-    platform: Platform, work: Path, levels: list[int], per_level: int
+    platform: Platform, work: Path, levels: list[int], args: argparse.Namespace
 ) -> list[Level]:
     measured = []
     with roundhouse_stack(platform, work) as target:
         for c in levels:
-            level, streams = _measure(target, c, per_level)
+            level, streams = _measure(target, c, args)
             _stages_into(level, streams)
             measured.append(level)
     return measured
 
 
-def _measure(target: Target, concurrency: int, per_level: int) -> tuple[Level, list[Stream]]:
-    requests = max(per_level * concurrency, MIN_REQUESTS)
+def _measure(
+    target: Target, concurrency: int, args: argparse.Namespace
+) -> tuple[Level, list[Stream]]:
+    requests = max(args.requests_per_level * concurrency, args.min_requests)
     progress(f"{target.name}: concurrency {concurrency}, {requests} requests")
     load = os.getloadavg()[0]
     level, streams = asyncio.run(_level(target, concurrency, requests))
@@ -245,7 +256,8 @@ def _measure(target: Target, concurrency: int, per_level: int) -> tuple[Level, l
     progress(
         f"{target.name}: c={concurrency} {level.tokens_per_s:,.0f} tok/s, "
         f"TTFT p50 {level.ttft_p50_ms:.1f} ms p99 {level.ttft_p99_ms:.1f} ms, "
-        f"ITL p50 {level.itl_p50_ms:.1f} ms p99 {level.itl_p99_ms:.1f} ms (load {load:.1f})"
+        f"ITL p50 {level.itl_p50_ms:.1f} ms p99 {level.itl_p99_ms:.1f} ms "
+        f"(load {load:.1f}, {level.errors} errors)"
     )
     return level, streams
 
@@ -305,6 +317,10 @@ def _rounds_table(vllm_rounds: list[list[Level]], roundhouse_rounds: list[list[L
     return "\n".join(rows)
 
 
+def _whole(ms: float) -> str:
+    return "—" if math.isnan(ms) else f"{ms:.0f}"
+
+
 def _table(vllm: list[Level], roundhouse: list[Level]) -> str:
     rows = [
         "| streams | tok/s vLLM / Roundhouse | throughput ratio "
@@ -323,7 +339,8 @@ def _table(vllm: list[Level], roundhouse: list[Level]) -> str:
             f"| {a.itl_p50_ms:.1f} / {b.itl_p50_ms:.1f} "
             f"| {a.itl_p99_ms:.1f} / {b.itl_p99_ms:.1f} "
             f"| **{_ratio(b.itl_p99_ms, a.itl_p99_ms):.2f}** "
-            f"| {a.e2e_p99_ms:.0f} / {b.e2e_p99_ms:.0f} | {a.errors + b.errors} |"
+            f"| {_whole(a.e2e_p99_ms)} / {_whole(b.e2e_p99_ms)} "
+            f"| {a.errors + b.errors if min(a.errors, b.errors) >= 0 else '—'} |"
         )
     return "\n".join(rows)
 
@@ -385,15 +402,22 @@ def _results(
             "itl_p99_ratio": _ratio(b.itl_p99_ms, a.itl_p99_ms),
             "vllm_e2e_p99_ms": a.e2e_p99_ms,
             "roundhouse_e2e_p99_ms": b.e2e_p99_ms,
-            "errors": a.errors + b.errors,
+            # -1: not known (a level rebuilt from a log that did not say).
+            "errors": a.errors + b.errors if min(a.errors, b.errors) >= 0 else None,
         }
         for a, b in zip(vllm, roundhouse, strict=True)
     ]
     return {
-        "section": "stream_overhead",
+        "measured": args.measured,
+        "section": args.section,
         "settings": {
-            "cpu_count": os.cpu_count(),
-            "cpu": cpu_features(),
+            "cpu_count": args.cores,
+            "cpu": args.cpu,
+            "gpu": args.gpu,
+            "vllm": args.vllm,
+            "stream_interval_ms": args.stream_interval_ms,
+            "from_log": args.from_log is not None,
+            "min_requests": args.min_requests,
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
             "levels": [lvl.concurrency for lvl in vllm],
@@ -415,7 +439,7 @@ def _results(
     }
 
 
-def _plot(vllm: list[Level], roundhouse: list[Level], path: Path) -> None:
+def _plot(vllm: list[Level], roundhouse: list[Level], path: Path, machine: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -448,7 +472,7 @@ def _plot(vllm: list[Level], roundhouse: list[Level], path: Path) -> None:
         ax.set(xlabel="concurrent streams", ylabel="ms")
         ax.set_title(title)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Streaming {OUTPUT_TOKENS} tokens, tiny Llama on this CPU")
+    fig.suptitle(f"Streaming {OUTPUT_TOKENS} tokens, tiny Llama on {machine}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -456,82 +480,155 @@ def _plot(vllm: list[Level], roundhouse: list[Level], path: Path) -> None:
 
 def _rounds(
     model_dir: Path, platform: Platform, work: Path, levels: list[int], args: argparse.Namespace
-) -> tuple[list[list[Level]], list[list[Level]], list[str]]:
+) -> None:
     """Every round, both targets one after the other; a round whose vLLM figures drifted from
-    the earlier rounds' median runs again (`RERUNS` times at most, then it is kept)."""
+    the earlier rounds' median runs again (`--reruns` times at most, then it is kept).
+
+    The results are written after every round, so a run cut short (a borrowed GPU's time
+    running out) leaves the rounds it finished in the docs.
+    """
     vllm_rounds: list[list[Level]] = []
     roundhouse_rounds: list[list[Level]] = []
     reruns: list[str] = []
     for round_ in range(1, args.rounds + 1):
-        for attempt in range(RERUNS + 1):
+        for attempt in range(args.reruns + 1):
             # Alternating the targets spreads slow phases of the machine over both.
             progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
-            vllm = run_vllm_server(model_dir, work, levels, args.requests_per_level)
+            vllm = run_vllm_server(model_dir, work, levels, args)
             drift = _drifted(vllm, vllm_rounds)
-            if drift and attempt < RERUNS:
+            if drift and attempt < args.reruns:
                 reruns.append(f"round {round_}, try {attempt + 1}: {drift}")
                 progress(f"running round {round_} again: {drift}")
                 continue
             progress(f"round {round_}/{args.rounds}: (b) Roundhouse end to end")
             where = work / f"rh{round_}-{attempt}"
-            roundhouse = run_roundhouse(platform, where, levels, args.requests_per_level)
+            roundhouse = run_roundhouse(platform, where, levels, args)
             vllm_rounds.append(vllm)
             roundhouse_rounds.append(roundhouse)
             break
-    return vllm_rounds, roundhouse_rounds, reruns
+        _publish(args, vllm_rounds, roundhouse_rounds, reruns)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--levels", default="1,8,32", help="comma-separated concurrency levels")
-    parser.add_argument(
-        "--requests-per-level", type=int, default=16, help="requests per stream at each level"
+# What the progress lines of a run say, for rebuilding its results from its log (--from-log).
+_LOG_MACHINE = re.compile(r"processor: (?P<cpu>.*); GPU: (?P<gpu>.*); vLLM (?P<vllm>\S+)")
+_LOG_CORES = re.compile(r"(?P<cores>\d+) CPU cores")
+_LOG_ROUND = re.compile(r"round (?P<round>\d+)/(?P<of>\d+): \((?P<target>[ab])\)")
+_LOG_LEVEL = re.compile(
+    r"(?P<name>vllm|roundhouse): c=(?P<c>\d+) (?P<tok>[\d,.]+) tok/s, TTFT p50 (?P<t50>[\d.]+) ms "
+    r"p99 (?P<t99>[\d.]+) ms, ITL p50 (?P<i50>[\d.]+) ms p99 (?P<i99>[\d.]+) ms "
+    r"\(load (?P<load>[\d.]+)(?:, (?P<errors>\d+) errors)?\)"
+)
+_LOG_RERUN = re.compile(r"running round \d+ again: .*")
+_LOG_REQUESTS = re.compile(r": concurrency \d+, (?P<n>\d+) requests")
+
+
+def _from_log(args: argparse.Namespace) -> None:
+    """Rebuild a run's section from its progress lines: the rounds it finished, with the
+    figures the lines carry (throughput, TTFT and ITL percentiles; not the stage split or the
+    CPU use, which only the finished run writes)."""
+    text = args.from_log.read_text(errors="replace")
+    machine = _LOG_MACHINE.search(text)
+    if machine is None:
+        raise SystemExit(f"{args.from_log}: no 'processor:' line; is it this benchmark's log?")
+    args.gpu = "" if machine["gpu"] == "none" else machine["gpu"]
+    args.section = "stream_overhead_gpu" if args.gpu else "stream_overhead"
+    args.cpu, args.vllm = machine["cpu"], machine["vllm"]
+    cores = _LOG_CORES.search(text)
+    args.cores = int(cores["cores"]) if cores else None
+    requests = [int(m["n"]) for m in _LOG_REQUESTS.finditer(text)]
+    args.min_requests = min(requests) if requests else args.min_requests
+    rounds: dict[tuple[int, str], list[Level]] = {}
+    current: tuple[int, str] | None = None
+    for line in text.splitlines():
+        if found := _LOG_ROUND.search(line):
+            args.rounds = int(found["of"])
+            current = (int(found["round"]), found["target"])
+            rounds[current] = []
+        elif (found := _LOG_LEVEL.search(line)) and current is not None:
+            rounds[current].append(
+                Level(
+                    concurrency=int(found["c"]),
+                    tokens_per_s=float(found["tok"].replace(",", "")),
+                    ttft_p50_ms=float(found["t50"]),
+                    ttft_p99_ms=float(found["t99"]),
+                    errors=int(found["errors"]) if found["errors"] else -1,  # -1: not logged
+                    itl_p50_ms=float(found["i50"]),
+                    itl_p99_ms=float(found["i99"]),
+                    load_1m=float(found["load"]),
+                )
+            )
+    levels = max((len(v) for v in rounds.values()), default=0)
+    done = sorted(
+        r for (r, t) in rounds if t == "a" and levels and len(rounds.get((r, "b"), [])) == levels
     )
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="alternate the two targets this many times"
-    )
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
-    args = parser.parse_args()
-    levels = [int(c) for c in args.levels.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
-    platform: Platform | None = None
-    cpu = cpu_features()
-    progress(f"processor: {cpu}")
-    try:
-        from models_registry.demo_model import demo_model_build
+    if not done:
+        raise SystemExit(f"{args.from_log}: no round finished both targets")
+    # A round run again after drifting leaves its last try in the dict: the one that was kept.
+    reruns = [m.group(0) for m in _LOG_RERUN.finditer(text)]
+    _publish(args, [rounds[(r, "a")] for r in done], [rounds[(r, "b")] for r in done], reruns)
 
-        progress("building the tiny demo model")
-        model_dir = demo_model_build(out_dir=work / "model")
-        platform = prepare_roundhouse(
-            model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
-        )
-        vllm_rounds, roundhouse_rounds, reruns = _rounds(model_dir, platform, work, levels, args)
-    finally:
-        platform_stop(platform)
-        shutil.rmtree(work, ignore_errors=True)
+
+def _publish(
+    args: argparse.Namespace,
+    vllm_rounds: list[list[Level]],
+    roundhouse_rounds: list[list[Level]],
+    reruns: list[str],
+) -> None:
+    """Write the rounds run so far into the docs: the section, the plot and the raw results."""
     vllm, roundhouse = _median_pairs(vllm_rounds, roundhouse_rounds)
     table = _table(vllm, roundhouse)
     spread = _rounds_table(vllm_rounds, roundhouse_rounds)
-    stages = _stages_table(roundhouse)
-    cpu_use = _cpu_table(roundhouse, vllm)
+    measured = bool(roundhouse[0].cpu_seconds)
+    stages = _stages_table(roundhouse) if measured else ""
+    cpu_use = _cpu_table(roundhouse, vllm) if measured else ""
     loads = [lvl.load_1m for r in [*vllm_rounds, *roundhouse_rounds] for lvl in r]
-    print(f"\n{table}\n\n{stages}\n\nCPU use during each level (100% = one core):\n{cpu_use}")
+    print(f"\n{table}\n\n{stages}\n\n{cpu_use}")
     args.docs.mkdir(exist_ok=True)
-    _plot(vllm, roundhouse, plot_path(args.docs, "stream_overhead"))
+    machine = f"one {args.gpu}" if args.gpu else "this CPU"
+    _plot(vllm, roundhouse, plot_path(args.docs, args.section), machine)
     rerun_text = (
         "; ".join(reruns) + "."
         if reruns
         else f"none: every round's vLLM figures stayed within {DRIFT:.0%} of the earlier rounds'."
     )
+    cores = f"{args.cores} CPU cores" if args.cores else "CPU cores not recorded"
+    finished = len(roundhouse_rounds)
+    rounds_text = (
+        f"{args.rounds} rounds"
+        if finished == args.rounds
+        else f"{finished} of {args.rounds} rounds (the run stopped before the rest)"
+    )
+    interval = (
+        f"`ROUNDHOUSE_STREAM_INTERVAL_MS={args.stream_interval_ms:g}`"
+        if args.stream_interval_ms is not None
+        else "the default stream interval"
+    )
+    extra = (
+        "\n\nRebuilt from the run's progress lines (`--from-log`): the stage split and the "
+        "CPU use are written only by a run that finishes, and are not here."
+        if not measured
+        else (
+            "\n\nRoundhouse's time to first token by stage, from each request's usage record "
+            "and the client's clock: the median over every request of the level, and the mean "
+            "over its slowest 1 % (the requests that make the p99):\n\n"
+            + stages
+            + "\n\nCPU use per process during each level of the Roundhouse run "
+            f"(CPU seconds / wall seconds; 100% = one core of the machine's {args.cores}):\n\n"
+            + cpu_use
+        )
+    )
     section_write(
         args.docs,
-        "stream_overhead",
-        "## Streaming overhead: Roundhouse vs vLLM's own OpenAI server\n\n"
-        f"`bench/stream_overhead.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores "
-        f"({cpu}), tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
+        args.section,
+        f"## Streaming overhead{' on a GPU' if args.gpu else ''}: Roundhouse vs vLLM's own "
+        "OpenAI server\n\n"
+        f"`bench/stream_overhead.py`, {args.measured}, "
+        + (f"one {args.gpu}, " if args.gpu else "")
+        + f"{cores} ({args.cpu}), vLLM {args.vllm} on both sides, "
+        f"tiny Llama demo model, eager mode, {OUTPUT_TOKENS} output tokens per request "
         f"(ignore_eos), {args.requests_per_level} requests per stream per level "
-        f"({MIN_REQUESTS} at least), "
-        f"{args.rounds} rounds, each running vLLM then Roundhouse with the same engine settings "
+        f"({args.min_requests} at least), {interval}, "
+        f"{rounds_text}, each running vLLM then Roundhouse with the same engine settings "
         "from one process tree; per level, the round whose throughput ratio is the median is "
         "shown. ITL is the gap between consecutive chunks that carry text, as `vllm bench serve` "
         "counts it: vLLM's server sends a chunk per token, Roundhouse's worker gathers a "
@@ -543,25 +640,83 @@ def main() -> None:
         + "\n\nEvery round's Roundhouse ÷ vLLM figures, in the order the rounds ran (the "
         "table above shows the median one by throughput):\n\n"
         + spread
-        + "\n\nRoundhouse's time to first token by stage, from each request's usage record "
-        "and the client's clock: the median over every request of the level, and the mean "
-        "over its slowest 1 % (the requests that make the p99):\n\n"
-        + stages
-        + "\n\nCPU use per process during each level of the Roundhouse run "
-        "(CPU seconds / wall seconds; 100% = one core of the machine's "
-        f"{os.cpu_count()}):\n\n"
-        + cpu_use
-        + "\n\n![throughput, TTFT and ITL](img/stream_overhead.png)\n",
+        + extra
+        + f"\n\n![throughput, TTFT and ITL](img/{args.section}.png)\n",
     )
     results_write(
         args.docs,
-        "stream_overhead",
+        args.section,
         _results(vllm, roundhouse, vllm_rounds, roundhouse_rounds, reruns, args),
     )
     progress(
-        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'stream_overhead.png'} and "
-        f"{args.docs / 'bench-data' / 'stream_overhead.json'}"
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / args.section}.png and "
+        f"{args.docs / 'bench-data' / args.section}.json"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--levels", default="1,8,32", help="comma-separated concurrency levels")
+    parser.add_argument(
+        "--requests-per-level", type=int, default=16, help="requests per stream at each level"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternate the two targets this many times"
+    )
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=MIN_REQUESTS,
+        help="requests per level at least (the p99 of fewer is one request's luck)",
+    )
+    parser.add_argument(
+        "--reruns", type=int, default=RERUNS, help="times a drifted round may run again"
+    )
+    parser.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=None,
+        help="the worker's ROUNDHOUSE_STREAM_INTERVAL_MS for this run (default: the setting's)",
+    )
+    parser.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="rebuild the section from the progress lines of a run that stopped early",
+    )
+    parser.add_argument(
+        "--measured", default=time.strftime("%Y-%m-%d"), help="the run's date, for --from-log"
+    )
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
+    args = parser.parse_args()
+    if args.from_log is not None:
+        _from_log(args)
+        return
+    # On a GPU machine the results are a section of their own beside the CPU one.
+    args.gpu = accelerator()
+    args.section = "stream_overhead_gpu" if args.gpu else "stream_overhead"
+    args.cpu, args.vllm, args.cores = cpu_features(), vllm_version(), os.cpu_count()
+    levels = [int(c) for c in args.levels.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
+    platform: Platform | None = None
+    progress(
+        f"{args.cores} CPU cores, processor: {args.cpu}; GPU: {args.gpu or 'none'}; "
+        f"vLLM {args.vllm}"
+    )
+    try:
+        from models_registry.demo_model import demo_model_build
+
+        progress("building the tiny demo model")
+        model_dir = demo_model_build(out_dir=work / "model")
+        platform = prepare_roundhouse(
+            model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
+        )
+        if args.stream_interval_ms is not None:
+            platform.env["ROUNDHOUSE_STREAM_INTERVAL_MS"] = f"{args.stream_interval_ms:g}"
+        _rounds(model_dir, platform, work, levels, args)
+    finally:
+        platform_stop(platform)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,15 @@ sys.path.insert(0, str(ROOT))
 from bench.common import plot_path, progress, section_write_first  # noqa: E402
 
 # Benchmarks listed first, in this order; other results files follow by name.
-ORDER = ("stream_overhead", "structured", "admission", "embeddings", "gateway_overhead", "soak")
+ORDER = (
+    "stream_overhead",
+    "stream_overhead_gpu",
+    "structured",
+    "admission",
+    "embeddings",
+    "gateway_overhead",
+    "soak",
+)
 BOUNDS = {
     "≤": operator.le,
     "<=": operator.le,
@@ -105,10 +113,13 @@ def _number(value: float | None, digits: int = 2) -> str:
 
 def _stream_rows(data: Results) -> list[Row]:
     levels = data["summary"]["levels"]
+    gpu = data.get("settings", {}).get("gpu")
+    # A GPU run's rows say so: the CPU rows above them are of another machine.
+    streaming = f"Streaming on one {gpu}" if gpu else "Streaming"
     targets = data.get("targets", {})
     rows = [
         _judged(
-            f"Streaming tok/s, Roundhouse ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
+            f"{streaming} tok/s, Roundhouse ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
             lvl["throughput_ratio"],
             _number(lvl["throughput_ratio"]),
             targets.get("throughput_ratio"),
@@ -119,7 +130,7 @@ def _stream_rows(data: Results) -> list[Row]:
         delta = lvl["ttft_p50_delta_ms"]
         rows.append(
             _judged(
-                f"Streaming TTFT p50, Roundhouse − vLLM, {_many(lvl['concurrency'], 'stream')}",
+                f"{streaming} TTFT p50, Roundhouse − vLLM, {_many(lvl['concurrency'], 'stream')}",
                 delta,
                 "n/a" if delta is None else f"{delta:+.1f} ms",
                 # The added median is a target at one stream, where nothing else adds to it.
@@ -133,7 +144,7 @@ def _stream_rows(data: Results) -> list[Row]:
                 continue  # results from before the tail was measured
             rows.append(
                 _judged(
-                    f"Streaming {name}, Roundhouse ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
+                    f"{streaming} {name}, Roundhouse ÷ vLLM, {_many(lvl['concurrency'], 'stream')}",
                     lvl[key],
                     _number(lvl[key]),
                     targets.get(key),
@@ -231,6 +242,7 @@ def _scalar(value: Any) -> str | None:
 
 READERS: dict[str, Callable[[Results], list[Row]]] = {
     "stream_overhead": _stream_rows,
+    "stream_overhead_gpu": _stream_rows,
     "admission": _admission_rows,
     "embeddings": _embedding_rows,
 }

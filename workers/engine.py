@@ -246,15 +246,13 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
         lora = _lora_request(adapter) if adapter is not None else None
         steps = _Steps(prompt_token_ids, self.tokenizer())
-        from vllm.exceptions import VLLMClientError
-
         try:
             params = sampling_params(sampling)
             outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
             async for output in outputs:
                 for step in steps.of(output):
                     yield step
-        except VLLMClientError as exc:
+        except _client_errors() as exc:
             # The engine refused the request itself (an option it cannot serve): the client
             # hears why, as vLLM's server answers it, and a retry would not help.
             raise RequestRefused(str(exc)) from exc
@@ -294,6 +292,18 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def _client_errors() -> tuple[type[Exception], ...]:
+    """What vLLM raises when it refuses a request itself.
+
+    `VLLMClientError` in the release the platform pins; `VLLMValidationError` in older ones,
+    such as vLLM 0.26, the last built on torch 2.11, which machines with that torch run.
+    """
+    from vllm import exceptions
+
+    found = getattr(exceptions, "VLLMClientError", None)
+    return (found,) if found is not None else (exceptions.VLLMValidationError,)
 
 
 def sampling_params(sampling: Sampling) -> Any:

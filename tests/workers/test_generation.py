@@ -650,3 +650,15 @@ async def test_a_run_another_worker_cannot_carry_on_ends_as_worker_lost():
     events = [event for _, event, *_ in worker._outbox.take()]
     end = events[-1]
     assert isinstance(end, Failed) and end.code == "worker_lost" and end.completion_tokens == 2
+
+
+def test_the_engines_own_refusals_are_known_on_older_vllm_releases(monkeypatch):
+    """vLLM 0.26 (the last release on torch 2.11, which some GPU images carry) has no
+    VLLMClientError: its validation error is what the worker turns into a refusal there."""
+    from vllm import exceptions
+
+    from workers.engine import _client_errors
+
+    assert _client_errors() == (exceptions.VLLMClientError,)
+    monkeypatch.delattr(exceptions, "VLLMClientError")
+    assert _client_errors() == (exceptions.VLLMValidationError,)
