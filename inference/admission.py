@@ -37,6 +37,8 @@ FALLBACK_REASON_HEADER = "x-roundhouse-fallback-reason"
 # Refusals that say the platform cannot take a request on this model now, not that the
 # request or its tenant is at fault: an alias's fallback may take it (generation_submit).
 FALLBACK_REASONS = frozenset({"queue_full", "model_unavailable", "deadline_unattainable"})
+# The reason given when the alias's circuit breaker sent the request on before asking it.
+CIRCUIT_OPEN = "circuit_open"
 
 
 def request_id_new() -> str:

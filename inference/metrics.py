@@ -120,6 +120,18 @@ def admission_decided(*, deployment: str, reason: str) -> None:
     admission_decisions.labels(deployment=deployment, reason=reason).inc()
 
 
+breaker_transitions = Counter(
+    "roundhouse_breaker_transitions",
+    "Alias circuit breakers that opened (their interactive requests go to the fallback) or "
+    "closed again, in this frontend.",
+    ["model", "state"],
+)
+
+
+def breaker_changed(*, model: str, state: str) -> None:
+    breaker_transitions.labels(model=model, state=state).inc()
+
+
 def fallback_taken(*, model: str, fallback: str, reason: str) -> None:
     fallbacks.labels(model=model, fallback=fallback, reason=reason).inc()
 

@@ -15,6 +15,7 @@ from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.replies import ReaderFailed
 from dataplane.types import Delta, Event, Failed, Finished, Started
 from inference.admission import CacheUse, Submitted, content_keep
+from inference.breaker import breaker_ended
 from inference.clients import responses_get
 from inference.content_policy import output_filtered
 from inference.response_cache import Stored
@@ -90,6 +91,8 @@ async def events(
                 yield event  # `finished` stays False: the request is cancelled below
                 return
             finished = isinstance(event, Finished | Failed)
+            if finished:
+                breaker_ended(submitted.route.requested, job.request_id, event)
             if keep:
                 if isinstance(event, Delta):
                     text.append(event.text)

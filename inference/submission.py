@@ -32,6 +32,7 @@ from dataplane.types import (
     usage_for,
 )
 from inference.admission import (
+    CIRCUIT_OPEN,
     FALLBACK_REASONS,
     CacheUse,
     Submitted,
@@ -44,6 +45,7 @@ from inference.admission import (
     route_cost,
 )
 from inference.auth import Principal
+from inference.breaker import breaker_admits
 from inference.clients import dispatch_get, idempotency_get, quotas_get, responses_get, routing_get
 from inference.content_policy import input_screen, policy_get
 from inference.errors import ApiError, invalid
@@ -145,6 +147,8 @@ async def generation_submit(
     goes to the alias's fallback, and on down its chain: admitted there from the start (its
     prompt rendered by the fallback's template, its reservation at the fallback's prices),
     once what it reserved here has been given back. Batch work waits for its own model.
+    While the alias's circuit breaker is open (its recent requests failed; see
+    inference/breaker.py), the fallback is asked first, `circuit_open` the reason.
     """
     routing = await routing_get(request.model)
     if routing.fallback and priority == "interactive" and not request_taken:
@@ -161,37 +165,50 @@ async def generation_submit(
             and routing.fallback not in tried
             and len(tried) <= FALLBACK_HOPS
         )
-        try:
-            submitted = await _generation_admit(
-                routing=routing,
-                principal=principal,
-                request=request,
-                request_id=request_id,
-                timeout=timeout,
-                priority=priority,
-                idempotency_key=idempotency_key,
-                reply_ttl=reply_ttl,
-                clock=clock,
-                trace=trace,
-                request_taken=request_taken,
-                endpoint=endpoint,
-            )
-        except ApiError as refused:
-            if not follow or refused.code not in FALLBACK_REASONS:
-                raise
+        refused: ApiError | None = None
+        # The alias's breaker is open: its recent requests failed; the fallback is asked first.
+        held = follow and not breaker_admits(request.model, request_id)
+        if not held:
             try:
-                onward = await routing_get(routing.fallback)
-            except ApiError:
+                submitted = await _generation_admit(
+                    routing=routing,
+                    principal=principal,
+                    request=request,
+                    request_id=request_id,
+                    timeout=timeout,
+                    priority=priority,
+                    idempotency_key=idempotency_key,
+                    reply_ttl=reply_ttl,
+                    clock=clock,
+                    trace=trace,
+                    request_taken=request_taken,
+                    endpoint=endpoint,
+                )
+            except ApiError as exc:
+                if not follow or exc.code not in FALLBACK_REASONS:
+                    raise
+                refused = exc
+            else:
+                if request.model == named:
+                    return submitted
+                return replace(submitted, fallback_from=named, fallback_reason=reason)
+        try:
+            onward = await routing_get(routing.fallback)
+        except ApiError:
+            if refused is not None:
                 raise refused from None  # the fallback routes nowhere now: the refusal stands
-            fallback_taken(model=request.model, fallback=routing.fallback, reason=refused.code)
-            reason = refused.code
+            onward = None
+        if onward is None:
+            # Held by its breaker, but the fallback routes nowhere now: the alias is asked after
+            # all, and nothing else.
             tried.add(routing.fallback)
-            request = replace(request, model=routing.fallback)
-            routing = onward
             continue
-        if request.model == named:
-            return submitted
-        return replace(submitted, fallback_from=named, fallback_reason=reason)
+        code = refused.code if refused is not None else CIRCUIT_OPEN
+        fallback_taken(model=request.model, fallback=routing.fallback, reason=code)
+        reason = code
+        tried.add(routing.fallback)
+        request = replace(request, model=routing.fallback)
+        routing = onward
 
 
 async def _generation_admit(

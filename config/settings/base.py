@@ -378,6 +378,13 @@ ROUNDHOUSE_REPLY_TTL_SECONDS = env_int("ROUNDHOUSE_REPLY_TTL_SECONDS", 900)
 # token and the end never wait). 0 sends every engine step; raise it when many concurrent
 # streams make per-token relaying cost more CPU than the engine can spare.
 ROUNDHOUSE_STREAM_INTERVAL_MS = env_float("ROUNDHOUSE_STREAM_INTERVAL_MS", 20.0)
+# An alias whose recent requests mostly failed on the platform's side (engine errors, lost
+# workers) sends its interactive requests to its fallback for a while (inference/breaker.py).
+# A minimum of 0 requests turns the breakers off.
+ROUNDHOUSE_BREAKER_WINDOW_SECONDS = env_float("ROUNDHOUSE_BREAKER_WINDOW_SECONDS", 30.0)
+ROUNDHOUSE_BREAKER_MIN_REQUESTS = env_int("ROUNDHOUSE_BREAKER_MIN_REQUESTS", 10)
+ROUNDHOUSE_BREAKER_FAILURE_SHARE = env_float("ROUNDHOUSE_BREAKER_FAILURE_SHARE", 0.5)
+ROUNDHOUSE_BREAKER_OPEN_SECONDS = env_float("ROUNDHOUSE_BREAKER_OPEN_SECONDS", 15.0)
 # How many nice steps below the worker's event loop its engine's processes run (0: the same):
 # the loop's work (claims, token relay, aborts) is short and waits on nothing else.
 ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)

@@ -12,7 +12,7 @@ import functools
 
 import msgspec
 
-from inference.admission import FALLBACK_REASONS
+from inference.admission import CIRCUIT_OPEN, FALLBACK_REASONS
 from inference.openapi import bodies, objects
 from inference.openapi.parts import parts
 from inference.openapi.paths import model_paths, operation_paths, request_paths, responses
@@ -83,7 +83,7 @@ def openapi_document() -> Schema:
                     "description": "Why the named alias could not take the request.",
                     "schema": {
                         "type": "string",
-                        "enum": sorted(FALLBACK_REASONS),
+                        "enum": sorted(FALLBACK_REASONS | {CIRCUIT_OPEN}),
                     },
                 },
                 "ShouldRetry": {

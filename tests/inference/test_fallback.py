@@ -16,11 +16,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from config.db import db_call
+from dataplane.finish import Finisher
 from dataplane.keys import quota_keys
 from dataplane.leases import Leases
 from dataplane.quotas import month_of
-from inference import auth, submission
+from dataplane.types import Failed, Status, usage_for
+from inference import auth, relay, submission
 from inference.admission import request_abandon, route_cost
+from inference.breaker import breakers_reset
 from inference.clients import dispatch_get, routing_get
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
@@ -195,3 +198,71 @@ async def test_a_refusal_that_is_the_requests_own_is_not_sent_on(aliases):
         await generation_submit(principal=principal, request=request, request_id="too-long")
     assert (refused.value.status, refused.value.param) == (400, "max_tokens")
     assert sum(_fallbacks(r) for r in ("model_unavailable", "queue_full")) == before
+
+
+@pytest.fixture
+def quick_breakers(settings: Any) -> Any:
+    """Breakers that open after two relayed ends, both failed."""
+    settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS = 2
+    settings.ROUNDHOUSE_BREAKER_FAILURE_SHARE = 1.0
+    breakers_reset()
+    yield
+    breakers_reset()
+
+
+async def _fail_in_the_engine(submitted: Any) -> list[Any]:
+    """Be the worker whose engine raises on the request, then relay it as the frontend does."""
+    redis = dispatch_get().redis
+    claimed = await Leases(redis).claim(
+        deployment=submitted.job.deployment, count=1, lease_seconds=60, worker="w"
+    )
+    (job,) = claimed.run
+    assert job.request_id == submitted.job.request_id
+    failed = Failed(code="engine_error", message="boom", prompt_tokens=1, completion_tokens=0)
+    usage = usage_for(job, status=Status.ERROR, finished_at=time.time(), error_code="engine_error")
+    assert await Finisher(redis).finalize(job=job, terminal=failed, usage=usage)
+    return [event async for event in relay.events(dispatch_get(), submitted)]
+
+
+async def test_an_alias_whose_engine_keeps_failing_sends_its_requests_on(aliases, quick_breakers):
+    principal = await _principal(aliases)
+    big, small = await _deployment(BIG), await _deployment(SMALL)
+    await Leases(dispatch_get().redis).heartbeat(deployment=big, worker="w", ttl=60, slots=(1, 1))
+    await _live(small)
+    for _ in range(2):
+        submitted = await _submit(principal, BIG)
+        assert submitted.route.deployment == big
+        seen = await _fail_in_the_engine(submitted)
+        assert [type(e) for e in seen] == [Failed]
+    opened = REGISTRY.get_sample_value(
+        "roundhouse_breaker_transitions_total", {"model": BIG, "state": "open"}
+    )
+    assert opened is not None and opened >= 1
+    before = _fallbacks("circuit_open")
+    held = await _submit(principal, BIG)
+    try:
+        assert held.route.deployment == small
+        assert held.headers()["x-roundhouse-fallback-reason"] == "circuit_open"
+        assert held.headers()["x-roundhouse-fallback-from"] == BIG
+        assert _fallbacks("circuit_open") == before + 1
+        # Reserved on the fallback, which took it.
+        assert await _held(principal.tenant_id, held.job.request_id)
+    finally:
+        await request_abandon(held.job)
+
+
+async def test_an_open_breaker_holds_nothing_back_from_an_alias_without_a_fallback(
+    aliases, quick_breakers
+):
+    principal = await _principal(aliases)
+    small = await _deployment(SMALL)
+    await _live(small)
+    await Leases(dispatch_get().redis).heartbeat(deployment=small, worker="w", ttl=60, slots=(1, 1))
+    for _ in range(2):
+        await _fail_in_the_engine(await _submit(principal, SMALL))
+    submitted = await _submit(principal, SMALL)  # fb-small has no fallback: it is asked
+    try:
+        assert submitted.route.deployment == small
+        assert "x-roundhouse-fallback-from" not in submitted.headers()
+    finally:
+        await request_abandon(submitted.job)

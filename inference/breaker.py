@@ -1,0 +1,154 @@
+"""Circuit breakers: an alias whose requests keep failing sends the next ones to its fallback.
+
+A fallback (see `generation_submit`) takes a request the alias's deployment refuses up front:
+a full queue, no worker, a deadline the queue cannot meet. A deployment can also take
+requests and fail them: an engine raising on every request, workers dying mid-way, while
+their heartbeats say they serve. Each such request is admitted, waits its turn, fails and
+is retried by its client. The breaker learns this from the requests' own ends and, once
+most of an alias's recent requests failed this way, sends its interactive requests straight
+to the fallback for a while.
+
+One breaker per alias, in each frontend's memory: every frontend learns from the requests it
+relays, with no round trip on the request's path. States:
+
+- closed: requests go to the alias. Its last `window` seconds of relayed ends are counted;
+  once at least `min_requests` ended and `failure_share` of them failed on the platform's
+  side (`engine_error`, `worker_lost`), it opens.
+- open: for `open_seconds`, interactive requests go to the fallback, `circuit_open` their
+  reason. An alias without a fallback is never held: its requests still go to it.
+- half-open: after that, one request at a time goes to the alias as a probe. Its success
+  closes the breaker; its failure opens it again. A probe that never ends (its client left)
+  makes way for another after `open_seconds`. The ends of requests admitted before it
+  opened are not counted: the probe decides.
+
+Only the platform's failures count: a request's own error, a refusal, a cancellation or a
+timeout says nothing of the model's health.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from dataplane.types import Event, Failed, Finished
+from inference.metrics import breaker_changed
+
+log = logging.getLogger(__name__)
+
+# What a deployment's failure looks like at a request's end: its engine raised, its worker
+# died. The same codes the API answers with 503 and a retry.
+PLATFORM_FAILURES = frozenset({"engine_error", "worker_lost"})
+
+
+@dataclass
+class Breaker:
+    """One alias's breaker (see the module's doc); `clock` is seconds, monotonic."""
+
+    window: float
+    min_requests: int
+    failure_share: float
+    open_seconds: float
+    clock: Callable[[], float] = time.monotonic
+    _ends: deque[tuple[float, bool]] = field(default_factory=deque)  # (when, failed)
+    _opened_at: float | None = None
+    _probe: tuple[str, float] | None = None  # the outstanding probe's request id, sent when
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        return "open" if self.clock() - self._opened_at < self.open_seconds else "half_open"
+
+    def admits(self, request_id: str) -> bool:
+        """Whether this interactive request goes to the alias: always while closed, as the
+        probe while half-open."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "open":
+            return False
+        now = self.clock()
+        if self._probe is not None and now - self._probe[1] < self.open_seconds:
+            return False  # one probe at a time
+        self._probe = (request_id, now)
+        return True
+
+    def ended(self, request_id: str, *, failed: bool) -> bool:
+        """Count a relayed request's end; return True when this changed the state."""
+        now = self.clock()
+        if self._opened_at is not None:
+            if self._probe is None or self._probe[0] != request_id:
+                return False  # a request admitted before it opened: the probe decides
+            self._probe = None
+            if failed:
+                self._opened_at = now
+                return False
+            self._opened_at = None
+            self._ends.clear()
+            return True
+        self._ends.append((now, failed))
+        while self._ends and now - self._ends[0][0] > self.window:
+            self._ends.popleft()
+        failures = sum(1 for _, bad in self._ends if bad)
+        if len(self._ends) >= self.min_requests and failures >= self.failure_share * len(
+            self._ends
+        ):
+            self._opened_at = now
+            return True
+        return False
+
+
+_breakers: dict[str, Breaker] = {}
+
+
+def _breaker(alias: str) -> Breaker:
+    found = _breakers.get(alias)
+    if found is None:
+        found = _breakers[alias] = Breaker(
+            window=settings.ROUNDHOUSE_BREAKER_WINDOW_SECONDS,
+            min_requests=settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS,
+            failure_share=settings.ROUNDHOUSE_BREAKER_FAILURE_SHARE,
+            open_seconds=settings.ROUNDHOUSE_BREAKER_OPEN_SECONDS,
+        )
+    return found
+
+
+def breaker_admits(alias: str, request_id: str) -> bool:
+    """Whether an interactive request for `alias` goes to it rather than to its fallback."""
+    found = _breakers.get(alias)
+    return found is None or found.admits(request_id)
+
+
+def breaker_ended(alias: str, request_id: str, event: Event) -> None:
+    """Count the terminal event of a request the alias's deployment took."""
+    if isinstance(event, Finished):
+        failed = False
+    elif isinstance(event, Failed) and event.code in PLATFORM_FAILURES:
+        failed = True
+    else:
+        return
+    if settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS <= 0:
+        return  # breakers are off
+    breaker = _breaker(alias)
+    if breaker.ended(request_id, failed=failed):
+        state = breaker.state
+        breaker_changed(model=alias, state=state)
+        if state == "closed":
+            log.info("breaker of %s closed: its probe request succeeded", alias)
+        else:
+            log.warning(
+                "breaker of %s opened: most of its recent requests failed on the platform's "
+                "side; its interactive requests go to its fallback for %.0f s",
+                alias,
+                breaker.open_seconds,
+            )
+
+
+def breakers_reset() -> None:
+    """Forget every breaker (tests)."""
+    _breakers.clear()
