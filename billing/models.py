@@ -37,6 +37,9 @@ class UsageRecord(models.Model):
     trace_id = models.CharField(max_length=32, blank=True, default="")
     # Answered from the tenant's response cache (no engine time), billed at its quota's share.
     response_cache = models.BooleanField(default=False)
+    # The alias the client named, when it could not take the request and its fallback answered
+    # (the model version is the fallback's); empty otherwise.
+    fallback_from = models.CharField(max_length=100, blank=True, default="")
     # The price book in force when the request was admitted; null: the version's own price.
     price_book = models.ForeignKey(
         "billing.PriceBook", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -258,6 +258,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 cached_cost,
                 event.shadow,
                 event.response_cache,
+                event.fallback_from,
                 event.user,
                 event.priority,
                 price.book.pk if price.book else None,
@@ -283,7 +284,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
 _COLUMNS = (
     "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "trace_id", "cost", "cached_cost", "shadow", "response_cache", "user",
+    "cached_tokens", "trace_id", "cost", "cached_cost", "shadow", "response_cache",
+    "fallback_from", "user",
     "priority", "price_book_id",
     "enqueued_at", "started_at", "first_token_at", "finished_at", "ingested_at",
 )  # fmt: skip

@@ -114,6 +114,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     tools: Tools | None = None
     # Set when a stopping worker handed the running request on (see Resumed).
     resumed: Resumed | None = None
+    # The alias the client named, when it could not take the request and its fallback did.
+    fallback_from: str = ""
 
     def inputs(self) -> list[list[int]]:
         """The token ids of each input of an embeddings request or of a completions request
@@ -304,6 +306,7 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     # Answered from the tenant's response cache, billed at this share of the full price.
     response_cache: bool = False
     bill_percent: int = 100
+    fallback_from: str = ""  # the alias the client named, when its fallback answered
 
 
 job_encoder = msgspec.msgpack.Encoder()
@@ -355,4 +358,5 @@ def usage_for(
         priority=job.priority,
         cached_tokens=cached_tokens,
         trace_id=job.trace_id,
+        fallback_from=job.fallback_from,
     )

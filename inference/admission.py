@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.conf import settings
 
@@ -29,6 +31,7 @@ from privacy.services import content_retain
 from safety.policy import Policy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # The model version that answered, on every response a version gave.
 VERSION_HEADER = "x-roundhouse-model-version"
 # On a response an alias's fallback gave: the alias the client named, and why it could not.
@@ -231,23 +234,42 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
         spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
 
 
+async def twice(call: Callable[[], Awaitable[T]]) -> T:
+    """Await `call()`; if it raises, once more.
+
+    After Redis restarts, each pooled connection fails its first command and is then dropped:
+    the second try takes a fresh one. A reservation whose release was lost that way would be
+    held until the admission lease lapses, many minutes later.
+    """
+    try:
+        return await call()
+    except Exception:
+        log.debug("retrying once after a failure", exc_info=True)
+    return await call()
+
+
+async def reservation_return(job: Job) -> None:
+    """Give back all an admitted request reserved: it used nothing (refused, or abandoned)."""
+    await quotas_get().release(
+        tenant_id=job.tenant_id,
+        request_id=job.request_id,
+        admitted_at=job.enqueued_at,
+        used=Usage(tokens=0, cost_micros=0),
+    )
+
+
 async def request_abandon(job: Job) -> None:
     """End an admitted request whose submission or relay failed half-way; settle what it holds.
 
     The data plane finishes it here when no worker has it (an `internal_error` billed nothing:
     its one usage record) and its reservation goes back at once; a worker running it is told
     to cancel, and its end settles it as any end does. Spawn it: it runs on when its caller is
-    a cancelled task. If Redis fails as well, the queue's deadline and the admission lease
-    settle the request later.
+    a cancelled task. Each step is tried twice (see `twice`); if Redis fails as well, the
+    queue's deadline and the admission lease settle the request later.
     """
     try:
-        if await dispatch_get().abandon(job):
-            await quotas_get().release(
-                tenant_id=job.tenant_id,
-                request_id=job.request_id,
-                admitted_at=job.enqueued_at,
-                used=Usage(tokens=0, cost_micros=0),
-            )
+        if await twice(lambda: dispatch_get().abandon(job)):
+            await twice(lambda: reservation_return(job))
     except Exception:
         log.warning("could not end the abandoned request %s", job.request_id, exc_info=True)
 

@@ -42,11 +42,13 @@ from inference.admission import (
     refusal_error,
     request_abandon,
     request_count,
+    reservation_return,
     route_cost,
+    twice,
 )
 from inference.auth import Principal
 from inference.breaker import breaker_admits
-from inference.clients import dispatch_get, idempotency_get, quotas_get, responses_get, routing_get
+from inference.clients import dispatch_get, idempotency_get, responses_get, routing_get
 from inference.content_policy import input_screen, policy_get
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Original
@@ -183,6 +185,7 @@ async def generation_submit(
                     trace=trace,
                     request_taken=request_taken,
                     endpoint=endpoint,
+                    fallback_from=named if request.model != named else "",
                 )
             except ApiError as exc:
                 if not follow or exc.code not in FALLBACK_REASONS:
@@ -225,6 +228,7 @@ async def _generation_admit(
     trace: TraceContext | None,
     request_taken: bool,
     endpoint: str | None,
+    fallback_from: str,
 ) -> Submitted:
     """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
@@ -276,6 +280,7 @@ async def _generation_admit(
         stream=request.stream,
         trace_id=trace.trace_id if trace else "",
         parent_span_id=trace.span_id if trace else "",
+        fallback_from=fallback_from,
     )
     payload = _envelope(job)
     cache = await _cache_use(principal, job)
@@ -409,14 +414,7 @@ async def _job_submit(
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes
             # back at once and the request leaves no usage record, like any other refusal.
-            released = spawn(
-                quotas_get().release(
-                    tenant_id=principal.tenant_id,
-                    request_id=job.request_id,
-                    admitted_at=job.enqueued_at,
-                    used=Usage(tokens=0, cost_micros=0),
-                )
-            )
+            released = spawn(twice(lambda: reservation_return(job)))
             # Given back before the refusal is answered: a fallback admits the request again
             # under the same id, and a late release would take what that attempt holds.
             # Shielded: a cancel of this request still lets the release finish.

@@ -47,6 +47,15 @@ def test_usage_is_priced_at_the_version_that_served_it(world):
     assert record.cost == Decimal("3.5")
 
 
+def test_a_record_says_which_alias_the_client_named_when_a_fallback_answered(world):
+    fell_back, plain = _event(world, fallback_from="tiny-chat-big"), _event(world)
+    usage_ingest(events=[fell_back, plain])
+    assert UsageRecord.objects.get(request_id=fell_back.request_id).fallback_from == (
+        "tiny-chat-big"
+    )
+    assert UsageRecord.objects.get(request_id=plain.request_id).fallback_from == ""
+
+
 def test_cancelled_requests_are_recorded_with_the_tokens_they_produced(world):
     event = _event(world, status=Status.CANCELLED, completion_tokens=7)
     usage_ingest(events=[event])

@@ -62,6 +62,7 @@ def test_a_chat_for_an_alias_nobody_serves_is_answered_by_its_fallback(
     (record,) = usage_of(response.headers["x-request-id"])
     assert (record.status, record.deployment) == ("ok", world.deployment.name)
     assert record.model_version_id == world.version.pk
+    assert record.fallback_from == NAMED
 
 
 def test_a_stream_falls_back_the_same_way(client, key, world, usage_of):
@@ -81,7 +82,7 @@ def test_a_stream_falls_back_the_same_way(client, key, world, usage_of):
     assert chunks and {c["model"] for c in chunks} == {world.version.public_name}
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     (record,) = usage_of(response.headers["x-request-id"])
-    assert record.deployment == world.deployment.name
+    assert (record.deployment, record.fallback_from) == (world.deployment.name, NAMED)
 
 
 def test_flex_work_waits_for_its_own_model_and_is_refused_as_before(client, key):

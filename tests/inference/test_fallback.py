@@ -114,6 +114,8 @@ async def test_an_alias_no_worker_serves_hands_the_request_to_its_fallback(alias
         headers = submitted.headers()
         assert headers["x-roundhouse-fallback-from"] == BIG
         assert headers["x-roundhouse-fallback-reason"] == "model_unavailable"
+        # Its usage record will say so: the worker copies the job's field into its usage.
+        assert submitted.job.fallback_from == BIG
         assert _fallbacks("model_unavailable") == before + 1
         # Reserved once, at the fallback's prices: what fb-big held was given back first.
         held = await _held(principal.tenant_id, submitted.job.request_id)
@@ -244,6 +246,7 @@ async def test_an_alias_whose_engine_keeps_failing_sends_its_requests_on(aliases
         assert held.route.deployment == small
         assert held.headers()["x-roundhouse-fallback-reason"] == "circuit_open"
         assert held.headers()["x-roundhouse-fallback-from"] == BIG
+        assert held.job.fallback_from == BIG
         assert _fallbacks("circuit_open") == before + 1
         # Reserved on the fallback, which took it.
         assert await _held(principal.tenant_id, held.job.request_id)
