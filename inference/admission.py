@@ -7,8 +7,10 @@ when it ends; a refusal is a 429 whose x-ratelimit-* headers say which limit and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from config.db import db_call
 from dataplane.background import spawn
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.quotas import Decision, Limits, Usage, cost_micros
+from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.types import Failed, Finished, Job
 from inference.auth import Principal
 from inference.clients import dispatch_get, idempotency_get, quotas_get
@@ -32,6 +35,8 @@ from safety.policy import Policy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# How long a request's settling keeps trying while Redis is unreachable (until_reachable).
+SETTLE_WITHIN_SECONDS = 60.0
 # The model version that answered, on every response a version gave.
 VERSION_HEADER = "x-roundhouse-model-version"
 # On a response an alias's fallback gave: the alias the client named, and why it could not.
@@ -234,18 +239,26 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
         spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
 
 
-async def twice(call: Callable[[], Awaitable[T]]) -> T:
-    """Await `call()`; if it raises, once more.
+async def until_reachable(
+    call: Callable[[], Awaitable[T]], what: str, *, within: float = SETTLE_WITHIN_SECONDS
+) -> T:
+    """Await `call()`, again and again while Redis is unreachable, for `within` seconds at most.
 
-    After Redis restarts, each pooled connection fails its first command and is then dropped:
-    the second try takes a fresh one. A reservation whose release was lost that way would be
-    held until the admission lease lapses, many minutes later.
+    A request admitted just before Redis went away still holds its reservation; giving it
+    back as soon as Redis is back beats waiting for the admission lease (the request timeout
+    and a minute more). Other errors are raised at once.
     """
-    try:
-        return await call()
-    except Exception:
-        log.debug("retrying once after a failure", exc_info=True)
-    return await call()
+    outage, started = Outage(what, log, logging.INFO), time.monotonic()
+    while True:
+        try:
+            found = await call()
+        except UNREACHABLE as exc:
+            if time.monotonic() - started > within:
+                raise
+            await asyncio.sleep(outage.failed(exc))
+            continue
+        outage.ok()
+        return found
 
 
 async def reservation_return(job: Job) -> None:
@@ -264,12 +277,12 @@ async def request_abandon(job: Job) -> None:
     The data plane finishes it here when no worker has it (an `internal_error` billed nothing:
     its one usage record) and its reservation goes back at once; a worker running it is told
     to cancel, and its end settles it as any end does. Spawn it: it runs on when its caller is
-    a cancelled task. Each step is tried twice (see `twice`); if Redis fails as well, the
-    queue's deadline and the admission lease settle the request later.
+    a cancelled task. While Redis is unreachable it tries again, for a minute; after that the
+    queue's deadline and the admission lease settle the request.
     """
     try:
-        if await twice(lambda: dispatch_get().abandon(job)):
-            await twice(lambda: reservation_return(job))
+        if await until_reachable(lambda: dispatch_get().abandon(job), "abandon a request"):
+            await until_reachable(lambda: reservation_return(job), "give back a reservation")
     except Exception:
         log.warning("could not end the abandoned request %s", job.request_id, exc_info=True)
 

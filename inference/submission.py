@@ -7,7 +7,6 @@ limits is in inference.admission, the shared clients and route cache in inferenc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -44,7 +43,7 @@ from inference.admission import (
     request_count,
     reservation_return,
     route_cost,
-    twice,
+    until_reachable,
 )
 from inference.auth import Principal
 from inference.breaker import breaker_admits
@@ -76,6 +75,8 @@ SHADOW_REPLY_TTL_SECONDS = 60
 # refused (and of the batch class, after an interactive one) at once for a moment: 50 ms is
 # short next to a request's service time and long next to a flood's gaps.
 QUEUE_FULL_BACKOFF_SECONDS = 0.05
+# How long a refusal waits for its reservation to be given back before it is answered.
+GIVE_BACK_WAIT_SECONDS = 1.0
 _full_until: dict[tuple[str, str], float] = {}
 
 
@@ -414,12 +415,15 @@ async def _job_submit(
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes
             # back at once and the request leaves no usage record, like any other refusal.
-            released = spawn(twice(lambda: reservation_return(job)))
+            released = spawn(
+                until_reachable(lambda: reservation_return(job), "give back a reservation")
+            )
             # Given back before the refusal is answered: a fallback admits the request again
             # under the same id, and a late release would take what that attempt holds.
-            # Shielded: a cancel of this request still lets the release finish.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(released)
+            # Waited for briefly: with Redis away it goes on trying in the background and the
+            # refusal is answered (a fallback's admission needs Redis too). A cancel of this
+            # request still lets the release finish.
+            await asyncio.wait({released}, timeout=GIVE_BACK_WAIT_SECONDS)
             raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
         except BaseException:
             # Admitted, then anything else (any exception, a cancelled task): the job may or
