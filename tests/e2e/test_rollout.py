@@ -447,8 +447,10 @@ def test_a_healthy_canary_is_promoted_step_by_step(
 ):
     """An adapter on the same engine as the baseline: no worse, so it ramps to 100 %.
 
-    The latency guardrails are looser than the defaults here: with ~10 requests per side a
-    p95 is close to the maximum, and this test is about the ramp, not the thresholds.
+    The latency guardrails are far looser than the defaults here: with ~10 requests per side
+    a p95 is close to the maximum, one slow request on a busy machine made it 4 times the
+    baseline's (a clean-clone run held the ramp so), and this test is about the ramp, not the
+    thresholds (the rollback tests in this module are about those).
     """
     from rollouts.services import rollout_start
     from rollouts.tasks import rollouts_analyze
@@ -461,7 +463,7 @@ def test_a_healthy_canary_is_promoted_step_by_step(
             steps=[25, 50, 100],
             min_samples=6,
             min_step_seconds=0,
-            guardrails={"ttft_p95_ratio": 4.0, "itl_p95_ratio": 4.0},
+            guardrails={"ttft_p95_ratio": 50.0, "itl_p95_ratio": 50.0},
         )
     actions = []
     for round_ in range(2):
