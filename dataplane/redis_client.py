@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -11,12 +12,35 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aredis
 from django.conf import settings
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
 
 # What a Lua script takes as an argument.
 ScriptArg = bytes | str | int | float
+
+
+async def _free_connections_disconnect(node: ClusterNode) -> None:
+    """Disconnect a cluster node's idle connections, out of reach while they are.
+
+    redis-py's own version disconnects the idle connections it finds while they stay in the
+    node's free list: a command that takes one of them meanwhile writes on a connection the
+    disconnect is closing (`'NoneType' object has no attribute 'writelines'`). It runs after
+    any connection error on the node, so under a burst of commands one error failed others.
+    Here they leave the free list first and come back disconnected (each connects again on its
+    next use).
+    """
+    free = node._free  # redis-py keeps its idle connections here
+    taken = list(free)
+    free.clear()
+    try:
+        await asyncio.gather(*(c.disconnect() for c in taken), return_exceptions=True)
+    finally:
+        free.extend(taken)
+
+
+ClusterNode.disconnect_free_connections = _free_connections_disconnect  # type: ignore[method-assign,assignment]
 
 
 def redis_client_new() -> aredis.Redis:
