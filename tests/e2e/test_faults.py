@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from billing.ingester import STALE_PENDING_MS
 from dataplane.keys import INGEST_GROUP, usage_key
 from dataplane.redis_client import redis_sync_client
 from embedded.servers import service_restarted, services_status
@@ -219,9 +220,12 @@ def test_a_valkey_restart_under_load_fails_fast_recovers_and_loses_no_usage(
     assert len(ids) == len(accepted)
     records = usage_of(*ids, timeout=60)
     assert sorted(r.request_id for r in records) == sorted(ids)
-    # Every reservation the accepted requests held has been settled.
+    # Every reservation the accepted requests held has been settled. A batch the ingester
+    # recorded in PostgreSQL but could not settle in Valkey (it went away between the two)
+    # is claimed again once pending for STALE_PENDING_MS (30 s), so allow that and more: two
+    # clean-clone runs found one or two reservations still held at 30 s.
     store = redis_sync_client()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + STALE_PENDING_MS / 1000 + 45
     while True:
         open_held = store.keys(f"sy:{{t{tenant_id}}}:held:*")
         inflight = store.zcard(f"sy:{{t{tenant_id}}}:inflight")
