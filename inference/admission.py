@@ -77,6 +77,9 @@ class Submitted:
     # The alias the client named, when it could not take the request and its fallback did.
     fallback_from: str = ""
     fallback_reason: str = ""  # the refusal's code that sent it on
+    # The alias whose circuit breaker this request's end feeds: the one that took it, when it
+    # has a fallback to send requests on to (inference/breaker.py); "" for none.
+    breaker_alias: str = ""
 
     @property
     def bill_percent(self) -> int:

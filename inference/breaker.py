@@ -8,8 +8,13 @@ is retried by its client. The breaker learns this from the requests' own ends an
 most of an alias's recent requests failed this way, sends its interactive requests straight
 to the fallback for a while.
 
-One breaker per alias, in each frontend's memory: every frontend learns from the requests it
-relays, with no round trip on the request's path. States:
+One breaker per alias and tenant, in each frontend's memory: every frontend learns from the
+requests it relays, with no round trip on the request's path. A tenant's failures hold back
+its own requests only, so a tenant whose requests fail the engine (a poison input, a model
+bug its prompts hit) cannot send every other tenant to the fallback. Once the breakers of
+`min_tenants` tenants hold at the same time, the deployment is failing for more than one
+tenant's traffic and every tenant's interactive requests for the alias go on, those of
+tenants it has not failed yet included. States of one tenant's breaker:
 
 - closed: requests go to the alias. Its last `window` seconds of relayed ends are counted;
   once at least `min_requests` ended and `failure_share` of them failed on the platform's
@@ -64,6 +69,24 @@ class Breaker:
             return "closed"
         return "open" if self.clock() - self._opened_at < self.open_seconds else "half_open"
 
+    @property
+    def holding(self) -> bool:
+        """Whether it keeps its requests from the alias now: open, or half-open while its probe
+        is out. A half-open breaker nobody probes (its tenant went quiet) holds nothing."""
+        state = self.state
+        if state == "closed":
+            return False
+        if state == "open":
+            return True
+        return self._probe is not None and self.clock() - self._probe[1] < self.open_seconds
+
+    @property
+    def idle(self) -> bool:
+        """Closed, with no end in its window: nothing to remember."""
+        return self._opened_at is None and (
+            not self._ends or self.clock() - self._ends[-1][0] > self.window
+        )
+
     def admits(self, request_id: str) -> bool:
         """Whether this interactive request goes to the alias: always while closed, as the
         probe while half-open."""
@@ -103,29 +126,81 @@ class Breaker:
         return False
 
 
-_breakers: dict[str, Breaker] = {}
+# How many ends an alias's breakers count between two sweeps of its idle tenants' breakers.
+_SWEEP_EVERY = 256
 
 
-def _breaker(alias: str) -> Breaker:
+@dataclass
+class AliasBreakers:
+    """One alias's breakers, one per tenant whose requests for it this frontend relayed."""
+
+    make: Callable[[], Breaker]
+    min_tenants: int
+    tenants: dict[int, Breaker] = field(default_factory=dict)
+    _tripped: set[int] = field(default_factory=set)  # tenants whose breaker is not closed
+    _counted: int = 0
+
+    @property
+    def holding_all(self) -> bool:
+        """Whether enough tenants' breakers hold that every tenant's requests go on."""
+        holding = sum(1 for tenant in self._tripped if self.tenants[tenant].holding)
+        return holding >= self.min_tenants
+
+    def admits(self, tenant_id: int, request_id: str) -> bool:
+        own = self.tenants.get(tenant_id)
+        if own is not None and own.state != "closed":
+            return own.admits(request_id)  # its own breaker decides, and probes
+        return not self.holding_all
+
+    def ended(self, tenant_id: int, request_id: str, *, failed: bool) -> tuple[str, bool]:
+        """Count a request's end: (its tenant's breaker's new state or "", whether every
+        tenant's requests are held back now where they were not before)."""
+        before = self.holding_all
+        breaker = self.tenants.get(tenant_id)
+        if breaker is None:
+            breaker = self.tenants[tenant_id] = self.make()
+        changed = breaker.ended(request_id, failed=failed)
+        if breaker.state == "closed":
+            self._tripped.discard(tenant_id)
+        else:
+            self._tripped.add(tenant_id)
+        self._counted += 1
+        if self._counted % _SWEEP_EVERY == 0:
+            for tenant in [t for t, b in self.tenants.items() if b.idle]:
+                del self.tenants[tenant]
+        return (breaker.state if changed else ""), (self.holding_all and not before)
+
+
+_breakers: dict[str, AliasBreakers] = {}
+
+
+def _alias_breakers(alias: str) -> AliasBreakers:
     found = _breakers.get(alias)
     if found is None:
-        found = _breakers[alias] = Breaker(
-            window=settings.ROUNDHOUSE_BREAKER_WINDOW_SECONDS,
-            min_requests=settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS,
-            failure_share=settings.ROUNDHOUSE_BREAKER_FAILURE_SHARE,
-            open_seconds=settings.ROUNDHOUSE_BREAKER_OPEN_SECONDS,
+
+        def make() -> Breaker:
+            return Breaker(
+                window=settings.ROUNDHOUSE_BREAKER_WINDOW_SECONDS,
+                min_requests=settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS,
+                failure_share=settings.ROUNDHOUSE_BREAKER_FAILURE_SHARE,
+                open_seconds=settings.ROUNDHOUSE_BREAKER_OPEN_SECONDS,
+            )
+
+        found = _breakers[alias] = AliasBreakers(
+            make=make, min_tenants=max(1, settings.ROUNDHOUSE_BREAKER_MIN_TENANTS)
         )
     return found
 
 
-def breaker_admits(alias: str, request_id: str) -> bool:
-    """Whether an interactive request for `alias` goes to it rather than to its fallback."""
+def breaker_admits(alias: str, tenant_id: int, request_id: str) -> bool:
+    """Whether a tenant's interactive request for `alias` goes to it rather than to its
+    fallback."""
     found = _breakers.get(alias)
-    return found is None or found.admits(request_id)
+    return found is None or found.admits(tenant_id, request_id)
 
 
-def breaker_ended(alias: str, request_id: str, event: Event) -> None:
-    """Count the terminal event of a request the alias's deployment took."""
+def breaker_ended(alias: str, tenant_id: int, request_id: str, event: Event) -> None:
+    """Count the terminal event of a tenant's request the alias's deployment took."""
     if isinstance(event, Finished):
         failed = False
     elif isinstance(event, Failed) and event.code in PLATFORM_FAILURES:
@@ -134,19 +209,28 @@ def breaker_ended(alias: str, request_id: str, event: Event) -> None:
         return
     if settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS <= 0:
         return  # breakers are off
-    breaker = _breaker(alias)
-    if breaker.ended(request_id, failed=failed):
-        state = breaker.state
+    breakers = _alias_breakers(alias)
+    state, all_held = breakers.ended(tenant_id, request_id, failed=failed)
+    if state:
         breaker_changed(model=alias, state=state)
         if state == "closed":
-            log.info("breaker of %s closed: its probe request succeeded", alias)
+            log.info("breaker of %s for tenant %s closed: its probe succeeded", alias, tenant_id)
         else:
             log.warning(
-                "breaker of %s opened: most of its recent requests failed on the platform's "
-                "side; its interactive requests go to its fallback for %.0f s",
+                "breaker of %s for tenant %s opened: most of its recent requests failed on the "
+                "platform's side; its interactive requests go to the fallback for %.0f s",
                 alias,
-                breaker.open_seconds,
+                tenant_id,
+                settings.ROUNDHOUSE_BREAKER_OPEN_SECONDS,
             )
+    if all_held:
+        breaker_changed(model=alias, state="open_all")
+        log.warning(
+            "breakers of %s hold for %d tenants: every tenant's interactive requests for it go "
+            "to its fallback",
+            alias,
+            breakers.min_tenants,
+        )
 
 
 def breakers_reset() -> None:

@@ -91,8 +91,8 @@ async def events(
                 yield event  # `finished` stays False: the request is cancelled below
                 return
             finished = isinstance(event, Finished | Failed)
-            if finished:
-                breaker_ended(submitted.route.requested, job.request_id, event)
+            if finished and submitted.breaker_alias:
+                breaker_ended(submitted.breaker_alias, job.tenant_id, job.request_id, event)
             if keep:
                 if isinstance(event, Delta):
                     text.append(event.text)

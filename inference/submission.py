@@ -170,7 +170,7 @@ async def generation_submit(
         )
         refused: ApiError | None = None
         # The alias's breaker is open: its recent requests failed; the fallback is asked first.
-        held = follow and not breaker_admits(request.model, request_id)
+        held = follow and not breaker_admits(request.model, principal.tenant_id, request_id)
         if not held:
             try:
                 submitted = await _generation_admit(
@@ -193,6 +193,8 @@ async def generation_submit(
                     raise
                 refused = exc
             else:
+                if routing.fallback:
+                    submitted = replace(submitted, breaker_alias=request.model)
                 if request.model == named:
                     return submitted
                 return replace(submitted, fallback_from=named, fallback_reason=reason)

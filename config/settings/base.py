@@ -385,6 +385,8 @@ ROUNDHOUSE_BREAKER_WINDOW_SECONDS = env_float("ROUNDHOUSE_BREAKER_WINDOW_SECONDS
 ROUNDHOUSE_BREAKER_MIN_REQUESTS = env_int("ROUNDHOUSE_BREAKER_MIN_REQUESTS", 10)
 ROUNDHOUSE_BREAKER_FAILURE_SHARE = env_float("ROUNDHOUSE_BREAKER_FAILURE_SHARE", 0.5)
 ROUNDHOUSE_BREAKER_OPEN_SECONDS = env_float("ROUNDHOUSE_BREAKER_OPEN_SECONDS", 15.0)
+# Tenants whose breakers must hold at once before every tenant's requests go on (1: any).
+ROUNDHOUSE_BREAKER_MIN_TENANTS = env_int("ROUNDHOUSE_BREAKER_MIN_TENANTS", 2)
 # How many nice steps below the worker's event loop its engine's processes run (0: the same):
 # the loop's work (claims, token relay, aborts) is short and waits on nothing else.
 ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)

@@ -1,4 +1,5 @@
-"""An alias's circuit breaker: when it opens, sends requests on, probes and closes (no I/O)."""
+"""An alias's circuit breakers: when they open, send requests on, probe and close, and whose
+requests they hold back (no I/O)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,20 @@ def test_a_failed_probe_opens_it_again():
     assert b.admits("probe2")
 
 
+def test_it_holds_while_open_or_while_its_probe_is_out():
+    clock = Clock()
+    b = _breaker(clock)
+    assert not b.holding
+    _fail(b, 4)
+    assert b.holding
+    clock.now += 15
+    assert not b.holding  # half-open, nobody probing
+    assert b.admits("probe")
+    assert b.holding
+    clock.now += 15
+    assert not b.holding  # the probe never ended
+
+
 def test_a_probe_that_never_ends_makes_way_for_another():
     clock = Clock()
     b = _breaker(clock)
@@ -96,6 +111,7 @@ def test_a_probe_that_never_ends_makes_way_for_another():
 def fresh(settings):
     settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS = 2
     settings.ROUNDHOUSE_BREAKER_FAILURE_SHARE = 1.0
+    settings.ROUNDHOUSE_BREAKER_MIN_TENANTS = 2
     breakers_reset()
     yield
     breakers_reset()
@@ -105,25 +121,85 @@ def _failed(code: str) -> Failed:
     return Failed(code=code, message="", prompt_tokens=1, completion_tokens=0)
 
 
+A, B, C = 1, 2, 3  # tenants
+
+
 def test_only_the_platforms_failures_count(fresh):
     for i, code in enumerate(("invalid_request_error", "cancelled", "timeout", "relay_failed")):
-        breaker_ended("m", f"a{i}", _failed(code))
-    assert breaker_admits("m", "x")
-    breaker_ended("m", "b1", _failed("engine_error"))
-    breaker_ended("m", "b2", _failed("worker_lost"))
-    assert not breaker_admits("m", "y")
-    assert breaker_admits("other", "z")  # one breaker per alias
+        breaker_ended("m", A, f"a{i}", _failed(code))
+    assert breaker_admits("m", A, "x")
+    breaker_ended("m", A, "b1", _failed("engine_error"))
+    breaker_ended("m", A, "b2", _failed("worker_lost"))
+    assert not breaker_admits("m", A, "y")
+    assert breaker_admits("other", A, "z")  # one breaker per alias
 
 
 def test_a_success_is_counted(fresh):
-    breaker_ended("m", "a", Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1))
-    breaker_ended("m", "b", _failed("engine_error"))
-    assert breaker_admits("m", "x")  # 1 of 2 failed; the share asked is all of them
+    ok = Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+    breaker_ended("m", A, "a", ok)
+    breaker_ended("m", A, "b", _failed("engine_error"))
+    assert breaker_admits("m", A, "x")  # 1 of 2 failed; the share asked is all of them
+
+
+def test_one_tenants_failures_hold_back_its_own_requests_only(fresh):
+    breaker_ended("m", A, "a1", _failed("engine_error"))
+    breaker_ended("m", A, "a2", _failed("engine_error"))
+    assert not breaker_admits("m", A, "x")
+    assert breaker_admits("m", B, "y")  # B's requests did not fail: they still go to it
+    assert breaker_admits("m", C, "z")
+
+
+def test_once_two_tenants_breakers_hold_every_tenants_requests_go_on(fresh):
+    for tenant in (A, B):
+        breaker_ended("m", tenant, f"{tenant}-1", _failed("worker_lost"))
+        breaker_ended("m", tenant, f"{tenant}-2", _failed("worker_lost"))
+    assert not breaker_admits("m", C, "z")  # C never failed here, and is held back too
+    assert breaker_admits("other", C, "z")
+
+
+def test_the_hold_on_every_tenant_lifts_when_the_failing_tenants_go_quiet(fresh, settings):
+    clock = Clock()
+    breakers._alias_breakers("m").make = lambda: Breaker(
+        window=30, min_requests=2, failure_share=1.0, open_seconds=15, clock=clock
+    )
+    for tenant in (A, B):
+        breaker_ended("m", tenant, f"{tenant}-1", _failed("engine_error"))
+        breaker_ended("m", tenant, f"{tenant}-2", _failed("engine_error"))
+    assert not breaker_admits("m", C, "c1")
+    clock.now += 15  # both half-open, and nobody probes: nothing holds C back
+    assert breaker_admits("m", C, "c2")
+    assert breaker_admits("m", A, "probe-a") and breaker_admits("m", B, "probe-b")
+    assert not breaker_admits("m", C, "c3")  # both probes are out: both hold again
+    breaker_ended("m", A, "probe-a", _failed("engine_error"))
+    assert not breaker_admits("m", A, "a3") and not breaker_admits("m", C, "c4")
+    clock.now += 15  # B's probe never ended, and A, half-open again, is not probing
+    assert breaker_admits("m", C, "c5")
+
+
+def test_one_tenant_is_enough_when_the_setting_says_so(fresh, settings):
+    settings.ROUNDHOUSE_BREAKER_MIN_TENANTS = 1
+    breaker_ended("m", A, "a1", _failed("engine_error"))
+    breaker_ended("m", A, "a2", _failed("engine_error"))
+    assert not breaker_admits("m", B, "y")
+
+
+def test_idle_tenants_breakers_are_forgotten(fresh):
+    clock = Clock()
+    breakers._alias_breakers("m").make = lambda: Breaker(
+        window=30, min_requests=2, failure_share=1.0, open_seconds=15, clock=clock
+    )
+    ok = Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+    for tenant in range(100, 100 + breakers._SWEEP_EVERY - 2):
+        breaker_ended("m", tenant, "r", ok)
+    breaker_ended("m", A, "a1", _failed("engine_error"))  # A's breaker has a failure counted
+    clock.now += 31
+    breaker_ended("m", B, "b1", ok)  # the sweep: the idle ones go, A's recent-less too
+    assert set(breakers._breakers["m"].tenants) == {B}
 
 
 def test_a_minimum_of_zero_turns_the_breakers_off(fresh, settings):
     settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS = 0
     for i in range(5):
-        breaker_ended("m", f"a{i}", _failed("engine_error"))
-    assert breaker_admits("m", "x")
+        breaker_ended("m", A, f"a{i}", _failed("engine_error"))
+    assert breaker_admits("m", A, "x")
     assert "m" not in breakers._breakers

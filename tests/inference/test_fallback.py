@@ -22,6 +22,7 @@ from dataplane.leases import Leases
 from dataplane.quotas import month_of
 from dataplane.types import Failed, Status, usage_for
 from inference import auth, relay, submission
+from inference import breaker as breakers
 from inference.admission import request_abandon, route_cost
 from inference.breaker import breakers_reset
 from inference.clients import dispatch_get, routing_get
@@ -61,6 +62,13 @@ def one_a_minute(aliases: str, django_db_blocker: Any) -> list[str]:
     """Keys of two tenants, each allowed one request a minute."""
     with django_db_blocker.unblock():
         return [roomy_key(f"fb-one-a-minute-{i}", requests_per_minute=1) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def other_tenants(aliases: str, django_db_blocker: Any) -> list[str]:
+    """Keys of two more tenants of the aliases."""
+    with django_db_blocker.unblock():
+        return [roomy_key(f"fb-breaker-other-{i}") for i in range(2)]
 
 
 @pytest.fixture(autouse=True)
@@ -226,8 +234,11 @@ async def _fail_in_the_engine(submitted: Any) -> list[Any]:
     return [event async for event in relay.events(dispatch_get(), submitted)]
 
 
-async def test_an_alias_whose_engine_keeps_failing_sends_its_requests_on(aliases, quick_breakers):
+async def test_an_alias_whose_engine_keeps_failing_sends_its_requests_on(
+    aliases, other_tenants, quick_breakers
+):
     principal = await _principal(aliases)
+    second, third = [await _principal(key) for key in other_tenants]
     big, small = await _deployment(BIG), await _deployment(SMALL)
     await Leases(dispatch_get().redis).heartbeat(deployment=big, worker="w", ttl=60, slots=(1, 1))
     await _live(small)
@@ -252,6 +263,23 @@ async def test_an_alias_whose_engine_keeps_failing_sends_its_requests_on(aliases
         assert await _held(principal.tenant_id, held.job.request_id)
     finally:
         await request_abandon(held.job)
+    # One tenant's failures hold back its own requests only: the next tenant's still go to
+    # the alias, and fail there too.
+    for _ in range(2):
+        submitted = await _submit(second, BIG)
+        assert submitted.route.deployment == big
+        await _fail_in_the_engine(submitted)
+    # Two tenants' breakers hold: a tenant whose requests never failed is sent on too.
+    held = await _submit(third, BIG)
+    try:
+        assert held.route.deployment == small
+        assert held.headers()["x-roundhouse-fallback-reason"] == "circuit_open"
+    finally:
+        await request_abandon(held.job)
+    all_held = REGISTRY.get_sample_value(
+        "roundhouse_breaker_transitions_total", {"model": BIG, "state": "open_all"}
+    )
+    assert all_held is not None and all_held >= 1
 
 
 async def test_an_open_breaker_holds_nothing_back_from_an_alias_without_a_fallback(
@@ -267,5 +295,7 @@ async def test_an_open_breaker_holds_nothing_back_from_an_alias_without_a_fallba
     try:
         assert submitted.route.deployment == small
         assert "x-roundhouse-fallback-from" not in submitted.headers()
+        assert not submitted.breaker_alias  # nothing to hold its requests back for
+        assert SMALL not in breakers._breakers
     finally:
         await request_abandon(submitted.job)
