@@ -2,7 +2,9 @@
 
 Nothing on the request path writes to Postgres; this loop does, in batches. An event is
 acknowledged only after its record is committed, so a crash replays it and the unique
-request id makes the replay harmless.
+request id makes the replay harmless. When its loop starts, starts again after a failure or
+finds Redis again after an outage, it first takes up the events it read itself and did not
+acknowledge; events another ingester left are claimed once idle for STALE_PENDING_MS.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Ingester:
         self._deployments_at = 0.0
         self._finishing: asyncio.Task[None] | None = None
         self._reap_at = 0.0  # monotonic time of the next reap
+        # Whether to take up this consumer's own unacknowledged events before new ones.
+        self._own_pending_due = True
         self.ingested = 0
 
     async def _settle(self, events: list[UsageEvent], costs: dict[str, Decimal]) -> None:
@@ -94,6 +98,9 @@ class Ingester:
         # While one batch is settled and acknowledged in Redis, the next is read and written
         # to PostgreSQL: two stages, one batch each, so neither server waits for the other.
         outage = Outage("ingesting usage", log)
+        # Started, or started again after a failure: a batch this consumer recorded but did not
+        # settle and acknowledge is taken up at once, not after STALE_PENDING_MS.
+        self._own_pending_due = True
         while not self._stopping.is_set():
             try:
                 await self._step()
@@ -109,6 +116,7 @@ class Ingester:
                 self._reap_at = max(
                     self._reap_at, time.monotonic() + settings.ROUNDHOUSE_LEASE_SECONDS
                 )
+                self._own_pending_due = True
                 await asyncio.sleep(outage.failed(exc))
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -121,6 +129,15 @@ class Ingester:
     async def _step(self) -> None:
         """Reap when due, then read a batch of usage events and record it."""
         deployments = await self._refresh_deployments()
+        if self._own_pending_due:
+            await self._finished()
+            own = await self.usage.read_own_pending(
+                deployments=deployments, consumer=self.consumer, count=BATCH
+            )
+            if own:
+                log.warning("taking up %d usage events read before and not settled", len(own))
+                await self._ingest(own)
+            self._own_pending_due = len(own) >= BATCH  # more of them: on the next step
         if time.monotonic() >= self._reap_at:
             self._reap_at = time.monotonic() + 1.0
             await self._finished()

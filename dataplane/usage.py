@@ -52,6 +52,22 @@ class UsageStream:
         )
         return self._usage_entries([stream for response in responses for stream in response or []])
 
+    async def read_own_pending(
+        self, *, deployments: list[str], consumer: str, count: int
+    ) -> list[tuple[str, str, UsageEvent]]:
+        """Return usage events this consumer read before but has not acknowledged."""
+        if not deployments:
+            return []
+        groups = slot_groups(self.redis, [usage_key(d) for d in deployments])
+        responses: list[Any] = await asyncio.gather(
+            *(
+                # "0" instead of ">": the consumer's own pending entries, from the oldest.
+                self.redis.xreadgroup(INGEST_GROUP, consumer, dict.fromkeys(keys, "0"), count=count)
+                for keys in groups
+            )
+        )
+        return self._usage_entries([stream for response in responses for stream in response or []])
+
     async def reclaim_usage(
         self, *, deployment: str, consumer: str, min_idle_ms: int
     ) -> list[tuple[str, str, UsageEvent]]:

@@ -157,3 +157,60 @@ def test_a_database_outage_while_listing_deployments_keeps_the_last_list(monkeyp
         return seen
 
     assert asyncio.run(scenario()) == [["tiny"], ["tiny"]]
+
+
+def test_a_batch_recorded_but_not_settled_is_taken_up_when_the_loop_starts_again(
+    world, monkeypatch
+):
+    """The settle of a recorded batch raised (its rows are committed, its reservations held,
+    its events unacknowledged): the loop starts again and takes the batch up at once, not once
+    it is stale enough for another ingester's re-claim (an hour here)."""
+    import billing.ingester as ingester_module
+
+    monkeypatch.setattr(ingester_module, "STALE_PENDING_MS", 3_600_000)
+    deployment = f"own-{uuid.uuid4().hex[:8]}"
+    events = [
+        UsageEvent(
+            request_id=uuid.uuid4().hex, tenant_id=world.acme.pk, api_key_id=0,
+            deployment=deployment, model_version=world.version.digest, endpoint="completions",
+            status=Status.OK, prompt_tokens=3, completion_tokens=5,
+            enqueued_at=1_790_000_000.0, finished_at=1_790_000_001.0, priority="interactive",
+        )
+        for _ in range(5)
+    ]  # fmt: skip
+
+    async def scenario() -> tuple[int, int]:
+        client = redis_client_new()
+        dispatch = roles(client, reply_ttl=60)
+        ingester = _Ingester(
+            client=dispatch.redis, reply_ttl=dispatch.reply_ttl, consumer="own", die_at_batch=1
+        )
+
+        async def listed() -> list[str]:
+            return [deployment]
+
+        ingester._refresh_deployments = listed  # type: ignore[method-assign]
+        try:
+            await dispatch.usage.ensure_groups(deployment)
+            for event in events:
+                await client.xadd(usage_key(deployment), {"u": encode(event)})
+            running = asyncio.create_task(ingester.run())
+            pending = -1
+            for _ in range(600):
+                await asyncio.sleep(0.1)
+                info = await client.xinfo_groups(usage_key(deployment))
+                pending = next(g["pending"] for g in info if g["name"].decode() == INGEST_GROUP)
+                if ingester.batches >= 2 and pending == 0:
+                    break
+            ingester.stop()
+            await running
+            return pending, await client.xlen(usage_key(deployment))
+        finally:
+            await client.delete(usage_key(deployment))
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == (0, 0)
+    records = UsageRecord.objects.filter(deployment=deployment)
+    assert sorted(records.values_list("request_id", flat=True)) == sorted(
+        e.request_id for e in events
+    )
