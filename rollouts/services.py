@@ -10,6 +10,11 @@ the canary's SLIs with the baseline's over the current step, and over a short re
 - a step advances once both versions have `min_samples` requests in it, it has lasted
   `min_step_seconds` and nothing is breached. Leaving the last step below 100 % promotes.
 
+A canary that fails outright does not wait for that: every few seconds `rollouts_fail_fast`
+counts each running canary's failed requests over the last minute, and one that failed at
+least ROUNDHOUSE_ROLLOUT_FAIL_FAST_ERROR_PCT of at least ..._MIN_REQUESTS, while its
+baseline failed less than half as often, is rolled back at once.
+
 Every decision is stored with the numbers it compared and written to the audit chain.
 """
 
@@ -20,12 +25,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from billing.selectors import Slis, version_slis
+from billing.selectors import Slis, version_failures, version_slis
 from models_registry.models import (
     Alias,
     AliasSplit,
@@ -365,6 +371,73 @@ def rollouts_analyze(*, now: dt.datetime | None = None) -> dict[int, str]:
         if verdict is not None:
             done[rollout.pk] = verdict.action
     return done
+
+
+def rollout_fail_fast_verdict(rollout: Rollout, *, now: dt.datetime) -> Verdict | None:
+    """A rollback verdict when the canary fails outright (see the module's doc), else None.
+
+    Only counts, from the database: cheap enough to run every few seconds. The baseline's
+    count keeps an outage of the whole platform (both versions failing) from rolling back a
+    canary that is not the cause; the regular analysis judges that case.
+    """
+    since = max(
+        rollout.created_at,
+        now - dt.timedelta(seconds=settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_WINDOW_SECONDS),
+    )
+    requests, errors = version_failures(version=rollout.canary, since=since, until=now)
+    least = settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_MIN_REQUESTS
+    if least <= 0 or requests < least:
+        return None
+    share = 100 * errors / requests
+    if share < settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_ERROR_PCT:
+        return None
+    base_requests, base_errors = version_failures(version=rollout.baseline, since=since, until=now)
+    base_share = 100 * base_errors / base_requests if base_requests else 0.0
+    if base_requests >= least and base_share >= share / 2:
+        return None  # the baseline fails too: not the canary's doing
+    evidence = {
+        "percent": rollout.percent,
+        "fail_fast": {
+            "since": since.isoformat(),
+            "canary": {"requests": requests, "errors": errors, "error_rate_pct": round(share, 3)},
+            "baseline": {
+                "requests": base_requests,
+                "errors": base_errors,
+                "error_rate_pct": round(base_share, 3),
+            },
+            "limit_pct": settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_ERROR_PCT,
+            "min_requests": least,
+        },
+    }
+    reason = (
+        f"failing fast: the canary failed {errors} of its last {requests} requests "
+        f"({share:.0f} %; the baseline {base_share:.0f} % of {base_requests})"
+    )
+    return Verdict("rollback", reason, evidence, ("error_rate_points",))
+
+
+def rollouts_fail_fast(*, now: dt.datetime | None = None) -> list[int]:
+    """Roll back every running rollout whose canary fails outright; return their ids."""
+    now = now or timezone.now()
+    rolled = []
+    for rollout in Rollout.objects.filter(state=RolloutState.RUNNING).select_related(
+        "canary", "baseline"
+    ):
+        try:
+            with transaction.atomic():
+                rollout = _locked(rollout)
+                if rollout.state != RolloutState.RUNNING:
+                    continue
+                verdict = rollout_fail_fast_verdict(rollout, now=now)
+                if verdict is None:
+                    continue
+                _rollback(rollout, reason=verdict.reason, evidence=verdict.evidence, actor=None)
+        except Exception:
+            log.exception("fail-fast check of rollout %s failed", rollout.pk)
+            continue
+        log.warning("rollout %s rolled back: %s", rollout.pk, verdict.reason)
+        rolled.append(rollout.pk)
+    return rolled
 
 
 def rollout_act(rollout: Rollout, *, action: str, actor: User | None, reason: str = "") -> Rollout:

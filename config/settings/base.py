@@ -227,6 +227,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "rollouts.tasks.rollouts_analyze",
         "schedule": env_float("ROUNDHOUSE_ROLLOUT_ANALYSIS_SECONDS", 30.0),
     },
+    "rollouts-fail-fast": {
+        "task": "rollouts.tasks.rollouts_fail_fast",
+        "schedule": env_float("ROUNDHOUSE_ROLLOUT_FAIL_FAST_SECONDS", 5.0),
+    },
     # Drafts for the month that ended, at 01:00 UTC on the 1st; finance issues them.
     "invoices-build": {
         "task": "billing.tasks.invoices_build_last_month",
@@ -387,6 +391,13 @@ ROUNDHOUSE_BREAKER_FAILURE_SHARE = env_float("ROUNDHOUSE_BREAKER_FAILURE_SHARE",
 ROUNDHOUSE_BREAKER_OPEN_SECONDS = env_float("ROUNDHOUSE_BREAKER_OPEN_SECONDS", 15.0)
 # Tenants whose breakers must hold at once before every tenant's requests go on (1: any).
 ROUNDHOUSE_BREAKER_MIN_TENANTS = env_int("ROUNDHOUSE_BREAKER_MIN_TENANTS", 2)
+# A running canary that failed this share of at least that many requests in the window (while
+# its baseline failed less than half as often) is rolled back at once; 0 requests: never.
+ROUNDHOUSE_ROLLOUT_FAIL_FAST_ERROR_PCT = env_float("ROUNDHOUSE_ROLLOUT_FAIL_FAST_ERROR_PCT", 50.0)
+ROUNDHOUSE_ROLLOUT_FAIL_FAST_MIN_REQUESTS = env_int("ROUNDHOUSE_ROLLOUT_FAIL_FAST_MIN_REQUESTS", 10)
+ROUNDHOUSE_ROLLOUT_FAIL_FAST_WINDOW_SECONDS = env_float(
+    "ROUNDHOUSE_ROLLOUT_FAIL_FAST_WINDOW_SECONDS", 60.0
+)
 # How many nice steps below the worker's event loop its engine's processes run (0: the same):
 # the loop's work (claims, token relay, aborts) is short and waits on nothing else.
 ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)

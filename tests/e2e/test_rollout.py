@@ -371,6 +371,62 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
     assert record.status == "ok" and record.completion_tokens == 160
 
 
+def test_a_canary_that_fails_outright_is_rolled_back_by_the_fail_fast_check(
+    canary, stack, world, demo_model_dir, tmp_path, usage_of, django_db_blocker
+):
+    """A canary whose every request fails (an adapter whose weights were damaged after it was
+    registered) is rolled back by the first fail-fast check that sees ten of its requests,
+    not after two analyses of its step."""
+    from models_registry.demo_adapter import demo_adapter_build
+    from models_registry.services import alias_set, model_version_register
+    from rollouts.services import rollout_start
+    from rollouts.tasks import rollouts_fail_fast
+
+    alias_name = "ff-chat"
+    with django_db_blocker.unblock():
+        broken, _ = model_version_register(
+            model_name="tiny-broken",
+            source_dir=demo_adapter_build(
+                base_dir=demo_model_dir, out_dir=tmp_path / "broken", seed=11
+            ),
+            base=canary.lora_base,
+        )
+        alias = alias_set(name=alias_name, version=canary.lora_base)
+        rollout = rollout_start(
+            alias=alias, canary=broken, steps=[50, 100], min_samples=200, breach_checks=2
+        )
+    stored = broken.artifact_dir / "adapter_model.safetensors"
+    stored.chmod(0o644)
+    stored.write_bytes(b"not weights")
+    _route_settle(world.acme_key, stack.base_url, alias=alias_name)
+    failed: list[str] = []
+    for i in range(200):
+        response = _chat(stack.base_url, world.acme_key, model=alias_name, user=f"ff-{i}")
+        if response.status_code == 503:
+            assert response.json()["error"]["code"] == "adapter_unavailable", response.text
+            failed.append(response.headers["x-request-id"])
+        else:
+            assert response.status_code == 200, response.text
+        if len(failed) == 10:
+            break
+    assert len(failed) == 10, "the canary's split never took a request"
+    assert len(usage_of(*failed)) == 10
+    with django_db_blocker.unblock():
+        rolled = rollouts_fail_fast.apply().get()
+        assert rollout.pk in rolled
+        rollout.refresh_from_db()
+        assert rollout.state == "rolled_back"
+        decision = rollout.decisions.get(action="rollback")
+        assert decision.reason.startswith("failing fast")
+        assert decision.evidence["fail_fast"]["canary"]["errors"] >= 10
+        assert not Alias.objects.get(pk=alias.pk).splits.exists()
+    _route_settle(world.acme_key, stack.base_url, alias=alias_name)
+    for i in range(8):
+        response = _chat(stack.base_url, world.acme_key, model=alias_name, user=f"ff-{i}")
+        assert response.status_code == 200, response.text
+        assert response.headers["x-roundhouse-model-version"] == canary.lora_base.version
+
+
 def _greedy(base_url: str, key: str, model: str) -> tuple[str, str, str]:
     """Return (text, served model, request id) of a greedy completion."""
     with httpx.Client(base_url=base_url, timeout=120) as client:

@@ -23,7 +23,7 @@ from models_registry.models import (
     RolloutState,
 )
 from models_registry.services import alias_set, deployment_create, model_version_register
-from rollouts.services import rollout_analyze, rollout_start
+from rollouts.services import rollout_analyze, rollout_start, rollouts_fail_fast
 from tenants.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -155,6 +155,56 @@ def test_a_failing_canary_breaches_the_error_rate(versions, world):
     verdict = rollout_analyze(rollout, now=now)
     assert verdict is not None and verdict.action == "rollback"
     assert "error_rate_points" in verdict.reason
+
+
+def test_a_canary_that_fails_outright_is_rolled_back_within_seconds(versions, world):
+    """Not after two 30-second analyses: the fail-fast check sees the first dozen failures."""
+    alias, base, canary = versions
+    rollout = _start(alias, canary)  # two analyses in a row before the usual rollback
+    now = rollout.step_started_at + dt.timedelta(seconds=8)
+    _served(world, base, n=40, at=now - dt.timedelta(seconds=4))
+    _served(world, canary, n=3, at=now - dt.timedelta(seconds=4))
+    _served(world, canary, n=9, at=now - dt.timedelta(seconds=3), status="error")
+    assert rollouts_fail_fast(now=now) == [rollout.pk]
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK
+    assert not AliasSplit.objects.filter(alias=alias, version=canary).exists()
+    assert Deployment.objects.get(name="roll-canary").state == DeploymentState.DRAINING
+    decision = rollout.decisions.get(action="rollback")
+    assert "9 of its last 12" in decision.reason
+    assert decision.evidence["fail_fast"]["canary"] == {
+        "requests": 12, "errors": 9, "error_rate_pct": 75.0,
+    }  # fmt: skip
+    assert AuditEvent.objects.filter(action="rollout.rollback", target_id=str(rollout.pk)).exists()
+    assert rollouts_fail_fast(now=now) == []  # rolled back once
+
+
+def test_fail_fast_waits_for_enough_requests_and_ignores_a_platform_wide_outage(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary)
+    now = rollout.step_started_at + dt.timedelta(seconds=8)
+    _served(world, canary, n=9, at=now - dt.timedelta(seconds=3), status="error")
+    assert rollouts_fail_fast(now=now) == []  # 9 failures: fewer than 10 requests
+    # The baseline fails as much: the platform, not the canary.
+    _served(world, base, n=20, at=now - dt.timedelta(seconds=3), status="worker_lost")
+    _served(world, canary, n=1, at=now - dt.timedelta(seconds=3), status="worker_lost")
+    assert rollouts_fail_fast(now=now) == []
+    # Failures older than the window are forgotten; a healthy minute keeps it running.
+    later = now + dt.timedelta(seconds=61)
+    _served(world, base, n=20, at=later - dt.timedelta(seconds=2))
+    _served(world, canary, n=20, at=later - dt.timedelta(seconds=2))
+    assert rollouts_fail_fast(now=later) == []
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.RUNNING
+
+
+def test_fail_fast_can_be_switched_off(versions, world, settings):
+    settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_MIN_REQUESTS = 0
+    alias, _base, canary = versions
+    rollout = _start(alias, canary)
+    now = rollout.step_started_at + dt.timedelta(seconds=8)
+    _served(world, canary, n=30, at=now - dt.timedelta(seconds=3), status="error")
+    assert rollouts_fail_fast(now=now) == []
 
 
 def test_a_short_blip_does_not_roll_back(versions, world):
