@@ -6,8 +6,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aredis
@@ -19,6 +19,8 @@ from redis.commands.core import AsyncScript
 
 # What a Lua script takes as an argument.
 ScriptArg = bytes | str | int | float
+
+log = logging.getLogger(__name__)
 
 
 async def _free_connections_disconnect(node: ClusterNode) -> None:
@@ -196,3 +198,33 @@ class Outage:
             self.log.log(self.level, "%s: Redis reachable again after %.1f s", self.what, elapsed)
             self.since = None
             self._delay = 0.0
+
+
+# How long `until_reachable` keeps trying by default: a request's settling (giving back what
+# it reserved) after Redis went away under it.
+SETTLE_WITHIN_SECONDS = 60.0
+
+T = TypeVar("T")
+
+
+async def until_reachable(
+    call: Callable[[], Awaitable[T]], what: str, *, within: float = SETTLE_WITHIN_SECONDS
+) -> T:
+    """Await `call()`, again and again while Redis is unreachable, for `within` seconds at most.
+
+    For one-off calls that must land, such as giving back a reservation: a request admitted
+    just before Redis went away still holds it, and giving it back as soon as Redis is back
+    beats waiting for its admission lease (the request timeout and a minute more). Paced and
+    logged (at INFO) by an `Outage`; other errors are raised at once.
+    """
+    outage, started = Outage(what, log, logging.INFO), time.monotonic()
+    while True:
+        try:
+            found = await call()
+        except UNREACHABLE as exc:
+            if time.monotonic() - started > within:
+                raise
+            await asyncio.sleep(outage.failed(exc))
+            continue
+        outage.ok()
+        return found

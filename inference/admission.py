@@ -7,14 +7,10 @@ when it ends; a refusal is a 429 whose x-ratelimit-* headers say which limit and
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from django.conf import settings
 
@@ -23,7 +19,7 @@ from config.db import db_call
 from dataplane.background import spawn
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.quotas import Decision, Limits, Usage, cost_micros
-from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.redis_client import until_reachable
 from dataplane.types import Failed, Finished, Job
 from inference.auth import Principal
 from inference.clients import dispatch_get, idempotency_get, quotas_get
@@ -34,9 +30,6 @@ from privacy.services import content_retain
 from safety.policy import Policy
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-# How long a request's settling keeps trying while Redis is unreachable (until_reachable).
-SETTLE_WITHIN_SECONDS = 60.0
 # The model version that answered, on every response a version gave.
 VERSION_HEADER = "x-roundhouse-model-version"
 # On a response an alias's fallback gave: the alias the client named, and why it could not.
@@ -240,28 +233,6 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
     key = submitted.idempotency_key
     if key is not None and isinstance(event, Failed):
         spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
-
-
-async def until_reachable(
-    call: Callable[[], Awaitable[T]], what: str, *, within: float = SETTLE_WITHIN_SECONDS
-) -> T:
-    """Await `call()`, again and again while Redis is unreachable, for `within` seconds at most.
-
-    A request admitted just before Redis went away still holds its reservation; giving it
-    back as soon as Redis is back beats waiting for the admission lease (the request timeout
-    and a minute more). Other errors are raised at once.
-    """
-    outage, started = Outage(what, log, logging.INFO), time.monotonic()
-    while True:
-        try:
-            found = await call()
-        except UNREACHABLE as exc:
-            if time.monotonic() - started > within:
-                raise
-            await asyncio.sleep(outage.failed(exc))
-            continue
-        outage.ok()
-        return found
 
 
 async def reservation_return(job: Job) -> None:

@@ -19,6 +19,7 @@ from django.conf import settings
 from dataplane.background import spawn
 from dataplane.frontdoor import Refusal
 from dataplane.quotas import Decision, Usage
+from dataplane.redis_client import until_reachable
 from dataplane.tracing import TraceContext
 from dataplane.types import (
     Delta,
@@ -43,7 +44,6 @@ from inference.admission import (
     request_count,
     reservation_return,
     route_cost,
-    until_reachable,
 )
 from inference.auth import Principal
 from inference.breaker import breaker_admits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from inference.admission import until_reachable
+from dataplane.redis_client import until_reachable
 
 
 async def test_it_tries_again_until_redis_answers():
