@@ -123,6 +123,19 @@ def answer_shape(request: GenerationRequest, route: Route) -> Shape:
     return shape_of(request, decode=decode)
 
 
+async def _fallback_routing(fallback: str, refused: ApiError | None) -> Routing | None:
+    """Where an alias's fallback routes now, or None where it routes nowhere.
+
+    A refusal that sent the request on stands when there is nowhere to send it: raised.
+    """
+    try:
+        return await routing_get(fallback)
+    except ApiError:
+        if refused is not None:
+            raise refused from None
+        return None
+
+
 async def generation_submit(
     *,
     principal: Principal,
@@ -198,12 +211,7 @@ async def generation_submit(
                 if request.model == named:
                     return submitted
                 return replace(submitted, fallback_from=named, fallback_reason=reason)
-        try:
-            onward = await routing_get(routing.fallback)
-        except ApiError:
-            if refused is not None:
-                raise refused from None  # the fallback routes nowhere now: the refusal stands
-            onward = None
+        onward = await _fallback_routing(routing.fallback, refused)
         if onward is None:
             # Held by its breaker, but the fallback routes nowhere now: the alias is asked after
             # all, and nothing else.
