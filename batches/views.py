@@ -16,9 +16,8 @@ from batches import selectors, services
 from batches.models import Batch, File
 from config.db import db_call
 from config.http import content_disposition
-from inference.endpoint import api_endpoint, json_response, request_body, request_principal
+from inference.endpoint import api_endpoint, json_response, request_json, request_principal
 from inference.errors import ApiError, invalid
-from inference.params import body_parse
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -162,7 +161,7 @@ def _limit(raw: str | None) -> int:
 async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     if request.method == "POST":
-        body = body_parse(await request_body(request))
+        body = await request_json(request)
         batch = await db_call(
             services.batch_create,
             tenant_id=principal.tenant_id,

@@ -6,7 +6,7 @@ report B's p50 latency under the flood ÷ alone (target ≤ 1.5), /healthz's p50
 and how A's requests were answered (400 context_length_exceeded until its requests-per-minute
 bucket runs out, then 429).
 
-    .venv/bin/python bench/bad_input_flood.py [--requests 40] [--flooders 4]
+    .venv/bin/python bench/bad_input_flood.py [--requests 100] [--flooders 4]
 
 Writes its section of docs/benchmarks.md, docs/img/bad_input_flood.png and the raw results to
 docs/bench-data/bad_input_flood.json. Asserts nothing.
@@ -145,7 +145,7 @@ def _plot(alone: list[float], flooded: list[float], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=40, help="tenant B's requests per phase")
+    parser.add_argument("--requests", type=int, default=100, help="tenant B's requests per phase")
     parser.add_argument("--flooders", type=int, default=4, help="tenant A's concurrent clients")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()

@@ -17,11 +17,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
 from inference.admission import ratelimit_headers, request_count, request_id_new
-from inference.asgi import CHECKED_PRINCIPAL
+from inference.asgi import CHECKED_PRINCIPAL, COUNTED, TURN_OVER
 from inference.auth import Principal, authenticate, scope_check
 from inference.clients import quotas_get
 from inference.errors import ApiError
 from inference.metrics import RequestClock, requests_total
+from inference.params import body_parse
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -125,6 +126,19 @@ async def request_body(request: HttpRequest) -> bytes:
     return body
 
 
+async def request_json(request: HttpRequest) -> dict[str, Any]:
+    """The request's body as a JSON object (see `body_parse`), or the 4xx saying why not.
+
+    A large body's reading turn ends here, once it is parsed (inference/asgi.py, _Turns).
+    """
+    try:
+        return body_parse(await request_body(request))
+    finally:
+        over = getattr(request, "scope", {}).get(TURN_OVER)
+        if over is not None:
+            over()
+
+
 def _timeout(raw: str | None) -> float | None:
     """Return the client's own deadline in seconds (`x-request-timeout`), if it sent one."""
     if raw is None:
@@ -164,15 +178,17 @@ async def request_principal(
     """Authenticate a request's API key for a scope; later headers name its limits.
 
     A `counted` request takes its token from the tenant's requests per minute here, before
-    its body is parsed, so that it counts (or gets its 429) whatever its body holds.
+    its body is parsed, so that it counts (or gets its 429) whatever its body holds; unless
+    the handler counted it before its body was read (inference/asgi.py).
     """
-    checked = getattr(request, "scope", {}).get(CHECKED_PRINCIPAL)
+    scope_of = getattr(request, "scope", {})
+    checked = scope_of.get(CHECKED_PRINCIPAL)
     if checked is not None:
         principal = scope_check(checked, scope=scope)  # its key was checked before its body
     else:
         principal = await authenticate(request.headers.get("Authorization"), scope=scope)
     request.META[_PRINCIPAL] = principal
-    if counted:
+    if counted and not scope_of.get(COUNTED):
         await request_count(principal=principal)
     clock = request.META.get(_CLOCK)
     if clock is not None:

@@ -27,9 +27,9 @@ from dataplane.redis_client import ping_everywhere
 from inference.admission import VERSION_HEADER
 from inference.auth import Principal
 from inference.clients import dispatch_get, routing_get
-from inference.endpoint import api_endpoint, json_response, request_body, request_principal
+from inference.endpoint import api_endpoint, json_response, request_json, request_principal
 from inference.errors import ApiError, invalid
-from inference.params import TokenizeRequest, body_parse, detokenize_parse, tokenize_parse
+from inference.params import TokenizeRequest, detokenize_parse, tokenize_parse
 from inference.tokenization import INLINE_TOKENIZE_CHARS, Tokenizer, tokenizer_for
 from models_registry.selectors import Route
 from tenants.models import Scope
@@ -141,7 +141,7 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     the deployment's and the tenant's `max_context_tokens`.
     """
     principal = await request_principal(request, Scope.INFERENCE, counted=True)
-    parsed = tokenize_parse(body_parse(await request_body(request)))
+    parsed = tokenize_parse(await request_json(request))
     route, tokenizer = await _routed(principal, parsed.model)
     if _chars(parsed) > INLINE_TOKENIZE_CHARS:
         tokens = await asyncio.to_thread(_tokens, tokenizer, parsed)
@@ -163,7 +163,7 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
 async def detokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     """vLLM's /detokenize: the text of token ids (special tokens included), as `prompt`."""
     principal = await request_principal(request, Scope.INFERENCE, counted=True)
-    parsed = detokenize_parse(body_parse(await request_body(request)))
+    parsed = detokenize_parse(await request_json(request))
     route, tokenizer = await _routed(principal, parsed.model)
     vocab = tokenizer.vocab_size
     for index, token in enumerate(parsed.tokens):

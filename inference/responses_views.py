@@ -32,15 +32,14 @@ from inference.endpoint import (
     client_timeout,
     internal_error,
     json_response,
-    request_body,
     request_clock,
+    request_json,
     request_principal,
     request_trace,
 )
 from inference.errors import ApiError, invalid
 from inference.idempotency import Original, body_digest, key_validate
 from inference.metrics import RequestClock
-from inference.params import body_parse
 from inference.response_events import ResponseBuilder, sse
 from inference.responses import (
     RESPONSES,
@@ -79,7 +78,7 @@ def _not_found(response_id: str, param: str = "response_id") -> ApiError:
 @api_endpoint("POST")
 async def responses_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE, counted=True)
-    body = body_parse(await request_body(request))
+    body = await request_json(request)
     response_id = f"resp_{request_id}"
     previous = previous_id_read(body)
     history = []

@@ -27,8 +27,8 @@ from inference.endpoint import (
     client_timeout,
     internal_error,
     json_response,
-    request_body,
     request_clock,
+    request_json,
     request_principal,
     request_trace,
 )
@@ -41,7 +41,6 @@ from inference.params import (
     CHAT,
     COMPLETIONS,
     GenerationRequest,
-    body_parse,
     embeddings_parse,
     generation_parse,
 )
@@ -66,7 +65,7 @@ async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase
 @api_endpoint("POST")
 async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE, counted=True)
-    parsed = embeddings_parse(body_parse(await request_body(request)))
+    parsed = embeddings_parse(await request_json(request))
     clock = request_clock(request)
     submitted = await embedding_submit(
         principal=principal,
@@ -93,7 +92,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
 
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE, counted=True)
-    body = body_parse(await request_body(request))
+    body = await request_json(request)
     parsed = generation_parse(body, endpoint=endpoint)
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:

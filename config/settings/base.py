@@ -354,6 +354,10 @@ ROUNDHOUSE_SCALE_DOWN_SECONDS = env_float("ROUNDHOUSE_SCALE_DOWN_SECONDS", 300.0
 
 # Largest request body the API accepts; larger ones get 413.
 MAX_REQUEST_BYTES = env_int("ROUNDHOUSE_MAX_REQUEST_BYTES", 4 * 1024 * 1024)
+# A tenant's bodies of at least this size (or of unknown size) are read at most that many at
+# a time per frontend; the rest wait their turn unread.
+ROUNDHOUSE_LARGE_BODY_BYTES = env_int("ROUNDHOUSE_LARGE_BODY_BYTES", 1024 * 1024)
+ROUNDHOUSE_LARGE_BODIES_PER_TENANT = env_int("ROUNDHOUSE_LARGE_BODIES_PER_TENANT", 1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 # Where registered model versions are stored, content-addressed and read-only.

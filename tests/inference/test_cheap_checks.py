@@ -45,6 +45,16 @@ def flooder_key(world: Any, django_db_blocker: Any) -> str:
 
 
 @pytest.fixture(scope="module")
+def one_a_minute_key(world: Any, django_db_blocker: Any) -> str:
+    """A tenant of its own allowed one request a minute."""
+    with django_db_blocker.unblock():
+        tenant = tenant_create(slug="cheap-one-a-minute")
+        tenant.quota.requests_per_minute = 1
+        tenant.quota.save()
+        return api_key_issue(tenant=tenant, name="tests").token
+
+
+@pytest.fixture(scope="module")
 def frontend(
     world: Any, flooder_key: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
@@ -196,6 +206,59 @@ def test_a_tenant_flooding_bad_requests_runs_out_of_its_own_requests_only(
     remaining = [int(a.headers["x-ratelimit-remaining-requests"]) for a in answers]
     assert remaining[:FLOODER_RPM] == list(range(FLOODER_RPM - 1, -1, -1)), remaining
     assert other.status_code == 400 and other.json()["error"]["param"] == "prompt"
+
+
+def test_a_tenant_past_its_requests_per_minute_gets_its_429_before_its_body_is_read(
+    frontend, one_a_minute_key
+):
+    """A throttled tenant's flood of large bodies costs the frontend their heads only."""
+    with httpx.Client(base_url=frontend, timeout=30) as client:
+        first = client.post(
+            "/v1/chat/completions",
+            json={"model": ALIAS, "messages": "not a list"},
+            headers={"Authorization": f"Bearer {one_a_minute_key}"},
+        )
+    assert first.status_code == 400, first.text  # counted, then refused for its body
+    # Chunked, so its length tells nothing: the 429 comes with none of the body sent.
+    head = _head("/v1/chat/completions", one_a_minute_key)
+    answer, sent = _send_until_answered(frontend, head, _chunked(64 * settings.MAX_REQUEST_BYTES))
+    assert _status(answer) == 429, answer[:300]
+    assert b"rate_limit_exceeded" in answer and b"retry-after:" in answer.lower()
+    assert sent < 4 * settings.MAX_REQUEST_BYTES, sent  # the kernel's buffers, not the body
+
+
+def _stalled(base_url: str, key: str) -> socket.socket:
+    """Open a chunked chat request with a key and send part of its body, then stop sending."""
+    port = int(base_url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(_head("/v1/chat/completions", key).encode() + b'5\r\n{"mod\r\n')
+    return sock
+
+
+def test_a_tenants_stalled_large_body_holds_its_own_next_one_and_nobody_elses(frontend, world):
+    """Large bodies (here chunked: of unknown size) are read one per tenant at a time."""
+    body = b'{"model": "none", "messages": []}'
+    complete = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    first = _stalled(frontend, world.acme_key)
+    try:
+        time.sleep(0.5)  # the frontend has begun reading it: acme's turn is taken
+        # Another tenant's large body is read and answered meanwhile.
+        answer, _ = _send_until_answered(
+            frontend, _head("/v1/chat/completions", world.globex_key), iter([complete]), timeout=30
+        )
+        assert _status(answer) in (400, 404), answer[:300]
+        # Acme's next large body waits for acme's turn, unread and unanswered...
+        port = int(frontend.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as second:
+            second.sendall(_head("/v1/chat/completions", world.acme_key).encode() + complete)
+            readable, _, _ = select.select([second], [], [], 2.0)
+            assert not readable, "acme's second large body was answered during its first"
+            # ...until the first one ends (its client gives up).
+            first.close()
+            second.settimeout(30)
+            assert _status(_answer_read(second)) in (400, 404)
+    finally:
+        first.close()
 
 
 @pytest.mark.django_db
