@@ -36,9 +36,10 @@ from django.http import HttpResponse
 from django.urls import set_script_prefix
 
 from inference.admission import request_count
-from inference.auth import key_check
+from inference.auth import key_check, scope_check
 from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch
+from tenants.models import Scope
 
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 # vLLM's operational endpoints, at its paths (inference.operations); these two take a key.
@@ -172,6 +173,8 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
         scope[CHECKED_PRINCIPAL] = principal
         if path in COUNTED_PATHS and scope.get("method") == "POST":
             try:
+                # Its key must be allowed to infer before it counts: a 403 takes nothing.
+                scope_check(principal, scope=Scope.INFERENCE)
                 await request_count(principal=principal)
             except ApiError as exc:
                 return exc  # its 429, with the limit's headers
