@@ -371,33 +371,46 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
     assert record.status == "ok" and record.completion_tokens == 160
 
 
+def _damaged_adapter(
+    name: str, base: ModelVersion, demo_model_dir: Path, tmp_path: Path, django_db_blocker: Any
+) -> ModelVersion:
+    """Register an adapter of `base`, then damage its stored weights: its requests fail."""
+    from models_registry.demo_adapter import demo_adapter_build
+    from models_registry.services import model_version_register
+
+    with django_db_blocker.unblock():
+        adapter, _ = model_version_register(
+            model_name=name,
+            source_dir=demo_adapter_build(
+                base_dir=demo_model_dir, out_dir=tmp_path / name, seed=sum(map(ord, name))
+            ),
+            base=base,
+        )
+    stored = adapter.artifact_dir / "adapter_model.safetensors"
+    stored.chmod(0o644)
+    stored.write_bytes(b"not weights")
+    return adapter
+
+
 def test_a_canary_that_fails_outright_is_rolled_back_by_the_fail_fast_check(
     canary, stack, world, demo_model_dir, tmp_path, usage_of, django_db_blocker
 ):
     """A canary whose every request fails (an adapter whose weights were damaged after it was
     registered) is rolled back by the first fail-fast check that sees ten of its requests,
     not after two analyses of its step."""
-    from models_registry.demo_adapter import demo_adapter_build
-    from models_registry.services import alias_set, model_version_register
+    from models_registry.services import alias_set
     from rollouts.services import rollout_start
     from rollouts.tasks import rollouts_fail_fast
 
     alias_name = "ff-chat"
+    broken = _damaged_adapter(
+        "tiny-broken", canary.lora_base, demo_model_dir, tmp_path, django_db_blocker
+    )
     with django_db_blocker.unblock():
-        broken, _ = model_version_register(
-            model_name="tiny-broken",
-            source_dir=demo_adapter_build(
-                base_dir=demo_model_dir, out_dir=tmp_path / "broken", seed=11
-            ),
-            base=canary.lora_base,
-        )
         alias = alias_set(name=alias_name, version=canary.lora_base)
         rollout = rollout_start(
             alias=alias, canary=broken, steps=[50, 100], min_samples=200, breach_checks=2
         )
-    stored = broken.artifact_dir / "adapter_model.safetensors"
-    stored.chmod(0o644)
-    stored.write_bytes(b"not weights")
     _route_settle(world.acme_key, stack.base_url, alias=alias_name)
     failed: list[str] = []
     for i in range(200):
@@ -470,20 +483,7 @@ def test_lora_adapters_load_on_first_use_change_the_output_and_leave_the_base_al
 def test_a_tampered_adapter_fails_its_requests_and_not_the_engine(
     canary, stack, world, demo_model_dir, tmp_path, django_db_blocker
 ):
-    from models_registry.demo_adapter import demo_adapter_build
-    from models_registry.services import model_version_register
-
-    with django_db_blocker.unblock():
-        bad, _ = model_version_register(
-            model_name="tiny-bad",
-            source_dir=demo_adapter_build(
-                base_dir=demo_model_dir, out_dir=tmp_path / "bad", seed=9
-            ),
-            base=canary.lora_base,
-        )
-    stored = bad.artifact_dir / "adapter_model.safetensors"
-    stored.chmod(0o644)
-    stored.write_bytes(b"not weights")
+    _damaged_adapter("tiny-bad", canary.lora_base, demo_model_dir, tmp_path, django_db_blocker)
     with httpx.Client(base_url=stack.base_url, timeout=120) as client:
         response = client.post(
             "/v1/completions",
