@@ -46,7 +46,7 @@ from dataplane.keys import (
     reply_key,
     whereabouts_key,
 )
-from dataplane.redis_client import ScriptArg, script_into
+from dataplane.redis_client import ScriptArg, cluster_of, script_into
 from dataplane.replies import Follower, ReplyReaders
 from dataplane.types import (
     Event,
@@ -146,6 +146,15 @@ class FrontDoor:
         cannot drain before its deadline at the deployment's measured rate. `payload` is the
         job already encoded, when the caller encoded it (a frontend does, before admission).
         """
+        if cluster_of(self.redis) is not None:
+            # On a cluster the whereabouts live on another node than the queue, and a pipeline
+            # to both is two sends. Written first, a submission cut off half-way leaves
+            # whereabouts without a job, which `reached_queue` finds (a resumed batch line is
+            # then submitted again), never a job without whereabouts, which nothing could
+            # find: its line would be queued twice.
+            async with self.redis.pipeline(transaction=False) as pipe:
+                self._whereabouts_into(pipe, job)
+                await pipe.execute()
         async with self.redis.pipeline(transaction=False) as pipe:
             script_into(
                 pipe,
@@ -167,8 +176,9 @@ class FrontDoor:
                     prefix_key(job),
                 ],
             )
-            # Same round trip: where the request lives, so it can be cancelled by id.
-            self._whereabouts_into(pipe, job)
+            if cluster_of(self.redis) is None:
+                # Same round trip: where the request lives, so it can be cancelled by id.
+                self._whereabouts_into(pipe, job)
             outcome, *_ = await pipe.execute()
         code, wait_ms = int(outcome[0]), int(outcome[1])
         if code < 0:
