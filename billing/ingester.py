@@ -63,8 +63,9 @@ class Ingester:
         self._deployments_at = 0.0
         self._finishing: asyncio.Task[None] | None = None
         self._reap_at = 0.0  # monotonic time of the next reap
-        # Whether to take up this consumer's own unacknowledged events before new ones.
-        self._own_pending_due = True
+        # Whether to take up this consumer's own unacknowledged events before new ones: set
+        # whenever the loop (re)starts or finds Redis again.
+        self._own_pending_due = False
         self.ingested = 0
 
     async def _settle(self, events: list[UsageEvent], costs: dict[str, Decimal]) -> None:
@@ -131,8 +132,8 @@ class Ingester:
         deployments = await self._refresh_deployments()
         if self._own_pending_due:
             await self._finished()
-            own = await self.usage.read_own_pending(
-                deployments=deployments, consumer=self.consumer, count=BATCH
+            own = await self.usage.read_usage(
+                deployments=deployments, consumer=self.consumer, count=BATCH, pending=True
             )
             if own:
                 log.warning("taking up %d usage events read before and not settled", len(own))

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDay
 from django.utils import timezone
 
@@ -134,14 +134,20 @@ def version_failures(
 ) -> tuple[int, int]:
     """(requests, failed requests) a version finished in a window, counted by the database:
     the cheap half of `version_slis`, for checks that run every few seconds."""
-    counted = (
-        UsageRecord.objects.filter(
-            model_version=version, finished_at__gte=since, finished_at__lt=until
-        )
-        .exclude(status="cancelled")
-        .aggregate(requests=Count("id"), errors=Count("id", filter=Q(status__in=_FAILED)))
+    counted = _version_rows(version, since, until).aggregate(
+        requests=Count("id"), errors=Count("id", filter=Q(status__in=_FAILED))
     )
     return counted["requests"], counted["errors"]
+
+
+def _version_rows(
+    version: ModelVersion, since: dt.datetime, until: dt.datetime | None
+) -> QuerySet[UsageRecord]:
+    """A version's usage records that finished in a window, cancelled requests left out."""
+    rows = UsageRecord.objects.filter(model_version=version, finished_at__gte=since).exclude(
+        status="cancelled"
+    )
+    return rows if until is None else rows.filter(finished_at__lt=until)
 
 
 def _p95(values: list[float]) -> float | None:
@@ -160,11 +166,7 @@ def version_slis(
     first token, so time queued for a slow version counts; inter-token latency is a request's
     mean gap between tokens.
     """
-    rows = UsageRecord.objects.filter(model_version=version, finished_at__gte=since).exclude(
-        status="cancelled"
-    )
-    if until is not None:
-        rows = rows.filter(finished_at__lt=until)
+    rows = _version_rows(version, since, until)
     requests = errors = 0
     prompt = completion = 0
     ttfts: list[float] = []

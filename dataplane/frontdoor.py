@@ -146,7 +146,8 @@ class FrontDoor:
         cannot drain before its deadline at the deployment's measured rate. `payload` is the
         job already encoded, when the caller encoded it (a frontend does, before admission).
         """
-        if cluster_of(self.redis) is not None:
+        on_cluster = cluster_of(self.redis) is not None
+        if on_cluster:
             # On a cluster the whereabouts live on another node than the queue, and a pipeline
             # to both is two sends. Written first, a submission cut off half-way leaves
             # whereabouts without a job, which `reached_queue` finds (a resumed batch line is
@@ -176,7 +177,7 @@ class FrontDoor:
                     prefix_key(job),
                 ],
             )
-            if cluster_of(self.redis) is None:
+            if not on_cluster:
                 # Same round trip: where the request lives, so it can be cancelled by id.
                 self._whereabouts_into(pipe, job)
             outcome, *_ = await pipe.execute()

@@ -35,34 +35,30 @@ class UsageStream:
                 raise
 
     async def read_usage(
-        self, *, deployments: list[str], consumer: str, count: int, block_ms: int
+        self,
+        *,
+        deployments: list[str],
+        consumer: str,
+        count: int,
+        block_ms: int | None = None,
+        pending: bool = False,
     ) -> list[tuple[str, str, UsageEvent]]:
-        """Return new usage events as (deployment, entry id, event) for this consumer."""
+        """Return usage events as (deployment, entry id, event) for this consumer: new ones,
+        or with `pending` those it read before and has not acknowledged (from the oldest)."""
         if not deployments:
             return []
+        start = "0" if pending else ">"
         # One read per slot: with a cluster, a read may name only streams of one slot.
         groups = slot_groups(self.redis, [usage_key(d) for d in deployments])
         responses: list[Any] = await asyncio.gather(
             *(
                 self.redis.xreadgroup(
-                    INGEST_GROUP, consumer, dict.fromkeys(keys, ">"), count=count, block=block_ms
+                    INGEST_GROUP,
+                    consumer,
+                    dict.fromkeys(keys, start),
+                    count=count,
+                    block=None if pending else block_ms,
                 )
-                for keys in groups
-            )
-        )
-        return self._usage_entries([stream for response in responses for stream in response or []])
-
-    async def read_own_pending(
-        self, *, deployments: list[str], consumer: str, count: int
-    ) -> list[tuple[str, str, UsageEvent]]:
-        """Return usage events this consumer read before but has not acknowledged."""
-        if not deployments:
-            return []
-        groups = slot_groups(self.redis, [usage_key(d) for d in deployments])
-        responses: list[Any] = await asyncio.gather(
-            *(
-                # "0" instead of ">": the consumer's own pending entries, from the oldest.
-                self.redis.xreadgroup(INGEST_GROUP, consumer, dict.fromkeys(keys, "0"), count=count)
                 for keys in groups
             )
         )

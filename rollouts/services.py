@@ -420,9 +420,7 @@ def rollouts_fail_fast(*, now: dt.datetime | None = None) -> list[int]:
     """Roll back every running rollout whose canary fails outright; return their ids."""
     now = now or timezone.now()
     rolled = []
-    for rollout in Rollout.objects.filter(state=RolloutState.RUNNING).select_related(
-        "canary", "baseline"
-    ):
+    for rollout in Rollout.objects.filter(state=RolloutState.RUNNING):
         try:
             with transaction.atomic():
                 rollout = _locked(rollout)
