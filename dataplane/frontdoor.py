@@ -39,6 +39,7 @@ from dataplane.keys import (
     cancel_channel,
     cancel_key,
     deployment_keys,
+    fence_key,
     final_key,
     ledger_field,
     ledger_hour,
@@ -84,6 +85,8 @@ class Refusal(enum.Enum):
     NO_WORKER = "no_worker"
     QUEUE_FULL = "queue_full"
     DEADLINE_UNATTAINABLE = "deadline_unattainable"
+    # A retry with the request's Idempotency-Key took its place (FrontDoor.shut_out).
+    SHUT_OUT = "shut_out"
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class FrontDoor:
         self.reply_ttl = reply_ttl
         self._enqueue = client.register_script(scripts.ENQUEUE)
         self._unqueue = client.register_script(scripts.UNQUEUE)
+        self._shut_out = client.register_script(scripts.SHUT_OUT)
         self._finisher = Finisher(client, reply_ttl=reply_ttl)
         self._replies = ReplyReaders(client)
 
@@ -129,6 +133,20 @@ class FrontDoor:
         if await self.redis.hexists(keys.jobs, request_id):
             return True
         return await self.finished(deployment=deployment, request_id=request_id)
+
+    async def shut_out(self, *, deployment: str, request_id: str, ttl: int) -> bool:
+        """Return whether a request reached its queue; if it has not, make sure it never will.
+
+        Its enqueue is then refused (`Refusal.SHUT_OUT`) for `ttl` seconds: long enough for any
+        frontend still holding it to give up. One step in the deployment's slot, so a request
+        is either queued (or ended) or fenced out, never both.
+        """
+        keys = [
+            deployment_keys(deployment).jobs,
+            final_key(deployment, request_id),
+            fence_key(deployment, request_id),
+        ]
+        return bool(await self._shut_out(keys=keys, args=[request_id, ttl]))
 
     async def enqueue(
         self,
@@ -160,7 +178,10 @@ class FrontDoor:
             script_into(
                 pipe,
                 self._enqueue,
-                keys=list(deployment_keys(job.deployment)),
+                keys=[
+                    *deployment_keys(job.deployment),
+                    fence_key(job.deployment, job.request_id),
+                ],
                 args=[
                     encode(job) if payload is None else payload,
                     time.time(),
@@ -192,6 +213,8 @@ class FrontDoor:
             return Refused(Refusal.QUEUE_FULL)
         if code == -3:
             return Refused(Refusal.DEADLINE_UNATTAINABLE, estimated_wait_ms=wait_ms)
+        if code == -4:
+            return Refused(Refusal.SHUT_OUT)
         return None
 
     async def whereabouts(self, request_id: str) -> Whereabouts | None:

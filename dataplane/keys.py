@@ -110,6 +110,11 @@ def cancel_key(deployment: str, request_id: str) -> str:
     return f"{tag(deployment)}:cancel:{request_id}"
 
 
+def fence_key(deployment: str, request_id: str) -> str:
+    """String: set when a request that never reached its queue must never reach it."""
+    return f"{tag(deployment)}:fence:{request_id}"
+
+
 def final_key(deployment: str, request_id: str) -> str:
     """String: set by whoever finished a request (it finishes once)."""
     return f"{tag(deployment)}:final:{request_id}"

@@ -26,6 +26,8 @@ CLAIM = _QUEUE_PRELUDE + _read("claim")
 FINALIZE = _QUEUE_PRELUDE + _read("finalize")
 UNQUEUE = _QUEUE_PRELUDE + _read("unqueue")
 REQUEUE = _QUEUE_PRELUDE + _read("requeue")
+# One request of a deployment (KEYS: the deployment's jobs, the request's final and fence keys).
+SHUT_OUT = _read("shut_out")
 
 # One tenant's limits (KEYS: dataplane.keys.QuotaKeys, or the ones each script names).
 QUOTA_ADMIT = _QUOTA_PRELUDE + _read("quota_admit")
@@ -34,6 +36,9 @@ QUOTA_TAKE_REQUEST = _QUOTA_PRELUDE + _read("quota_take_request")
 QUOTA_PEEK = _QUOTA_PRELUDE + _read("quota_peek")
 
 # An autoscaling signal's hysteresis (dataplane.autoscale; KEYS: dataplane.keys.autoscale_key)
-# and, the API's, an Idempotency-Key's first use (KEYS: the key's record).
+# and, the API's, an Idempotency-Key's record (KEYS: the key's record).
 AUTOSCALE_HYSTERESIS = _read("autoscale_hysteresis")
 IDEMPOTENCY_BEGIN = _read("idempotency_begin")
+IDEMPOTENCY_BIND = _read("idempotency_bind")
+IDEMPOTENCY_TAKE = _read("idempotency_take")
+IDEMPOTENCY_RELEASE = _read("idempotency_release")

@@ -106,6 +106,15 @@ def refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
     """The 503 that tells a client the platform, not its tenant, cannot take the request."""
     if refused.reason is Refusal.QUEUE_FULL:
         return queue_full_error(model)
+    if refused.reason is Refusal.SHUT_OUT:
+        return ApiError(
+            409,
+            "idempotency_key_in_use",
+            "A retry with this request's Idempotency-Key took its place after it stalled; "
+            "retry with the same key for that request's result.",
+            param="Idempotency-Key",
+            retry_after=1,
+        )
     if refused.reason is Refusal.DEADLINE_UNATTAINABLE:
         wait = refused.estimated_wait_ms / 1000
         allowed = job.deadline - job.enqueued_at
@@ -232,7 +241,11 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
     spawn(usage_settle(submitted, event))
     key = submitted.idempotency_key
     if key is not None and isinstance(event, Failed):
-        spawn(idempotency_get().release(tenant_id=submitted.job.tenant_id, key=key))
+        spawn(
+            idempotency_get().release(
+                tenant_id=submitted.job.tenant_id, key=key, request_id=submitted.job.request_id
+            )
+        )
 
 
 async def reservation_return(job: Job) -> None:

@@ -36,7 +36,7 @@ def dispatch_get() -> FrontDoor:
         client = redis_client_new()
         _dispatch = FrontDoor(client, reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS)
         _quotas = Quotas(client)
-        _idempotency = Idempotency(client)
+        _idempotency = Idempotency(client, _dispatch)
         _responses = ResponseCache(client)
         _dispatch_loop = loop
     return _dispatch

@@ -95,7 +95,7 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:
         replayed = await _replay_or_claim(
-            principal.tenant_id, key, body, parsed, request_clock(request)
+            principal.tenant_id, key, body, parsed, request_clock(request), request_id=request_id
         )
         if replayed is not None:
             return replayed
@@ -125,7 +125,11 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
                 chat = dataclasses.replace(chat, messages=shorter)
     except BaseException:
         if key is not None:
-            spawn(idempotency_get().release(tenant_id=principal.tenant_id, key=key))
+            spawn(
+                idempotency_get().release(
+                    tenant_id=principal.tenant_id, key=key, request_id=request_id
+                )
+            )
         raise
     builder = ResponseBuilder(
         response_id=response_id,
@@ -173,7 +177,13 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
 
 
 async def _replay_or_claim(
-    tenant_id: int, key: str, body: dict[str, Any], parsed: ResponsesRequest, clock: RequestClock
+    tenant_id: int,
+    key: str,
+    body: dict[str, Any],
+    parsed: ResponsesRequest,
+    clock: RequestClock,
+    *,
+    request_id: str,
 ) -> HttpResponseBase | None:
     """Answer a retry with the response its key first made, or claim the key (None).
 
@@ -186,6 +196,7 @@ async def _replay_or_claim(
         key=key,
         digest=body_digest(endpoint=RESPONSES, body=body),
         replay=lambda original: _replay(original, parsed, clock, tenant_id=tenant_id),
+        request_id=request_id,
     )
     if found is None:
         return None

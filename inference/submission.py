@@ -295,6 +295,21 @@ async def _generation_admit(
     )
     payload = _envelope(job)
     cache = await _cache_use(principal, job)
+    if idempotency_key is not None:
+        # Bound before it is queued: a retry then knows which request to look for, whatever
+        # happens to this frontend from here (inference/idempotency.py).
+        await idempotency_get().bind(
+            tenant_id=principal.tenant_id,
+            key=idempotency_key,
+            original=Original(
+                request_id=request_id,
+                deployment=route.deployment,
+                model=route.served_name,
+                version=route.version,
+                created=int(now),
+                deadline=job.deadline,
+            ),
+        )
     decision = await _job_submit(
         principal=principal,
         route=route,
@@ -320,17 +335,8 @@ async def _generation_admit(
             policy=policy,
         )
         if idempotency_key is not None:
-            await idempotency_get().bind(
-                tenant_id=principal.tenant_id,
-                key=idempotency_key,
-                original=Original(
-                    request_id=request_id,
-                    deployment=route.deployment,
-                    model=route.served_name,
-                    version=route.version,
-                    created=int(now),
-                    deadline=job.deadline,
-                ),
+            await idempotency_get().queued(
+                tenant_id=principal.tenant_id, key=idempotency_key, request_id=request_id
             )
     except BaseException:
         # Queued, but its caller will never follow it: it ends now, through the one path.

@@ -96,7 +96,9 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     parsed = generation_parse(body, endpoint=endpoint)
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:
-        replayed = await _replay_or_claim(principal, key, body, parsed, request_clock(request))
+        replayed = await _replay_or_claim(
+            principal, key, body, parsed, request_clock(request), request_id=request_id
+        )
         if replayed is not None:
             return replayed
     clock = request_clock(request)
@@ -114,7 +116,11 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         )
     except BaseException:
         if key is not None:
-            spawn(idempotency_get().release(tenant_id=principal.tenant_id, key=key))
+            spawn(
+                idempotency_get().release(
+                    tenant_id=principal.tenant_id, key=key, request_id=request_id
+                )
+            )
         raise
     formatter = _formatter(
         endpoint=endpoint,
@@ -165,6 +171,8 @@ async def _replay_or_claim(
     body: dict[str, Any],
     parsed: GenerationRequest,
     clock: RequestClock,
+    *,
+    request_id: str,
 ) -> HttpResponseBase | None:
     """Answer a retry with its original's result, or claim the key for this request (None)."""
     found = await idempotency_get().replayed_or_claimed(
@@ -172,6 +180,7 @@ async def _replay_or_claim(
         key=key,
         digest=body_digest(endpoint=parsed.endpoint, body=body),
         replay=lambda original: _replay(original, parsed, clock, tenant_id=principal.tenant_id),
+        request_id=request_id,
     )
     if found is None:
         return None

@@ -5,6 +5,9 @@ local max_n, max_tok = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rid, tenant, cls, cost = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local weight, deadline = tonumber(ARGV[9]), tonumber(ARGV[10])
 
+-- KEYS[21], the request's fence: a retry with its Idempotency-Key took its place (shut_out.lua).
+if KEYS[21] and redis.call('EXISTS', KEYS[21]) == 1 then return {-4, 0} end
+
 if redis.call('ZCOUNT', WORKERS, now, '+inf') == 0 then return {-1, 0} end
 -- max_n counts the jobs that wait for a slot: those the free slots take at once do not wait.
 -- Reserved slots are free only to a tenant with nothing running (as workers hand them out).

@@ -16,19 +16,22 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import pytest
 import redis
 import redis.asyncio as aredis
 
 from dataplane import scripts
 from dataplane.autoscale import Autoscaler, ScalingPolicy
+from dataplane.frontdoor import Refusal, Refused
 from dataplane.keys import quota_keys, tag, usage_key
 from dataplane.quotas import Limits, Quotas, Usage, month_of
 from dataplane.reaper import Reaper
 from dataplane.snapshots import QueueSnapshot
 from dataplane.types import Failed, Finished, Started, Status, usage_for
 from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop, primary_of
-from inference.idempotency import Idempotency
+from inference import idempotency
+from inference.idempotency import Idempotency, Original, record_key
 from tests import services_plugin
 from tests.dataplane.roles import roles
 from tests.jobs import job_new
@@ -98,7 +101,9 @@ def _loaded(cluster: Cluster) -> set[str]:
     return found
 
 
-async def test_every_script_and_read_stays_within_one_slot(cluster: Cluster, client: Any) -> None:
+async def test_every_script_and_read_stays_within_one_slot(
+    cluster: Cluster, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first, second, tenant = _apart(cluster)
     r = roles(client, reply_ttl=60)
     for deployment in (first, second):
@@ -175,8 +180,39 @@ async def test_every_script_and_read_stays_within_one_slot(cluster: Cluster, cli
     )
     assert await client.exists(quota_keys(tenant, "q1", month_of(now)).held) == 0
 
-    # IDEMPOTENCY_BEGIN, and AUTOSCALE_HYSTERESIS over the blocking cluster client.
-    assert await Idempotency(client).begin(tenant_id=tenant, key="k", digest="d") is None
+    # The Idempotency-Key scripts (BEGIN, BIND, TAKE, RELEASE), and SHUT_OUT in the slot of
+    # the deployment. Request i1 is bound to its key, then stalls before it is queued.
+    keys = Idempotency(client)
+    assert await keys.begin(tenant_id=tenant, key="k", digest="d", request_id="i1") is None
+    stalled = msgspec.structs.replace(job_new(second, tenant=tenant), request_id="i1")
+    original = Original(
+        request_id="i1",
+        deployment=second,
+        model="m",
+        version="1",
+        created=int(time.time()),
+        deadline=time.time() + 60,
+    )
+    await keys.bind(tenant_id=tenant, key="k", original=original)
+    monkeypatch.setattr(idempotency, "BIND_GRACE_SECONDS", 0.0)
+
+    async def never(_original: Original) -> None:
+        raise AssertionError("a request that was never queued is not replayed")
+
+    # A retry fences i1 out and takes the key; i1's enqueue is then refused.
+    assert (
+        await keys.replayed_or_claimed(
+            tenant_id=tenant, key="k", digest="d", replay=never, request_id="i2"
+        )
+        is None
+    )
+    assert await r.front.enqueue(stalled) == Refused(Refusal.SHUT_OUT)
+    await keys.release(tenant_id=tenant, key="k", request_id="i1")  # not i1's any more
+    assert await client.hget(record_key(tenant, "k"), "owner") == b"i2"
+    await keys.release(tenant_id=tenant, key="k", request_id="i2")
+    assert await keys.begin(tenant_id=tenant, key="k", digest="d", request_id="i3") is None
+
+    # AUTOSCALE_HYSTERESIS over the blocking cluster client.
     blocking = redis.RedisCluster.from_url(cluster.url)
     try:
         snapshot = QueueSnapshot(

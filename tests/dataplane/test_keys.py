@@ -58,6 +58,7 @@ def test_key_strings_are_the_stored_ones():
     assert keys.reply_wake_key("d", "x") == "sy:{d}:wake:x"
     assert keys.cancel_key("d", "r1") == "sy:{d}:cancel:r1"
     assert keys.final_key("d", "r1") == "sy:{d}:final:r1"
+    assert keys.fence_key("d", "r1") == "sy:{d}:fence:r1"
     assert keys.dead_usage_key("d") == "sy:{d}:usage:dead"
     assert keys.cancel_channel("d") == "sy:{d}:cancel"
     assert keys.handoff_channel("d", "w") == "sy:{d}:handoff:w"

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import time
 import uuid
+from typing import cast
 
 import httpx
+import msgspec
 import pytest
 
-from dataplane.redis_client import redis_sync_client
-from inference.idempotency import record_key
+from dataplane.frontdoor import FrontDoor, Refusal, Refused
+from dataplane.redis_client import redis_client_new, redis_sync_client
+from inference.fields import COMPLETIONS
+from inference.idempotency import Idempotency, Original, body_digest, record_key
 from tests.conftest import ALIAS
+from tests.jobs import job_new
 
 
 @pytest.fixture
@@ -166,3 +172,77 @@ def test_a_malformed_key_is_refused(client, world):
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "Idempotency-Key"
+
+
+def test_a_retry_after_its_frontend_died_mid_submission_runs_the_request_once(
+    client, world, usage_of
+):
+    """A frontend binds a key to its request, queues it, then marks it queued. One that dies
+    between the first two steps leaves a request that never runs; between the last two, one
+    that runs. A retry (after a few seconds' grace) finds out which, and runs it once."""
+    body = {"model": ALIAS, "prompt": "Once", "max_tokens": 5}
+    tenant = world.globex.pk
+    store = redis_sync_client()
+
+    # Died after queueing: a real request whose record is set back to "bound, not known to be
+    # queued", ten seconds ago. The retry finds it ran and replays it.
+    key = f"died-after-{uuid.uuid4()}"
+    first = client.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
+    assert first.status_code == 200, first.text
+    record = record_key(tenant, key)
+    store.hset(record, mapping={"queued": 0, "bound": time.time() - 10})
+    again = client.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert store.hget(record, "queued") == b"1"
+    assert len(usage_of(first.json()["id"].removeprefix("cmpl-"))) == 1
+
+    # Died before queueing: the key bound to a request that never reached its queue.
+    deployment = cast(bytes, store.hget(record, "deployment")).decode()
+    key = f"died-before-{uuid.uuid4()}"
+    stalled = msgspec.structs.replace(
+        job_new(deployment, tenant=tenant), request_id=uuid.uuid4().hex
+    )
+    asyncio.run(
+        _bound_then_died(tenant, key, body_digest(endpoint=COMPLETIONS, body=body), stalled)
+    )
+    retry = client.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
+    assert retry.status_code == 200, retry.text
+    assert "Idempotent-Replayed" not in retry.headers
+    assert retry.json()["id"] != f"cmpl-{stalled.request_id}"
+    # The stalled frontend wakes and queues its request: refused, it never runs.
+    assert asyncio.run(_enqueue(stalled)) == Refused(Refusal.SHUT_OUT)
+    replay = client.post("/v1/completions", json=body, headers=_headers(world.globex_key, key))
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json()["id"] == retry.json()["id"]
+    assert len(usage_of(retry.json()["id"].removeprefix("cmpl-"))) == 1
+    assert usage_of(stalled.request_id, timeout=0) == []
+
+
+async def _bound_then_died(tenant: int, key: str, digest: str, job) -> None:
+    """What a frontend leaves that bound `key` to `job` ten seconds ago, then died."""
+    client = redis_client_new()
+    try:
+        keys = Idempotency(client)
+        rid = job.request_id
+        assert await keys.begin(tenant_id=tenant, key=key, digest=digest, request_id=rid) is None
+        original = Original(
+            request_id=rid,
+            deployment=job.deployment,
+            model=ALIAS,
+            version="1",
+            created=int(job.enqueued_at),
+            deadline=job.deadline,
+        )
+        await keys.bind(tenant_id=tenant, key=key, original=original)
+        await client.hset(record_key(tenant, key), "bound", time.time() - 10)
+    finally:
+        await client.aclose()
+
+
+async def _enqueue(job) -> Refused | None:
+    client = redis_client_new()
+    try:
+        return await FrontDoor(client).enqueue(job)
+    finally:
+        await client.aclose()

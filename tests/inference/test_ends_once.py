@@ -270,14 +270,15 @@ def _inject(
             return refused
 
         monkeypatch.setattr(FrontDoor, "enqueue", enqueue_then_fail)
-    elif stage == "idempotency bind":
-        real_bind = Idempotency.bind
+    elif stage == "idempotency queued":
+        # Queued, then failing to mark its Idempotency-Key's record queued.
+        real_queued = Idempotency.queued
 
-        async def bind(self: Idempotency, **kwargs: Any) -> None:
-            await real_bind(self, **kwargs)
+        async def queued(self: Idempotency, **kwargs: Any) -> None:
+            await real_queued(self, **kwargs)
             once()
 
-        monkeypatch.setattr(Idempotency, "bind", bind)
+        monkeypatch.setattr(Idempotency, "queued", queued)
     elif stage == "relay":
         # Formatting a token for the client (SSE, WebSocket) or the whole body (JSON).
         real_chunk, real_complete = Formatter.chunk, Formatter.complete
@@ -383,7 +384,7 @@ async def _over_websocket(lane: Lane) -> list[str]:
     return terminals
 
 
-STAGES = ["before enqueue", "after enqueue", "idempotency bind", "relay", "engine", "worker end"]
+STAGES = ["before enqueue", "after enqueue", "idempotency queued", "relay", "engine", "worker end"]
 
 
 async def _scenario(
@@ -399,7 +400,7 @@ async def _scenario(
                 terminals = await _over_websocket(lane)
             else:
                 terminals = await _over_http(
-                    lane, stream=how == "sse", idempotent=stage == "idempotency bind"
+                    lane, stream=how == "sse", idempotent=stage == "idempotency queued"
                 )
         assert len(terminals) == 1, terminals
         await _ended_once(dispatch, lane, made, spent_before)
@@ -421,7 +422,7 @@ def test_every_admitted_request_ends_exactly_once_whatever_raises(
     # A cancel lands where the frontend awaits its client or the engine; the WebSocket takes
     # no Idempotency-Key.
     assume(kind is not asyncio.CancelledError or stage in ("relay", "engine"))
-    if how == "websocket" and stage == "idempotency bind":
+    if how == "websocket" and stage == "idempotency queued":
         how = "sse"
     asyncio.run(_scenario(lane, monkeypatch, stage, kind, how))
 
