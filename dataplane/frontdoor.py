@@ -241,11 +241,11 @@ class FrontDoor:
             await self._cancelled(job_decoder.decode(payload))
         else:
             # Not queued (maybe not yet recorded): flag it; its worker checks at claim.
-            # Two calls: a cluster client takes no PUBLISH in a pipeline.
+            # Two calls: a cluster client takes no SPUBLISH in a pipeline.
             await self.redis.set(
                 cancel_key(where.deployment, request_id), "1", ex=MARKER_TTL_SECONDS
             )
-            await self.redis.publish(cancel_channel(where.deployment), request_id)
+            await self.redis.spublish(cancel_channel(where.deployment), request_id)
         return True
 
     async def reply_last_id(self, *, deployment: str, request_id: str) -> str | None:

@@ -122,6 +122,36 @@ def cluster_of(client: aredis.Redis) -> aredis.RedisCluster | None:
     return as_any if isinstance(as_any, aredis.RedisCluster) else None
 
 
+class ShardedSubscriber:
+    """Sharded pub/sub (SSUBSCRIBE) to channels of one slot, on one server or a cluster.
+
+    A cluster delivers a sharded message (SPUBLISH) only to the node that owns its channel's
+    slot, where a plain PUBLISH goes to every node; a subscriber listens to that node alone.
+    A deployment's channels share its hash tag, so its cancels and hand-offs stay in its shard.
+    """
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self._cluster = cluster_of(client) is not None
+        self._pubsub: Any = client.pubsub(ignore_subscribe_messages=True)
+
+    async def subscribe(self, *channels: str) -> None:
+        await self._pubsub.ssubscribe(*channels)
+
+    async def message(self, timeout: float) -> tuple[str, bytes] | None:
+        """The next message's channel and data, or None (nothing within `timeout` seconds)."""
+        if self._cluster:
+            found = await self._pubsub.get_sharded_message(timeout=timeout)
+        else:
+            found = await self._pubsub.get_message(timeout=timeout)
+        if found is None or found["type"] not in ("smessage", b"smessage"):
+            return None
+        channel, data = found["channel"], found["data"]
+        return (channel.decode() if isinstance(channel, bytes) else str(channel)), data
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()
+
+
 def slot_groups(client: aredis.Redis, keys: Sequence[str]) -> list[list[str]]:
     """Keys grouped so that a multi-key command may take each group (one slot per group)."""
     cluster = cluster_of(client)

@@ -21,7 +21,7 @@ from dataplane.background import loop_failed, loop_ok, supervise
 from dataplane.finish import Finisher
 from dataplane.keys import cancel_channel, handoff_channel
 from dataplane.leases import Leases
-from dataplane.redis_client import UNREACHABLE, Outage
+from dataplane.redis_client import UNREACHABLE, Outage, ShardedSubscriber
 from dataplane.snapshots import depth
 from dataplane.tracing import bind
 from dataplane.types import (
@@ -500,19 +500,21 @@ class Worker(abc.ABC):
 
     async def _cancel_listener(self) -> None:
         while not self._closing.is_set():
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            # Sharded: on a cluster the deployment's messages stay on its own node.
+            pubsub = ShardedSubscriber(self.redis)
             try:
                 handoffs = handoff_channel(self.deployment, self.worker_id)
                 await pubsub.subscribe(cancel_channel(self.deployment), handoffs)
                 loop_ok("cancels")
                 while not self._closing.is_set():
-                    message = await pubsub.get_message(timeout=1.0)
+                    message = await pubsub.message(timeout=1.0)
                     if message is None:
                         continue
-                    if message["channel"] in (handoffs, handoffs.encode()):
+                    channel, data = message
+                    if channel == handoffs:
                         self._handed.set()
                     else:
-                        self._on_cancel(message["data"])
+                        self._on_cancel(data)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -126,7 +126,7 @@ while #ok < count and steps < count * 4 + 16 do
         else
           local seq = redis.call('HINCRBY', VTC, 'handoff', 1)
           redis.call('HSET', HANDOFFS, rid, seq .. ' ' .. holder)
-          redis.call('PUBLISH', ARGV[8] .. holder, rid)
+          redis.call('SPUBLISH', ARGV[8] .. holder, rid)
         end
         local clock = tonumber(redis.call('HGET', VTC, 'v:' .. cls) or '0')
         if counter > clock then redis.call('HSET', VTC, 'v:' .. cls, counter) end

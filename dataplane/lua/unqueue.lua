@@ -7,7 +7,7 @@ local FINAL, REPLY, FLAG = KEYS[21], KEYS[22], KEYS[23]
 local rid = ARGV[1]
 if ARGV[2] == '1' then
   redis.call('SET', FLAG, '1', 'EX', ARGV[3])
-  redis.call('PUBLISH', ARGV[7], rid)
+  redis.call('SPUBLISH', ARGV[7], rid)
 end
 local m = redis.call('HGET', META, rid)
 if m and redis.call('ZSCORE', LEASES, rid) then return 0 end

@@ -20,7 +20,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from dataplane.frontdoor import PREFIX_TOKENS, prefix_key
-from dataplane.redis_client import redis_client_new
+from dataplane.redis_client import ShardedSubscriber, redis_client_new
 from dataplane.types import Failed, Finished, Job, Sampling, Status, usage_for
 from tests.dataplane.roles import Roles, roles
 
@@ -165,15 +165,15 @@ async def test_short_prompts_run_on_the_worker_that_claims_them(dispatch):
 async def test_a_handed_job_wakes_its_owner_on_its_channel(dispatch):
     deployment = await _deployment(dispatch)
     prompt = _prompt(_prefix_owned_by("b"))
-    pubsub = dispatch.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub = ShardedSubscriber(dispatch.redis)
     await pubsub.subscribe(f"sy:{{{deployment}}}:handoff:b")
     job = _job(deployment, prompt)
     await dispatch.front.enqueue(job)
     assert (await _claim(dispatch, deployment, "a")).run == []
     message = None
     for _ in range(20):  # the subscription's confirmation comes first, read as None
-        message = message or await pubsub.get_message(timeout=0.1)
-    assert message is not None and message["data"].decode() == job.request_id
+        message = message or await pubsub.message(timeout=0.1)
+    assert message == (f"sy:{{{deployment}}}:handoff:b", job.request_id.encode())
     await pubsub.aclose()
 
 
