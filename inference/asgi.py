@@ -11,7 +11,7 @@ responses hold no resources that need a thread to close, and its database calls 
 
 Cheap checks come before the body is read at all: a Content-Length over the path's limit is
 refused, and so is a request with a body that needs a key and has no valid one, and a request
-to a counted path (COUNTED_PATHS) past its tenant's requests per minute; the body is then read
+to a counted path (`counted_paths`) past its tenant's requests per minute; the body is then read
 with the limit enforced chunk by chunk (a 413 the moment it is passed, nothing more read).
 Everything else (scopes, parsing, the other limits) is the views' work.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import tempfile
 import uuid
@@ -33,7 +34,7 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse
-from django.urls import set_script_prefix
+from django.urls import URLResolver, get_resolver, set_script_prefix
 
 from inference.admission import request_count
 from inference.auth import key_check, scope_check
@@ -51,19 +52,12 @@ UPLOAD_PATH = "/v1/files"
 # Where the handler leaves the principal of a key it checked before reading the body.
 CHECKED_PRINCIPAL = "roundhouse.principal"
 TURN_OVER = "roundhouse.turn_over"  # in a large body's scope: ends its reading turn (_Turns)
-# The requests that count against their tenant's requests per minute, counted here before
+# The requests that count against their tenant's requests per minute are counted here before
 # their body is read: a throttled tenant's flood of large bodies costs a frontend their headers
-# only. A request counted here says so in its scope (COUNTED), and its view counts it no more.
-COUNTED_PATHS = frozenset(
-    (
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/tokenize",
-        "/detokenize",
-    )
-)
+# only. Which endpoints count is the views' own mark (`api_endpoint(counted=True)`), read from
+# the URL table. A request counted here says so in its scope (COUNTED): its view counts it no
+# more.
+COUNTS_REQUESTS = "counts_requests"
 COUNTED = "roundhouse.counted"
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
@@ -80,6 +74,11 @@ class _Turns:
 
     def __init__(self) -> None:
         self._held: dict[int, asyncio.Semaphore] = {}
+        self._users: dict[int, int] = {}  # per tenant: its requests holding or awaiting a turn
+
+    def tenants(self) -> set[int]:
+        """The tenants with a turn taken or awaited (the others are forgotten)."""
+        return set(self._held)
 
     async def take(self, tenant_id: int) -> Callable[[], None]:
         """Wait for a turn of the tenant's; return what ends it (calling it again is a no-op)."""
@@ -87,7 +86,12 @@ class _Turns:
         if semaphore is None:
             per_tenant = max(1, settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT)
             semaphore = self._held[tenant_id] = asyncio.Semaphore(per_tenant)
-        await semaphore.acquire()
+        self._users[tenant_id] = self._users.get(tenant_id, 0) + 1
+        try:
+            await semaphore.acquire()
+        except BaseException:
+            self._leave(tenant_id)  # it gave up waiting (its client went away)
+            raise
         over = False
 
         def release() -> None:
@@ -96,10 +100,17 @@ class _Turns:
                 return
             over = True
             semaphore.release()
-            if not semaphore.locked() and not getattr(semaphore, "_waiters", None):
-                self._held.pop(tenant_id, None)  # nobody reading or waiting: forget it
+            self._leave(tenant_id)
 
         return release
+
+    def _leave(self, tenant_id: int) -> None:
+        left = self._users[tenant_id] - 1
+        if left:
+            self._users[tenant_id] = left
+        else:  # nobody reading or waiting: forget the tenant
+            del self._users[tenant_id]
+            del self._held[tenant_id]
 
 
 _turns = _Turns()
@@ -112,6 +123,22 @@ def _large(scope: Any) -> bool:
         return _header(scope, b"transfer-encoding") is not None  # chunked: unknown
     length = length.strip()
     return not length.isdigit() or int(length) >= settings.ROUNDHOUSE_LARGE_BODY_BYTES
+
+
+@functools.cache
+def counted_paths() -> frozenset[str]:
+    """The paths of the endpoints marked as counting requests, from the URL table."""
+    found: set[str] = set()
+
+    def walk(patterns: list[Any], prefix: str) -> None:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, prefix + str(pattern.pattern))
+            elif getattr(pattern.callback, COUNTS_REQUESTS, False):
+                found.add("/" + prefix + str(pattern.pattern))
+
+    walk(get_resolver().url_patterns, "")
+    return frozenset(found)
 
 
 def is_api_path(path: str) -> bool:
@@ -171,7 +198,7 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
             # again, answers with the fault in its usual shape.
             return None
         scope[CHECKED_PRINCIPAL] = principal
-        if path in COUNTED_PATHS and scope.get("method") == "POST":
+        if scope.get("method") == "POST" and path in counted_paths():
             try:
                 # Its key must be allowed to infer before it counts: a 403 takes nothing.
                 scope_check(principal, scope=Scope.INFERENCE)

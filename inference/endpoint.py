@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
 from inference.admission import ratelimit_headers, request_count, request_id_new
-from inference.asgi import CHECKED_PRINCIPAL, COUNTED, TURN_OVER
+from inference.asgi import CHECKED_PRINCIPAL, COUNTED, COUNTS_REQUESTS, TURN_OVER
 from inference.auth import Principal, authenticate, scope_check
 from inference.clients import quotas_get
 from inference.errors import ApiError
@@ -31,8 +31,13 @@ View = Callable[..., Awaitable[HttpResponseBase]]
 Routable = Callable[..., Any]
 
 
-def api_endpoint(*methods: str) -> Callable[[View], Routable]:
-    """Give every response an x-request-id and turn every failure into an OpenAI error."""
+def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routable]:
+    """Give every response an x-request-id and turn every failure into an OpenAI error.
+
+    A `counted` endpoint's requests count against their tenant's requests per minute: before
+    the body is read (inference/asgi.py finds such endpoints in the URL table by this mark),
+    or else when `request_principal` authenticates them.
+    """
 
     def decorate(view: View) -> Routable:
         @functools.wraps(view)
@@ -42,6 +47,7 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
             trace = trace_start(request.headers.get("traceparent"))
             request.META[_CLOCK] = clock
             request.META[_TRACE] = trace
+            request.META[_COUNTED] = counted
             bind(request_id=request_id, trace_id=trace.trace_id)
             try:
                 if request.method not in methods:
@@ -94,6 +100,7 @@ def api_endpoint(*methods: str) -> Callable[[View], Routable]:
             response._has_been_logged = True  # type: ignore[attr-defined]
             return response
 
+        setattr(wrapper, COUNTS_REQUESTS, counted)
         return wrapper
 
     return decorate
@@ -160,6 +167,7 @@ def _timeout(raw: str | None) -> float | None:
 _PRINCIPAL = "roundhouse.principal"
 _CLOCK = "roundhouse.clock"
 _TRACE = "roundhouse.trace"
+_COUNTED = "roundhouse.counted_endpoint"
 
 
 def request_clock(request: HttpRequest) -> RequestClock:
@@ -172,14 +180,13 @@ def request_trace(request: HttpRequest) -> TraceContext:
     return trace
 
 
-async def request_principal(
-    request: HttpRequest, scope: str, *, counted: bool = False
-) -> Principal:
+async def request_principal(request: HttpRequest, scope: str) -> Principal:
     """Authenticate a request's API key for a scope; later headers name its limits.
 
-    A `counted` request takes its token from the tenant's requests per minute here, before
-    its body is parsed, so that it counts (or gets its 429) whatever its body holds; unless
-    the handler counted it before its body was read (inference/asgi.py).
+    A request to a counted endpoint (`api_endpoint(counted=True)`) takes its token from the
+    tenant's requests per minute here, before its body is parsed, so that it counts (or gets
+    its 429) whatever its body holds; unless the handler counted it before its body was read
+    (inference/asgi.py).
     """
     scope_of = getattr(request, "scope", {})
     checked = scope_of.get(CHECKED_PRINCIPAL)
@@ -188,7 +195,7 @@ async def request_principal(
     else:
         principal = await authenticate(request.headers.get("Authorization"), scope=scope)
     request.META[_PRINCIPAL] = principal
-    if counted and not scope_of.get(COUNTED):
+    if request.META.get(_COUNTED) and not scope_of.get(COUNTED):
         await request_count(principal=principal)
     clock = request.META.get(_CLOCK)
     if clock is not None:

@@ -133,14 +133,14 @@ def _chars(parsed: TokenizeRequest) -> int:
     return len(parsed.prompt or "")
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     """vLLM's /tokenize: a prompt's or a conversation's token ids, with the routed tokenizer.
 
     `max_model_len` is the context this tenant gets on the routed deployment: the smaller of
     the deployment's and the tenant's `max_context_tokens`.
     """
-    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     parsed = tokenize_parse(await request_json(request))
     route, tokenizer = await _routed(principal, parsed.model)
     if _chars(parsed) > INLINE_TOKENIZE_CHARS:
@@ -159,10 +159,10 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     return response
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def detokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     """vLLM's /detokenize: the text of token ids (special tokens included), as `prompt`."""
-    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     parsed = detokenize_parse(await request_json(request))
     route, tokenizer = await _routed(principal, parsed.model)
     vocab = tokenizer.vocab_size

@@ -75,9 +75,9 @@ def _not_found(response_id: str, param: str = "response_id") -> ApiError:
     return ApiError(404, "response_not_found", f"No response '{shown(response_id)}'.", param=param)
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def responses_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
     response_id = f"resp_{request_id}"
     previous = previous_id_read(body)

@@ -52,19 +52,19 @@ from tenants.models import Scope
 log = logging.getLogger(__name__)
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def chat_completions(request: HttpRequest, request_id: str) -> HttpResponseBase:
     return await _generate(request, request_id, endpoint=CHAT)
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase:
     return await _generate(request, request_id, endpoint=COMPLETIONS)
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     parsed = embeddings_parse(await request_json(request))
     clock = request_clock(request)
     submitted = await embedding_submit(
@@ -91,7 +91,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
 
 
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE, counted=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
     parsed = generation_parse(body, endpoint=endpoint)
     key = key_validate(request.headers.get("Idempotency-Key"))

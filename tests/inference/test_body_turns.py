@@ -36,7 +36,7 @@ async def test_one_large_body_of_a_tenant_at_a_time_and_none_of_another_tenants_
     over()
     (await asyncio.wait_for(third, timeout=5))()
     other()
-    assert turns._held == {}  # nobody reading or waiting: nothing kept
+    assert turns.tenants() == set()  # nobody reading or waiting: nothing kept
 
 
 async def test_a_waiter_that_gives_up_takes_no_turn(settings):
@@ -47,6 +47,7 @@ async def test_a_waiter_that_gives_up_takes_no_turn(settings):
     await asyncio.sleep(0)
     waiting.cancel()  # its client went away
     await asyncio.gather(waiting, return_exceptions=True)
+    assert turns.tenants() == {7}  # the holder still reads
     held()
     (await asyncio.wait_for(turns.take(7), timeout=5))()
-    assert turns._held == {}
+    assert turns.tenants() == set()

@@ -23,6 +23,7 @@ from django.conf import settings
 
 from config.db import db_call
 from inference import auth
+from inference.asgi import counted_paths
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
 from inference.submission import generation_submit
@@ -366,3 +367,15 @@ async def test_a_request_larger_than_its_deployments_queue_is_a_400_before_admis
         assert "queues at once (120 tokens)" in error.message
         assert error.response()["x-should-retry"] == "false"
     assert admitted == []
+
+
+def test_the_endpoints_that_count_requests_are_read_from_their_views_marks():
+    # The handler counts these before their bodies are read; the views mark them, once.
+    assert counted_paths() == {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/tokenize",
+        "/detokenize",
+    }
