@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine, UsageRecord
 from billing.selectors import month_start
+from inference.models import StoredResponse
 from models_registry.models import (
     Alias,
     AliasSplit,
@@ -147,3 +149,13 @@ def rollout_decision_list(*, rollout: Rollout, limit: int = 20) -> QuerySet[Roll
 def version_list() -> QuerySet[ModelVersion]:
     """Every model version with its model and base, newest first."""
     return ModelVersion.objects.select_related("model", "base__model").order_by("-created_at")
+
+
+# --- stored responses (the Responses API's) ----------------------------------------------------
+
+
+def stored_response_list(*, tenant: Tenant) -> QuerySet[StoredResponse]:
+    """The tenant's stored responses that have not expired, newest first (unevaluated)."""
+    return StoredResponse.objects.filter(tenant=tenant, expires_at__gt=timezone.now()).order_by(
+        "-created_at", "-id"
+    )

@@ -18,6 +18,13 @@ urlpatterns = [
     path("t/<slug:slug>/keys/<str:public_id>/revoke", views.key_revoke, name="key_revoke"),
     path("t/<slug:slug>/keys/<str:public_id>/rotate", views.key_rotate, name="key_rotate"),
     path("t/<slug:slug>/requests", views.requests_recent, name="requests"),
+    path("t/<slug:slug>/responses", views.responses, name="responses"),
+    path("t/<slug:slug>/responses/<str:response_id>", views.response, name="response"),
+    path(
+        "t/<slug:slug>/responses/<str:response_id>/delete",
+        views.response_remove,
+        name="response_remove",
+    ),
     path("t/<slug:slug>/usage", views.usage, name="usage"),
     path("t/<slug:slug>/invoices", views.invoices, name="invoices"),
     path("t/<slug:slug>/invoices/<int:pk>", views.invoice_detail, name="invoice"),

@@ -29,6 +29,7 @@ from billing.selectors import month_start, tenant_month_spend, usage_aggregate, 
 from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
+from inference.responses_store import Kept, response_delete, response_get, response_opened
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_fallback_set, alias_split_set
 from rollouts.services import RolloutConflict, rollout_act
@@ -265,6 +266,95 @@ def requests_recent(request: HttpRequest, slug: str) -> HttpResponse:
     return render(
         request, "console/requests.html", {**_nav(request, tenant), "page": page, "rows": rows}
     )
+
+
+@login_required
+def responses(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's stored responses (`POST /v1/responses` with `store`), newest first."""
+    tenant = _tenant(request, slug, Role.ADMIN)
+    page = Paginator(selectors.stored_response_list(tenant=tenant), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    rows = [_response_summary(response_opened(row)) | {"created": row.created_at} for row in page]
+    return render(
+        request, "console/responses.html", {**_nav(request, tenant), "page": page, "rows": rows}
+    )
+
+
+@login_required
+def response(request: HttpRequest, slug: str, response_id: str) -> HttpResponse:
+    """One stored response: its input items, its output and its usage."""
+    tenant = _tenant(request, slug, Role.ADMIN)
+    kept = response_get(tenant_id=tenant.pk, response_id=response_id)
+    if kept is None:
+        raise Http404("no such response")
+    body = kept.body
+    return render(
+        request,
+        "console/response.html",
+        {
+            **_nav(request, tenant),
+            "r": _response_summary(kept),
+            "instructions": body.get("instructions") or "",
+            "inputs": [_item_shown(item) for item in kept.input_items],
+            "outputs": [_item_shown(item) for item in body.get("output") or []],
+            "error": (body.get("error") or {}).get("message", ""),
+            "metadata": sorted((body.get("metadata") or {}).items()),
+        },
+    )
+
+
+@login_required
+@require_POST
+def response_remove(request: HttpRequest, slug: str, response_id: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN)
+    if not response_delete(tenant_id=tenant.pk, response_id=response_id):
+        raise Http404("no such response")
+    messages.success(request, f"Response {response_id} deleted.")
+    return redirect("console:responses", slug=slug)
+
+
+def _response_summary(kept: Kept) -> dict[str, Any]:
+    """What the console shows of a stored response in a list row or a page's header."""
+    body = kept.body
+    usage = body.get("usage") or {}
+    text = " ".join(
+        shown["text"] for shown in map(_item_shown, body.get("output") or []) if shown["text"]
+    )
+    return {
+        "id": kept.id,
+        "status": body.get("status", ""),
+        "model": body.get("model", ""),
+        "requested_model": kept.requested_model,
+        "previous_id": kept.previous_id,
+        "input_tokens": usage.get("input_tokens"),
+        "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens"),
+        "output_tokens": usage.get("output_tokens"),
+        "background": bool(body.get("background")),
+        "text": text,
+    }
+
+
+def _item_shown(item: dict[str, Any]) -> dict[str, str]:
+    """An input or output item as a kind (a role, or what the item is) and its text."""
+    kind = str(item.get("type") or "message")
+    if kind == "message":
+        content = item.get("content")
+        if isinstance(content, str):
+            text = content
+        else:
+            parts = [p.get("text") or p.get("refusal") or "" for p in content or []]
+            text = "".join(str(part) for part in parts)
+        return {"kind": str(item.get("role") or "message"), "text": text}
+    if kind == "function_call":
+        return {"kind": "tool call", "text": f"{item.get('name')}({item.get('arguments') or ''})"}
+    if kind == "function_call_output":
+        return {"kind": "tool result", "text": str(item.get("output") or "")}
+    if kind == "reasoning":
+        summary = item.get("summary") or item.get("content") or []
+        text = " ".join(str(part.get("text") or "") for part in summary)
+        return {"kind": "reasoning", "text": text}
+    return {"kind": kind, "text": ""}
 
 
 CONSOLE_GROUPS = ("day", "model", "key", "user")

@@ -49,7 +49,8 @@ class Kept:
 TERMINAL_STATUSES = ("completed", "incomplete", "failed", "cancelled")
 
 
-def _opened(row: StoredResponse) -> Kept:
+def response_opened(row: StoredResponse) -> Kept:
+    """A stored response's row opened (its sealed text read)."""
     sealed = json.loads(content_open(bytes(row.sealed)))
     return Kept(
         id=row.id,
@@ -125,7 +126,7 @@ def response_get(*, tenant_id: int, response_id: str) -> Kept | None:
     row = StoredResponse.objects.filter(
         tenant_id=tenant_id, id=response_id, expires_at__gt=timezone.now()
     ).first()
-    return None if row is None else _opened(row)
+    return None if row is None else response_opened(row)
 
 
 def response_finish(
@@ -145,7 +146,7 @@ def response_finish(
         )
         if row is None:
             return False
-        kept = _opened(row)
+        kept = response_opened(row)
         row.status = body["status"]
         row.sealed = _sealed(
             body,
@@ -164,7 +165,7 @@ def responses_unfinished(*, older_than: float) -> list[tuple[int, Kept]]:
     rows = StoredResponse.objects.exclude(status__in=TERMINAL_STATUSES).filter(
         created_at__lt=cutoff, expires_at__gt=timezone.now()
     )
-    return [(row.tenant_id, _opened(row)) for row in rows[:500]]
+    return [(row.tenant_id, response_opened(row)) for row in rows[:500]]
 
 
 def response_chain(*, tenant_id: int, response_id: str) -> list[Kept] | None:

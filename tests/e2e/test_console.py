@@ -20,7 +20,7 @@ import pypdfium2
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.conftest import ROOT
+from tests.conftest import ALIAS, ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "build" / "screenshots"
@@ -129,6 +129,42 @@ def test_an_admin_creates_a_key_sees_it_once_and_revokes_it(page, stack, people,
     _shot(page, "requests")
 
 
+def test_an_admin_reads_and_deletes_a_stored_response(page, stack, people, world):
+    auth = {"Authorization": f"Bearer {world.acme_key}"}
+    with httpx.Client(base_url=stack.base_url, timeout=60) as api:
+        made = api.post(
+            "/v1/responses",
+            json={
+                "model": ALIAS,
+                "input": "Say hello to the console.",
+                "instructions": "Be brief.",
+                "max_output_tokens": 6,
+                "temperature": 0,
+                "metadata": {"ticket": "T-1"},
+            },
+            headers=auth,
+        )
+        assert made.status_code == 200, made.text
+        body = made.json()
+        _sign_in(page, "alice")
+        page.click("header >> text=Responses")
+        expect(page.locator("h1")).to_contain_text("Stored responses")
+        row = page.locator("tr", has_text=body["id"][:17])
+        expect(row).to_contain_text(body["status"])  # "incomplete": max_output_tokens
+        _shot(page, "responses")
+        row.locator("a").click()
+        expect(page.locator("h1")).to_contain_text(body["id"])
+        output = body["output"][0]["content"][0]["text"]
+        assert page.locator("#output-1").text_content() == output
+        expect(page.locator("main")).to_contain_text("Say hello to the console.")
+        expect(page.locator("main")).to_contain_text("Be brief.")
+        expect(page.locator("main")).to_contain_text("T-1")
+        _shot(page, "response")
+        page.click("text=Delete")
+        expect(page.locator(".msg.success")).to_contain_text(f"{body['id']} deleted")
+        assert api.get(f"/v1/responses/{body['id']}", headers=auth).status_code == 404
+
+
 def test_rotating_a_key_keeps_the_old_one_working_for_the_overlap(page, stack, people):
     _sign_in(page, "alice")
     page.goto("/console/t/acme/keys")
@@ -147,7 +183,8 @@ def test_rotating_a_key_keeps_the_old_one_working_for_the_overlap(page, stack, p
 
 def test_another_tenants_admin_gets_404(page, people):
     _sign_in(page, "gina")
-    for path in ("/console/t/acme/", "/console/t/acme/keys", "/console/t/acme/invoices"):
+    for path in ("/console/t/acme/", "/console/t/acme/keys", "/console/t/acme/invoices",
+                 "/console/t/acme/responses"):  # fmt: skip
         response = page.goto(path)
         assert response is not None and response.status == 404, path
     response = page.goto("/console/t/globex/")

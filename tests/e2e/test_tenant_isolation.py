@@ -51,6 +51,7 @@ class Objects:
     key_public_id: str
     key_pk: int
     retained_pk: int
+    response_id: str  # a stored response of the Responses API
 
 
 # The same shapes, naming nothing: a foreign object must answer exactly as these do.
@@ -65,6 +66,7 @@ MISSING = Objects(
     key_public_id="sy-missing",
     key_pk=999_999_999,
     retained_pk=999_999_999,
+    response_id="resp_" + "2" * 32,
 )
 
 
@@ -103,6 +105,7 @@ def acme(stack: Stack, world: World, django_db_blocker: Any) -> Iterator[Objects
     from batches.models import Batch, File
     from batches.services import batch_create
     from billing.invoices import invoice_build
+    from inference.models import StoredResponse
     from privacy.models import RetainedContent
     from privacy.services import content_retain
     from tenants.models import ApiKey
@@ -131,6 +134,12 @@ def acme(stack: Stack, world: World, django_db_blocker: Any) -> Iterator[Objects
             headers=_auth(world.acme_key),
         )
         assert uploaded.status_code == 200, uploaded.text
+        stored = client.post(
+            "/v1/responses",
+            json={"model": ALIAS, "input": "Say hi", "max_output_tokens": 4},
+            headers=_auth(world.acme_key),
+        )
+        assert stored.status_code == 200, stored.text
     chat_id, stream_id = chat.headers["x-request-id"], streamed.headers["x-request-id"]
     file_id = uploaded.json()["id"]
     with django_db_blocker.unblock():
@@ -164,8 +173,10 @@ def acme(stack: Stack, world: World, django_db_blocker: Any) -> Iterator[Objects
         key_public_id=key.public_id,
         key_pk=key.pk,
         retained_pk=retained.pk,
+        response_id=stored.json()["id"],
     )
     with django_db_blocker.unblock():
+        StoredResponse.objects.filter(pk=stored.json()["id"]).delete()
         retained.delete()
         Batch.objects.filter(pk=batch.id).delete()
         File.objects.filter(pk=file_id).delete()
@@ -177,6 +188,7 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
     """Everything of acme's (and the platform's) that a leaked call could have changed."""
     from batches.models import Batch, File
     from billing.models import Adjustment, Invoice, PriceBook, UsageRecord
+    from inference.models import StoredResponse
     from models_registry.models import Alias, Rollout
     from privacy.models import RetainedContent
     from tenants.models import ApiKey, Quota, Tenant
@@ -201,6 +213,7 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
             )
         ),
         "retained": RetainedContent.objects.filter(pk=acme.retained_pk).count(),
+        "stored response": StoredResponse.objects.filter(pk=acme.response_id).count(),
         "quota": model_to_dict(Quota.objects.get(tenant=world.acme)),
         "privacy": model_to_dict(Tenant.objects.get(pk=world.acme.pk), fields=PRIVACY_FIELDS),
         "alias": (alias.version_id, alias.splits.count()),
@@ -391,6 +404,10 @@ GLOBEX_ADMIN_404 = [
     pytest.param(Call("POST", "/console/t/acme/keys/{key_public_id}/rotate"),
                  id="console-rotate-a-key"),
     pytest.param(Call("GET", "/console/t/acme/requests"), id="console-requests"),
+    pytest.param(Call("GET", "/console/t/acme/responses"), id="console-responses"),
+    pytest.param(Call("GET", "/console/t/acme/responses/{response_id}"), id="console-response"),
+    pytest.param(Call("POST", "/console/t/acme/responses/{response_id}/delete"),
+                 id="console-delete-a-response"),
     pytest.param(Call("GET", "/console/t/acme/usage"), id="console-usage"),
     pytest.param(Call("GET", "/console/t/acme/usage?group_by=key"), id="console-usage-by-key"),
     pytest.param(Call("GET", "/console/t/acme/invoices"), id="console-invoices"),
@@ -400,6 +417,10 @@ GLOBEX_ADMIN_404 = [
                  id="console-invoice-under-own-slug"),
     pytest.param(Call("POST", "/console/t/globex/keys/{key_public_id}/revoke"),
                  id="console-revoke-a-key-under-own-slug"),
+    pytest.param(Call("GET", "/console/t/globex/responses/{response_id}"),
+                 id="console-response-under-own-slug"),
+    pytest.param(Call("POST", "/console/t/globex/responses/{response_id}/delete"),
+                 id="console-delete-a-response-under-own-slug"),
     pytest.param(Call("POST", "/console/t/globex/keys/{key_public_id}/rotate"),
                  id="console-rotate-a-key-under-own-slug"),
     pytest.param(Call("GET", "/api/finance/invoices/{invoice_pk}"), id="finance-invoice"),
@@ -458,7 +479,8 @@ def test_globex_admin_gets_404_for_every_acme_page_and_export(
 
 @pytest.mark.parametrize(
     "path",
-    ["/console/t/globex/keys", "/console/t/globex/requests", "/console/t/globex/usage?group_by=key",
+    ["/console/t/globex/keys", "/console/t/globex/requests", "/console/t/globex/responses",
+     "/console/t/globex/usage?group_by=key",
      "/console/t/globex/invoices", "/api/finance/invoices", "/api/finance/usage?group_by=key"],
 )  # fmt: skip
 def test_globex_admin_pages_and_lists_show_nothing_of_acme(
@@ -466,7 +488,7 @@ def test_globex_admin_pages_and_lists_show_nothing_of_acme(
 ) -> None:
     answer = session(world.gina, Call("GET", path), acme)
     assert answer.status_code == 200, answer.content
-    for trace in (acme.key_public_id, acme.chat_id, acme.stream_id, "acme"):
+    for trace in (acme.key_public_id, acme.chat_id, acme.stream_id, acme.response_id, "acme"):
         assert trace.encode() not in answer.content, trace
     if path == "/api/finance/invoices":
         assert acme.invoice_pk not in {invoice["id"] for invoice in answer.json()}
