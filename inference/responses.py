@@ -74,10 +74,10 @@ class ResponsesRequest:
     echo: dict[str, Any]  # the request's settings the response object repeats
 
 
-def _text_of(content: Any, where: str, *, output: bool) -> str:
-    """A message's content as one string: a string, or a list of text parts."""
+def _texts_of(content: Any, where: str, *, output: bool) -> list[str]:
+    """A message's content as the texts of its parts: a string is one part."""
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
         raise invalid(where, f"'{where}' must be a string or a list of content parts.")
     kinds = ("output_text", "refusal") if output else ("input_text",)
@@ -97,7 +97,7 @@ def _text_of(content: Any, where: str, *, output: bool) -> str:
         if not isinstance(text, str):
             raise invalid(f"{at}.text", f"'{at}.text' must be a string.")
         texts.append(text)
-    return "".join(texts)
+    return texts
 
 
 def _string(item: dict[str, Any], name: str, where: str) -> str:
@@ -129,7 +129,7 @@ def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
                     f"'{where}.role' must be one of {', '.join(ROLES)}; got {shown(str(role))}.",
                 )
             output = role == "assistant"
-            text = _text_of(item.get("content"), f"{where}.content", output=output)
+            texts = _texts_of(item.get("content"), f"{where}.content", output=output)
             part = "output_text" if output else "input_text"
             items.append(
                 {
@@ -139,6 +139,7 @@ def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
                     "status": "completed",
                     "content": [
                         {"type": part, "text": text, **({"annotations": []} if output else {})}
+                        for text in texts
                     ],
                 }
             )
@@ -157,7 +158,7 @@ def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output_value = item.get("output")
             if not isinstance(output_value, str):
-                output_value = _text_of(output_value, f"{where}.output", output=False)
+                output_value = "\n".join(_texts_of(output_value, f"{where}.output", output=False))
             items.append(
                 {
                     "type": "function_call_output",
@@ -188,7 +189,8 @@ def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         kind = item["type"]
         if kind == "message":
-            text = "".join(part.get("text", "") for part in item["content"])
+            # Parts join with a newline, as chat content parts do (vLLM's chat rendering).
+            text = "\n".join(part.get("text", "") for part in item["content"])
             messages.append({"role": ROLES[item["role"]], "content": text})
         elif kind == "function_call":
             call = {

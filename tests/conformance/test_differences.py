@@ -108,3 +108,15 @@ def test_a_switch_the_engine_ignores_is_refused(targets: Any) -> None:
     assert theirs.status_code == 200
     assert ours.status_code == 400
     assert ours.json()["error"]["param"] == "structured_outputs.disable_any_whitespace"
+
+
+def test_a_responses_prompt_carries_no_special_tokens_beyond_its_template(targets: Any) -> None:
+    body = {"model": ALIAS, "input": "hello", "max_output_tokens": 2, "temperature": 0}
+    body["store"] = False
+    ours = targets.platform.post("/v1/responses", json=body)
+    theirs = targets.vllm.post("/v1/responses", json=body)
+    assert ours.status_code == theirs.status_code == 200
+    chat = targets.vllm.post(CHAT_PATH, json={**BODY, "max_tokens": 2})
+    prompt = chat.json()["usage"]["prompt_tokens"]
+    assert ours.json()["usage"]["input_tokens"] == prompt  # as vLLM's own chat renders it
+    assert theirs.json()["usage"]["input_tokens"] == prompt + 1  # the tokenizer's BOS on top

@@ -144,3 +144,20 @@ def test_truncation_drops_the_oldest_turn_with_its_tool_answers_and_keeps_the_in
     assert oldest_dropped([system, call, answer, last]) == [system, last]
     assert oldest_dropped([system, last]) is None
     assert oldest_dropped([call, last]) == [last]
+
+
+def test_a_messages_text_parts_are_kept_apart_and_joined_by_a_newline_as_chat_joins_them():
+    items = input_items_read(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "hello"},
+                    {"type": "input_text", "text": "there"},
+                ],
+            }
+        ],
+        response_id="resp_x",
+    )
+    assert [part["text"] for part in items[0]["content"]] == ["hello", "there"]
+    assert messages_of(items) == [{"role": "user", "content": "hello\nthere"}]
