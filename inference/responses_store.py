@@ -172,20 +172,31 @@ def response_chain(*, tenant_id: int, response_id: str) -> list[Kept] | None:
     """A response and every response before it, oldest first; None when one is missing.
 
     A turn rebuilt from a chain with a gap would silently drop part of the conversation, so a
-    missing link (deleted, or never stored) fails the whole chain.
+    missing link (deleted, expired, another tenant's, or never stored) fails the whole chain,
+    and so does a chain longer than MAX_CHAIN. One query: PostgreSQL follows the links.
     """
-    chain: list[Kept] = []
-    next_id = response_id
-    while next_id:
-        if len(chain) >= MAX_CHAIN:
-            return None
-        kept = response_get(tenant_id=tenant_id, response_id=next_id)
-        if kept is None:
-            return None
-        chain.append(kept)
-        next_id = kept.previous_id
-    chain.reverse()
-    return chain
+    if not RESPONSE_ID.fullmatch(response_id):
+        return None
+    table = StoredResponse._meta.db_table
+    now = timezone.now()
+    # Each step reads the row its last row names; a missing link ends the walk early, which
+    # the check below finds. One row past MAX_CHAIN is read, to tell a chain that is too long.
+    query = f"""
+        WITH RECURSIVE chain AS (
+            SELECT r.*, 1 AS depth FROM {table} r
+            WHERE r.tenant_id = %s AND r.id = %s AND r.expires_at > %s
+          UNION ALL
+            SELECT p.*, c.depth + 1 FROM {table} p JOIN chain c ON p.id = c.previous_id
+            WHERE p.tenant_id = %s AND p.expires_at > %s AND c.depth <= %s
+        )
+        SELECT * FROM chain ORDER BY depth
+    """  # nosec B608: the table name is the model's own; every value is a parameter
+    rows = list(
+        StoredResponse.objects.raw(query, [tenant_id, response_id, now, tenant_id, now, MAX_CHAIN])
+    )
+    if not rows or len(rows) > MAX_CHAIN or rows[-1].previous_id:
+        return None  # none, too long, or the oldest one read names one that is not there
+    return [response_opened(row) for row in reversed(rows)]
 
 
 def response_delete(*, tenant_id: int, response_id: str) -> bool:

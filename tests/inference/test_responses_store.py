@@ -64,6 +64,23 @@ def test_a_chain_is_read_oldest_first_and_a_gap_breaks_it(world):
     assert response_chain(tenant_id=tenant.pk, response_id=third) is None
 
 
+def test_a_chain_is_read_in_one_query_and_one_too_long_is_refused(
+    world, monkeypatch, django_assert_num_queries
+):
+    tenant = tenant_create(slug="resp-long-chain")
+    ids = [_save(tenant)]
+    for _ in range(4):
+        ids.append(_save(tenant, previous=ids[-1]))
+    with django_assert_num_queries(1):
+        chain = response_chain(tenant_id=tenant.pk, response_id=ids[-1])
+    assert chain is not None and [k.id for k in chain] == ids
+    monkeypatch.setattr("inference.responses_store.MAX_CHAIN", 4)
+    assert response_chain(tenant_id=tenant.pk, response_id=ids[-1]) is None
+    assert response_chain(tenant_id=tenant.pk, response_id=ids[-2]) is not None
+    other = tenant_create(slug="resp-long-chain-other")
+    assert response_chain(tenant_id=other.pk, response_id=ids[-1]) is None
+
+
 def test_lifetime_follows_the_tenants_retention_else_thirty_days(world):
     tenant = tenant_create(slug="resp-life")
     default = _save(tenant, days=0)
