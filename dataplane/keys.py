@@ -213,6 +213,11 @@ def quota_keys(tenant_id: int, request_id: str, month: str) -> QuotaKeys:
     )
 
 
+def body_bytes_key(tenant_id: int) -> str:
+    """Hash: a tenant's bucket of large request-body bytes (a token bucket, per minute)."""
+    return f"{tenant_tag(tenant_id)}:body_bytes"
+
+
 def idempotency_key(tenant_id: int, digest: str) -> str:
     """Hash: a tenant's Idempotency-Key record, by a digest of the client's key."""
     return f"{tenant_tag(tenant_id)}:idem:{digest}"

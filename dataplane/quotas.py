@@ -19,11 +19,12 @@ import math
 import time
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 import redis.asyncio as aredis
 
 from dataplane import scripts
-from dataplane.keys import quota_keys
+from dataplane.keys import body_bytes_key, quota_keys
 from dataplane.redis_client import script_into
 
 MICROS = Decimal(1_000_000)
@@ -102,6 +103,7 @@ class Quotas:
         self._release = client.register_script(scripts.QUOTA_RELEASE)
         self._peek = client.register_script(scripts.QUOTA_PEEK)
         self._take_request = client.register_script(scripts.QUOTA_TAKE_REQUEST)
+        self._take_bytes = client.register_script(scripts.QUOTA_TAKE_BYTES)
 
     async def peek(self, *, tenant_id: int, limits: Limits) -> Decision:
         """Return where a tenant's per-minute buckets stand, taking nothing."""
@@ -137,6 +139,20 @@ class Quotas:
             reset_requests_ms=reset_requests,
             reset_tokens_ms=reset_tokens,
         )
+
+    async def take_body_bytes(
+        self, *, tenant_id: int, size: int, per_minute: int, force: bool = False
+    ) -> int:
+        """Count a large request body's bytes against the tenant's per-minute share.
+
+        Returns 0 when taken, else the milliseconds until they would be; with `force` (a body
+        already read) they are always taken, leaving the share short for what follows.
+        """
+        waited: Any = await self._take_bytes(
+            keys=[body_bytes_key(tenant_id)],
+            args=[int(time.time() * 1000), per_minute, size, "1" if force else "0"],
+        )
+        return int(waited)
 
     async def admit(
         self,

@@ -34,6 +34,7 @@ QUOTA_ADMIT = _QUOTA_PRELUDE + _read("quota_admit")
 QUOTA_RELEASE = _read("quota_release")
 QUOTA_TAKE_REQUEST = _QUOTA_PRELUDE + _read("quota_take_request")
 QUOTA_PEEK = _QUOTA_PRELUDE + _read("quota_peek")
+QUOTA_TAKE_BYTES = _QUOTA_PRELUDE + _read("quota_take_bytes")
 
 # An autoscaling signal's hysteresis (dataplane.autoscale; KEYS: dataplane.keys.autoscale_key)
 # and, the API's, an Idempotency-Key's record (KEYS: the key's record).

@@ -166,6 +166,30 @@ async def request_count(*, principal: Principal) -> Decision:
     return decision
 
 
+async def body_bytes_count(*, principal: Principal, size: int, read: bool = False) -> None:
+    """Count a large request body against its tenant's large-body bytes per minute, or raise
+    the 429 (ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE).
+
+    Called from the Content-Length before the body is read, so a tenant posting megabytes in
+    a loop costs a frontend their headers once its share is spent. A body of unknown length is
+    counted once `read`: it is taken whatever is left, so the next ones wait longer.
+    """
+    per_minute = int(settings.ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE)
+    if per_minute <= 0 or size < settings.ROUNDHOUSE_LARGE_BODY_BYTES:
+        return
+    wait_ms = await quotas_get().take_body_bytes(
+        tenant_id=principal.tenant_id, size=size, per_minute=per_minute, force=read
+    )
+    if wait_ms:
+        raise ApiError(
+            429,
+            "body_bytes_exceeded",
+            f"You have sent more than {per_minute // (1024 * 1024)} MiB of request bodies of "
+            f"{settings.ROUNDHOUSE_LARGE_BODY_BYTES // (1024 * 1024)} MiB or more this minute.",
+            retry_after=wait_ms / 1000,
+        )
+
+
 async def admit(
     *, principal: Principal, request_id: str, reserve: Usage, request_taken: bool = False
 ) -> Decision:

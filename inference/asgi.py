@@ -36,7 +36,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse
 from django.urls import URLResolver, get_resolver, set_script_prefix
 
-from inference.admission import request_count
+from inference.admission import body_bytes_count, request_count
 from inference.auth import key_check, scope_check
 from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch
@@ -59,6 +59,7 @@ TURN_OVER = "roundhouse.turn_over"  # in a large body's scope: ends its reading 
 # more.
 COUNTS_REQUESTS = "counts_requests"
 COUNTED = "roundhouse.counted"
+COUNT_BYTES_READ = "roundhouse.count_bytes_read"
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
@@ -208,7 +209,24 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
             except Exception:
                 return None  # Redis is away: the view counts it, and answers the fault
             scope[COUNTED] = True
+            if length is not None and length.strip().isdigit():
+                try:
+                    await body_bytes_count(principal=principal, size=int(length))
+                except ApiError as exc:
+                    return exc
+                except Exception:
+                    return None  # Redis is away: the body goes uncounted
+            else:
+                scope[COUNT_BYTES_READ] = True  # its length is known once it is read
     return None
+
+
+async def _read_bytes_count(scope: Any, body_file: IO[bytes]) -> None:
+    """Count a counted request's body of unknown length once it has been read."""
+    size = body_file.seek(0, io.SEEK_END)
+    body_file.seek(0)
+    with contextlib.suppress(Exception):  # Redis is away: the body goes uncounted
+        await body_bytes_count(principal=scope[CHECKED_PRINCIPAL], size=size, read=True)
 
 
 class ApiHandler(ASGIHandler):
@@ -246,6 +264,8 @@ class ApiHandler(ASGIHandler):
             if refusal is not None:
                 raise refusal
             body_file = await self.read_body_within(receive, limit=body_limit(scope["path"]))
+            if scope.get(COUNT_BYTES_READ):
+                await _read_bytes_count(scope, body_file)
         except RequestAborted:
             return
         except _TooLarge:

@@ -31,6 +31,7 @@ SHOULD_RETRY: dict[str, bool] = {
     "rate_limit_exceeded": True,
     "tokens_per_minute_exceeded": True,
     "concurrency_limit_exceeded": True,
+    "body_bytes_exceeded": True,
     "too_many_streams": True,
     "queue_full": True,
     "deadline_unattainable": True,  # refused before it ran: the queue ahead may drain

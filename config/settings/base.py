@@ -358,6 +358,11 @@ MAX_REQUEST_BYTES = env_int("ROUNDHOUSE_MAX_REQUEST_BYTES", 4 * 1024 * 1024)
 # a time per frontend; the rest wait their turn unread.
 ROUNDHOUSE_LARGE_BODY_BYTES = env_int("ROUNDHOUSE_LARGE_BODY_BYTES", 1024 * 1024)
 ROUNDHOUSE_LARGE_BODIES_PER_TENANT = env_int("ROUNDHOUSE_LARGE_BODIES_PER_TENANT", 1)
+# How many bytes of such bodies a tenant may send the inference endpoints a minute, counted from
+# Content-Length before a body is read (a token bucket; 0: no limit).
+ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE = env_int(
+    "ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE", 64 * 1024 * 1024
+)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 # Where registered model versions are stored, content-addressed and read-only.

@@ -132,3 +132,18 @@ def test_cost_is_counted_in_micros_rounded_up():
         )
         == 502
     )
+
+
+async def test_large_body_bytes_are_a_bucket_a_minute_that_a_read_body_may_overdraw(quotas):
+    tenant, mib = next(_tenants), 1024 * 1024
+    take = quotas.take_body_bytes
+    assert await take(tenant_id=tenant, size=3 * mib, per_minute=4 * mib) == 0
+    wait = await take(tenant_id=tenant, size=2 * mib, per_minute=4 * mib)
+    assert 14_000 <= wait <= 15_100  # 1 MiB short, at 4 MiB a minute: about 15 s
+    # A body already read is taken whatever is left: the next ones wait for the overdraft.
+    assert await take(tenant_id=tenant, size=2 * mib, per_minute=4 * mib, force=True) == 0
+    assert await take(tenant_id=tenant, size=mib, per_minute=4 * mib) >= 29_000
+    # A body larger than a minute's bytes passes when the bucket is full, and only then.
+    other = next(_tenants)
+    assert await take(tenant_id=other, size=8 * mib, per_minute=4 * mib) == 0
+    assert await take(tenant_id=other, size=8 * mib, per_minute=4 * mib) > 60_000

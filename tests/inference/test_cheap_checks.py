@@ -55,6 +55,21 @@ def one_a_minute_key(world: Any, django_db_blocker: Any) -> str:
         return api_key_issue(tenant=tenant, name="tests").token
 
 
+# The large-body bytes a tenant may send a minute, on this module's frontend.
+BODY_BYTES_PER_MINUTE = 4 * 1024 * 1024
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def large_body_keys(world: Any, django_db_blocker: Any) -> list[str]:
+    """Tenants of their own, so each test owns its large-body bytes."""
+    with django_db_blocker.unblock():
+        return [
+            api_key_issue(tenant=tenant_create(slug=f"cheap-bytes-{i}"), name="tests").token
+            for i in range(3)
+        ]
+
+
 @pytest.fixture(scope="module")
 def frontend(
     world: Any, flooder_key: str, tmp_path_factory: pytest.TempPathFactory
@@ -65,6 +80,7 @@ def frontend(
         "frontend-cheap-checks",
         ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
         tmp_path_factory.mktemp("cheap-checks"),
+        env_extra={"ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE": str(BODY_BYTES_PER_MINUTE)},
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -226,6 +242,59 @@ def test_a_tenant_past_its_requests_per_minute_gets_its_429_before_its_body_is_r
     assert _status(answer) == 429, answer[:300]
     assert b"rate_limit_exceeded" in answer and b"retry-after:" in answer.lower()
     assert sent < 4 * settings.MAX_REQUEST_BYTES, sent  # the kernel's buffers, not the body
+
+
+def _answered_unsent(base_url: str, head: str) -> bytes:
+    """Send a request's head only, and read the answer: one that needs no body."""
+    port = int(base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head.encode())
+        sock.settimeout(10)
+        return _answer_read(sock)
+
+
+def test_a_tenants_large_bodies_past_its_bytes_a_minute_get_429_before_they_are_read(
+    frontend, large_body_keys
+):
+    """A tenant posting megabytes in a loop costs a frontend their heads once its share of
+    large-body bytes for the minute is spent; another tenant's share is its own."""
+    key, other, _ = large_body_keys
+    body = b'{"model": "none", "messages": "' + b"a" * (3 * MIB) + b'"}'
+    with httpx.Client(base_url=frontend, timeout=30) as client:
+        read = client.post(
+            "/v1/chat/completions", content=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        assert read.status_code == 400, read.text  # read, and refused for what it holds
+    # The next one's length alone is over what is left: answered with none of it sent.
+    answer = _answered_unsent(frontend, _head("/v1/chat/completions", key, length=len(body)))
+    assert _status(answer) == 429, answer[:300]
+    assert b"body_bytes_exceeded" in answer and b"retry-after:" in answer.lower()
+    assert b"x-should-retry: true" in answer.lower()
+    # A small body is no large body: it goes on as ever.
+    with httpx.Client(base_url=frontend, timeout=30) as client:
+        small = client.post(
+            "/v1/chat/completions",
+            json={"model": "none", "messages": "x"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert small.status_code == 400, small.text
+    # Another tenant's large body is read.
+    with httpx.Client(base_url=frontend, timeout=30) as client:
+        theirs = client.post(
+            "/v1/chat/completions", content=body, headers={"Authorization": f"Bearer {other}"}
+        )
+        assert theirs.status_code == 400, theirs.text
+
+
+def test_a_chunked_large_body_counts_once_it_is_read(frontend, large_body_keys):
+    """A body of unknown length is read, then counted: the tenant's next one waits."""
+    key = large_body_keys[2]
+    answer, _ = _send_until_answered(
+        frontend, _head("/v1/chat/completions", key), _chunked(3 * MIB), timeout=30
+    )
+    assert _status(answer) == 400, answer[:300]
+    answer = _answered_unsent(frontend, _head("/v1/chat/completions", key, length=2 * MIB))
+    assert _status(answer) == 429 and b"body_bytes_exceeded" in answer, answer[:300]
 
 
 def _stalled(base_url: str, key: str) -> socket.socket:
