@@ -195,9 +195,18 @@ def control_sync_client() -> redis.Redis:
     )
 
 
-# What a Redis outage looks like to a client: refused or dropped connections, timeouts, and a
-# restarted server still loading its data (BusyLoadingError is a ConnectionError).
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+# What a Redis outage looks like to a client: refused or dropped connections, timeouts, a
+# restarted server still loading its data (BusyLoadingError is a ConnectionError), and on a
+# cluster a slot with no primary for a moment: "CLUSTERDOWN" while a replica takes over a
+# failed primary (MasterDownError is one), "TRYAGAIN" while a slot moves, or no node known
+# for the slot. Pipelines report these as they are where single commands retry them.
+UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+)
 
 
 class Outage:

@@ -7,10 +7,12 @@ import socket
 import time
 
 import pytest
+import redis
 from django.db import OperationalError
 from django.test import AsyncClient
 
 from config import db
+from dataplane.frontdoor import FrontDoor
 from inference import clients
 from tests.conftest import ALIAS
 
@@ -70,6 +72,36 @@ async def test_what_no_cache_holds_is_a_fast_503_while_postgres_is_down(world, m
     monkeypatch.setattr(db, "_fresh", refused)
     response = await AsyncClient().get(
         "/v1/models", headers={"Authorization": f"Bearer {world.globex_key}"}
+    )
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert int(response["Retry-After"]) >= 1
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.SlotNotCoveredError("no node serves the slot"),
+    ],
+    ids=["clusterdown", "tryagain", "slot-not-covered"],
+)
+async def test_a_cluster_slot_without_a_primary_for_a_moment_is_a_503_not_a_500(
+    world, monkeypatch, fault
+):
+    """A primary failing over: a pipeline reports CLUSTERDOWN as it is (a clean-clone run of
+    the failover test answered it with a 500)."""
+
+    async def down(*args: object, **kwargs: object) -> None:
+        raise fault
+
+    monkeypatch.setattr(FrontDoor, "enqueue", down)
+    response = await AsyncClient().post(
+        "/v1/chat/completions",
+        {"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {world.acme_key}"},
     )
     assert response.status_code == 503, response.content
     assert response.json()["error"]["code"] == "service_unavailable"
