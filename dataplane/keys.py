@@ -19,6 +19,10 @@ INGEST_GROUP = "ingest"
 KEY_REVOCATIONS_CHANNEL = "sy:keys:revoked"
 # A kind of control-plane state that frontends cache changed: "keys", "routes" or "policies".
 CONTROL_CHANGES_CHANNEL = "sy:control:changed"
+# Hash: the circuit breakers a frontend opened, "<tenant>:<alias>" -> until (epoch seconds);
+# and the channel that tells the other frontends when one opens or closes.
+BREAKERS_KEY = "sy:breakers"
+BREAKERS_CHANNEL = "sy:breakers:changed"
 # Django's cache (sessions, throttles) in the same Valkey: its keys start with this.
 DJANGO_CACHE_PREFIX = "sy:cache"
 

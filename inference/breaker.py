@@ -9,12 +9,15 @@ most of an alias's recent requests failed this way, sends its interactive reques
 to the fallback for a while.
 
 One breaker per alias and tenant, in each frontend's memory: every frontend learns from the
-requests it relays, with no round trip on the request's path. A tenant's failures hold back
-its own requests only, so a tenant whose requests fail the engine (a poison input, a model
-bug its prompts hit) cannot send every other tenant to the fallback. Once the breakers of
-`min_tenants` tenants hold at the same time, the deployment is failing for more than one
-tenant's traffic and every tenant's interactive requests for the alias go on, those of
-tenants it has not failed yet included. States of one tenant's breaker:
+requests it relays, with no round trip on the request's path. A breaker that opens tells the
+other frontends (dataplane.breakers), which hold that tenant's requests for the alias too
+until it would turn half-open; its probe, on the frontend that opened it, decides for all.
+A tenant's failures hold back its own requests only, so a tenant whose requests fail the
+engine (a poison input, a model bug its prompts hit) cannot send every other tenant to the
+fallback. Once the breakers of `min_tenants` tenants hold at the same time (here or
+elsewhere), the deployment is failing for more than one tenant's traffic and every tenant's
+interactive requests for the alias go on, those of tenants it has not failed yet included.
+States of one tenant's breaker:
 
 - closed: requests go to the alias. Its last `window` seconds of relayed ends are counted;
   once at least `min_requests` ended and `failure_share` of them failed on the platform's
@@ -32,14 +35,19 @@ timeout says nothing of the model's health.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from dataplane.background import spawn
+from dataplane.breakers import breaker_share
+from dataplane.redis_client import control_client_new
 from dataplane.types import Event, Failed, Finished
 from inference.metrics import breaker_changed
 
@@ -62,6 +70,11 @@ class Breaker:
     _ends: deque[tuple[float, bool]] = field(default_factory=deque)  # (when, failed)
     _opened_at: float | None = None
     _probe: tuple[str, float] | None = None  # the outstanding probe's request id, sent when
+
+    @property
+    def opened_at(self) -> float | None:
+        """When it last opened (or opened again after a failed probe); None while closed."""
+        return self._opened_at
 
     @property
     def state(self) -> str:
@@ -139,26 +152,40 @@ class AliasBreakers:
     tenants: dict[int, Breaker] = field(default_factory=dict)
     _tripped: set[int] = field(default_factory=set)  # tenants whose breaker is not closed
     _counted: int = 0
+    # Tenants whose breaker for the alias another frontend holds: tenant -> until (epoch s).
+    elsewhere: dict[int, float] = field(default_factory=dict)
+
+    def _held_elsewhere(self, tenant_id: int) -> bool:
+        until = self.elsewhere.get(tenant_id)
+        return until is not None and until > time.time()
 
     @property
     def holding_all(self) -> bool:
-        """Whether enough tenants' breakers hold that every tenant's requests go on."""
-        holding = sum(1 for tenant in self._tripped if self.tenants[tenant].holding)
-        return holding >= self.min_tenants
+        """Whether enough tenants' breakers hold, here or elsewhere, that every tenant's
+        requests go on."""
+        holding = {tenant for tenant in self._tripped if self.tenants[tenant].holding}
+        if self.elsewhere:
+            now = time.time()
+            holding |= {tenant for tenant, until in self.elsewhere.items() if until > now}
+        return len(holding) >= self.min_tenants
 
     def admits(self, tenant_id: int, request_id: str) -> bool:
         own = self.tenants.get(tenant_id)
         if own is not None and own.state != "closed":
             return own.admits(request_id)  # its own breaker decides, and probes
+        if self._held_elsewhere(tenant_id):
+            return False  # another frontend's breaker holds it (and probes)
         return not self.holding_all
 
-    def ended(self, tenant_id: int, request_id: str, *, failed: bool) -> tuple[str, bool]:
+    def ended(self, tenant_id: int, request_id: str, *, failed: bool) -> tuple[str, bool, bool]:
         """Count a request's end: (its tenant's breaker's new state or "", whether every
-        tenant's requests are held back now where they were not before)."""
+        tenant's requests are held back now where they were not before, whether the breaker
+        opened, again or for the first time, or closed: what other frontends are told)."""
         before = self.holding_all
         breaker = self.tenants.get(tenant_id)
         if breaker is None:
             breaker = self.tenants[tenant_id] = self.make()
+        opened_before = breaker.opened_at
         changed = breaker.ended(request_id, failed=failed)
         if breaker.state == "closed":
             self._tripped.discard(tenant_id)
@@ -168,7 +195,11 @@ class AliasBreakers:
         if self._counted % _SWEEP_EVERY == 0:
             for tenant in [t for t, b in self.tenants.items() if b.idle]:
                 del self.tenants[tenant]
-        return (breaker.state if changed else ""), (self.holding_all and not before)
+            now = time.time()
+            for tenant in [t for t, until in self.elsewhere.items() if until <= now]:
+                del self.elsewhere[tenant]
+        told = breaker.opened_at != opened_before
+        return (breaker.state if changed else ""), (self.holding_all and not before), told
 
 
 _breakers: dict[str, AliasBreakers] = {}
@@ -210,7 +241,11 @@ def breaker_ended(alias: str, tenant_id: int, request_id: str, event: Event) -> 
     if settings.ROUNDHOUSE_BREAKER_MIN_REQUESTS <= 0:
         return  # breakers are off
     breakers = _alias_breakers(alias)
-    state, all_held = breakers.ended(tenant_id, request_id, failed=failed)
+    state, all_held, told = breakers.ended(tenant_id, request_id, failed=failed)
+    if told and _in_a_loop():
+        opened = breakers.tenants[tenant_id].opened_at is not None
+        until = time.time() + settings.ROUNDHOUSE_BREAKER_OPEN_SECONDS if opened else 0.0
+        spawn(_told(alias, tenant_id, until))
     if state:
         breaker_changed(model=alias, state=state)
         if state == "closed":
@@ -231,6 +266,51 @@ def breaker_ended(alias: str, tenant_id: int, request_id: str, event: Event) -> 
             alias,
             breakers.min_tenants,
         )
+
+
+def _in_a_loop() -> bool:
+    """Whether an event loop runs here to tell others from (a frontend's; not a unit test's)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+# One at a time per event loop, in the order the changes happened: an open told after the
+# close that followed it would hold the tenant elsewhere for nothing.
+_telling: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _told(alias: str, tenant_id: int, until: float) -> None:
+    """Tell the other frontends that a breaker here opened (until when) or closed (0)."""
+    lock = _telling.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock:
+        client = control_client_new()
+        try:
+            await breaker_share(client, alias=alias, tenant_id=tenant_id, until=until)
+        except Exception:
+            log.warning("could not tell other frontends of %s's breaker", alias, exc_info=True)
+        finally:
+            await client.aclose()
+
+
+def breaker_elsewhere(alias: str, tenant_id: int, until: float) -> None:
+    """Apply another frontend's news of a tenant's breaker for an alias (until 0: closed)."""
+    if until > time.time():
+        _alias_breakers(alias).elsewhere[tenant_id] = until
+    elif alias in _breakers:
+        _breakers[alias].elsewhere.pop(tenant_id, None)
+
+
+def breakers_elsewhere_replace(held: dict[tuple[str, int], float]) -> None:
+    """Take what holds elsewhere as read whole (a listener that subscribed again)."""
+    for breakers in _breakers.values():
+        breakers.elsewhere.clear()
+    for (alias, tenant_id), until in held.items():
+        breaker_elsewhere(alias, tenant_id, until)
 
 
 def breakers_reset() -> None:

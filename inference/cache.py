@@ -19,8 +19,10 @@ from typing import Any, Generic, TypeVar
 
 from config.db import db_call
 from dataplane.background import loop_ok, spawn, supervise
-from dataplane.keys import CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
+from dataplane.breakers import breaker_message_read, breakers_held
+from dataplane.keys import BREAKERS_CHANNEL, CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 from dataplane.redis_client import control_client_new
+from inference.breaker import breaker_elsewhere, breakers_elsewhere_replace
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -151,12 +153,14 @@ async def _listen() -> None:
     client = control_client_new()
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
-        await pubsub.subscribe(CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL)
+        await pubsub.subscribe(CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL, BREAKERS_CHANNEL)
         loop_ok("changes")
         # Messages sent while no listener was subscribed (before this one, or while Redis was
-        # away) are lost: whatever is cached may predate them.
+        # away) are lost: whatever is cached may predate them, and other frontends' breakers
+        # are read whole.
         for kind in _caches:
             change_received(kind)
+        breakers_elsewhere_replace(await breakers_held(client))
         while True:
             message = await pubsub.get_message(timeout=1.0)
             if message is None:
@@ -167,6 +171,10 @@ async def _listen() -> None:
             )
             if channel == KEY_REVOCATIONS_CHANNEL:
                 revocation_received(data)
+            elif channel == BREAKERS_CHANNEL:
+                news = breaker_message_read(data)
+                if news is not None:
+                    breaker_elsewhere(*news)
             else:
                 change_received(data)
     finally:

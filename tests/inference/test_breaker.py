@@ -3,8 +3,11 @@ requests they hold back (no I/O)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from dataplane.breakers import breaker_message_read
 from dataplane.types import Failed, Finished
 from inference import breaker as breakers
 from inference.breaker import Breaker, breaker_admits, breaker_ended, breakers_reset
@@ -203,3 +206,35 @@ def test_a_minimum_of_zero_turns_the_breakers_off(fresh, settings):
         breaker_ended("m", A, f"a{i}", _failed("engine_error"))
     assert breaker_admits("m", A, "x")
     assert "m" not in breakers._breakers
+
+
+def test_a_tenant_held_by_another_frontends_breaker_is_held_here_until_then(fresh):
+    soon = time.time() + 60
+    news = breaker_message_read(f"{A}:m {soon}")
+    assert news == ("m", A, soon)
+    breakers.breaker_elsewhere(*news)
+    assert not breaker_admits("m", A, "x")  # held here too, with no failure seen here
+    assert breaker_admits("m", B, "y")  # one tenant's, as a breaker here would be
+    breakers.breaker_elsewhere("m", B, soon)
+    assert not breaker_admits("m", C, "z")  # two tenants held (elsewhere): every tenant goes on
+    breakers.breaker_elsewhere("m", B, 0)  # B's closed where it opened
+    assert breaker_admits("m", B, "y") and breaker_admits("m", C, "z")
+    breakers.breakers_elsewhere_replace({("m", A): time.time() - 1})  # lapsed: holds nothing
+    assert breaker_admits("m", A, "x")
+    assert breaker_message_read("not a message") is None
+
+
+def test_opening_again_after_a_failed_probe_is_told_as_an_opening(fresh):
+    clock = Clock()
+    alias = breakers._alias_breakers("m")
+    alias.make = lambda: Breaker(
+        window=30, min_requests=2, failure_share=1.0, open_seconds=15, clock=clock
+    )
+    assert alias.ended(A, "a1", failed=True)[2] is False
+    assert alias.ended(A, "a2", failed=True)[2] is True  # opened: told
+    clock.now += 15
+    assert alias.admits(A, "probe")
+    assert alias.ended(A, "probe", failed=True)[2] is True  # opened again: told, a new until
+    clock.now += 15
+    assert alias.admits(A, "probe2")
+    assert alias.ended(A, "probe2", failed=False)[2] is True  # closed: told

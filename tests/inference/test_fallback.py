@@ -7,24 +7,28 @@ deployment live, so whatever it admits waits in its queue. The tests run in this
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.conf import settings
 from prometheus_client import REGISTRY
 
 from config.db import db_call
+from dataplane.breakers import breaker_message_read, breaker_share, breakers_held
 from dataplane.finish import Finisher
-from dataplane.keys import quota_keys
+from dataplane.keys import BREAKERS_CHANNEL, quota_keys
 from dataplane.leases import Leases
 from dataplane.quotas import month_of
+from dataplane.redis_client import control_client_new
 from dataplane.types import Failed, Status, usage_for
 from inference import auth, relay, submission
 from inference import breaker as breakers
 from inference.admission import request_abandon, route_cost
-from inference.breaker import breakers_reset
+from inference.breaker import breakers_elsewhere_replace, breakers_reset
 from inference.clients import dispatch_get, routing_get
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
@@ -280,6 +284,56 @@ async def test_an_alias_whose_engine_keeps_failing_sends_its_requests_on(
         "roundhouse_breaker_transitions_total", {"model": BIG, "state": "open_all"}
     )
     assert all_held is not None and all_held >= 1
+
+
+async def test_a_breaker_that_opens_holds_its_tenant_on_every_frontend(aliases, quick_breakers):
+    principal = await _principal(aliases)
+    tenant = principal.tenant_id
+    big, small = await _deployment(BIG), await _deployment(SMALL)
+    await Leases(dispatch_get().redis).heartbeat(deployment=big, worker="w", ttl=60, slots=(1, 1))
+    await _live(small)
+    control = control_client_new()
+    pubsub = control.pubsub(ignore_subscribe_messages=True)
+    try:
+        # What an earlier test's breaker for this tenant left shared goes first.
+        await breaker_share(control, alias=BIG, tenant_id=tenant, until=0)
+        await pubsub.subscribe(BREAKERS_CHANNEL)
+        opened_after = time.time()
+        for _ in range(2):
+            await _fail_in_the_engine(await _submit(principal, BIG))
+        # The frontend whose breaker opened writes until when it holds, and says so.
+        deadline = time.monotonic() + 10
+        held = await breakers_held(control)
+        while held.get((BIG, tenant), 0) <= opened_after:
+            assert time.monotonic() < deadline, "the open breaker was never shared"
+            await asyncio.sleep(0.05)
+            held = await breakers_held(control)
+        until = held[(BIG, tenant)]
+        assert until <= time.time() + settings.ROUNDHOUSE_BREAKER_OPEN_SECONDS
+        told: list[tuple[str, int, float] | None] = []
+        while (BIG, tenant, until) not in told:
+            assert time.monotonic() < deadline, f"no message said so: {told}"
+            message = await pubsub.get_message(timeout=0.5)
+            if message is not None:
+                told.append(breaker_message_read(message["data"].decode()))
+        # Another frontend (this one, its own breakers forgotten) that reads what holds
+        # sends the tenant's requests on, with no failure of its own.
+        breakers_reset()
+        assert breakers.breaker_admits(BIG, tenant, "any")
+        breakers_elsewhere_replace(held)
+        sent_on = await _submit(principal, BIG)
+        try:
+            assert sent_on.route.deployment == small
+            assert sent_on.headers()["x-roundhouse-fallback-reason"] == "circuit_open"
+        finally:
+            await request_abandon(sent_on.job)
+        # Told it closed (its probe succeeded where it opened): the tenant goes to the alias.
+        breakers.breaker_elsewhere(BIG, tenant, 0)
+        assert breakers.breaker_admits(BIG, tenant, "any")
+    finally:
+        await breaker_share(control, alias=BIG, tenant_id=tenant, until=0)
+        await pubsub.aclose()
+        await control.aclose()
 
 
 async def test_an_open_breaker_holds_nothing_back_from_an_alias_without_a_fallback(
