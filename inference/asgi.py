@@ -23,6 +23,7 @@ import contextlib
 import functools
 import io
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from typing import IO, Any
@@ -117,6 +118,90 @@ class _Turns:
 _turns = _Turns()
 
 
+class _Refused:
+    """Tenants this frontend refused a moment ago, refused again from memory until then.
+
+    A tenant out of requests for the minute, or of large-body bytes, gets its next 429s here
+    until a retry could succeed (at most MAX_SECONDS later, so a raised quota shows soon),
+    without a round trip to Valkey: a flood whose clients do not wait out their 429s costs a
+    frontend their heads. A request refused from memory takes nothing from the tenant's
+    limits; it would have been refused anyway.
+    """
+
+    MAX_SECONDS = 1.0
+    MAX_TENANTS = 10_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # (tenant, limit) -> (until, the smallest size it holds for, the refusal)
+        self._until: dict[tuple[int, str], tuple[float, int, ApiError]] = {}
+
+    def remember(self, tenant_id: int, limit: str, error: ApiError, *, size: int = 0) -> None:
+        wait = min(error.retry_after or 0.0, self.MAX_SECONDS)
+        if wait <= 0:
+            return
+        now = self._clock()
+        if len(self._until) >= self.MAX_TENANTS:
+            self._until = {k: v for k, v in self._until.items() if v[0] > now}
+        self._until[(tenant_id, limit)] = (now + wait, size, error)
+
+    def refusal(self, tenant_id: int, limit: str, *, size: int = 0) -> ApiError | None:
+        """The refusal a request would get now, or None: ask Valkey. A larger body needs at
+        least as many bytes as the one refused, a smaller one may fit."""
+        found = self._until.get((tenant_id, limit))
+        if found is None:
+            return None
+        until, at_least, error = found
+        now = self._clock()
+        if now >= until:
+            del self._until[(tenant_id, limit)]
+            return None
+        if size < at_least:
+            return None
+        return ApiError(
+            error.status,
+            error.code,
+            error.message,
+            param=error.param,
+            retry_after=until - now,
+            headers=error.headers,
+        )
+
+
+_refused = _Refused()
+
+# A throttled tenant's 429 is answered when a retry could pass, at most this many seconds
+# later, for at most this many of its requests at once on a frontend (the rest at once).
+HOLD_MAX_SECONDS = 1.0
+HOLD_MAX_PER_TENANT = 16
+HELD_CODES = frozenset({"rate_limit_exceeded", "body_bytes_exceeded"})
+_holding: dict[int, int] = {}
+_sleep = asyncio.sleep  # (tests wait on their own clock)
+
+
+async def _held(tenant_id: int, refusal: ApiError) -> ApiError:
+    """Hold a tenant's 429 (requests per minute, large-body bytes) until a retry could pass.
+
+    Its client would have to wait that long anyway, and the 429 says so (its Retry-After is
+    what is left of the wait); a client that retries at once instead of waiting is slowed
+    to the pace its limits allow, rather than looping as fast as the frontend answers.
+    """
+    wait = min(refusal.retry_after or 0.0, HOLD_MAX_SECONDS)
+    if wait <= 0 or _holding.get(tenant_id, 0) >= HOLD_MAX_PER_TENANT:
+        return refusal
+    _holding[tenant_id] = _holding.get(tenant_id, 0) + 1
+    try:
+        await _sleep(wait)
+    finally:
+        left = _holding[tenant_id] - 1
+        if left:
+            _holding[tenant_id] = left
+        else:
+            del _holding[tenant_id]
+    refusal.retry_after = max((refusal.retry_after or 0.0) - wait, 0.0)
+    return refusal
+
+
 def _large(scope: Any) -> bool:
     """Whether a request's body is, or may be, at least ROUNDHOUSE_LARGE_BODY_BYTES."""
     length = _header(scope, b"content-length")
@@ -200,19 +285,31 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
             return None
         scope[CHECKED_PRINCIPAL] = principal
         if scope.get("method") == "POST" and path in counted_paths():
+            tenant = principal.tenant_id
+            size = int(length) if length is not None and length.strip().isdigit() else None
             try:
                 # Its key must be allowed to infer before it counts: a 403 takes nothing.
                 scope_check(principal, scope=Scope.INFERENCE)
+            except ApiError as exc:
+                return exc
+            remembered = _refused.refusal(tenant, "requests") or (
+                _refused.refusal(tenant, "bytes", size=size) if size is not None else None
+            )
+            if remembered is not None:
+                return remembered
+            try:
                 await request_count(principal=principal)
             except ApiError as exc:
+                _refused.remember(tenant, "requests", exc)
                 return exc  # its 429, with the limit's headers
             except Exception:
                 return None  # Redis is away: the view counts it, and answers the fault
             scope[COUNTED] = True
-            if length is not None and length.strip().isdigit():
+            if size is not None:
                 try:
-                    await body_bytes_count(principal=principal, size=int(length))
+                    await body_bytes_count(principal=principal, size=size)
                 except ApiError as exc:
+                    _refused.remember(tenant, "bytes", exc, size=size)
                     return exc
                 except Exception:
                     return None  # Redis is away: the body goes uncounted
@@ -250,6 +347,8 @@ class ApiHandler(ASGIHandler):
         """Serve one request as Django's handler does, closing its response inline."""
         refusal = await refusal_before_body(scope)
         principal = scope.get(CHECKED_PRINCIPAL)
+        if refusal is not None and refusal.code in HELD_CODES and principal is not None:
+            refusal = await _held(principal.tenant_id, refusal)
         if refusal is not None or principal is None or not _large(scope):
             await self._handle(scope, receive, send, refusal)
             return
