@@ -153,8 +153,10 @@ async def test_every_script_and_read_stays_within_one_slot(
     for deployment in (first, second):  # acknowledged and deleted on both primaries
         assert await client.xlen(usage_key(deployment)) == 0
 
-    # A tenant's limits: QUOTA_PEEK, QUOTA_TAKE_REQUEST, QUOTA_ADMIT and QUOTA_RELEASE.
+    # A tenant's limits: QUOTA_PEEK, QUOTA_TAKE_REQUEST, QUOTA_ADMIT, QUOTA_RELEASE and
+    # QUOTA_TAKE_BYTES.
     quotas = Quotas(client)
+    assert await quotas.take_body_bytes(tenant_id=tenant, size=2 << 20, per_minute=4 << 20) == 0
     limits = Limits(
         requests_per_minute=100,
         tokens_per_minute=100_000,
