@@ -168,13 +168,14 @@ async def request_count(*, principal: Principal) -> Decision:
 
 async def body_bytes_count(*, principal: Principal, size: int, read: bool = False) -> None:
     """Count a large request body against its tenant's large-body bytes per minute, or raise
-    the 429 (ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE).
+    the 429 (the tenant's quota, else ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE; 0: no limit).
 
     Called from the Content-Length before the body is read, so a tenant posting megabytes in
     a loop costs a frontend their headers once its share is spent. A body of unknown length is
     counted once `read`: it is taken whatever is left, so the next ones wait longer.
     """
-    per_minute = int(settings.ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE)
+    own = principal.large_body_bytes_per_minute
+    per_minute = int(settings.ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE if own is None else own)
     if per_minute <= 0 or size < settings.ROUNDHOUSE_LARGE_BODY_BYTES:
         return
     wait_ms = await quotas_get().take_body_bytes(

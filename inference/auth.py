@@ -36,6 +36,8 @@ class Principal:
     max_request_seconds: float = 600.0
     response_cache_seconds: int = 0  # 0: the tenant did not opt in
     response_cache_bill_percent: int = 100
+    # The tenant's own large-body bytes a minute (None: the platform's setting; 0: no limit).
+    large_body_bytes_per_minute: int | None = None
     retention_days: int = 0  # 0: the request's text is never stored
 
 
@@ -78,6 +80,7 @@ def _load(public_id: str) -> _Cached | None:
         max_request_seconds=float(quota.max_request_seconds),
         response_cache_seconds=quota.response_cache_seconds,
         response_cache_bill_percent=quota.response_cache_bill_percent,
+        large_body_bytes_per_minute=quota.large_body_bytes_per_minute,
         retention_days=key.tenant.retention_days,
     )
     expires = key.expires_at.timestamp() if key.expires_at else None

@@ -109,6 +109,9 @@ class Quota(models.Model):
     response_cache_bill_percent = models.PositiveSmallIntegerField(
         default=100, validators=[MaxValueValidator(100)]
     )
+    # The bytes of request bodies of 1 MiB or more it may send the inference endpoints a
+    # minute; unset: the platform's ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE; 0: no limit.
+    large_body_bytes_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

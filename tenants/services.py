@@ -200,6 +200,7 @@ QUOTA_FIELDS = (
     "max_request_seconds",
     "response_cache_seconds",
     "response_cache_bill_percent",
+    "large_body_bytes_per_minute",
 )
 
 

@@ -286,6 +286,36 @@ def test_a_tenants_large_bodies_past_its_bytes_a_minute_get_429_before_they_are_
         assert theirs.status_code == 400, theirs.text
 
 
+@pytest.fixture(scope="module")
+def own_bytes_keys(world: Any, django_db_blocker: Any) -> dict[int, str]:
+    """Tenants whose quota sets their own large-body bytes a minute (0: no limit)."""
+    keys = {}
+    with django_db_blocker.unblock():
+        for per_minute in (0, 8 * MIB):
+            tenant = tenant_create(slug=f"cheap-own-bytes-{per_minute}")
+            tenant.quota.large_body_bytes_per_minute = per_minute
+            tenant.quota.save()
+            keys[per_minute] = api_key_issue(tenant=tenant, name="tests").token
+    return keys
+
+
+def test_a_tenants_quota_sets_its_own_large_body_bytes(frontend, own_bytes_keys):
+    """The frontend's setting (4 MiB here) is the default; a tenant's quota overrides it."""
+    body = b'{"model": "none", "messages": "' + b"a" * (3 * MIB) + b'"}'
+
+    def sent(key: str) -> list[int]:
+        with httpx.Client(base_url=frontend, timeout=30) as client:
+            return [
+                client.post(
+                    "/v1/chat/completions", content=body, headers={"Authorization": f"Bearer {key}"}
+                ).status_code
+                for _ in range(3)
+            ]
+
+    assert sent(own_bytes_keys[0]) == [400, 400, 400]  # no limit: every body is read
+    assert sent(own_bytes_keys[8 * MIB]) == [400, 400, 429]  # 8 MiB: two bodies of 3 MiB
+
+
 def test_a_chunked_large_body_counts_once_it_is_read(frontend, large_body_keys):
     """A body of unknown length is read, then counted: the tenant's next one waits."""
     key = large_body_keys[2]
