@@ -21,14 +21,19 @@ def _field(alias: str, tenant_id: int) -> str:
     return f"{tenant_id}:{alias}"
 
 
-def breaker_message_read(data: str) -> tuple[str, int, float] | None:
-    """(alias, tenant, until) of a message on BREAKERS_CHANNEL; until 0: it closed."""
+def _field_read(field: str, until: str) -> tuple[str, int, float] | None:
+    """(alias, tenant, until) of a hash field and its value, or None if malformed."""
     try:
-        field, until = data.rsplit(" ", 1)
         tenant, alias = field.split(":", 1)
         return alias, int(tenant), float(until)
     except ValueError:
         return None
+
+
+def breaker_message_read(data: str) -> tuple[str, int, float] | None:
+    """(alias, tenant, until) of a message on BREAKERS_CHANNEL; until 0: it closed."""
+    field, _, until = data.rpartition(" ")
+    return _field_read(field, until)
 
 
 async def breaker_share(client: aredis.Redis, *, alias: str, tenant_id: int, until: float) -> None:
@@ -58,7 +63,7 @@ async def breakers_held(client: aredis.Redis) -> dict[tuple[str, int], float]:
     now = time.time()
     found: dict[tuple[str, int], float] = {}
     for field, until in held.items():
-        read = breaker_message_read(f"{field.decode()} {until.decode()}")
+        read = _field_read(field.decode(), until.decode())
         if read is not None and read[2] > now:
             found[(read[0], read[1])] = read[2]
     return found

@@ -24,6 +24,7 @@ from dataplane.types import Failed, Finished, Job
 from inference.auth import Principal
 from inference.clients import dispatch_get, idempotency_get, quotas_get
 from inference.errors import ApiError, should_retry
+from inference.idempotency import key_in_use
 from inference.metrics import admission_decided
 from models_registry.selectors import Route
 from privacy.services import content_retain
@@ -107,13 +108,9 @@ def refusal_error(refused: Refused, *, model: str, job: Job) -> ApiError:
     if refused.reason is Refusal.QUEUE_FULL:
         return queue_full_error(model)
     if refused.reason is Refusal.SHUT_OUT:
-        return ApiError(
-            409,
-            "idempotency_key_in_use",
+        return key_in_use(
             "A retry with this request's Idempotency-Key took its place after it stalled; "
-            "retry with the same key for that request's result.",
-            param="Idempotency-Key",
-            retry_after=1,
+            "retry with the same key for that request's result."
         )
     if refused.reason is Refusal.DEADLINE_UNATTAINABLE:
         wait = refused.estimated_wait_ms / 1000

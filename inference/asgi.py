@@ -64,6 +64,22 @@ COUNT_BYTES_READ = "roundhouse.count_bytes_read"
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
+class _Counts(dict[int, int]):
+    """How many of each tenant's requests are in some state; a tenant at 0 is forgotten."""
+
+    def enter(self, tenant_id: int) -> None:
+        self[tenant_id] = self.get(tenant_id, 0) + 1
+
+    def leave(self, tenant_id: int) -> int:
+        """Count one out; return how many are left."""
+        left = self[tenant_id] - 1
+        if left:
+            self[tenant_id] = left
+        else:
+            del self[tenant_id]
+        return left
+
+
 class _Turns:
     """Whose large bodies a frontend reads and parses now: one of each tenant's at a time.
 
@@ -76,7 +92,7 @@ class _Turns:
 
     def __init__(self) -> None:
         self._held: dict[int, asyncio.Semaphore] = {}
-        self._users: dict[int, int] = {}  # per tenant: its requests holding or awaiting a turn
+        self._users = _Counts()  # per tenant: its requests holding or awaiting a turn
 
     def tenants(self) -> set[int]:
         """The tenants with a turn taken or awaited (the others are forgotten)."""
@@ -88,7 +104,7 @@ class _Turns:
         if semaphore is None:
             per_tenant = max(1, settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT)
             semaphore = self._held[tenant_id] = asyncio.Semaphore(per_tenant)
-        self._users[tenant_id] = self._users.get(tenant_id, 0) + 1
+        self._users.enter(tenant_id)
         try:
             await semaphore.acquire()
         except BaseException:
@@ -107,11 +123,7 @@ class _Turns:
         return release
 
     def _leave(self, tenant_id: int) -> None:
-        left = self._users[tenant_id] - 1
-        if left:
-            self._users[tenant_id] = left
-        else:  # nobody reading or waiting: forget the tenant
-            del self._users[tenant_id]
+        if not self._users.leave(tenant_id):  # nobody reading or waiting: forget the tenant
             del self._held[tenant_id]
 
 
@@ -175,7 +187,7 @@ _refused = _Refused()
 HOLD_MAX_SECONDS = 1.0
 HOLD_MAX_PER_TENANT = 16
 HELD_CODES = frozenset({"rate_limit_exceeded", "body_bytes_exceeded"})
-_holding: dict[int, int] = {}
+_holding = _Counts()  # per tenant: its refusals held now
 _sleep = asyncio.sleep  # (tests wait on their own clock)
 
 
@@ -189,15 +201,11 @@ async def _held(tenant_id: int, refusal: ApiError) -> ApiError:
     wait = min(refusal.retry_after or 0.0, HOLD_MAX_SECONDS)
     if wait <= 0 or _holding.get(tenant_id, 0) >= HOLD_MAX_PER_TENANT:
         return refusal
-    _holding[tenant_id] = _holding.get(tenant_id, 0) + 1
+    _holding.enter(tenant_id)
     try:
         await _sleep(wait)
     finally:
-        left = _holding[tenant_id] - 1
-        if left:
-            _holding[tenant_id] = left
-        else:
-            del _holding[tenant_id]
+        _holding.leave(tenant_id)
     refusal.retry_after = max((refusal.retry_after or 0.0) - wait, 0.0)
     return refusal
 

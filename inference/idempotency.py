@@ -61,7 +61,8 @@ class Original:
     bound_at: float = 0.0
 
 
-def _in_use(message: str) -> ApiError:
+def key_in_use(message: str) -> ApiError:
+    """The 409 of a request whose Idempotency-Key another request holds: retry shortly."""
     return ApiError(409, "idempotency_key_in_use", message, param="Idempotency-Key", retry_after=1)
 
 
@@ -123,7 +124,7 @@ class Idempotency:
             )
         fields = dict(zip(result[1][::2], result[1][1::2], strict=True))
         if b"rid" not in fields:
-            raise _in_use(
+            raise key_in_use(
                 "A request with this Idempotency-Key is still being admitted; retry shortly."
             )
         return Original(
@@ -167,7 +168,7 @@ class Idempotency:
             ],
         )
         if not bound:
-            raise _in_use(
+            raise key_in_use(
                 "A retry with this request's Idempotency-Key took its place; retry with the "
                 "same key for that request's result."
             )
@@ -203,7 +204,7 @@ class Idempotency:
             return None
         if not original.queued:
             if time.time() - original.bound_at < BIND_GRACE_SECONDS:
-                raise _in_use(
+                raise key_in_use(
                     "A request with this Idempotency-Key is still being admitted; retry shortly."
                 )
             reached = await self.front.shut_out(
@@ -229,7 +230,7 @@ class Idempotency:
             args=[original.request_id, original.deployment, request_id, _PENDING_TTL_SECONDS],
         )
         if not taken:
-            raise _in_use("Another request with this Idempotency-Key is running; retry shortly.")
+            raise key_in_use("Another request with this Idempotency-Key is running; retry shortly.")
 
     async def release(self, *, tenant_id: int, key: str, request_id: str) -> None:
         """Free a key whose request was refused or failed, so a retry runs again.

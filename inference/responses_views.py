@@ -38,7 +38,7 @@ from inference.endpoint import (
     request_trace,
 )
 from inference.errors import ApiError, invalid
-from inference.idempotency import Original, body_digest, key_validate
+from inference.idempotency import Original, body_digest, key_in_use, key_validate
 from inference.metrics import RequestClock
 from inference.response_events import ResponseBuilder, sse
 from inference.responses import (
@@ -231,12 +231,8 @@ async def _replay(
     if not parsed.chat.stream and not await dispatch.finished(
         deployment=original.deployment, request_id=original.request_id
     ):
-        raise ApiError(
-            409,
-            "idempotency_key_in_use",
-            "The request with this Idempotency-Key is still running; retry when it has finished.",
-            param="Idempotency-Key",
-            retry_after=1,
+        raise key_in_use(
+            "The request with this Idempotency-Key is still running; retry when it has finished."
         )
     builder = ResponseBuilder(
         response_id=response_id,

@@ -33,7 +33,7 @@ from inference.endpoint import (
     request_trace,
 )
 from inference.errors import ApiError
-from inference.idempotency import Original, body_digest, key_validate
+from inference.idempotency import Original, body_digest, key_in_use, key_validate
 from inference.metrics import RequestClock
 from inference.openai_format import DONE, Formatter, Shape, error_chunk, shape_of
 from inference.openapi import openapi_json
@@ -215,12 +215,8 @@ async def _replay(
     if parsed.stream:
         return _streaming(_sse(events, parsed.include_usage, formatter, None, clock))
     if not await dispatch.finished(deployment=original.deployment, request_id=original.request_id):
-        raise ApiError(
-            409,
-            "idempotency_key_in_use",
-            "The request with this Idempotency-Key is still running; retry when it has finished.",
-            param="Idempotency-Key",
-            retry_after=1,
+        raise key_in_use(
+            "The request with this Idempotency-Key is still running; retry when it has finished."
         )
     try:
         return await _collect(events, formatter, on_end=None)
