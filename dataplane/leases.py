@@ -52,6 +52,18 @@ from dataplane.types import Job, encode, job_decoder
 PREFIX_LOAD_BOUND = 1.25
 
 
+def batch_every(share: float) -> int:
+    """Return how often a claim takes batch work while interactive work waits too.
+
+    `share` is the least part of the jobs handed out that goes to the batch class while both
+    classes wait (at most half); 0 is strict priority, under which sustained interactive load
+    starves batch work. A share of 0.05 is one job in every 20.
+    """
+    if share <= 0:
+        return 0
+    return max(2, round(1 / min(share, 0.5)))
+
+
 @dataclass(frozen=True)
 class Claimed:
     """Jobs a worker took: ones to run and ones whose deadline passed in the queue."""
@@ -77,6 +89,7 @@ class Leases:
         skip_tenants: frozenset[int] = frozenset(),
         worker: str = "",
         affinity: bool = False,
+        batch_every: int = 0,
     ) -> Claimed:
         """Take up to count jobs in fair order, leased for lease_seconds.
 
@@ -86,6 +99,9 @@ class Leases:
         A `worker` takes the jobs handed to it first and holds what it claims in its name; with
         `affinity` it hands jobs whose prefix another live worker owns to that worker, within
         the load bound, and takes the next ones in fair order instead.
+
+        Interactive work goes before batch work; with `batch_every` > 0 (see `batch_every`),
+        every batch_every-th job taken while both classes wait is a batch one instead.
         """
         now = time.time()
         skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
@@ -100,6 +116,7 @@ class Leases:
                 "1" if affinity and worker else "0",
                 PREFIX_LOAD_BOUND,
                 handoff_channel(deployment, ""),
+                batch_every,
             ],
         )
         return Claimed(

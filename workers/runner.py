@@ -108,6 +108,7 @@ class Worker(abc.ABC):
         retire_quiet_seconds: float = 5.0,
         metrics: WorkerMetrics | None = None,
         prefix_routing: bool = False,
+        batch_every: int = 0,
     ) -> None:
         self.deployment = deployment
         self.metrics = metrics
@@ -125,6 +126,8 @@ class Worker(abc.ABC):
         self.stream_interval = stream_interval
         # Hand jobs whose prompt prefix another worker owns to that worker (dataplane.leases)
         self.prefix_routing = prefix_routing
+        # Every batch_every-th job claimed while both classes wait is batch work (0: never).
+        self.batch_every = batch_every
         self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         # Requests whose run the drain stopped when its time ran out (not a client's cancel),
         # and those of them to hand on to another worker.
@@ -274,6 +277,7 @@ class Worker(abc.ABC):
             skip_tenants=skip,
             worker=self.worker_id,
             affinity=self.prefix_routing,
+            batch_every=self.batch_every,
         )
         for job in claimed.expired:
             self._finish_unstarted(

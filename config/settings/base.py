@@ -413,6 +413,10 @@ ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)
 # The share of a worker's engine slots kept for tenants with nothing running on it, so a light
 # tenant's request starts at once while another tenant's long requests fill the rest.
 ROUNDHOUSE_RESERVED_SLOTS = env_float("ROUNDHOUSE_RESERVED_SLOTS", 0.125)
+# The least part of the jobs workers take that goes to batch-class work while interactive work
+# waits too (at most 0.5), so sustained interactive load slows batch work but never starves it.
+# 0: strict priority.
+ROUNDHOUSE_BATCH_MIN_SHARE = env_float("ROUNDHOUSE_BATCH_MIN_SHARE", 0.05)
 # The quota a new tenant starts with.
 ROUNDHOUSE_DEFAULT_QUOTA: dict[str, int | Decimal] = {
     "requests_per_minute": env_int("ROUNDHOUSE_DEFAULT_RPM", 600),

@@ -1,5 +1,8 @@
 -- Take up to ARGV[2] jobs in fair order: interactive before batch; within a class the waiting
--- tenant with the lowest virtual counter, first in first out within a tenant. Jobs whose
+-- tenant with the lowest virtual counter, first in first out within a tenant. With ARGV[9] > 0,
+-- batch work is not starved: after ARGV[9] - 1 interactive jobs in a row taken while batch work
+-- waited, the next job is a batch one (the run's length is kept in the VTC hash, so it spans
+-- claims and workers). Jobs whose
 -- deadline passed while queued are leased too but returned apart, uncharged, for the worker
 -- to end without running them.
 --
@@ -10,6 +13,10 @@
 local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local skip = ARGV[4]  -- ",<tenant>,<tenant>,": tenants not to take jobs from this time
 local worker, affinity, bound = ARGV[5] or '', ARGV[6] == '1', tonumber(ARGV[7] or '0')
+local batch_every = tonumber(ARGV[9] or '0')
+local streak = 0
+if batch_every > 0 then streak = tonumber(redis.call('HGET', VTC, 'streak') or '0') end
+local streak_was = streak
 local scan = 0
 if skip ~= ',' then scan = 31 end
 local ok, expired = {}, {}
@@ -88,7 +95,9 @@ local steps = 0
 while #ok < count and steps < count * 4 + 16 do
   steps = steps + 1
   local cls, tenant, counter = nil, nil, nil
-  for _, c in ipairs({'interactive', 'batch'}) do
+  local order = {'interactive', 'batch'}
+  if batch_every > 0 and streak >= batch_every - 1 then order = {'batch', 'interactive'} end
+  for _, c in ipairs(order) do
     local heads = redis.call('ZRANGE', READY[c], 0, scan, 'WITHSCORES')
     for i = 1, #heads, 2 do
       if not string.find(skip, ',' .. heads[i] .. ',', 1, true) then
@@ -119,6 +128,13 @@ while #ok < count and steps < count * 4 + 16 do
       if j.deadline <= now then
         table.insert(expired, payload)
       else
+        if batch_every > 0 then
+          if cls == 'batch' then
+            streak = 0
+          elseif redis.call('ZCARD', READY.batch) > 0 then
+            streak = streak + 1
+          end
+        end
         local key = affinity and redis.call('HGET', PREFIXES, rid)
         if key then holder = placed(key) end
         if holder == worker then
@@ -140,5 +156,6 @@ while #ok < count and steps < count * 4 + 16 do
     end
   end
 end
+if streak ~= streak_was then redis.call('HSET', VTC, 'streak', streak) end
 if depth_of('n') <= 0 then redis.call('DEL', WAKE) end
 return {ok, expired}

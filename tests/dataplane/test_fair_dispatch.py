@@ -2,8 +2,9 @@
 
 Hypothesis draws tenants, weights, job sizes, classes and expired deadlines; the order in which
 `Roles.claim` hands the jobs out must respect the weights within start-time fair queuing's
-bound, put every interactive job before any batch job, keep each tenant's jobs in arrival
-order, serve everyone (no starvation) and never hand out a job whose deadline passed.
+bound, put every interactive job before any batch job (or, with a batch share, exactly every
+n-th job to batch work while both classes wait), keep each tenant's jobs in arrival order,
+serve everyone (no starvation) and never hand out a job whose deadline passed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from dataplane.leases import batch_every as batch_every_for
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Finished, Job, Sampling, Status, usage_for
 from tests.dataplane.roles import Roles, roles
@@ -72,7 +74,7 @@ async def _fresh_deployment(dispatch: Roles) -> str:
 
 
 async def _drain_in_order(
-    specs: list[Spec], weights: dict[int, int]
+    specs: list[Spec], weights: dict[int, int], batch_every: int = 0
 ) -> tuple[list[Job], list[Job], list[Job]]:
     """Queue every job, then claim one at a time; return (queued, dispatched, expired)."""
     client = redis_client_new()
@@ -86,7 +88,9 @@ async def _drain_in_order(
         dispatched: list[Job] = []
         expired: list[Job] = []
         for _ in range(len(jobs) + 1):
-            claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=30)
+            claimed = await dispatch.leases.claim(
+                deployment=deployment, count=1, lease_seconds=30, batch_every=batch_every
+            )
             expired.extend(claimed.expired)
             for job in claimed.run:
                 dispatched.append(job)
@@ -143,6 +147,89 @@ def test_priority_is_strict_and_each_tenant_is_first_in_first_out(specs, weights
         per_queue[(job.tenant_id, job.priority)].append(arrival[job.request_id])
     for order in per_queue.values():
         assert order == sorted(order)
+
+
+def _classes_with_a_batch_share(interactive: int, batch: int, every: int) -> list[str]:
+    """The classes in the order a claim takes them, everything queued at once."""
+    order, streak = [], 0
+    while interactive or batch:
+        if batch and (streak >= every - 1 or not interactive):
+            order.append("batch")
+            batch, streak = batch - 1, 0
+        else:
+            order.append("interactive")
+            interactive -= 1
+            streak += 1 if batch else 0
+    return order
+
+
+@property_settings
+@given(specs=specs_strategy, weights=weights_strategy, every=st.integers(2, 6))
+def test_a_batch_share_hands_every_nth_job_to_batch_work_while_both_wait(specs, weights, every):
+    jobs, dispatched, _ = asyncio.run(_drain_in_order(specs, weights, batch_every=every))
+    live = [s for s in specs if not s.expired]
+    expected = _classes_with_a_batch_share(
+        sum(s.priority == "interactive" for s in live),
+        sum(s.priority == "batch" for s in live),
+        every,
+    )
+    assert [j.priority for j in dispatched] == expected
+    arrival = {j.request_id: i for i, j in enumerate(jobs)}
+    per_queue: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for job in dispatched:
+        per_queue[(job.tenant_id, job.priority)].append(arrival[job.request_id])
+    for order in per_queue.values():
+        assert order == sorted(order)
+
+
+def test_a_batch_share_is_how_often_a_claim_takes_batch_work():
+    assert batch_every_for(0) == 0
+    assert batch_every_for(-1) == 0
+    assert batch_every_for(0.05) == 20
+    assert batch_every_for(0.25) == 4
+    # At most half: batch work never goes ahead of interactive work more often than it.
+    assert batch_every_for(0.5) == 2
+    assert batch_every_for(0.9) == 2
+
+
+async def test_sustained_interactive_load_does_not_starve_batch_work():
+    """Interactive work keeps arriving faster than it is served; batch work still gets its share.
+
+    The run of interactive jobs is counted across claims of several jobs, as workers make them.
+    """
+    client = redis_client_new()
+    dispatch = roles(client, reply_ttl=60)
+    deployment = await _fresh_deployment(dispatch)
+    now = time.time()
+    batch = [_job(deployment, Spec(3, "batch", 2, 8, False), 1, now) for _ in range(4)]
+    for job in batch:
+        await dispatch.front.enqueue(job)
+    taken: list[Job] = []
+    for _ in range(20):
+        for tenant in (1, 2, 1, 2):  # four arrive for every claim of three
+            spec = Spec(tenant, "interactive", 2, 8, False)
+            await dispatch.front.enqueue(_job(deployment, spec, 1, now))
+        claimed = await dispatch.leases.claim(
+            deployment=deployment, count=3, lease_seconds=30, batch_every=10
+        )
+        taken.extend(claimed.run)
+        for job in claimed.run:
+            await _finish(dispatch, job)
+    positions = [i for i, j in enumerate(taken) if j.priority == "batch"]
+    assert positions == [9, 19, 29, 39]
+    assert [j.request_id for j in taken if j.priority == "batch"] == [j.request_id for j in batch]
+    # Under strict priority the same load leaves batch work waiting for good.
+    deployment = await _fresh_deployment(dispatch)
+    await dispatch.front.enqueue(_job(deployment, Spec(3, "batch", 2, 8, False), 1, now))
+    for _ in range(20):
+        for tenant in (1, 2, 1, 2):
+            spec = Spec(tenant, "interactive", 2, 8, False)
+            await dispatch.front.enqueue(_job(deployment, spec, 1, now))
+        claimed = await dispatch.leases.claim(deployment=deployment, count=3, lease_seconds=30)
+        assert all(j.priority == "interactive" for j in claimed.run)
+        for job in claimed.run:
+            await _finish(dispatch, job)
+    await client.aclose()
 
 
 @property_settings

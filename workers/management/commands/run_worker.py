@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.db import db_call
 from dataplane.identity import worker_id_new
+from dataplane.leases import batch_every
 from dataplane.metrics import metrics_serve
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
@@ -142,6 +143,7 @@ class Command(BaseCommand):
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
             metrics=metrics,
+            batch_every=batch_every(settings.ROUNDHOUSE_BATCH_MIN_SHARE),
         )
         try:
             await self._run(worker, deployment)
@@ -193,6 +195,7 @@ class Command(BaseCommand):
             stream_interval=settings.ROUNDHOUSE_STREAM_INTERVAL_MS / 1000,
             adapters=adapters,
             metrics=metrics,
+            batch_every=batch_every(settings.ROUNDHOUSE_BATCH_MIN_SHARE),
         )
         try:
             await self._run(worker, deployment)
