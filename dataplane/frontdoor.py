@@ -70,11 +70,13 @@ PREFIX_TOKENS = 128
 def prefix_key(job: Job, *, tokens: int = PREFIX_TOKENS) -> str:
     """Return the key of a job's prompt prefix for replica affinity; "" when it has none.
 
-    Embeddings and prompts of `tokens` tokens or fewer have none.
+    Embeddings and prompts of `tokens` tokens or fewer have none. The key includes the job's
+    prefix-cache salt (its tenant): a cached prefix serves only requests with the same salt, so
+    two tenants sending one prompt have nothing to gain from meeting on one replica.
     """
     if job.input_lengths or len(job.prompt_token_ids) <= tokens:
         return ""
-    digest = hashlib.blake2b(job.adapter.encode(), digest_size=8)
+    digest = hashlib.blake2b(f"{job.adapter}\0{job.prefix_salt}".encode(), digest_size=8)
     digest.update(array("q", job.prompt_token_ids[:tokens]).tobytes())
     return digest.hexdigest()
 

@@ -116,6 +116,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     resumed: Resumed | None = None
     # The alias the client named, when it could not take the request and its fallback did.
     fallback_from: str = ""
+    # The client's cache_salt: its requests share cached prompt prefixes only with requests
+    # of the same tenant and salt (see prefix_salt).
+    cache_salt: str = ""
 
     def inputs(self) -> list[list[int]]:
         """The token ids of each input of an embeddings request or of a completions request
@@ -132,6 +135,18 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     def choices(self) -> int:
         """How many choices the request answers: n per prompt."""
         return max(len(self.input_lengths), 1) * self.sampling.n
+
+    @property
+    def prefix_salt(self) -> str:
+        """The salt of the engine's prefix cache for this job: its tenant, then its cache_salt.
+
+        vLLM reuses a cached prompt prefix only for a request with the same salt, so no tenant's
+        request is ever served from (or can time) another tenant's cached prompts. The forms
+        "<tenant>" and "<tenant>:<salt>" never meet: a client's salt is never empty.
+        """
+        if self.cache_salt:
+            return f"{self.tenant_id}:{self.cache_salt}"
+        return str(self.tenant_id)
 
     @property
     def resumed_tokens(self) -> int:

@@ -108,6 +108,37 @@ def _logprobs(body: dict[str, Any], name: str) -> bool | int | None:
     return integer(0, MAX_LOGPROBS).read(body, name)
 
 
+# vLLM's own bounds on a cache salt (its servers refuse the rest).
+CACHE_SALT_MAX_LENGTH = 128
+CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
+
+
+def _cache_salt(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise invalid(name, f"Parameter '{name}' must be a non-empty string if provided.")
+    if len(value) > CACHE_SALT_MAX_LENGTH or any(c in value for c in CACHE_SALT_FORBIDDEN):
+        raise invalid(
+            name,
+            f"Parameter '{name}' must be at most {CACHE_SALT_MAX_LENGTH} characters and must "
+            "not contain '@', '/', '\\', or NUL.",
+        )
+    return value
+
+
+CACHE_SALT = custom(
+    {
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": CACHE_SALT_MAX_LENGTH,
+        "pattern": "^[^@/\\\\\\u0000]*$",
+        "description": "Only requests of the same tenant and salt share cached prompt prefixes.",
+    },
+    _cache_salt,
+)
+
 _PENALTY = number(-2.0, 2.0, default=0.0)
 _SWITCH = boolean()
 
@@ -246,8 +277,9 @@ GENERATION_FIELDS: dict[str, Field] = {
     "kv_transfer_params": refused(),
     "ec_transfer_params": refused(),
     "vllm_xargs": refused(),
-    # vLLM's prefix-cache isolation: workers do not salt their prefix cache per request yet.
-    "cache_salt": refused(),
+    # vLLM's prefix-cache isolation. Every request is salted with its tenant already; a client's
+    # salt parts its own requests further (its users, say).
+    "cache_salt": honoured(CACHE_SALT),
 }
 
 # The same for embeddings bodies: OpenAI's and vLLM's fields.
@@ -263,7 +295,9 @@ EMBEDDING_FIELDS: dict[str, Field] = {
     "service_tier": GENERATION_FIELDS["service_tier"],
     "timeout": GENERATION_FIELDS["timeout"],
     "request_id": GENERATION_FIELDS["request_id"],
-    "cache_salt": refused(),
+    # Accepted as vLLM's server accepts it, and nothing to do: an encoder keeps no cache of
+    # earlier inputs that a request could be served from.
+    "cache_salt": ignored(CACHE_SALT),
     "priority": refused(0),
     "truncate_prompt_tokens": refused(),
     "truncation_side": refused(),

@@ -67,6 +67,8 @@ class GenerationRequest:
     tools: ToolUse | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # vLLM's cache_salt: prefix-cache hits only among the tenant's requests with this salt.
+    cache_salt: str | None = None
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -157,6 +159,7 @@ def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationReques
         tools=tools_parse(body) if chat else None,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
+        cache_salt=read("cache_salt"),
     )
 
 

@@ -85,6 +85,9 @@ def cache_key(job: Job) -> str:
     digest.update(encode(_normalised(job.sampling)))
     digest.update(b"\0")
     digest.update(b",".join(str(t).encode() for t in job.prompt_token_ids))
+    if job.cache_salt:
+        # A client that salts its requests apart (its users) keeps their answers apart too.
+        digest.update(b"\0salt\0" + job.cache_salt.encode())
     return answer_cache_prefix(job.tenant_id) + digest.hexdigest()
 
 

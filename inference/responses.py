@@ -36,7 +36,7 @@ HONOURED = frozenset(
 PASSED_TO_CHAT = (
     "logit_bias", "seed", "stop", "stop_token_ids", "top_k", "min_p", "ignore_eos",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "skip_special_tokens",
-    "include_stop_str_in_output",
+    "include_stop_str_in_output", "cache_salt",
 )  # fmt: skip
 # Refused unless left out or set to what asks for nothing.
 REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {

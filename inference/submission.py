@@ -292,6 +292,7 @@ async def _generation_admit(
         trace_id=trace.trace_id if trace else "",
         parent_span_id=trace.span_id if trace else "",
         fallback_from=fallback_from,
+        cache_salt=request.cache_salt or "",
     )
     payload = _envelope(job)
     cache = await _cache_use(principal, job)

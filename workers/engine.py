@@ -104,7 +104,10 @@ class Engine(Protocol):
         prompt_token_ids: list[int],
         sampling: Sampling,
         adapter: AdapterRef | None = None,
-    ) -> AsyncIterator[Step]: ...
+        cache_salt: str = "",
+    ) -> AsyncIterator[Step]:
+        """Run one prompt; `cache_salt` keeps its cached prefix apart from other salts'."""
+        ...
 
     async def adapter_load(self, adapter: AdapterRef) -> None: ...
 
@@ -240,10 +243,13 @@ class VllmEngine:
         prompt_token_ids: list[int],
         sampling: Sampling,
         adapter: AdapterRef | None = None,
+        cache_salt: str = "",
     ) -> AsyncIterator[Step]:
         from vllm.inputs import TokensPrompt
 
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        if cache_salt:
+            prompt["cache_salt"] = cache_salt
         lora = _lora_request(adapter) if adapter is not None else None
         steps = _Steps(prompt_token_ids, self.tokenizer())
         try:

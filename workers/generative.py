@@ -348,6 +348,7 @@ class GenerativeWorker(Worker):
             prompt_token_ids=prompt_token_ids,
             sampling=run.sampling,
             adapter=adapter,
+            cache_salt=run.job.prefix_salt,
         ):
             run.step(step, prompt=prompt)
 

@@ -119,6 +119,8 @@ CASES = [
     Case("chat-stop-included-stream", CHAT, {**G, "stop": ["QUOT"], "include_stop_str_in_output": True, "messages": HELLO}, stream=True),
     Case("chat-stop-token-ids", CHAT, {**G, "stop_token_ids": [QUOT], "messages": HELLO}),
     Case("chat-bad-words", CHAT, {**G, "bad_words": [" head"], "messages": HELLO}),
+    Case("chat-cache-salt", CHAT, {**G, "cache_salt": "team-a", "messages": LONG}),
+    Case("chat-cache-salt-stream", CHAT, {**G, "cache_salt": "team-b", "messages": LONG}, stream=True),
     Case("chat-eos-biased", CHAT, {**G, "logit_bias": {str(IM_END): 100}, "messages": HELLO}),
     Case("chat-min-tokens", CHAT, {**G, "min_tokens": 4, "logit_bias": {str(IM_END): 100}, "messages": HELLO}),
     Case("chat-ignore-eos", CHAT, {**G, "ignore_eos": True, "logit_bias": {str(IM_END): 100}, "messages": HELLO}),
@@ -185,6 +187,7 @@ CASES = [
     Case("cmpl-stop-included", COMPLETIONS, {**G, "stop": ["mis"], "include_stop_str_in_output": True, "prompt": PROMPT}),
     Case("cmpl-stop-token-ids", COMPLETIONS, {**G, "stop_token_ids": [MIS], "prompt": PROMPT}),
     Case("cmpl-bad-words", COMPLETIONS, {**G, "bad_words": ["mis"], "prompt": PROMPT}),
+    Case("cmpl-cache-salt", COMPLETIONS, {**G, "cache_salt": "team-a", "prompt": LONG_PROMPT}),
     Case("cmpl-logit-bias", COMPLETIONS, {**G, "logit_bias": {str(HEAD): 50}, "prompt": PROMPT}),
     Case("cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 3, "logit_bias": {str(EOS): 100}, "prompt": PROMPT}),
     Case("cmpl-ignore-eos", COMPLETIONS, {**G, "ignore_eos": True, "logit_bias": {str(EOS): 100}, "prompt": PROMPT}),
@@ -217,5 +220,8 @@ CASES = [
     Case("bad-cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 20, "prompt": PROMPT}),
     Case("bad-cmpl-empty-list", COMPLETIONS, {**G, "prompt": []}),
     Case("bad-cmpl-empty-prompt", COMPLETIONS, {**G, "prompt": ""}),
+    Case("bad-chat-cache-salt-empty", CHAT, {**G, "cache_salt": "", "messages": HELLO}),
+    Case("bad-chat-cache-salt-slash", CHAT, {**G, "cache_salt": "a/b", "messages": HELLO}),
+    Case("bad-cmpl-cache-salt-long", COMPLETIONS, {**G, "cache_salt": "x" * 129, "prompt": PROMPT}),
 ]
 # fmt: on

@@ -52,6 +52,10 @@ class Case:
 CASES = [
     Case("text", {"input": "hello", "max_output_tokens": 6, "temperature": 0}),
     Case(
+        "cache-salt",
+        {"input": "hello", "max_output_tokens": 6, "temperature": 0, "cache_salt": "team-a"},
+    ),
+    Case(
         "instructions",
         {"input": "hello", "instructions": "Be terse.", "max_output_tokens": 6, "temperature": 0},
     ),

@@ -128,6 +128,13 @@ def test_a_prefix_key_covers_the_first_block_only():
     assert prefix_key(adapted) not in ("", prefix_key(long_a))  # another adapter, another cache
     embeddings = Job(**{**_fields(long_a), "input_lengths": [len(long_a.prompt_token_ids)]})
     assert prefix_key(embeddings) == ""
+    # The engine's cache is salted with the tenant (and the client's cache_salt): another
+    # tenant's same prompt finds no blocks to share, so it has no reason to meet there.
+    other_tenant = Job(**{**_fields(long_a), "tenant_id": 2})
+    salted = Job(**{**_fields(long_a), "cache_salt": "u1"})
+    keys = {prefix_key(long_a), prefix_key(other_tenant), prefix_key(salted)}
+    assert len(keys) == 3 and "" not in keys
+    assert (long_a.prefix_salt, other_tenant.prefix_salt, salted.prefix_salt) == ("1", "2", "1:u1")
 
 
 def _fields(job: Job) -> dict[str, Any]:

@@ -633,3 +633,51 @@ def test_retained_content_is_only_readable_for_its_own_tenant(
         assert content_get(tenant=world.globex, request_id=acme.chat_id) is None
         own = content_get(tenant=world.acme, request_id=acme.chat_id)
     assert own is not None and own.completion == "hi"
+
+
+def test_a_tenants_cached_prompt_prefix_serves_no_other_tenants_request(stack: Stack, world: World):
+    """The engine's prefix cache is salted with the tenant: no timing another tenant's prompts.
+
+    Without the salt, globex's first sending of a prompt acme had sent would find its blocks
+    cached, and the time to its first token (or its cached_tokens) would tell globex what
+    acme asked. A client's cache_salt parts a tenant's own requests further.
+    """
+    words = " ".join(uuid.uuid4().hex for _ in range(40))  # well over one 128-token block
+
+    def cached(key: str, **extra: Any) -> int:
+        body = {
+            "model": ALIAS,
+            "messages": [{"role": "user", "content": f"Summarise: {words}"}],
+            "max_tokens": 1,
+            "temperature": 1.0,  # not greedy: the exact-answer cache keeps out of it
+            **extra,
+        }
+        with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+            answer = client.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["usage"]
+        assert usage["prompt_tokens"] > 256
+        return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+    assert cached(world.acme_key) == 0
+    assert cached(world.acme_key) > 0  # the same tenant's repeat reuses the cached blocks
+    assert cached(world.globex_key) == 0  # another tenant's identical prompt is computed anew
+    assert cached(world.globex_key) > 0
+    assert cached(world.acme_key, cache_salt="user-1") == 0
+    assert cached(world.acme_key, cache_salt="user-1") > 0
+    assert cached(world.acme_key, cache_salt="user-2") == 0
+    assert cached(world.globex_key, cache_salt="user-1") == 0
+
+
+def test_a_cache_salt_is_checked_as_vllm_checks_it(stack: Stack, world: World):
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        for salt in ("", "a/b", "x" * 129, 7):
+            answer = client.post(
+                "/v1/chat/completions",
+                json={**CHAT, "cache_salt": salt},
+                headers={"Authorization": f"Bearer {world.acme_key}"},
+            )
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["param"] == "cache_salt"

@@ -120,6 +120,7 @@ class _Engine:
         prompt_token_ids: list[int],
         sampling: Sampling,
         adapter: AdapterRef | None = None,
+        cache_salt: str = "",
     ) -> AsyncIterator[Step]:
         for index in range(TOKENS):
             if self.fail is not None and self.fail[0] == index:

@@ -332,6 +332,19 @@ def test_a_parsed_body_with_a_number_no_float_holds_is_out_of_range(value):
     assert (error.code, error.param) == ("invalid_value", "temperature")
 
 
+@pytest.mark.parametrize("salt", ["", "a@b", "a/b", "a\\b", "a\x00b", "x" * 129, 7, ["s"]])
+def test_a_cache_salt_is_refused_where_vllm_refuses_it(salt):
+    error = _error(_chat(cache_salt=salt))
+    assert (error.status, error.code, error.param) == (400, "invalid_value", "cache_salt")
+
+
+def test_a_cache_salt_reaches_the_request_and_embeddings_accept_one():
+    assert generation_parse(_chat(cache_salt="user-1"), endpoint=CHAT).cache_salt == "user-1"
+    assert generation_parse(_chat(cache_salt="x" * 128), endpoint=CHAT).cache_salt == "x" * 128
+    assert generation_parse(_chat(), endpoint=CHAT).cache_salt is None
+    embeddings_parse({"model": "m", "input": "hi", "cache_salt": "user-1"})
+
+
 def test_the_api_docs_name_every_refused_and_ignored_field():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     for table in (GENERATION_FIELDS, EMBEDDING_FIELDS, TOKENIZE_FIELDS, DETOKENIZE_FIELDS):

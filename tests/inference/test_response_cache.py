@@ -49,6 +49,7 @@ def test_anything_that_changes_the_answer_changes_the_key():
         _job(endpoint="completions"),
         _job(sampling=msgspec.structs.replace(sampling, max_tokens=17)),
         _job(sampling=msgspec.structs.replace(sampling, stop=["\n"])),
+        _job(cache_salt="user-1"),  # a client's salt keeps its answers apart too
     ]
     assert len({cache_key(job) for job in changed} | {key}) == len(changed) + 1
 

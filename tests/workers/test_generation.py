@@ -98,6 +98,7 @@ class _Engine:
         prompt_token_ids: list[int],
         sampling: Sampling,
         adapter: AdapterRef | None = None,
+        cache_salt: str = "",
     ) -> AsyncIterator[Step]:
         prompt = len(self.calls)
         self.calls.append((request_id, prompt_token_ids, sampling))
