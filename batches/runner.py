@@ -58,6 +58,7 @@ from inference.params import embeddings_parse, generation_parse
 from inference.responses import RESPONSES, batch_line_parse
 from inference.responses_views import responses_collect
 from inference.results import completion_collect, embeddings_collect
+from inference.structured import compiled_for
 from inference.submission import answer_shape, embedding_submit, generation_submit
 
 log = logging.getLogger(__name__)
@@ -228,10 +229,11 @@ class BatchRun:
                 priority="batch",
                 reply_ttl=reply_ttl,
             )
-        if self.kind == RESPONSES:
-            request = batch_line_parse(body, response_id=f"resp_{rid}").chat
-        else:
-            request = generation_parse(body, endpoint=self.kind)
+        with compiled_for(self.batch.tenant_id):
+            if self.kind == RESPONSES:
+                request = batch_line_parse(body, response_id=f"resp_{rid}").chat
+            else:
+                request = generation_parse(body, endpoint=self.kind)
         return await generation_submit(
             principal=principal,
             request=request,
@@ -264,7 +266,7 @@ class BatchRun:
                 submitted=submitted,
                 tenant_id=self.batch.tenant_id,
             )
-        parsed = generation_parse(body, endpoint=self.kind)
+        parsed = generation_parse(body, endpoint=self.kind, tenant_id=self.batch.tenant_id)
         formatter = Formatter(
             endpoint=self.kind,
             request_id=rid,

@@ -26,6 +26,7 @@ from config.json_body import BodyProblem, json_check, shown
 from inference.errors import ApiError, invalid
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
 from inference.responses import RESPONSES, batch_line_parse
+from inference.structured import compiled_for
 from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,8 @@ def batch_validate(*, batch: Batch) -> Batch:
     for index, raw in enumerate(r for r in text.splitlines() if r.strip()):
         line = BatchLine(batch=batch, index=index, request_id=line_request_id(batch.id, index))
         try:
-            line.custom_id, line.body = _line_check(raw, endpoint=batch.endpoint, seen=seen)
+            with compiled_for(batch.tenant_id):
+                line.custom_id, line.body = _line_check(raw, endpoint=batch.endpoint, seen=seen)
         except Exception as exc:
             # Whatever a line holds, it fails alone: never the batch, nor its other lines.
             error = exc if isinstance(exc, ApiError) else None

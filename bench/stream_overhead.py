@@ -17,6 +17,10 @@ records the 1-minute load average before it ran, and a round whose vLLM figures 
 10 % from the earlier rounds' median is run again (twice at most).
 
     .venv/bin/python bench/stream_overhead.py [--requests-per-level 16] [--levels 1,8,32]
+        [--stream-interval-ms 0] [--keep-servers]
+
+`--keep-servers` starts both servers once for every round instead of once a round, which on a
+GPU machine lent for minutes leaves time for three rounds.
 
 Each level runs at least 256 requests, so that its p99 is not one request's luck.
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -227,22 +232,35 @@ def _stages_into(level: Level, streams: list[Stream]) -> None:
 
 
 def run_vllm_server(
-    model_dir: Path, work: Path, levels: list[int], args: argparse.Namespace
+    model_dir: Path,
+    work: Path,
+    levels: list[int],
+    args: argparse.Namespace,
+    running: Target | None = None,
 ) -> list[Level]:
+    """Measure every level on vLLM's server: `running`, or one started for this round."""
+    if running is not None:
+        return [_measure(running, c, args)[0] for c in levels]
     with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
         return [_measure(target, c, args)[0] for c in levels]
 
 
 def run_roundhouse(
-    platform: Platform, work: Path, levels: list[int], args: argparse.Namespace
+    platform: Platform,
+    work: Path,
+    levels: list[int],
+    args: argparse.Namespace,
+    running: Target | None = None,
 ) -> list[Level]:
-    measured = []
-    with roundhouse_stack(platform, work) as target:
+    """Measure every level on Roundhouse: `running`, or a stack started for this round."""
+    with contextlib.ExitStack() as started:
+        target = running or started.enter_context(roundhouse_stack(platform, work))
+        measured = []
         for c in levels:
             level, streams = _measure(target, c, args)
             _stages_into(level, streams)
             measured.append(level)
-    return measured
+        return measured
 
 
 def _measure(
@@ -417,6 +435,7 @@ def _results(
             "vllm": args.vllm,
             "stream_interval_ms": args.stream_interval_ms,
             "from_log": args.from_log is not None,
+            "keep_servers": getattr(args, "keep_servers", False),
             "min_requests": args.min_requests,
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
@@ -490,23 +509,33 @@ def _rounds(
     vllm_rounds: list[list[Level]] = []
     roundhouse_rounds: list[list[Level]] = []
     reruns: list[str] = []
-    for round_ in range(1, args.rounds + 1):
-        for attempt in range(args.reruns + 1):
-            # Alternating the targets spreads slow phases of the machine over both.
-            progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
-            vllm = run_vllm_server(model_dir, work, levels, args)
-            drift = _drifted(vllm, vllm_rounds)
-            if drift and attempt < args.reruns:
-                reruns.append(f"round {round_}, try {attempt + 1}: {drift}")
-                progress(f"running round {round_} again: {drift}")
-                continue
-            progress(f"round {round_}/{args.rounds}: (b) Roundhouse end to end")
-            where = work / f"rh{round_}-{attempt}"
-            roundhouse = run_roundhouse(platform, where, levels, args)
-            vllm_rounds.append(vllm)
-            roundhouse_rounds.append(roundhouse)
-            break
-        _publish(args, vllm_rounds, roundhouse_rounds, reruns)
+    with contextlib.ExitStack() as kept:
+        vllm_running = roundhouse_running = None
+        if args.keep_servers:
+            # Both started once and kept for every round: on a borrowed GPU the starts
+            # (a minute for vLLM's server, half one for the worker) cost more than a round.
+            progress("starting vLLM's own OpenAI server and Roundhouse, kept for every round")
+            vllm_running = kept.enter_context(
+                vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS)
+            )
+            roundhouse_running = kept.enter_context(roundhouse_stack(platform, work / "rh"))
+        for round_ in range(1, args.rounds + 1):
+            for attempt in range(args.reruns + 1):
+                # Alternating the targets spreads slow phases of the machine over both.
+                progress(f"round {round_}/{args.rounds}: (a) vLLM's own OpenAI server")
+                vllm = run_vllm_server(model_dir, work, levels, args, vllm_running)
+                drift = _drifted(vllm, vllm_rounds)
+                if drift and attempt < args.reruns:
+                    reruns.append(f"round {round_}, try {attempt + 1}: {drift}")
+                    progress(f"running round {round_} again: {drift}")
+                    continue
+                progress(f"round {round_}/{args.rounds}: (b) Roundhouse end to end")
+                where = work / f"rh{round_}-{attempt}"
+                roundhouse = run_roundhouse(platform, where, levels, args, roundhouse_running)
+                vllm_rounds.append(vllm)
+                roundhouse_rounds.append(roundhouse)
+                break
+            _publish(args, vllm_rounds, roundhouse_rounds, reruns)
 
 
 # What the progress lines of a run say, for rebuilding its results from its log (--from-log).
@@ -629,7 +658,13 @@ def _publish(
         f"(ignore_eos), {args.requests_per_level} requests per stream per level "
         f"({args.min_requests} at least), {interval}, "
         f"{rounds_text}, each running vLLM then Roundhouse with the same engine settings "
-        "from one process tree; per level, the round whose throughput ratio is the median is "
+        "from one process tree"
+        + (
+            " (both servers started once and kept up for every round, `--keep-servers`)"
+            if getattr(args, "keep_servers", False)
+            else ""
+        )
+        + "; per level, the round whose throughput ratio is the median is "
         "shown. ITL is the gap between consecutive chunks that carry text, as `vllm bench serve` "
         "counts it: vLLM's server sends a chunk per token, Roundhouse's worker gathers a "
         "stream's tokens for `ROUNDHOUSE_STREAM_INTERVAL_MS` into one event (the first token "
@@ -677,6 +712,12 @@ def main() -> None:
         type=float,
         default=None,
         help="the worker's ROUNDHOUSE_STREAM_INTERVAL_MS for this run (default: the setting's)",
+    )
+    parser.add_argument(
+        "--keep-servers",
+        action="store_true",
+        help="start vLLM's server and Roundhouse once and keep both up for every round "
+        "(each round still measures one, then the other); for a borrowed GPU's short time",
     )
     parser.add_argument(
         "--from-log",

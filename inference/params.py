@@ -21,7 +21,7 @@ from inference.fields import (
 )
 from inference.kinds import string, type_error
 from inference.prompts import MODEL
-from inference.structured import ToolUse, tools_parse
+from inference.structured import ToolUse, compiled_for, tools_parse
 
 # The endpoints' names, which callers read with the request types here.
 __all__ = ["CHAT", "COMPLETIONS"]
@@ -93,12 +93,24 @@ def body_parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def generation_parse(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
+def generation_parse(
+    body: dict[str, Any], *, endpoint: str, tenant_id: int | None = None
+) -> GenerationRequest:
     """Return the typed request of a chat or completions body, or raise a 400.
 
     Every field is read through its declaration in GENERATION_FIELDS (the same one the
-    OpenAPI document publishes); what is left here are the rules between fields.
+    OpenAPI document publishes); what is left here are the rules between fields. `tenant_id`,
+    whose request it is, keeps the schemas it compiles apart from other tenants'
+    (inference.structured.compiled_for; None: the caller's scope).
     """
+    if tenant_id is None:
+        return _fields_read(body, endpoint=endpoint)
+    with compiled_for(tenant_id):
+        return _fields_read(body, endpoint=endpoint)
+
+
+def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
+    """The request of a body, read field by field, then the rules between fields."""
     model = MODEL.read(body, "model")
     unsupported_refuse(body, GENERATION_FIELDS, endpoint=endpoint)
     chat = endpoint == CHAT

@@ -59,6 +59,7 @@ from inference.responses_store import (
     response_save,
 )
 from inference.results import events_close
+from inference.structured import compiled_for
 from inference.submission import generation_submit
 from inference.views import replayed_marked
 from tenants.models import Scope
@@ -84,12 +85,14 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     history = []
     if previous is not None:
         # The body is checked before the store is read: a bad one costs no query.
-        responses_parse(body, response_id=response_id, history=[])
+        with compiled_for(principal.tenant_id):
+            responses_parse(body, response_id=response_id, history=[])
         chain = await db_call(response_chain, tenant_id=principal.tenant_id, response_id=previous)
         if chain is None:
             raise _not_found(previous, "previous_response_id")
         history = chain
-    parsed = responses_parse(body, response_id=response_id, history=history)
+    with compiled_for(principal.tenant_id):
+        parsed = responses_parse(body, response_id=response_id, history=history)
     if parsed.background and not parsed.store:
         raise invalid("store", "A background response is stored: leave 'store' out or send true.")
     key = key_validate(request.headers.get("Idempotency-Key"))

@@ -8,10 +8,13 @@ xgrammar's, the library vLLM's structured decoding uses.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,16 +426,32 @@ def _compiler() -> Any:
     return _xgrammar
 
 
+# Whose request is being read: compiled texts are kept per tenant (see _compiles).
+_tenant: contextvars.ContextVar[int] = contextvars.ContextVar("compile_tenant", default=0)
+
+
+@contextlib.contextmanager
+def compiled_for(tenant_id: int) -> Iterator[None]:
+    """Keep what is compiled while reading one tenant's request apart from other tenants'."""
+    token = _tenant.set(tenant_id)
+    try:
+        yield
+    finally:
+        _tenant.reset(token)
+
+
 def _compile(kind: str, text: str, where: str) -> None:
     if "\x00" in text:
         raise invalid(where, f"'{where}' cannot contain the NUL character.")
-    _compiles(kind, text, where)
+    _compiles(kind, text, where, _tenant.get())
 
 
 # A client sends the same tools and schemas with every request of a conversation: each text
-# compiles once per frontend. Failures are not kept (an exception is never cached).
+# compiles once per frontend and tenant. Per tenant, because a cached text answers sooner: a
+# tenant must not learn from the time its request took that another sent the same schema.
+# Failures are not kept (an exception is never cached).
 @functools.lru_cache(maxsize=1024)
-def _compiles(kind: str, text: str, where: str) -> None:
+def _compiles(kind: str, text: str, where: str, tenant_id: int) -> None:
     grammar = _compiler().Grammar
     build = {
         "json": grammar.from_json_schema,

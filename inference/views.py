@@ -93,7 +93,7 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
 async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
-    parsed = generation_parse(body, endpoint=endpoint)
+    parsed = generation_parse(body, endpoint=endpoint, tenant_id=principal.tenant_id)
     key = key_validate(request.headers.get("Idempotency-Key"))
     if key is not None:
         replayed = await _replay_or_claim(

@@ -175,7 +175,9 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                 )
             if not isinstance(body, dict):
                 raise ApiError(400, "invalid_body", "'body' must be a JSON object.", param="body")
-            parsed = generation_parse({**body, "stream": True}, endpoint=endpoint)
+            parsed = generation_parse(
+                {**body, "stream": True}, endpoint=endpoint, tenant_id=self.principal.tenant_id
+            )
             traceparent = message.get("traceparent")
             trace = trace_start(traceparent) if isinstance(traceparent, str) else self.trace.child()
             request_id = request_id_new()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import uuid
 from pathlib import Path
 
 import pytest
@@ -389,3 +390,18 @@ def test_detokenize_takes_token_ids_only(tokens, code, param):
     with pytest.raises(ApiError) as caught:
         detokenize_parse({"model": "m", "tokens": tokens})
     assert (caught.value.code, caught.value.param) == (code, param)
+
+
+def test_compiled_schemas_are_kept_per_tenant():
+    """A schema another tenant sent is compiled again for this one: no answering sooner."""
+    import inference.structured as structured
+
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}, "$id": uuid.uuid4().hex}
+    body = _chat(response_format={"type": "json_schema",
+                                  "json_schema": {"name": "n", "schema": schema}})  # fmt: skip
+    before = structured._compiles.cache_info()
+    generation_parse(body, endpoint=CHAT, tenant_id=1)
+    generation_parse(body, endpoint=CHAT, tenant_id=1)
+    generation_parse(body, endpoint=CHAT, tenant_id=2)
+    after = structured._compiles.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)

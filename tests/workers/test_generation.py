@@ -233,6 +233,34 @@ def test_a_structured_constraint_becomes_vllms(structured, field, value):
     assert getattr(params.structured_outputs, field) == value
 
 
+def test_a_salt_keeps_a_tenants_compiled_grammar_apart_and_matches_the_same():
+    """The engine caches compiled grammars by text: each tenant's text differs, not its grammar."""
+    import xgrammar
+
+    schema = '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}'
+    ebnf = 'root ::= "go " ("north" | "south")'
+
+    def sent(salt: str) -> tuple[str, str]:
+        params = sampling_params(Sampling(max_tokens=4, structured=Structured(json=schema)),
+                                 salt=salt).structured_outputs  # fmt: skip
+        grammar = sampling_params(Sampling(max_tokens=4, structured=Structured(grammar=ebnf)),
+                                  salt=salt).structured_outputs.grammar  # fmt: skip
+        return json.dumps(params.json), grammar
+
+    unsalted, one, other = sent(""), sent("1"), sent("2")
+    assert unsalted == (json.dumps(json.loads(schema)), ebnf)
+    assert len({unsalted[0], one[0], other[0]}) == 3
+    assert len({unsalted[1], one[1], other[1]}) == 3
+    assert sent("1") == one  # the same tenant's requests share theirs
+    plain = str(xgrammar.Grammar.from_json_schema(unsalted[0]))
+    assert str(xgrammar.Grammar.from_json_schema(one[0])) == plain
+    assert str(xgrammar.Grammar.from_ebnf(one[1])) == str(xgrammar.Grammar.from_ebnf(ebnf))
+    # A client's own comment stays, the mark after it.
+    noted = json.dumps({"$comment": "mine", "type": "string"})
+    params = sampling_params(Sampling(max_tokens=4, structured=Structured(json=noted)), salt="1")
+    assert params.structured_outputs.json["$comment"].startswith("mine cache:")
+
+
 def test_structured_switches_go_along():
     structured = Structured(
         regex="a+", whitespace_pattern=" ?", disable_any_whitespace=True,
