@@ -55,6 +55,8 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # The same for every prompt token (completions' `echo` with `logprobs`); None: none.
     prompt_logprobs: int | None = None
     structured: Structured | None = None
+    # The only token ids the output may hold; None: any.
+    allowed_token_ids: list[int] | None = None
 
 
 class Tools(msgspec.Struct, frozen=True, kw_only=True):

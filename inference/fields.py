@@ -139,6 +139,25 @@ CACHE_SALT = custom(
     _cache_salt,
 )
 
+
+def _allowed_token_ids(body: dict[str, Any], name: str) -> list[int] | None:
+    value = token_list().read(body, name)
+    if body.get(name) is not None and not value:
+        # As vLLM refuses it: an empty list would allow no token at all.
+        raise invalid(name, f"{name} is not None and empty!")
+    return value if body.get(name) is not None else None
+
+
+ALLOWED_TOKEN_IDS = custom(
+    {
+        "type": ["array", "null"],
+        "items": {"type": "integer", "minimum": 0},
+        "minItems": 1,
+        "description": "The only token ids the output may hold (each below the vocabulary size).",
+    },
+    _allowed_token_ids,
+)
+
 _PENALTY = number(-2.0, 2.0, default=0.0)
 _SWITCH = boolean()
 
@@ -220,7 +239,7 @@ GENERATION_FIELDS: dict[str, Field] = {
     ),
     "suffix": refused(""),
     "logit_bias": honoured(LOGIT_BIAS),
-    "allowed_token_ids": refused(),
+    "allowed_token_ids": honoured(ALLOWED_TOKEN_IDS),
     "bad_words": honoured(strings(doc="Words the output never holds.")),
     "stop_token_ids": honoured(token_list(doc="Token ids that end a choice.")),
     "include_stop_str_in_output": honoured(_SWITCH),
@@ -253,7 +272,12 @@ GENERATION_FIELDS: dict[str, Field] = {
     "chat_template_kwargs": refused(),
     "add_generation_prompt": honoured(boolean(default=True), only=CHAT),
     "continue_final_message": honoured(_SWITCH, only=CHAT),
-    "add_special_tokens": refused(),
+    "add_special_tokens": honoured(
+        boolean_or_none(
+            doc="Add the tokenizer's special tokens (BOS) to the prompt: by default on "
+            "completions, not on chat (its template writes them)."
+        )
+    ),
     "documents": refused(),
     "truncate_prompt_tokens": refused(),
     "truncation_side": refused(),

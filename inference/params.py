@@ -69,6 +69,11 @@ class GenerationRequest:
     continue_final_message: bool = False
     # vLLM's cache_salt: prefix-cache hits only among the tenant's requests with this salt.
     cache_salt: str | None = None
+    # vLLM's allowed_token_ids: the only tokens the output may hold (None: any).
+    allowed_token_ids: tuple[int, ...] | None = None
+    # Whether tokenising a text prompt adds the special tokens (BOS): vLLM's default is true on
+    # completions, false on chat (its template writes them).
+    add_special_tokens: bool | None = None
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -172,7 +177,13 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
         cache_salt=read("cache_salt"),
+        allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
+        add_special_tokens=read("add_special_tokens"),
     )
+
+
+def _tuple_or_none(values: list[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:

@@ -94,6 +94,9 @@ def sampling_build(
         # Completions' echo with logprobs gives the prompt's tokens their logprobs too.
         prompt_logprobs=request.logprobs if request.echo and request.endpoint != CHAT else None,
         structured=request.structured,
+        allowed_token_ids=(
+            None if request.allowed_token_ids is None else list(request.allowed_token_ids)
+        ),
     )
 
 

@@ -120,8 +120,9 @@ def prompt_ids(
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
         )
-        # The template writes the special tokens (BOS) itself.
-        return [_encoded(tokenizer, text, "messages", context, special=False)]
+        # The template writes the special tokens (BOS) itself, unless the client asks for more.
+        special = bool(request.add_special_tokens)
+        return [_encoded(tokenizer, text, "messages", context, special=special)]
     prompts = []
     for i, prompt in enumerate(request.prompts):
         param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -131,8 +132,10 @@ def prompt_ids(
                 raise ApiError(400, "invalid_value", message, param=param)
             prompts.append(prompt)
         else:
-            # As vLLM's server encodes a completions prompt: with the special tokens (BOS).
-            prompts.append(_encoded(tokenizer, prompt, param, context, special=True))
+            # As vLLM's server encodes a completions prompt: with the special tokens (BOS)
+            # unless the client turns them off.
+            special = request.add_special_tokens is not False
+            prompts.append(_encoded(tokenizer, prompt, param, context, special=special))
     return prompts
 
 
@@ -187,6 +190,9 @@ def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
     for token in request.logit_bias or {}:
         if token >= vocab:
             raise invalid("logit_bias", f"Token ids must be in [0, {vocab}), got {token}.")
+    for token in request.allowed_token_ids or ():
+        if token >= vocab:
+            raise invalid("allowed_token_ids", f"Token ids must be in [0, {vocab}), got {token}.")
 
 
 def input_ids(request: EmbeddingRequest, route: Route, *, context: int) -> list[list[int]]:

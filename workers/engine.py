@@ -339,6 +339,7 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
         frequency_penalty=sampling.frequency_penalty,
         repetition_penalty=sampling.repetition_penalty,
         logit_bias=sampling.logit_bias or None,
+        allowed_token_ids=sampling.allowed_token_ids,
         skip_special_tokens=sampling.skip_special_tokens,
         spaces_between_special_tokens=sampling.spaces_between_special_tokens,
         include_stop_str_in_output=sampling.include_stop_str_in_output,

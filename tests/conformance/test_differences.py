@@ -62,6 +62,17 @@ def test_a_refusal_names_its_code_and_field(targets: Any) -> None:
     assert ours.headers["x-should-retry"] == "false"
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_tokens", "4"), ("add_special_tokens", "yes"), ("echo", 1)]
+)
+def test_a_value_of_another_json_type_is_refused(targets: Any, field: str, value: Any) -> None:
+    ours, theirs = _both(targets, {**BODY, field: value})
+    assert theirs.status_code == 200  # coerced: "4" read as 4, "yes" and 1 as true
+    assert ours.status_code == 400
+    assert ours.json()["error"]["code"] == "invalid_type"
+    assert ours.json()["error"]["param"] == field
+
+
 def test_a_request_without_a_key_is_refused(targets: Any) -> None:
     ours = httpx.post(f"{targets.platform.base_url}{CHAT_PATH}", json=BODY, timeout=60)
     theirs = targets.vllm.post(CHAT_PATH, json=BODY)

@@ -405,3 +405,15 @@ def test_compiled_schemas_are_kept_per_tenant():
     generation_parse(body, endpoint=CHAT, tenant_id=2)
     after = structured._compiles.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)
+
+
+def test_allowed_token_ids_and_add_special_tokens_reach_the_request_as_vllm_reads_them():
+    chat = generation_parse(_chat(allowed_token_ids=[5, 7], add_special_tokens=True), endpoint=CHAT)
+    assert chat.allowed_token_ids == (5, 7) and chat.add_special_tokens is True
+    plain = generation_parse(_chat(), endpoint=CHAT)
+    assert plain.allowed_token_ids is None and plain.add_special_tokens is None
+    error = _error(_chat(allowed_token_ids=[]))
+    assert (error.code, error.param) == ("invalid_value", "allowed_token_ids")
+    for bad in ([-1], ["5"], 5, [True]):
+        assert _error(_chat(allowed_token_ids=bad)).param == "allowed_token_ids"
+    assert _error(_chat(add_special_tokens="yes")).param == "add_special_tokens"

@@ -192,6 +192,7 @@ def test_every_sampling_option_reaches_vllms_sampling_params():
             include_stop_str_in_output=True,
             logprobs=2,
             prompt_logprobs=1,
+            allowed_token_ids=[4, 9],
         )
     )
     from vllm.sampling_params import RequestOutputKind
@@ -201,7 +202,7 @@ def test_every_sampling_option_reaches_vllms_sampling_params():
     assert (params.presence_penalty, params.frequency_penalty) == (0.1, 0.2)
     assert (params.n, params.repetition_penalty, params.min_p) == (3, 1.1, 0.05)
     assert params.stop_token_ids == [9] and params.bad_words == ["bad"]
-    assert params.logit_bias == {4: -2.0}
+    assert params.logit_bias == {4: -2.0} and params.allowed_token_ids == [4, 9]
     assert params.skip_special_tokens is False
     assert params.spaces_between_special_tokens is False
     assert params.include_stop_str_in_output is True
@@ -213,6 +214,7 @@ def test_every_sampling_option_reaches_vllms_sampling_params():
 def test_defaults_leave_vllms_defaults():
     params = sampling_params(Sampling(max_tokens=4))
     assert (params.n, params.top_k, params.logprobs, params.prompt_logprobs) == (1, 0, None, None)
+    assert params.allowed_token_ids is None
     assert params.stop_token_ids == [] and params.logit_bias is None
     assert params.skip_special_tokens is True
 
