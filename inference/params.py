@@ -115,7 +115,7 @@ def generation_parse(
 
 
 def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
-    """The request of a body, read field by field, then the rules between fields."""
+    """Read a body's fields, then check the rules between them."""
     model = MODEL.read(body, "model")
     unsupported_refuse(body, GENERATION_FIELDS, endpoint=endpoint)
     chat = endpoint == CHAT

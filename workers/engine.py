@@ -187,6 +187,11 @@ def _gauge_logger(gauges: _Gauges) -> Any:
     return GaugeLogger
 
 
+# The structured-output backends a grammar's tenant mark was checked against ("auto" picks
+# xgrammar, falling back to guidance only for JSON schemas, whose `$comment` both ignore).
+GRAMMAR_MARKED_BACKENDS = ("auto", "xgrammar")
+
+
 class VllmEngine:
     """One in-process vLLM `AsyncLLM` with continuous batching."""
 
@@ -194,6 +199,9 @@ class VllmEngine:
         self.spec = spec
         self._llm: Any = None
         self._gauges = _Gauges()
+        # Whether grammars go marked with the tenant (see structured_outputs): only to the
+        # backends whose comment syntax the marks were checked against.
+        self._grammars_marked = False
 
     @property
     def prefix_caching(self) -> bool:
@@ -234,6 +242,9 @@ class VllmEngine:
         )
         # vLLM's logging stat logger stays off; its Prometheus one and ours run.
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_gauge_logger(self._gauges)])
+        outputs_config = getattr(self._llm.vllm_config, "structured_outputs_config", None)
+        backend = getattr(outputs_config, "backend", "auto")
+        self._grammars_marked = backend in GRAMMAR_MARKED_BACKENDS
         if self.spec.engine_nice:
             _processes_deprioritise(self.spec.engine_nice)
 
@@ -254,7 +265,7 @@ class VllmEngine:
         lora = _lora_request(adapter) if adapter is not None else None
         steps = _Steps(prompt_token_ids, self.tokenizer())
         try:
-            params = sampling_params(sampling, salt=cache_salt)
+            params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
             outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
             async for output in outputs:
                 for step in steps.of(output):

@@ -263,6 +263,14 @@ def test_a_salt_keeps_a_tenants_compiled_grammar_apart_and_matches_the_same():
     assert params.structured_outputs.json["$comment"].startswith("mine cache:")
 
 
+def test_vllms_default_structured_output_backend_gets_the_marks():
+    from vllm.config import StructuredOutputsConfig
+
+    from workers.engine import GRAMMAR_MARKED_BACKENDS
+
+    assert StructuredOutputsConfig().backend in GRAMMAR_MARKED_BACKENDS
+
+
 def test_structured_switches_go_along():
     structured = Structured(
         regex="a+", whitespace_pattern=" ?", disable_any_whitespace=True,
