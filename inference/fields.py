@@ -38,6 +38,7 @@ from inference.structured import (
     TOOL_CHOICE,
     TOOLS,
 )
+from models_registry.tokenizer import TEMPLATE_KWARGS_REFUSED
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,28 @@ ALLOWED_TOKEN_IDS = custom(
     _allowed_token_ids,
 )
 
+
+def _chat_template_kwargs(body: dict[str, Any], name: str) -> dict[str, Any] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error(name, "an object", value)
+    refused = sorted(TEMPLATE_KWARGS_REFUSED & value.keys())
+    if refused:
+        raise invalid(name, f"Found unexpected chat template kwargs from request: {refused}.")
+    return value
+
+
+CHAT_TEMPLATE_KWARGS = custom(
+    {
+        "type": ["object", "null"],
+        "description": "Variables for the model's chat template (such as enable_thinking); "
+        "those the template does not read are unused.",
+    },
+    _chat_template_kwargs,
+)
+
 _PENALTY = number(-2.0, 2.0, default=0.0)
 _SWITCH = boolean()
 
@@ -269,7 +292,7 @@ GENERATION_FIELDS: dict[str, Field] = {
     "guided_decoding_backend": refused(),
     "guided_whitespace_pattern": refused(),
     "chat_template": refused(),
-    "chat_template_kwargs": refused(),
+    "chat_template_kwargs": honoured(CHAT_TEMPLATE_KWARGS, only=CHAT),
     "add_generation_prompt": honoured(boolean(default=True), only=CHAT),
     "continue_final_message": honoured(_SWITCH, only=CHAT),
     "add_special_tokens": honoured(

@@ -74,6 +74,8 @@ class GenerationRequest:
     # Whether tokenising a text prompt adds the special tokens (BOS): vLLM's default is true on
     # completions, false on chat (its template writes them).
     add_special_tokens: bool | None = None
+    # vLLM's chat_template_kwargs: variables for the chat template (Qwen3's enable_thinking).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -179,6 +181,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         cache_salt=read("cache_salt"),
         allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
         add_special_tokens=read("add_special_tokens"),
+        chat_template_kwargs=read("chat_template_kwargs") if chat else None,
     )
 
 

@@ -38,6 +38,7 @@ class Tokenizer(registry.Tokenizer):
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         try:
             return super().render_chat(
@@ -45,6 +46,7 @@ class Tokenizer(registry.Tokenizer):
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                template_kwargs=template_kwargs,
             )
         except ChatTemplateMissing as exc:
             raise _template_missing() from exc
@@ -119,6 +121,7 @@ def prompt_ids(
             tools=tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
+            template_kwargs=request.chat_template_kwargs,
         )
         # The template writes the special tokens (BOS) itself, unless the client asks for more.
         special = bool(request.add_special_tokens)

@@ -24,7 +24,8 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
 
 # ChatML, with tools as Hermes and Qwen2.5 write them: the tools listed in a system block,
 # calls as <tool_call> JSON (vLLM's "hermes" tool parser reads them back), results in a user
-# turn as <tool_response>. A conversation without tools renders as plain ChatML.
+# turn as <tool_response>. A conversation without tools renders as plain ChatML. Qwen3's
+# `enable_thinking` (sent in chat_template_kwargs) gives the template a variable to act on.
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
@@ -62,7 +63,12 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    # Qwen3's switch (a chat_template_kwargs variable): false writes an empty thinking block.
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
 )
 
 # A fixed list (not a glob) keeps the corpus, and so the vocabulary, stable and small.

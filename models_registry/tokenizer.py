@@ -8,6 +8,7 @@ failures are plain exceptions: what a client is told about them is the caller's 
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import json
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jinja2.meta
 from jinja2 import TemplateError
 
 _lock = threading.Lock()
@@ -102,6 +104,7 @@ class Tokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """Return a conversation as the model's chat template writes it, ready to encode.
 
@@ -110,10 +113,17 @@ class Tokenizer:
         prompt is the one vLLM would run (see `chat_conversation` and `chat_tools`). By default
         with the generation prompt (what a chat request runs); /tokenize may leave it out, or
         leave the last message open for the model to continue (vLLM's options).
+        `template_kwargs` are a request's chat_template_kwargs: as vLLM's server does, the
+        template gets those it reads (Qwen3's `enable_thinking`, say) and the rest go unused.
         """
         if not getattr(self._hf, "chat_template", None):
             raise ChatTemplateMissing("this model version has no chat template")
         tool_dicts = chat_tools(tools) if tools is not None else None
+        extra = {}
+        if template_kwargs:
+            template = self._hf.get_chat_template(None, tools=tool_dicts)
+            wanted = template_variables(template) - TEMPLATE_KWARGS_SET_HERE
+            extra = {k: v for k, v in template_kwargs.items() if k in wanted}
         conversation = chat_conversation(messages)
         if any(m["role"] == "developer" for m in conversation) and not _knows_developer(
             self._hf.get_chat_template(None, tools=tool_dicts)
@@ -126,6 +136,7 @@ class Tokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                **extra,
             )
         except TemplateError as exc:
             # The template refused the conversation (`raise_exception` in its text, such as
@@ -141,6 +152,29 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self._hf)
+
+
+# Entries of a request's chat_template_kwargs that are not passed on, as in vLLM's server: what
+# render_chat sets from the request's own fields (which win), and the rendering's own options.
+TEMPLATE_KWARGS_SET_HERE = frozenset(
+    {"add_generation_prompt", "continue_final_message", "tokenize"}
+)
+# Names a request's chat_template_kwargs may not hold: they would stand for the conversation or
+# its tools, which the request's own fields give, or replace the version's template (which
+# vLLM's server refuses too unless told to trust requests' templates).
+TEMPLATE_KWARGS_REFUSED = frozenset(
+    {"messages", "conversation", "tools", "documents", "chat_template"}
+)
+
+
+@functools.lru_cache(maxsize=64)
+def template_variables(template: str) -> frozenset[str]:
+    """Return the variables a chat template reads that it does not set itself."""
+    # Parsed in the environment transformers renders it in (its `generation` tag included).
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    environment = _compile_jinja_template(template).environment
+    return frozenset(jinja2.meta.find_undeclared_variables(environment.parse(template)))
 
 
 # A system message's first line that Claude Code changes on every request: vLLM drops it so

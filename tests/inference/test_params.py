@@ -417,3 +417,14 @@ def test_allowed_token_ids_and_add_special_tokens_reach_the_request_as_vllm_read
     for bad in ([-1], ["5"], 5, [True]):
         assert _error(_chat(allowed_token_ids=bad)).param == "allowed_token_ids"
     assert _error(_chat(add_special_tokens="yes")).param == "add_special_tokens"
+
+
+def test_chat_template_kwargs_reach_the_request_unless_they_name_what_the_platform_sets():
+    parsed = generation_parse(_chat(chat_template_kwargs={"enable_thinking": False}), endpoint=CHAT)
+    assert parsed.chat_template_kwargs == {"enable_thinking": False}
+    for name in ("messages", "conversation", "tools", "documents", "chat_template"):
+        error = _error(_chat(chat_template_kwargs={name: 1}))
+        assert (error.code, error.param) == ("invalid_value", "chat_template_kwargs")
+    assert _error(_chat(chat_template_kwargs=[1])).code == "invalid_type"
+    completions = {"model": "m", "prompt": "hi", "chat_template_kwargs": {}}
+    assert _error(completions, endpoint=COMPLETIONS).code == "unsupported_parameter"

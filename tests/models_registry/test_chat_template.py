@@ -213,3 +213,31 @@ def test_a_conversation_renders_as_vllms_server_renders_it(
     assert tokenizer.encode_text(rendered) == vllm_renderer.tokenizer.encode(
         expected, add_special_tokens=False
     )
+
+
+def test_chat_template_kwargs_reach_the_template_and_only_the_variables_it_reads(tokenizer):
+    messages = [{"role": "user", "content": "Hi"}]
+    plain = tokenizer.render_chat(messages)
+    off = tokenizer.render_chat(messages, template_kwargs={"enable_thinking": False})
+    assert off == plain + "<think>\n\n</think>\n\n"  # Qwen3's switch, in the demo template
+    assert tokenizer.render_chat(messages, template_kwargs={"enable_thinking": True}) == plain
+    # A variable the template does not read changes nothing, as in vLLM's server.
+    assert tokenizer.render_chat(messages, template_kwargs={"unread": 1}) == plain
+    # The request's own fields win over a kwarg of the same name (vLLM's order).
+    assert (
+        tokenizer.render_chat(messages, template_kwargs={"add_generation_prompt": False}) == plain
+    )
+
+
+def test_template_variables_are_those_a_template_reads_and_does_not_set():
+    from models_registry.demo_model import CHAT_TEMPLATE
+    from models_registry.tokenizer import template_variables
+
+    assert template_variables(CHAT_TEMPLATE) == {
+        "messages", "tools", "add_generation_prompt", "enable_thinking",
+    }  # fmt: skip
+    # transformers' own `generation` tag parses too.
+    tracked = (
+        "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    )
+    assert template_variables(tracked) == {"messages"}
