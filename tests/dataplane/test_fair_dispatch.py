@@ -192,6 +192,23 @@ def test_a_batch_share_is_how_often_a_claim_takes_batch_work():
     assert batch_every_for(0.9) == 2
 
 
+async def _under_interactive_load(dispatch: Roles, deployment: str, batch_every: int) -> list[Job]:
+    """Claim three jobs at a time for 20 rounds while four interactive jobs arrive each round."""
+    now = time.time()
+    taken: list[Job] = []
+    for _ in range(20):
+        for tenant in (1, 2, 1, 2):
+            spec = Spec(tenant, "interactive", 2, 8, False)
+            await dispatch.front.enqueue(_job(deployment, spec, 1, now))
+        claimed = await dispatch.leases.claim(
+            deployment=deployment, count=3, lease_seconds=30, batch_every=batch_every
+        )
+        taken.extend(claimed.run)
+        for job in claimed.run:
+            await _finish(dispatch, job)
+    return taken
+
+
 async def test_sustained_interactive_load_does_not_starve_batch_work():
     """Interactive work keeps arriving faster than it is served; batch work still gets its share.
 
@@ -204,31 +221,15 @@ async def test_sustained_interactive_load_does_not_starve_batch_work():
     batch = [_job(deployment, Spec(3, "batch", 2, 8, False), 1, now) for _ in range(4)]
     for job in batch:
         await dispatch.front.enqueue(job)
-    taken: list[Job] = []
-    for _ in range(20):
-        for tenant in (1, 2, 1, 2):  # four arrive for every claim of three
-            spec = Spec(tenant, "interactive", 2, 8, False)
-            await dispatch.front.enqueue(_job(deployment, spec, 1, now))
-        claimed = await dispatch.leases.claim(
-            deployment=deployment, count=3, lease_seconds=30, batch_every=10
-        )
-        taken.extend(claimed.run)
-        for job in claimed.run:
-            await _finish(dispatch, job)
+    taken = await _under_interactive_load(dispatch, deployment, batch_every=10)
     positions = [i for i, j in enumerate(taken) if j.priority == "batch"]
     assert positions == [9, 19, 29, 39]
     assert [j.request_id for j in taken if j.priority == "batch"] == [j.request_id for j in batch]
     # Under strict priority the same load leaves batch work waiting for good.
     deployment = await _fresh_deployment(dispatch)
     await dispatch.front.enqueue(_job(deployment, Spec(3, "batch", 2, 8, False), 1, now))
-    for _ in range(20):
-        for tenant in (1, 2, 1, 2):
-            spec = Spec(tenant, "interactive", 2, 8, False)
-            await dispatch.front.enqueue(_job(deployment, spec, 1, now))
-        claimed = await dispatch.leases.claim(deployment=deployment, count=3, lease_seconds=30)
-        assert all(j.priority == "interactive" for j in claimed.run)
-        for job in claimed.run:
-            await _finish(dispatch, job)
+    taken = await _under_interactive_load(dispatch, deployment, batch_every=0)
+    assert taken and all(j.priority == "interactive" for j in taken)
     await client.aclose()
 
 
