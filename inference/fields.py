@@ -142,11 +142,13 @@ CACHE_SALT = custom(
 
 
 def _allowed_token_ids(body: dict[str, Any], name: str) -> list[int] | None:
+    if body.get(name) is None:
+        return None
     value = token_list().read(body, name)
-    if body.get(name) is not None and not value:
+    if not value:
         # As vLLM refuses it: an empty list would allow no token at all.
         raise invalid(name, f"{name} is not None and empty!")
-    return value if body.get(name) is not None else None
+    return value
 
 
 ALLOWED_TOKEN_IDS = custom(

@@ -19,6 +19,7 @@ from models_registry import tokenizer as registry
 from models_registry.selectors import Route
 from models_registry.tokenizer import (
     ChatMessageInvalid,
+    ChatTemplateKwargsRejected,
     ChatTemplateMissing,
     ChatTemplateRejected,
     TokenizerUnavailable,
@@ -52,6 +53,13 @@ class Tokenizer(registry.Tokenizer):
             raise _template_missing() from exc
         except ChatMessageInvalid as exc:
             raise ApiError(400, "invalid_value", str(exc), param="messages") from exc
+        except ChatTemplateKwargsRejected as exc:
+            raise ApiError(
+                400,
+                "invalid_value",
+                f"This model's chat template failed on the chat_template_kwargs: {exc}",
+                param="chat_template_kwargs",
+            ) from exc
         except ChatTemplateRejected as exc:
             raise ApiError(
                 400,

@@ -42,6 +42,10 @@ class ChatTemplateRejected(TokenizerError):
     """The chat template refused the conversation; the message is the template's reason."""
 
 
+class ChatTemplateKwargsRejected(TokenizerError):
+    """The chat template failed on a variable of the request's chat_template_kwargs."""
+
+
 class ChatMessageInvalid(TokenizerError):
     """A message or tool no chat template is given: vLLM refuses it before rendering."""
 
@@ -142,8 +146,12 @@ class Tokenizer:
             # The template refused the conversation (`raise_exception` in its text, such as
             # roles that must alternate): the client's messages are at fault.
             raise ChatTemplateRejected(str(exc)) from exc
-        except ValueError as exc:
-            if not continue_final_message:
+        except (TypeError, ValueError) as exc:
+            if extra:
+                # A variable the client set that the template cannot use (a string where it
+                # adds numbers, say): the client's input is at fault, not the template.
+                raise ChatTemplateKwargsRejected(str(exc)) from exc
+            if not continue_final_message or isinstance(exc, TypeError):
                 raise
             # transformers cannot continue a conversation whose last message it cannot find.
             raise ChatTemplateRejected(str(exc)) from exc

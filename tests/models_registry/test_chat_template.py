@@ -241,3 +241,13 @@ def test_template_variables_are_those_a_template_reads_and_does_not_set():
         "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
     )
     assert template_variables(tracked) == {"messages"}
+
+
+def test_a_template_failing_on_a_clients_variable_blames_the_variable(demo_model_dir):
+    from models_registry.tokenizer import ChatTemplateKwargsRejected
+
+    tokenizer = Tokenizer(demo_model_dir)
+    tokenizer._hf.chat_template = "{{ messages[0]['content'] }}{{ 1 + count }}"
+    assert tokenizer.render_chat([{"role": "user", "content": "Hi"}], template_kwargs={"count": 2})
+    with pytest.raises(ChatTemplateKwargsRejected):
+        tokenizer.render_chat([{"role": "user", "content": "Hi"}], template_kwargs={"count": "x"})
