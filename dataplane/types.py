@@ -57,6 +57,9 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     structured: Structured | None = None
     # The only token ids the output may hold; None: any.
     allowed_token_ids: list[int] | None = None
+    # Log probabilities name each token 'token_id:<id>' instead of its text (vLLM's
+    # return_tokens_as_token_ids); the engine does not see it.
+    logprob_tokens_as_ids: bool = False
 
 
 class Tools(msgspec.Struct, frozen=True, kw_only=True):

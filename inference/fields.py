@@ -320,7 +320,9 @@ GENERATION_FIELDS: dict[str, Field] = {
     "return_prompt_text": refused(False),
     "return_token_ids": refused(False),
     "return_token_offsets": refused(False),
-    "return_tokens_as_token_ids": refused(False),
+    "return_tokens_as_token_ids": honoured(
+        boolean(doc="Logprobs name each token as 'token_id:<id>' instead of its text.")
+    ),
     "routed_experts_prompt_start": refused(),
     "session_id": refused(),
     "kv_transfer_params": refused(),

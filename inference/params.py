@@ -76,6 +76,8 @@ class GenerationRequest:
     add_special_tokens: bool | None = None
     # vLLM's chat_template_kwargs: variables for the chat template (Qwen3's enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's return_tokens_as_token_ids: logprobs name tokens 'token_id:<id>'.
+    tokens_as_ids: bool = False
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -182,6 +184,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
         add_special_tokens=read("add_special_tokens"),
         chat_template_kwargs=read("chat_template_kwargs") if chat else None,
+        tokens_as_ids=read("return_tokens_as_token_ids"),
     )
 
 

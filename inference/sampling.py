@@ -97,6 +97,7 @@ def sampling_build(
         allowed_token_ids=(
             None if request.allowed_token_ids is None else list(request.allowed_token_ids)
         ),
+        logprob_tokens_as_ids=request.tokens_as_ids,
     )
 
 

@@ -263,7 +263,7 @@ class VllmEngine:
         if cache_salt:
             prompt["cache_salt"] = cache_salt
         lora = _lora_request(adapter) if adapter is not None else None
-        steps = _Steps(prompt_token_ids, self.tokenizer())
+        steps = _Steps(prompt_token_ids, self.tokenizer(), as_ids=sampling.logprob_tokens_as_ids)
         try:
             params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
             outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
@@ -407,9 +407,12 @@ class _Steps:
     each completion's first step carries the prompt's log probabilities when asked for.
     """
 
-    def __init__(self, prompt_token_ids: list[int], tokenizer: Any) -> None:
+    def __init__(
+        self, prompt_token_ids: list[int], tokenizer: Any, *, as_ids: bool = False
+    ) -> None:
         self.prompt_token_ids = prompt_token_ids
         self.tokenizer = tokenizer
+        self.as_ids = as_ids  # logprobs name tokens by id (vLLM's return_tokens_as_token_ids)
         self.prompt_logprobs: list[TokenLogprob] | None = None
         self.started: set[int] = set()
         self.finished: set[int] = set()
@@ -419,7 +422,7 @@ class _Steps:
         prompt_ids = output.prompt_token_ids or self.prompt_token_ids
         if output.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = logprobs_shaped(
-                prompt_ids, output.prompt_logprobs, self.tokenizer
+                prompt_ids, output.prompt_logprobs, self.tokenizer, as_ids=self.as_ids
             )
         return [
             self._step(completion, len(prompt_ids), output.num_cached_tokens or 0)
@@ -437,7 +440,9 @@ class _Steps:
         token_ids = tuple(completion.token_ids)
         logprobs = None
         if completion.logprobs is not None:
-            logprobs = logprobs_shaped(token_ids, completion.logprobs, self.tokenizer)
+            logprobs = logprobs_shaped(
+                token_ids, completion.logprobs, self.tokenizer, as_ids=self.as_ids
+            )
         return Step(
             text=completion.text,
             tokens=len(token_ids),

@@ -32,19 +32,23 @@ def _utf8(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
-def _position(token_id: int, step: Mapping[int, Any] | None, tokenizer: Any) -> TokenLogprob:
+def _position(
+    token_id: int, step: Mapping[int, Any] | None, tokenizer: Any, *, as_ids: bool
+) -> TokenLogprob:
     """One position: the chosen token with its probability and every alternative the engine
     returned, in the engine's order (the likeliest first, the chosen one among them).
 
     A position without the chosen token's entry (a prompt's first token) has no probability.
+    With `as_ids` each token is named `token_id:<id>`, as vLLM's server names them; the chosen
+    token's bytes stay its text's.
     """
     entry = None if step is None else step.get(token_id)
     if entry is None or step is None:
-        text = str(tokenizer.decode([token_id]))
+        text = _id_named(token_id) if as_ids else str(tokenizer.decode([token_id]))
         return TokenLogprob(token=text, logprob=None, bytes=_utf8(text))
     top = []
     for other_id, other in step.items():
-        other_text = _decoded(other, other_id, tokenizer)
+        other_text = _id_named(other_id) if as_ids else _decoded(other, other_id, tokenizer)
         top.append(
             TopLogprob(
                 token=other_text,
@@ -53,7 +57,7 @@ def _position(token_id: int, step: Mapping[int, Any] | None, tokenizer: Any) -> 
             )
         )
     return TokenLogprob(
-        token=_decoded(entry, token_id, tokenizer),
+        token=_id_named(token_id) if as_ids else _decoded(entry, token_id, tokenizer),
         logprob=max(entry.logprob, _LOGPROB_FLOOR),
         bytes=None if entry.decoded_token is None else _utf8(entry.decoded_token),
         top=top,
@@ -61,11 +65,20 @@ def _position(token_id: int, step: Mapping[int, Any] | None, tokenizer: Any) -> 
 
 
 def logprobs_shaped(
-    token_ids: Sequence[int], steps: Sequence[Mapping[int, Any] | None], tokenizer: Any
+    token_ids: Sequence[int],
+    steps: Sequence[Mapping[int, Any] | None],
+    tokenizer: Any,
+    *,
+    as_ids: bool = False,
 ) -> list[TokenLogprob]:
     """The log probabilities of `token_ids`, one vLLM `Logprob` dict (or None) per token."""
     pairs = zip(token_ids, steps, strict=False)
-    return [_position(token_id, step, tokenizer) for token_id, step in pairs]
+    return [_position(token_id, step, tokenizer, as_ids=as_ids) for token_id, step in pairs]
+
+
+def _id_named(token_id: int) -> str:
+    """A token named by its id, as vLLM's return_tokens_as_token_ids writes it."""
+    return f"token_id:{token_id}"
 
 
 # A named tool choice comes as an object; vLLM's request model knows it by this type.

@@ -428,3 +428,9 @@ def test_chat_template_kwargs_reach_the_request_unless_they_name_what_the_platfo
     assert _error(_chat(chat_template_kwargs=[1])).code == "invalid_type"
     completions = {"model": "m", "prompt": "hi", "chat_template_kwargs": {}}
     assert _error(completions, endpoint=COMPLETIONS).code == "unsupported_parameter"
+
+
+def test_return_tokens_as_token_ids_reaches_the_request():
+    assert generation_parse(_chat(return_tokens_as_token_ids=True), endpoint=CHAT).tokens_as_ids
+    assert not generation_parse(_chat(), endpoint=CHAT).tokens_as_ids
+    assert _error(_chat(return_tokens_as_token_ids="yes")).param == "return_tokens_as_token_ids"

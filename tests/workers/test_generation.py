@@ -355,6 +355,29 @@ def test_logprobs_are_shaped_as_vllms_chat_server_shapes_them(tokenizer):
     assert later.prompt_logprobs is None
 
 
+def test_tokens_named_by_id_keep_the_chosen_tokens_own_bytes(tokenizer):
+    """vLLM's return_tokens_as_token_ids: every token is 'token_id:<id>'; bytes as vLLM gives."""
+    step_lps = {
+        7: Logprob(logprob=-0.5, rank=1, decoded_token="a"),
+        8: Logprob(logprob=-2.0, rank=2, decoded_token="b"),
+    }
+    steps = _Steps([5, 6], tokenizer, as_ids=True)
+    out = _output(_completion(0, "a", [7], lps=[step_lps]), prompt_logprobs=[None, None])
+    (step,) = steps.of(out)
+    assert step.logprobs == [
+        TokenLogprob(
+            token="token_id:7",
+            logprob=-0.5,
+            bytes=[97],  # the chosen token's text, as in vLLM's answer
+            top=[
+                TopLogprob(token="token_id:7", logprob=-0.5, bytes=list(b"token_id:7")),
+                TopLogprob(token="token_id:8", logprob=-2.0, bytes=list(b"token_id:8")),
+            ],
+        )
+    ]
+    assert [p.token for p in step.prompt_logprobs or []] == ["token_id:5", "token_id:6"]
+
+
 def test_a_token_without_its_own_entry_is_decoded_without_a_probability(tokenizer):
     (step,) = _Steps([5], tokenizer).of(_output(_completion(0, "x", [7], lps=[None])))
     assert step.logprobs is not None
