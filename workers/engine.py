@@ -374,24 +374,28 @@ def structured_outputs(structured: Structured, *, salt: str = "") -> Any:
     (`$comment`; a `#` line), which changes nothing they match. The engine caches compiled
     grammars by their text, and a tenant whose schema was compiled already gets its first token
     a compile sooner (tens of milliseconds on a large vocabulary): without the comment, that
-    would tell a tenant that another had sent the same schema. Regexes, choices, Lark grammars
-    and tool parsers' structural tags have no such neutral place and go as they are.
+    would tell a tenant that another had sent the same schema. A `choice` list goes as the
+    EBNF grammar vLLM would compile it to, with the same comment. Regexes, Lark grammars and
+    tool parsers' structural tags have no such neutral place and go as they are.
     """
     from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output.utils import choice_as_grammar
 
     schema = None if structured.json is None else json.loads(structured.json)
-    grammar = structured.grammar
+    grammar, choice = structured.grammar, structured.choice
     if salt:
         mark = hashlib.blake2b(salt.encode(), digest_size=8).hexdigest()
         if isinstance(schema, dict) and isinstance(schema.get("$comment", ""), str):
             schema = {**schema, "$comment": f"{schema.get('$comment', '')} cache:{mark}".lstrip()}
+        if choice is not None:
+            grammar, choice = choice_as_grammar(choice), None
         if grammar is not None and "::=" in grammar:
             grammar = f"# cache:{mark}\n{grammar}"
     return StructuredOutputsParams(
         json=schema,
         json_object=True if structured.json_object else None,
         regex=structured.regex,
-        choice=structured.choice,
+        choice=choice,
         grammar=grammar,
         structural_tag=structured.structural_tag,
         whitespace_pattern=structured.whitespace_pattern,

@@ -257,6 +257,18 @@ def test_a_salt_keeps_a_tenants_compiled_grammar_apart_and_matches_the_same():
     plain = str(xgrammar.Grammar.from_json_schema(unsalted[0]))
     assert str(xgrammar.Grammar.from_json_schema(one[0])) == plain
     assert str(xgrammar.Grammar.from_ebnf(one[1])) == str(xgrammar.Grammar.from_ebnf(ebnf))
+    # A choice list goes as the grammar vLLM compiles it to, marked.
+    from vllm.v1.structured_output.utils import choice_as_grammar
+
+    choices = ["red", 'gr"een']
+    chosen = sampling_params(Sampling(max_tokens=4, structured=Structured(choice=choices)),
+                             salt="1").structured_outputs  # fmt: skip
+    assert chosen.choice is None and chosen.grammar.startswith("# cache:")
+    assert str(xgrammar.Grammar.from_ebnf(chosen.grammar)) == str(
+        xgrammar.Grammar.from_ebnf(choice_as_grammar(choices))
+    )
+    unsalted_choice = sampling_params(Sampling(max_tokens=4, structured=Structured(choice=choices)))
+    assert unsalted_choice.structured_outputs.choice == choices
     # A client's own comment stays, the mark after it.
     noted = json.dumps({"$comment": "mine", "type": "string"})
     params = sampling_params(Sampling(max_tokens=4, structured=Structured(json=noted)), salt="1")
