@@ -435,7 +435,7 @@ def _results(
             "vllm": args.vllm,
             "stream_interval_ms": args.stream_interval_ms,
             "from_log": args.from_log is not None,
-            "keep_servers": getattr(args, "keep_servers", False),
+            "keep_servers": args.keep_servers,
             "min_requests": args.min_requests,
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
@@ -661,7 +661,7 @@ def _publish(
         "from one process tree"
         + (
             " (both servers started once and kept up for every round, `--keep-servers`)"
-            if getattr(args, "keep_servers", False)
+            if args.keep_servers
             else ""
         )
         + "; per level, the round whose throughput ratio is the median is "

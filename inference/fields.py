@@ -141,10 +141,13 @@ CACHE_SALT = custom(
 )
 
 
+_TOKEN_IDS = token_list()
+
+
 def _allowed_token_ids(body: dict[str, Any], name: str) -> list[int] | None:
     if body.get(name) is None:
         return None
-    value = token_list().read(body, name)
+    value = _TOKEN_IDS.read(body, name)
     if not value:
         # As vLLM refuses it: an empty list would allow no token at all.
         raise invalid(name, f"{name} is not None and empty!")

@@ -195,15 +195,15 @@ def _encoded(
 
 def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
     """Refuse token ids outside the model's vocabulary, naming the field that holds them."""
-    for token in request.stop_token_ids:
-        if token >= vocab:
-            raise invalid("stop_token_ids", f"Token ids must be in [0, {vocab}), got {token}.")
-    for token in request.logit_bias or {}:
-        if token >= vocab:
-            raise invalid("logit_bias", f"Token ids must be in [0, {vocab}), got {token}.")
-    for token in request.allowed_token_ids or ():
-        if token >= vocab:
-            raise invalid("allowed_token_ids", f"Token ids must be in [0, {vocab}), got {token}.")
+    fields = {
+        "stop_token_ids": request.stop_token_ids,
+        "logit_bias": request.logit_bias or {},
+        "allowed_token_ids": request.allowed_token_ids or (),
+    }
+    for field, tokens in fields.items():
+        for token in tokens:
+            if token >= vocab:
+                raise invalid(field, f"Token ids must be in [0, {vocab}), got {token}.")
 
 
 def input_ids(request: EmbeddingRequest, route: Route, *, context: int) -> list[list[int]]:

@@ -123,15 +123,19 @@ class Tokenizer:
         if not getattr(self._hf, "chat_template", None):
             raise ChatTemplateMissing("this model version has no chat template")
         tool_dicts = chat_tools(tools) if tools is not None else None
+        conversation = chat_conversation(messages)
+        developer = any(m["role"] == "developer" for m in conversation)
+        # Looked up only when needed: most chats need neither of the two reads below.
+        template = (
+            self._hf.get_chat_template(None, tools=tool_dicts)
+            if developer or template_kwargs
+            else ""
+        )
         extra = {}
         if template_kwargs:
-            template = self._hf.get_chat_template(None, tools=tool_dicts)
             wanted = template_variables(template) - TEMPLATE_KWARGS_SET_HERE
             extra = {k: v for k, v in template_kwargs.items() if k in wanted}
-        conversation = chat_conversation(messages)
-        if any(m["role"] == "developer" for m in conversation) and not _knows_developer(
-            self._hf.get_chat_template(None, tools=tool_dicts)
-        ):
+        if developer and not _knows_developer(template):
             conversation = _developer_as_system(conversation)
         try:
             rendered = self._hf.apply_chat_template(
