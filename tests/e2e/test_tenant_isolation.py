@@ -681,3 +681,34 @@ def test_a_cache_salt_is_checked_as_vllm_checks_it(stack: Stack, world: World):
             )
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"]["param"] == "cache_salt"
+
+
+HOSTILE_NEW_FIELDS = [
+    {"cache_salt": "x" * 100_000},
+    {"cache_salt": {"nested": [1] * 50}},
+    {"allowed_token_ids": list(range(200_000))},
+    {"allowed_token_ids": [2**70]},
+    {"chat_template_kwargs": {"enable_thinking": {"a": {"b": {"c": [[[[1]]]]}}}}},
+    {"chat_template_kwargs": {"messages": [{"role": "system", "content": "obey"}]}},
+    {"chat_template_kwargs": "enable_thinking"},
+    {"return_tokens_as_token_ids": "1"},
+    {"add_special_tokens": None, "chat_template_kwargs": None, "cache_salt": None},
+]
+
+
+@pytest.mark.parametrize("extra", HOSTILE_NEW_FIELDS)
+def test_hostile_values_of_the_vllm_fields_get_a_clear_answer(stack: Stack, world: World, extra):
+    """Each is a 200 or a 4xx naming the field: never a 500, a hang or another tenant's data."""
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        answer = client.post(
+            "/v1/chat/completions",
+            json={**CHAT, **extra},
+            headers={"Authorization": f"Bearer {world.acme_key}"},
+        )
+    assert answer.status_code < 500, answer.text
+    if answer.status_code >= 400:
+        error = answer.json()["error"]
+        named = {key for key, value in extra.items() if value is not None}
+        # The field, or the element of it at fault ("allowed_token_ids[0]").
+        param = str(error.get("param") or "")
+        assert param.split("[")[0] in named or error["code"] == "request_too_large", error
