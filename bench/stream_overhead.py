@@ -435,7 +435,8 @@ def _results(
             "vllm": args.vllm,
             "stream_interval_ms": args.stream_interval_ms,
             "from_log": args.from_log is not None,
-            "keep_servers": args.keep_servers,
+            # Absent from a Namespace built without the parser (a rebuild's test builds one).
+            "keep_servers": getattr(args, "keep_servers", False),
             "min_requests": args.min_requests,
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
@@ -661,7 +662,7 @@ def _publish(
         "from one process tree"
         + (
             " (both servers started once and kept up for every round, `--keep-servers`)"
-            if args.keep_servers
+            if getattr(args, "keep_servers", False)
             else ""
         )
         + "; per level, the round whose throughput ratio is the median is "
