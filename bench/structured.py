@@ -23,7 +23,9 @@ alternating runs of each body.
     .venv/bin/python bench/structured.py [--levels 1,8,32] [--requests-per-level 4] [--rounds 7]
 
 Writes its section of docs/benchmarks.md, docs/img/structured.png and the raw results to
-docs/bench-data/structured.json. Asserts nothing.
+docs/bench-data/structured.json. On a machine with an NVIDIA GPU the section, plot and results
+are `structured_gpu`, beside the CPU ones, and name the card and vLLM's version. Asserts
+nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     Platform,
     Target,
+    accelerator,
     median_ratio_pair,
     percentile,
     platform_stop,
@@ -59,6 +62,7 @@ from bench.common import (  # noqa: E402
     roundhouse_stack,
     section_write,
     vllm_server,
+    vllm_version,
 )
 
 OUTPUT_TOKENS = 64
@@ -503,25 +507,30 @@ def _results(
     args: argparse.Namespace,
 ) -> dict[str, object]:
     headline: list[dict[str, object]] = []
+    # A GPU run's rows say so: the CPU rows beside them are of another machine.
+    streaming = f"Streaming on one {args.gpu}" if args.gpu else "Streaming"
     for scenario in SCENARIOS:
         for a, b in zip(vllm[scenario], roundhouse[scenario], strict=True):
             streams = "1 stream" if a.concurrency == 1 else f"{a.concurrency} streams"
             headline.append(
                 {
-                    "measure": f"Streaming tok/s with {LABELS[scenario]}, Roundhouse ÷ vLLM, "
+                    "measure": f"{streaming} tok/s with {LABELS[scenario]}, Roundhouse ÷ vLLM, "
                     f"{streams}",
                     "value": b.tokens_per_s / a.tokens_per_s,
                     "target": "" if scenario == "plain" else TARGET_RATIO,
                 }
             )
     added_p50, added_p99 = _added(times)
+    host = f" on the {args.gpu} host" if args.gpu else ""
     headline += [
-        {"measure": "Frontend time added by 20 tools (8 KB), p50 (ms)", "value": added_p50},
-        {"measure": "Frontend time added by 20 tools (8 KB), p99 (ms)", "value": added_p99},
+        {"measure": f"Frontend time added by 20 tools (8 KB){host}, p50 (ms)", "value": added_p50},
+        {"measure": f"Frontend time added by 20 tools (8 KB){host}, p99 (ms)", "value": added_p99},
     ]
     return {
-        "section": "structured",
+        "section": args.section,
         "settings": {
+            "gpu": args.gpu,
+            "vllm": args.vllm,
             "cpu_count": os.cpu_count(),
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
@@ -585,6 +594,10 @@ def main() -> None:
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
+    # A GPU run writes a section of its own: the CPU figures are of another machine.
+    args.gpu, args.vllm = accelerator(), vllm_version()
+    args.section = "structured_gpu" if args.gpu else "structured"
+    progress(f"GPU: {args.gpu or 'none'}; vLLM {args.vllm}; {os.cpu_count()} CPU cores")
     work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform: Platform | None = None
     try:
@@ -638,13 +651,16 @@ def main() -> None:
     frontend = _frontend_table(times)
     added_p50, added_p99 = _added(times)
     print(f"\n{streams}\n\n{frontend}\n\nadded: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
-    _plot(vllm, roundhouse, times, plot_path(args.docs, "structured"))
+    _plot(vllm, roundhouse, times, plot_path(args.docs, args.section))
     tools_bytes = len(json.dumps(big_tools()))
     section_write(
         args.docs,
-        "structured",
-        "## Structured output and tools: Roundhouse vs vLLM's own OpenAI server\n\n"
-        f"`bench/structured.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, tiny "
+        args.section,
+        f"## Structured output and tools{' on a GPU' if args.gpu else ''}: Roundhouse vs vLLM's "
+        "own OpenAI server\n\n"
+        f"`bench/structured.py`, {time.strftime('%Y-%m-%d')}, "
+        + (f"one {args.gpu}, vLLM {args.vllm} on both sides, " if args.gpu else "")
+        + f"{os.cpu_count()} CPU cores, tiny "
         f"Llama demo model (random weights), eager mode. Streaming chat, {OUTPUT_TOKENS} output "
         "tokens per request (ignore_eos, greedy, the tokenizer's whitespace-only tokens biased "
         "by -100 so the grammar's output is not whitespace forever), "
@@ -677,12 +693,12 @@ def main() -> None:
         + frontend
         + f"\n\nAdded by the 20 tools: **{added_p50:.2f} ms** at p50, **{added_p99:.2f} ms** at "
         "p99 (the tool body's quantile minus the plain body's).\n\n"
-        "![structured output and tools](img/structured.png)\n",
+        f"![structured output and tools](img/{args.section}.png)\n",
     )
-    results_write(args.docs, "structured", _results(vllm, roundhouse, measured, times, args))
+    results_write(args.docs, args.section, _results(vllm, roundhouse, measured, times, args))
     progress(
-        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / 'structured.png'} and "
-        f"{args.docs / 'bench-data' / 'structured.json'}"
+        f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / f'{args.section}.png'} and "
+        f"{args.docs / 'bench-data' / f'{args.section}.json'}"
     )
 
 

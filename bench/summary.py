@@ -36,6 +36,7 @@ ORDER = (
     "stream_overhead",
     "stream_overhead_gpu",
     "structured",
+    "structured_gpu",
     "admission",
     "embeddings",
     "gateway_overhead",

@@ -98,13 +98,17 @@ def _parser_class(name: str, *, tokenizer: Any, model_config: Any) -> Any:
     harmony = model_config is not None and model_config.hf_config.model_type == "gpt_oss"
     key = (name, harmony)
     if key not in _parser_classes:
+        import inspect
+
         from vllm.parser import ParserManager
 
+        # vLLM 0.26's get_parser takes no tokenizer (later ones check the parser against it).
+        checked = "tokenizer" in inspect.signature(ParserManager.get_parser).parameters
         _parser_classes[key] = ParserManager.get_parser(
             tool_parser_name=name,
             enable_auto_tools=True,
             is_harmony=harmony,
-            tokenizer=tokenizer,
+            **({"tokenizer": tokenizer} if checked else {}),
         )
     return _parser_classes[key]
 
@@ -254,10 +258,14 @@ class ChoiceTools:
 
     def _whole(self, prompt_token_ids: list[int]) -> Parsed:
         """The complete output parsed, as vLLM's non-streaming chat answer builds it."""
-        from vllm.renderers.chat_utils import make_tool_call_id
+        try:
+            from vllm.renderers.chat_utils import make_tool_call_id
+        except ImportError:  # vLLM 0.26: still in entrypoints
+            from vllm.entrypoints.chat_utils import make_tool_call_id  # type: ignore[no-redef]
 
         request = self.calling.request
-        self.parser.set_prompt_token_ids(prompt_token_ids)
+        if hasattr(self.parser, "set_prompt_token_ids"):  # absent in vLLM 0.26
+            self.parser.set_prompt_token_ids(prompt_token_ids)
         _, content, calls = self.parser.parse(
             "".join(self.text),
             request,

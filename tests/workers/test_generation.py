@@ -733,6 +733,27 @@ def test_the_engines_own_refusals_are_known_on_older_vllm_releases(monkeypatch):
 
     from workers.engine import _client_errors
 
-    assert _client_errors() == (exceptions.VLLMClientError,)
-    monkeypatch.delattr(exceptions, "VLLMClientError")
+    if hasattr(exceptions, "VLLMClientError"):  # the pinned release; 0.26 has none
+        assert _client_errors() == (exceptions.VLLMClientError,)
+        monkeypatch.delattr(exceptions, "VLLMClientError")
     assert _client_errors() == (exceptions.VLLMValidationError,)
+
+
+def test_tool_parsers_are_built_on_older_vllm_releases(monkeypatch):
+    """vLLM 0.26's ParserManager.get_parser takes no tokenizer (later releases check the
+    parser against it); the worker passes one only where the signature has it."""
+    from vllm.parser import ParserManager
+
+    from workers import tooling
+
+    asked: list[dict[str, object]] = []
+
+    def get_parser(*, tool_parser_name, enable_auto_tools, is_harmony):  # 0.26's signature
+        asked.append({"name": tool_parser_name, "auto": enable_auto_tools})
+        return "parser class"
+
+    monkeypatch.setattr(ParserManager, "get_parser", staticmethod(get_parser))
+    monkeypatch.setattr(tooling, "_parser_classes", {})
+    built = tooling._parser_class("hermes", tokenizer=object(), model_config=None)
+    assert built == "parser class"
+    assert asked == [{"name": "hermes", "auto": True}]
