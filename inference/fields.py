@@ -188,6 +188,18 @@ CHAT_TEMPLATE_KWARGS = custom(
 
 _PENALTY = number(-2.0, 2.0, default=0.0)
 _SWITCH = boolean()
+# vLLM's prompt truncation: keep this many of the prompt's tokens (-1: as many as fit).
+TRUNCATE_PROMPT_TOKENS = integer(
+    -1,
+    (1 << 63) - 1,
+    doc="Keep this many of the prompt's tokens (-1: as many as the context takes); at most "
+    "the context.",
+)
+TRUNCATION_SIDE = one_of(
+    ["left", "right"],
+    doc="Which end truncate_prompt_tokens cuts: left keeps the last tokens, right the first; "
+    "default: the tokenizer's.",
+)
 
 
 # Every field of OpenAI's and of vLLM's chat and completions bodies. A field in neither is
@@ -307,8 +319,8 @@ GENERATION_FIELDS: dict[str, Field] = {
         )
     ),
     "documents": refused(),
-    "truncate_prompt_tokens": refused(),
-    "truncation_side": refused(),
+    "truncate_prompt_tokens": honoured(TRUNCATE_PROMPT_TOKENS),
+    "truncation_side": honoured(TRUNCATION_SIDE),
     "priority": refused(0),  # vLLM's; service_tier chooses Roundhouse's class
     "store": refused(False),  # nothing is stored to fetch later
     "modalities": refused(["text"]),
@@ -353,8 +365,8 @@ EMBEDDING_FIELDS: dict[str, Field] = {
     # earlier inputs that a request could be served from.
     "cache_salt": ignored(CACHE_SALT),
     "priority": refused(0),
-    "truncate_prompt_tokens": refused(),
-    "truncation_side": refused(),
+    "truncate_prompt_tokens": honoured(TRUNCATE_PROMPT_TOKENS),
+    "truncation_side": honoured(TRUNCATION_SIDE),
     "add_special_tokens": refused(True),
     "embed_dtype": refused("float32"),
     "endianness": refused("native"),

@@ -78,6 +78,10 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's return_tokens_as_token_ids: logprobs name tokens 'token_id:<id>'.
     tokens_as_ids: bool = False
+    # vLLM's prompt truncation: keep this many tokens of each prompt (-1: as many as fit),
+    # cut from `truncation_side` ("left" keeps the last; None: the tokenizer's side).
+    truncate_prompt_tokens: int | None = None
+    truncation_side: str | None = None
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -185,6 +189,8 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         add_special_tokens=read("add_special_tokens"),
         chat_template_kwargs=read("chat_template_kwargs") if chat else None,
         tokens_as_ids=read("return_tokens_as_token_ids"),
+        truncate_prompt_tokens=read("truncate_prompt_tokens"),
+        truncation_side=read("truncation_side"),
     )
 
 
@@ -234,6 +240,9 @@ class EmbeddingRequest:
     user: str | None
     priority: str = "interactive"
     timeout: float | None = None
+    # As on generation: keep this many tokens of each input (-1: the context).
+    truncate_prompt_tokens: int | None = None
+    truncation_side: str | None = None
 
     @property
     def tokenized(self) -> bool:
@@ -260,6 +269,8 @@ def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
         user=read("user"),
         priority=SERVICE_TIERS[tier] if tier is not None else "interactive",
         timeout=read("timeout"),
+        truncate_prompt_tokens=read("truncate_prompt_tokens"),
+        truncation_side=read("truncation_side"),
     )
 
 

@@ -47,6 +47,10 @@ def sampling_build(
             param="max_tokens",
         )
     max_tokens = request.max_tokens or min(cap, context - prompt_tokens)
+    if request.truncate_prompt_tokens is not None:
+        # A client that has its prompt truncated asks for the request to fit: as vLLM's server
+        # does then, the output gets what the context has left after the prompt kept.
+        max_tokens = min(max_tokens, context - prompt_tokens)
     if prompt_tokens + max_tokens > context:
         raise ApiError(
             400,

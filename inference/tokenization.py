@@ -10,6 +10,7 @@ tokenizer runs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,12 @@ def prompt_ids(
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
     vocab = tokenizer.vocab_size
     _vocabulary_check(request, vocab)
+    keep = kept_tokens(request.truncate_prompt_tokens, context, generation=True)
+    cut = _truncation(keep, request.truncation_side, default="left")
     if request.endpoint == CHAT:
         assert request.messages is not None
-        _user_turn_floor_check(tokenizer, request.messages, context)
+        if cut is None:  # a conversation to be truncated may be as long as it likes
+            _user_turn_floor_check(tokenizer, request.messages, context)
         tools = request.tools.tools if request.tools is not None else None
         text = tokenizer.render_chat(
             request.messages,
@@ -133,7 +137,7 @@ def prompt_ids(
         )
         # The template writes the special tokens (BOS) itself, unless the client asks for more.
         special = bool(request.add_special_tokens)
-        return [_encoded(tokenizer, text, "messages", context, special=special)]
+        return [_encoded(tokenizer, text, "messages", context, special=special, cut=cut)]
     prompts = []
     for i, prompt in enumerate(request.prompts):
         param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -141,13 +145,91 @@ def prompt_ids(
             if any(not 0 <= t < vocab for t in prompt):
                 message = f"Token ids must be in [0, {vocab})."
                 raise ApiError(400, "invalid_value", message, param=param)
-            prompts.append(prompt)
+            prompts.append(prompt if cut is None else cut.ids(prompt))
         else:
             # As vLLM's server encodes a completions prompt: with the special tokens (BOS)
             # unless the client turns them off.
             special = request.add_special_tokens is not False
-            prompts.append(_encoded(tokenizer, prompt, param, context, special=special))
+            prompts.append(_encoded(tokenizer, prompt, param, context, special=special, cut=cut))
     return prompts
+
+
+def kept_tokens(truncate: int | None, context: int | None, *, generation: bool) -> int | None:
+    """How many prompt tokens vLLM's `truncate_prompt_tokens` keeps; None: no truncation.
+
+    -1 keeps as many as the context takes, less one for the output on generation (an encoder
+    takes its whole context). More than the context is a 400, as vLLM refuses it; so is 0.
+    """
+    if truncate is None or context is None:
+        return None
+    if truncate == 0:
+        # vLLM cuts the prompt to nothing and then refuses the empty prompt: say why at once.
+        raise invalid(
+            "truncate_prompt_tokens",
+            "truncate_prompt_tokens=0 leaves the prompt no tokens: keep at least one (-1 keeps "
+            "as many as fit).",
+        )
+    if truncate > context:
+        raise invalid(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens={truncate} cannot be greater than max_model_len = "
+            f"{context}. Please request a smaller truncation size.",
+        )
+    if truncate == -1:
+        return max(context - 1, 0) if generation else context
+    return truncate
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """A prompt cut to `keep` tokens from `side` ("left" keeps the last ones), as vLLM cuts.
+
+    vLLM's side, unless the request names one, is the left on generation (the end of a prompt
+    is what the model continues) and the right on an encoder (an input reads from its start).
+    With a side named, the prompt's tokens are cut whatever they are. Without one, a text is
+    cut the way the tokenizer truncates (vLLM hands it `truncation=True`): only the text's
+    tokens, so the special tokens around them (BOS, an encoder's CLS and SEP) stay.
+    """
+
+    keep: int
+    side: str
+    named: bool = True
+
+    def ids(self, ids: list[int]) -> list[int]:
+        return _cut(ids, self.keep, self.side)
+
+    def text(self, tokenizer: Any, text: str, *, special: bool, context: int | None) -> list[int]:
+        limit = (tokenizer.max_token_chars or 0) * (context or 0)
+        if limit and len(text) > limit:
+            # Certainly more than the context's tokens: only the kept end is tokenised, as
+            # vLLM trims a text it truncates (a megabyte costs the tokenizer seconds).
+            text = text[-limit:] if self.side == "left" else text[:limit]
+        if not special:
+            return _cut(tokenizer.encode_text(text), self.keep, self.side)
+        whole = tokenizer.encode_with(text, add_special_tokens=True)
+        if len(whole) <= self.keep or self.named:
+            return _cut(whole, self.keep, self.side)
+        plain = tokenizer.encode_text(text)
+        around = len(whole) - len(plain)
+        start = next((i for i in range(around + 1) if whole[i : i + len(plain)] == plain), None)
+        room = self.keep - around
+        if start is None or room < 0:
+            return _cut(whole, self.keep, self.side)
+        return whole[:start] + _cut(plain, room, self.side) + whole[start + len(plain) :]
+
+
+def _truncation(keep: int | None, side: str | None, *, default: str) -> Truncation | None:
+    if keep is None:
+        return None
+    return Truncation(keep, side or default, named=side is not None)
+
+
+def _cut(ids: list[int], keep: int, side: str) -> list[int]:
+    if len(ids) <= keep:
+        return ids
+    if keep == 0:
+        return []
+    return ids[-keep:] if side == "left" else ids[:keep]
 
 
 def _user_turn_floor_check(
@@ -177,8 +259,16 @@ def _user_turn_floor_check(
 
 
 def _encoded(
-    tokenizer: Any, text: str, param: str, context: int | None, *, special: bool
+    tokenizer: Any,
+    text: str,
+    param: str,
+    context: int | None,
+    *,
+    special: bool,
+    cut: Truncation | None = None,
 ) -> list[int]:
+    if cut is not None:
+        return cut.text(tokenizer, text, special=special, context=context)
     floor = tokenizer.token_count_floor(text)
     if context is not None and floor >= context:
         raise ApiError(
@@ -209,17 +299,23 @@ def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
 def input_ids(request: EmbeddingRequest, route: Route, *, context: int) -> list[list[int]]:
     """Tokenise a request's inputs; one certainly longer than `context` is refused first."""
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    keep = kept_tokens(request.truncate_prompt_tokens, context, generation=False)
+    cut = _truncation(keep, request.truncation_side, default="right")
     if not request.tokenized:
-        for index, text in enumerate(request.inputs):
-            floor = tokenizer.token_count_floor(text)  # type: ignore[arg-type]
+        texts: list[str] = list(request.inputs)  # type: ignore[arg-type]
+        if cut is not None:
+            return [cut.text(tokenizer, text, special=True, context=context) for text in texts]
+        for index, text in enumerate(texts):
+            floor = tokenizer.token_count_floor(text)
             if floor > context:
                 raise input_too_long(index, f"at least {floor}", context)
-        return tokenizer.encode_inputs(list(request.inputs))  # type: ignore[arg-type]
+        return tokenizer.encode_inputs(texts)
     vocab = tokenizer.vocab_size
     for index, ids in enumerate(request.inputs):
         if any(t >= vocab for t in ids):  # type: ignore[operator]
             raise invalid(f"input[{index}]", f"Token ids must be in [0, {vocab}).")
-    return list(request.inputs)  # type: ignore[arg-type]
+    inputs: list[list[int]] = list(request.inputs)  # type: ignore[arg-type]
+    return inputs if cut is None else [cut.ids(ids) for ids in inputs]
 
 
 def input_too_long(index: int, tokens: str, context: int) -> ApiError:

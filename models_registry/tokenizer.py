@@ -89,6 +89,11 @@ class Tokenizer:
     def encode_text(self, text: str) -> list[int]:
         return list(self._fast.encode(text, add_special_tokens=False).ids)
 
+    @property
+    def max_token_chars(self) -> int | None:
+        """The most characters one token stands for (see `_longest_token`); None if unknown."""
+        return self._max_token_chars
+
     def encode_inputs(self, texts: list[str]) -> list[list[int]]:
         """Encode many encoder inputs at once (the tokenizer parallelises the batch)."""
         return [list(e.ids) for e in self._fast.encode_batch(texts, add_special_tokens=True)]

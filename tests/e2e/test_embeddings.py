@@ -144,3 +144,39 @@ def test_embeddings_need_a_valid_key_and_count_against_quotas(stack, world, enco
     codes = [_embed(stack, limited, input="quota").status_code for _ in range(7)]
     assert codes.count(200) <= 5
     assert 429 in codes
+
+
+def test_a_truncated_input_keeps_its_first_tokens_between_cls_and_sep(stack, world, encoder):
+    """vLLM's truncate_prompt_tokens on an encoder: an input too long for the model is cut to
+    its first tokens, the tokenizer's CLS and SEP kept around them (BERT's [101] ... [102]),
+    and embeds as those ids sent alone do; a left cut keeps the last tokens, -1 the most the
+    model takes, and more than that is a 400 naming the field."""
+    from transformers import AutoTokenizer
+
+    from models_registry.packaged import minilm_dir
+
+    words = "the quick brown fox jumps over the lazy dog " * 200  # ~1,800 tokens: too long
+    ids = AutoTokenizer.from_pretrained(str(minilm_dir())).encode(words)
+    cut = _embed(stack, world.acme_key, input=words, truncate_prompt_tokens=8)
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["usage"]["prompt_tokens"] == 8
+    alone = _embed(stack, world.acme_key, input=[[*ids[:7], ids[-1]]])
+    assert alone.status_code == 200, alone.text
+    np.testing.assert_allclose(
+        cut.json()["data"][0]["embedding"], alone.json()["data"][0]["embedding"], atol=1e-5
+    )
+    left = _embed(
+        stack, world.acme_key, input=words, truncate_prompt_tokens=8, truncation_side="left"
+    )
+    assert left.status_code == 200, left.text
+    tail = _embed(stack, world.acme_key, input=[ids[-8:]])
+    np.testing.assert_allclose(
+        left.json()["data"][0]["embedding"], tail.json()["data"][0]["embedding"], atol=1e-5
+    )
+    most = _embed(stack, world.acme_key, input=words, truncate_prompt_tokens=-1)
+    assert most.status_code == 200, most.text
+    context = most.json()["usage"]["prompt_tokens"]
+    assert 8 < context < len(ids)
+    over = _embed(stack, world.acme_key, input=words, truncate_prompt_tokens=context + 1)
+    assert over.status_code == 400, over.text
+    assert over.json()["error"]["param"] == "truncate_prompt_tokens"

@@ -693,6 +693,14 @@ HOSTILE_NEW_FIELDS = [
     {"chat_template_kwargs": "enable_thinking"},
     {"return_tokens_as_token_ids": "1"},
     {"add_special_tokens": None, "chat_template_kwargs": None, "cache_salt": None},
+    {"truncate_prompt_tokens": 2**63},
+    {"truncate_prompt_tokens": 2**70},
+    {"truncate_prompt_tokens": -2},
+    {"truncate_prompt_tokens": 1.5},
+    {"truncate_prompt_tokens": 0},
+    {"truncate_prompt_tokens": 1, "max_tokens": 4},
+    {"truncate_prompt_tokens": 3, "truncation_side": "LEFT"},
+    {"truncate_prompt_tokens": -1, "messages": [{"role": "user", "content": "word " * 300_000}]},
 ]
 
 

@@ -260,9 +260,19 @@ def test_every_refused_field_is_refused():
 
 def test_embeddings_refuse_what_they_do_not_honour():
     with pytest.raises(ApiError) as caught:
-        embeddings_parse({"model": "m", "input": "x", "truncate_prompt_tokens": 8})
+        embeddings_parse({"model": "m", "input": "x", "normalize": False})
     assert caught.value.code == "unsupported_parameter"
-    assert caught.value.param == "truncate_prompt_tokens"
+    assert caught.value.param == "normalize"
+
+
+def test_embeddings_read_the_truncation_fields():
+    parsed = embeddings_parse(
+        {"model": "m", "input": "x", "truncate_prompt_tokens": 8, "truncation_side": "left"}
+    )
+    assert (parsed.truncate_prompt_tokens, parsed.truncation_side) == (8, "left")
+    with pytest.raises(ApiError) as caught:
+        embeddings_parse({"model": "m", "input": "x", "truncation_side": "middle"})
+    assert caught.value.param == "truncation_side"
 
 
 def test_an_unknown_field_is_refused_as_openai_refuses_it():

@@ -112,3 +112,49 @@ def test_the_frontend_and_the_registry_cache_a_version_once_each(model_dir):
     plain = registry.tokenizer_for(digest=digest, directory=model_dir, kind=registry.Tokenizer)
     assert type(plain) is registry.Tokenizer
     assert plain.encode_text("hello") == api.encode_text("hello")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_an_unnamed_truncation_cuts_as_the_tokenizer_does_and_keeps_the_bos(model_dir, side):
+    """vLLM hands the tokenizer `truncation=True` when no side is named (its side: the left on
+    generation): the text's tokens are cut and the special tokens stay. A named side cuts the
+    whole sequence, BOS included."""
+    from transformers import AutoTokenizer
+
+    from inference.tokenization import Truncation
+
+    tokenizer = Tokenizer(model_dir)
+    text = "def main(args): return sorted(args, key=len)"
+    hf = AutoTokenizer.from_pretrained(str(model_dir), truncation_side=side)
+    expected = hf.encode(text, add_special_tokens=True, truncation=True, max_length=4)
+    cut = Truncation(4, side, named=False).text(tokenizer, text, special=True, context=2048)
+    assert cut == expected and cut[0] == hf.bos_token_id
+    whole = tokenizer.encode_with(text, add_special_tokens=True)
+    named = Truncation(4, side).text(tokenizer, text, special=True, context=2048)
+    assert named == (whole[-4:] if side == "left" else whole[:4])
+
+
+def test_a_text_far_past_the_context_is_cut_before_it_is_tokenised(model_dir):
+    """Only the kept end of a text certainly longer than the context is tokenised; the tokens
+    kept are the same."""
+    from inference.tokenization import Truncation
+
+    tokenizer = Tokenizer(model_dir)
+    text = "import os\nimport sys\n" * 2000
+    whole = tokenizer.encode_text(text)
+    cut = Truncation(30, "left").text(tokenizer, text, special=False, context=64)
+    assert cut == whole[-30:]
+    assert tokenizer.max_token_chars and len(text) > 64 * tokenizer.max_token_chars  # trimmed
+
+
+def test_truncation_keeps_at_most_the_context():
+    from inference.tokenization import kept_tokens
+
+    assert kept_tokens(None, 2048, generation=True) is None
+    assert kept_tokens(-1, 2048, generation=True) == 2047  # one token left for the output
+    assert kept_tokens(-1, 512, generation=False) == 512
+    assert kept_tokens(2048, 2048, generation=True) == 2048
+    for wrong in (2049, 0):
+        with pytest.raises(ApiError) as refused:
+            kept_tokens(wrong, 2048, generation=True)
+        assert refused.value.param == "truncate_prompt_tokens"
