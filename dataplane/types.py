@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 
@@ -60,6 +60,8 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Log probabilities name each token 'token_id:<id>' instead of its text (vLLM's
     # return_tokens_as_token_ids); the engine does not see it.
     logprob_tokens_as_ids: bool = False
+    # Each delta carries the ids of its tokens (vLLM's return_token_ids).
+    output_token_ids: bool = False
 
 
 class Tools(msgspec.Struct, frozen=True, kw_only=True):
@@ -221,6 +223,8 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCallDelta] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    # The ids of the tokens this delta took, when the request asked for them.
+    token_ids: list[int] | None = None
 
     def joins(self, later: Delta) -> bool:
         """Whether a later delta can be merged into this one (the same choice's output)."""
@@ -235,10 +239,15 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
             logprobs=_joined(self.logprobs, later.logprobs),
             tool_calls=_calls_joined(self.tool_calls, later.tool_calls),
             prompt_logprobs=self.prompt_logprobs,
+            token_ids=_joined(self.token_ids, later.token_ids),
         )
 
 
-def _joined(first: list[TokenLogprob] | None, then: list[TokenLogprob] | None) -> Any:
+T = TypeVar("T")
+
+
+def _joined(first: list[T] | None, then: list[T] | None) -> list[T] | None:
+    """Two lists one after the other; None where neither is there."""
     if first is None or then is None:
         return first if then is None else then
     return first + then

@@ -87,6 +87,32 @@ def _screened(policy: Policy, texts: list[str]) -> tuple[list[str], list[Finding
     return out, found, action
 
 
+def token_output_check(request: GenerationRequest, *, policy: Policy | None) -> None:
+    """Refuse token-level output where the tenant's policy screens the output text.
+
+    The screen reads text and redacts or stops it; log probabilities and token ids name the
+    tokens themselves, so they would carry what the screen took out of the text.
+    """
+    if policy is None or not policy.apply_to_output:
+        return
+    asked = [
+        name
+        for name, wanted in (
+            ("logprobs", request.logprobs is not None),
+            ("return_token_ids", request.return_token_ids),
+        )
+        if wanted
+    ]
+    if asked:
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            f"'{asked[0]}' is not available here: this tenant's safety policy screens the "
+            "output text, and token-level output would carry what the screen removes.",
+            param=asked[0],
+        )
+
+
 async def input_screen(
     request: GenerationRequest, *, policy: Policy | None, tenant_id: int, request_id: str
 ) -> GenerationRequest:

@@ -333,7 +333,9 @@ GENERATION_FIELDS: dict[str, Field] = {
     "media_io_kwargs": refused(),
     "return_mm_kwargs": refused(False),
     "return_prompt_text": refused(False),
-    "return_token_ids": refused(False),
+    "return_token_ids": honoured(
+        boolean(doc="The prompt's and each choice's token ids ride with the answer.")
+    ),
     "return_token_offsets": refused(False),
     "return_tokens_as_token_ids": honoured(
         boolean(doc="Logprobs name each token as 'token_id:<id>' instead of its text.")

@@ -44,6 +44,15 @@ class Shape:
     # tool_choice "required" or a named function: a message of tool calls has content ""
     # (as vLLM's server answers); after `auto` it has none (null).
     forced_tools: bool = False
+    # vLLM's return_token_ids: each prompt's token ids (None where not known, as on a replay)
+    # and each choice's output ids go with the answer.
+    token_ids: bool = False
+    prompt_token_ids: tuple[list[int], ...] | None = None
+
+    def prompt_ids(self, index: int) -> list[int] | None:
+        """The token ids of the prompt a choice answers (None: not known here)."""
+        prompts = self.prompt_token_ids
+        return prompts[min(index // self.n, len(prompts) - 1)] if prompts else None
 
     @property
     def choices(self) -> int:
@@ -59,10 +68,13 @@ class _Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     offset: int = 0  # completions' text_offset of the next token
     started: bool = False  # a chat stream sent this choice's role
+    token_ids: list[int] = field(default_factory=list)
 
     def add(self, delta: Delta) -> None:
         if delta.prompt_logprobs:
             self.logprobs[:0] = delta.prompt_logprobs
+        if delta.token_ids:
+            self.token_ids.extend(delta.token_ids)
         self.text.append(delta.text)
         if delta.tool_calls:
             self.calls = _calls_merged(self.calls, delta.tool_calls)
@@ -139,12 +151,23 @@ def _completion_logprobs(entries: list[TokenLogprob], top: int, offset: int) -> 
     }
 
 
-def shape_of(request: GenerationRequest, *, decode: Callable[[list[int]], str]) -> Shape:
-    """The shape of a request's answer; `decode` writes token-id prompts back as text (echo)."""
+def shape_of(
+    request: GenerationRequest,
+    *,
+    decode: Callable[[list[int]], str],
+    prompt_token_ids: tuple[list[int], ...] | None = None,
+) -> Shape:
+    """The shape of a request's answer; `decode` writes token-id prompts back as text (echo).
+
+    `prompt_token_ids`: each prompt's tokens as the engine got them (return_token_ids).
+    """
     echo: tuple[str, ...] = ()
     if request.echo and request.messages is not None:
         last = request.messages[-1]
         echo = (last["content"] if last["role"] == "assistant" else "",)
+    elif request.echo and request.return_token_ids:
+        # As vLLM's server answers: the prompt comes back as its token ids, not its text.
+        echo = ("",) * len(request.prompts)
     elif request.echo:
         echo = tuple(p if isinstance(p, str) else decode(p) for p in request.prompts)
     return Shape(
@@ -154,6 +177,8 @@ def shape_of(request: GenerationRequest, *, decode: Callable[[list[int]], str]) 
         echo=echo,
         forced_tools=request.tools is not None
         and (request.tools.named or request.tools.choice == "required"),
+        token_ids=request.return_token_ids,
+        prompt_token_ids=prompt_token_ids if request.return_token_ids or echo else None,
     )
 
 
@@ -246,8 +271,14 @@ class Formatter:
                     "logprobs": logprobs,
                     "finish_reason": reason,
                 }
+                if self.shape.token_ids:
+                    choice["prompt_token_ids"] = self.shape.prompt_ids(index)
+            if self.shape.token_ids:
+                choice["token_ids"] = kept.token_ids
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion")
+        if self.chat and self.shape.token_ids:
+            body["prompt_token_ids"] = self.shape.prompt_ids(0)
         body["choices"] = choices
         body["usage"] = usage_body(
             finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens
@@ -261,12 +292,15 @@ class Formatter:
         text = delta.text
         if not self.chat and self.shape.echo and not choice.started:
             text = "".join(choice.text) + text  # the echoed prompt opens the choice
-        if not (text or delta.tool_calls or entries or (self.chat and not choice.started)):
+        ids = delta.token_ids if self.shape.token_ids else None
+        if not (text or delta.tool_calls or entries or ids or (self.chat and not choice.started)):
             return None
         logprobs = (
             self._logprobs(entries, choice) if entries or delta.logprobs is not None else None
         )
-        return self._chunk(delta.index, text, None, include_usage, delta.tool_calls, logprobs)
+        return self._chunk(
+            delta.index, text, None, include_usage, delta.tool_calls, logprobs, ids or []
+        )
 
     def _chunk(
         self,
@@ -276,11 +310,14 @@ class Formatter:
         include_usage: bool,
         calls: list[ToolCallDelta] | None = None,
         logprobs: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
     ) -> bytes:
+        """One SSE event of one choice. With return_token_ids, each carries its tokens' ids,
+        and a choice's first one its prompt's (chat: on the body, as vLLM writes it)."""
         choice = self._choice(index)
+        first = not choice.started
         if self.chat:
             delta: dict[str, Any] = {}
-            first = not choice.started
             if first:
                 delta["role"] = "assistant"
                 echo = "".join(choice.text)
@@ -296,6 +333,8 @@ class Formatter:
                 "finish_reason": finish_reason,
             }
             body = self._envelope("chat.completion.chunk")
+            if first and self.shape.token_ids:
+                body["prompt_token_ids"] = self.shape.prompt_ids(index)
         else:
             body_choice = {
                 "index": index,
@@ -304,6 +343,11 @@ class Formatter:
                 "finish_reason": finish_reason,
             }
             body = self._envelope("text_completion")
+            if first and (self.shape.token_ids or self.shape.echo):
+                # vLLM's server opens an echoed stream's choice with its prompt's ids too.
+                body_choice["prompt_token_ids"] = self.shape.prompt_ids(index)
+        if self.shape.token_ids:
+            body_choice["token_ids"] = token_ids or []
         choice.started = True
         body["choices"] = [body_choice]
         if include_usage:

@@ -78,6 +78,8 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's return_tokens_as_token_ids: logprobs name tokens 'token_id:<id>'.
     tokens_as_ids: bool = False
+    # vLLM's return_token_ids: the answer carries the prompt's and the output's token ids.
+    return_token_ids: bool = False
     # vLLM's prompt truncation: keep this many tokens of each prompt (-1: as many as fit),
     # cut from `truncation_side` ("left" keeps the last; None: the tokenizer's side).
     truncate_prompt_tokens: int | None = None
@@ -191,6 +193,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         tokens_as_ids=read("return_tokens_as_token_ids"),
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
         truncation_side=read("truncation_side"),
+        return_token_ids=read("return_token_ids"),
     )
 
 

@@ -200,13 +200,16 @@ def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
         if len(value) > MAX_PROMPTS:
             raise invalid("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts.")
         prompts: list[str | list[int]] = []
+        texts = isinstance(value[0], str)
+        # All texts or all token lists, as OpenAI's API and vLLM's server take them.
+        wanted = "a string, as the first prompt is" if texts else "an array of token ids"
         for i, item in enumerate(value):
-            if isinstance(item, str):
+            if texts and isinstance(item, str):
                 prompts.append(item)
-            elif _token_ids(item):
+            elif not texts and _token_ids(item):
                 prompts.append(list(item))
             else:
-                raise _type_error(f"prompt[{i}]", "a string or an array of token ids", item)
+                raise _type_error(f"prompt[{i}]", wanted, item)
         return tuple(prompts)
     if isinstance(value, list):
         raise invalid("prompt", "'prompt' cannot be an empty array.")
@@ -272,12 +275,8 @@ PROMPT = custom(
         "anyOf": [
             {"type": "string"},
             TOKEN_IDS,
-            {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": MAX_PROMPTS,
-                "items": {"anyOf": [{"type": "string"}, TOKEN_IDS]},
-            },
+            {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": {"type": "string"}},
+            {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": TOKEN_IDS},
         ],
     },
     _prompts,

@@ -45,7 +45,8 @@ _stored_decoder = msgspec.msgpack.Decoder(Stored)
 def cacheable(job: Job) -> bool:
     """Return whether a job's answer depends on nothing but its input."""
     sampling = job.sampling
-    # The cache keeps text alone: answers with choices, logprobs or tool calls are not kept.
+    # The cache keeps text alone: answers with choices, logprobs, token ids or tool calls are
+    # not kept.
     return (
         sampling.temperature == 0
         and not job.shadow
@@ -54,6 +55,7 @@ def cacheable(job: Job) -> bool:
         and sampling.n == 1
         and sampling.logprobs is None
         and sampling.prompt_logprobs is None
+        and not sampling.output_token_ids
     )
 
 

@@ -102,6 +102,7 @@ def sampling_build(
             None if request.allowed_token_ids is None else list(request.allowed_token_ids)
         ),
         logprob_tokens_as_ids=request.tokens_as_ids,
+        output_token_ids=request.return_token_ids,
     )
 
 

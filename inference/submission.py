@@ -48,7 +48,7 @@ from inference.admission import (
 from inference.auth import Principal
 from inference.breaker import breaker_admits
 from inference.clients import dispatch_get, idempotency_get, responses_get, routing_get
-from inference.content_policy import input_screen, policy_get
+from inference.content_policy import input_screen, policy_get, token_output_check
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Original
 from inference.metrics import RequestClock, admission_decided, fallback_taken
@@ -113,14 +113,20 @@ def _prompt_text(request: GenerationRequest) -> str:
     return request.prompt or ""
 
 
-def answer_shape(request: GenerationRequest, route: Route) -> Shape:
-    """The shape of a request's answer; token-id prompts echo as the tokenizer writes them."""
+def answer_shape(request: GenerationRequest, route: Route, job: Job | None = None) -> Shape:
+    """The shape of a request's answer; token-id prompts echo as the tokenizer writes them,
+    and the job's prompts are the token ids a return_token_ids answer carries."""
 
     def decode(ids: list[int]) -> str:
         tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
         return tokenizer.decode(ids)
 
-    return shape_of(request, decode=decode)
+    prompts = None
+    if job is not None:
+        ids, lengths = job.prompt_token_ids, job.input_lengths or [len(job.prompt_token_ids)]
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        prompts = tuple(ids[s : s + n] for s, n in zip(starts, lengths, strict=True))
+    return shape_of(request, decode=decode, prompt_token_ids=prompts)
 
 
 async def _fallback_routing(fallback: str, refused: ApiError | None) -> Routing | None:
@@ -252,6 +258,7 @@ async def _generation_admit(
         # Redis, so a flood costs the platform almost nothing.
         raise queue_full_error(request.model, deployment=route.deployment)
     policy = await policy_get(tenant_id=principal.tenant_id, model=request.model)
+    token_output_check(request, policy=policy)
     request = await input_screen(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )

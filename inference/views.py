@@ -128,7 +128,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         model=submitted.route.served_name,
         version=submitted.route.version,
         created=int(submitted.job.enqueued_at),
-        shape=answer_shape(parsed, submitted.route),
+        shape=answer_shape(parsed, submitted.route, submitted.job),
     )
     cursor = relay.Cursor() if parsed.stream else None
     events = relay.events(dispatch_get(), submitted, cursor=cursor)

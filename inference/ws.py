@@ -279,6 +279,8 @@ def _delta_message(client_id: str, delta: Delta) -> dict[str, Any]:
     }
     if delta.index:
         message["index"] = delta.index
+    if delta.token_ids is not None:
+        message["token_ids"] = delta.token_ids
     if delta.tool_calls:
         message["tool_calls"] = [
             {"index": c.index, "id": c.id, "name": c.name, "arguments": c.arguments}

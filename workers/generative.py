@@ -219,6 +219,7 @@ class _Generation:
             logprobs=step.logprobs,
             tool_calls=calls,
             prompt_logprobs=step.prompt_logprobs,
+            token_ids=list(step.token_ids) if self.job.sampling.output_token_ids else None,
         )
 
     def _emit(self, delta: Delta, *, urgent: bool = False) -> None:

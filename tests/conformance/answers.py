@@ -26,6 +26,9 @@ class Choice:
     # (token, logprob, top alternatives as (token, logprob) pairs); None: not asked for.
     logprobs: list[tuple[str, float | None, list[tuple[str, float]]]] | None = None
     text_offset: list[int] | None = None
+    # return_token_ids: the output's ids, and (completions) the prompt's; None: absent.
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Answer:
     cached_tokens: int | None = None
     error: str = ""  # a refusal's code and message, to show in a difference
     stream_error: str = ""  # an error event inside a stream that began with 200
+    prompt_token_ids: list[int] | None = None  # chat's return_token_ids, on the body
 
 
 def _arguments(text: str) -> Any:
@@ -90,8 +94,13 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
     body = response.json()
     answer = Answer(status=200)
     answer.usage, answer.cached_tokens = _usage(body.get("usage"))
+    answer.prompt_token_ids = body.get("prompt_token_ids")
     for raw in body["choices"]:
-        choice = Choice(finish_reason=raw.get("finish_reason"))
+        choice = Choice(
+            finish_reason=raw.get("finish_reason"),
+            token_ids=raw.get("token_ids"),
+            prompt_token_ids=raw.get("prompt_token_ids"),
+        )
         logprobs = raw.get("logprobs")
         if chat:
             message = raw["message"]
@@ -132,8 +141,14 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             continue
         if chunk.get("usage"):
             answer.usage, answer.cached_tokens = _usage(chunk["usage"])
+        if chunk.get("prompt_token_ids") is not None:
+            answer.prompt_token_ids = chunk["prompt_token_ids"]
         for raw in chunk.get("choices") or []:
             choice = answer.choices.setdefault(raw["index"], Choice(text=""))
+            if raw.get("token_ids") is not None:
+                choice.token_ids = (choice.token_ids or []) + raw["token_ids"]
+            if raw.get("prompt_token_ids") is not None:
+                choice.prompt_token_ids = raw["prompt_token_ids"]
             if raw.get("finish_reason") is not None:
                 choice.finish_reason = raw["finish_reason"]
             logprobs = raw.get("logprobs")
@@ -228,6 +243,14 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
             found += _logprob_differences(f"{where} logprobs", mine.logprobs, vllm.logprobs)
         if mine.text_offset != vllm.text_offset:
             found.append(f"{where} text_offset {mine.text_offset} vs vLLM's {vllm.text_offset}")
+        for name in ("token_ids", "prompt_token_ids"):
+            if getattr(mine, name) != getattr(vllm, name):
+                found.append(
+                    f"{where} {name} {getattr(mine, name)} vs vLLM's {getattr(vllm, name)}"
+                )
+    if ours.prompt_token_ids != theirs.prompt_token_ids:
+        mine_ids, vllm_ids = ours.prompt_token_ids, theirs.prompt_token_ids
+        found.append(f"prompt_token_ids {mine_ids} vs vLLM's {vllm_ids}")
     if ours.usage != theirs.usage:
         found.append(f"usage {ours.usage} vs vLLM's {theirs.usage}")
     return found

@@ -148,3 +148,22 @@ def test_a_generation_that_turns_unsafe_stops_with_content_filter_and_bills_what
     assert {(f.request_id, f.stage, f.detector, f.action) for f in found} == {
         (rid, "output", "deny_list", "stop")
     }
+
+
+def test_token_level_output_is_refused_where_the_output_is_screened(client, django_db_blocker):
+    """Log probabilities and token ids name the tokens the screen would take out of the text
+    (a redacted email, a denied term): a tenant whose pack screens output is told so, with a
+    400 naming the field; the same pack on input only lets them through."""
+    with django_db_blocker.unblock():
+        _, screened = _tenant_with_pack("screened-output", pii_kinds=["email"])
+        _, input_only = _tenant_with_pack(
+            "screened-input", pii_kinds=["email"], apply_to_output=False
+        )
+    for field, value in (("logprobs", True), ("return_token_ids", True)):
+        refused = _chat(client, screened, "hello", **{field: value})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["param"]) == ("unsupported_parameter", field)
+        served = _chat(client, input_only, "hello", **{field: value})
+        assert served.status_code == 200, served.text
+    assert served.json()["choices"][0]["token_ids"]

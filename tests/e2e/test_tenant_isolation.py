@@ -693,6 +693,8 @@ HOSTILE_NEW_FIELDS = [
     {"chat_template_kwargs": "enable_thinking"},
     {"return_tokens_as_token_ids": "1"},
     {"add_special_tokens": None, "chat_template_kwargs": None, "cache_salt": None},
+    {"return_token_ids": "yes"},
+    {"return_token_ids": True, "n": 3, "temperature": 1.0, "stream": True},
     {"truncate_prompt_tokens": 2**63},
     {"truncate_prompt_tokens": 2**70},
     {"truncate_prompt_tokens": -2},

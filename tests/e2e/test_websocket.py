@@ -188,3 +188,15 @@ async def test_a_request_cancelled_at_once_ends_with_one_cancelled_event(stack, 
     assert len(ends) == 1 and ends[0]["type"] == "error"
     assert ends[0]["error"]["code"] == "cancelled"
     assert seen["after"][-1]["type"] == "finished"
+
+
+async def test_token_ids_ride_on_the_deltas_when_asked_for(stack, world):
+    protocol = f"roundhouse.key.{world.acme_key}"
+    async with websockets.connect(_ws_url(stack), subprotocols=[protocol]) as socket:  # type: ignore[list-item]
+        await socket.send(_request("ids", max_tokens=6, ignore_eos=True, return_token_ids=True))
+        await socket.send(_request("plain", max_tokens=6, ignore_eos=True))
+        seen = await _until_end(socket, {"ids", "plain"})
+    deltas = [m for m in seen["ids"] if m["type"] == "delta"]
+    assert len([t for m in deltas for t in m["token_ids"]]) == 6
+    assert all(len(m["token_ids"]) == m["tokens"] for m in deltas)
+    assert not any("token_ids" in m for m in seen["plain"])

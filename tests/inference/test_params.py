@@ -111,8 +111,14 @@ def test_completions_take_text_or_token_ids():
     assert generation_parse({"model": "m", "prompt": "x"}, endpoint=COMPLETIONS).prompt == "x"
     by_ids = generation_parse({"model": "m", "prompt": [1, 2]}, endpoint=COMPLETIONS)
     assert by_ids.prompt == [1, 2]
-    several = generation_parse({"model": "m", "prompt": ["a", [3, 4]]}, endpoint=COMPLETIONS)
-    assert several.prompts == ("a", [3, 4]) and several.prompt is None
+    several = generation_parse({"model": "m", "prompt": ["a", "b"]}, endpoint=COMPLETIONS)
+    assert several.prompts == ("a", "b") and several.prompt is None
+    by_lists = generation_parse({"model": "m", "prompt": [[1], [3, 4]]}, endpoint=COMPLETIONS)
+    assert by_lists.prompts == ([1], [3, 4])
+    # Texts and token lists together are refused, as vLLM's server and OpenAI's API refuse them.
+    assert _error({"model": "m", "prompt": ["a", [3, 4]]}, endpoint=COMPLETIONS).param == (
+        "prompt[1]"
+    )
     nested = generation_parse({"model": "m", "prompt": [[1, 2]]}, endpoint=COMPLETIONS)
     assert nested.prompt == [1, 2]
     assert _error({"model": "m", "prompt": [["a"]]}, endpoint=COMPLETIONS).param == "prompt[0]"
