@@ -89,6 +89,21 @@ def test_max_tokens_is_capped_by_the_tenants_quota(targets: Any) -> None:
     assert ours.json()["error"]["param"] == "max_tokens"
 
 
+def test_a_request_past_the_context_is_refused_not_cut_short(targets: Any) -> None:
+    """vLLM's server cuts max_tokens to what the context has left and answers (a shorter
+    answer than asked for, finish_reason length); the platform says the request does not
+    fit, as OpenAI's API does, unless the client asked for truncation."""
+    long = [{"role": "user", "content": "word " * 2000}]
+    body = {**BODY, "messages": long, "max_tokens": ACME_MAX_TOKENS}
+    ours, theirs = _both(targets, body)
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["usage"]["completion_tokens"] < ACME_MAX_TOKENS
+    assert ours.status_code == 400
+    assert ours.json()["error"]["code"] == "context_length_exceeded"
+    truncated = targets.platform.post(CHAT_PATH, json={**body, "truncate_prompt_tokens": 1024})
+    assert truncated.status_code == 200, truncated.text
+
+
 def test_legacy_functions_are_tools(targets: Any, whitespace_ids: list[int]) -> None:
     body = {
         **BODY,
