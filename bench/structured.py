@@ -23,9 +23,10 @@ alternating runs of each body.
     .venv/bin/python bench/structured.py [--levels 1,8,32] [--requests-per-level 4] [--rounds 7]
 
 Writes its section of docs/benchmarks.md, docs/img/structured.png and the raw results to
-docs/bench-data/structured.json. On a machine with an NVIDIA GPU the section, plot and results
-are `structured_gpu`, beside the CPU ones, and name the card and vLLM's version. Asserts
-nothing.
+docs/bench-data/structured.json, after every level, so a run cut short keeps the levels it
+finished (the section says which are missing). On a machine with an NVIDIA GPU the
+section, plot and results are `structured_gpu`, beside the CPU ones, and name the card and
+vLLM's version. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,10 +283,14 @@ def run_streams(
     levels: list[int],
     per_level: int,
     rounds: int,
+    level_done: Callable[[Rounds, list[int]], None] | None = None,
 ) -> Rounds:
-    """Every scenario at every level, alternating the two servers' order round by round."""
+    """Every scenario at every level, alternating the two servers' order round by round.
+
+    `level_done` gets what was measured and the levels finished, after each level.
+    """
     measured: Rounds = {"vllm": {}, "roundhouse": {}}
-    for concurrency in levels:
+    for done, concurrency in enumerate(levels, start=1):
         for scenario in SCENARIOS:
             for round_ in range(rounds):
                 pair = [vllm, roundhouse] if round_ % 2 == 0 else [roundhouse, vllm]
@@ -293,6 +299,8 @@ def run_streams(
                     level = _measure(target, scenario, body, concurrency, per_level, round_ == 0)
                     by_level = measured[target.name].setdefault(scenario, {})
                     by_level.setdefault(concurrency, []).append(level)
+        if level_done is not None:
+            level_done(measured, levels[:done])
     return measured
 
 
@@ -505,6 +513,7 @@ def _results(
     measured: Rounds,
     times: dict[str, FrontendTimes],
     args: argparse.Namespace,
+    levels: list[int],
 ) -> dict[str, object]:
     headline: list[dict[str, object]] = []
     # A GPU run's rows say so: the CPU rows beside them are of another machine.
@@ -534,7 +543,7 @@ def _results(
             "cpu_count": os.cpu_count(),
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
-            "levels": args.levels,
+            "levels": levels,
             "requests_per_level": args.requests_per_level,
             "rounds": args.rounds,
             "frontend_iterations": args.iterations,
@@ -622,23 +631,31 @@ def main() -> None:
             ) as vllm_target,
             roundhouse_stack(platform, work / "roundhouse") as roundhouse_target,
         ):
-            measured = run_streams(
+            run_streams(
                 vllm_target,
                 roundhouse_target,
                 no_whitespace,
                 args.levels,
                 args.requests_per_level,
                 args.rounds,
+                # Written after every level: a run cut short keeps the levels it finished.
+                level_done=lambda measured, levels: _report(args, measured, times, levels),
             )
     finally:
         platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _report(
+    args: argparse.Namespace, measured: Rounds, times: dict[str, FrontendTimes], levels: list[int]
+) -> None:
+    """Print and write the results of the levels finished so far (section, plot, JSON)."""
     medians = {
         s: [
             median_ratio_pair(
                 list(zip(measured["vllm"][s][c], measured["roundhouse"][s][c], strict=True))
             )
-            for c in args.levels
+            for c in levels
         ]
         for s in SCENARIOS
     }
@@ -650,6 +667,13 @@ def main() -> None:
     ]
     frontend = _frontend_table(times)
     added_p50, added_p99 = _added(times)
+    missing = [c for c in args.levels if c not in levels]
+    cut = (
+        f" Levels of {', '.join(map(str, missing))} streams are missing: the run stopped "
+        "before them."
+        if missing
+        else ""
+    )
     print(f"\n{streams}\n\n{frontend}\n\nadded: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
     _plot(vllm, roundhouse, times, plot_path(args.docs, args.section))
     tools_bytes = len(json.dumps(big_tools()))
@@ -678,7 +702,7 @@ def main() -> None:
         "Target: "
         f"Roundhouse ÷ vLLM {TARGET_RATIO}, as for plain text. The machine's 1-minute load "
         f"average ran from {min(loads):.1f} to {max(loads):.1f} during the streams: other work "
-        "shared its cores, so a ratio here measures that work too.\n\n"
+        f"shared its cores, so a ratio here measures that work too.{cut}\n\n"
         + streams
         + "\n\n### The frontend's time for a big tool list\n\n"
         "Measured in process, on the frontend's own functions (not through HTTP): the body's "
@@ -695,7 +719,9 @@ def main() -> None:
         "p99 (the tool body's quantile minus the plain body's).\n\n"
         f"![structured output and tools](img/{args.section}.png)\n",
     )
-    results_write(args.docs, args.section, _results(vllm, roundhouse, measured, times, args))
+    results_write(
+        args.docs, args.section, _results(vllm, roundhouse, measured, times, args, levels)
+    )
     progress(
         f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'img' / f'{args.section}.png'} and "
         f"{args.docs / 'bench-data' / f'{args.section}.json'}"
