@@ -95,21 +95,16 @@ def token_output_check(request: GenerationRequest, *, policy: Policy | None) -> 
     """
     if policy is None or not policy.apply_to_output:
         return
-    asked = [
-        name
-        for name, wanted in (
-            ("logprobs", request.logprobs is not None),
-            ("return_token_ids", request.return_token_ids),
-        )
-        if wanted
-    ]
-    if asked:
+    asked = "logprobs" if request.logprobs is not None else None
+    if asked is None and request.return_token_ids:
+        asked = "return_token_ids"
+    if asked is not None:
         raise ApiError(
             400,
             "unsupported_parameter",
-            f"'{asked[0]}' is not available here: this tenant's safety policy screens the "
+            f"'{asked}' is not available here: this tenant's safety policy screens the "
             "output text, and token-level output would carry what the screen removes.",
-            param=asked[0],
+            param=asked,
         )
 
 

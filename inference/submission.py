@@ -121,11 +121,9 @@ def answer_shape(request: GenerationRequest, route: Route, job: Job | None = Non
         tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
         return tokenizer.decode(ids)
 
-    prompts = None
-    if job is not None:
-        ids, lengths = job.prompt_token_ids, job.input_lengths or [len(job.prompt_token_ids)]
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        prompts = tuple(ids[s : s + n] for s, n in zip(starts, lengths, strict=True))
+    # Split only when the answer carries them: most requests never need the copies.
+    wanted = job is not None and (request.return_token_ids or request.echo)
+    prompts = tuple(job.inputs()) if wanted and job is not None else None
     return shape_of(request, decode=decode, prompt_token_ids=prompts)
 
 
