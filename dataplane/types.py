@@ -52,8 +52,11 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: bool = False
     # Log probabilities of each sampled token and of this many alternatives; None: none.
     logprobs: int | None = None
-    # The same for every prompt token (completions' `echo` with `logprobs`); None: none.
+    # The same for every prompt token (vLLM's `prompt_logprobs`, or `echo`); None: none.
     prompt_logprobs: int | None = None
+    # The prompt's log probabilities open the text's (completions' `echo` with `logprobs`);
+    # otherwise they go only where vLLM's `prompt_logprobs` field puts them.
+    prompt_in_logprobs: bool = False
     structured: Structured | None = None
     # The only token ids the output may hold; None: any.
     allowed_token_ids: list[int] | None = None
@@ -200,6 +203,16 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     top: list[TopLogprob] = []
 
 
+class RankedLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """A token at one prompt position as vLLM's `prompt_logprobs` lists it: its id, log
+    probability, rank among the vocabulary (1: the likeliest) and text."""
+
+    token_id: int
+    logprob: float
+    rank: int | None = None
+    decoded: str | None = None
+
+
 class ToolCallDelta(msgspec.Struct, frozen=True, array_like=True):
     """A piece of a tool call as OpenAI streams it: id and name first, then the arguments."""
 
@@ -215,6 +228,9 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     `index` is the choice (n > 1, or several prompts: prompt * n + choice). `tool_calls`:
     the output parsed into tool calls (text then holds only the content beside them).
     `prompt_logprobs`: the prompt's tokens, sent once before any output (`echo`).
+    `prompt_ranked`: the same positions as vLLM's `prompt_logprobs` field lists them (the
+    prompt's token and the likeliest ones, with ids and ranks; None for the first token), sent
+    once, for an answer that is not streamed.
     """
 
     text: str
@@ -225,10 +241,15 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     prompt_logprobs: list[TokenLogprob] | None = None
     # The ids of the tokens this delta took, when the request asked for them.
     token_ids: list[int] | None = None
+    prompt_ranked: list[list[RankedLogprob] | None] | None = None
 
     def joins(self, later: Delta) -> bool:
         """Whether a later delta can be merged into this one (the same choice's output)."""
-        return later.index == self.index and later.prompt_logprobs is None
+        return (
+            later.index == self.index
+            and later.prompt_logprobs is None
+            and later.prompt_ranked is None
+        )
 
     def then(self, later: Delta) -> Delta:
         """This delta and a later one of the same choice, as one (see `joins`)."""
@@ -240,6 +261,7 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
             tool_calls=_calls_joined(self.tool_calls, later.tool_calls),
             prompt_logprobs=self.prompt_logprobs,
             token_ids=_joined(self.token_ids, later.token_ids),
+            prompt_ranked=self.prompt_ranked,
         )
 
 

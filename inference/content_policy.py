@@ -96,6 +96,8 @@ def token_output_check(request: GenerationRequest, *, policy: Policy | None) -> 
     if policy is None or not policy.apply_to_output:
         return
     asked = "logprobs" if request.logprobs is not None else None
+    if asked is None and request.prompt_logprobs is not None:
+        asked = "prompt_logprobs"  # the likeliest tokens at each position are the model's
     if asked is None and request.return_token_ids:
         asked = "return_token_ids"
     if asked is not None:

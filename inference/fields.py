@@ -270,7 +270,14 @@ GENERATION_FIELDS: dict[str, Field] = {
     "top_logprobs": honoured(
         integer(0, MAX_LOGPROBS, doc="Alternatives per token; needs logprobs=true."), only=CHAT
     ),
-    "prompt_logprobs": refused(),
+    "prompt_logprobs": honoured(
+        integer(
+            0,
+            MAX_LOGPROBS,
+            doc="vLLM's: each prompt token's logprob and rank, with this many likeliest "
+            "tokens beside it (answers that are not streamed; 0 in a stream).",
+        )
+    ),
     "logprob_token_ids": refused(),
     "echo": honoured(
         boolean(

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from dataplane.types import Delta, Finished, TokenLogprob, ToolCallDelta
+from dataplane.types import Delta, Finished, RankedLogprob, TokenLogprob, ToolCallDelta
 from inference.params import CHAT, GenerationRequest
 
 _json = msgspec.json.Encoder()
@@ -69,10 +69,13 @@ class _Choice:
     offset: int = 0  # completions' text_offset of the next token
     started: bool = False  # a chat stream sent this choice's role
     token_ids: list[int] = field(default_factory=list)
+    prompt_ranked: list[list[RankedLogprob] | None] | None = None
 
     def add(self, delta: Delta) -> None:
         if delta.prompt_logprobs:
             self.logprobs[:0] = delta.prompt_logprobs
+        if delta.prompt_ranked is not None:
+            self.prompt_ranked = delta.prompt_ranked
         if delta.token_ids:
             self.token_ids.extend(delta.token_ids)
         self.text.append(delta.text)
@@ -130,6 +133,24 @@ def _chat_logprobs(entries: list[TokenLogprob], top: int) -> dict[str, Any]:
         ],
         "refusal": None,
     }
+
+
+def _prompt_logprobs(ranked: list[list[RankedLogprob] | None]) -> list[Any]:
+    """vLLM's `prompt_logprobs` field: per prompt position (null for the first) its tokens by
+    id, each with its logprob, rank and text."""
+    return [
+        None
+        if position is None
+        else {
+            str(entry.token_id): {
+                "logprob": entry.logprob,
+                "rank": entry.rank,
+                "decoded_token": entry.decoded,
+            }
+            for entry in position
+        }
+        for position in ranked
+    ]
 
 
 def _completion_logprobs(entries: list[TokenLogprob], top: int, offset: int) -> dict[str, Any]:
@@ -245,6 +266,7 @@ class Formatter:
         """Return the body of a non-streaming response from the deltas kept and its end."""
         reasons = finished.reasons()
         choices = []
+        scored: dict[int, list[Any]] = {}  # each prompt's prompt_logprobs, built once
         for index in range(max(len(reasons), self.shape.choices)):
             kept = self._choice(index)
             text = "".join(kept.text)
@@ -273,12 +295,22 @@ class Formatter:
                 }
                 if self.shape.token_ids:
                     choice["prompt_token_ids"] = self.shape.prompt_ids(index)
+                # Each choice lists its prompt's, which came with the prompt's first choice.
+                ranked = self._choice(index - index % self.shape.n).prompt_ranked
+                if ranked is not None:
+                    choice["prompt_logprobs"] = scored.setdefault(
+                        index // self.shape.n, _prompt_logprobs(ranked)
+                    )
             if self.shape.token_ids:
                 choice["token_ids"] = kept.token_ids
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion")
         if self.chat and self.shape.token_ids:
             body["prompt_token_ids"] = self.shape.prompt_ids(0)
+        # Chat has one prompt: its logprobs go on the body, as vLLM's server writes them.
+        ranked = self._choice(0).prompt_ranked if self.chat else None
+        if ranked is not None:
+            body["prompt_logprobs"] = _prompt_logprobs(ranked)
         body["choices"] = choices
         body["usage"] = usage_body(
             finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens

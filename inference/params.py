@@ -80,6 +80,9 @@ class GenerationRequest:
     tokens_as_ids: bool = False
     # vLLM's return_token_ids: the answer carries the prompt's and the output's token ids.
     return_token_ids: bool = False
+    # vLLM's prompt_logprobs: each prompt token's logprob and rank, and this many of the
+    # likeliest tokens at its position (None: not asked for).
+    prompt_logprobs: int | None = None
     # vLLM's prompt truncation: keep this many tokens of each prompt (-1: as many as fit),
     # cut from `truncation_side` ("left" keeps the last; None: the tokenizer's side).
     truncate_prompt_tokens: int | None = None
@@ -150,6 +153,10 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         message = f"n × prompts is at most {MAX_CHOICES}, got {n} × {len(prompts)}."
         raise invalid("n", message)
     tier = read("service_tier")
+    prompt_logprobs = read("prompt_logprobs")
+    if prompt_logprobs and read("stream"):
+        # As vLLM's server: a stream's chunks have no place for them (0 asks for nothing).
+        raise invalid("prompt_logprobs", "'prompt_logprobs' are not available when streaming.")
     return GenerationRequest(
         endpoint=endpoint,
         model=model,
@@ -194,6 +201,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
         truncation_side=read("truncation_side"),
         return_token_ids=read("return_token_ids"),
+        prompt_logprobs=prompt_logprobs,
     )
 
 

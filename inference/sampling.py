@@ -15,6 +15,11 @@ from inference.params import CHAT, GenerationRequest
 from models_registry.selectors import Route
 
 GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily
+# The most log probabilities an answer's prompt_logprobs may list (positions x (alternatives
+# + 1) x the choices that each list their prompt's): about 16 MB of JSON, which a frontend
+# builds on its event loop. An 8k-token prompt with 20 alternatives fits; 128 choices of a
+# long prompt would be hundreds of megabytes, and would stall every stream on that frontend.
+MAX_PROMPT_LOGPROBS = 2**18
 
 
 def sampling_build(
@@ -74,6 +79,9 @@ def sampling_build(
         # Greedy choices would all be the same text: vLLM refuses it, so does the platform.
         message = f"n must be 1 when using greedy sampling, got {request.n}."
         raise ApiError(400, "invalid_value", message, param="n")
+    prompt_logprobs = prompt_logprobs_asked(request)
+    if prompt_logprobs is not None:
+        _prompt_logprobs_bound(request, prompt_logprobs, prompt_tokens)
     return Sampling(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -95,8 +103,10 @@ def sampling_build(
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=request.logprobs,
-        # Completions' echo with logprobs gives the prompt's tokens their logprobs too.
-        prompt_logprobs=request.logprobs if request.echo and request.endpoint != CHAT else None,
+        prompt_logprobs=prompt_logprobs,
+        prompt_in_logprobs=(
+            request.echo and request.endpoint != CHAT and request.logprobs is not None
+        ),
         structured=request.structured,
         allowed_token_ids=(
             None if request.allowed_token_ids is None else list(request.allowed_token_ids)
@@ -104,6 +114,43 @@ def sampling_build(
         logprob_tokens_as_ids=request.tokens_as_ids,
         output_token_ids=request.return_token_ids,
     )
+
+
+def prompt_logprobs_asked(request: GenerationRequest) -> int | None:
+    """How many of the likeliest tokens each prompt token comes with, as vLLM's server asks its
+    engine: what the request says, else with `echo` what its logprobs say (chat's
+    top_logprobs, 0 when not asked).
+
+    The engine then scores the whole prompt, so it reads none of it from the prefix cache.
+    """
+    if request.prompt_logprobs is not None or not request.echo:
+        return request.prompt_logprobs
+    if request.endpoint == CHAT:
+        return request.logprobs or 0
+    return request.logprobs
+
+
+def _prompt_logprobs_bound(request: GenerationRequest, alternatives: int, longest: int) -> None:
+    """Refuse prompt_logprobs whose answer would list more than MAX_PROMPT_LOGPROBS entries.
+
+    Chat lists them once on the body; completions on every choice, and an echo's logprobs
+    repeat them. `longest` is the longest prompt's length.
+    """
+    copies = 1 if request.endpoint == CHAT else request.n * max(len(request.prompts), 1)
+    if request.endpoint != CHAT and request.echo and request.logprobs is not None:
+        copies *= 2
+    entries = longest * (alternatives + 1) * copies
+    if entries > MAX_PROMPT_LOGPROBS:
+        field = "prompt_logprobs" if request.prompt_logprobs is not None else "logprobs"
+        raise ApiError(
+            400,
+            "invalid_value",
+            f"The answer would list {entries} prompt log probabilities ({longest} prompt "
+            f"tokens × {alternatives + 1} × {copies} choices), more than the "
+            f"{MAX_PROMPT_LOGPROBS} one answer carries: ask for fewer alternatives, fewer "
+            "choices or a shorter prompt.",
+            param=field,
+        )
 
 
 def tools_build(request: GenerationRequest, route: Route) -> Tools | None:

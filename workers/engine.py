@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dataplane.types import Sampling, Structured, TokenLogprob
-from workers.tooling import logprobs_shaped
+from dataplane.types import RankedLogprob, Sampling, Structured, TokenLogprob
+from workers.tooling import logprobs_shaped, ranked_shaped
 
 
 class RequestRefused(Exception):
@@ -33,7 +33,8 @@ class Step:
     """What one engine iteration produced for one completion of a request (`index`: n > 1).
 
     `logprobs`: the new tokens' (when asked for); `prompt_logprobs`: the prompt's, on the
-    completion's first step only.
+    completion's first step only, shaped as the text's logprobs and (`prompt_ranked`) as vLLM's
+    `prompt_logprobs` field lists them.
     """
 
     text: str
@@ -45,6 +46,7 @@ class Step:
     token_ids: tuple[int, ...] = ()
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    prompt_ranked: list[list[RankedLogprob] | None] | None = None
 
 
 class EngineError(RuntimeError):
@@ -264,7 +266,12 @@ class VllmEngine:
         if cache_salt:
             prompt["cache_salt"] = cache_salt
         lora = _lora_request(adapter) if adapter is not None else None
-        steps = _Steps(prompt_token_ids, self.tokenizer(), as_ids=sampling.logprob_tokens_as_ids)
+        steps = _Steps(
+            prompt_token_ids,
+            self.tokenizer(),
+            as_ids=sampling.logprob_tokens_as_ids,
+            echoed=sampling.prompt_in_logprobs,
+        )
         try:
             params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
             outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
@@ -413,22 +420,32 @@ class _Steps:
     """
 
     def __init__(
-        self, prompt_token_ids: list[int], tokenizer: Any, *, as_ids: bool = False
+        self,
+        prompt_token_ids: list[int],
+        tokenizer: Any,
+        *,
+        as_ids: bool = False,
+        echoed: bool = True,
     ) -> None:
         self.prompt_token_ids = prompt_token_ids
         self.tokenizer = tokenizer
         self.as_ids = as_ids  # logprobs name tokens by id (vLLM's return_tokens_as_token_ids)
+        # The prompt's logprobs open the text's (completions' echo): shaped as the text's too.
+        self.echoed = echoed
         self.prompt_logprobs: list[TokenLogprob] | None = None
+        self.prompt_ranked: list[list[RankedLogprob] | None] | None = None
         self.started: set[int] = set()
         self.finished: set[int] = set()
 
     def of(self, output: Any) -> list[Step]:
         """The steps of one engine output (`RequestOutput`), in its completions' order."""
         prompt_ids = output.prompt_token_ids or self.prompt_token_ids
-        if output.prompt_logprobs is not None and self.prompt_logprobs is None:
-            self.prompt_logprobs = logprobs_shaped(
-                prompt_ids, output.prompt_logprobs, self.tokenizer, as_ids=self.as_ids
-            )
+        if output.prompt_logprobs is not None and self.prompt_ranked is None:
+            self.prompt_ranked = ranked_shaped(output.prompt_logprobs)
+            if self.echoed:
+                self.prompt_logprobs = logprobs_shaped(
+                    prompt_ids, output.prompt_logprobs, self.tokenizer, as_ids=self.as_ids
+                )
         return [
             self._step(completion, len(prompt_ids), output.num_cached_tokens or 0)
             for completion in output.outputs
@@ -458,6 +475,7 @@ class _Steps:
             token_ids=token_ids,
             logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if first else None,
+            prompt_ranked=self.prompt_ranked if first else None,
         )
 
 

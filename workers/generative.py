@@ -210,7 +210,11 @@ class _Generation:
             )
             # A step the parser holds back still bills its tokens and shows its logprobs.
             text, calls = ("", None) if parsed is None else (parsed.text, parsed.tool_calls)
-        if not (step.tokens or text or calls or step.prompt_logprobs):
+        # vLLM's prompt_logprobs field is in whole answers only, not in a stream's chunks;
+        # a prompt's first choice carries them for all its choices (n copies of a long prompt's
+        # would cross Redis and the frontend for nothing).
+        ranked = None if self.job.stream or step.index else step.prompt_ranked
+        if not (step.tokens or text or calls or step.prompt_logprobs or ranked):
             return None
         return Delta(
             text=text,
@@ -220,6 +224,7 @@ class _Generation:
             tool_calls=calls,
             prompt_logprobs=step.prompt_logprobs,
             token_ids=list(step.token_ids) if self.job.sampling.output_token_ids else None,
+            prompt_ranked=ranked,
         )
 
     def _emit(self, delta: Delta, *, urgent: bool = False) -> None:

@@ -15,7 +15,15 @@ from typing import Any
 
 import msgspec
 
-from dataplane.types import Sampling, Structured, TokenLogprob, ToolCallDelta, Tools, TopLogprob
+from dataplane.types import (
+    RankedLogprob,
+    Sampling,
+    Structured,
+    TokenLogprob,
+    ToolCallDelta,
+    Tools,
+    TopLogprob,
+)
 
 # vLLM's floor for a log probability: -inf is not JSON.
 _LOGPROB_FLOOR = -9999.0
@@ -74,6 +82,26 @@ def logprobs_shaped(
     """The log probabilities of `token_ids`, one vLLM `Logprob` dict (or None) per token."""
     pairs = zip(token_ids, steps, strict=False)
     return [_position(token_id, step, tokenizer, as_ids=as_ids) for token_id, step in pairs]
+
+
+def ranked_shaped(steps: Sequence[Mapping[int, Any] | None]) -> list[list[RankedLogprob] | None]:
+    """A prompt's log probabilities as vLLM's `prompt_logprobs` field lists them: per position
+    (None for the first) the prompt's token, then the likeliest ones, in the engine's order,
+    each with its id, rank and text; -inf at the floor, as vLLM's server clamps it."""
+    return [
+        None
+        if step is None
+        else [
+            RankedLogprob(
+                token_id=token_id,
+                logprob=max(entry.logprob, _LOGPROB_FLOOR),
+                rank=entry.rank,
+                decoded=entry.decoded_token,
+            )
+            for token_id, entry in step.items()
+        ]
+        for step in steps
+    ]
 
 
 def _id_named(token_id: int) -> str:

@@ -17,6 +17,20 @@ import httpx
 
 LOGPROB_TOLERANCE = 1e-4
 
+# Per prompt position (None for the first): (token id, logprob, rank, text), in the answer's order.
+PromptLogprobs = list[list[tuple[str, float, int | None, str | None]] | None]
+
+
+def _prompt_logprobs(raw: list[dict[str, Any] | None] | None) -> PromptLogprobs | None:
+    if raw is None:
+        return None
+    return [
+        None
+        if position is None
+        else [(i, e["logprob"], e.get("rank"), e.get("decoded_token")) for i, e in position.items()]
+        for position in raw
+    ]
+
 
 @dataclass
 class Choice:
@@ -29,6 +43,8 @@ class Choice:
     # return_token_ids: the output's ids, and (completions) the prompt's; None: absent.
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    # vLLM's prompt_logprobs (completions: on each choice); None: absent.
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass
@@ -40,6 +56,7 @@ class Answer:
     error: str = ""  # a refusal's code and message, to show in a difference
     stream_error: str = ""  # an error event inside a stream that began with 200
     prompt_token_ids: list[int] | None = None  # chat's return_token_ids, on the body
+    prompt_logprobs: PromptLogprobs | None = None  # chat's prompt_logprobs, on the body
 
 
 def _arguments(text: str) -> Any:
@@ -95,11 +112,13 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
     answer = Answer(status=200)
     answer.usage, answer.cached_tokens = _usage(body.get("usage"))
     answer.prompt_token_ids = body.get("prompt_token_ids")
+    answer.prompt_logprobs = _prompt_logprobs(body.get("prompt_logprobs"))
     for raw in body["choices"]:
         choice = Choice(
             finish_reason=raw.get("finish_reason"),
             token_ids=raw.get("token_ids"),
             prompt_token_ids=raw.get("prompt_token_ids"),
+            prompt_logprobs=_prompt_logprobs(raw.get("prompt_logprobs")),
         )
         logprobs = raw.get("logprobs")
         if chat:
@@ -208,6 +227,36 @@ def _logprob_differences(where: str, ours: Logprobs, theirs: Logprobs) -> list[s
     return []
 
 
+def _prompt_logprob_differences(
+    where: str, ours: PromptLogprobs | None, theirs: PromptLogprobs | None
+) -> list[str]:
+    """The same positions, each with the same tokens in the same order, ranks and texts, and
+    log probabilities within the tolerance."""
+    if ours is None or theirs is None:
+        if ours is theirs:
+            return []
+        return [f"{where} prompt_logprobs {_presence(ours)} vs vLLM's {_presence(theirs)}"]
+    if len(ours) != len(theirs):
+        return [f"{where} {len(ours)} prompt_logprobs positions vs vLLM's {len(theirs)}"]
+    for position, (mine, vllm) in enumerate(zip(ours, theirs, strict=True)):
+        same = (mine is None) == (vllm is None) and (
+            mine is None
+            or vllm is None
+            or (
+                [(i, rank, text) for i, _, rank, text in mine]
+                == [(i, rank, text) for i, _, rank, text in vllm]
+                and all(_close(a[1], b[1]) for a, b in zip(mine, vllm, strict=True))
+            )
+        )
+        if not same:
+            return [f"{where} prompt_logprobs[{position}] {mine} vs vLLM's {vllm}"]
+    return []
+
+
+def _presence(value: object) -> str:
+    return "absent" if value is None else "present"
+
+
 def differences(ours: Answer, theirs: Answer) -> list[str]:
     """What the platform's answer (ours) says differently from vLLM's (theirs); empty: none."""
     if ours.status != theirs.status:
@@ -248,9 +297,11 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
                 found.append(
                     f"{where} {name} {getattr(mine, name)} vs vLLM's {getattr(vllm, name)}"
                 )
+        found += _prompt_logprob_differences(where, mine.prompt_logprobs, vllm.prompt_logprobs)
     if ours.prompt_token_ids != theirs.prompt_token_ids:
         mine_ids, vllm_ids = ours.prompt_token_ids, theirs.prompt_token_ids
         found.append(f"prompt_token_ids {mine_ids} vs vLLM's {vllm_ids}")
+    found += _prompt_logprob_differences("body", ours.prompt_logprobs, theirs.prompt_logprobs)
     if ours.usage != theirs.usage:
         found.append(f"usage {ours.usage} vs vLLM's {theirs.usage}")
     return found

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inference.sampling import MAX_PROMPT_LOGPROBS
 from tests.conformance.cases import ASK, FUNCTIONS, HELLO
 from tests.conftest import ACME_MAX_TOKENS, ALIAS
 
@@ -102,6 +103,32 @@ def test_a_request_past_the_context_is_refused_not_cut_short(targets: Any) -> No
     assert ours.json()["error"]["code"] == "context_length_exceeded"
     truncated = targets.platform.post(CHAT_PATH, json={**body, "truncate_prompt_tokens": 1024})
     assert truncated.status_code == 200, truncated.text
+
+
+def test_prompt_logprobs_past_the_bound_are_refused(targets: Any) -> None:
+    """vLLM's server lists a prompt's log probabilities on every completions choice, however
+    many that makes; the platform refuses an answer of more than MAX_PROMPT_LOGPROBS of them,
+    which its frontend would build on the event loop every stream shares."""
+    body = {
+        "model": ALIAS,
+        "prompt": "word " * 700,
+        "max_tokens": 1,
+        "temperature": 1.0,  # no seed: a seeded chunked prefill stops vLLM's CPU engine
+        "n": 20,
+        "prompt_logprobs": 20,
+    }
+    ours = targets.platform.post("/v1/completions", json=body)
+    theirs = targets.vllm.post("/v1/completions", json=body)
+    assert theirs.status_code == 200, theirs.text
+    assert len(theirs.json()["choices"]) == 20
+    assert ours.status_code == 400, ours.text
+    error = ours.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_value", "prompt_logprobs")
+    assert str(MAX_PROMPT_LOGPROBS) in error["message"]
+    # One choice of the same prompt is within it.
+    one = targets.platform.post("/v1/completions", json={**body, "n": 1})
+    assert one.status_code == 200, one.text
+    assert len(one.json()["choices"][0]["prompt_logprobs"]) == one.json()["usage"]["prompt_tokens"]
 
 
 def test_legacy_functions_are_tools(targets: Any, whitespace_ids: list[int]) -> None:

@@ -152,14 +152,15 @@ def test_a_generation_that_turns_unsafe_stops_with_content_filter_and_bills_what
 
 def test_token_level_output_is_refused_where_the_output_is_screened(client, django_db_blocker):
     """Log probabilities and token ids name the tokens the screen would take out of the text
-    (a redacted email, a denied term): a tenant whose pack screens output is told so, with a
-    400 naming the field; the same pack on input only lets them through."""
+    (a redacted email, a denied term), and a prompt's log probabilities the model's likeliest
+    tokens at each position: a tenant whose pack screens output is told so, with a 400 naming
+    the field; the same pack on input only lets them through."""
     with django_db_blocker.unblock():
         _, screened = _tenant_with_pack("screened-output", pii_kinds=["email"])
         _, input_only = _tenant_with_pack(
             "screened-input", pii_kinds=["email"], apply_to_output=False
         )
-    for field, value in (("logprobs", True), ("return_token_ids", True)):
+    for field, value in (("logprobs", True), ("prompt_logprobs", 1), ("return_token_ids", True)):
         refused = _chat(client, screened, "hello", **{field: value})
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]

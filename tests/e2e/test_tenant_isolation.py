@@ -703,6 +703,13 @@ HOSTILE_NEW_FIELDS = [
     {"truncate_prompt_tokens": 1, "max_tokens": 4},
     {"truncate_prompt_tokens": 3, "truncation_side": "LEFT"},
     {"truncate_prompt_tokens": -1, "messages": [{"role": "user", "content": "word " * 300_000}]},
+    {"prompt_logprobs": 2**63},
+    {"prompt_logprobs": -1},
+    {"prompt_logprobs": "1"},
+    {"prompt_logprobs": 20, "n": 64, "temperature": 1.0},
+    {"prompt_logprobs": 20, "messages": [{"role": "user", "content": "word " * 1500}]},
+    {"prompt_logprobs": 20, "echo": True, "stream": True},
+    {"prompt_logprobs": 0, "echo": True, "stream": True, "logprobs": True, "top_logprobs": 20},
 ]
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from dataplane.types import Delta, Finished, TokenLogprob, ToolCallDelta, TopLogprob
+from dataplane.types import (
+    Delta,
+    Finished,
+    RankedLogprob,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+)
 from inference.openai_format import Formatter, Shape
 from inference.params import CHAT, COMPLETIONS
 
@@ -111,6 +118,50 @@ def test_completion_logprobs_carry_offsets_and_the_prompt_with_echo():
         "tokens": ["h", "i", " yo"],
         "top_logprobs": [None, {"i": -2.0}, {"x": -3.0}],
     }
+
+
+_RANKED = [None, [RankedLogprob(5, -1.5, 3, "b"), RankedLogprob(9, -0.25, 1, "c")]]
+_RANKED_BODY = [
+    None,
+    {
+        "5": {"logprob": -1.5, "rank": 3, "decoded_token": "b"},
+        "9": {"logprob": -0.25, "rank": 1, "decoded_token": "c"},
+    },
+]
+
+
+def test_prompt_logprobs_go_on_each_completion_choice():
+    """Each prompt's first choice brings them; every choice of that prompt lists them."""
+    formatter = _formatter(COMPLETIONS, n=2, prompts=2)
+    other = [None, None, [RankedLogprob(1, -0.5, 1, "a")]]
+    formatter.add(Delta(text="x", tokens=1, index=0, prompt_ranked=_RANKED))
+    formatter.add(Delta(text="y", tokens=1, index=1))
+    formatter.add(Delta(text="z", tokens=1, index=2, prompt_ranked=other))
+    formatter.add(Delta(text="w", tokens=1, index=3))
+    body = json.loads(formatter.complete(Finished("length", 2, 4)))
+    other_body = [None, None, {"1": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}}]
+    assert [c["prompt_logprobs"] for c in body["choices"]] == [
+        _RANKED_BODY,
+        _RANKED_BODY,
+        other_body,
+        other_body,
+    ]
+
+
+def test_prompt_logprobs_go_on_a_chat_body_once():
+    formatter = _formatter(CHAT)
+    formatter.add(Delta(text="x", tokens=1, prompt_ranked=_RANKED))
+    formatter.add(Delta(text="y", tokens=1))
+    body = json.loads(formatter.complete(Finished("length", 2, 2)))
+    assert body["prompt_logprobs"] == _RANKED_BODY
+    assert "prompt_logprobs" not in body["choices"][0]
+
+
+def test_an_answer_without_prompt_logprobs_has_no_such_field():
+    formatter = _formatter(COMPLETIONS)
+    formatter.add(Delta(text="x", tokens=1))
+    body = json.loads(formatter.complete(Finished("length", 2, 1)))
+    assert "prompt_logprobs" not in body and "prompt_logprobs" not in body["choices"][0]
 
 
 def test_a_stream_of_several_choices_ends_each_with_its_own_reason_then_usage():

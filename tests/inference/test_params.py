@@ -229,7 +229,7 @@ REFUSED_VALUES = {
     "best_of": 2,
     "use_beam_search": True,
     "suffix": "tail",
-    "prompt_logprobs": 2,
+    "logprob_token_ids": [5, 6],
     "guided_json": {"type": "object"},
     "guided_choice": ["a", "b"],
     "store": True,

@@ -9,6 +9,7 @@ import pytest
 from dataplane.types import Structured
 from inference.errors import ApiError
 from inference.params import CHAT, COMPLETIONS, generation_parse
+from inference.sampling import prompt_logprobs_asked
 
 WEATHER = {
     "type": "function",
@@ -195,6 +196,36 @@ def test_logprobs_are_a_switch_on_chat_and_a_count_on_completions():
     parsed = generation_parse(completion, endpoint=COMPLETIONS)
     assert parsed.logprobs == 2 and parsed.echo
     assert _error({**completion, "logprobs": True}, endpoint=COMPLETIONS).param == "logprobs"
+
+
+def test_prompt_logprobs_are_a_count_and_not_for_streams():
+    assert generation_parse(_chat(prompt_logprobs=2), endpoint=CHAT).prompt_logprobs == 2
+    # 0 asks for nothing a stream would carry: vLLM's server takes it, and so does this.
+    assert generation_parse(_chat(prompt_logprobs=0, stream=True), endpoint=CHAT).stream
+    for bad in (-1, 21, True, "2", 1.5):
+        assert _error(_chat(prompt_logprobs=bad)).param == "prompt_logprobs"
+    error = _error(_chat(prompt_logprobs=1, stream=True))
+    assert error.param == "prompt_logprobs" and "stream" in error.message
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "asked"),
+    [
+        (CHAT, {}, None),
+        (CHAT, {"prompt_logprobs": 3}, 3),
+        # vLLM's server: an echo scores the prompt with the output's alternatives (chat's
+        # top_logprobs, 0 by default), unless prompt_logprobs says otherwise.
+        (CHAT, {"echo": True}, 0),
+        (CHAT, {"echo": True, "logprobs": True, "top_logprobs": 2}, 2),
+        (CHAT, {"echo": True, "prompt_logprobs": 4}, 4),
+        (COMPLETIONS, {"echo": True}, None),
+        (COMPLETIONS, {"echo": True, "logprobs": 2}, 2),
+        (COMPLETIONS, {"echo": True, "logprobs": 2, "prompt_logprobs": 0}, 0),
+    ],
+)
+def test_the_engine_scores_the_prompt_when_asked_or_echoed(endpoint, fields, asked):
+    body = _chat(**fields) if endpoint == CHAT else {"model": "m", "prompt": "x", **fields}
+    assert prompt_logprobs_asked(generation_parse(body, endpoint=endpoint)) == asked
 
 
 def test_chat_fields_are_refused_on_completions():

@@ -25,6 +25,7 @@ from dataplane.types import (
     Failed,
     Finished,
     Job,
+    RankedLogprob,
     Sampling,
     Started,
     Structured,
@@ -36,6 +37,7 @@ from dataplane.types import (
 from workers import generative
 from workers.engine import AdapterRef, EngineError, Step, _Steps, sampling_params
 from workers.generative import GenerativeWorker, _Holdback
+from workers.tooling import ranked_shaped
 
 WEATHER = [
     {
@@ -362,9 +364,36 @@ def test_logprobs_are_shaped_as_vllms_chat_server_shapes_them(tokenizer):
             top=[TopLogprob(token="é", logprob=-1.25, bytes=[195, 169])],
         ),
     ]
+    # And as vLLM's prompt_logprobs field lists them: by id, with rank and text.
+    assert step.prompt_ranked == [
+        None,
+        [RankedLogprob(token_id=6, logprob=-1.25, rank=1, decoded="é")],
+    ]
     # The prompt's logprobs come with each completion's first step only.
     (later,) = steps.of(_output(_completion(0, "a", [7], lps=[step_lps])))
-    assert later.prompt_logprobs is None
+    assert later.prompt_logprobs is None and later.prompt_ranked is None
+
+
+def test_a_prompt_not_echoed_is_scored_only_as_vllms_prompt_logprobs_list_it(tokenizer):
+    prompt_lps = [None, {6: Logprob(logprob=-1.25, rank=1, decoded_token="é")}]
+    steps = _Steps([5, 6], tokenizer, echoed=False)
+    (step,) = steps.of(_output(_completion(0, "a", [7]), prompt_logprobs=prompt_lps))
+    assert step.prompt_logprobs is None
+    assert step.prompt_ranked == [None, [RankedLogprob(6, -1.25, 1, "é")]]
+
+
+def test_ranked_prompt_logprobs_keep_the_engines_order_and_floor():
+    position = {
+        9: Logprob(logprob=float("-inf"), rank=4000, decoded_token="x"),
+        3: Logprob(logprob=-0.1, rank=1, decoded_token=None),
+    }
+    assert ranked_shaped([None, position]) == [
+        None,
+        [
+            RankedLogprob(token_id=9, logprob=-9999.0, rank=4000, decoded="x"),
+            RankedLogprob(token_id=3, logprob=-0.1, rank=1, decoded=None),
+        ],
+    ]
 
 
 def test_tokens_named_by_id_keep_the_chosen_tokens_own_bytes(tokenizer):
@@ -500,10 +529,30 @@ async def test_a_failing_prompt_ends_every_prompt_and_bills_what_they_produced()
 async def test_prompt_logprobs_and_logprobs_reach_the_choice():
     lp = [TokenLogprob(token="a", logprob=-1.0)]
     prompt = [TokenLogprob(token="p", logprob=None)]
-    step = _step("a", 0, "stop", logprobs=lp, prompt_logprobs=prompt)
-    events = await _served(_Engine({0: [step]}), _job())
+    ranked = [None, [RankedLogprob(token_id=4, logprob=-2.0, rank=7, decoded="q")]]
+    step = _step("a", 0, "stop", logprobs=lp, prompt_logprobs=prompt, prompt_ranked=ranked)
+    events = await _served(_Engine({0: [step]}), _job(stream=False))
     (delta,) = [e for e in events if isinstance(e, Delta)]
     assert delta.logprobs == lp and delta.prompt_logprobs == prompt
+    assert delta.prompt_ranked == ranked
+
+
+async def test_a_prompts_ranked_logprobs_ride_with_its_first_choice_only():
+    ranked = [None, [RankedLogprob(token_id=4, logprob=-2.0, rank=7, decoded="q")]]
+    steps = [_step("a", i, "stop", prompt_ranked=ranked) for i in (0, 1)]
+    job = _job(stream=False, sampling=Sampling(max_tokens=8, n=2, temperature=1.0))
+    events = await _served(_Engine({0: steps}), job)
+    deltas = {e.index: e for e in events if isinstance(e, Delta)}
+    assert deltas[0].prompt_ranked == ranked and deltas[1].prompt_ranked is None
+
+
+async def test_a_stream_carries_no_ranked_prompt_logprobs():
+    """vLLM's prompt_logprobs field is in whole answers only: a stream's deltas leave it out."""
+    ranked = [None, [RankedLogprob(token_id=4, logprob=-2.0, rank=7, decoded="q")]]
+    step = _step("a", 0, "stop", prompt_logprobs=[TokenLogprob("p", None)], prompt_ranked=ranked)
+    events = await _served(_Engine({0: [step]}), _job(stream=True))
+    (delta,) = [e for e in events if isinstance(e, Delta)]
+    assert delta.prompt_logprobs is not None and delta.prompt_ranked is None
 
 
 # --- tools ---
