@@ -219,6 +219,9 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             }
             if submitted.cache is not None:
                 started["cache"] = "hit" if submitted.cache.hit else "miss"
+            if parsed.return_token_ids:
+                # Each prompt's ids as the engine got them (chat: its one rendered prompt).
+                started["prompt_token_ids"] = submitted.job.inputs()
             await self._send(started)
             async for event in events:
                 if isinstance(event, Delta):

@@ -195,8 +195,18 @@ async def test_token_ids_ride_on_the_deltas_when_asked_for(stack, world):
     async with websockets.connect(_ws_url(stack), subprotocols=[protocol]) as socket:  # type: ignore[list-item]
         await socket.send(_request("ids", max_tokens=6, ignore_eos=True, return_token_ids=True))
         await socket.send(_request("plain", max_tokens=6, ignore_eos=True))
-        seen = await _until_end(socket, {"ids", "plain"})
+        two = {"prompt": ["Trains run", "The yard"], "return_token_ids": True}
+        await socket.send(_request("two", max_tokens=2, ignore_eos=True, **two))
+        seen = await _until_end(socket, {"ids", "plain", "two"})
     deltas = [m for m in seen["ids"] if m["type"] == "delta"]
     assert len([t for m in deltas for t in m["token_ids"]]) == 6
     assert all(len(m["token_ids"]) == m["tokens"] for m in deltas)
     assert not any("token_ids" in m for m in seen["plain"])
+    # The prompts' ids come with the start, one list per prompt, as the engine got them.
+    started = {key: seen[key][0] for key in seen}
+    [prompt] = started["ids"]["prompt_token_ids"]
+    finished = seen["ids"][-1]
+    assert len(prompt) == finished["usage"]["prompt_tokens"] and prompt[0] == 0  # BOS
+    first, second = started["two"]["prompt_token_ids"]
+    assert second == prompt and first != prompt and first[0] == 0
+    assert "prompt_token_ids" not in started["plain"]
