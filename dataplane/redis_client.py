@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import time
@@ -13,6 +14,7 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
@@ -43,6 +45,32 @@ async def _free_connections_disconnect(node: ClusterNode) -> None:
 
 
 ClusterNode.disconnect_free_connections = _free_connections_disconnect  # type: ignore[method-assign,assignment]
+
+_packed_send = AbstractConnection._send_packed_command
+
+
+async def _send_on_a_live_transport(self: AbstractConnection, command: Any) -> None:
+    """Send as redis-py does; a write on a connection whose peer is gone is a connection error.
+
+    Under uvloop a write on a transport that has closed (the server died between connecting
+    and the first command) raises RuntimeError ("unable to perform operation on
+    <TCPTransport closed=True ...>; the handler is closed"), which redis-py passes on as
+    itself: a request admitted while a cluster primary failed over got a 500 instead of the
+    503 an unreachable data plane answers. As an OSError it is what redis-py makes of a
+    broken socket: the connection is dropped and a ConnectionError raised, which the callers
+    handle (UNREACHABLE).
+    """
+    if self._writer is None:
+        raise ConnectionResetError(errno.ECONNRESET, "the connection was closed")
+    try:
+        await _packed_send(self, command)
+    except RuntimeError as exc:
+        if "closed" not in str(exc):
+            raise
+        raise ConnectionResetError(errno.ECONNRESET, str(exc)) from exc
+
+
+AbstractConnection._send_packed_command = _send_on_a_live_transport  # type: ignore[method-assign]
 
 
 def redis_client_new() -> aredis.Redis:
