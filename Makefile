@@ -90,6 +90,7 @@ screenshots: $(STAMP) $(ASSETS) system-tools
 bench: $(STAMP)
 	$(PY) bench/stream_overhead.py
 	$(PY) bench/structured.py
+	$(PY) bench/profiles.py
 	$(PY) bench/admission.py
 	$(PY) bench/usage_ingest.py
 	$(PY) bench/embeddings.py
