@@ -57,11 +57,9 @@ from bench.common import (  # noqa: E402
     vllm_server,
     vllm_version,
 )
-from bench.structured import SCHEMA, whitespace_ids  # noqa: E402
+from bench.structured import OUTPUT_TOKENS, request_body, whitespace_ids  # noqa: E402
 
 MAX_NUM_SEQS = 64
-OUTPUT_TOKENS = 64
-MESSAGES = [{"role": "user", "content": "Find a review of the new roundhouse and rate it."}]
 SCENARIOS = ("plain", "json_schema")
 KEPT_FRAMES = 40  # per process and kind, in the JSON
 SHOWN_FRAMES = 5  # per process, in the section
@@ -173,25 +171,6 @@ def _sample(pids: dict[str, int], seconds: float, rate: int, work: Path) -> list
 # --- the load ----------------------------------------------------------------------------------
 
 
-def _body(scenario: str, model: str, no_whitespace: dict[str, float]) -> dict[str, Any]:
-    """A streamed chat, the same but for the json_schema scenario's constraint (the
-    tokenizer's whitespace tokens pushed away in both, as bench/structured.py does)."""
-    body = {
-        "model": model,
-        "messages": MESSAGES,
-        "max_tokens": OUTPUT_TOKENS,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "logit_bias": no_whitespace,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if scenario == "json_schema":
-        schema = {"name": "review", "schema": SCHEMA, "strict": True}
-        body["response_format"] = {"type": "json_schema", "json_schema": schema}
-    return body
-
-
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], key: str) -> int:
     """One streamed request; the output tokens its usage chunk reports."""
     headers = {"Authorization": f"Bearer {key}"}
@@ -270,7 +249,8 @@ def _profile(
     args: argparse.Namespace,
     no_whitespace: dict[str, float],
 ) -> Load:
-    body = _body(scenario, target.model, no_whitespace)
+    # The chat bench/structured.py sends: whitespace tokens pushed away in both scenarios.
+    body = request_body(scenario, target.model, no_whitespace)
     with tempfile.TemporaryDirectory(prefix="profile-") as work:
 
         async def both() -> tuple[tuple[int, int, int, float], list[Sampled]]:
