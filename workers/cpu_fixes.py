@@ -115,11 +115,17 @@ def _rewind_kept(bookkeeping: Callable[..., Any]) -> Callable[..., Any]:
     return patched
 
 
-if not getattr(GPUModelRunner._bookkeeping_sync, _REWINDS, False):
-    GPUModelRunner._sample = _keep_states(GPUModelRunner._sample)  # type: ignore[method-assign]
-    GPUModelRunner._bookkeeping_sync = _rewind_kept(  # type: ignore[method-assign]
-        GPUModelRunner._bookkeeping_sync
-    )
+# Only where the runner has both steps (vLLM 0.32's; the e2e test checks the pinned release),
+# and once however often the module is imported.
+_sample_step = getattr(GPUModelRunner, "_sample", None)
+_bookkeeping_step = getattr(GPUModelRunner, "_bookkeeping_sync", None)
+if (
+    _sample_step is not None
+    and _bookkeeping_step is not None
+    and not getattr(_bookkeeping_step, _REWINDS, False)
+):
+    GPUModelRunner._sample = _keep_states(_sample_step)  # type: ignore[method-assign]
+    GPUModelRunner._bookkeeping_sync = _rewind_kept(_bookkeeping_step)  # type: ignore[method-assign]
 
 
 class CpuEngineFixes:
