@@ -211,7 +211,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
         ended = False
         events = relay.events(dispatch_get(), submitted)
         try:
-            started = {
+            started: dict[str, Any] = {
                 "type": "started",
                 "id": client_id,
                 "request_id": submitted.job.request_id,
