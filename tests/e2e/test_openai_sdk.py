@@ -54,6 +54,18 @@ def test_completion(sdk):
     assert completion.usage.completion_tokens == 5
 
 
+def test_prompt_logprobs_score_a_text_as_docs_tools_shows(sdk):
+    """The perplexity example of docs/tools.md: each prompt token's own log probability."""
+    out = sdk.completions.create(
+        model=ALIAS, prompt="The yard was quiet.", max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
+    positions = out.choices[0].prompt_logprobs  # vLLM's field, an extra of the SDK's model
+    assert positions[0] is None and len(positions) == out.usage.prompt_tokens
+    scored = [next(iter(p.values()))["logprob"] for p in positions[1:]]
+    assert len(scored) == out.usage.prompt_tokens - 1
+    assert all(isinstance(x, float) and x <= 0 for x in scored)
+
+
 def test_streamed_completion(sdk):
     stream = sdk.completions.create(
         model=ALIAS,
