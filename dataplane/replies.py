@@ -113,8 +113,12 @@ class Follower:
             self.closed = False
             self._reader.add(self)
         if not self.entries and self.error is None and self.failure is None:
+            # asyncio.timeout, not wait_for: on Python 3.11 a cancel that lands as an entry
+            # arrives is swallowed by wait_for, and the relay read on, so a client's cancel or
+            # disconnect was sometimes lost and its request ran to the end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ready.wait(), block_ms / 1000)
+                async with asyncio.timeout(block_ms / 1000):
+                    await self.ready.wait()
         self.read_at = time.monotonic()
         self.ready.clear()
         if self.failure is not None:

@@ -198,7 +198,9 @@ class DynamicBatcher:
             if wait > 0:
                 self._arrived.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), timeout=wait)
+                    # Not wait_for, which on 3.11 can swallow a cancel that meets the event.
+                    async with asyncio.timeout(wait):
+                        await self._arrived.wait()
                 continue
             batch = self._take()
             if batch:

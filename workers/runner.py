@@ -393,7 +393,9 @@ class Worker(abc.ABC):
             wait = last_tick + step - time.monotonic()
             if wait > 0 and not self._outbox.urgent.is_set() and not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._outbox.urgent.wait(), wait)
+                    # Not wait_for, which on 3.11 can swallow a cancel that meets the event.
+                    async with asyncio.timeout(wait):
+                        await self._outbox.urgent.wait()
             urgent_only, share = False, None
             if step > 0 and not self._closing.is_set():
                 if time.monotonic() < last_tick + step:

@@ -313,3 +313,22 @@ async def test_the_frontend_is_unready_while_a_reply_reader_fails(client, dispat
     reads.failing = False
     await _until(lambda: not loops_failing("replies"))
     assert (await api.get("/readyz")).status_code == 200
+
+
+async def test_a_cancel_that_lands_as_an_entry_arrives_is_not_lost():
+    """The relay's read is cancelled when its client cancels or goes away. On Python 3.11
+    asyncio.wait_for swallowed a cancel that landed in the same turn of the loop as the entry
+    it waited for: the read returned, the relay went on, and the request ran to its end."""
+
+    class Idle:
+        def add(self, follower: Follower) -> None:
+            return None
+
+    follower = Follower(Idle(), "key", "0-0")  # type: ignore[arg-type]
+    read = asyncio.create_task(follower.read(block_ms=5000))
+    await asyncio.sleep(0)  # waiting for an entry
+    follower.entries.append(("1-0", Delta(text="x", tokens=1)))
+    follower.ready.set()
+    read.cancel()  # in the same turn as the entry
+    with pytest.raises(asyncio.CancelledError):
+        await read
