@@ -104,9 +104,7 @@ def sampling_build(
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=request.logprobs,
         prompt_logprobs=prompt_logprobs,
-        prompt_in_logprobs=(
-            request.echo and request.endpoint != CHAT and request.logprobs is not None
-        ),
+        prompt_in_logprobs=_echoes_logprobs(request),
         structured=request.structured,
         allowed_token_ids=(
             None if request.allowed_token_ids is None else list(request.allowed_token_ids)
@@ -130,6 +128,11 @@ def prompt_logprobs_asked(request: GenerationRequest) -> int | None:
     return request.logprobs
 
 
+def _echoes_logprobs(request: GenerationRequest) -> bool:
+    """Whether the prompt's log probabilities open the text's (completions' echo with logprobs)."""
+    return request.echo and request.endpoint != CHAT and request.logprobs is not None
+
+
 def _prompt_logprobs_bound(request: GenerationRequest, alternatives: int, longest: int) -> None:
     """Refuse prompt_logprobs whose answer would list more than MAX_PROMPT_LOGPROBS entries.
 
@@ -137,7 +140,7 @@ def _prompt_logprobs_bound(request: GenerationRequest, alternatives: int, longes
     repeat them. `longest` is the longest prompt's length.
     """
     copies = 1 if request.endpoint == CHAT else request.n * max(len(request.prompts), 1)
-    if request.endpoint != CHAT and request.echo and request.logprobs is not None:
+    if _echoes_logprobs(request):
         copies *= 2
     entries = longest * (alternatives + 1) * copies
     if entries > MAX_PROMPT_LOGPROBS:

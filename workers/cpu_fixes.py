@@ -79,6 +79,8 @@ class _Rewind:
 def _discarded(runner: Any) -> dict[int, torch.Generator]:
     """The CPU generators of this step's requests whose sampled token vLLM will discard."""
     batch = runner.input_batch
+    if not batch.generators:
+        return {}  # no seeded request in the batch: nothing to keep (most steps)
     rows = np.nonzero(runner.discard_request_mask.np[: batch.num_reqs])[0]
     found = {}
     for row in rows:
