@@ -263,11 +263,24 @@ def request_ended(submitted: Submitted, event: Finished | Failed) -> None:
     spawn(usage_settle(submitted, event))
     key = submitted.idempotency_key
     if key is not None and isinstance(event, Failed):
-        spawn(
-            idempotency_get().release(
-                tenant_id=submitted.job.tenant_id, key=key, request_id=submitted.job.request_id
-            )
+        key_free(tenant_id=submitted.job.tenant_id, key=key, request_id=submitted.job.request_id)
+
+
+def key_free(*, tenant_id: int, key: str, request_id: str) -> None:
+    """Free an Idempotency-Key if `request_id` holds it, so that a retry runs again.
+
+    In the background, and again while Redis is unreachable (a minute at most): a claim whose
+    answer was lost when Redis went away holds the key too, and a retry would be told the key
+    is in use until the claim lapsed.
+    """
+
+    async def free() -> None:
+        await until_reachable(
+            lambda: idempotency_get().release(tenant_id=tenant_id, key=key, request_id=request_id),
+            "free an Idempotency-Key",
         )
+
+    spawn(free())
 
 
 async def reservation_return(job: Job) -> None:

@@ -24,7 +24,7 @@ from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import Submitted, request_ended, request_failure
+from inference.admission import Submitted, key_free, request_ended, request_failure
 from inference.clients import dispatch_get, idempotency_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
@@ -96,15 +96,15 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     if parsed.background and not parsed.store:
         raise invalid("store", "A background response is stored: leave 'store' out or send true.")
     key = key_validate(request.headers.get("Idempotency-Key"))
-    if key is not None:
-        replayed = await _replay_or_claim(
-            principal.tenant_id, key, body, parsed, request_clock(request), request_id=request_id
-        )
-        if replayed is not None:
-            return replayed
     clock = request_clock(request)
     chat = parsed.chat
     try:
+        if key is not None:
+            replayed = await _replay_or_claim(
+                principal.tenant_id, key, body, parsed, clock, request_id=request_id
+            )
+            if replayed is not None:
+                return replayed
         while True:
             try:
                 submitted = await generation_submit(
@@ -127,12 +127,10 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
                     raise chat_error_renamed(exc) from None
                 chat = dataclasses.replace(chat, messages=shorter)
     except BaseException:
+        # Refused, failed or cancelled, in the claim too (its answer lost): the key goes back
+        # if this request holds it.
         if key is not None:
-            spawn(
-                idempotency_get().release(
-                    tenant_id=principal.tenant_id, key=key, request_id=request_id
-                )
-            )
+            key_free(tenant_id=principal.tenant_id, key=key, request_id=request_id)
         raise
     builder = ResponseBuilder(
         response_id=response_id,

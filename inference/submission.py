@@ -423,12 +423,23 @@ async def _job_submit(
                 completion=job.sampling.max_tokens * job.choices,
             ),
         )
-        decision = await admit(
-            principal=principal,
-            request_id=job.request_id,
-            reserve=reserve,
-            request_taken=request_taken,
-        )
+        try:
+            decision = await admit(
+                principal=principal,
+                request_id=job.request_id,
+                reserve=reserve,
+                request_taken=request_taken,
+            )
+        except ApiError:
+            raise  # refused: the script took nothing
+        except BaseException:
+            # Redis went away or the client did while the admission script was in flight: it
+            # may have run with its answer lost, and then it holds a reservation (a slot, the
+            # reserved cost charged to the month) that no end would ever settle. Giving it
+            # back is a no-op when it never ran; it goes on in the background until Redis is
+            # back (a minute at most), as the refusal is answered.
+            spawn(until_reachable(lambda: reservation_return(job), "give back a reservation"))
+            raise
         try:
             if cache is not None and cache.answer is not None:
                 await _answer_from_cache(job=job, use=cache.use, answer=cache.answer)

@@ -14,11 +14,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from config.db import db_call
 from config.json_body import shown
-from dataplane.background import spawn
 from dataplane.replies import entry_id_parse
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import VERSION_HEADER, request_ended, request_failure
+from inference.admission import VERSION_HEADER, key_free, request_ended, request_failure
 from inference.auth import Principal
 from inference.clients import dispatch_get, idempotency_get, model_names_get, routing_get
 from inference.content_policy import policy_get
@@ -95,14 +94,14 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     body = await request_json(request)
     parsed = generation_parse(body, endpoint=endpoint, tenant_id=principal.tenant_id)
     key = key_validate(request.headers.get("Idempotency-Key"))
-    if key is not None:
-        replayed = await _replay_or_claim(
-            principal, key, body, parsed, request_clock(request), request_id=request_id
-        )
-        if replayed is not None:
-            return replayed
     clock = request_clock(request)
     try:
+        if key is not None:
+            replayed = await _replay_or_claim(
+                principal, key, body, parsed, clock, request_id=request_id
+            )
+            if replayed is not None:
+                return replayed
         submitted = await generation_submit(
             principal=principal,
             request=parsed,
@@ -115,12 +114,10 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             request_taken=True,
         )
     except BaseException:
+        # Refused, failed or cancelled, in the claim too (its answer lost): the key goes back
+        # if this request holds it.
         if key is not None:
-            spawn(
-                idempotency_get().release(
-                    tenant_id=principal.tenant_id, key=key, request_id=request_id
-                )
-            )
+            key_free(tenant_id=principal.tenant_id, key=key, request_id=request_id)
         raise
     formatter = _formatter(
         endpoint=endpoint,

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.asyncio as redis
 from asgiref.testing import ApplicationCommunicator
 from channels.routing import URLRouter
 from django.test import AsyncClient
@@ -34,7 +35,7 @@ from billing.ingester import Ingester
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
 from dataplane.frontdoor import FrontDoor
-from dataplane.quotas import MICROS, month_of
+from dataplane.quotas import MICROS, Quotas, month_of
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Sampling
 from inference import endpoint, submission, ws
@@ -494,5 +495,84 @@ def test_text_the_queue_cannot_encode_is_a_400_that_reserves_nothing(lane, monke
             assert not await dispatch.redis.exists(held)
             assert await dispatch.redis.zscore(inflight, made[0]) is None
             assert await _spent(dispatch, lane) == spent_before
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("lost", [redis.ConnectionError, asyncio.CancelledError])
+def test_an_admission_whose_answer_is_lost_gives_back_what_it_took(lane, monkeypatch, lost):
+    """The admission script ran, then Redis went away (or the client did) before its answer
+    came: the frontend cannot know it was admitted, so it gives back whatever it may hold."""
+    admit = Quotas.admit
+
+    async def ran_then_lost(self: Quotas, **kwargs: Any) -> Any:
+        decision = await admit(self, **kwargs)
+        if decision is None:
+            return None  # the month's spend is read from PostgreSQL first: no script ran yet
+        assert decision.admitted
+        raise lost("the answer was lost")
+
+    async def scenario() -> None:
+        made = _recording_ids(monkeypatch)
+        async with _worker(lane, _Engine()) as dispatch:
+            spent_before = await _spent(dispatch, lane)
+            with monkeypatch.context() as patch:
+                patch.setattr(Quotas, "admit", ran_then_lost)
+                try:
+                    response = await AsyncClient().post(
+                        "/v1/chat/completions",
+                        _body(False),
+                        content_type="application/json",
+                        headers={"Authorization": f"Bearer {lane.key}"},
+                    )
+                except asyncio.CancelledError:
+                    assert lost is asyncio.CancelledError
+                else:
+                    assert lost is redis.ConnectionError
+                    assert response.status_code == 503, response.content
+            held, inflight, _ = _keys(lane, made[0])
+            deadline = time.monotonic() + 10
+            while await dispatch.redis.exists(held):
+                assert time.monotonic() < deadline, "the reservation is still held"
+                await asyncio.sleep(0.05)
+            assert await dispatch.redis.zscore(inflight, made[0]) is None
+            assert await _spent(dispatch, lane) == spent_before
+
+    asyncio.run(scenario())
+
+
+def test_a_key_claim_whose_answer_is_lost_leaves_the_key_free_for_the_retry(lane, monkeypatch):
+    """The Idempotency-Key's claim ran, then Redis went away before its answer came: the
+    client's retry with the same key runs, rather than being told the key is in use."""
+    begin = Idempotency.begin
+
+    async def ran_then_lost(self: Idempotency, **kwargs: Any) -> Any:
+        assert await begin(self, **kwargs) is None  # claimed for this request
+        raise redis.ConnectionError("the answer was lost")
+
+    async def scenario() -> None:
+        headers = {"Authorization": f"Bearer {lane.key}", "Idempotency-Key": uuid.uuid4().hex}
+        async with _worker(lane, _Engine()):
+            with monkeypatch.context() as patch:
+                patch.setattr(Idempotency, "begin", ran_then_lost)
+                lost = await AsyncClient().post(
+                    "/v1/chat/completions",
+                    _body(False),
+                    content_type="application/json",
+                    headers=headers,
+                )
+            assert lost.status_code == 503, lost.content
+            deadline = time.monotonic() + 10
+            while True:
+                retry = await AsyncClient().post(
+                    "/v1/chat/completions",
+                    _body(False),
+                    content_type="application/json",
+                    headers=headers,
+                )
+                if retry.status_code != 409 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert retry.status_code == 200, retry.content
 
     asyncio.run(scenario())
