@@ -65,6 +65,9 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     logprob_tokens_as_ids: bool = False
     # Each delta carries the ids of its tokens (vLLM's return_token_ids).
     output_token_ids: bool = False
+    # Each choice's first delta carries its prompt's token ids: an answer that lists them
+    # (return_token_ids, echo) can be rebuilt from the reply stream alone (a replay).
+    prompt_ids_in_reply: bool = False
 
 
 class Tools(msgspec.Struct, frozen=True, kw_only=True):
@@ -230,7 +233,8 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     `prompt_logprobs`: the prompt's tokens, sent once before any output (`echo`).
     `prompt_ranked`: the same positions as vLLM's `prompt_logprobs` field lists them (the
     prompt's token and the likeliest ones, with ids and ranks; None for the first token), sent
-    once, for an answer that is not streamed.
+    once, for an answer that is not streamed. `prompt_token_ids`: the choice's prompt, on its
+    first delta, when the request's sampling asks for it (`prompt_ids_in_reply`).
     """
 
     text: str
@@ -242,6 +246,7 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     # The ids of the tokens this delta took, when the request asked for them.
     token_ids: list[int] | None = None
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None
 
     def joins(self, later: Delta) -> bool:
         """Whether a later delta can be merged into this one (the same choice's output)."""
@@ -249,6 +254,7 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
             later.index == self.index
             and later.prompt_logprobs is None
             and later.prompt_ranked is None
+            and later.prompt_token_ids is None
         )
 
     def then(self, later: Delta) -> Delta:
@@ -262,6 +268,7 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
             prompt_logprobs=self.prompt_logprobs,
             token_ids=_joined(self.token_ids, later.token_ids),
             prompt_ranked=self.prompt_ranked,
+            prompt_token_ids=self.prompt_token_ids,
         )
 
 

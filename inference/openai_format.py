@@ -44,8 +44,9 @@ class Shape:
     # tool_choice "required" or a named function: a message of tool calls has content ""
     # (as vLLM's server answers); after `auto` it has none (null).
     forced_tools: bool = False
-    # vLLM's return_token_ids: each prompt's token ids (None where not known, as on a replay)
-    # and each choice's output ids go with the answer.
+    # vLLM's return_token_ids: each prompt's token ids (None where not known here, as on a
+    # replay: then each choice's first delta brings its prompt's) and each choice's output
+    # ids go with the answer.
     token_ids: bool = False
     prompt_token_ids: tuple[list[int], ...] | None = None
 
@@ -70,8 +71,10 @@ class _Choice:
     started: bool = False  # a chat stream sent this choice's role
     token_ids: list[int] = field(default_factory=list)
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None  # its prompt's, where the worker sent them
 
     def add(self, delta: Delta) -> None:
+        self.prompt_from(delta)
         if delta.prompt_logprobs:
             self.logprobs[:0] = delta.prompt_logprobs
         if delta.prompt_ranked is not None:
@@ -83,6 +86,10 @@ class _Choice:
             self.calls = _calls_merged(self.calls, delta.tool_calls)
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
+
+    def prompt_from(self, delta: Delta) -> None:
+        if delta.prompt_token_ids is not None and self.prompt_token_ids is None:
+            self.prompt_token_ids = delta.prompt_token_ids
 
 
 def _calls_merged(calls: list[ToolCallDelta], pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
@@ -294,7 +301,7 @@ class Formatter:
                     "finish_reason": reason,
                 }
                 if self.shape.token_ids:
-                    choice["prompt_token_ids"] = self.shape.prompt_ids(index)
+                    choice["prompt_token_ids"] = self._prompt_ids(index)
                 # Each choice lists its prompt's, which came with the prompt's first choice.
                 ranked = self._choice(index - index % self.shape.n).prompt_ranked
                 if ranked is not None:
@@ -306,7 +313,7 @@ class Formatter:
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion")
         if self.chat and self.shape.token_ids:
-            body["prompt_token_ids"] = self.shape.prompt_ids(0)
+            body["prompt_token_ids"] = self._prompt_ids(0)
         # Chat has one prompt: its logprobs go on the body, as vLLM's server writes them.
         ranked = self._choice(0).prompt_ranked if self.chat else None
         if ranked is not None:
@@ -317,9 +324,16 @@ class Formatter:
         )
         return _json.encode(body)
 
+    def _prompt_ids(self, index: int) -> list[int] | None:
+        """The token ids of the prompt a choice answers: the frontend's, else the worker's
+        (a replay, which has no job)."""
+        known = self.shape.prompt_ids(index)
+        return known if known is not None else self._choice(index).prompt_token_ids
+
     def chunk(self, delta: Delta, *, include_usage: bool) -> bytes | None:
         """Return the SSE event carrying a delta, or None when it carries nothing to send."""
         choice = self._choice(delta.index)
+        choice.prompt_from(delta)
         entries = [*(delta.prompt_logprobs or []), *(delta.logprobs or [])]
         text = delta.text
         if not self.chat and self.shape.echo and not choice.started:
@@ -366,7 +380,7 @@ class Formatter:
             }
             body = self._envelope("chat.completion.chunk")
             if first and self.shape.token_ids:
-                body["prompt_token_ids"] = self.shape.prompt_ids(index)
+                body["prompt_token_ids"] = self._prompt_ids(index)
         else:
             body_choice = {
                 "index": index,
@@ -377,7 +391,7 @@ class Formatter:
             body = self._envelope("text_completion")
             if first and (self.shape.token_ids or self.shape.echo):
                 # vLLM's server opens an echoed stream's choice with its prompt's ids too.
-                body_choice["prompt_token_ids"] = self.shape.prompt_ids(index)
+                body_choice["prompt_token_ids"] = self._prompt_ids(index)
         if self.shape.token_ids:
             body_choice["token_ids"] = token_ids or []
         choice.started = True

@@ -60,8 +60,11 @@ def cacheable(job: Job) -> bool:
 
 
 def _normalised(sampling: Sampling) -> Sampling:
-    # Greedy decoding ignores these: requests differing only in them get the same answer.
-    return msgspec.structs.replace(sampling, top_p=1.0, top_k=0, seed=None)
+    # Greedy decoding ignores these, and the prompt's ids in the reply change no answer:
+    # requests differing only in them get the same answer.
+    return msgspec.structs.replace(
+        sampling, top_p=1.0, top_k=0, seed=None, prompt_ids_in_reply=False
+    )
 
 
 def tenant_answers_forget(client: redis.Redis, *, tenant_id: int) -> int:

@@ -273,6 +273,10 @@ async def _generation_admit(
         principal=principal,
         prompt_tokens=max(len(p) for p in prompts),
     )
+    if idempotency_key is not None and (request.return_token_ids or request.echo):
+        # A retry is answered from the reply stream alone, and this answer lists its prompts'
+        # token ids: they go in it too.
+        sampling = msgspec.structs.replace(sampling, prompt_ids_in_reply=True)
     tools = tools_build(request, route)
     now = time.time()
     job = Job(

@@ -190,16 +190,23 @@ async def _replay(
 ) -> HttpResponseBase | None:
     """Return the original's response again, or None when the original failed.
 
-    The tenant's safety policy filters the replayed text as it filtered the original's.
+    The tenant's safety policy filters the replayed text as it filtered the original's. Its
+    prompts' token ids (return_token_ids, echo) come from the reply stream, where the worker
+    put them; a token-id prompt is echoed as the original's version's tokenizer writes it.
     """
     dispatch = dispatch_get()
+    try:
+        shape = answer_shape(parsed, (await routing_get(original.model)).primary)
+    except ApiError:
+        # The version that answered routes nowhere now: its tokenizer is not at hand.
+        shape = shape_of(parsed, decode=lambda ids: "")
     formatter = _formatter(
         endpoint=parsed.endpoint,
         request_id=original.request_id,
         model=original.model,
         version=original.version,
         created=original.created,
-        shape=shape_of(parsed, decode=lambda ids: ""),
+        shape=shape,
     )
     events = relay.attach(
         dispatch,

@@ -77,6 +77,7 @@ class _Choice:
     produced: int = 0
     finish_reason: str | None = None
     tools: ChoiceTools | None = None
+    opened: bool = False  # a delta of it went out
 
     def reason(self) -> str:
         if self.tools is not None:
@@ -216,6 +217,10 @@ class _Generation:
         ranked = None if self.job.stream or step.index else step.prompt_ranked
         if not (step.tokens or text or calls or step.prompt_logprobs or ranked):
             return None
+        prompt_ids = None
+        if not choice.opened and self.job.sampling.prompt_ids_in_reply:
+            prompt_ids = self.job.inputs()[index // self.job.sampling.n]
+        choice.opened = True
         return Delta(
             text=text,
             tokens=step.tokens,
@@ -225,6 +230,7 @@ class _Generation:
             prompt_logprobs=step.prompt_logprobs,
             token_ids=list(step.token_ids) if self.job.sampling.output_token_ids else None,
             prompt_ranked=ranked,
+            prompt_token_ids=prompt_ids,
         )
 
     def _emit(self, delta: Delta, *, urgent: bool = False) -> None:

@@ -149,6 +149,60 @@ def test_a_streaming_retry_attaches_to_the_same_stream(stack, world, usage_of):
     assert stream() == (id_one, text_one)
 
 
+@pytest.mark.parametrize(
+    "path, fields",
+    [
+        # Several token-id prompts, two choices each, echoed: each choice lists its prompt's
+        # ids and opens with its prompt's text, as the tokenizer writes it.
+        ("/v1/completions", {"prompt": [[72, 101, 108], [87, 111]], "echo": True, "n": 2}),
+        ("/v1/completions", {"prompt": "def main():", "return_token_ids": True, "n": 2}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "return_token_ids": True},
+        ),
+    ],
+    ids=["echoed-token-prompts", "completions-token-ids", "chat-token-ids"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_replay_lists_the_prompts_token_ids_and_echo_as_the_original_did(
+    client, world, path, fields, stream
+):
+    key = f"ids-{uuid.uuid4()}"
+    body = {"model": ALIAS, "max_tokens": 4, "seed": 3, "stream": stream, **fields}
+    first = client.post(path, json=body, headers=_headers(world.acme_key, key))
+    assert first.status_code == 200, first.text
+    again = client.post(path, json=body, headers=_headers(world.acme_key, key))
+    assert again.headers["Idempotent-Replayed"] == "true"
+    if stream:
+        # Entries the original got one by one a replay may read at once, merged: compare what
+        # each choice's chunks add up to.
+        assert _choices_streamed(again.text) == _choices_streamed(first.text)
+        assert all(c["prompt_token_ids"] for c in _choices_streamed(first.text).values())
+    else:
+        assert again.json() == first.json()
+        assert ("prompt_token_ids" in first.text) == bool(fields.get("return_token_ids"))
+
+
+def _choices_streamed(text: str) -> dict[int, dict]:
+    """Each choice of an SSE answer: its text, token ids and prompt's ids, chunks joined."""
+    choices: dict[int, dict] = {}
+    for line in text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        for choice in chunk["choices"]:
+            kept = choices.setdefault(
+                choice["index"], {"text": "", "token_ids": [], "prompt_token_ids": None}
+            )
+            kept["text"] += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            kept["token_ids"] += choice.get("token_ids") or []
+            prompt = choice.get("prompt_token_ids") or chunk.get("prompt_token_ids")
+            kept["prompt_token_ids"] = kept["prompt_token_ids"] or prompt
+            if choice.get("finish_reason"):
+                kept["finish_reason"] = choice["finish_reason"]
+    return choices
+
+
 def test_a_failed_request_frees_its_key_for_a_retry(client, world):
     key = f"flaky-{uuid.uuid4()}"
     body = {"model": ALIAS, "prompt": "Once", "max_tokens": 200, "ignore_eos": True}
