@@ -123,7 +123,7 @@ BODIES: dict[str, tuple[Any, list[str]]] = {
         ["model", "prompt", "max_tokens", "stop", "user", "echo", "best_of", "suffix", ""],
     ),
     "/v1/embeddings": (
-        lambda: {"model": ALIAS, "input": "hello"},
+        lambda: {"model": ALIAS, "input": ["hello"]},  # a list: "input.0" names its text
         ["model", "input", "input.0", "encoding_format", "dimensions", "user", ""],
     ),
     "/v1/batches": (
