@@ -128,6 +128,8 @@ MIDDLEWARE = [
     # django-prometheus times every console and management request (django_http_* series).
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads the query or form into the database (a NUL there is a 500).
+    "config.middleware.NulRefusedMiddleware",
     # Serves the console's and admin's static files (collected, or found in place in dev).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
