@@ -83,14 +83,15 @@ def month_of(ts: float) -> str:
 
 
 def _release_call(
-    tenant_id: int, month: str, items: list[tuple[str, Usage]]
+    tenant_id: int, month: str, items: list[tuple[str, Usage]], admission: str = ""
 ) -> tuple[list[str], list[int | str]]:
-    """The keys and arguments of one _RELEASE call for a tenant's requests of one month."""
+    """The keys and arguments of one _RELEASE call for a tenant's requests of one month
+    (only what `admission` reserved, when it names one)."""
     _, tpm, inflight, spent, held_prefix = quota_keys(tenant_id, "", month)
     keys = [tpm, inflight, spent, *(held_prefix + rid for rid, _ in items)]
     args: list[int | str] = [int(time.time() * 1000)]
     for rid, used in items:
-        args += [rid, used.tokens, used.cost_micros]
+        args += [rid, used.tokens, used.cost_micros, admission]
     return keys, args
 
 
@@ -165,13 +166,15 @@ class Quotas:
         spent_this_month: int | None = None,
         now: float | None = None,
         request_taken: bool = False,
+        admission: str = "",
     ) -> Decision | None:
         """Reserve a request's share of the tenant's limits, or say which limit refuses it.
 
         Returns None when the month's spend is not in Redis yet (a new month, or Redis lost
         its data): call again with `spent_this_month` from the usage records. With
         `request_taken`, `take_request` counted the request already: the requests-per-minute
-        bucket is only reported.
+        bucket is only reported. `admission` marks the reservation, so that a give-back
+        naming it undoes this admission and no later one of the same request id.
         """
         now = time.time() if now is None else now
         result = await self._admit(
@@ -188,6 +191,7 @@ class Quotas:
                 request_id,
                 -1 if spent_this_month is None else spent_this_month,
                 int(request_taken),
+                admission,
             ],
         )
         status, remaining_requests, remaining_tokens, reset_requests, reset_tokens = (
@@ -204,10 +208,21 @@ class Quotas:
         )
 
     async def release(
-        self, *, tenant_id: int, request_id: str, admitted_at: float, used: Usage
+        self,
+        *,
+        tenant_id: int,
+        request_id: str,
+        admitted_at: float,
+        used: Usage,
+        admission: str = "",
     ) -> bool:
-        """Settle a request's reservation to what it used; True the first time only."""
-        keys, args = _release_call(tenant_id, month_of(admitted_at), [(request_id, used)])
+        """Settle a request's reservation to what it used; True the first time only.
+
+        With `admission`, only the reservation that admission made (see `admit`).
+        """
+        keys, args = _release_call(
+            tenant_id, month_of(admitted_at), [(request_id, used)], admission
+        )
         return int(await self._release(keys=keys, args=args)) == 1
 
     async def release_many(self, settlements: list[tuple[int, str, float, Usage]]) -> int:

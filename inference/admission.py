@@ -189,11 +189,17 @@ async def body_bytes_count(*, principal: Principal, size: int, read: bool = Fals
 
 
 async def admit(
-    *, principal: Principal, request_id: str, reserve: Usage, request_taken: bool = False
+    *,
+    principal: Principal,
+    request_id: str,
+    reserve: Usage,
+    request_taken: bool = False,
+    admission: str = "",
 ) -> Decision:
     """Reserve the request's share of its tenant's limits or raise the 429 that explains why.
 
-    With `request_taken`, `request_count` counted the request already.
+    With `request_taken`, `request_count` counted the request already; `admission` marks
+    the reservation for a give-back that must undo it alone (`reservation_return`).
     """
 
     async def attempt(spent: int | None) -> Decision | None:
@@ -205,6 +211,7 @@ async def admit(
             lease_seconds=settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS + 60,
             spent_this_month=spent,
             request_taken=request_taken,
+            admission=admission,
         )
 
     decision = await attempt(None)
@@ -283,13 +290,18 @@ def key_free(*, tenant_id: int, key: str, request_id: str) -> None:
     spawn(free())
 
 
-async def reservation_return(job: Job) -> None:
-    """Give back all an admitted request reserved: it used nothing (refused, or abandoned)."""
+async def reservation_return(job: Job, *, admission: str = "") -> None:
+    """Give back all an admitted request reserved: it used nothing (refused, or abandoned).
+
+    With `admission`, only what that admission reserved: the request id may have been
+    admitted again since (a fallback's attempt), and that reservation is not this one's.
+    """
     await quotas_get().release(
         tenant_id=job.tenant_id,
         request_id=job.request_id,
         admitted_at=job.enqueued_at,
         used=Usage(tokens=0, cost_micros=0),
+        admission=admission,
     )
 
 

@@ -10,8 +10,10 @@ import asyncio
 import json
 import logging
 import math
+import secrets
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import msgspec
 from django.conf import settings
@@ -427,12 +429,25 @@ async def _job_submit(
                 completion=job.sampling.max_tokens * job.choices,
             ),
         )
+        # This attempt's mark on its reservation: its give-backs undo it and nothing else
+        # (the same request id is admitted again by a fallback, or a batch's next step).
+        admission = secrets.token_hex(8)
+
+        def give_back() -> asyncio.Task[Any]:
+            return spawn(
+                until_reachable(
+                    lambda: reservation_return(job, admission=admission),
+                    "give back a reservation",
+                )
+            )
+
         try:
             decision = await admit(
                 principal=principal,
                 request_id=job.request_id,
                 reserve=reserve,
                 request_taken=request_taken,
+                admission=admission,
             )
         except ApiError:
             raise  # refused: the script took nothing
@@ -442,7 +457,7 @@ async def _job_submit(
             # reserved cost charged to the month) that no end would ever settle. Giving it
             # back is a no-op when it never ran; it goes on in the background until Redis is
             # back (a minute at most), as the refusal is answered.
-            spawn(until_reachable(lambda: reservation_return(job), "give back a reservation"))
+            give_back()
             raise
         try:
             if cache is not None and cache.answer is not None:
@@ -452,14 +467,11 @@ async def _job_submit(
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes
             # back at once and the request leaves no usage record, like any other refusal.
-            released = spawn(
-                until_reachable(lambda: reservation_return(job), "give back a reservation")
-            )
-            # Given back before the refusal is answered: a fallback admits the request again
-            # under the same id, and a late release would take what that attempt holds.
-            # Waited for briefly: with Redis away it goes on trying in the background and the
-            # refusal is answered (a fallback's admission needs Redis too). A cancel of this
-            # request still lets the release finish.
+            released = give_back()
+            # Given back before the refusal is answered, so that the tenant's slot is free for
+            # a fallback's attempt. Waited for briefly: with Redis away it goes on trying in
+            # the background and the refusal is answered (a late give-back undoes this
+            # attempt's reservation only). A cancel of this request still lets it finish.
             await asyncio.wait({released}, timeout=GIVE_BACK_WAIT_SECONDS)
             raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
         except BaseException:

@@ -2,6 +2,7 @@ local rpm, tpm, max_conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4
 local lease_ms, tokens, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local budget, rid, seed = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local taken = ARGV[11] == '1'  -- the request was counted already (take_request)
+local by = ARGV[12]  -- this admission's own token: a give-back naming it undoes it alone
 
 local spent = tonumber(redis.call('GET', KEYS[4]))
 if spent == nil then
@@ -39,7 +40,7 @@ redis.call('PEXPIRE', KEYS[2], 120000)
 redis.call('ZADD', KEYS[3], now + lease_ms, rid)
 redis.call('PEXPIRE', KEYS[3], lease_ms + 60000)
 redis.call('INCRBY', KEYS[4], cost)
-redis.call('HSET', KEYS[5], 'tokens', tokens, 'cost', cost)
+redis.call('HSET', KEYS[5], 'tokens', tokens, 'cost', cost, 'by', by)
 redis.call('PEXPIRE', KEYS[5], lease_ms + 86400000)
 local reset_requests = math.ceil((rpm - req_after) * 60000 / rpm)
 local reset_tokens = math.ceil((tpm - tok_level + tokens) * 60000 / tpm)

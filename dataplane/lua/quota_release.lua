@@ -1,14 +1,16 @@
 -- Settle reservations to actual use, once each: unused tokens go back to the bucket, the budget
 -- is charged the actual cost, and the concurrency slot is freed. One call covers one tenant's
 -- requests admitted in one month: KEYS = tpm, inflight, spent, then one held key per request;
--- ARGV = now, then (request id, used tokens, used cost) per request. A reservation already
--- settled is skipped; returns how many were settled here.
+-- ARGV = now, then (request id, used tokens, used cost, admission) per request. A reservation
+-- already settled is skipped, and so is one another admission of the request id holds when
+-- `admission` names one (a give-back whose admission's answer was lost: the id may have been
+-- admitted again since); returns how many were settled here.
 local now = tonumber(ARGV[1])
 local settled = 0
 for i = 4, #KEYS do
-  local a = 2 + (i - 4) * 3
-  local held = redis.call('HMGET', KEYS[i], 'tokens', 'cost')
-  if held[1] ~= false then
+  local a = 2 + (i - 4) * 4
+  local held = redis.call('HMGET', KEYS[i], 'tokens', 'cost', 'by')
+  if held[1] ~= false and (ARGV[a + 3] == '' or ARGV[a + 3] == held[3]) then
     local used_tokens, used_cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local refund = tonumber(held[1]) - used_tokens
     if refund > 0 then

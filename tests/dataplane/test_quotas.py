@@ -34,7 +34,7 @@ def _limits(**overrides) -> Limits:
     return Limits(**fields)
 
 
-async def _admit(quotas, tenant, limits, tokens=10, cost=1, rid=None):
+async def _admit(quotas, tenant, limits, tokens=10, cost=1, rid=None, admission=""):
     decision = await quotas.admit(
         tenant_id=tenant,
         request_id=rid or uuid.uuid4().hex,
@@ -42,6 +42,7 @@ async def _admit(quotas, tenant, limits, tokens=10, cost=1, rid=None):
         reserve=Usage(tokens=tokens, cost_micros=cost),
         lease_seconds=60,
         spent_this_month=0,
+        admission=admission,
     )
     assert decision is not None
     return decision
@@ -100,6 +101,24 @@ async def test_releasing_twice_settles_once(quotas):
     )
     assert not await quotas.release(
         tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=used
+    )
+
+
+async def test_a_give_back_naming_its_admission_undoes_that_admission_alone(quotas):
+    # An attempt whose admission's answer was lost gives back what it may hold; meanwhile the
+    # same request id was admitted again (a fallback, a batch's next step): that stays held.
+    tenant, rid, nothing = next(_tenants), uuid.uuid4().hex, Usage(0, 0)
+    assert (await _admit(quotas, tenant, _limits(), rid=rid, admission="again")).admitted
+    assert not await quotas.release(
+        tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=nothing, admission="lost"
+    )
+    assert await quotas.release(
+        tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=nothing, admission="again"
+    )
+    # A settlement that names none (the request's end) settles whichever admission holds.
+    assert (await _admit(quotas, tenant, _limits(), rid=rid, admission="third")).admitted
+    assert await quotas.release(
+        tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=nothing
     )
 
 
