@@ -9,6 +9,7 @@ of its task dying silently while everything that depended on it waits forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -45,6 +46,18 @@ def spawn(
         _passing.add(task)
         task.add_done_callback(_passing.discard)
     return task
+
+
+async def event_wait(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set or `seconds` pass; return whether it is set.
+
+    Not asyncio.wait_for, which on Python 3.11 swallows a cancel that lands in the same turn
+    as the event: the waiting task went on, so a client's cancel or a loop's stop was lost.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    return event.is_set()
 
 
 async def settle(*, timeout: float) -> int:

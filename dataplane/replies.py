@@ -29,7 +29,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from dataplane.background import loop_ok, spawn, supervise
+from dataplane.background import event_wait, loop_ok, spawn, supervise
 from dataplane.keys import reply_wake_key
 from dataplane.redis_client import UNREACHABLE, Outage, cluster_of
 from dataplane.types import Event, event_decoder
@@ -113,12 +113,8 @@ class Follower:
             self.closed = False
             self._reader.add(self)
         if not self.entries and self.error is None and self.failure is None:
-            # asyncio.timeout, not wait_for: on Python 3.11 a cancel that lands as an entry
-            # arrives is swallowed by wait_for, and the relay read on, so a client's cancel or
-            # disconnect was sometimes lost and its request ran to the end.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(block_ms / 1000):
-                    await self.ready.wait()
+            # A client's cancel or disconnect that lands as an entry arrives must end the read.
+            await event_wait(self.ready, block_ms / 1000)
         self.read_at = time.monotonic()
         self.ready.clear()
         if self.failure is not None:

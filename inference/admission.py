@@ -281,13 +281,12 @@ def key_free(*, tenant_id: int, key: str, request_id: str) -> None:
     is in use until the claim lapsed.
     """
 
-    async def free() -> None:
-        await until_reachable(
+    spawn(
+        until_reachable(
             lambda: idempotency_get().release(tenant_id=tenant_id, key=key, request_id=request_id),
             "free an Idempotency-Key",
         )
-
-    spawn(free())
+    )
 
 
 async def reservation_return(job: Job, *, admission: str = "") -> None:

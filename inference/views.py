@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -195,11 +196,12 @@ async def _replay(
     put them; a token-id prompt is echoed as the original's version's tokenizer writes it.
     """
     dispatch = dispatch_get()
-    try:
-        shape = answer_shape(parsed, (await routing_get(original.model)).primary)
-    except ApiError:
-        # The version that answered routes nowhere now: its tokenizer is not at hand.
-        shape = shape_of(parsed, decode=lambda ids: "")
+    shape = shape_of(parsed, decode=lambda ids: "")
+    if parsed.echo:
+        # Only an echo writes token ids back as text, with the answering version's tokenizer;
+        # a version that routes nowhere now echoes nothing.
+        with contextlib.suppress(ApiError):
+            shape = answer_shape(parsed, (await routing_get(original.model)).primary)
     formatter = _formatter(
         endpoint=parsed.endpoint,
         request_id=original.request_id,

@@ -14,14 +14,13 @@ it arrives rather than delayed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dataplane.background import loop_ok
+from dataplane.background import event_wait, loop_ok
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +196,7 @@ class DynamicBatcher:
             wait = self._wait_for_more()
             if wait > 0:
                 self._arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    # Not wait_for, which on 3.11 can swallow a cancel that meets the event.
-                    async with asyncio.timeout(wait):
-                        await self._arrived.wait()
+                await event_wait(self._arrived, wait)
                 continue
             batch = self._take()
             if batch:

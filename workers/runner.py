@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import redis.asyncio as aredis
 
-from dataplane.background import loop_failed, loop_ok, supervise
+from dataplane.background import event_wait, loop_failed, loop_ok, supervise
 from dataplane.finish import Finisher
 from dataplane.keys import cancel_channel, handoff_channel
 from dataplane.leases import Leases
@@ -392,10 +392,7 @@ class Worker(abc.ABC):
             step = self._interval() / shares
             wait = last_tick + step - time.monotonic()
             if wait > 0 and not self._outbox.urgent.is_set() and not self._closing.is_set():
-                with contextlib.suppress(TimeoutError):
-                    # Not wait_for, which on 3.11 can swallow a cancel that meets the event.
-                    async with asyncio.timeout(wait):
-                        await self._outbox.urgent.wait()
+                await event_wait(self._outbox.urgent, wait)
             urgent_only, share = False, None
             if step > 0 and not self._closing.is_set():
                 if time.monotonic() < last_tick + step:
