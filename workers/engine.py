@@ -109,8 +109,13 @@ class Engine(Protocol):
         sampling: Sampling,
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
+        prompt_ranked: bool = True,
     ) -> AsyncIterator[Step]:
-        """Run one prompt; `cache_salt` keeps its cached prefix apart from other salts'."""
+        """Run one prompt; `cache_salt` keeps its cached prefix apart from other salts'.
+
+        `prompt_ranked`: shape the prompt's log probabilities as vLLM's `prompt_logprobs`
+        field (`Step.prompt_ranked`); a stream has no such field, so it skips the work.
+        """
         ...
 
     async def adapter_load(self, adapter: AdapterRef) -> None: ...
@@ -259,6 +264,7 @@ class VllmEngine:
         sampling: Sampling,
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
+        prompt_ranked: bool = True,
     ) -> AsyncIterator[Step]:
         from vllm.inputs import TokensPrompt
 
@@ -271,6 +277,7 @@ class VllmEngine:
             self.tokenizer(),
             as_ids=sampling.logprob_tokens_as_ids,
             echoed=sampling.prompt_in_logprobs,
+            ranked=prompt_ranked,
         )
         try:
             params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
@@ -426,12 +433,15 @@ class _Steps:
         *,
         as_ids: bool = False,
         echoed: bool = True,
+        ranked: bool = True,
     ) -> None:
         self.prompt_token_ids = prompt_token_ids
         self.tokenizer = tokenizer
         self.as_ids = as_ids  # logprobs name tokens by id (vLLM's return_tokens_as_token_ids)
         # The prompt's logprobs open the text's (completions' echo): shaped as the text's too.
         self.echoed = echoed
+        self.ranked = ranked  # shaped as vLLM's prompt_logprobs field (whole answers only)
+        self.shaped = False
         self.prompt_logprobs: list[TokenLogprob] | None = None
         self.prompt_ranked: list[list[RankedLogprob] | None] | None = None
         self.started: set[int] = set()
@@ -440,8 +450,10 @@ class _Steps:
     def of(self, output: Any) -> list[Step]:
         """The steps of one engine output (`RequestOutput`), in its completions' order."""
         prompt_ids = output.prompt_token_ids or self.prompt_token_ids
-        if output.prompt_logprobs is not None and self.prompt_ranked is None:
-            self.prompt_ranked = ranked_shaped(output.prompt_logprobs)
+        if output.prompt_logprobs is not None and not self.shaped:
+            self.shaped = True
+            if self.ranked:
+                self.prompt_ranked = ranked_shaped(output.prompt_logprobs)
             if self.echoed:
                 self.prompt_logprobs = logprobs_shaped(
                     prompt_ids, output.prompt_logprobs, self.tokenizer, as_ids=self.as_ids

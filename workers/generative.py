@@ -361,6 +361,7 @@ class GenerativeWorker(Worker):
             sampling=run.sampling,
             adapter=adapter,
             cache_salt=run.job.prefix_salt,
+            prompt_ranked=not run.job.stream,
         ):
             run.step(step, prompt=prompt)
 

@@ -122,6 +122,7 @@ class _Engine:
         sampling: Sampling,
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
+        prompt_ranked: bool = True,
     ) -> AsyncIterator[Step]:
         for index in range(TOKENS):
             if self.fail is not None and self.fail[0] == index:

@@ -92,6 +92,7 @@ class _Engine:
         self.fail = fail
         self.calls: list[tuple[str, list[int], Sampling]] = []
         self.cancelled: list[str] = []
+        self.ranked: list[bool] = []  # each call's prompt_ranked
 
     async def generate(
         self,
@@ -101,9 +102,11 @@ class _Engine:
         sampling: Sampling,
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
+        prompt_ranked: bool = True,
     ) -> AsyncIterator[Step]:
         prompt = len(self.calls)
         self.calls.append((request_id, prompt_token_ids, sampling))
+        self.ranked.append(prompt_ranked)
         try:
             for step in self.script[prompt]:
                 await asyncio.sleep(0.001)
@@ -382,6 +385,17 @@ def test_a_prompt_not_echoed_is_scored_only_as_vllms_prompt_logprobs_list_it(tok
     assert step.prompt_ranked == [None, [RankedLogprob(6, -1.25, 1, "é")]]
 
 
+def test_a_stream_echoing_its_prompts_logprobs_skips_the_ranked_shape(tokenizer):
+    # A stream's chunks have no prompt_logprobs field: shaping it would be dropped work.
+    prompt_lps = [None, {6: Logprob(logprob=-1.25, rank=1, decoded_token="é")}]
+    steps = _Steps([5, 6], tokenizer, ranked=False)
+    (step,) = steps.of(_output(_completion(0, "a", [7]), prompt_logprobs=prompt_lps))
+    assert step.prompt_ranked is None
+    assert [each.logprob for each in step.prompt_logprobs or []] == [None, -1.25]
+    (later,) = steps.of(_output(_completion(0, "b", [8]), prompt_logprobs=prompt_lps))
+    assert later.prompt_logprobs is None and later.prompt_ranked is None
+
+
 def test_ranked_prompt_logprobs_keep_the_engines_order_and_floor():
     position = {
         9: Logprob(logprob=float("-inf"), rank=4000, decoded_token="x"),
@@ -531,10 +545,12 @@ async def test_prompt_logprobs_and_logprobs_reach_the_choice():
     prompt = [TokenLogprob(token="p", logprob=None)]
     ranked = [None, [RankedLogprob(token_id=4, logprob=-2.0, rank=7, decoded="q")]]
     step = _step("a", 0, "stop", logprobs=lp, prompt_logprobs=prompt, prompt_ranked=ranked)
-    events = await _served(_Engine({0: [step]}), _job(stream=False))
+    engine = _Engine({0: [step]})
+    events = await _served(engine, _job(stream=False))
     (delta,) = [e for e in events if isinstance(e, Delta)]
     assert delta.logprobs == lp and delta.prompt_logprobs == prompt
     assert delta.prompt_ranked == ranked
+    assert engine.ranked == [True]
 
 
 async def test_a_prompts_ranked_logprobs_ride_with_its_first_choice_only():
@@ -550,9 +566,11 @@ async def test_a_stream_carries_no_ranked_prompt_logprobs():
     """vLLM's prompt_logprobs field is in whole answers only: a stream's deltas leave it out."""
     ranked = [None, [RankedLogprob(token_id=4, logprob=-2.0, rank=7, decoded="q")]]
     step = _step("a", 0, "stop", prompt_logprobs=[TokenLogprob("p", None)], prompt_ranked=ranked)
-    events = await _served(_Engine({0: [step]}), _job(stream=True))
+    engine = _Engine({0: [step]})
+    events = await _served(engine, _job(stream=True))
     (delta,) = [e for e in events if isinstance(e, Delta)]
     assert delta.prompt_logprobs is not None and delta.prompt_ranked is None
+    assert engine.ranked == [False]  # and the engine is not asked to shape them
 
 
 # --- tools ---
