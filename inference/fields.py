@@ -413,6 +413,8 @@ def unsupported_refuse(
             where = "/v1/chat/completions" if field.only == CHAT else "/v1/completions"
             message = f"'{name}' is not a field of this endpoint; send it to {where}."
             raise ApiError(400, "unsupported_parameter", message, param=name)
+        if field.decision == "ignored" and field.kind is not None:
+            field.kind.read(body, name)  # of the declared JSON type, if nothing else
         if field.decision != "refused" or value is None:
             continue
         if any(_same(value, unused) for unused in field.unused):

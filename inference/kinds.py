@@ -195,9 +195,34 @@ def strings(*, doc: str = "") -> Kind:
     return Kind(_described(schema, doc), read)
 
 
+# A JSON Schema type: the Python types of its values, and how an error names it.
+_JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "string": ((str,), "a string"),
+    "object": ((dict,), "an object"),
+    "array": ((list,), "an array"),
+    "integer": ((int,), "an integer"),
+    "number": ((int, float), "a number"),
+    "boolean": ((bool,), "a boolean"),
+}
+
+
 def accepted(schema: Schema | None = None, *, doc: str = "") -> Kind:
-    """A field taken as it comes: it cannot change the answer, so nothing reads it."""
-    return Kind(_described(schema or {}, doc), lambda body, name: body.get(name))
+    """A field taken as it comes: it cannot change the answer, so nothing uses it. A value
+    of another JSON type than its schema's is still refused (the types are the contract)."""
+    schema = schema or {}
+    types = [t for t in schema.get("type", []) if t != "null"]
+
+    def read(body: dict[str, Any], name: str) -> Any:
+        value = body.get(name)
+        if value is None or not types:
+            return value
+        for kind in types:
+            python, _ = _JSON_TYPES[kind]
+            if isinstance(value, python) and (kind == "boolean") == isinstance(value, bool):
+                return value
+        raise type_error(name, " or ".join(_JSON_TYPES[kind][1] for kind in types), value)
+
+    return Kind(_described(schema, doc), read)
 
 
 def custom(schema: Schema, read: Reader) -> Kind:

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from dataplane.types import Delta, Failed, Finished, ToolCallDelta
+from dataplane.types import Delta, Failed, Finished, TokenLogprob, ToolCallDelta
 from inference.errors import ApiError
 
 _json = msgspec.json.Encoder()
@@ -27,6 +27,41 @@ def usage_of(finished: Finished | Failed) -> dict[str, Any]:
     }
 
 
+def _logprob(logprob: float | None) -> float:
+    return logprob if logprob is not None else -9999.0
+
+
+def logprobs_shaped(entries: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
+    """An output text's log probabilities as a Response object lists them: each token with
+    its bytes and its first `top` alternatives."""
+    return [
+        {
+            "token": entry.token,
+            "bytes": entry.bytes,
+            "logprob": _logprob(entry.logprob),
+            "top_logprobs": [
+                {"token": alt.token, "bytes": alt.bytes, "logprob": alt.logprob}
+                for alt in entry.top[:top]
+            ],
+        }
+        for entry in entries
+    ]
+
+
+def _without_bytes(shaped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Shaped log probabilities as a stream's text events carry them: without bytes."""
+    return [
+        {
+            "token": entry["token"],
+            "logprob": entry["logprob"],
+            "top_logprobs": [
+                {"token": alt["token"], "logprob": alt["logprob"]} for alt in entry["top_logprobs"]
+            ],
+        }
+        for entry in shaped
+    ]
+
+
 @dataclass
 class _Call:
     item: dict[str, Any]
@@ -39,6 +74,11 @@ class ResponseBuilder:
 
     Items are written in the order the model produced them: a message with its text, then
     each function call. `events()` of each step returns what a stream sends for it.
+
+    With log probabilities asked for (`echo["top_logprobs"]` not None), the message's text
+    carries those of its tokens: each text event those of the tokens since the last one, and
+    the text part all of them, a last token without text of its own (the end of sequence)
+    included, as vLLM's server lists them. Tokens of a function call have no place for theirs.
     """
 
     response_id: str
@@ -56,6 +96,7 @@ class ResponseBuilder:
     _message_index: int = -1
     _calls: dict[int, _Call] = field(default_factory=dict)
     _open_call: int | None = None
+    _logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet on the message
 
     def fresh(self) -> ResponseBuilder:
         """A builder of the same response from its start (a second reader of its events)."""
@@ -138,6 +179,21 @@ class ResponseBuilder:
             ),
         ]
 
+    @property
+    def _top(self) -> int | None:
+        top = self.echo.get("top_logprobs")
+        return top if isinstance(top, int) else None
+
+    def _logprobs_taken(self, part: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pending log probabilities, added to the text part; as a text event lists them."""
+        top, taken = self._top, self._logprobs
+        if top is None or not taken:
+            return []
+        self._logprobs = []
+        shaped = logprobs_shaped(taken, top)
+        part["logprobs"].extend(shaped)
+        return _without_bytes(shaped)
+
     def _message_close(self) -> list[dict[str, Any]]:
         message = self._message
         if message is None:
@@ -145,9 +201,11 @@ class ResponseBuilder:
         self._message = None
         part = message["content"][0]
         message["status"] = "completed"
+        self._logprobs_taken(part)
         where = {"item_id": message["id"], "output_index": self._message_index, "content_index": 0}
+        done = _without_bytes(part["logprobs"])
         return [
-            self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self._event("response.output_text.done", **where, text=part["text"], logprobs=done),
             self._event("response.content_part.done", **where, part=part),
             self._event(
                 "response.output_item.done", output_index=self._message_index, item=message
@@ -213,11 +271,16 @@ class ResponseBuilder:
         if delta.index != 0:
             return []
         events: list[dict[str, Any]] = []
+        if delta.tool_calls:
+            self._logprobs = []  # a function call's tokens: no text carries them
+        elif delta.logprobs and self._top is not None:
+            self._logprobs.extend(delta.logprobs)
         if delta.text:
             if self._message is None:
                 events += self._call_close() + self._message_open()
             assert self._message is not None
-            self._message["content"][0]["text"] += delta.text
+            part = self._message["content"][0]
+            part["text"] += delta.text
             events.append(
                 self._event(
                     "response.output_text.delta",
@@ -225,7 +288,7 @@ class ResponseBuilder:
                     output_index=self._message_index,
                     content_index=0,
                     delta=delta.text,
-                    logprobs=[],
+                    logprobs=self._logprobs_taken(part),
                 )
             )
         for piece in delta.tool_calls or []:

@@ -29,25 +29,24 @@ HONOURED = frozenset(
         "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
         "tools", "tool_choice", "parallel_tool_calls", "text", "metadata", "user",
         "safety_identifier", "store", "previous_response_id", "stream", "truncation",
-        "background", "service_tier",
+        "background", "service_tier", "include", "top_logprobs", "max_tool_calls",
     }
 )  # fmt: skip
+# What `include` may name: the output text's log probabilities (the rest of OpenAI's names
+# are of items this platform does not produce: built-in tools' results, images, reasoning).
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 # vLLM's sampling extras its own Responses server takes: they go to chat as they are.
 PASSED_TO_CHAT = (
     "logit_bias", "seed", "stop", "stop_token_ids", "top_k", "min_p", "ignore_eos",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "skip_special_tokens",
-    "include_stop_str_in_output", "cache_salt",
+    "include_stop_str_in_output", "cache_salt", "prompt_cache_key",
 )  # fmt: skip
 # Refused unless left out or set to what asks for nothing.
 REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
-    "include": (None, []),
     "reasoning": (None, {}),
-    "top_logprobs": (None, 0),
-    "max_tool_calls": (None,),
     "prompt": (None,),
     "conversation": (None,),
     "stream_options": (None, {}),
-    "prompt_cache_key": (None,),
 }
 MAX_METADATA_KEYS = 16
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -57,6 +56,7 @@ _PARAMS = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
     "messages": "input",
+    "logprobs": "include",
 }
 
 
@@ -296,6 +296,47 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             )  # fmt: skip
 
 
+def _top_logprobs(body: dict[str, Any]) -> int | None:
+    """The alternatives per token the output text's log probabilities list; None: no log
+    probabilities (`include` does not name them)."""
+    include = body.get("include")
+    if include is None:
+        include = []
+    if not isinstance(include, list):
+        raise invalid("include", "'include' must be a list of strings.")
+    for i, name in enumerate(include):
+        if name != OUTPUT_LOGPROBS:
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"'include[{i}]' is not supported: only {OUTPUT_LOGPROBS!r} is; "
+                f"got {shown(str(name))}.",
+                param=f"include[{i}]",
+            )
+    top = body.get("top_logprobs")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool)):
+        raise invalid("top_logprobs", "'top_logprobs' must be an integer.")
+    if not include:
+        if top:
+            raise invalid(
+                "top_logprobs",
+                f"'top_logprobs' lists alternatives of the output's log probabilities: send "
+                f"'include': [{OUTPUT_LOGPROBS!r}] with it.",
+            )
+        return None
+    return top or 0
+
+
+def _max_tool_calls(body: dict[str, Any]) -> int | None:
+    """OpenAI's bound on calls to its built-in tools in one response. This platform runs no
+    built-in tool (the client runs every function call), so no response comes near it; it is
+    checked and repeated, as OpenAI's and vLLM's servers repeat it."""
+    value = body.get("max_tool_calls")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise invalid("max_tool_calls", "'max_tool_calls' must be a positive integer.")
+    return value
+
+
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
@@ -378,6 +419,9 @@ def responses_parse(
         "service_tier": body.get("service_tier"),
     }
     optional.update({name: body.get(name) for name in PASSED_TO_CHAT})
+    top_logprobs = _top_logprobs(body)
+    if top_logprobs is not None:
+        optional.update(logprobs=True, top_logprobs=top_logprobs)
     chat_body.update({k: v for k, v in optional.items() if v is not None})
     try:
         chat = generation_parse(chat_body, endpoint=CHAT)
@@ -396,6 +440,7 @@ def responses_parse(
         echo={
             "instructions": instructions,
             "max_output_tokens": chat.max_tokens,
+            "max_tool_calls": _max_tool_calls(body),
             "metadata": _metadata(body.get("metadata")) or {},
             "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
             "previous_response_id": previous,
@@ -404,6 +449,8 @@ def responses_parse(
             "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"),
             "tools": tools,
             "top_p": 1.0 if chat.top_p is None else chat.top_p,
+            # The builder reads it too: None, no log probabilities on the output text.
+            "top_logprobs": top_logprobs,
             "truncation": truncation or "disabled",
             "user": user,
             "store": _flag(body, "store", True),

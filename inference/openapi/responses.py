@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inference.fields import GENERATION_FIELDS, MAX_LOGPROBS
 from inference.openapi.paths import (
     _IDEMPOTENCY_KEY,
     _TIMEOUT_HEADER,
@@ -11,7 +12,12 @@ from inference.openapi.paths import (
     path_parameter,
 )
 from inference.openapi.schema import Schema, json_content, obj, ref
-from inference.responses import MAX_METADATA_KEYS
+from inference.responses import (
+    MAX_METADATA_KEYS,
+    OUTPUT_LOGPROBS,
+    PASSED_TO_CHAT,
+    REFUSED_UNLESS,
+)
 
 _STATUS = {
     "type": "string",
@@ -89,7 +95,36 @@ RESPONSES_REQUEST: Schema = obj(
         "previous_response_id": {"type": ["string", "null"]},
         "background": {"type": ["boolean", "null"]},
         "stream": {"type": ["boolean", "null"]},
-        "truncation": {"type": ["string", "null"], "enum": ["disabled", None]},
+        "truncation": {"type": ["string", "null"], "enum": ["auto", "disabled", None]},
+        "service_tier": GENERATION_FIELDS["service_tier"].kind.schema,  # type: ignore[union-attr]
+        "include": {
+            "type": ["array", "null"],
+            "items": {"const": OUTPUT_LOGPROBS},
+            "description": "Only the output text's log probabilities can be included.",
+        },
+        "top_logprobs": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": MAX_LOGPROBS,
+            "description": f"Alternatives per output token; needs include {OUTPUT_LOGPROBS}.",
+        },
+        "max_tool_calls": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "description": "Calls to built-in tools; none runs here, so it is only repeated.",
+        },
+        # vLLM's sampling extras, as chat takes them.
+        **{
+            name: GENERATION_FIELDS[name].kind.schema  # type: ignore[union-attr]
+            for name in PASSED_TO_CHAT
+        },
+        **{
+            name: {
+                "enum": [value for value in unused if value is not None] + [None],
+                "description": "Not served: refused unless null or an unused value.",
+            }
+            for name, unused in REFUSED_UNLESS.items()
+        },
     },
     "model",
     "input",

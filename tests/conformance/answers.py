@@ -75,7 +75,7 @@ def _usage(body: dict[str, Any] | None) -> tuple[dict[str, int] | None, int | No
     return usage, details.get("cached_tokens")
 
 
-def _chat_logprobs(entries: list[dict[str, Any]]) -> list[tuple[str, float | None, list]]:
+def chat_logprobs(entries: list[dict[str, Any]]) -> list[tuple[str, float | None, list]]:
     return [
         (
             entry["token"],
@@ -133,7 +133,7 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
                 for call in message.get("tool_calls") or []
             ]
             if logprobs is not None:
-                choice.logprobs = _chat_logprobs(logprobs.get("content") or [])
+                choice.logprobs = chat_logprobs(logprobs.get("content") or [])
         else:
             choice.text = raw["text"]
             if logprobs is not None:
@@ -183,7 +183,7 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
                     call["name"] += function.get("name") or ""
                     call["arguments"] += function.get("arguments") or ""
                 if logprobs is not None:
-                    more = _chat_logprobs(logprobs.get("content") or [])
+                    more = chat_logprobs(logprobs.get("content") or [])
                     choice.logprobs = (choice.logprobs or []) + more
             else:
                 choice.text = (choice.text or "") + raw.get("text", "")
@@ -210,7 +210,7 @@ def _close(a: float | None, b: float | None) -> bool:
 Logprobs = list[tuple[str, float | None, list[tuple[str, float]]]]
 
 
-def _logprob_differences(where: str, ours: Logprobs, theirs: Logprobs) -> list[str]:
+def logprob_differences(where: str, ours: Logprobs, theirs: Logprobs) -> list[str]:
     if len(ours) != len(theirs):
         return [f"{where}: {len(ours)} logprob entries vs vLLM's {len(theirs)}"]
     for position, ((token, logprob, top), (v_token, v_logprob, v_top)) in enumerate(
@@ -289,7 +289,7 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
                 f" vs vLLM's {'present' if vllm.logprobs is not None else 'absent'}"
             )
         elif mine.logprobs is not None and vllm.logprobs is not None:
-            found += _logprob_differences(f"{where} logprobs", mine.logprobs, vllm.logprobs)
+            found += logprob_differences(f"{where} logprobs", mine.logprobs, vllm.logprobs)
         if mine.text_offset != vllm.text_offset:
             found.append(f"{where} text_offset {mine.text_offset} vs vLLM's {vllm.text_offset}")
         for name in ("token_ids", "prompt_token_ids"):

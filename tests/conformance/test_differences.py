@@ -173,3 +173,16 @@ def test_a_responses_prompt_carries_no_special_tokens_beyond_its_template(target
     prompt = chat.json()["usage"]["prompt_tokens"]
     assert ours.json()["usage"]["input_tokens"] == prompt  # as vLLM's own chat renders it
     assert theirs.json()["usage"]["input_tokens"] == prompt + 1  # the tokenizer's BOS on top
+
+
+def test_responses_top_logprobs_without_the_include_is_refused(targets: Any) -> None:
+    body = {"model": ALIAS, "input": "hello", "max_output_tokens": 2, "temperature": 0}
+    body.update(store=False, top_logprobs=2)
+    ours = targets.platform.post("/v1/responses", json=body)
+    theirs = targets.vllm.post("/v1/responses", json=body)
+    assert theirs.status_code == 200  # and no log probabilities anywhere
+    assert not any(
+        part.get("logprobs") for item in theirs.json()["output"] for part in item["content"]
+    )
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "top_logprobs"

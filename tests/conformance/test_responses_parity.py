@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conformance.answers import chat_logprobs, logprob_differences
 from tests.conformance.cases import NO_WS, WHITESPACE
 from tests.conftest import ALIAS
 
@@ -132,6 +133,59 @@ CASES = [
         "text-streamed", {"input": "hello", "max_output_tokens": 6, "temperature": 0}, stream=True
     ),
     Case(
+        "logprobs",
+        {
+            "input": "hello",
+            "max_output_tokens": 6,
+            "temperature": 0,
+            "include": ["message.output_text.logprobs"],
+            "top_logprobs": 3,
+        },
+    ),
+    Case(
+        "logprobs-no-alternatives",
+        {
+            "input": "hello",
+            "max_output_tokens": 6,
+            "temperature": 0,
+            "include": ["message.output_text.logprobs"],
+        },
+    ),
+    Case(
+        "logprobs-seeded",
+        {
+            "input": "hello",
+            "max_output_tokens": 6,
+            "temperature": 1.0,
+            "seed": 11,
+            "include": ["message.output_text.logprobs"],
+            "top_logprobs": 2,
+        },
+    ),
+    Case(
+        "logprobs-streamed",
+        {
+            "input": "hello",
+            "max_output_tokens": 6,
+            "temperature": 0,
+            "include": ["message.output_text.logprobs"],
+            "top_logprobs": 2,
+        },
+        stream=True,
+    ),
+    Case(
+        "logprobs-json-schema",
+        {
+            "input": "Is a queue a list?",
+            "text": VERDICT,
+            "max_output_tokens": 16,
+            "temperature": 0,
+            "logit_bias": NO_WS,
+            "include": ["message.output_text.logprobs"],
+            "top_logprobs": 1,
+        },
+    ),
+    Case(
         "instructions-streamed",
         {"input": "hello", "instructions": "Be terse.", "max_output_tokens": 6, "temperature": 0},
         stream=True,
@@ -189,6 +243,8 @@ def _as_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("temperature", "top_p", "seed", "logit_bias"):
         if name in body:
             chat[name] = body[name]
+    if "message.output_text.logprobs" in body.get("include", []):
+        chat.update(logprobs=True, top_logprobs=body.get("top_logprobs", 0))
     form = (body.get("text") or {}).get("format")
     if form is not None:
         chat["response_format"] = {
@@ -214,10 +270,12 @@ def _as_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 def _of_response(response: dict[str, Any]) -> dict[str, Any]:
     """What is compared of a Responses answer."""
-    text, calls = "", []
+    text, calls, logprobs = "", [], []
     for item in response.get("output") or []:
         if item.get("type") == "message":
             text += "".join(part.get("text", "") for part in item.get("content") or [])
+            for part in item.get("content") or []:
+                logprobs += chat_logprobs(part.get("logprobs") or [])
         elif item.get("type") == "function_call":
             calls.append((item["name"], json.loads(item["arguments"])))
     usage = response.get("usage") or {}
@@ -227,6 +285,7 @@ def _of_response(response: dict[str, Any]) -> dict[str, Any]:
         "tool_calls": calls,
         "cut_short": incomplete == "max_output_tokens",
         "usage": (usage.get("input_tokens"), usage.get("output_tokens")),
+        "logprobs": logprobs,
     }
 
 
@@ -244,6 +303,7 @@ def _of_chat(answer: dict[str, Any]) -> dict[str, Any]:
         "tool_calls": calls,
         "cut_short": choice["finish_reason"] == "length",
         "usage": (usage["prompt_tokens"], usage["completion_tokens"]),
+        "logprobs": chat_logprobs((choice.get("logprobs") or {}).get("content") or []),
     }
 
 
@@ -255,9 +315,13 @@ def test_a_response_is_answered_as_vllm_answers_it(
     ours = _of_response(_final(targets.platform, case, body))
     chat = targets.vllm.post("/v1/chat/completions", json=_as_chat(body))
     assert chat.status_code == 200, chat.text
-    assert ours == _of_chat(chat.json()), (
-        f"{case.name}: platform {ours} vs vLLM's chat {_of_chat(chat.json())}"
-    )
+    vllms = _of_chat(chat.json())
+    # Log probabilities: the same tokens, each within the suite's tolerance of vLLM's.
+    logprobs, vllm_logprobs = ours.pop("logprobs"), vllms.pop("logprobs")
+    assert bool(logprobs) == ("include" in body), f"{case.name}: logprobs {logprobs}"
+    mismatch = logprob_differences(case.name, logprobs, vllm_logprobs)
+    assert not mismatch, mismatch
+    assert ours == vllms, f"{case.name}: platform {ours} vs vLLM's chat {vllms}"
     theirs = _of_response(_final(targets.vllm, case, body))
     special = len(
         targets.vllm.post(

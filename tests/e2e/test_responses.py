@@ -126,6 +126,30 @@ def test_a_streamed_response_sends_openais_events_in_order(sdk):
     assert sdk.responses.retrieve(final.id).output_text == deltas
 
 
+def test_the_output_texts_logprobs_come_whole_streamed_and_stored_as_the_sdk_reads_them(sdk):
+    asked = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = _ask(sdk, input="Count.", **asked)
+    (part,) = whole.output[0].content
+    assert len(part.logprobs) == whole.usage.output_tokens == 8
+    assert "".join(lp.token for lp in part.logprobs) == whole.output_text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    assert whole.top_logprobs == 2
+    events = list(
+        sdk.responses.create(
+            model=ALIAS, input="Count.", max_output_tokens=8, temperature=0, stream=True, **asked
+        )
+    )
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    final = events[-1].response
+    assert [lp.token for lp in streamed] == [lp.token for lp in done.logprobs]
+    assert [(lp.token, lp.logprob) for lp in final.output[0].content[0].logprobs] == [
+        (lp.token, lp.logprob) for lp in part.logprobs
+    ]
+    kept = sdk.responses.retrieve(final.id).output[0].content[0].logprobs
+    assert [lp.token for lp in kept] == [lp.token for lp in part.logprobs]
+
+
 def test_three_chained_turns_carry_the_history(sdk):
     first = _ask(sdk, input="My name is Ada.")
     second = _ask(sdk, input="What is my name?", previous_response_id=first.id)
@@ -293,6 +317,8 @@ def test_store_false_is_not_kept(sdk):
         ({"input": "hi", "truncation": "sideways"}, "truncation"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "include[0]"),
+        ({"input": "hi", "top_logprobs": 3}, "top_logprobs"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),

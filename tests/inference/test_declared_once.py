@@ -84,3 +84,19 @@ def test_every_other_body_is_built_from_its_table():
     with pytest.raises(ApiError):
         embeddings_parse({**body, "dimensions": dimensions["maximum"] + 1})
     assert embeddings_parse({**body, "dimensions": dimensions["maximum"]}).dimensions
+
+
+def test_the_responses_body_lists_every_field_its_reader_takes_and_no_other():
+    from inference.openapi.responses import RESPONSES_REQUEST
+    from inference.responses import HONOURED, PASSED_TO_CHAT, REFUSED_UNLESS, responses_parse
+
+    properties = RESPONSES_REQUEST["properties"]
+    assert set(properties) == set(HONOURED) | set(PASSED_TO_CHAT) | set(REFUSED_UNLESS)
+    assert RESPONSES_REQUEST["additionalProperties"] is False
+    body = {"model": "m", "input": "hi", "include": ["message.output_text.logprobs"]}
+    top = properties["top_logprobs"]
+    responses_parse({**body, "top_logprobs": top["maximum"]}, response_id="resp_x", history=[])
+    with pytest.raises(ApiError) as caught:
+        responses_parse({**body, "top_logprobs": top["maximum"] + 1}, response_id="r", history=[])
+    assert caught.value.param == "top_logprobs"
+    assert "auto" in properties["truncation"]["enum"]

@@ -55,6 +55,11 @@ def test_it_rejects_bodies_that_are_not_a_json_object(raw):
         ("stop", 5),
         ("messages", "hello"),
         ("model", 7),
+        # Fields that cannot change the answer still hold their declared JSON type.
+        ("metadata", "team-a"),
+        ("prompt_cache_key", 7),
+        ("safety_identifier", ["u"]),
+        ("stream_interval", True),
     ],
 )
 def test_it_names_a_field_of_the_wrong_type(field, value):

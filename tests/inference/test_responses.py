@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.types import Delta, Failed, Finished, ToolCallDelta
+from dataplane.types import Delta, Failed, Finished, TokenLogprob, ToolCallDelta, TopLogprob
 from inference.errors import ApiError
 from inference.response_events import ResponseBuilder
 from inference.responses import (
+    OUTPUT_LOGPROBS,
+    chat_error_renamed,
     input_items_read,
     messages_of,
     oldest_dropped,
@@ -161,3 +163,123 @@ def test_a_messages_text_parts_are_kept_apart_and_joined_by_a_newline_as_chat_jo
     )
     assert [part["text"] for part in items[0]["content"]] == ["hello", "there"]
     assert messages_of(items) == [{"role": "user", "content": "hello\nthere"}]
+
+
+# --- the output text's log probabilities (include + top_logprobs) ---
+
+
+def _parsed(**body):
+    return responses_parse({"model": "m", "input": "hi", **body}, response_id="resp_x", history=[])
+
+
+def test_included_logprobs_ask_chat_for_them_with_their_alternatives():
+    parsed = _parsed(include=[OUTPUT_LOGPROBS], top_logprobs=3)
+    assert parsed.chat.logprobs == 3 and parsed.echo["top_logprobs"] == 3
+    parsed = _parsed(include=[OUTPUT_LOGPROBS])
+    assert parsed.chat.logprobs == 0 and parsed.echo["top_logprobs"] == 0
+    parsed = _parsed(include=[], top_logprobs=0)
+    assert parsed.chat.logprobs is None and parsed.echo["top_logprobs"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"include": ["reasoning.encrypted_content"]}, "include[0]", "unsupported_parameter"),
+        ({"include": [OUTPUT_LOGPROBS, "file_search_call.results"]}, "include[1]", None),
+        ({"include": OUTPUT_LOGPROBS}, "include", "invalid_value"),
+        ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),  # without include: nothing
+        ({"include": [OUTPUT_LOGPROBS], "top_logprobs": 21}, "top_logprobs", None),
+        ({"include": [OUTPUT_LOGPROBS], "top_logprobs": -1}, "top_logprobs", None),
+        ({"include": [OUTPUT_LOGPROBS], "top_logprobs": "3"}, "top_logprobs", None),
+        ({"include": [OUTPUT_LOGPROBS], "top_logprobs": True}, "top_logprobs", None),
+    ],
+)
+def test_logprobs_asked_for_wrongly_are_a_400_naming_the_field(body, param, code):
+    with pytest.raises(ApiError) as refused:
+        _parsed(**body)
+    assert refused.value.status == 400 and refused.value.param == param
+    assert code is None or refused.value.code == code
+
+
+def _lp(token: str, logprob: float, *alternatives: tuple[str, float]) -> TokenLogprob:
+    top = [TopLogprob(t, lp, list(t.encode())) for t, lp in alternatives]
+    return TokenLogprob(token, logprob, list(token.encode()), top)
+
+
+def test_text_events_carry_their_tokens_logprobs_and_the_part_all_of_them():
+    builder = ResponseBuilder(response_id="resp_r", model="m", echo={"top_logprobs": 1})
+    builder.start()
+    first = builder.delta(Delta(text="Hi", tokens=1, logprobs=[_lp("Hi", -0.5, ("Hi", -0.5))]))
+    # A step the tool parser held back, then the text it let through: both tokens go with it.
+    assert builder.delta(Delta(text="", tokens=1, logprobs=[_lp(" th", -1.0)])) == []
+    second = builder.delta(
+        Delta(text=" there", tokens=1, logprobs=[_lp("ere", -2.0, ("ere", -2.0), ("x", -3.0))])
+    )
+    # The end of sequence has no text: the part lists it, no text event carries it.
+    last = builder.delta(Delta(text="", tokens=1, logprobs=[_lp("", -0.25)]))
+    ended = builder.end(Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=4))
+
+    (delta,) = [e for e in first if e["type"] == "response.output_text.delta"]
+    assert delta["logprobs"] == [
+        {"token": "Hi", "logprob": -0.5, "top_logprobs": [{"token": "Hi", "logprob": -0.5}]}
+    ]
+    assert [lp["token"] for lp in second[0]["logprobs"]] == [" th", "ere"]
+    assert second[0]["logprobs"][1]["top_logprobs"] == [{"token": "ere", "logprob": -2.0}]
+    assert last == []
+    (done,) = [e for e in ended if e["type"] == "response.output_text.done"]
+    assert [lp["token"] for lp in done["logprobs"]] == ["Hi", " th", "ere", ""]
+    part = ended[-1]["response"]["output"][0]["content"][0]
+    assert part["logprobs"][2] == {
+        "token": "ere",
+        "bytes": list(b"ere"),
+        "logprob": -2.0,
+        "top_logprobs": [{"token": "ere", "bytes": list(b"ere"), "logprob": -2.0}],
+    }
+    assert [lp["logprob"] for lp in part["logprobs"]] == [-0.5, -1.0, -2.0, -0.25]
+    assert ended[-1]["response"]["top_logprobs"] == 1
+
+
+def test_a_function_calls_tokens_leave_the_messages_logprobs_alone():
+    builder = ResponseBuilder(response_id="resp_r", model="m", echo={"top_logprobs": 0})
+    builder.delta(Delta(text="Look.", tokens=1, logprobs=[_lp("Look.", -0.5)]))
+    builder.delta(Delta(text="", tokens=1, logprobs=[_lp("<tool_call>", -0.1)]))
+    call = ToolCallDelta(index=0, id="call_1", name="clock", arguments="{}")
+    builder.delta(Delta(text="", tokens=2, tool_calls=[call], logprobs=[_lp("{}", -0.2)]))
+    builder.delta(Delta(text="", tokens=1, logprobs=[_lp("", -0.3)]))
+    body = builder.end(Finished(finish_reason="tool_calls", prompt_tokens=1, completion_tokens=5))
+    message, function_call = body[-1]["response"]["output"]
+    assert [lp["token"] for lp in message["content"][0]["logprobs"]] == ["Look."]
+    assert function_call["type"] == "function_call"
+
+
+def test_without_include_no_text_carries_logprobs():
+    builder = _builder()
+    events = builder.delta(Delta(text="Hi", tokens=1, logprobs=[_lp("Hi", -0.5)]))
+    ended = builder.end(Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1))
+    assert events[-1]["logprobs"] == []
+    assert ended[-1]["response"]["output"][0]["content"][0]["logprobs"] == []
+
+
+def test_a_refusal_of_chats_logprobs_names_the_include_that_asked_for_them():
+    screened = ApiError(
+        400, "unsupported_parameter", "'logprobs' is not available here.", param="logprobs"
+    )
+    renamed = chat_error_renamed(screened)
+    assert renamed.param == "include" and renamed.message == "'include' is not available here."
+    bound = ApiError(
+        400, "invalid_value", "'top_logprobs' must be at most 20.", param="top_logprobs"
+    )
+    assert chat_error_renamed(bound).param == "top_logprobs"
+
+
+def test_max_tool_calls_is_checked_and_repeated_and_prompt_cache_key_taken_as_chat_takes_it():
+    parsed = _parsed(max_tool_calls=3, prompt_cache_key="team-a")
+    assert parsed.echo["max_tool_calls"] == 3
+    assert _parsed().echo["max_tool_calls"] is None
+    for bad in (0, "3", True, 1.5):
+        with pytest.raises(ApiError) as refused:
+            _parsed(max_tool_calls=bad)
+        assert refused.value.param == "max_tool_calls"
+    with pytest.raises(ApiError) as refused:
+        _parsed(prompt_cache_key=7)
+    assert refused.value.param == "prompt_cache_key"
