@@ -43,6 +43,8 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     frequency_penalty: float = 0.0
     n: int = 1  # choices per prompt
     repetition_penalty: float = 1.0
+    # vLLM's repetition_detection: (max_pattern_size, min_pattern_size, min_count); None: off.
+    repetition_detection: tuple[int, int, int] | None = None
     min_p: float = 0.0
     stop_token_ids: list[int] = []
     bad_words: list[str] = []

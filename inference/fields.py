@@ -109,6 +109,56 @@ def _logprobs(body: dict[str, Any], name: str) -> bool | int | None:
     return integer(0, MAX_LOGPROBS).read(body, name)
 
 
+# vLLM's repetition_detection ends a choice whose last tokens repeat a pattern. Its engine
+# checks every running choice after every step, in the step loop every tenant shares: the
+# bounds keep that check short (at most max_pattern_size**2 * min_count / 2 comparisons).
+REPETITION_PATTERN_MAX = 32
+REPETITION_COUNT_MAX = 16
+_REPETITION_FIELDS = ("max_pattern_size", "min_pattern_size", "min_count")
+
+
+def _repetition_detection(body: dict[str, Any], name: str) -> tuple[int, int, int] | None:
+    """(max_pattern_size, min_pattern_size, min_count), checked as vLLM checks them and
+    within the bounds above; None when absent or off (max_pattern_size 0)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error(name, "an object", value)
+    for key in value:
+        if key not in _REPETITION_FIELDS:
+            message = f"'{name}.{shown(str(key))}' is not a field of {name}."
+            raise ApiError(400, "unsupported_parameter", message, param=f"{name}.{shown(str(key))}")
+    top, bottom, count = (
+        integer(0, MAX_TOKENS, default=0).read({f"{name}.{key}": value.get(key)}, f"{name}.{key}")
+        for key in _REPETITION_FIELDS
+    )
+    if bottom > top:
+        raise invalid(
+            f"{name}.min_pattern_size",
+            f"'{name}.min_pattern_size' cannot exceed max_pattern_size; set both to 0 to "
+            "turn detection off.",
+        )
+    if top == 0:
+        return None
+    if count < 2:
+        raise invalid(
+            f"{name}.min_count",
+            f"'{name}.min_count' must be at least 2 (how often a pattern repeats before the "
+            "choice ends).",
+        )
+    if top > REPETITION_PATTERN_MAX or count > REPETITION_COUNT_MAX:
+        at, bound = ("max_pattern_size", REPETITION_PATTERN_MAX)
+        if top <= REPETITION_PATTERN_MAX:
+            at, bound = ("min_count", REPETITION_COUNT_MAX)
+        raise invalid(
+            f"{name}.{at}",
+            f"'{name}.{at}' must be at most {bound}: the engine checks every running choice "
+            "after every step, and a longer check would slow every request on it.",
+        )
+    return top, bottom, count
+
+
 # vLLM's own bounds on a cache salt (its servers refuse the rest).
 CACHE_SALT_MAX_LENGTH = 128
 CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
@@ -297,7 +347,30 @@ GENERATION_FIELDS: dict[str, Field] = {
     "repetition_penalty": honoured(number(0.01, 100.0, default=1.0)),
     "length_penalty": refused(1.0),
     "min_p": honoured(number(0.0, 1.0, default=0.0)),
-    "repetition_detection": refused(),
+    "repetition_detection": honoured(
+        custom(
+            {
+                "type": ["object", "null"],
+                "description": "End a choice whose last tokens repeat a pattern (vLLM's); "
+                "its finish_reason is then 'repetition'.",
+                "properties": {
+                    "max_pattern_size": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": REPETITION_PATTERN_MAX,
+                    },
+                    "min_pattern_size": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": REPETITION_PATTERN_MAX,
+                    },
+                    "min_count": {"type": "integer", "minimum": 0, "maximum": REPETITION_COUNT_MAX},
+                },
+                "additionalProperties": False,
+            },
+            _repetition_detection,
+        )
+    ),
     "watermarking": refused(),
     "thinking_token_budget": refused(),
     "reasoning_effort": refused(),

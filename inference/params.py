@@ -53,6 +53,8 @@ class GenerationRequest:
     prompts: tuple[str | list[int], ...] = ()
     n: int = 1
     repetition_penalty: float = 1.0
+    # vLLM's repetition_detection: (max_pattern_size, min_pattern_size, min_count); None: off.
+    repetition_detection: tuple[int, int, int] | None = None
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     bad_words: tuple[str, ...] = ()
@@ -180,6 +182,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         timeout=read("timeout"),
         n=n,
         repetition_penalty=read("repetition_penalty"),
+        repetition_detection=read("repetition_detection"),
         min_p=read("min_p"),
         stop_token_ids=tuple(read("stop_token_ids")),
         bad_words=tuple(read("bad_words")),

@@ -28,7 +28,7 @@ from dataplane.types import Job, Sampling, encode
 
 log = logging.getLogger(__name__)
 
-_NORMAL_ENDS = ("stop", "length")
+_NORMAL_ENDS = ("stop", "length", "repetition")
 
 
 class Stored(msgspec.Struct, frozen=True):

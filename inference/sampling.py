@@ -95,6 +95,7 @@ def sampling_build(
         frequency_penalty=request.frequency_penalty,
         n=request.n,
         repetition_penalty=request.repetition_penalty,
+        repetition_detection=request.repetition_detection,
         min_p=request.min_p,
         stop_token_ids=list(request.stop_token_ids),
         bad_words=list(request.bad_words),

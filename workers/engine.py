@@ -348,6 +348,9 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    extra: dict[str, Any] = {}
+    if sampling.repetition_detection is not None:
+        extra["repetition_detection"] = _repetition_detection(*sampling.repetition_detection)
     return SamplingParams(
         n=sampling.n,
         max_tokens=sampling.max_tokens,
@@ -377,6 +380,20 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
             else structured_outputs(sampling.structured, salt=salt)
         ),
         output_kind=RequestOutputKind.DELTA,
+        **extra,
+    )
+
+
+def _repetition_detection(max_pattern_size: int, min_pattern_size: int, min_count: int) -> Any:
+    """vLLM's RepetitionDetectionParams; a refusal where the engine's vLLM predates them."""
+    try:
+        from vllm.sampling_params import RepetitionDetectionParams
+    except ImportError:
+        raise RequestRefused(
+            "'repetition_detection' is not available on this model's engine (its vLLM is too old)."
+        ) from None
+    return RepetitionDetectionParams(
+        max_pattern_size=max_pattern_size, min_pattern_size=min_pattern_size, min_count=min_count
     )
 
 

@@ -41,6 +41,8 @@ TURNS = [
 PROMPT = "def main(args):"
 LONG_PROMPT = "import os\nimport sys\n" * 120
 G = {"temperature": 0, "max_tokens": 8}  # greedy
+# A greedy answer of the random demo model falls into a loop: this ends it (vLLM's option).
+REPEATS = {"max_pattern_size": 8, "min_count": 3}
 S = {"temperature": 0.9, "seed": 7, "max_tokens": 8}  # sampled with a seed
 GS = {"temperature": 0, "max_tokens": 24, "logit_bias": NO_WS}  # greedy, structured
 
@@ -119,6 +121,10 @@ CASES = [
     Case("chat-stop-included-stream", CHAT, {**G, "stop": ["QUOT"], "include_stop_str_in_output": True, "messages": HELLO}, stream=True),
     Case("chat-stop-token-ids", CHAT, {**G, "stop_token_ids": [QUOT], "messages": HELLO}),
     Case("chat-bad-words", CHAT, {**G, "bad_words": [" head"], "messages": HELLO}),
+    Case("chat-repetition-detection", CHAT, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "messages": HELLO}),
+    Case("chat-repetition-detection-stream", CHAT, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "messages": HELLO}, stream=True),
+    Case("chat-repetition-detection-forced", CHAT, {**G, "max_tokens": 32, "logit_bias": {"300": 100}, "repetition_detection": {"max_pattern_size": 2, "min_count": 4}, "messages": HELLO}),
+    Case("chat-repetition-detection-off", CHAT, {**G, "repetition_detection": {"max_pattern_size": 0, "min_count": 0}, "messages": HELLO}),
     Case("chat-allowed-token-ids", CHAT, {**G, "allowed_token_ids": [MIS, ENSURE, QUOT], "messages": HELLO}),
     Case("chat-allowed-token-ids-stream", CHAT, {**G, "allowed_token_ids": [MIS, ENSURE], "messages": HELLO}, stream=True),
     Case("chat-add-special-tokens", CHAT, {**G, "add_special_tokens": True, "messages": HELLO}),
@@ -197,6 +203,8 @@ CASES = [
     Case("cmpl-stop-included", COMPLETIONS, {**G, "stop": ["mis"], "include_stop_str_in_output": True, "prompt": PROMPT}),
     Case("cmpl-stop-token-ids", COMPLETIONS, {**G, "stop_token_ids": [MIS], "prompt": PROMPT}),
     Case("cmpl-bad-words", COMPLETIONS, {**G, "bad_words": ["mis"], "prompt": PROMPT}),
+    Case("cmpl-repetition-detection", COMPLETIONS, {**G, "max_tokens": 64, "repetition_detection": {**REPEATS, "min_pattern_size": 2}, "prompt": PROMPT}),
+    Case("cmpl-repetition-detection-stream", COMPLETIONS, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "prompt": PROMPT}, stream=True),
     Case("cmpl-allowed-token-ids", COMPLETIONS, {**S, "allowed_token_ids": [HEAD, QUOT, EOS], "prompt": PROMPT}),
     Case("cmpl-no-special-tokens", COMPLETIONS, {**G, "add_special_tokens": False, "prompt": PROMPT}),
     Case("cmpl-no-special-tokens-stream", COMPLETIONS, {**G, "add_special_tokens": False, "prompt": PROMPT}, stream=True),
@@ -256,6 +264,8 @@ CASES = [
     Case("bad-cmpl-logprobs-21", COMPLETIONS, {**G, "logprobs": 21, "prompt": PROMPT}),
     Case("bad-chat-logit-bias-vocab", CHAT, {**G, "logit_bias": {"999999": 5}, "messages": HELLO}),
     Case("bad-chat-min-p", CHAT, {**G, "min_p": 1.5, "messages": HELLO}),
+    Case("bad-chat-repetition-count", CHAT, {**G, "repetition_detection": {"max_pattern_size": 4, "min_count": 1}, "messages": HELLO}),
+    Case("bad-chat-repetition-sizes", CHAT, {**G, "repetition_detection": {"max_pattern_size": 2, "min_pattern_size": 4, "min_count": 3}, "messages": HELLO}),
     Case("bad-chat-repetition-penalty", CHAT, {**G, "repetition_penalty": 0, "messages": HELLO}),
     Case("bad-cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 20, "prompt": PROMPT}),
     Case("bad-cmpl-empty-list", COMPLETIONS, {**G, "prompt": []}),

@@ -186,3 +186,11 @@ def test_responses_top_logprobs_without_the_include_is_refused(targets: Any) -> 
     )
     assert ours.status_code == 400
     assert ours.json()["error"]["param"] == "top_logprobs"
+
+
+def test_repetition_detection_past_its_bounds_is_refused(targets: Any) -> None:
+    rule = {"max_pattern_size": 33, "min_count": 3}
+    ours, theirs = _both(targets, {**BODY, "repetition_detection": rule})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "repetition_detection.max_pattern_size"

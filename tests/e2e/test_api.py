@@ -168,6 +168,36 @@ def test_a_chat_completion_returns_text_and_exact_usage(client, world, usage_of)
     assert record.completion_tokens == 12
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_looping_answer_ends_at_its_repetition_and_bills_what_it_produced(
+    client, world, usage_of, stream
+):
+    # One token forced at every step: a pattern of one token, repeated from the start.
+    rule = {"max_pattern_size": 2, "min_count": 4}
+    fields = {"max_tokens": 32, "logit_bias": {"300": 100}, "repetition_detection": rule}
+    body = _chat(
+        **fields, stream=stream, stream_options={"include_usage": True} if stream else None
+    )
+    if stream:
+        with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=_auth(world.acme_key)
+        ) as response:
+            assert response.status_code == 200
+            events = _sse(response)[:-1]
+            request_id = response.headers["x-request-id"]
+        reason = [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1]
+        usage = events[-1]["usage"]
+    else:
+        response = client.post("/v1/chat/completions", json=body, headers=_auth(world.acme_key))
+        assert response.status_code == 200, response.text
+        reason, usage = response.json()["choices"][0]["finish_reason"], response.json()["usage"]
+        request_id = response.headers["x-request-id"]
+    assert reason == "repetition"  # as vLLM's server names it
+    assert usage["completion_tokens"] == 4
+    [record] = usage_of(request_id)
+    assert (record.completion_tokens, record.finish_reason) == (4, "repetition")
+
+
 def test_a_streamed_completion_ends_with_usage_and_done(client, world, usage_of):
     with client.stream(
         "POST",

@@ -455,3 +455,64 @@ def test_return_tokens_as_token_ids_reaches_the_request():
     assert generation_parse(_chat(return_tokens_as_token_ids=True), endpoint=CHAT).tokens_as_ids
     assert not generation_parse(_chat(), endpoint=CHAT).tokens_as_ids
     assert _error(_chat(return_tokens_as_token_ids="yes")).param == "return_tokens_as_token_ids"
+
+
+def test_repetition_detection_is_read_as_vllm_reads_it():
+    rule = {"max_pattern_size": 8, "min_pattern_size": 2, "min_count": 3}
+    assert generation_parse(
+        _chat(repetition_detection=rule), endpoint=CHAT
+    ).repetition_detection == (
+        8,
+        2,
+        3,
+    )
+    off = {"max_pattern_size": 0, "min_count": 0}
+    assert (
+        generation_parse(_chat(repetition_detection=off), endpoint=CHAT).repetition_detection
+        is None
+    )
+    assert generation_parse(_chat(), endpoint=CHAT).repetition_detection is None
+
+
+@pytest.mark.parametrize(
+    ("rule", "param", "code"),
+    [
+        ("on", "repetition_detection", "invalid_type"),
+        (
+            {"max_pattern_size": 4, "min_count": 1},
+            "repetition_detection.min_count",
+            "invalid_value",
+        ),
+        ({"max_pattern_size": 4}, "repetition_detection.min_count", "invalid_value"),
+        (
+            {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 3},
+            "repetition_detection.min_pattern_size",
+            "invalid_value",
+        ),
+        ({"max_pattern_size": -1}, "repetition_detection.max_pattern_size", "invalid_value"),
+        (
+            {"max_pattern_size": "4", "min_count": 3},
+            "repetition_detection.max_pattern_size",
+            "invalid_type",
+        ),
+        (
+            {"max_pattern_size": 4, "min_count": 3, "window": 9},
+            "repetition_detection.window",
+            "unsupported_parameter",
+        ),
+        # Bounded: the engine checks every running choice after every step.
+        (
+            {"max_pattern_size": 33, "min_count": 3},
+            "repetition_detection.max_pattern_size",
+            "invalid_value",
+        ),
+        (
+            {"max_pattern_size": 4, "min_count": 17},
+            "repetition_detection.min_count",
+            "invalid_value",
+        ),
+    ],
+)
+def test_a_bad_repetition_detection_is_a_400_naming_its_field(rule, param, code):
+    error = _error(_chat(repetition_detection=rule))
+    assert (error.status, error.param, error.code) == (400, param, code)

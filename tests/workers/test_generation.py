@@ -824,3 +824,13 @@ def test_tool_parsers_are_built_on_older_vllm_releases(monkeypatch):
     built = tooling._parser_class("hermes", tokenizer=object(), model_config=None)
     assert built == "parser class"
     assert asked == [{"name": "hermes", "auto": True}]
+
+
+def test_repetition_detection_reaches_the_engine_as_vllms_params():
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    params = sampling_params(Sampling(max_tokens=8, repetition_detection=(8, 2, 3)))
+    assert params.repetition_detection == RepetitionDetectionParams(
+        max_pattern_size=8, min_pattern_size=2, min_count=3
+    )
+    assert sampling_params(Sampling(max_tokens=8)).repetition_detection is None
