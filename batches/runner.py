@@ -273,7 +273,9 @@ class BatchRun:
             model=served,
             created=int(time.time()),
             fingerprint=f"rh-{submitted.route.version}" if submitted else "rh",
-            shape=answer_shape(parsed, submitted.route, submitted.job)
+            shape=answer_shape(
+                parsed, submitted.route, submitted.job, rendered=submitted.rendered_prompt
+            )
             if submitted
             else shape_of(parsed, decode=lambda ids: ""),
         )

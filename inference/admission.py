@@ -74,6 +74,9 @@ class Submitted:
     # The alias whose circuit breaker this request's end feeds: the one that took it, when it
     # has a fallback to send requests on to (inference/breaker.py); "" for none.
     breaker_alias: str = ""
+    # The chat template as rendered for the engine, for an answer that carries it (vLLM's
+    # return_prompt_text); None otherwise.
+    rendered_prompt: str | None = None
 
     @property
     def bill_percent(self) -> int:

@@ -412,7 +412,9 @@ GENERATION_FIELDS: dict[str, Field] = {
     "mm_processor_kwargs": refused(),
     "media_io_kwargs": refused(),
     "return_mm_kwargs": refused(False),
-    "return_prompt_text": refused(False),
+    "return_prompt_text": honoured(
+        boolean(doc="The rendered chat template rides with the answer (vLLM's)."), only=CHAT
+    ),
     "return_token_ids": honoured(
         boolean(doc="The prompt's and each choice's token ids ride with the answer.")
     ),
@@ -421,7 +423,8 @@ GENERATION_FIELDS: dict[str, Field] = {
         boolean(doc="Logprobs name each token as 'token_id:<id>' instead of its text.")
     ),
     "routed_experts_prompt_start": refused(),
-    "session_id": refused(),
+    # vLLM names its KV-cache events with it, for routers outside the engine: no answer changes.
+    "session_id": ignored(accepted({"type": ["string", "null"]})),
     "kv_transfer_params": refused(),
     "ec_transfer_params": refused(),
     "vllm_xargs": refused(),

@@ -49,6 +49,9 @@ class Shape:
     # ids go with the answer.
     token_ids: bool = False
     prompt_token_ids: tuple[list[int], ...] | None = None
+    # vLLM's return_prompt_text (chat): the rendered template, on the body or each choice's
+    # first chunk; None: not asked (or not known: a replay whose version routes nowhere).
+    prompt_text: str | None = None
 
     def prompt_ids(self, index: int) -> list[int] | None:
         """The token ids of the prompt a choice answers (None: not known here)."""
@@ -184,6 +187,7 @@ def shape_of(
     *,
     decode: Callable[[list[int]], str],
     prompt_token_ids: tuple[list[int], ...] | None = None,
+    prompt_text: str | None = None,
 ) -> Shape:
     """The shape of a request's answer; `decode` writes token-id prompts back as text (echo).
 
@@ -207,6 +211,7 @@ def shape_of(
         and (request.tools.named or request.tools.choice == "required"),
         token_ids=request.return_token_ids,
         prompt_token_ids=prompt_token_ids if request.return_token_ids or echo else None,
+        prompt_text=prompt_text if request.return_prompt_text else None,
     )
 
 
@@ -314,6 +319,8 @@ class Formatter:
         body = self._envelope("chat.completion" if self.chat else "text_completion")
         if self.chat and self.shape.token_ids:
             body["prompt_token_ids"] = self._prompt_ids(0)
+        if self.shape.prompt_text is not None:
+            body["prompt_text"] = self.shape.prompt_text
         # Chat has one prompt: its logprobs go on the body, as vLLM's server writes them.
         ranked = self._choice(0).prompt_ranked if self.chat else None
         if ranked is not None:
@@ -381,6 +388,8 @@ class Formatter:
             body = self._envelope("chat.completion.chunk")
             if first and self.shape.token_ids:
                 body["prompt_token_ids"] = self._prompt_ids(index)
+            if first and self.shape.prompt_text is not None:
+                body["prompt_text"] = self.shape.prompt_text
         else:
             body_choice = {
                 "index": index,

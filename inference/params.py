@@ -82,6 +82,8 @@ class GenerationRequest:
     tokens_as_ids: bool = False
     # vLLM's return_token_ids: the answer carries the prompt's and the output's token ids.
     return_token_ids: bool = False
+    # vLLM's return_prompt_text (chat): the answer carries the rendered chat template.
+    return_prompt_text: bool = False
     # vLLM's prompt_logprobs: each prompt token's logprob and rank, and this many of the
     # likeliest tokens at its position (None: not asked for).
     prompt_logprobs: int | None = None
@@ -204,6 +206,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
         truncation_side=read("truncation_side"),
         return_token_ids=read("return_token_ids"),
+        return_prompt_text=bool(read("return_prompt_text")) if chat else False,
         prompt_logprobs=prompt_logprobs,
     )
 

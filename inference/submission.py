@@ -61,6 +61,7 @@ from inference.response_cache import Stored, cache_key, cacheable
 from inference.sampling import sampling_build, tools_build
 from inference.tokenization import (
     INLINE_TOKENIZE_CHARS,
+    chat_rendered,
     input_ids,
     input_too_long,
     prompt_chars,
@@ -115,9 +116,19 @@ def _prompt_text(request: GenerationRequest) -> str:
     return request.prompt or ""
 
 
-def answer_shape(request: GenerationRequest, route: Route, job: Job | None = None) -> Shape:
+def answer_shape(
+    request: GenerationRequest,
+    route: Route,
+    job: Job | None = None,
+    *,
+    rendered: str | None = None,
+) -> Shape:
     """The shape of a request's answer; token-id prompts echo as the tokenizer writes them,
-    and the job's prompts are the token ids a return_token_ids answer carries."""
+    and the job's prompts are the token ids a return_token_ids answer carries.
+
+    `rendered`: the chat template as submission rendered it (return_prompt_text); rendered
+    here when not given (a replay, which was not submitted).
+    """
 
     def decode(ids: list[int]) -> str:
         tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
@@ -126,7 +137,9 @@ def answer_shape(request: GenerationRequest, route: Route, job: Job | None = Non
     # Split only when the answer carries them: most requests never need the copies.
     wanted = job is not None and (request.return_token_ids or request.echo)
     prompts = tuple(job.inputs()) if wanted and job is not None else None
-    return shape_of(request, decode=decode, prompt_token_ids=prompts)
+    if request.return_prompt_text and rendered is None:
+        rendered = chat_rendered(request, route)
+    return shape_of(request, decode=decode, prompt_token_ids=prompts, prompt_text=rendered)
 
 
 async def _fallback_routing(fallback: str, refused: ApiError | None) -> Routing | None:
@@ -267,8 +280,14 @@ async def _generation_admit(
         # Long prompts (and templates with tools) tokenise off the event loop so they do not
         # stall other streams.
         prompts = await asyncio.to_thread(prompt_ids, request, route, context=context)
+        rendered = (
+            await asyncio.to_thread(chat_rendered, request, route)
+            if request.return_prompt_text
+            else None
+        )
     else:
         prompts = prompt_ids(request, route, context=context)
+        rendered = chat_rendered(request, route) if request.return_prompt_text else None
     sampling = sampling_build(
         request=request,
         route=route,
@@ -345,6 +364,7 @@ async def _generation_admit(
             cache=cache.use if cache is not None else None,
             prompt_text=_prompt_text(request) if principal.retention_days > 0 else None,
             policy=policy,
+            rendered_prompt=rendered,
         )
         if idempotency_key is not None:
             await idempotency_get().queued(

@@ -127,14 +127,7 @@ def prompt_ids(
         assert request.messages is not None
         if cut is None:  # a conversation to be truncated may be as long as it likes
             _user_turn_floor_check(tokenizer, request.messages, context)
-        tools = request.tools.tools if request.tools is not None else None
-        text = tokenizer.render_chat(
-            request.messages,
-            tools=tools,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            template_kwargs=request.chat_template_kwargs,
-        )
+        text = _rendered(tokenizer, request)
         # The template writes the special tokens (BOS) itself, unless the client asks for more.
         special = bool(request.add_special_tokens)
         return [_encoded(tokenizer, text, "messages", context, special=special, cut=cut)]
@@ -152,6 +145,24 @@ def prompt_ids(
             special = request.add_special_tokens is not False
             prompts.append(_encoded(tokenizer, prompt, param, context, special=special, cut=cut))
     return prompts
+
+
+def _rendered(tokenizer: Tokenizer, request: GenerationRequest) -> str:
+    assert request.messages is not None
+    return tokenizer.render_chat(
+        request.messages,
+        tools=request.tools.tools if request.tools is not None else None,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        template_kwargs=request.chat_template_kwargs,
+    )
+
+
+def chat_rendered(request: GenerationRequest, route: Route) -> str:
+    """A chat request's conversation as its version's template writes it: the text the
+    model's prompt tokens encode (vLLM's return_prompt_text)."""
+    tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    return _rendered(tokenizer, request)
 
 
 def kept_tokens(truncate: int | None, context: int | None, *, generation: bool) -> int | None:

@@ -126,7 +126,9 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
         model=submitted.route.served_name,
         version=submitted.route.version,
         created=int(submitted.job.enqueued_at),
-        shape=answer_shape(parsed, submitted.route, submitted.job),
+        shape=answer_shape(
+            parsed, submitted.route, submitted.job, rendered=submitted.rendered_prompt
+        ),
     )
     cursor = relay.Cursor() if parsed.stream else None
     events = relay.events(dispatch_get(), submitted, cursor=cursor)
@@ -197,11 +199,13 @@ async def _replay(
     """
     dispatch = dispatch_get()
     shape = shape_of(parsed, decode=lambda ids: "")
-    if parsed.echo:
-        # Only an echo writes token ids back as text, with the answering version's tokenizer;
-        # a version that routes nowhere now echoes nothing.
+    if parsed.echo or parsed.return_prompt_text:
+        # An echo writes token ids back as text and return_prompt_text renders the template,
+        # with the answering version's tokenizer; a version that routes nowhere now echoes
+        # nothing and renders nothing.
         with contextlib.suppress(ApiError):
-            shape = answer_shape(parsed, (await routing_get(original.model)).primary)
+            route = (await routing_get(original.model)).primary
+            shape = await asyncio.to_thread(answer_shape, parsed, route)
     formatter = _formatter(
         endpoint=parsed.endpoint,
         request_id=original.request_id,

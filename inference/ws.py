@@ -222,6 +222,8 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             if parsed.return_token_ids:
                 # Each prompt's ids as the engine got them (chat: its one rendered prompt).
                 started["prompt_token_ids"] = submitted.job.inputs()
+            if parsed.return_prompt_text:
+                started["prompt_text"] = submitted.rendered_prompt
             await self._send(started)
             async for event in events:
                 if isinstance(event, Delta):

@@ -57,6 +57,7 @@ class Answer:
     stream_error: str = ""  # an error event inside a stream that began with 200
     prompt_token_ids: list[int] | None = None  # chat's return_token_ids, on the body
     prompt_logprobs: PromptLogprobs | None = None  # chat's prompt_logprobs, on the body
+    prompt_text: str | None = None  # chat's return_prompt_text: the rendered template
 
 
 def _arguments(text: str) -> Any:
@@ -112,6 +113,7 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
     answer = Answer(status=200)
     answer.usage, answer.cached_tokens = _usage(body.get("usage"))
     answer.prompt_token_ids = body.get("prompt_token_ids")
+    answer.prompt_text = body.get("prompt_text")
     answer.prompt_logprobs = _prompt_logprobs(body.get("prompt_logprobs"))
     for raw in body["choices"]:
         choice = Choice(
@@ -162,6 +164,8 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             answer.usage, answer.cached_tokens = _usage(chunk["usage"])
         if chunk.get("prompt_token_ids") is not None:
             answer.prompt_token_ids = chunk["prompt_token_ids"]
+        if chunk.get("prompt_text") is not None:
+            answer.prompt_text = chunk["prompt_text"]
         for raw in chunk.get("choices") or []:
             choice = answer.choices.setdefault(raw["index"], Choice(text=""))
             if raw.get("token_ids") is not None:
@@ -301,6 +305,8 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
     if ours.prompt_token_ids != theirs.prompt_token_ids:
         mine_ids, vllm_ids = ours.prompt_token_ids, theirs.prompt_token_ids
         found.append(f"prompt_token_ids {mine_ids} vs vLLM's {vllm_ids}")
+    if ours.prompt_text != theirs.prompt_text:
+        found.append(f"prompt_text {ours.prompt_text!r} vs vLLM's {theirs.prompt_text!r}")
     found += _prompt_logprob_differences("body", ours.prompt_logprobs, theirs.prompt_logprobs)
     if ours.usage != theirs.usage:
         found.append(f"usage {ours.usage} vs vLLM's {theirs.usage}")

@@ -108,6 +108,12 @@ CASES = [
     Case("chat-long-system", CHAT, {**G, "messages": LONG}),
     Case("chat-long-system-stream", CHAT, {**G, "messages": LONG}, stream=True),
     Case("chat-turns", CHAT, {**G, "messages": TURNS}),
+    # Fields neither server lets change the answer.
+    Case("chat-prompt-text", CHAT, {**G, "return_prompt_text": True, "messages": TURNS}),
+    Case("chat-prompt-text-stream", CHAT, {**G, "return_prompt_text": True, "messages": TURNS}, stream=True),
+    Case("chat-prompt-text-tools", CHAT, {**G, "return_prompt_text": True, "tools": [WEATHER], "messages": HELLO}),
+    Case("chat-prompt-text-n2-stream", CHAT, {**S, "n": 2, "return_prompt_text": True, "messages": HELLO}, stream=True),
+    Case("chat-unused-fields", CHAT, {**G, "session_id": "conv-7", "prompt_cache_key": "k", "metadata": {"team": "yard"}, "messages": HELLO}),
     Case("chat-max-completion-tokens", CHAT, {"temperature": 0, "max_completion_tokens": 5, "messages": HELLO}),
     Case("chat-top-k", CHAT, {**S, "top_k": 5, "messages": HELLO}),
     Case("chat-top-p", CHAT, {**S, "top_p": 0.3, "messages": HELLO}),

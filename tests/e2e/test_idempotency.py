@@ -160,8 +160,13 @@ def test_a_streaming_retry_attaches_to_the_same_stream(stack, world, usage_of):
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "Hi"}], "return_token_ids": True},
         ),
+        # The rendered template: a replay renders it again with the version that answered.
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "return_prompt_text": True},
+        ),
     ],
-    ids=["echoed-token-prompts", "completions-token-ids", "chat-token-ids"],
+    ids=["echoed-token-prompts", "completions-token-ids", "chat-token-ids", "chat-prompt-text"],
 )
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_replay_lists_the_prompts_token_ids_and_echo_as_the_original_did(
@@ -177,10 +182,12 @@ def test_a_replay_lists_the_prompts_token_ids_and_echo_as_the_original_did(
         # Entries the original got one by one a replay may read at once, merged: compare what
         # each choice's chunks add up to.
         assert _choices_streamed(again.text) == _choices_streamed(first.text)
-        assert all(c["prompt_token_ids"] for c in _choices_streamed(first.text).values())
+        wanted = "prompt_text" if fields.get("return_prompt_text") else "prompt_token_ids"
+        assert all(c[wanted] for c in _choices_streamed(first.text).values())
     else:
         assert again.json() == first.json()
         assert ("prompt_token_ids" in first.text) == bool(fields.get("return_token_ids"))
+        assert ("prompt_text" in first.text) == bool(fields.get("return_prompt_text"))
 
 
 def _choices_streamed(text: str) -> dict[int, dict]:
@@ -192,12 +199,14 @@ def _choices_streamed(text: str) -> dict[int, dict]:
         chunk = json.loads(line[6:])
         for choice in chunk["choices"]:
             kept = choices.setdefault(
-                choice["index"], {"text": "", "token_ids": [], "prompt_token_ids": None}
+                choice["index"],
+                {"text": "", "token_ids": [], "prompt_token_ids": None, "prompt_text": None},
             )
             kept["text"] += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             kept["token_ids"] += choice.get("token_ids") or []
             prompt = choice.get("prompt_token_ids") or chunk.get("prompt_token_ids")
             kept["prompt_token_ids"] = kept["prompt_token_ids"] or prompt
+            kept["prompt_text"] = kept["prompt_text"] or chunk.get("prompt_text")
             if choice.get("finish_reason"):
                 kept["finish_reason"] = choice["finish_reason"]
     return choices

@@ -210,3 +210,16 @@ async def test_token_ids_ride_on_the_deltas_when_asked_for(stack, world):
     first, second = started["two"]["prompt_token_ids"]
     assert second == prompt and first != prompt and first[0] == 0
     assert "prompt_token_ids" not in started["plain"]
+
+
+async def test_the_rendered_chat_template_comes_with_the_start_when_asked_for(stack, world):
+    protocol = f"roundhouse.key.{world.acme_key}"
+    body = {"model": ALIAS, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    async with websockets.connect(_ws_url(stack), subprotocols=[protocol]) as socket:  # type: ignore[list-item]
+        for client_id, extra in (("text", {"return_prompt_text": True}), ("plain", {})):
+            message = {"type": "request", "id": client_id, "endpoint": "chat.completions"}
+            await socket.send(json.dumps({**message, "body": {**body, **extra}}))
+        seen = await _until_end(socket, {"text", "plain"})
+    rendered = seen["text"][0]["prompt_text"]
+    assert seen["text"][0]["type"] == "started" and "Hi" in rendered
+    assert "prompt_text" not in seen["plain"][0]

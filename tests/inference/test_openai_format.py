@@ -174,3 +174,25 @@ def test_a_stream_of_several_choices_ends_each_with_its_own_reason_then_usage():
         (1, "length"),
     ]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_the_rendered_prompt_goes_on_a_chat_body_and_each_choices_first_chunk():
+    rendered = "<|user|>hello<|assistant|>"
+    whole = _formatter(CHAT, prompt_text=rendered)
+    whole.add(Delta(text="hi", tokens=1))
+    body = json.loads(
+        whole.complete(Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=1))
+    )
+    assert body["prompt_text"] == rendered
+    streamed = _formatter(CHAT, n=2, prompt_text=rendered)
+    chunks = [
+        streamed.chunk(Delta(text="a", tokens=1, index=0), include_usage=False),
+        streamed.chunk(Delta(text="b", tokens=1, index=1), include_usage=False),
+        streamed.chunk(Delta(text="c", tokens=1, index=0), include_usage=False),
+    ]
+    events = [event for chunk in chunks if chunk is not None for event in _events(chunk)]
+    assert [e.get("prompt_text") for e in events] == [rendered, rendered, None]
+    plain = _formatter(CHAT)
+    plain.add(Delta(text="hi", tokens=1))
+    finished = Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=1)
+    assert "prompt_text" not in json.loads(plain.complete(finished))

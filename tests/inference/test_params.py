@@ -516,3 +516,11 @@ def test_repetition_detection_is_read_as_vllm_reads_it():
 def test_a_bad_repetition_detection_is_a_400_naming_its_field(rule, param, code):
     error = _error(_chat(repetition_detection=rule))
     assert (error.status, error.param, error.code) == (400, param, code)
+
+
+def test_return_prompt_text_is_chats_alone():
+    assert generation_parse(_chat(return_prompt_text=True), endpoint=CHAT).return_prompt_text
+    assert not generation_parse(_chat(), endpoint=CHAT).return_prompt_text
+    body = {"model": "m", "prompt": "hi", "return_prompt_text": True}
+    error = _error(body, endpoint=COMPLETIONS)
+    assert (error.param, error.code) == ("return_prompt_text", "unsupported_parameter")
