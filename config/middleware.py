@@ -3,8 +3,11 @@ refusal of NUL characters (the /v1 data plane bypasses this stack: see config/as
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBadRequest, HttpResponseBase, QueryDict
+from django.shortcuts import render
 from django.utils.deprecation import MiddlewareMixin
 
 
@@ -41,6 +44,13 @@ class NulRefusedMiddleware(MiddlewareMixin):
             and request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data")
             and _holds_nul(request.POST)
         ):
+            if request.path.startswith("/console/"):
+                # The console's own page: what went wrong and how to go back to the form.
+                back = request.META.get("HTTP_REFERER", "")
+                where = urlsplit(back)
+                ours = where.netloc == request.get_host() and where.path.startswith("/console/")
+                context = {"back": back if ours else ""}
+                return render(request, "400_nul.html", context, status=400)
             return HttpResponseBadRequest(
                 "A query or form value holds the NUL character.", content_type="text/plain"
             )

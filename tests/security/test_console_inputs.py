@@ -90,3 +90,23 @@ def test_no_admin_list_answers_a_hostile_search_or_filter_with_a_5xx(world):
             if status >= 500:
                 failed.append((changelist, param, value[:20], status))
     assert not failed, failed
+
+
+def test_a_nul_in_a_console_form_gets_the_consoles_page_saying_what_to_fix(world):
+    client = Client(raise_request_exception=False)
+    client.force_login(world.alice)
+    form = "/console/t/acme/keys"
+    back = "http://testserver/console/t/acme/keys"
+    refused = client.post(form, {"name": "ci\x00bot"}, HTTP_REFERER=back)
+    assert refused.status_code == 400 and refused["Content-Type"].startswith("text/html")
+    page = refused.content.decode()
+    assert "NUL character" in page and "nothing was changed" in page
+    assert f'href="{back}"' in page
+    # A referrer elsewhere is no way back: the page links the console's home only.
+    elsewhere = client.post(form, {"name": "ci\x00bot"}, HTTP_REFERER="https://evil.example/")
+    assert "evil.example" not in elsewhere.content.decode()
+    # The admin keeps its plain refusal.
+    root = User.objects.create_superuser("console-nul-root", password="-")
+    client.force_login(root)
+    plain = client.get("/admin/billing/usagerecord/", {"status": "\x00"})
+    assert plain.status_code == 400 and plain["Content-Type"].startswith("text/plain")
