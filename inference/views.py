@@ -46,7 +46,7 @@ from inference.params import (
 )
 from inference.results import OnEnd, completion_collect, embeddings_collect, events_close
 from inference.submission import answer_shape, embedding_submit, generation_submit
-from models_registry.selectors import version_served_name
+from models_registry.selectors import Route, version_served_name
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -415,26 +415,48 @@ async def request_cancel(request: HttpRequest, request_id: str, target: str) -> 
     )
 
 
+def _card(name: str, created: int, route: Route | None, principal: Principal) -> dict[str, Any]:
+    """A model as vLLM's server lists it: `root`, the version that answers it now, and
+    `max_model_len`, the context this tenant may use there (the version's and its own limit's
+    smaller; what /tokenize reports). Clients size their prompts from it."""
+    card: dict[str, Any] = {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "roundhouse",
+    }
+    if route is not None:
+        card["root"] = route.served_name
+        card["max_model_len"] = min(route.context_length, principal.max_context_tokens)
+    return card
+
+
+async def _route_now(name: str) -> Route | None:
+    """Where a listed name routes now; None where it routes nowhere at the moment."""
+    try:
+        return (await routing_get(name)).primary
+    except ApiError:
+        return None
+
+
 @api_endpoint("GET")
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
-    await request_principal(request, Scope.MODELS_READ)
+    principal = await request_principal(request, Scope.MODELS_READ)
     names = await model_names_get()
+    routes = await asyncio.gather(*(_route_now(name) for name, _ in names))
     data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "roundhouse"}
-        for name, created in names
+        _card(name, created, route, principal)
+        for (name, created), route in zip(names, routes, strict=True)
     ]
     return json_response({"object": "list", "data": data})
 
 
 @api_endpoint("GET")
 async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
-    await request_principal(request, Scope.MODELS_READ)
+    principal = await request_principal(request, Scope.MODELS_READ)
     routing = await routing_get(name)
     body = {
-        "id": name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "roundhouse",
+        **_card(name, int(time.time()), routing.primary, principal),
         "version": routing.primary.version,
     }
     if routing.splits:

@@ -283,6 +283,15 @@ MODEL: Schema = obj(
         "object": {"const": "model"},
         "created": {"type": "integer"},
         "owned_by": {"type": "string"},
+        "root": {
+            "type": "string",
+            "description": "The model pinned to the version that answers the name now.",
+        },
+        "max_model_len": {
+            "type": "integer",
+            "description": "The context this tenant may use: the version's and its own "
+            "limit's smaller (as /tokenize reports it).",
+        },
         "version": {"type": "string", "description": "The version the name routes to now."},
         "traffic": {
             "type": "object",

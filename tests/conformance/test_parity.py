@@ -61,3 +61,15 @@ def test_the_corpus_names_each_case_once() -> None:
     names = [case.name for case in CASES]
     assert len(names) == len(set(names))
     assert len(CASES) >= 80
+
+
+def test_a_models_card_gives_the_context_as_vllms_does(targets: Any) -> None:
+    """Clients size their prompts from a card's max_model_len (the tenant's limit is above
+    the demo model's context here, so the two are the same)."""
+    ours = targets.platform.get(f"/v1/models/{ALIAS}").json()
+    listed = {card["id"]: card for card in targets.vllm.get("/v1/models").json()["data"]}
+    theirs = listed[ALIAS]
+    assert ours["max_model_len"] == theirs["max_model_len"]
+    mine = {card["id"]: card for card in targets.platform.get("/v1/models").json()["data"]}
+    assert mine[ALIAS]["max_model_len"] == theirs["max_model_len"]
+    assert mine[ALIAS]["root"] == ours["root"] and ours["root"].endswith("@" + ours["version"])

@@ -146,6 +146,12 @@ def test_it_lists_the_models_a_client_can_call(client, world):
     assert response.status_code == 200
     ids = {m["id"] for m in response.json()["data"]}
     assert {ALIAS, "tiny-llama", world.version.public_name} <= ids
+    # As vLLM's server lists a model: the version that answers it and the usable context.
+    card = next(m for m in response.json()["data"] if m["id"] == ALIAS)
+    assert card["root"] == world.version.public_name
+    assert 0 < card["max_model_len"] <= world.deployment.context_length
+    detail = client.get(f"/v1/models/{ALIAS}", headers=_auth(world.acme_key)).json()
+    assert (detail["root"], detail["max_model_len"]) == (card["root"], card["max_model_len"])
 
 
 def test_a_chat_completion_returns_text_and_exact_usage(client, world, usage_of):
