@@ -5,6 +5,7 @@ The table is in docs/conformance.md ("Intentional differences"); each row names 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -194,3 +195,24 @@ def test_repetition_detection_past_its_bounds_is_refused(targets: Any) -> None:
     assert theirs.status_code == 200
     assert ours.status_code == 400
     assert ours.json()["error"]["param"] == "repetition_detection.max_pattern_size"
+
+
+def test_a_responses_streams_text_done_event_lists_every_log_probability(targets: Any) -> None:
+    body = {"model": ALIAS, "input": "hello", "max_output_tokens": 4, "temperature": 0}
+    body.update(store=False, stream=True, include=["message.output_text.logprobs"])
+
+    def events(client: httpx.Client) -> dict[str, dict[str, Any]]:
+        with client.stream("POST", "/v1/responses", json=body) as answer:
+            assert answer.status_code == 200
+            lines = [json.loads(x[6:]) for x in answer.iter_lines() if x.startswith("data: ")]
+        return {event["type"]: event for event in lines}
+
+    ours, theirs = events(targets.platform), events(targets.vllm)
+    assert theirs["response.output_text.done"]["logprobs"] == []  # vLLM's: the part has them
+    final = ours.get("response.incomplete") or ours["response.completed"]
+    listed = ours["response.output_text.done"]["logprobs"]
+    assert len(listed) == final["response"]["usage"]["output_tokens"] > 0
+    assert listed == [
+        {"token": lp["token"], "logprob": lp["logprob"], "top_logprobs": []}
+        for lp in final["response"]["output"][0]["content"][0]["logprobs"]
+    ]
