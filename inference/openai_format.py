@@ -126,23 +126,26 @@ def _call_body(call: ToolCallDelta, *, whole: bool) -> dict[str, Any]:
     return body
 
 
+def token_logprobs(entries: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
+    """Each token with its log probability, bytes and first `top` alternatives: chat's
+    `logprobs.content`, and a Responses output text's `logprobs`."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob if entry.logprob is not None else -9999.0,
+            "bytes": entry.bytes,
+            "top_logprobs": [
+                {"token": alt.token, "logprob": alt.logprob, "bytes": alt.bytes}
+                for alt in entry.top[:top]
+            ],
+        }
+        for entry in entries
+    ]
+
+
 def _chat_logprobs(entries: list[TokenLogprob], top: int) -> dict[str, Any]:
     """Chat's logprobs: each token with its bytes and its first `top` alternatives."""
-    return {
-        "content": [
-            {
-                "token": entry.token,
-                "logprob": entry.logprob if entry.logprob is not None else -9999.0,
-                "bytes": entry.bytes,
-                "top_logprobs": [
-                    {"token": alt.token, "logprob": alt.logprob, "bytes": alt.bytes}
-                    for alt in entry.top[:top]
-                ],
-            }
-            for entry in entries
-        ],
-        "refusal": None,
-    }
+    return {"content": token_logprobs(entries, top), "refusal": None}
 
 
 def _prompt_logprobs(ranked: list[list[RankedLogprob] | None]) -> list[Any]:

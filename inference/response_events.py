@@ -12,6 +12,7 @@ import msgspec
 
 from dataplane.types import Delta, Failed, Finished, TokenLogprob, ToolCallDelta
 from inference.errors import ApiError
+from inference.openai_format import token_logprobs
 
 _json = msgspec.json.Encoder()
 
@@ -25,27 +26,6 @@ def usage_of(finished: Finished | Failed) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
     }
-
-
-def _logprob(logprob: float | None) -> float:
-    return logprob if logprob is not None else -9999.0
-
-
-def logprobs_shaped(entries: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
-    """An output text's log probabilities as a Response object lists them: each token with
-    its bytes and its first `top` alternatives."""
-    return [
-        {
-            "token": entry.token,
-            "bytes": entry.bytes,
-            "logprob": _logprob(entry.logprob),
-            "top_logprobs": [
-                {"token": alt.token, "bytes": alt.bytes, "logprob": alt.logprob}
-                for alt in entry.top[:top]
-            ],
-        }
-        for entry in entries
-    ]
 
 
 def _without_bytes(shaped: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -190,7 +170,7 @@ class ResponseBuilder:
         if top is None or not taken:
             return []
         self._logprobs = []
-        shaped = logprobs_shaped(taken, top)
+        shaped = token_logprobs(taken, top)
         part["logprobs"].extend(shaped)
         return _without_bytes(shaped)
 

@@ -66,6 +66,7 @@ from inference.tokenization import (
     input_too_long,
     prompt_chars,
     prompt_ids,
+    prompts_read,
     tokenizer_for,
 )
 from models_registry.models import FALLBACK_HOPS, Task
@@ -279,15 +280,10 @@ async def _generation_admit(
     if prompt_chars(request) > INLINE_TOKENIZE_CHARS or request.tools is not None:
         # Long prompts (and templates with tools) tokenise off the event loop so they do not
         # stall other streams.
-        prompts = await asyncio.to_thread(prompt_ids, request, route, context=context)
-        rendered = (
-            await asyncio.to_thread(chat_rendered, request, route)
-            if request.return_prompt_text
-            else None
-        )
+        prompts, text = await asyncio.to_thread(prompts_read, request, route, context=context)
     else:
-        prompts = prompt_ids(request, route, context=context)
-        rendered = chat_rendered(request, route) if request.return_prompt_text else None
+        prompts, text = prompts_read(request, route, context=context)
+    rendered = text if request.return_prompt_text else None
     sampling = sampling_build(
         request=request,
         route=route,

@@ -118,6 +118,14 @@ def prompt_ids(
     A prompt that is certainly longer than `context` tokens (its text alone says so) is
     refused before the tokenizer runs: tokenising megabytes takes seconds.
     """
+    return prompts_read(request, route, context=context)[0]
+
+
+def prompts_read(
+    request: GenerationRequest, route: Route, *, context: int | None = None
+) -> tuple[list[list[int]], str | None]:
+    """`prompt_ids`, and a chat's conversation as its template rendered it (None for
+    completions): the text those ids encode, which return_prompt_text answers with."""
     tokenizer = tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
     vocab = tokenizer.vocab_size
     _vocabulary_check(request, vocab)
@@ -130,7 +138,7 @@ def prompt_ids(
         text = _rendered(tokenizer, request)
         # The template writes the special tokens (BOS) itself, unless the client asks for more.
         special = bool(request.add_special_tokens)
-        return [_encoded(tokenizer, text, "messages", context, special=special, cut=cut)]
+        return [_encoded(tokenizer, text, "messages", context, special=special, cut=cut)], text
     prompts = []
     for i, prompt in enumerate(request.prompts):
         param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -144,7 +152,7 @@ def prompt_ids(
             # unless the client turns them off.
             special = request.add_special_tokens is not False
             prompts.append(_encoded(tokenizer, prompt, param, context, special=special, cut=cut))
-    return prompts
+    return prompts, None
 
 
 def _rendered(tokenizer: Tokenizer, request: GenerationRequest) -> str:
