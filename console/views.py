@@ -25,7 +25,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing.budgets import budget_banner
-from billing.selectors import month_start, tenant_month_spend, usage_aggregate, version_slis
+from billing.selectors import (
+    deployment_load,
+    month_start,
+    tenant_month_spend,
+    usage_aggregate,
+    version_slis,
+)
 from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
@@ -418,7 +424,9 @@ def invoice_detail(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
 @login_required
 def ops(request: HttpRequest) -> HttpResponse:
     _staff(request)
-    return render(request, "console/ops.html", {**_nav(request), **_ops_state()})
+    return render(
+        request, "console/ops.html", {**_nav(request), **_ops_state(), **_ops_hour(timezone.now())}
+    )
 
 
 @login_required
@@ -426,6 +434,43 @@ def ops_live(request: HttpRequest) -> HttpResponse:
     """The deployments table alone: htmx swaps it in every few seconds."""
     _staff(request)
     return render(request, "console/_deployments.html", _ops_state())
+
+
+LOAD_MINUTES = 60
+
+
+def _ops_hour(now: dt.datetime) -> dict[str, Any]:
+    """Each deployment's last hour, minute by minute, for the operations page's charts: output
+    tokens, failed requests and the time to first token's p95 (a minute without requests has
+    no p95: a gap in its line, not a zero)."""
+    until = now.astimezone(dt.UTC).replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    since = until - dt.timedelta(minutes=LOAD_MINUTES)
+    minutes, whole = deployment_load(since=since, until=until)
+    starts = [since + dt.timedelta(minutes=i) for i in range(LOAD_MINUTES)]
+    at = {start: i for i, start in enumerate(starts)}
+    series: dict[str, dict[str, list[Any]]] = {}
+    for load in minutes:
+        i = None if load.start is None else at.get(load.start)
+        if i is None:
+            continue
+        line = series.setdefault(
+            load.deployment,
+            {
+                "tokens": [0] * LOAD_MINUTES,
+                "failed": [0] * LOAD_MINUTES,
+                "ttft_p95": [None] * LOAD_MINUTES,
+            },
+        )
+        line["tokens"][i] = load.completion_tokens
+        line["failed"][i] = load.failed
+        line["ttft_p95"][i] = load.ttft_p95_ms
+    return {
+        "hour": whole,
+        "hour_chart": {
+            "labels": [start.strftime("%H:%M") for start in starts],
+            "deployments": [{"name": name, **line} for name, line in sorted(series.items())],
+        },
+    }
 
 
 def _ops_state() -> dict[str, Any]:

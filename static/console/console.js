@@ -26,6 +26,16 @@ document.addEventListener("input", (event) => {
 const COLOURS = ["#2457d6", "#e8590c", "#2f9e44", "#862e9c"];
 const LEGEND_BOTTOM = {animation: false, plugins: {legend: {position: "bottom"}}};
 
+// The operations page's last hour: one line (or bar) per deployment, over the minutes.
+const perDeployment = (h, field, title, type = "line") => ({type, data: {labels: h.labels,
+  datasets: h.deployments.map((d, i) => ({label: d.name, data: d[field],
+    borderColor: COLOURS[i % COLOURS.length], backgroundColor: COLOURS[i % COLOURS.length],
+    pointRadius: 2, spanGaps: false}))},
+  options: {animation: false, plugins: {legend: {position: "bottom"},
+    title: {display: true, text: title}},
+    scales: {x: {ticks: {maxTicksLimit: 13, maxRotation: 0}}, y: {beginAtZero: true,
+      ticks: {precision: field === "ttft_p95" ? undefined : 0}}}}});
+
 // Each chart reads its data from the json_script element its canvas names in data-source.
 const CHARTS = {
   spend: (d) => ({type: "line", data: {labels: d.labels, datasets: [
@@ -42,6 +52,9 @@ const CHARTS = {
         v.cost_per_1k === null ? null : v.cost_per_1k * 1000],
       backgroundColor: COLOURS[i % COLOURS.length]}))},
     options: LEGEND_BOTTOM}),
+  hour_tokens: (h) => perDeployment(h, "tokens", "output tokens per minute"),
+  hour_ttft: (h) => perDeployment(h, "ttft_p95", "time to first token, p95 (ms)"),
+  hour_failed: (h) => perDeployment(h, "failed", "failed requests per minute", "bar"),
 };
 
 for (const canvas of document.querySelectorAll("canvas[data-chart]")) {

@@ -214,7 +214,7 @@ def test_finance_downloads_an_invoice_pdf(page, people, world, django_db_blocker
 
 
 def test_an_operator_moves_a_split_promotes_and_rolls_back_with_a_reason(
-    page, people, world, demo_model_dir, django_db_blocker
+    page, people, world, demo_model_dir, django_db_blocker, stack, usage_of
 ):
     from models_registry.models import Alias, Rollout
     from models_registry.services import alias_set, deployment_create, model_version_register
@@ -230,8 +230,24 @@ def test_an_operator_moves_a_split_promotes_and_rolls_back_with_a_reason(
         deployment_create(name="tiny-console-v2", version=v2, kv_cache_bytes=32 << 20)
         alias = alias_set(name="console-chat", version=world.version)
         first = rollout_start(alias=alias, canary=v2, steps=[10, 50, 100])
+    # A few real requests, so the last hour has something to chart.
+    served = [
+        httpx.post(
+            f"{stack.base_url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {world.acme_key}"},
+            json={"model": ALIAS, "messages": [{"role": "user", "content": "hi"}],
+                  "max_tokens": 8},
+            timeout=60,
+        ).headers["x-request-id"]
+        for _ in range(3)
+    ]  # fmt: skip
+    assert len(usage_of(*served)) == 3
     _sign_in(page, "olga")
     expect(page.locator("#deployments")).to_contain_text("tiny-chat")
+    # The last hour, charted per deployment from the usage records: the charts are drawn.
+    expect(page.locator("#hour")).to_contain_text("tiny-chat")
+    for chart in ("hour-tokens", "hour-ttft", "hour-failed"):
+        assert page.locator(f"#{chart}").evaluate("c => Chart.getChart(c) !== undefined")
     # The worker reports its engine's KV-cache use with every heartbeat.
     expect(page.locator("#deployments tr", has_text="tiny-chat").first).to_contain_text("%")
     _shot(page, "operations")
