@@ -54,6 +54,9 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: bool = False
     # Log probabilities of each sampled token and of this many alternatives; None: none.
     logprobs: int | None = None
+    # vLLM's logprob_token_ids: the tokens each position lists beside the sampled one, in
+    # place of the `logprobs` likeliest (which is then 0, or counts only an echo's prompt).
+    logprob_token_ids: list[int] = []
     # The same for every prompt token (vLLM's `prompt_logprobs`, or `echo`); None: none.
     prompt_logprobs: int | None = None
     # The prompt's log probabilities open the text's (completions' `echo` with `logprobs`);

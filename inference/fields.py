@@ -215,6 +215,38 @@ ALLOWED_TOKEN_IDS = custom(
 )
 
 
+# vLLM's bound on logprob_token_ids: its sampler sizes each request's row for this many.
+MAX_LOGPROB_TOKEN_IDS = 128
+
+
+def _logprob_token_ids(body: dict[str, Any], name: str) -> list[int] | None:
+    if body.get(name) is None:
+        return None
+    value = _TOKEN_IDS.read(body, name)
+    if not value:
+        return None  # as vLLM reads it: an empty list asks for nothing
+    if len(value) > MAX_LOGPROB_TOKEN_IDS:
+        raise invalid(
+            name,
+            f"Requested logprob_token_ids of length {len(value)}, which is greater than max "
+            f"allowed: {MAX_LOGPROB_TOKEN_IDS}",
+        )
+    return value
+
+
+LOGPROB_TOKEN_IDS = custom(
+    {
+        "type": ["array", "null"],
+        "items": {"type": "integer", "minimum": 0},
+        "maxItems": MAX_LOGPROB_TOKEN_IDS,
+        "description": "vLLM's: the token ids whose log probabilities each generated position "
+        "lists, beside the sampled token's, in place of the likeliest alternatives (needs "
+        "logprobs).",
+    },
+    _logprob_token_ids,
+)
+
+
 def _chat_template_kwargs(body: dict[str, Any], name: str) -> dict[str, Any] | None:
     value = body.get(name)
     if value is None:
@@ -328,7 +360,7 @@ GENERATION_FIELDS: dict[str, Field] = {
             "tokens beside it (answers that are not streamed; 0 in a stream).",
         )
     ),
-    "logprob_token_ids": refused(),
+    "logprob_token_ids": honoured(LOGPROB_TOKEN_IDS),
     "echo": honoured(
         boolean(
             doc="Start each choice with its prompt (chat: the last message, if the assistant's)."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,10 @@ def _call_body(call: ToolCallDelta, *, whole: bool) -> dict[str, Any]:
     return body
 
 
+# A count of alternatives that keeps all the engine listed at a position.
+EVERY_ALTERNATIVE = sys.maxsize
+
+
 def token_logprobs(entries: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
     """Each token with its log probability, bytes and first `top` alternatives: chat's
     `logprobs.content`, and a Responses output text's `logprobs`."""
@@ -208,7 +213,9 @@ def shape_of(
     return Shape(
         n=request.n,
         prompts=max(len(request.prompts), 1),
-        logprobs=request.logprobs,
+        # With logprob_token_ids each position lists every entry the engine returned (the
+        # sampled token and those ids), as vLLM's server does.
+        logprobs=EVERY_ALTERNATIVE if request.logprob_token_ids else request.logprobs,
         echo=echo,
         forced_tools=request.tools is not None
         and (request.tools.named or request.tools.choice == "required"),

@@ -64,6 +64,9 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     # Chat: logprobs true gives top_logprobs alternatives; completions: logprobs is the count.
     logprobs: int | None = None
+    # vLLM's logprob_token_ids: each generated position lists the sampled token and exactly
+    # these tokens, in place of the likeliest alternatives (logprobs is set with them).
+    logprob_token_ids: tuple[int, ...] | None = None
     echo: bool = False
     structured: Structured | None = None
     tools: ToolUse | None = None
@@ -161,6 +164,8 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
     if prompt_logprobs and read("stream"):
         # As vLLM's server: a stream's chunks have no place for them (0 asks for nothing).
         raise invalid("prompt_logprobs", "'prompt_logprobs' are not available when streaming.")
+    logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
+    logprob_token_ids = _logprob_token_ids(body, logprobs, chat=chat, echo=read("echo"))
     return GenerationRequest(
         endpoint=endpoint,
         model=model,
@@ -192,7 +197,8 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         skip_special_tokens=read("skip_special_tokens"),
         spaces_between_special_tokens=read("spaces_between_special_tokens"),
         include_stop_str_in_output=read("include_stop_str_in_output"),
-        logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
+        logprobs=logprobs,
+        logprob_token_ids=logprob_token_ids,
         echo=read("echo"),
         structured=_structured(body),
         tools=tools_parse(body) if chat else None,
@@ -232,6 +238,31 @@ def _completion_logprobs(body: dict[str, Any]) -> int | None:
     if isinstance(count, bool):
         raise type_error("logprobs", "an integer", count)
     return count
+
+
+def _logprob_token_ids(
+    body: dict[str, Any], logprobs: int | None, *, chat: bool, echo: bool
+) -> tuple[int, ...] | None:
+    """vLLM's logprob_token_ids, which need logprobs asked for.
+
+    They take the place of the likeliest alternatives at each generated position, so a count
+    of alternatives beside them would ask for something that does not come: chat's
+    top_logprobs, and completions' logprobs but for an echo, whose prompt positions it counts.
+    """
+    ids = GENERATION_FIELDS["logprob_token_ids"].read(body, "logprob_token_ids")
+    if ids is None:
+        return None
+    if logprobs is None:
+        needed = "'logprobs' set to true" if chat else "'logprobs' set"
+        raise invalid("logprob_token_ids", f"When using 'logprob_token_ids', {needed}.")
+    if logprobs and (chat or not echo):
+        field = "top_logprobs" if chat else "logprobs"
+        raise invalid(
+            field,
+            f"'{field}' asks for the likeliest alternatives, which 'logprob_token_ids' "
+            "replaces: each position lists the sampled token and those ids. Send 0.",
+        )
+    return tuple(ids)
 
 
 def _structured(body: dict[str, Any]) -> Structured | None:

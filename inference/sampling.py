@@ -104,6 +104,7 @@ def sampling_build(
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=request.logprobs,
+        logprob_token_ids=list(request.logprob_token_ids or ()),
         prompt_logprobs=prompt_logprobs,
         prompt_in_logprobs=_echoes_logprobs(request),
         structured=request.structured,

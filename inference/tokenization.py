@@ -308,6 +308,7 @@ def _vocabulary_check(request: GenerationRequest, vocab: int) -> None:
         "stop_token_ids": request.stop_token_ids,
         "logit_bias": request.logit_bias or {},
         "allowed_token_ids": request.allowed_token_ids or (),
+        "logprob_token_ids": request.logprob_token_ids or (),
     }
     for field, tokens in fields.items():
         for token in tokens:

@@ -372,7 +372,9 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
         skip_special_tokens=sampling.skip_special_tokens,
         spaces_between_special_tokens=sampling.spaces_between_special_tokens,
         include_stop_str_in_output=sampling.include_stop_str_in_output,
-        logprobs=sampling.logprobs,
+        # vLLM's server sends no count with the ids: the engine lists exactly those.
+        logprobs=None if sampling.logprob_token_ids else sampling.logprobs,
+        logprob_token_ids=sampling.logprob_token_ids or None,
         prompt_logprobs=sampling.prompt_logprobs,
         structured_outputs=(
             None

@@ -216,3 +216,27 @@ def test_a_responses_streams_text_done_event_lists_every_log_probability(targets
         {"token": lp["token"], "logprob": lp["logprob"], "top_logprobs": []}
         for lp in final["response"]["output"][0]["content"][0]["logprobs"]
     ]
+
+
+def test_a_count_of_alternatives_beside_logprob_token_ids_is_refused(targets: Any) -> None:
+    # vLLM's server lists the sampled token and the ids whatever the count says.
+    chat = {**BODY, "logprobs": True, "top_logprobs": 3, "logprob_token_ids": [5, 6]}
+    ours, theirs = _both(targets, chat)
+    assert theirs.status_code == 200
+    tops = theirs.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert {top["token"] for top in tops} >= {"!", '"'}  # the ids', not the 3 likeliest
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "top_logprobs"
+    completion = {"model": ALIAS, "prompt": "hello", "max_tokens": 2, "temperature": 0}
+    completion.update(logprobs=3, logprob_token_ids=[5, 6])
+    ours = targets.platform.post("/v1/completions", json=completion)
+    theirs = targets.vllm.post("/v1/completions", json=completion)
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "logprobs"
+    # With echo the count is the prompt positions' alternatives: both serve it alike.
+    completion["echo"] = True
+    ours = targets.platform.post("/v1/completions", json=completion)
+    theirs = targets.vllm.post("/v1/completions", json=completion)
+    assert ours.status_code == theirs.status_code == 200
+    assert ours.json()["choices"][0]["logprobs"] == theirs.json()["choices"][0]["logprobs"]

@@ -234,7 +234,7 @@ REFUSED_VALUES = {
     "best_of": 2,
     "use_beam_search": True,
     "suffix": "tail",
-    "logprob_token_ids": [5, 6],
+    "documents": [{"title": "a", "text": "b"}],
     "guided_json": {"type": "object"},
     "guided_choice": ["a", "b"],
     "store": True,
@@ -524,3 +524,23 @@ def test_return_prompt_text_is_chats_alone():
     body = {"model": "m", "prompt": "hi", "return_prompt_text": True}
     error = _error(body, endpoint=COMPLETIONS)
     assert (error.param, error.code) == ("return_prompt_text", "unsupported_parameter")
+
+
+def test_logprob_token_ids_need_logprobs_and_no_count_of_alternatives_beside_them():
+    asked = generation_parse(_chat(logprobs=True, logprob_token_ids=[5, 6]), endpoint=CHAT)
+    assert asked.logprob_token_ids == (5, 6) and asked.logprobs == 0
+    # An empty list asks for nothing, as vLLM reads it.
+    assert generation_parse(_chat(logprob_token_ids=[]), endpoint=CHAT).logprob_token_ids is None
+    for body, param in [
+        (_chat(logprob_token_ids=[5]), "logprob_token_ids"),
+        (_chat(logprobs=True, top_logprobs=2, logprob_token_ids=[5]), "top_logprobs"),
+        (_chat(logprobs=True, logprob_token_ids=list(range(129))), "logprob_token_ids"),
+        (_chat(logprobs=True, logprob_token_ids=["5"]), "logprob_token_ids"),
+    ]:
+        error = _error(body)
+        assert (error.status, error.param) == (400, param)
+    completion = {"model": "m", "prompt": "x", "logprob_token_ids": [7]}
+    assert _error(completion, endpoint=COMPLETIONS).param == "logprob_token_ids"
+    assert _error({**completion, "logprobs": 2}, endpoint=COMPLETIONS).param == "logprobs"
+    echoed = generation_parse({**completion, "logprobs": 2, "echo": True}, endpoint=COMPLETIONS)
+    assert (echoed.logprobs, echoed.logprob_token_ids) == (2, (7,))
