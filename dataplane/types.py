@@ -73,6 +73,11 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Each choice's first delta carries its prompt's token ids: an answer that lists them
     # (return_token_ids, echo) can be rebuilt from the reply stream alone (a replay).
     prompt_ids_in_reply: bool = False
+    # vLLM's beam search: `n` beams; finished ones rank by log probability over their length
+    # to the power `length_penalty`. It uses max_tokens, temperature, ignore_eos,
+    # include_stop_str_in_output and skip_special_tokens, and nothing else above.
+    beam_search: bool = False
+    length_penalty: float = 1.0
 
 
 class Tools(msgspec.Struct, frozen=True, kw_only=True):

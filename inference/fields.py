@@ -80,6 +80,11 @@ CHAT = "chat.completions"
 COMPLETIONS = "completions"
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs, and OpenAI's top_logprobs limit
+# vLLM's beam search asks the engine for 2 x width alternatives a step, within max_logprobs.
+MAX_BEAMS = MAX_LOGPROBS // 2
+# Beams rank by log probability / length ** length_penalty: a larger power overflows a float
+# at long lengths and fails the request inside the worker.
+LENGTH_PENALTY_MAX = 10.0
 # OpenAI's `service_tier`: "flex" trades latency for price, which is our batch class.
 SERVICE_TIERS = {
     "auto": "interactive",
@@ -247,6 +252,35 @@ LOGPROB_TOKEN_IDS = custom(
 )
 
 
+def _documents(body: dict[str, Any], name: str) -> list[dict[str, str]] | None:
+    """vLLM's documents: objects of strings (a title and a text, say) for a RAG template."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _type_error(name, "an array of objects", value)
+    for index, document in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(document, dict):
+            raise _type_error(where, "an object of strings", document)
+        for key, text in document.items():
+            if not isinstance(text, str):
+                raise _type_error(f"{where}.{key}", "a string", text)
+    return value
+
+
+DOCUMENTS = custom(
+    {
+        "type": ["array", "null"],
+        "items": {"type": "object", "additionalProperties": {"type": "string"}},
+        "description": "vLLM's: documents for the chat template of a model that answers from "
+        "them (RAG), each an object of strings such as a title and a text; a template that "
+        "reads none leaves them out.",
+    },
+    _documents,
+)
+
+
 def _chat_template_kwargs(body: dict[str, Any], name: str) -> dict[str, Any] | None:
     value = body.get(name)
     if value is None:
@@ -336,7 +370,9 @@ GENERATION_FIELDS: dict[str, Field] = {
     "stream_interval": ignored(accepted({"type": ["integer", "null"]})),  # vLLM's chunking
     "n": honoured(integer(1, MAX_CHOICES, default=1, doc="Choices per prompt; each billed.")),
     "best_of": refused(1),
-    "use_beam_search": refused(False),
+    "use_beam_search": honoured(
+        boolean(doc="vLLM's beam search: n beams (at most 10), the likeliest kept each step.")
+    ),
     "logprobs": honoured(
         custom(
             {
@@ -377,7 +413,15 @@ GENERATION_FIELDS: dict[str, Field] = {
     # vLLM takes any penalty above 0, but one near 0 divides logits into infinities and its
     # engine fails the request (a 500 from vLLM's own server): refused here instead.
     "repetition_penalty": honoured(number(0.01, 100.0, default=1.0)),
-    "length_penalty": refused(1.0),
+    "length_penalty": honoured(
+        number(
+            -LENGTH_PENALTY_MAX,
+            LENGTH_PENALTY_MAX,
+            default=1.0,
+            doc="Beam search only: finished beams rank by their log probability over their "
+            "length to this power.",
+        )
+    ),
     "min_p": honoured(number(0.0, 1.0, default=0.0)),
     "repetition_detection": honoured(
         custom(
@@ -430,7 +474,7 @@ GENERATION_FIELDS: dict[str, Field] = {
             "completions, not on chat (its template writes them)."
         )
     ),
-    "documents": refused(),
+    "documents": honoured(DOCUMENTS, only=CHAT),
     "truncate_prompt_tokens": honoured(TRUNCATE_PROMPT_TOKENS),
     "truncation_side": honoured(TRUNCATION_SIDE),
     "priority": refused(0),  # vLLM's; service_tier chooses Roundhouse's class

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from inference.fields import (
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
+    MAX_BEAMS,
     MAX_CHOICES,
     SERVICE_TIERS,
     TOKENIZE_FIELDS,
@@ -81,6 +83,8 @@ class GenerationRequest:
     add_special_tokens: bool | None = None
     # vLLM's chat_template_kwargs: variables for the chat template (Qwen3's enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's documents: objects of strings the chat template may list (RAG); None: none.
+    documents: tuple[dict[str, str], ...] | None = None
     # vLLM's return_tokens_as_token_ids: logprobs name tokens 'token_id:<id>'.
     tokens_as_ids: bool = False
     # vLLM's return_token_ids: the answer carries the prompt's and the output's token ids.
@@ -94,6 +98,10 @@ class GenerationRequest:
     # cut from `truncation_side` ("left" keeps the last; None: the tokenizer's side).
     truncate_prompt_tokens: int | None = None
     truncation_side: str | None = None
+    # vLLM's beam search: n beams, ranked at the end by log probability over length to the
+    # power length_penalty.
+    beam_search: bool = False
+    length_penalty: float = 1.0
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -166,7 +174,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         raise invalid("prompt_logprobs", "'prompt_logprobs' are not available when streaming.")
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
     logprob_token_ids = _logprob_token_ids(body, logprobs, chat=chat, echo=read("echo"))
-    return GenerationRequest(
+    request = GenerationRequest(
         endpoint=endpoint,
         model=model,
         messages=read("messages") if chat else None,
@@ -208,13 +216,81 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
         add_special_tokens=read("add_special_tokens"),
         chat_template_kwargs=read("chat_template_kwargs") if chat else None,
+        documents=_documents(read("documents")) if chat else None,
         tokens_as_ids=read("return_tokens_as_token_ids"),
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
         truncation_side=read("truncation_side"),
         return_token_ids=read("return_token_ids"),
         return_prompt_text=bool(read("return_prompt_text")) if chat else False,
         prompt_logprobs=prompt_logprobs,
+        beam_search=bool(read("use_beam_search")),
+        length_penalty=read("length_penalty"),
     )
+    _beam_search_check(request, body)
+    return request
+
+
+# What vLLM's beam search does not use: its BeamSearchParams take the beam width (n),
+# max_tokens, temperature, ignore_eos, length_penalty, include_stop_str_in_output and
+# skip_special_tokens, and the rest of a request's sampling would be dropped. Each entry says
+# whether the request asked for something with the field.
+_BEAM_UNUSED: dict[str, Callable[[GenerationRequest], bool]] = {
+    "top_p": lambda r: r.top_p not in (None, 1.0),
+    "top_k": lambda r: r.top_k not in (None, 0, -1),
+    "min_p": lambda r: r.min_p != 0.0,
+    "seed": lambda r: r.seed is not None,
+    "stop": lambda r: bool(r.stop),
+    "stop_token_ids": lambda r: bool(r.stop_token_ids),
+    "min_tokens": lambda r: r.min_tokens != 0,
+    "presence_penalty": lambda r: r.presence_penalty != 0.0,
+    "frequency_penalty": lambda r: r.frequency_penalty != 0.0,
+    "repetition_penalty": lambda r: r.repetition_penalty != 1.0,
+    "repetition_detection": lambda r: r.repetition_detection is not None,
+    "logit_bias": lambda r: bool(r.logit_bias),
+    "bad_words": lambda r: bool(r.bad_words),
+    "allowed_token_ids": lambda r: r.allowed_token_ids is not None,
+    "logprobs": lambda r: r.logprobs is not None,
+    "prompt_logprobs": lambda r: r.prompt_logprobs is not None,
+    "echo": lambda r: r.echo,
+    "response_format": lambda r: r.structured is not None,  # or structured_outputs
+    "tools": lambda r: r.tools is not None,  # or the legacy functions
+    "spaces_between_special_tokens": lambda r: not r.spaces_between_special_tokens,
+}
+
+
+def _beam_search_check(request: GenerationRequest, body: dict[str, Any]) -> None:
+    """Refuse what beam search would drop, and length_penalty where nothing ranks beams."""
+    if not request.beam_search:
+        if request.length_penalty != 1.0:
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                "'length_penalty' ranks the beams of a beam search; send use_beam_search: true.",
+                param="length_penalty",
+            )
+        return
+    if request.stream and request.endpoint == COMPLETIONS:
+        # As vLLM's server answers (its chat streams a beam search's answer, its completions not).
+        raise invalid("stream", "Streaming is not currently supported with beam search.")
+    if request.n > MAX_BEAMS:
+        # Each step asks the engine for twice as many alternatives as beams (max_logprobs).
+        raise invalid("n", f"Beam search keeps at most {MAX_BEAMS} beams (n), got {request.n}.")
+    for field, asked in _BEAM_UNUSED.items():
+        if asked(request):
+            if field == "response_format" and body.get(field) is None:
+                field = "structured_outputs"
+            elif field == "tools" and body.get(field) is None:
+                field = "functions"
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"'{field}' is not used by beam search; leave it out with use_beam_search.",
+                param=field,
+            )
+
+
+def _documents(values: list[dict[str, str]] | None) -> tuple[dict[str, str], ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _tuple_or_none(values: list[int] | None) -> tuple[int, ...] | None:

@@ -75,7 +75,7 @@ def sampling_build(
         if request.temperature is not None
         else float(defaults.get("temperature", 1.0))
     )
-    if request.n > 1 and temperature < GREEDY_TEMPERATURE:
+    if request.n > 1 and temperature < GREEDY_TEMPERATURE and not request.beam_search:
         # Greedy choices would all be the same text: vLLM refuses it, so does the platform.
         message = f"n must be 1 when using greedy sampling, got {request.n}."
         raise ApiError(400, "invalid_value", message, param="n")
@@ -113,6 +113,8 @@ def sampling_build(
         ),
         logprob_tokens_as_ids=request.tokens_as_ids,
         output_token_ids=request.return_token_ids,
+        beam_search=request.beam_search,
+        length_penalty=request.length_penalty,
     )
 
 

@@ -41,6 +41,7 @@ class Tokenizer(registry.Tokenizer):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
+        documents: Sequence[Mapping[str, str]] | None = None,
     ) -> str:
         try:
             return super().render_chat(
@@ -49,6 +50,7 @@ class Tokenizer(registry.Tokenizer):
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 template_kwargs=template_kwargs,
+                documents=documents,
             )
         except ChatTemplateMissing as exc:
             raise _template_missing() from exc
@@ -163,6 +165,7 @@ def _rendered(tokenizer: Tokenizer, request: GenerationRequest) -> str:
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         template_kwargs=request.chat_template_kwargs,
+        documents=request.documents,
     )
 
 

@@ -26,7 +26,17 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
 # calls as <tool_call> JSON (vLLM's "hermes" tool parser reads them back), results in a user
 # turn as <tool_response>. A conversation without tools renders as plain ChatML. Qwen3's
 # `enable_thinking` (sent in chat_template_kwargs) gives the template a variable to act on.
+# Documents (a RAG request's `documents`) come first, in a system block of their own, each
+# document's fields one a line.
 CHAT_TEMPLATE = (
+    "{%- if documents %}"
+    "{{- '<|im_start|>system\\n# Documents\\n' }}"
+    "{%- for document in documents %}"
+    "{{- '\\n' }}"
+    "{%- for key, value in document.items() %}{{- key + ': ' + value + '\\n' }}{%- endfor %}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}"

@@ -114,6 +114,7 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
+        documents: Sequence[Mapping[str, str]] | None = None,
     ) -> str:
         """Return a conversation as the model's chat template writes it, ready to encode.
 
@@ -124,6 +125,8 @@ class Tokenizer:
         leave the last message open for the model to continue (vLLM's options).
         `template_kwargs` are a request's chat_template_kwargs: as vLLM's server does, the
         template gets those it reads (Qwen3's `enable_thinking`, say) and the rest go unused.
+        `documents` reach the template as vLLM's server gives them (its `documents`
+        variable): a RAG template lists them, one that does not read them leaves them out.
         """
         if not getattr(self._hf, "chat_template", None):
             raise ChatTemplateMissing("this model version has no chat template")
@@ -149,6 +152,7 @@ class Tokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                documents=None if documents is None else [dict(d) for d in documents],
                 **extra,
             )
         except TemplateError as exc:

@@ -280,8 +280,11 @@ class VllmEngine:
             ranked=prompt_ranked,
         )
         try:
-            params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
-            outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
+            if sampling.beam_search:
+                outputs = self._beam_search(prompt, sampling, request_id, lora)
+            else:
+                params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
+                outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
             async for output in outputs:
                 for step in steps.of(output):
                     yield step
@@ -289,6 +292,39 @@ class VllmEngine:
             # The engine refused the request itself (an option it cannot serve): the client
             # hears why, as vLLM's server answers it, and a retry would not help.
             raise RequestRefused(str(exc)) from exc
+
+    def _beam_search(
+        self, prompt: Any, sampling: Sampling, request_id: str, lora: Any
+    ) -> AsyncIterator[Any]:
+        """vLLM's own beam search, as its server runs it: one-token engine requests for every
+        beam each step, the likeliest beams kept; one output with every beam at the end."""
+        try:
+            from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
+        except ImportError:
+            raise RequestRefused(
+                "'use_beam_search' is not available on this model's engine (its vLLM is too old)."
+            ) from None
+        from vllm.sampling_params import BeamSearchParams
+
+        class _Searcher(BeamSearchOnlineMixin):
+            # The two members vLLM's mixin reads of the server it belongs to.
+            def __init__(self, engine: Any) -> None:
+                self.engine_client = engine
+                self.renderer = engine.renderer
+
+        params = BeamSearchParams(
+            beam_width=sampling.n,
+            max_tokens=sampling.max_tokens,
+            ignore_eos=sampling.ignore_eos,
+            temperature=sampling.temperature,
+            length_penalty=sampling.length_penalty,
+            include_stop_str_in_output=sampling.include_stop_str_in_output,
+            skip_special_tokens=sampling.skip_special_tokens,
+        )
+        prompt = {"type": "token", **prompt}
+        return _beams_without_logprobs(
+            _Searcher(self._llm).beam_search(prompt, request_id, params, lora_request=lora)
+        )
 
     def tokenizer(self) -> Any:
         return self._llm.get_tokenizer()
@@ -327,6 +363,15 @@ class VllmEngine:
             self._llm = None
 
 
+async def _beams_without_logprobs(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A beam search's outputs without the log probabilities it ranked its beams by: the
+    request did not ask for them (beam search takes no logprobs), and vLLM's server drops them."""
+    async for output in outputs:
+        for beam in output.outputs:
+            beam.logprobs = None
+        yield output
+
+
 def _client_errors() -> tuple[type[Exception], ...]:
     """What vLLM raises when it refuses a request itself.
 
@@ -351,6 +396,13 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
     extra: dict[str, Any] = {}
     if sampling.repetition_detection is not None:
         extra["repetition_detection"] = _repetition_detection(*sampling.repetition_detection)
+    if sampling.logprob_token_ids:
+        # Passed only when asked for: an engine whose vLLM predates them refuses the request.
+        if "logprob_token_ids" not in getattr(SamplingParams, "__struct_fields__", ()):
+            raise RequestRefused(
+                "'logprob_token_ids' is not available on this model's engine (its vLLM is too old)."
+            )
+        extra["logprob_token_ids"] = sampling.logprob_token_ids
     return SamplingParams(
         n=sampling.n,
         max_tokens=sampling.max_tokens,
@@ -374,7 +426,6 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
         include_stop_str_in_output=sampling.include_stop_str_in_output,
         # vLLM's server sends no count with the ids: the engine lists exactly those.
         logprobs=None if sampling.logprob_token_ids else sampling.logprobs,
-        logprob_token_ids=sampling.logprob_token_ids or None,
         prompt_logprobs=sampling.prompt_logprobs,
         structured_outputs=(
             None

@@ -31,6 +31,10 @@ WHITESPACE = "whitespace"
 NO_WS = {WHITESPACE: -100}
 
 HELLO = [{"role": "user", "content": "hello"}]
+DOCUMENTS = [
+    {"title": "Queues", "text": "A queue is first in, first out."},
+    {"text": "A stack is last in, first out."},
+]
 LONG = [{"role": "system", "content": "You answer briefly and well. " * 60}, *HELLO]
 TURNS = [
     {"role": "system", "content": "Be terse."},
@@ -113,6 +117,11 @@ CASES = [
     Case("chat-prompt-text-stream", CHAT, {**G, "return_prompt_text": True, "messages": TURNS}, stream=True),
     Case("chat-prompt-text-tools", CHAT, {**G, "return_prompt_text": True, "tools": [WEATHER], "messages": HELLO}),
     Case("chat-prompt-text-n2-stream", CHAT, {**S, "n": 2, "return_prompt_text": True, "messages": HELLO}, stream=True),
+    # vLLM's documents, for a template that answers from them (the demo's lists them first).
+    Case("chat-documents", CHAT, {**G, "documents": DOCUMENTS, "messages": HELLO}),
+    Case("chat-documents-stream", CHAT, {**G, "documents": DOCUMENTS, "messages": HELLO}, stream=True),
+    Case("chat-documents-prompt-text", CHAT, {**G, "documents": DOCUMENTS, "return_prompt_text": True, "tools": [WEATHER], "messages": TURNS}),
+    Case("chat-documents-empty", CHAT, {**G, "documents": [], "messages": HELLO}),
     Case("chat-unused-fields", CHAT, {**G, "session_id": "conv-7", "prompt_cache_key": "k", "metadata": {"team": "yard"}, "messages": HELLO}),
     Case("chat-max-completion-tokens", CHAT, {"temperature": 0, "max_completion_tokens": 5, "messages": HELLO}),
     Case("chat-top-k", CHAT, {**S, "top_k": 5, "messages": HELLO}),
@@ -260,6 +269,14 @@ CASES = [
     Case("cmpl-so-choice", COMPLETIONS, {**G, "structured_outputs": {"choice": CHOICES}, "prompt": PROMPT}),
     Case("cmpl-so-json", COMPLETIONS, {**GS, "structured_outputs": {"json": SCHEMA}, "prompt": PROMPT}),
     Case("cmpl-json-schema-strict", COMPLETIONS, {**GS, "response_format": STRICT, "prompt": PROMPT}),
+    # --- vLLM's beam search: n beams, each step's likeliest kept -------------------------------
+    Case("chat-beam", CHAT, {"temperature": 0, "max_tokens": 6, "n": 2, "use_beam_search": True, "messages": HELLO}),
+    Case("chat-beam-stream", CHAT, {"temperature": 0, "max_tokens": 6, "n": 3, "use_beam_search": True, "messages": HELLO}, stream=True),
+    Case("chat-beam-one", CHAT, {"max_tokens": 6, "use_beam_search": True, "messages": TURNS}),
+    Case("chat-beam-length-penalty", CHAT, {"max_tokens": 8, "n": 2, "use_beam_search": True, "length_penalty": 0.2, "ignore_eos": True, "messages": HELLO}),
+    Case("cmpl-beam", COMPLETIONS, {"max_tokens": 6, "n": 3, "use_beam_search": True, "prompt": PROMPT}),
+    Case("cmpl-beam-prompts", COMPLETIONS, {"max_tokens": 5, "n": 2, "use_beam_search": True, "prompt": [PROMPT, "hello"]}),
+    Case("cmpl-beam-stop-included", COMPLETIONS, {"max_tokens": 6, "n": 2, "use_beam_search": True, "include_stop_str_in_output": True, "skip_special_tokens": False, "prompt": PROMPT}),
     # --- bad input: the same status ------------------------------------------------------------
     Case("bad-chat-n0", CHAT, {**G, "n": 0, "messages": HELLO}),
     Case("bad-chat-n2-greedy", CHAT, {**G, "n": 2, "messages": HELLO}),
@@ -279,6 +296,10 @@ CASES = [
     Case("bad-cmpl-logprob-token-ids-alone", COMPLETIONS, {**G, "logprob_token_ids": [HEAD], "prompt": PROMPT}),
     Case("bad-cmpl-logprob-token-ids-vocab", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [HEAD, 999999], "prompt": PROMPT}),
     Case("bad-chat-logprob-token-ids-129", CHAT, {**G, "logprobs": True, "logprob_token_ids": list(range(129)), "messages": HELLO}),
+    Case("bad-chat-documents-number", CHAT, {**G, "documents": [{"title": "x", "pages": 5}], "messages": HELLO}),
+    Case("bad-chat-documents-object", CHAT, {**G, "documents": {"title": "x"}, "messages": HELLO}),
+    Case("bad-cmpl-beam-stream", COMPLETIONS, {"max_tokens": 6, "n": 2, "use_beam_search": True, "prompt": PROMPT}, stream=True),
+    Case("bad-chat-beam-n11", CHAT, {"max_tokens": 4, "n": 11, "use_beam_search": True, "messages": HELLO}),
     Case("bad-chat-logit-bias-vocab", CHAT, {**G, "logit_bias": {"999999": 5}, "messages": HELLO}),
     Case("bad-chat-min-p", CHAT, {**G, "min_p": 1.5, "messages": HELLO}),
     Case("bad-chat-repetition-count", CHAT, {**G, "repetition_detection": {"max_pattern_size": 4, "min_count": 1}, "messages": HELLO}),

@@ -240,3 +240,29 @@ def test_a_count_of_alternatives_beside_logprob_token_ids_is_refused(targets: An
     theirs = targets.vllm.post("/v1/completions", json=completion)
     assert ours.status_code == theirs.status_code == 200
     assert ours.json()["choices"][0]["logprobs"] == theirs.json()["choices"][0]["logprobs"]
+
+
+def test_a_sampling_field_beam_search_drops_is_refused(targets: Any) -> None:
+    # vLLM's beam search takes n, max_tokens, temperature, ignore_eos, length_penalty and the
+    # output switches; its server answers a top_p (or a stop, a seed...) as if it were absent.
+    beam = {**BODY, "n": 2, "use_beam_search": True}
+    ours, theirs = _both(targets, {**beam, "top_p": 0.5})
+    plain_theirs = targets.vllm.post(CHAT_PATH, json=beam)
+    assert theirs.status_code == plain_theirs.status_code == 200
+    texts = [choice["message"]["content"] for choice in theirs.json()["choices"]]
+    assert texts == [choice["message"]["content"] for choice in plain_theirs.json()["choices"]]
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "top_p"
+    # Without beam search nothing ranks beams: vLLM drops a length_penalty, the platform says so.
+    ours, theirs = _both(targets, {**BODY, "length_penalty": 0.5})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "length_penalty"
+
+
+def test_a_beam_searchs_cached_tokens_are_zero(targets: Any) -> None:
+    beam = {**BODY, "n": 2, "use_beam_search": True}
+    ours, theirs = _both(targets, beam)
+    assert ours.status_code == theirs.status_code == 200
+    assert theirs.json()["usage"].get("prompt_tokens_details") is None
+    assert ours.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}

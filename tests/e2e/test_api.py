@@ -472,3 +472,58 @@ def test_a_key_issued_before_the_rename_keeps_working(client, world, django_db_b
     assert client.get("/v1/models", headers=_auth(legacy)).status_code == 200
     # The same secret under the new prefix is another token, with no key behind it.
     _error(client.get("/v1/models", headers=_auth(issued.token)), 401, "invalid_api_key")
+
+
+def test_a_beam_search_cancelled_mid_way_ends_once_and_leaves_the_engine_serving(
+    stack, client, world, usage_of
+):
+    """A beam search is many short engine requests under one job: a cancel stops them all,
+    the job ends once (cancelled, no beams billed), and the engine goes on serving."""
+    import threading
+
+    seen: dict[str, object] = {}
+    opened = threading.Event()
+
+    def stream() -> None:
+        with (
+            httpx.Client(base_url=stack.base_url, timeout=120) as own,
+            own.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={
+                    "model": ALIAS,
+                    "messages": [{"role": "user", "content": "Once"}],
+                    "max_tokens": 1000,
+                    "n": 4,
+                    "use_beam_search": True,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
+                headers=_auth(world.globex_key),
+            ) as response,
+        ):
+            seen["id"] = response.headers["x-request-id"]
+            opened.set()
+            seen["events"] = _sse_lines(
+                [line for line in response.iter_lines() if line.startswith("data: ")]
+            )
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert opened.wait(timeout=60)
+    rid = str(seen["id"])
+    time.sleep(1.0)  # some steps of the search have run
+    own = client.post(f"/v1/requests/{rid}/cancel", headers=_auth(world.globex_key))
+    assert own.status_code == 200
+    reader.join(timeout=60)
+    events = seen["events"]
+    assert isinstance(events, list)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "cancelled"
+    [record] = usage_of(rid)
+    assert record.status == "cancelled" and record.completion_tokens == 0
+    after = client.post(
+        "/v1/chat/completions",
+        json={"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        headers=_auth(world.globex_key),
+    )
+    assert after.status_code == 200

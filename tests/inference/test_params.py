@@ -4,6 +4,7 @@ import ast
 import importlib.util
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_it_names_the_bad_message():
 
 def test_it_refuses_unsupported_parameters():
     assert _error(_chat(best_of=2)).code == "unsupported_parameter"
-    assert _error(_chat(use_beam_search=True)).param == "use_beam_search"
+    assert _error(_chat(watermarking={"key": 1})).param == "watermarking"
 
 
 def test_stream_options_need_stream():
@@ -232,9 +233,8 @@ def test_a_nul_is_refused_anywhere_only_where_bodies_are_stored():
 
 REFUSED_VALUES = {
     "best_of": 2,
-    "use_beam_search": True,
     "suffix": "tail",
-    "documents": [{"title": "a", "text": "b"}],
+    "thinking_token_budget": 5,
     "guided_json": {"type": "object"},
     "guided_choice": ["a", "b"],
     "store": True,
@@ -544,3 +544,41 @@ def test_logprob_token_ids_need_logprobs_and_no_count_of_alternatives_beside_the
     assert _error({**completion, "logprobs": 2}, endpoint=COMPLETIONS).param == "logprobs"
     echoed = generation_parse({**completion, "logprobs": 2, "echo": True}, endpoint=COMPLETIONS)
     assert (echoed.logprobs, echoed.logprob_token_ids) == (2, (7,))
+
+
+def test_documents_are_objects_of_strings_for_the_chat_template():
+    documents = [{"title": "Queues", "text": "First in, first out."}]
+    assert generation_parse(_chat(documents=documents), endpoint=CHAT).documents == (documents[0],)
+    for value, param in [
+        ({"title": "x"}, "documents"),
+        (["x"], "documents[0]"),
+        ([{"title": "x"}, {"pages": 5}], "documents[1].pages"),
+    ]:
+        error = _error(_chat(documents=value))
+        assert (error.status, error.code, error.param) == (400, "invalid_type", param)
+    completion = {"model": "m", "prompt": "x", "documents": documents}
+    assert _error(completion, endpoint=COMPLETIONS).param == "documents"  # chat's alone
+
+
+def test_beam_search_takes_its_own_fields_and_refuses_what_it_would_drop():
+    beams = generation_parse(
+        _chat(use_beam_search=True, n=3, length_penalty=0.5, temperature=0), endpoint=CHAT
+    )
+    assert (beams.beam_search, beams.n, beams.length_penalty) == (True, 3, 0.5)
+    dropped: list[tuple[dict[str, Any], str]] = [
+        ({"top_p": 0.5}, "top_p"),
+        ({"stop": ["x"]}, "stop"),
+        ({"seed": 1}, "seed"),
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+    ]
+    for fields, param in dropped:
+        error = _error(_chat(use_beam_search=True, **fields))
+        assert (error.status, error.code, error.param) == (400, "unsupported_parameter", param)
+    # Fields at the values that ask for nothing are fine.
+    assert generation_parse(_chat(use_beam_search=True, top_p=1.0, stop=[]), endpoint=CHAT)
+    assert _error(_chat(use_beam_search=True, n=11)).param == "n"  # 2 x 11 > max_logprobs
+    assert _error(_chat(use_beam_search=True, length_penalty=11)).param == "length_penalty"
+    error = _error(_chat(length_penalty=0.5))
+    assert (error.code, error.param) == ("unsupported_parameter", "length_penalty")

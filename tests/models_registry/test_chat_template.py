@@ -185,13 +185,17 @@ def vllm_renderer(demo_model_dir: Path) -> Any:
     return renderer_from_config(VllmConfig(model_config=config))
 
 
-def _vllm_prompt(renderer: Any, messages: list[dict[str, Any]], tools: Any) -> str:
+def _vllm_prompt(
+    renderer: Any, messages: list[dict[str, Any]], tools: Any, documents: Any = None
+) -> str:
     """The prompt vLLM's server renders for a chat request (its serving path, step by step)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     body: dict[str, Any] = {"model": "tiny", "messages": messages}
     if tools is not None:
         body["tools"] = tools
+    if documents is not None:
+        body["documents"] = documents
     request = ChatCompletionRequest(**body)
     tool_dicts = None if request.tools is None else [t.model_dump() for t in request.tools]
     params = request.build_chat_params(None, "auto").with_defaults(
@@ -215,6 +219,25 @@ def test_a_conversation_renders_as_vllms_server_renders_it(
     )
 
 
+DOCUMENTS = [{"title": "Queues", "text": "First in, first out."}, {"text": "Last in."}]
+
+
+@pytest.mark.parametrize("documents", [DOCUMENTS, []])
+def test_documents_reach_the_template_as_vllms_server_hands_them_over(
+    tokenizer, vllm_renderer, documents
+):
+    messages = [{"role": "user", "content": "What is a queue?"}]
+    rendered = tokenizer.render_chat(messages, tools=[WEATHER], documents=documents)
+    assert rendered == _vllm_prompt(vllm_renderer, messages, [WEATHER], documents)
+    if documents:  # the demo template lists each document's fields first
+        assert rendered.startswith(
+            "<|im_start|>system\n# Documents\n\ntitle: Queues\ntext: First in, first out.\n"
+            "\ntext: Last in.\n<|im_end|>\n"
+        )
+    else:
+        assert rendered == tokenizer.render_chat(messages, tools=[WEATHER])
+
+
 def test_chat_template_kwargs_reach_the_template_and_only_the_variables_it_reads(tokenizer):
     messages = [{"role": "user", "content": "Hi"}]
     plain = tokenizer.render_chat(messages)
@@ -234,7 +257,7 @@ def test_template_variables_are_those_a_template_reads_and_does_not_set():
     from models_registry.tokenizer import template_variables
 
     assert template_variables(CHAT_TEMPLATE) == {
-        "messages", "tools", "add_generation_prompt", "enable_thinking",
+        "messages", "tools", "documents", "add_generation_prompt", "enable_thinking",
     }  # fmt: skip
     # transformers' own `generation` tag parses too.
     tracked = (
