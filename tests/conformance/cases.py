@@ -275,6 +275,8 @@ CASES = [
     Case("chat-beam-one", CHAT, {"max_tokens": 6, "use_beam_search": True, "messages": TURNS}),
     Case("chat-beam-length-penalty", CHAT, {"max_tokens": 8, "n": 2, "use_beam_search": True, "length_penalty": 0.2, "ignore_eos": True, "messages": HELLO}),
     Case("cmpl-beam", COMPLETIONS, {"max_tokens": 6, "n": 3, "use_beam_search": True, "prompt": PROMPT}),
+    Case("chat-beam-token-ids", CHAT, {"max_tokens": 5, "n": 2, "use_beam_search": True, "return_token_ids": True, "messages": HELLO}),
+    Case("cmpl-beam-truncated-salted", COMPLETIONS, {"max_tokens": 5, "n": 2, "use_beam_search": True, "truncate_prompt_tokens": 3, "cache_salt": "s1", "prompt": PROMPT}),
     Case("cmpl-beam-prompts", COMPLETIONS, {"max_tokens": 5, "n": 2, "use_beam_search": True, "prompt": [PROMPT, "hello"]}),
     Case("cmpl-beam-stop-included", COMPLETIONS, {"max_tokens": 6, "n": 2, "use_beam_search": True, "include_stop_str_in_output": True, "skip_special_tokens": False, "prompt": PROMPT}),
     # --- bad input: the same status ------------------------------------------------------------

@@ -134,7 +134,7 @@ async def test_hostile_websocket_frames_get_an_error_frame_and_the_socket_serves
         ('{"type": "request", "id": "\\ud800", "body": {}}', None, "id"),
         (_frame("endpoint", json.dumps(_chat())).replace('"type"', '"endpoint": [], "type"'),
          "endpoint", "endpoint"),
-        (_frame("beam", json.dumps(_chat(use_beam_search=True))), "beam", "use_beam_search"),
+        (_frame("best", json.dumps(_chat(best_of=2))), "best", "best_of"),
     ]  # fmt: skip
     headers = {"Authorization": f"Bearer {key}"}
     async with websockets.connect(_ws_url(stack), additional_headers=headers) as ws:

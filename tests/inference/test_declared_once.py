@@ -17,7 +17,10 @@ BASE: dict[str, dict[str, Any]] = {
 }
 DOCUMENTS = {CHAT: CHAT_REQUEST, COMPLETIONS: COMPLETION_REQUEST}
 # Rules between fields the schema states in words: what a field needs beside it.
-NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}
+NEEDS: dict[str, dict[str, Any]] = {
+    "top_logprobs": {"logprobs": True},
+    "length_penalty": {"use_beam_search": True},
+}
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
