@@ -513,6 +513,8 @@ def test_a_beam_search_cancelled_mid_way_ends_once_and_leaves_the_engine_serving
     assert opened.wait(timeout=60)
     rid = str(seen["id"])
     time.sleep(1.0)  # some steps of the search have run
+    foreign = client.post(f"/v1/requests/{rid}/cancel", headers=_auth(world.acme_key))
+    _error(foreign, 404, "request_not_found", "id")
     own = client.post(f"/v1/requests/{rid}/cancel", headers=_auth(world.globex_key))
     assert own.status_code == 200
     reader.join(timeout=60)

@@ -84,6 +84,7 @@ def _chat() -> dict[str, Any]:
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 4,
         "stop": ["END"],
+        "documents": [{"title": "Yard", "text": "Turntables turn engines."}],
     }
 
 
@@ -118,6 +119,12 @@ BODIES: dict[str, tuple[Any, list[str]]] = {
             "return_prompt_text",
             "session_id",
             "metadata",
+            "documents",
+            "documents.0",
+            "documents.0.text",
+            "logprob_token_ids",
+            "use_beam_search",
+            "length_penalty",
             "an_unknown_field",
             "",
         ],
