@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from config.json_body import BodyProblem, json_document
 from dataplane.types import Structured
@@ -24,6 +24,8 @@ from inference.fields import (
 from inference.kinds import string, type_error
 from inference.prompts import MODEL
 from inference.structured import ToolUse, compiled_for, tools_parse
+
+T = TypeVar("T")
 
 # The endpoints' names, which callers read with the request types here.
 __all__ = ["CHAT", "COMPLETIONS"]
@@ -172,8 +174,9 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
     if prompt_logprobs and read("stream"):
         # As vLLM's server: a stream's chunks have no place for them (0 asks for nothing).
         raise invalid("prompt_logprobs", "'prompt_logprobs' are not available when streaming.")
+    echo = read("echo")
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
-    logprob_token_ids = _logprob_token_ids(body, logprobs, chat=chat, echo=read("echo"))
+    logprob_token_ids = _logprob_token_ids(body, logprobs, chat=chat, echo=echo)
     request = GenerationRequest(
         endpoint=endpoint,
         model=model,
@@ -207,7 +210,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         include_stop_str_in_output=read("include_stop_str_in_output"),
         logprobs=logprobs,
         logprob_token_ids=logprob_token_ids,
-        echo=read("echo"),
+        echo=echo,
         structured=_structured(body),
         tools=tools_parse(body) if chat else None,
         add_generation_prompt=add_generation_prompt,
@@ -216,7 +219,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
         add_special_tokens=read("add_special_tokens"),
         chat_template_kwargs=read("chat_template_kwargs") if chat else None,
-        documents=_documents(read("documents")) if chat else None,
+        documents=_tuple_or_none(read("documents")) if chat else None,
         tokens_as_ids=read("return_tokens_as_token_ids"),
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
         truncation_side=read("truncation_side"),
@@ -289,11 +292,7 @@ def _beam_search_check(request: GenerationRequest, body: dict[str, Any]) -> None
             )
 
 
-def _documents(values: list[dict[str, str]] | None) -> tuple[dict[str, str], ...] | None:
-    return None if values is None else tuple(values)
-
-
-def _tuple_or_none(values: list[int] | None) -> tuple[int, ...] | None:
+def _tuple_or_none(values: list[T] | None) -> tuple[T, ...] | None:
     return None if values is None else tuple(values)
 
 

