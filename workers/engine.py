@@ -16,8 +16,9 @@ import functools
 import hashlib
 import json
 import os
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +49,10 @@ class Step:
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
+    # When the engine produced this completion's first token, where that was before the step
+    # that carries it: a beam search answers only at its end, but its first token came after
+    # its first engine step, and that is its time to first token.
+    first_token_at: float | None = None
 
 
 class EngineError(RuntimeError):
@@ -280,14 +285,17 @@ class VllmEngine:
             echoed=sampling.prompt_in_logprobs,
             ranked=prompt_ranked,
         )
+        clock = _FirstAnswer(self._llm) if sampling.beam_search else None
         try:
-            if sampling.beam_search:
-                outputs = self._beam_search(prompt, sampling, request_id, lora)
+            if clock is not None:
+                outputs = self._beam_search(prompt, sampling, request_id, lora, clock)
             else:
                 params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
                 outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
             async for output in outputs:
                 for step in steps.of(output):
+                    if clock is not None and clock.at is not None:
+                        step = replace(step, first_token_at=clock.at)
                     yield step
         except _client_errors() as exc:
             # The engine refused the request itself (an option it cannot serve): the client
@@ -295,7 +303,7 @@ class VllmEngine:
             raise RequestRefused(str(exc)) from exc
 
     def _beam_search(
-        self, prompt: Any, sampling: Sampling, request_id: str, lora: Any
+        self, prompt: Any, sampling: Sampling, request_id: str, lora: Any, engine: Any
     ) -> AsyncIterator[Any]:
         """vLLM's own beam search, as its server runs it: one-token engine requests for every
         beam each step, the likeliest beams kept; one output with every beam at the end."""
@@ -317,7 +325,7 @@ class VllmEngine:
         )
         prompt = {"type": "token", **prompt}
         return _beams_without_logprobs(
-            searcher(self._llm).beam_search(prompt, request_id, params, lora_request=lora)
+            searcher(engine).beam_search(prompt, request_id, params, lora_request=lora)
         )
 
     def tokenizer(self) -> Any:
@@ -373,6 +381,24 @@ def _beam_searcher_class() -> Any:
             self.renderer = engine.renderer
 
     return Searcher
+
+
+class _FirstAnswer:
+    """The engine as a beam search drives it, noting when its first engine request answered:
+    the search's first tokens, which it shows the client only with its last ones."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.at: float | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for output in self._engine.generate(*args, **kwargs):
+            if self.at is None:
+                self.at = time.time()
+            yield output
 
 
 async def _beams_without_logprobs(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -180,7 +180,7 @@ class _Generation:
         first = step.tokens > 0 and self.first_token_at is None
         if step.tokens:
             choice.produced += step.tokens
-            self.first_token_at = self.first_token_at or time.time()
+            self.first_token_at = self.first_token_at or step.first_token_at or time.time()
             if self.keeps_ids:
                 self.token_ids.extend(step.token_ids)
         if step.finish_reason:

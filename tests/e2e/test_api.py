@@ -529,3 +529,31 @@ def test_a_beam_search_cancelled_mid_way_ends_once_and_leaves_the_engine_serving
         headers=_auth(world.globex_key),
     )
     assert after.status_code == 200
+
+
+def test_a_beam_searchs_time_to_first_token_is_its_first_step_not_its_whole_run(
+    client, world, usage_of
+):
+    """A beam search answers only at its end, but its first tokens come after its first
+    engine step: its usage record says so, or its whole run would count as time to first
+    token in a canary's TTFT p95 and the operations page (one tenant's beam searches could
+    roll back another team's rollout)."""
+    response = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": ALIAS,
+            "messages": [{"role": "user", "content": "Once"}],
+            "max_tokens": 32,
+            "n": 2,
+            "use_beam_search": True,
+            "ignore_eos": True,
+        },
+        headers=_auth(world.globex_key),
+    )
+    assert response.status_code == 200, response.text
+    [record] = usage_of(response.headers["x-request-id"])
+    assert record.status == "ok" and record.completion_tokens == 64
+    assert record.started_at < record.first_token_at < record.finished_at
+    # One engine step before the first token, 31 after it.
+    before = record.first_token_at - record.started_at
+    assert before < record.finished_at - record.first_token_at

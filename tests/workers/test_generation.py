@@ -497,6 +497,20 @@ async def test_a_non_streaming_request_writes_one_delta_per_choice():
     ]
 
 
+async def test_a_beam_searchs_first_token_is_when_the_engine_made_it_not_when_it_answered():
+    # A beam search answers once, at its end; its step says when its first token was made.
+    made = time.time() - 5.0
+    job = _job(sampling=Sampling(max_tokens=8, n=2, beam_search=True), stream=False)
+    engine = _Engine(
+        {0: [_step("a b", 0, "length", first_token_at=made), _step("c d", 1, "length")]}
+    )
+    worker = _worker(engine)
+    await worker._serve(job)
+    [usage] = [usage for _, _, usage, _ in worker._outbox.take() if usage is not None]
+    assert usage.first_token_at == made
+    assert usage.finished_at > made + 4
+
+
 async def test_several_prompts_run_as_engine_requests_of_their_own():
     job = _job(
         prompt_token_ids=[1, 2, 3, 4, 5],
