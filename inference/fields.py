@@ -302,6 +302,15 @@ CHAT_TEMPLATE_KWARGS = custom(
     _chat_template_kwargs,
 )
 
+# vLLM's request model's values (OpenAI's, and DeepSeek V4's "max").
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+REASONING_EFFORT = one_of(
+    REASONING_EFFORTS,
+    doc="For a reasoning model's chat template, as vLLM's server passes it: the template's "
+    "reasoning_effort variable, and enable_thinking (false for none, true otherwise) unless "
+    "chat_template_kwargs sets it.",
+)
+
 _PENALTY = number(-2.0, 2.0, default=0.0)
 _SWITCH = boolean()
 # vLLM's prompt truncation: keep this many of the prompt's tokens (-1: as many as fit).
@@ -449,7 +458,7 @@ GENERATION_FIELDS: dict[str, Field] = {
     ),
     "watermarking": refused(),
     "thinking_token_budget": refused(),
-    "reasoning_effort": refused(),
+    "reasoning_effort": honoured(REASONING_EFFORT, only=CHAT),
     "include_reasoning": refused(True),
     "verbosity": refused(),
     "tools": honoured(TOOLS, only=CHAT),

@@ -218,7 +218,9 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         cache_salt=read("cache_salt"),
         allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
         add_special_tokens=read("add_special_tokens"),
-        chat_template_kwargs=read("chat_template_kwargs") if chat else None,
+        chat_template_kwargs=(
+            _with_effort(read("chat_template_kwargs"), read("reasoning_effort")) if chat else None
+        ),
         documents=_tuple_or_none(read("documents")) if chat else None,
         tokens_as_ids=read("return_tokens_as_token_ids"),
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
@@ -259,6 +261,17 @@ _BEAM_UNUSED: dict[str, Callable[[GenerationRequest], bool]] = {
     "tools": lambda r: r.tools is not None,  # or the legacy functions
     "spaces_between_special_tokens": lambda r: not r.spaces_between_special_tokens,
 }
+
+
+def _with_effort(kwargs: dict[str, Any] | None, effort: str | None) -> dict[str, Any] | None:
+    """The chat template's variables with a reasoning effort, as vLLM's server merges them:
+    the effort wins over a `reasoning_effort` in the kwargs, and sets `enable_thinking` (off
+    for "none") only where the kwargs leave it out."""
+    if effort is None:
+        return kwargs
+    merged = {"enable_thinking": effort != "none", **(kwargs or {})}
+    merged["reasoning_effort"] = effort
+    return merged
 
 
 def _beam_search_check(request: GenerationRequest, body: dict[str, Any]) -> None:

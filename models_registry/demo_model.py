@@ -26,9 +26,13 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
 # calls as <tool_call> JSON (vLLM's "hermes" tool parser reads them back), results in a user
 # turn as <tool_response>. A conversation without tools renders as plain ChatML. Qwen3's
 # `enable_thinking` (sent in chat_template_kwargs) gives the template a variable to act on.
-# Documents (a RAG request's `documents`) come first, in a system block of their own, each
-# document's fields one a line.
+# A request's `reasoning_effort` opens the prompt, in a system block of its own, as gpt-oss's
+# template writes it. Documents (a RAG request's `documents`) come next, in a system block
+# of their own, each document's fields one a line.
 CHAT_TEMPLATE = (
+    "{%- if reasoning_effort %}"
+    "{{- '<|im_start|>system\\nReasoning: ' + reasoning_effort + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- if documents %}"
     "{{- '<|im_start|>system\\n# Documents\\n' }}"
     "{%- for document in documents %}"

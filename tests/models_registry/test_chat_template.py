@@ -258,6 +258,7 @@ def test_template_variables_are_those_a_template_reads_and_does_not_set():
 
     assert template_variables(CHAT_TEMPLATE) == {
         "messages", "tools", "documents", "add_generation_prompt", "enable_thinking",
+        "reasoning_effort",
     }  # fmt: skip
     # transformers' own `generation` tag parses too.
     tracked = (
