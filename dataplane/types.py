@@ -78,6 +78,9 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # include_stop_str_in_output and skip_special_tokens, and nothing else above.
     beam_search: bool = False
     length_penalty: float = 1.0
+    # vLLM's thinking_token_budget: the engine ends a reasoning model's thinking after this
+    # many tokens (its reasoning parser's end marker, forced); None: no bound.
+    thinking_token_budget: int | None = None
 
 
 class Tools(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +95,20 @@ class Tools(msgspec.Struct, frozen=True, kw_only=True):
     tools: str
     choice: str = '"auto"'
     parallel: bool | None = None
+
+
+class Reasoning(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat request to a reasoning model: the worker splits its thinking from its answer.
+
+    `parser` is the reasoning parser of the model version's manifest (vLLM's names: qwen3,
+    deepseek_r1, ...); `template_kwargs` the chat template's variables the prompt was
+    rendered with, as JSON text (Qwen3's parser reads `enable_thinking` from them);
+    `include` false leaves the thinking out of the answer (vLLM's include_reasoning).
+    """
+
+    parser: str
+    template_kwargs: str = "{}"
+    include: bool = True
 
 
 class Resumed(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +152,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     parent_span_id: str = ""
     # A chat request with tools whose output the worker parses into tool calls.
     tools: Tools | None = None
+    # A chat request to a reasoning model, whose thinking the worker splits from its answer.
+    reasoning: Reasoning | None = None
     # Set when a stopping worker handed the running request on (see Resumed).
     resumed: Resumed | None = None
     # The alias the client named, when it could not take the request and its fallback did.
@@ -257,6 +276,8 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     token_ids: list[int] | None = None
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
     prompt_token_ids: list[int] | None = None
+    # A reasoning model's thinking, split from `text` by its reasoning parser.
+    reasoning: str = ""
 
     def joins(self, later: Delta) -> bool:
         """Whether a later delta can be merged into this one (the same choice's output)."""
@@ -279,6 +300,7 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
             token_ids=_joined(self.token_ids, later.token_ids),
             prompt_ranked=self.prompt_ranked,
             prompt_token_ids=self.prompt_token_ids,
+            reasoning=self.reasoning + later.reasoning,
         )
 
 
@@ -330,6 +352,9 @@ class Finished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True):
     completion_tokens: int
     cached_tokens: int = 0
     finish_reasons: list[str] = []
+    # Of the completion tokens, those a reasoning model spent thinking (every choice's);
+    # None: the version has no reasoning parser.
+    reasoning_tokens: int | None = None
 
     def reasons(self) -> list[str]:
         """The finish reason of every choice, in index order."""

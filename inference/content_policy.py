@@ -170,6 +170,8 @@ async def output_filtered(
     # One per tool call of a choice: a call's arguments are text the client acts on, read
     # like the content (a denied term in them stops the stream; PII in them is redacted).
     call_screens: dict[tuple[int, int], Any] = {}
+    # One per choice for a reasoning model's thinking, which the client reads too.
+    thought_screens: dict[int, Any] = {}
     tokens = 0
     try:
         async for event in events:
@@ -178,9 +180,16 @@ async def output_filtered(
                 screen = screens.setdefault(event.index, policy.output_filter())
                 step = screen.feed(event.text)
                 calls, call_stop = _calls_screened(event, call_screens, policy)
-                if step.stop is not None or call_stop:
-                    if step.text or calls:
-                        yield msgspec.structs.replace(event, text=step.text, tool_calls=calls)
+                thought, thought_stop = event.reasoning, False
+                if thought:
+                    thinking = thought_screens.setdefault(event.index, policy.output_filter())
+                    screened = thinking.feed(thought)
+                    thought, thought_stop = screened.text, screened.stop is not None
+                if step.stop is not None or call_stop or thought_stop:
+                    if step.text or calls or thought:
+                        yield msgspec.structs.replace(
+                            event, text=step.text, tool_calls=calls, reasoning=thought
+                        )
                     await stop()
                     yield Finished(
                         finish_reason="content_filter",
@@ -188,8 +197,10 @@ async def output_filtered(
                         completion_tokens=tokens,
                     )
                     return
-                if step.text or event.tokens or calls or event.logprobs:
-                    yield msgspec.structs.replace(event, text=step.text, tool_calls=calls)
+                if step.text or event.tokens or calls or thought or event.logprobs:
+                    yield msgspec.structs.replace(
+                        event, text=step.text, tool_calls=calls, reasoning=thought
+                    )
                 continue
             if isinstance(event, Finished | Failed):
                 stopped = False
@@ -197,6 +208,11 @@ async def output_filtered(
                     step = screen.finish()
                     if step.text:
                         yield Delta(text=step.text, tokens=0, index=index)
+                    stopped = stopped or step.stop is not None
+                for index, screen in thought_screens.items():
+                    step = screen.finish()
+                    if step.text:
+                        yield Delta(text="", tokens=0, index=index, reasoning=step.text)
                     stopped = stopped or step.stop is not None
                 for (index, call), screen in call_screens.items():
                     step = screen.finish()
@@ -208,7 +224,7 @@ async def output_filtered(
                     event = msgspec.structs.replace(event, finish_reason="content_filter")
             yield event
     finally:
-        for screen in [*screens.values(), *call_screens.values()]:
+        for screen in [*screens.values(), *call_screens.values(), *thought_screens.values()]:
             if screen.redactions:
                 _record(request_id, tenant_id, "output", screen.redactions, "redact")
             if screen.stopped is not None:

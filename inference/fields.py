@@ -457,9 +457,23 @@ GENERATION_FIELDS: dict[str, Field] = {
         )
     ),
     "watermarking": refused(),
-    "thinking_token_budget": refused(),
+    "thinking_token_budget": honoured(
+        integer(
+            -1,
+            MAX_TOKENS,
+            doc="A reasoning model's thinking ends (its end marker forced) after this many "
+            "tokens; -1: no bound. Only for a version with a reasoning parser.",
+        )
+    ),
     "reasoning_effort": honoured(REASONING_EFFORT, only=CHAT),
-    "include_reasoning": refused(True),
+    "include_reasoning": honoured(
+        boolean(
+            default=True,
+            doc="A reasoning model's answer carries its thinking (`reasoning`); false leaves "
+            "it out, with the answer's logprobs and token ids, as vLLM's server does.",
+        ),
+        only=CHAT,
+    ),
     "verbosity": refused(),
     "tools": honoured(TOOLS, only=CHAT),
     "functions": honoured(FUNCTIONS, only=CHAT),  # OpenAI's older name: mapped onto tools

@@ -16,9 +16,14 @@ _json = msgspec.json.Encoder()
 
 
 def usage_body(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's usage object; `cached_tokens`: prompt tokens served from the prefix cache."""
+    """OpenAI's usage object; `cached_tokens`: prompt tokens served from the prefix cache;
+    `reasoning_tokens`: the completion tokens a reasoning model spent thinking (None: the
+    model has no reasoning parser, and the details are left out, as vLLM's server does)."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -26,7 +31,19 @@ def usage_body(
     }
     if cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return usage
+
+
+def finished_usage(finished: Finished) -> dict[str, Any]:
+    """The usage object of a finished request."""
+    return usage_body(
+        finished.prompt_tokens,
+        finished.completion_tokens,
+        finished.cached_tokens,
+        finished.reasoning_tokens,
+    )
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,9 @@ class Shape:
     # vLLM's return_prompt_text (chat): the rendered template, on the body or each choice's
     # first chunk; None: not asked (or not known: a replay whose version routes nowhere).
     prompt_text: str | None = None
+    # vLLM's include_reasoning false: a reasoning model's answer leaves out its thinking and,
+    # as vLLM's server does, its logprobs and output token ids (they would show the thinking).
+    thinking_hidden: bool = False
 
     def prompt_ids(self, index: int) -> list[int] | None:
         """The token ids of the prompt a choice answers (None: not known here)."""
@@ -69,6 +89,7 @@ class _Choice:
     """One choice's answer so far (a non-streaming response, or a stream's offsets)."""
 
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     calls: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     offset: int = 0  # completions' text_offset of the next token
@@ -86,6 +107,8 @@ class _Choice:
         if delta.token_ids:
             self.token_ids.extend(delta.token_ids)
         self.text.append(delta.text)
+        if delta.reasoning:
+            self.reasoning.append(delta.reasoning)
         if delta.tool_calls:
             self.calls = _calls_merged(self.calls, delta.tool_calls)
         if delta.logprobs:
@@ -215,13 +238,18 @@ def shape_of(
         prompts=max(len(request.prompts), 1),
         # With logprob_token_ids each position lists every entry the engine returned (the
         # sampled token and those ids), as vLLM's server does.
-        logprobs=EVERY_ALTERNATIVE if request.logprob_token_ids else request.logprobs,
+        logprobs=None
+        if not request.include_reasoning
+        else EVERY_ALTERNATIVE
+        if request.logprob_token_ids
+        else request.logprobs,
         echo=echo,
         forced_tools=request.tools is not None
         and (request.tools.named or request.tools.choice == "required"),
         token_ids=request.return_token_ids,
         prompt_token_ids=prompt_token_ids if request.return_token_ids or echo else None,
         prompt_text=prompt_text if request.return_prompt_text else None,
+        thinking_hidden=not request.include_reasoning,
     )
 
 
@@ -297,9 +325,17 @@ class Formatter:
             if self.chat:
                 message: dict[str, Any] = {
                     "role": "assistant",
-                    "content": text if text or not kept.calls or self.shape.forced_tools else None,
+                    # null when the answer is all tool calls or all thinking (vLLM's server).
+                    "content": text
+                    if text
+                    or self.shape.forced_tools
+                    or not (kept.calls or finished.reasoning_tokens is not None)
+                    else None,
                     "refusal": None,
                 }
+                if finished.reasoning_tokens is not None:
+                    # The model has a reasoning parser: vLLM's server names the field always.
+                    message["reasoning"] = "".join(kept.reasoning) or None
                 if kept.calls:
                     message["tool_calls"] = [_call_body(c, whole=True) for c in kept.calls]
                 choice: dict[str, Any] = {
@@ -324,7 +360,7 @@ class Formatter:
                         index // self.shape.n, _prompt_logprobs(ranked)
                     )
             if self.shape.token_ids:
-                choice["token_ids"] = kept.token_ids
+                choice["token_ids"] = None if self.shape.thinking_hidden else kept.token_ids
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion")
         if self.chat and self.shape.token_ids:
@@ -336,9 +372,7 @@ class Formatter:
         if ranked is not None:
             body["prompt_logprobs"] = _prompt_logprobs(ranked)
         body["choices"] = choices
-        body["usage"] = usage_body(
-            finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens
-        )
+        body["usage"] = finished_usage(finished)
         return _json.encode(body)
 
     def _prompt_ids(self, index: int) -> list[int] | None:
@@ -355,14 +389,29 @@ class Formatter:
         text = delta.text
         if not self.chat and self.shape.echo and not choice.started:
             text = "".join(choice.text) + text  # the echoed prompt opens the choice
-        ids = delta.token_ids if self.shape.token_ids else None
-        if not (text or delta.tool_calls or entries or ids or (self.chat and not choice.started)):
+        ids = delta.token_ids if self.shape.token_ids and not self.shape.thinking_hidden else None
+        thought = delta.reasoning
+        if not (
+            text
+            or thought
+            or delta.tool_calls
+            or entries
+            or ids
+            or (self.chat and not choice.started)
+        ):
             return None
         logprobs = (
             self._logprobs(entries, choice) if entries or delta.logprobs is not None else None
         )
         return self._chunk(
-            delta.index, text, None, include_usage, delta.tool_calls, logprobs, ids or []
+            delta.index,
+            text,
+            None,
+            include_usage,
+            delta.tool_calls,
+            logprobs,
+            ids or [],
+            reasoning=thought,
         )
 
     def _chunk(
@@ -374,6 +423,8 @@ class Formatter:
         calls: list[ToolCallDelta] | None = None,
         logprobs: dict[str, Any] | None = None,
         token_ids: list[int] | None = None,
+        *,
+        reasoning: str = "",
     ) -> bytes:
         """One SSE event of one choice. With return_token_ids, each carries its tokens' ids,
         and a choice's first one its prompt's (chat: on the body, as vLLM writes it)."""
@@ -385,8 +436,10 @@ class Formatter:
                 delta["role"] = "assistant"
                 echo = "".join(choice.text)
                 text = echo + text
-            if text or (first and not calls):
+            if text or (first and not calls and not reasoning):
                 delta["content"] = text
+            if reasoning:
+                delta["reasoning"] = reasoning
             if calls:
                 delta["tool_calls"] = [_call_body(c, whole=False) for c in calls]
             body_choice: dict[str, Any] = {
@@ -412,7 +465,7 @@ class Formatter:
                 # vLLM's server opens an echoed stream's choice with its prompt's ids too.
                 body_choice["prompt_token_ids"] = self._prompt_ids(index)
         if self.shape.token_ids:
-            body_choice["token_ids"] = token_ids or []
+            body_choice["token_ids"] = None if self.shape.thinking_hidden else token_ids or []
         choice.started = True
         body["choices"] = [body_choice]
         if include_usage:
@@ -437,9 +490,7 @@ class Formatter:
         """Return the final chunk that carries usage (`stream_options.include_usage`)."""
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = usage_body(
-            finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens
-        )
+        body["usage"] = finished_usage(finished)
         return b"data: " + _json.encode(body) + b"\n\n"
 
 

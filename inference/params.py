@@ -104,6 +104,10 @@ class GenerationRequest:
     # power length_penalty.
     beam_search: bool = False
     length_penalty: float = 1.0
+    # A reasoning model's: whether the answer carries its thinking (vLLM's include_reasoning),
+    # and how many tokens the thinking may take (thinking_token_budget; None: no bound).
+    include_reasoning: bool = True
+    thinking_token_budget: int | None = None
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -230,6 +234,8 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         prompt_logprobs=prompt_logprobs,
         beam_search=bool(read("use_beam_search")),
         length_penalty=read("length_penalty"),
+        include_reasoning=read("include_reasoning") if chat else True,
+        thinking_token_budget=_budget(read("thinking_token_budget")),
     )
     _beam_search_check(request, body)
     return request
@@ -261,6 +267,11 @@ _BEAM_UNUSED: dict[str, Callable[[GenerationRequest], bool]] = {
     "tools": lambda r: r.tools is not None,  # or the legacy functions
     "spaces_between_special_tokens": lambda r: not r.spaces_between_special_tokens,
 }
+
+
+def _budget(value: int | None) -> int | None:
+    """A thinking budget as the engine takes it: -1 (no bound) is none."""
+    return None if value == -1 else value
 
 
 def _with_effort(kwargs: dict[str, Any] | None, effort: str | None) -> dict[str, Any] | None:

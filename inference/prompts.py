@@ -122,6 +122,15 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         if not isinstance(name, str):
             raise _type_error(f"{where}.name", "a string", name)
         kept["name"] = name
+    thought = message.get("reasoning")
+    if thought is None:
+        thought = message.get("reasoning_content")  # its older name, as vLLM renames it
+    if thought is not None and role == "assistant":
+        # An earlier answer's thinking, for a template that shows it (interleaved thinking).
+        if not isinstance(thought, str):
+            field = "reasoning" if message.get("reasoning") is not None else "reasoning_content"
+            raise _type_error(f"{where}.{field}", "a string", thought)
+        kept["reasoning"] = thought
     calls = message.get("tool_calls")
     if calls is not None:
         if role != "assistant":

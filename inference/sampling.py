@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from dataplane.types import Sampling, Tools
+from dataplane.types import Reasoning, Sampling, Tools
 from inference.auth import Principal
 from inference.errors import ApiError
 from inference.params import CHAT, GenerationRequest
@@ -115,6 +115,7 @@ def sampling_build(
         output_token_ids=request.return_token_ids,
         beam_search=request.beam_search,
         length_penalty=request.length_penalty,
+        thinking_token_budget=request.thinking_token_budget,
     )
 
 
@@ -158,6 +159,34 @@ def _prompt_logprobs_bound(request: GenerationRequest, alternatives: int, longes
             "choices or a shorter prompt.",
             param=field,
         )
+
+
+def reasoning_build(request: GenerationRequest, route: Route) -> Reasoning | None:
+    """What the worker needs to split a reasoning model's thinking from its answer; None for
+    a version without a reasoning parser, which refuses what only such a model can do."""
+    if not route.reasoning_parser:
+        if request.thinking_token_budget is not None:
+            raise _no_reasoning(request, "thinking_token_budget")
+        if not request.include_reasoning:
+            raise _no_reasoning(request, "include_reasoning")
+        return None
+    if request.endpoint != CHAT:
+        return None  # a completion is the model's raw text: nothing to split
+    return Reasoning(
+        parser=route.reasoning_parser,
+        template_kwargs=json.dumps(request.chat_template_kwargs or {}),
+        include=request.include_reasoning,
+    )
+
+
+def _no_reasoning(request: GenerationRequest, field: str) -> ApiError:
+    return ApiError(
+        400,
+        "unsupported_parameter",
+        f"'{request.model}' has no reasoning parser in its manifest: it does not think apart "
+        f"from its answer, so '{field}' cannot apply; leave it out.",
+        param=field,
+    )
 
 
 def tools_build(request: GenerationRequest, route: Route) -> Tools | None:

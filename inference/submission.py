@@ -58,7 +58,7 @@ from inference.openai_format import Shape, shape_of
 from inference.params import EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pools import pool_route
 from inference.response_cache import Stored, cache_key, cacheable
-from inference.sampling import sampling_build, tools_build
+from inference.sampling import reasoning_build, sampling_build, tools_build
 from inference.tokenization import (
     INLINE_TOKENIZE_CHARS,
     chat_rendered,
@@ -264,6 +264,7 @@ async def _generation_admit(
     """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     _task_check(route, embeddings=False, model=request.model)
+    reasoning = reasoning_build(request, route)
     route = await pool_route(route, priority=priority)
     if clock is not None:
         clock.deployment = route.deployment
@@ -307,6 +308,7 @@ async def _generation_admit(
         input_lengths=[len(p) for p in prompts] if len(prompts) > 1 else [],
         sampling=sampling,
         tools=tools,
+        reasoning=reasoning,
         priority=priority,
         weight=principal.priority_weight,
         enqueued_at=now,

@@ -34,7 +34,7 @@ from inference.admission import request_ended, request_failure, request_id_new
 from inference.auth import Principal, authenticate
 from inference.clients import dispatch_get
 from inference.errors import ApiError
-from inference.openai_format import usage_body
+from inference.openai_format import finished_usage
 from inference.params import CHAT, COMPLETIONS, body_problem, generation_parse
 from inference.results import events_close
 from inference.submission import generation_submit
@@ -235,9 +235,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                         "type": "finished",
                         "id": client_id,
                         "finish_reason": event.finish_reason,
-                        "usage": usage_body(
-                            event.prompt_tokens, event.completion_tokens, event.cached_tokens
-                        ),
+                        "usage": finished_usage(event),
                     }
                     if event.finish_reasons:
                         finished["finish_reasons"] = event.finish_reasons
@@ -284,6 +282,8 @@ def _delta_message(client_id: str, delta: Delta) -> dict[str, Any]:
     }
     if delta.index:
         message["index"] = delta.index
+    if delta.reasoning:
+        message["reasoning"] = delta.reasoning
     if delta.token_ids is not None:
         message["token_ids"] = delta.token_ids
     if delta.tool_calls:

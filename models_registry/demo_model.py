@@ -25,7 +25,8 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
 # ChatML, with tools as Hermes and Qwen2.5 write them: the tools listed in a system block,
 # calls as <tool_call> JSON (vLLM's "hermes" tool parser reads them back), results in a user
 # turn as <tool_response>. A conversation without tools renders as plain ChatML. Qwen3's
-# `enable_thinking` (sent in chat_template_kwargs) gives the template a variable to act on.
+# `enable_thinking` (sent in chat_template_kwargs) gives the template a variable to act on,
+# and an earlier answer's thinking (`reasoning_content`) is shown in a <think> block.
 # A request's `reasoning_effort` opens the prompt, in a system block of its own, as gpt-oss's
 # template writes it. Documents (a RAG request's `documents`) come next, in a system block
 # of their own, each document's fields one a line.
@@ -74,13 +75,20 @@ CHAT_TEMPLATE = (
     "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
     "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['reasoning_content'] %}"
+    "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    # Qwen3's switch (a chat_template_kwargs variable): false writes an empty thinking block.
+    # Qwen3's switch (a chat_template_kwargs variable): false writes an empty thinking block;
+    # true opens one for the model to think in (so a thinking budget can close it).
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- elif enable_thinking is defined and enable_thinking %}"
+    "{{- '<think>\\n' }}"
     "{%- endif %}"
     "{%- endif %}"
 )

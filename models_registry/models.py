@@ -101,6 +101,12 @@ class ModelVersion(models.Model):
         return str(self.manifest.get("tool_parser", ""))
 
     @property
+    def reasoning_parser(self) -> str:
+        """The vLLM reasoning parser that splits the model's thinking from its answer ("":
+        none)."""
+        return str(self.manifest.get("reasoning_parser", ""))
+
+    @property
     def encoder(self) -> dict[str, Any]:
         """An embedding model's head: dimensions, pooling, normalisation ({} for others)."""
         return dict(self.manifest.get("encoder", {}))

@@ -63,6 +63,7 @@ class Route:
     task: str = "chat"  # the model's task: chat, completion or embedding
     dimensions: tuple[int, ...] = ()  # an embedding model's vector sizes, native first
     tool_parser: str = ""  # the vLLM tool parser of the version (an adapter's: its base's)
+    reasoning_parser: str = ""  # its vLLM reasoning parser (an adapter's: its base's)
     # Every pool (deployment) of the version, `deployment` first; one pool: no choice to make.
     pools: tuple[Pool, ...] = ()
 
@@ -179,6 +180,7 @@ def _route(
         task=version.model.task,
         dimensions=encoder_dimensions(version.encoder),
         tool_parser=(version.base or version).tool_parser,
+        reasoning_parser=(version.base or version).reasoning_parser,
         pools=tuple(_pool(d) for d in deployments) if len(deployments) > 1 else (),
     )
 

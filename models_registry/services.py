@@ -135,6 +135,18 @@ def _tool_parser_check(name: str) -> None:
         raise ValidationError({"tool_parser": f"{name!r} is not a vLLM tool parser ({names})"})
 
 
+def _reasoning_parser_check(name: str) -> None:
+    """Refuse a reasoning parser name that vLLM's workers would not find."""
+    from vllm.reasoning import ReasoningParserManager
+
+    known = ReasoningParserManager.list_registered()
+    if name not in known:
+        names = ", ".join(sorted(known))
+        raise ValidationError(
+            {"reasoning_parser": f"{name!r} is not a vLLM reasoning parser ({names})"}
+        )
+
+
 def model_version_register(
     *,
     model_name: str,
@@ -148,6 +160,7 @@ def model_version_register(
     price_output_per_1k: Decimal = Decimal("0"),
     weights_uri: str = "",
     tool_parser: str = "",
+    reasoning_parser: str = "",
     actor: User | None = None,
 ) -> tuple[ModelVersion, bool]:
     """Register the files of a directory as a version; the same content twice is one version.
@@ -157,6 +170,8 @@ def model_version_register(
     defaults, price, base, tool parser) determines the version id; the label is an operator's
     name for it. `tool_parser` names the vLLM tool parser that turns the model's output into
     tool calls (hermes, llama3_json, ...); an adapter's calls are read by its base's.
+    `reasoning_parser` names the vLLM reasoning parser that splits a reasoning model's
+    thinking from its answer (qwen3, deepseek_r1, ...), likewise the base's for an adapter.
     """
     source_dir = Path(source_dir)
     if not source_dir.is_dir():
@@ -177,6 +192,14 @@ def model_version_register(
                 {"tool_parser": "an adapter's tool calls are read by its base's tool parser"}
             )
         _tool_parser_check(tool_parser)
+    if reasoning_parser:
+        if task != Task.CHAT:
+            raise ValidationError({"reasoning_parser": "only a chat model reasons"})
+        if base is not None:
+            raise ValidationError(
+                {"reasoning_parser": "an adapter's thinking is read by its base's parser"}
+            )
+        _reasoning_parser_check(reasoning_parser)
     if base is not None:
         if base.base_id is not None:
             raise ValidationError({"base": "an adapter's base must be a full model version"})
@@ -202,6 +225,8 @@ def model_version_register(
     if tool_parser:
         # Only when set: the digests of versions registered without one stay as they were.
         manifest["tool_parser"] = tool_parser
+    if reasoning_parser:
+        manifest["reasoning_parser"] = reasoning_parser
     if task == Task.EMBEDDING:
         manifest["encoder"] = _encoder_head(source_dir, engine_args or {})
     if base is not None:
@@ -248,6 +273,7 @@ def model_version_register(
                     "base": base.public_name if base else None,
                     "weights_uri": weights_uri,
                     "tool_parser": tool_parser,
+                    "reasoning_parser": reasoning_parser,
                 },
             )
     return version, created

@@ -261,7 +261,9 @@ def chat_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     Content becomes a string (text parts joined by newlines, None as ""); an assistant's
     tool calls keep their ids and names and carry their arguments as an object (parsed from
     the JSON string the API sends; {} when they are not one), and an empty list of them is
-    dropped; a tool message keeps its tool_call_id, and any message its `name`.
+    dropped; a tool message keeps its tool_call_id, and any message its `name`. An
+    assistant's `reasoning` (an earlier answer's thinking) goes as `reasoning` and
+    `reasoning_content`.
     """
     conversation = []
     for message in messages:
@@ -270,6 +272,9 @@ def chat_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             "role": role,
             "content": _content_text(message.get("content"), role=role),
         }
+        if role == "assistant" and isinstance(message.get("reasoning"), str):
+            # Under both names, as vLLM's server hands an earlier answer's thinking over.
+            rendered["reasoning"] = rendered["reasoning_content"] = message["reasoning"]
         if role == "assistant" and message.get("tool_calls") is not None:
             calls = _tool_calls(message["tool_calls"])
             if calls:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dataplane.types import RankedLogprob, Sampling, Structured, TokenLogprob
-from workers.tooling import logprobs_shaped, ranked_shaped
+from workers.tooling import Thinking, logprobs_shaped, ranked_shaped
 
 
 class RequestRefused(Exception):
@@ -75,6 +75,9 @@ class EngineSpec:
     prefix_caching: bool = True
     # How much lower the engine's processes run than the worker's event loop (a nice value).
     engine_nice: int = 0
+    # vLLM's reasoning parser of a reasoning model: a grammar starts after the thinking, and
+    # thinking_token_budget can end it ("": the model does not reason).
+    reasoning_parser: str = ""
 
     @property
     def adapters_kept(self) -> int:
@@ -116,11 +119,13 @@ class Engine(Protocol):
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
         prompt_ranked: bool = True,
+        thinking: Thinking | None = None,
     ) -> AsyncIterator[Step]:
         """Run one prompt; `cache_salt` keeps its cached prefix apart from other salts'.
 
         `prompt_ranked`: shape the prompt's log probabilities as vLLM's `prompt_logprobs`
         field (`Step.prompt_ranked`); a stream has no such field, so it skips the work.
+        `thinking`: what a reasoning model's engine needs to know of the request's thinking.
         """
         ...
 
@@ -251,6 +256,7 @@ class VllmEngine:
             enable_prefix_caching=self.spec.prefix_caching,
             served_model_name=[self.spec.served_name] if self.spec.served_name else None,
             disable_log_stats=True,
+            reasoning_parser=self.spec.reasoning_parser,
             **lora,
             **self.spec.extra_args,
         )
@@ -271,6 +277,7 @@ class VllmEngine:
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
         prompt_ranked: bool = True,
+        thinking: Thinking | None = None,
     ) -> AsyncIterator[Step]:
         from vllm.inputs import TokensPrompt
 
@@ -291,7 +298,15 @@ class VllmEngine:
                 outputs = self._beam_search(prompt, sampling, request_id, lora, clock)
             else:
                 params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
-                outputs = self._llm.generate(prompt, params, request_id, lora_request=lora)
+                extra = {}
+                if thinking is not None:
+                    extra = {
+                        "reasoning_ended": thinking.ended,
+                        "reasoning_parser_kwargs": {
+                            "chat_template_kwargs": thinking.template_kwargs
+                        },
+                    }
+                outputs = self._llm.generate(prompt, params, request_id, lora_request=lora, **extra)
             async for output in outputs:
                 for step in steps.of(output):
                     if clock is not None and clock.at is not None:
@@ -441,6 +456,8 @@ def sampling_params(sampling: Sampling, *, salt: str = "") -> Any:
                 "'logprob_token_ids' is not available on this model's engine (its vLLM is too old)."
             )
         extra["logprob_token_ids"] = sampling.logprob_token_ids
+    if sampling.thinking_token_budget is not None:
+        extra["thinking_token_budget"] = sampling.thinking_token_budget
     return SamplingParams(
         n=sampling.n,
         max_tokens=sampling.max_tokens,

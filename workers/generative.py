@@ -195,13 +195,13 @@ class _Generation:
         if delta is not None:
             # The first output a client can see goes at once too: a tool parser holds back
             # the first tokens, so the first visible piece may come steps after them.
-            shown = bool(delta.text or delta.tool_calls)
+            shown = bool(delta.text or delta.tool_calls or delta.reasoning)
             self._emit(delta, urgent=first or (shown and not self.shown))
             self.shown = self.shown or shown
 
     def _delta(self, index: int, choice: _Choice, step: Step) -> Delta | None:
         """The step as the client's delta; None when it carries nothing."""
-        text, calls = step.text, None
+        text, calls, reasoning = step.text, None, ""
         if choice.tools is not None:
             parsed = choice.tools.step(
                 step.text,
@@ -210,27 +210,35 @@ class _Generation:
                 finished=step.finish_reason is not None,
             )
             # A step the parser holds back still bills its tokens and shows its logprobs.
-            text, calls = ("", None) if parsed is None else (parsed.text, parsed.tool_calls)
+            if parsed is not None:
+                text, calls, reasoning = parsed.text, parsed.tool_calls, parsed.reasoning
+            else:
+                text = ""
         # vLLM's prompt_logprobs field is in whole answers only, not in a stream's chunks;
         # a prompt's first choice carries them for all its choices (n copies of a long prompt's
         # would cross Redis and the frontend for nothing).
         ranked = None if self.job.stream or step.index else step.prompt_ranked
-        if not (step.tokens or text or calls or step.prompt_logprobs or ranked):
+        if not (step.tokens or text or calls or reasoning or step.prompt_logprobs or ranked):
             return None
         prompt_ids = None
         if not choice.opened and self.job.sampling.prompt_ids_in_reply:
             prompt_ids = self.job.inputs()[index // self.job.sampling.n]
         choice.opened = True
+        # Thinking left out of the answer stays out of its logprobs and token ids too.
+        hidden = self.job.reasoning is not None and not self.job.reasoning.include
         return Delta(
             text=text,
             tokens=step.tokens,
             index=index,
-            logprobs=step.logprobs,
+            logprobs=None if hidden else step.logprobs,
             tool_calls=calls,
             prompt_logprobs=step.prompt_logprobs,
-            token_ids=list(step.token_ids) if self.job.sampling.output_token_ids else None,
+            token_ids=list(step.token_ids)
+            if self.job.sampling.output_token_ids and not hidden
+            else None,
             prompt_ranked=ranked,
             prompt_token_ids=prompt_ids,
+            reasoning=reasoning,
         )
 
     def _emit(self, delta: Delta, *, urgent: bool = False) -> None:
@@ -246,6 +254,12 @@ class _Generation:
             for kept in self.held.take():
                 self.outbox.put(self.job, kept)
 
+    def _reasoning_tokens(self) -> int | None:
+        """Every choice's thinking tokens (None: the request is not a reasoning model's)."""
+        if self.job.reasoning is None:
+            return None
+        return sum(c.tools.reasoning_tokens() for c in self.choices if c.tools is not None)
+
     def end(self, failure: Failure | None) -> tuple[Event, UsageEvent]:
         """The request's terminal event and usage; a failure bills what it produced."""
         reasons = [choice.reason() for choice in self.choices]
@@ -258,6 +272,7 @@ class _Generation:
                 completion_tokens=self.produced,
                 cached_tokens=cached,
                 finish_reasons=reasons if len(reasons) > 1 else [],
+                reasoning_tokens=self._reasoning_tokens(),
             )
         else:
             terminal = failure.failed(prompt_tokens=prompt_tokens, completion_tokens=self.produced)
@@ -305,7 +320,7 @@ class GenerativeWorker(Worker):
             self._outbox.put(job, Started(at=run.started_at))
         failure = None
         try:
-            if job.tools is not None:
+            if job.tools is not None or job.reasoning is not None:
                 run.use_tools(self._tool_calling(job))
             await self._generate(run)
         except BaseException as exc:
@@ -319,12 +334,12 @@ class GenerativeWorker(Worker):
         self._ended(job, *run.end(failure), failure)
 
     def _tool_calling(self, job: Job) -> ToolCalling:
-        assert job.tools is not None
         return ToolCalling(
             job.tools,
             tokenizer=self.generator.tokenizer(),
             model_config=self.generator.model_config(),
             stream=job.stream,
+            reasoning=job.reasoning,
         )
 
     async def _generate(self, run: _Generation) -> None:
@@ -355,6 +370,7 @@ class GenerativeWorker(Worker):
         adapter: AdapterRef | None,
     ) -> None:
         """Run one prompt's engine request; its steps go into the run."""
+        thinking = None if run.tools is None else run.tools.thinking(prompt_token_ids)
         async for step in self.generator.generate(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -362,6 +378,7 @@ class GenerativeWorker(Worker):
             adapter=adapter,
             cache_salt=run.job.prefix_salt,
             prompt_ranked=not run.job.stream,
+            **({"thinking": thinking} if thinking is not None else {}),
         ):
             run.step(step, prompt=prompt)
 

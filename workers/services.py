@@ -120,6 +120,7 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
         max_loras=deployment.max_loras,
         max_lora_rank=deployment.max_lora_rank,
         engine_nice=settings.ROUNDHOUSE_ENGINE_NICE,
+        reasoning_parser=version.reasoning_parser,
     )
     encoder = None
     if version.model.task == Task.EMBEDDING:

@@ -17,6 +17,7 @@ import msgspec
 
 from dataplane.types import (
     RankedLogprob,
+    Reasoning,
     Sampling,
     Structured,
     TokenLogprob,
@@ -118,13 +119,16 @@ def _is_named(choice: Any) -> bool:
     return type(choice) is ChatCompletionNamedToolChoiceParam
 
 
-_parser_classes: dict[tuple[str, bool], Any] = {}
+_parser_classes: dict[tuple[str | None, str | None, bool], Any] = {}
 
 
-def _parser_class(name: str, *, tokenizer: Any, model_config: Any) -> Any:
-    """vLLM's parser class for a tool parser name, built (and checked) once per name."""
+def _parser_class(
+    tool_parser: str | None, reasoning_parser: str | None, *, tokenizer: Any, model_config: Any
+) -> Any:
+    """vLLM's parser class for a tool parser and a reasoning parser (either may be None), as
+    its server composes them; built (and checked) once per pair."""
     harmony = model_config is not None and model_config.hf_config.model_type == "gpt_oss"
-    key = (name, harmony)
+    key = (tool_parser, reasoning_parser, harmony)
     if key not in _parser_classes:
         import inspect
 
@@ -132,11 +136,11 @@ def _parser_class(name: str, *, tokenizer: Any, model_config: Any) -> Any:
 
         # vLLM 0.26's get_parser takes no tokenizer (later ones check the parser against it).
         checked = "tokenizer" in inspect.signature(ParserManager.get_parser).parameters
+        extra: dict[str, Any] = {"tokenizer": tokenizer} if checked else {}
+        if reasoning_parser is not None:
+            extra["reasoning_parser_name"] = reasoning_parser
         _parser_classes[key] = ParserManager.get_parser(
-            tool_parser_name=name,
-            enable_auto_tools=True,
-            is_harmony=harmony,
-            **({"tokenizer": tokenizer} if checked else {}),
+            tool_parser_name=tool_parser, enable_auto_tools=True, is_harmony=harmony, **extra
         )
     return _parser_classes[key]
 
@@ -159,47 +163,84 @@ def _structured_of(params: Any) -> Structured | None:
     )
 
 
+@dataclass(frozen=True)
+class Thinking:
+    """A reasoning model's request as its engine needs it, as vLLM's chat server passes it:
+    whether the thinking has ended already (`ended`: in the prompt, or hidden from the answer,
+    so a grammar applies from the first token; None: the engine looks at the prompt), and the
+    chat template's variables for the engine's own reasoning parser."""
+
+    ended: bool | None
+    template_kwargs: dict[str, Any]
+
+
 class ToolCalling:
-    """A chat job's tools: vLLM's request as its server would hold it, and its parser class.
+    """A chat job's output parsing: its tools, a reasoning model's thinking, or both. vLLM's
+    request as its server would hold it, and its parser class.
 
     Built once per job; `choice()` gives each choice its own parser (they are stateful).
     """
 
     def __init__(
-        self, tools: Tools, *, tokenizer: Any, model_config: Any = None, stream: bool
+        self,
+        tools: Tools | None,
+        *,
+        tokenizer: Any,
+        model_config: Any = None,
+        stream: bool,
+        reasoning: Reasoning | None = None,
     ) -> None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.stream = stream
+        self.reasoning = reasoning
+        self.template_kwargs = {} if reasoning is None else json.loads(reasoning.template_kwargs)
         self.parser_class = _parser_class(
-            tools.parser, tokenizer=tokenizer, model_config=model_config
+            None if tools is None else tools.parser,
+            None if reasoning is None else reasoning.parser,
+            tokenizer=tokenizer,
+            model_config=model_config,
         )
         # The messages are already the prompt's tokens: the parsers never read them.
-        self.request = ChatCompletionRequest.model_validate(
-            {
-                "messages": [{"role": "user", "content": ""}],
-                "model": "",
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": ""}], "model": ""}
+        if tools is not None:
+            body |= {
                 "tools": json.loads(tools.tools),
                 "tool_choice": json.loads(tools.choice),
                 "parallel_tool_calls": tools.parallel,
             }
-        )
+        if reasoning is not None:
+            body["include_reasoning"] = reasoning.include
+        self.request = ChatCompletionRequest.model_validate(body)
         self._adjust()
 
     def _adjust(self) -> None:
         """Let the parser shape the request, as vLLM's renderer does before generating.
 
         A forced choice ("required", a named function) gets the parser's own constraint (a
-        JSON schema or a structural tag), and the parser picks skip_special_tokens.
+        JSON schema or a structural tag), and the parser picks skip_special_tokens. A
+        reasoning model's parser always shapes it.
         """
-        if self.request.tool_choice == "none":
+        if self.request.tool_choice == "none" and self.reasoning is None:
             return
         self.request = self._parser().adjust_request(self.request)
 
     def _parser(self) -> Any:
-        return self.parser_class(self.tokenizer, self.request.tools, model_config=self.model_config)
+        kwargs = {"chat_template_kwargs": self.template_kwargs} if self.reasoning else {}
+        return self.parser_class(
+            self.tokenizer, self.request.tools, model_config=self.model_config, **kwargs
+        )
+
+    def thinking(self, prompt_token_ids: list[int]) -> Thinking | None:
+        """What the engine needs of a reasoning model's request (None: not one), as vLLM's
+        chat server resolves it after shaping the request."""
+        if self.reasoning is None:
+            return None
+        resolve = getattr(self.request, "resolve_reasoning_ended", None)  # absent in vLLM 0.26
+        ended = None if resolve is None else resolve(self._parser(), prompt_token_ids)
+        return Thinking(ended=ended, template_kwargs=self.template_kwargs)
 
     def sampling(self, sampling: Sampling) -> Sampling:
         """The job's sampling with the parser's adjustments; its constraint wins over the
@@ -228,10 +269,11 @@ class ToolCalling:
 
 @dataclass
 class Parsed:
-    """What one step of a choice's output says: content and tool-call pieces."""
+    """What one step of a choice's output says: content, tool-call pieces and thinking."""
 
     text: str = ""
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning: str = ""
 
 
 @dataclass
@@ -260,6 +302,8 @@ class ChoiceTools:
         if not text and not token_ids and not self.produced:
             return None  # vLLM's server skips an empty first output (chunked prefill)
         self.produced += len(token_ids)
+        if self.calling.reasoning is not None:
+            self.token_ids.extend(token_ids)  # counted for the thinking's tokens at the end
         message = self.parser.parse_delta(
             delta_text=text,
             delta_token_ids=list(token_ids),
@@ -282,7 +326,13 @@ class ChoiceTools:
                 for call in message.tool_calls
                 if not self.calling.single_call or call.index == 0
             ]
-        return Parsed(text=message.content or "", tool_calls=calls)
+        return Parsed(
+            text=message.content or "", tool_calls=calls, reasoning=message.reasoning or ""
+        )
+
+    def reasoning_tokens(self) -> int:
+        """How many of the choice's tokens were thinking, as vLLM's server counts them."""
+        return int(self.parser.count_reasoning_tokens(tuple(self.token_ids)))
 
     def _whole(self, prompt_token_ids: list[int]) -> Parsed:
         """The complete output parsed, as vLLM's non-streaming chat answer builds it."""
@@ -294,12 +344,14 @@ class ChoiceTools:
         request = self.calling.request
         if hasattr(self.parser, "set_prompt_token_ids"):  # absent in vLLM 0.26
             self.parser.set_prompt_token_ids(prompt_token_ids)
-        _, content, calls = self.parser.parse(
+        reasoning, content, calls = self.parser.parse(
             "".join(self.text),
             request,
             enable_auto_tools=True,
             model_output_token_ids=self.token_ids,
         )
+        if not request.include_reasoning:
+            reasoning = None
         forced = self.calling.named or request.tool_choice == "required"
         if request.tool_choice in ("none", None):
             calls = []
@@ -318,7 +370,7 @@ class ChoiceTools:
         ]
         if self.calling.single_call:
             found = found[:1]
-        return Parsed(text=content or "", tool_calls=found or None)
+        return Parsed(text=content or "", tool_calls=found or None, reasoning=reasoning or "")
 
     def finish_reason(self, engine_reason: str | None) -> str:
         """The choice's finish reason as vLLM's server gives it.

@@ -45,6 +45,8 @@ class Choice:
     prompt_token_ids: list[int] | None = None
     # vLLM's prompt_logprobs (completions: on each choice); None: absent.
     prompt_logprobs: PromptLogprobs | None = None
+    # A reasoning model's thinking (chat's `reasoning`); None: absent or null.
+    reasoning: str | None = None
 
 
 @dataclass
@@ -72,6 +74,9 @@ def _usage(body: dict[str, Any] | None) -> tuple[dict[str, int] | None, int | No
     if not body:
         return None, None
     usage = {k: body[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    completion = body.get("completion_tokens_details") or {}
+    if "reasoning_tokens" in completion:  # a reasoning model's
+        usage["reasoning_tokens"] = completion["reasoning_tokens"]
     details = body.get("prompt_tokens_details") or {}
     return usage, details.get("cached_tokens")
 
@@ -126,6 +131,7 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
         if chat:
             message = raw["message"]
             choice.text = message.get("content")
+            choice.reasoning = message.get("reasoning")
             choice.tool_calls = [
                 {
                     "type": call.get("type"),
@@ -178,6 +184,8 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             if chat:
                 delta = raw.get("delta") or {}
                 choice.text = (choice.text or "") + (delta.get("content") or "")
+                if delta.get("reasoning"):
+                    choice.reasoning = (choice.reasoning or "") + delta["reasoning"]
                 for piece in delta.get("tool_calls") or []:
                     call = calls.setdefault(raw["index"], {}).setdefault(
                         piece["index"], {"type": None, "name": "", "arguments": ""}
@@ -283,6 +291,8 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
         where = f"choice {index}"
         if mine.text != vllm.text:
             found.append(f"{where} text {mine.text!r} vs vLLM's {vllm.text!r}")
+        if mine.reasoning != vllm.reasoning:
+            found.append(f"{where} reasoning {mine.reasoning!r} vs vLLM's {vllm.reasoning!r}")
         if mine.tool_calls != vllm.tool_calls:
             found.append(f"{where} tool calls {mine.tool_calls} vs vLLM's {vllm.tool_calls}")
         if mine.finish_reason != vllm.finish_reason:

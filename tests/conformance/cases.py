@@ -49,6 +49,12 @@ G = {"temperature": 0, "max_tokens": 8}  # greedy
 REPEATS = {"max_pattern_size": 8, "min_count": 3}
 S = {"temperature": 0.9, "seed": 7, "max_tokens": 8}  # sampled with a seed
 GS = {"temperature": 0, "max_tokens": 24, "logit_bias": NO_WS}  # greedy, structured
+# A reasoning model's thinking, opened by the template and closed by the engine after 4 tokens.
+THINK = {
+    "chat_template_kwargs": {"enable_thinking": True},
+    "thinking_token_budget": 4,
+    "max_tokens": 14,
+}
 
 
 def _tool(name: str, param: str, values: list[str], strict: bool = True) -> dict[str, Any]:
@@ -100,6 +106,8 @@ class Case:
     endpoint: str
     body: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
+    # Sent to the reasoning model (the demo model with vLLM's qwen3 reasoning parser).
+    thinking: bool = False
 
 
 # fmt: off
@@ -350,5 +358,36 @@ CASES = [
     Case("bad-cmpl-prompt-logprobs-above-max", COMPLETIONS, {**G, "prompt_logprobs": 21, "prompt": PROMPT}),
     Case("bad-cmpl-prompt-logprobs-vocabulary", COMPLETIONS, {**G, "prompt_logprobs": -1, "prompt": PROMPT}),
     Case("bad-chat-prompt-logprobs-negative", CHAT, {**G, "prompt_logprobs": -2, "messages": HELLO}),
+    # An earlier answer's thinking in the history (vLLM's `reasoning`, or its older name): to the template.
+    Case("chat-history-reasoning", CHAT, {**G, "return_prompt_text": True, "messages": [*HELLO, {"role": "assistant", "content": "hi", "reasoning": "they greet"}, *HELLO]}),
+    Case("chat-history-reasoning-content", CHAT, {**G, "return_prompt_text": True, "messages": [*HELLO, {"role": "assistant", "content": "hi", "reasoning_content": "they greet"}, *HELLO]}),
+    Case("bad-chat-thinking-budget-no-parser", CHAT, {**G, "thinking_token_budget": 4, "messages": HELLO}),
+    # --- a reasoning model (vLLM's qwen3 parser) -----------------------------------------------
+    # Qwen3 thinks unless told not to: an answer without </think> is all thinking.
+    Case("think-default", CHAT, {**G, "messages": HELLO}, thinking=True),
+    Case("think-default-stream", CHAT, {**G, "messages": HELLO}, stream=True, thinking=True),
+    # The template opens <think> and the engine closes it after the budget: thinking, then the answer.
+    Case("think-budget", CHAT, {**G, **THINK, "messages": HELLO}, thinking=True),
+    Case("think-budget-stream", CHAT, {**G, **THINK, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-budget-n", CHAT, {**S, **THINK, "max_tokens": 14, "n": 2, "messages": TURNS}, thinking=True),
+    Case("think-budget-n-stream", CHAT, {**S, **THINK, "max_tokens": 14, "n": 2, "messages": TURNS}, stream=True, thinking=True),
+    Case("think-budget-zero", CHAT, {**G, **THINK, "thinking_token_budget": 0, "messages": HELLO}, thinking=True),
+    Case("think-budget-unbounded", CHAT, {**G, **THINK, "thinking_token_budget": -1, "messages": HELLO}, thinking=True),
+    Case("think-off", CHAT, {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": HELLO}, thinking=True),
+    Case("think-off-stream", CHAT, {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-effort-none", CHAT, {**G, "reasoning_effort": "none", "messages": HELLO}, thinking=True),
+    Case("think-effort-high", CHAT, {**G, **THINK, "reasoning_effort": "high", "messages": HELLO}, thinking=True),
+    # include_reasoning false: no thinking, and no logprobs or token ids that would show it.
+    Case("think-hidden", CHAT, {**G, **THINK, "include_reasoning": False, "logprobs": True, "top_logprobs": 2, "return_token_ids": True, "messages": HELLO}, thinking=True),
+    Case("think-hidden-stream", CHAT, {**G, **THINK, "include_reasoning": False, "logprobs": True, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-logprobs", CHAT, {**G, **THINK, "logprobs": True, "top_logprobs": 2, "messages": HELLO}, thinking=True),
+    Case("think-history", CHAT, {**G, **THINK, "return_prompt_text": True, "messages": [*HELLO, {"role": "assistant", "content": "hi", "reasoning": "they greet"}, *HELLO]}, thinking=True),
+    # A grammar or a forced tool call starts once the thinking ends.
+    Case("think-json-schema", CHAT, {**GS, **THINK, "max_tokens": 40, "response_format": STRICT, "messages": HELLO}, thinking=True),
+    Case("think-tools-required", CHAT, {**GS, **THINK, "max_tokens": 40, "tools": TOOLS, "tool_choice": "required", "messages": ASK}, thinking=True),
+    Case("think-tools-auto-stream", CHAT, {**G, **THINK, "tools": TOOLS, "messages": ASK}, stream=True, thinking=True),
+    Case("think-completions-budget", COMPLETIONS, {**G, "thinking_token_budget": 4, "max_tokens": 14, "prompt": "<think>\n" + PROMPT}, thinking=True),
+    Case("bad-think-budget-negative", CHAT, {**G, "thinking_token_budget": -2, "messages": HELLO}, thinking=True),
+    Case("bad-think-budget-string", CHAT, {**G, "thinking_token_budget": "4", "messages": HELLO}, thinking=True),
 ]
 # fmt: on

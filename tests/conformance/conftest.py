@@ -7,19 +7,33 @@ changed there changes here too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from models_registry.demo_model import whitespace_token_ids
-from tests.conftest import ALIAS, ROOT, Process, Stack, World, _free_port, _http_ok, _wait_for
+from models_registry.models import Deployment
+from tests.conftest import (
+    ALIAS,
+    ROOT,
+    Process,
+    Stack,
+    World,
+    _free_port,
+    _http_ok,
+    _spawn,
+    _wait_for,
+)
 
 # The worker's engine environment (workers.engine._engine_environment) and nothing else.
 ENGINE_ENV = {
@@ -40,18 +54,21 @@ class VllmServer:
     process: Process
 
 
-def vllm_arguments(world: World, model_dir: Path, port: int) -> list[str]:
-    """vLLM's server arguments for the engine the platform's worker builds for its deployment.
+def vllm_arguments(
+    deployment: Deployment, model_dir: Path, port: int, *, served_name: str = ALIAS
+) -> list[str]:
+    """vLLM's server arguments for the engine the platform's worker builds for a deployment.
 
     workers.services.worker_plan turns a deployment into an EngineSpec, and workers.engine
     that into AsyncEngineArgs: these are the same settings, plus what the server needs to
-    answer what the platform answers (cached tokens, tool calls with the hermes parser).
+    answer what the platform answers (cached tokens, tool calls with the hermes parser, a
+    reasoning model's thinking with its version's reasoning parser).
     """
-    deployment = world.deployment
-    extra = world.version.engine_args
+    version = deployment.version
+    extra = version.engine_args
     args = [
         "--model", str(model_dir),
-        "--served-model-name", ALIAS,
+        "--served-model-name", served_name,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--dtype", str(extra.pop("dtype", deployment.dtype)),
@@ -63,6 +80,8 @@ def vllm_arguments(world: World, model_dir: Path, port: int) -> list[str]:
         "--tool-call-parser", "hermes",
         "--uvicorn-log-level", "warning",
     ]  # fmt: skip
+    if version.reasoning_parser:
+        args += ["--reasoning-parser", version.reasoning_parser]
     if extra.pop("enforce_eager", deployment.enforce_eager):
         args.append("--enforce-eager")
     prefix = extra.pop("enable_prefix_caching", deployment.prefix_caching)
@@ -72,20 +91,14 @@ def vllm_arguments(world: World, model_dir: Path, port: int) -> list[str]:
     return args
 
 
-@pytest.fixture(scope="session")
-def vllm_process(
-    world: World, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def _vllm_started(
+    arguments: list[str], port: int, logs: Path, name: str
 ) -> Iterator[tuple[Process, int]]:
-    """Start vLLM's OpenAI server on the demo model (not waiting); stop it when the session ends."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm-server") / "vllm-server.log"
+    """vLLM's OpenAI server started with these arguments (not waited for); stopped at the end."""
+    log = logs / f"{name}.log"
     popen = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *vllm_arguments(world, demo_model_dir, port),
-        ],
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *arguments],
         cwd=ROOT,
         env={**os.environ, **ENGINE_ENV},
         stdout=log.open("wb"),
@@ -93,7 +106,7 @@ def vllm_process(
         start_new_session=True,
     )
     try:
-        yield Process(name="vllm-server", popen=popen, log=log), port
+        yield Process(name=name, popen=popen, log=log), port
     finally:
         if popen.poll() is None:
             os.killpg(popen.pid, signal.SIGTERM)
@@ -102,6 +115,17 @@ def vllm_process(
         except subprocess.TimeoutExpired:
             os.killpg(popen.pid, signal.SIGKILL)
             popen.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_process(
+    world: World, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Process, int]]:
+    """Start vLLM's OpenAI server on the demo model (not waiting); stop it when the session ends."""
+    port = _free_port()
+    arguments = vllm_arguments(world.deployment, demo_model_dir, port)
+    with _vllm_started(arguments, port, tmp_path_factory.mktemp("vllm-server"), "vllm-server") as p:
+        yield p
 
 
 @pytest.fixture(scope="session")
@@ -139,3 +163,70 @@ def targets(
 def whitespace_ids(demo_model_dir: Path) -> list[int]:
     """The demo tokenizer's tokens that are only whitespace (not its special tokens)."""
     return whitespace_token_ids(demo_model_dir)
+
+
+# A reasoning model: the demo model registered again with vLLM's qwen3 reasoning parser (which
+# reads <think> and </think> as text), on a deployment and a worker of its own, beside vLLM's
+# server started with the same parser. Only the cases that need one start them.
+THINKING = "tiny-thinking"
+
+
+@pytest.fixture(scope="session")
+def thinking_deployment(world: World, demo_model_dir: Path, django_db_blocker: Any) -> Deployment:
+    from models_registry.services import alias_set, deployment_create, model_version_register
+
+    with django_db_blocker.unblock():
+        version, _ = model_version_register(
+            model_name="tiny-thinking",
+            source_dir=demo_model_dir,
+            price_input_per_1k=Decimal("0.5"),
+            price_output_per_1k=Decimal("1.5"),
+            tool_parser="hermes",
+            reasoning_parser="qwen3",
+        )
+        alias_set(name=THINKING, version=version)
+        return deployment_create(
+            name=THINKING,
+            version=version,
+            max_num_seqs=8,
+            max_model_len=world.deployment.context_length,
+            kv_cache_bytes=world.deployment.kv_cache_bytes,
+            enforce_eager=True,
+        )
+
+
+@pytest.fixture(scope="session")
+def thinking_targets(
+    stack: Stack,
+    world: World,
+    thinking_deployment: Deployment,
+    demo_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Targets]:
+    """The reasoning model through the platform (its own worker) and on vLLM's own server
+    with the same reasoning parser; the two engines load side by side."""
+    logs = tmp_path_factory.mktemp("thinking")
+    port = _free_port()
+    arguments = vllm_arguments(thinking_deployment, demo_model_dir, port, served_name=THINKING)
+    worker = _spawn(
+        "thinking-worker",
+        ["manage.py", "run_worker", "--deployment", THINKING, "--metrics-port", str(_free_port())],
+        logs,
+    )
+    try:
+        with _vllm_started(arguments, port, logs, "vllm-thinking") as (server, _):
+            base_url = f"http://127.0.0.1:{port}"
+            _wait_for(server, lambda: _http_ok(f"{base_url}/health"), timeout=600)
+            _wait_for(worker, lambda: "ready: serving" in worker.tail(400), timeout=600)
+            headers = {"Authorization": f"Bearer {world.acme_key}"}
+            with (
+                httpx.Client(base_url=stack.base_url, headers=headers, timeout=120) as platform,
+                httpx.Client(base_url=base_url, timeout=120) as vllm,
+            ):
+                yield Targets(platform=platform, vllm=vllm)
+    finally:
+        worker.popen.send_signal(signal.SIGTERM)
+        try:
+            worker.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.popen.kill()

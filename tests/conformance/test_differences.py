@@ -75,6 +75,18 @@ def test_a_value_of_another_json_type_is_refused(targets: Any, field: str, value
     assert ours.json()["error"]["param"] == field
 
 
+def test_include_reasoning_false_is_refused_where_nothing_thinks(targets: Any) -> None:
+    """On a model without a reasoning parser there is no thinking to leave out: vLLM's server
+    serves the request and drops the logprobs it asked for; the platform refuses it."""
+    body = {**BODY, "include_reasoning": False, "logprobs": True}
+    ours, theirs = _both(targets, body)
+    assert theirs.status_code == 200
+    assert theirs.json()["choices"][0]["logprobs"] is None
+    assert ours.status_code == 400
+    assert ours.json()["error"]["code"] == "unsupported_parameter"
+    assert ours.json()["error"]["param"] == "include_reasoning"
+
+
 def test_a_request_without_a_key_is_refused(targets: Any) -> None:
     ours = httpx.post(f"{targets.platform.base_url}{CHAT_PATH}", json=BODY, timeout=60)
     theirs = targets.vllm.post(CHAT_PATH, json=BODY)

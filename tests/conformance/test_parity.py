@@ -15,6 +15,7 @@ import pytest
 
 from tests.conformance.answers import Answer, answer_of, differences, stream_answer_of
 from tests.conformance.cases import CASES, CHAT, PATHS, WHITESPACE, Case
+from tests.conformance.conftest import THINKING
 from tests.conftest import ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=False)
 
 def request_body(case: Case, whitespace_ids: list[int]) -> dict[str, Any]:
     """The case's body as sent: the model, stream options, and the whitespace bias expanded."""
-    body: dict[str, Any] = {"model": ALIAS, **case.body}
+    body: dict[str, Any] = {"model": THINKING if case.thinking else ALIAS, **case.body}
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and WHITESPACE in bias:
         weight = bias[WHITESPACE]
@@ -42,8 +43,23 @@ def send(client: httpx.Client, case: Case, body: dict[str, Any]) -> Answer:
         return stream_answer_of(response, chat=chat)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+PLAIN = [case for case in CASES if not case.thinking]
+THINKING_CASES = [case for case in CASES if case.thinking]
+
+
+@pytest.mark.parametrize("case", PLAIN, ids=[case.name for case in PLAIN])
 def test_it_answers_as_vllm_does(case: Case, targets: Any, whitespace_ids: list[int]) -> None:
+    _compared(case, targets, whitespace_ids)
+
+
+@pytest.mark.parametrize("case", THINKING_CASES, ids=[case.name for case in THINKING_CASES])
+def test_a_reasoning_model_answers_as_vllm_does(
+    case: Case, thinking_targets: Any, whitespace_ids: list[int]
+) -> None:
+    _compared(case, thinking_targets, whitespace_ids)
+
+
+def _compared(case: Case, targets: Any, whitespace_ids: list[int]) -> None:
     body = request_body(case, whitespace_ids)
     ours, theirs = send(targets.platform, case, body), send(targets.vllm, case, body)
     found = differences(ours, theirs)

@@ -73,3 +73,45 @@ def test_a_denied_term_in_a_long_call_stops_the_request_at_once(monkeypatch):
     assert stopped == [True]  # aborted in the engine, not at its end
     assert isinstance(events[-1], Finished) and events[-1].finish_reason == "content_filter"
     assert "falcon" not in _arguments(events) and "and more" not in _arguments(events)
+
+
+def _thought(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event], list[bool]]:
+    """A reasoning model's thinking, a piece per delta, then its answer."""
+    monkeypatch.setattr(content_policy, "_record", lambda *args: None)
+    stopped: list[bool] = []
+
+    async def events() -> AsyncIterator[Event]:
+        for piece in pieces:
+            yield Delta(text="", tokens=1, reasoning=piece)
+        yield Delta(text="Done.", tokens=1)
+        yield Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=len(pieces) + 1)
+
+    async def stop() -> None:
+        stopped.append(True)
+
+    async def collect() -> list[Event]:
+        filtered = output_filtered(
+            events(), policy=policy, tenant_id=1, request_id="r", prompt_tokens=3, stop=stop
+        )
+        return [event async for event in filtered]
+
+    return asyncio.run(collect()), stopped
+
+
+def _thinking(events: list[Event]) -> str:
+    return "".join(e.reasoning for e in events if isinstance(e, Delta))
+
+
+def test_a_reasoning_models_thinking_is_screened_like_its_answer(monkeypatch):
+    # The client reads the thinking too: a denied term there stops the request.
+    policy = Policy(detectors=(DenyList(terms=["project falcon"]),))
+    events, _ = _thought(policy, ["I recall proj", "ect fal", "con details"], monkeypatch)
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "content_filter"
+    assert "falcon" not in _thinking(events)
+    # PII in it is redacted, and the whole thinking and answer come out.
+    policy = Policy(detectors=(Pii(["email"]),), pii_action="redact")
+    events, stopped = _thought(policy, ["mail bob.smi", "th@example.com then"], monkeypatch)
+    assert not stopped
+    assert "bob.smith@example.com" not in _thinking(events)
+    assert _thinking(events).endswith("then")
+    assert "".join(e.text for e in events if isinstance(e, Delta)) == "Done."

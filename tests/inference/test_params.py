@@ -234,7 +234,6 @@ def test_a_nul_is_refused_anywhere_only_where_bodies_are_stored():
 REFUSED_VALUES = {
     "best_of": 2,
     "suffix": "tail",
-    "thinking_token_budget": 5,
     "guided_json": {"type": "object"},
     "guided_choice": ["a", "b"],
     "store": True,

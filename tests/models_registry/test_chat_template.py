@@ -243,7 +243,8 @@ def test_chat_template_kwargs_reach_the_template_and_only_the_variables_it_reads
     plain = tokenizer.render_chat(messages)
     off = tokenizer.render_chat(messages, template_kwargs={"enable_thinking": False})
     assert off == plain + "<think>\n\n</think>\n\n"  # Qwen3's switch, in the demo template
-    assert tokenizer.render_chat(messages, template_kwargs={"enable_thinking": True}) == plain
+    on = tokenizer.render_chat(messages, template_kwargs={"enable_thinking": True})
+    assert on == plain + "<think>\n"  # opened for the model to think in
     # A variable the template does not read changes nothing, as in vLLM's server.
     assert tokenizer.render_chat(messages, template_kwargs={"unread": 1}) == plain
     # The request's own fields win over a kwarg of the same name (vLLM's order).

@@ -177,6 +177,36 @@ def test_an_embedding_model_or_an_adapter_names_no_tool_parser(tmp_path, world):
         )
 
 
+def test_a_reasoning_parser_is_part_of_the_manifest_and_vllm_must_know_it(tmp_path, world):
+    plain, _ = model_version_register(model_name="small", source_dir=_small_model(tmp_path))
+    thinking, created = model_version_register(
+        model_name="small", source_dir=tmp_path / "src", reasoning_parser="qwen3"
+    )
+    assert "reasoning_parser" not in plain.manifest and plain.reasoning_parser == ""
+    assert created and thinking.reasoning_parser == "qwen3" and thinking.digest != plain.digest
+    with pytest.raises(ValidationError) as refused:
+        model_version_register(
+            model_name="small", source_dir=tmp_path / "src", reasoning_parser="qwen9"
+        )
+    assert (
+        "'qwen9' is not a vLLM reasoning parser"
+        in refused.value.message_dict["reasoning_parser"][0]
+    )
+    with pytest.raises(ValidationError, match="only a chat model reasons"):
+        model_version_register(
+            model_name="small", source_dir=tmp_path / "src", task="embedding",
+            reasoning_parser="qwen3",
+        )  # fmt: skip
+    with pytest.raises(ValidationError, match="read by its base's parser"):
+        model_version_register(
+            model_name="small-lora", source_dir=tmp_path / "src", base=world.version,
+            reasoning_parser="qwen3",
+        )  # fmt: skip
+    call_command("register_model", "small", str(tmp_path / "src"), "--label", "think",
+                 "--reasoning-parser", "deepseek_r1")  # fmt: skip
+    assert ModelVersion.objects.get(label="think").reasoning_parser == "deepseek_r1"
+
+
 def test_the_register_command_takes_a_tool_parser(tmp_path, world):
     source = str(_small_model(tmp_path))
     call_command("register_model", "small", source, "--label", "v1", "--tool-parser", "hermes")

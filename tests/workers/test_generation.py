@@ -26,6 +26,7 @@ from dataplane.types import (
     Finished,
     Job,
     RankedLogprob,
+    Reasoning,
     Sampling,
     Started,
     Structured,
@@ -93,6 +94,7 @@ class _Engine:
         self.calls: list[tuple[str, list[int], Sampling]] = []
         self.cancelled: list[str] = []
         self.ranked: list[bool] = []  # each call's prompt_ranked
+        self.thinking: list[Any] = []  # each call's reasoning model's request
 
     async def generate(
         self,
@@ -103,10 +105,12 @@ class _Engine:
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
         prompt_ranked: bool = True,
+        thinking: Any = None,
     ) -> AsyncIterator[Step]:
         prompt = len(self.calls)
         self.calls.append((request_id, prompt_token_ids, sampling))
         self.ranked.append(prompt_ranked)
+        self.thinking.append(thinking)
         try:
             for step in self.script[prompt]:
                 await asyncio.sleep(0.001)
@@ -835,7 +839,7 @@ def test_tool_parsers_are_built_on_older_vllm_releases(monkeypatch):
 
     monkeypatch.setattr(ParserManager, "get_parser", staticmethod(get_parser))
     monkeypatch.setattr(tooling, "_parser_classes", {})
-    built = tooling._parser_class("hermes", tokenizer=object(), model_config=None)
+    built = tooling._parser_class("hermes", None, tokenizer=object(), model_config=None)
     assert built == "parser class"
     assert asked == [{"name": "hermes", "auto": True}]
 
@@ -848,3 +852,83 @@ def test_repetition_detection_reaches_the_engine_as_vllms_params():
         max_pattern_size=8, min_pattern_size=2, min_count=3
     )
     assert sampling_params(Sampling(max_tokens=8)).repetition_detection is None
+
+
+# --- a reasoning model's thinking (vLLM's qwen3 parser, which reads <think> as text) ---
+
+
+def _thinking_job(*, stream: bool, include: bool = True, **kw: Any) -> Job:
+    return _job(
+        endpoint="chat",
+        stream=stream,
+        sampling=Sampling(max_tokens=64, logprobs=kw.pop("logprobs", None)),
+        reasoning=Reasoning(
+            parser="qwen3", template_kwargs='{"enable_thinking": true}', include=include
+        ),
+        **kw,
+    )
+
+
+def _real_steps(tokenizer: Any, text: str) -> list[Step]:
+    """A step per token of `text` as the demo tokenizer encodes it, the last one stopping."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    last = len(ids) - 1
+    return [
+        Step(
+            text=tokenizer.decode([token]),
+            tokens=1,
+            finish_reason="stop" if i == last else None,
+            prompt_tokens=3,
+            token_ids=(token,),
+        )
+        for i, token in enumerate(ids)
+    ]
+
+
+THOUGHT = "They greet me, so I greet back.</think>Hello there."
+
+
+async def test_a_reasoning_models_thinking_is_split_from_its_answer(tokenizer):
+    for stream in (False, True):
+        engine = _Engine({0: _real_steps(tokenizer, THOUGHT)}, tokenizer)
+        events = await _served(engine, _thinking_job(stream=stream))
+        deltas = [e for e in events if isinstance(e, Delta)]
+        assert "".join(d.reasoning for d in deltas) == "They greet me, so I greet back."
+        assert "".join(d.text for d in deltas) == "Hello there."
+        end = events[-1]
+        assert isinstance(end, Finished)
+        thinking_ids = tokenizer.encode("They greet me, so I greet back.", add_special_tokens=False)
+        assert end.reasoning_tokens is not None
+        assert 0 < end.reasoning_tokens <= end.completion_tokens
+        assert end.reasoning_tokens >= len(thinking_ids)
+        # The engine heard the request's thinking: its template's variables for its parser.
+        assert engine.thinking[0].template_kwargs == {"enable_thinking": True}
+
+
+async def test_hidden_thinking_leaves_no_trace_in_the_answer(tokenizer):
+    steps = _real_steps(tokenizer, THOUGHT)
+    with_logprobs = [
+        Step(
+            text=step.text,
+            tokens=step.tokens,
+            finish_reason=step.finish_reason,
+            prompt_tokens=step.prompt_tokens,
+            token_ids=step.token_ids,
+            logprobs=[TokenLogprob(token=step.text, logprob=-1.0)],
+        )
+        for step in steps
+    ]
+    job = _thinking_job(stream=True, include=False, logprobs=0)
+    events = await _served(_Engine({0: with_logprobs}, tokenizer), job)
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert "".join(d.reasoning for d in deltas) == ""
+    assert "".join(d.text for d in deltas) == "Hello there."
+    assert all(d.logprobs is None and d.token_ids is None for d in deltas)
+    assert sum(d.tokens for d in deltas) == len(steps)  # every token still billed
+
+
+async def test_a_request_to_a_model_that_does_not_reason_has_no_thinking_count(tokenizer):
+    events = await _served(_Engine({0: _real_steps(tokenizer, THOUGHT)}, tokenizer), _job())
+    end = events[-1]
+    assert isinstance(end, Finished) and end.reasoning_tokens is None
+    assert "".join(e.text for e in events if isinstance(e, Delta)) == THOUGHT

@@ -55,6 +55,12 @@ class Command(BaseCommand):
             help="the vLLM tool parser that turns the model's output into tool calls, e.g. hermes",
         )
         parser.add_argument(
+            "--reasoning-parser",
+            default="",
+            help="the vLLM reasoning parser that splits a reasoning model's thinking from its "
+            "answer, e.g. qwen3",
+        )
+        parser.add_argument(
             "--base",
             default=None,
             help="register a LoRA adapter on this base version (model@version)",
@@ -79,6 +85,7 @@ class Command(BaseCommand):
                 price_output_per_1k=_price(options["price_output"], "--price-output"),
                 weights_uri=options["weights_uri"],
                 tool_parser=options["tool_parser"],
+                reasoning_parser=options["reasoning_parser"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
