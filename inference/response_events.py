@@ -19,11 +19,12 @@ _json = msgspec.json.Encoder()
 
 def usage_of(finished: Finished | Failed) -> dict[str, Any]:
     cached = finished.cached_tokens if isinstance(finished, Finished) else 0
+    thinking = finished.reasoning_tokens if isinstance(finished, Finished) else None
     return {
         "input_tokens": finished.prompt_tokens,
         "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": finished.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": thinking or 0},
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
     }
 
@@ -52,8 +53,9 @@ class _Call:
 class ResponseBuilder:
     """A response's object and its stream of events, built from the request's events.
 
-    Items are written in the order the model produced them: a message with its text, then
-    each function call. `events()` of each step returns what a stream sends for it.
+    Items are written in the order the model produced them: a reasoning model's thinking (a
+    reasoning item), a message with its text, then each function call. `events()` of each
+    step returns what a stream sends for it.
 
     With log probabilities asked for (`echo["top_logprobs"]` not None), the message's text
     carries those of its tokens: each text event those of the tokens since the last one, and
@@ -74,6 +76,8 @@ class ResponseBuilder:
     completed_at: int | None = None
     _message: dict[str, Any] | None = None
     _message_index: int = -1
+    _thought: dict[str, Any] | None = None  # the open reasoning item
+    _thought_index: int = -1
     _calls: dict[int, _Call] = field(default_factory=dict)
     _open_call: int | None = None
     _logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet on the message
@@ -130,6 +134,60 @@ class ResponseBuilder:
             return []
         self.status = "in_progress"
         return [self._event("response.in_progress", response=self.body())]
+
+    def _thought_open(self) -> list[dict[str, Any]]:
+        self._thought = {
+            "type": "reasoning",
+            "id": self.response_id.replace("resp_", "rs_", 1),
+            "summary": [],
+            "content": [],
+            "status": "in_progress",
+        }
+        self._thought_index = len(self.output)
+        self.output.append(self._thought)
+        added = self._event(
+            "response.output_item.added",
+            output_index=self._thought_index,
+            item=json.loads(_json.encode(self._thought)),
+        )
+        self._thought["content"].append({"type": "reasoning_text", "text": ""})
+        return [added]
+
+    def _thought_close(self) -> list[dict[str, Any]]:
+        thought = self._thought
+        if thought is None:
+            return []
+        self._thought = None
+        thought["status"] = "completed"
+        return [
+            self._event(
+                "response.reasoning_text.done",
+                item_id=thought["id"],
+                output_index=self._thought_index,
+                content_index=0,
+                text=thought["content"][0]["text"],
+            ),
+            self._event(
+                "response.output_item.done", output_index=self._thought_index, item=thought
+            ),
+        ]
+
+    def _thought_piece(self, text: str) -> list[dict[str, Any]]:
+        events = []
+        if self._thought is None:
+            events += self._message_close() + self._call_close() + self._thought_open()
+        assert self._thought is not None
+        self._thought["content"][0]["text"] += text
+        events.append(
+            self._event(
+                "response.reasoning_text.delta",
+                item_id=self._thought["id"],
+                output_index=self._thought_index,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
 
     def _message_open(self) -> list[dict[str, Any]]:
         self._message = {
@@ -213,7 +271,7 @@ class ResponseBuilder:
         events: list[dict[str, Any]] = []
         call = self._calls.get(piece.index)
         if call is None:
-            events += self._message_close() + self._call_close()
+            events += self._thought_close() + self._message_close() + self._call_close()
             item = {
                 "type": "function_call",
                 "id": f"fc_{self.response_id.removeprefix('resp_')}_{piece.index}",
@@ -251,13 +309,15 @@ class ResponseBuilder:
         if delta.index != 0:
             return []
         events: list[dict[str, Any]] = []
+        if delta.reasoning:
+            events += self._thought_piece(delta.reasoning)
         if delta.tool_calls:
             self._logprobs = []  # a function call's tokens: no text carries them
-        elif delta.logprobs and self._top is not None:
-            self._logprobs.extend(delta.logprobs)
+        elif delta.logprobs and self._top is not None and (delta.text or not delta.reasoning):
+            self._logprobs.extend(delta.logprobs)  # a thinking step's have no text to go with
         if delta.text:
             if self._message is None:
-                events += self._call_close() + self._message_open()
+                events += self._thought_close() + self._call_close() + self._message_open()
             assert self._message is not None
             part = self._message["content"][0]
             part["text"] += delta.text
@@ -279,7 +339,7 @@ class ResponseBuilder:
         self, event: Finished | Failed, *, error: ApiError | None = None
     ) -> list[dict[str, Any]]:
         """The events that close every open item and end the response."""
-        events = self._message_close() + self._call_close()
+        events = self._thought_close() + self._message_close() + self._call_close()
         self.usage = usage_of(event)
         self.completed_at = int(time.time())
         if isinstance(event, Failed) and event.code == "cancelled":

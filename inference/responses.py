@@ -30,20 +30,21 @@ HONOURED = frozenset(
         "tools", "tool_choice", "parallel_tool_calls", "text", "metadata", "user",
         "safety_identifier", "store", "previous_response_id", "stream", "truncation",
         "background", "service_tier", "include", "top_logprobs", "max_tool_calls",
+        "reasoning",
     }
 )  # fmt: skip
 # What `include` may name: the output text's log probabilities (the rest of OpenAI's names
-# are of items this platform does not produce: built-in tools' results, images, reasoning).
+# are of what this platform does not produce: built-in tools' results, images, encrypted
+# reasoning; a reasoning model's thinking comes as a reasoning item in the clear).
 OUTPUT_LOGPROBS = "message.output_text.logprobs"
 # vLLM's sampling extras its own Responses server takes: they go to chat as they are.
 PASSED_TO_CHAT = (
     "logit_bias", "seed", "stop", "stop_token_ids", "top_k", "min_p", "ignore_eos",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "skip_special_tokens",
-    "include_stop_str_in_output", "cache_salt", "prompt_cache_key",
+    "include_stop_str_in_output", "cache_salt", "prompt_cache_key", "include_reasoning",
 )  # fmt: skip
 # Refused unless left out or set to what asks for nothing.
 REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
-    "reasoning": (None, {}),
     "prompt": (None,),
     "conversation": (None,),
     "stream_options": (None, {}),
@@ -57,6 +58,7 @@ _PARAMS = {
     "response_format": "text.format",
     "messages": "input",
     "logprobs": "include",
+    "reasoning_effort": "reasoning.effort",
 }
 
 
@@ -155,6 +157,19 @@ def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
                     "status": "completed",
                 }
             )
+        elif kind == "reasoning":
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": item_id or default_id,
+                    "summary": [],
+                    "content": [
+                        {"type": "reasoning_text", "text": text}
+                        for text in _reasoning_texts(item.get("content"), f"{where}.content")
+                    ],
+                    "status": "completed",
+                }
+            )
         elif kind == "function_call_output":
             output_value = item.get("output")
             if not isinstance(output_value, str):
@@ -173,21 +188,41 @@ def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
                 400,
                 "unsupported_parameter",
                 f"Input items of type {shown(str(kind))} are not supported; send messages, "
-                "function_call and function_call_output items.",
+                "reasoning, function_call and function_call_output items.",
                 param=f"{where}.type",
             )
     return items
+
+
+def _reasoning_texts(content: Any, where: str) -> list[str]:
+    """A reasoning item's content: its reasoning_text parts' texts (none: an empty list)."""
+    if content is None:
+        return []
+    if not isinstance(content, list):
+        raise invalid(where, f"'{where}' must be a list of reasoning_text parts.")
+    texts = []
+    for i, part in enumerate(content):
+        at = f"{where}[{i}]"
+        if not isinstance(part, dict) or part.get("type") != "reasoning_text":
+            raise invalid(f"{at}.type", f"'{at}.type' must be 'reasoning_text'.")
+        texts.append(_string(part, "text", at))
+    return texts
 
 
 def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat messages from input and output items, in order.
 
     Function calls join the assistant message just before them (or open one); each call's
-    output is a tool message. Reasoning items carry nothing a chat template reads.
+    output is a tool message. A reasoning item's thinking goes with the assistant's message
+    or calls that follow it (chat's `reasoning`, for a template that shows earlier thinking).
     """
     messages: list[dict[str, Any]] = []
+    thought: list[str] = []  # a reasoning item's, waiting for the assistant's turn
     for item in items:
         kind = item["type"]
+        if kind == "reasoning":
+            thought += [part["text"] for part in item["content"]]
+            continue
         if kind == "message":
             # Parts join with a newline, as chat content parts do (vLLM's chat rendering).
             text = "\n".join(part.get("text", "") for part in item["content"])
@@ -199,7 +234,7 @@ def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "function": {"name": item["name"], "arguments": item["arguments"]},
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not thought:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -207,6 +242,11 @@ def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append(
                 {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
             )
+        if thought and messages and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning"] = "\n".join(thought)
+            thought = []
+    if thought:  # thinking with no answer after it: an assistant turn of its own
+        messages.append({"role": "assistant", "content": "", "reasoning": "\n".join(thought)})
     return messages
 
 
@@ -337,6 +377,26 @@ def _max_tool_calls(body: dict[str, Any]) -> int | None:
     return value
 
 
+def _reasoning_effort(reasoning: Any) -> Any:
+    """`reasoning.effort`, which reaches chat as its reasoning_effort (the chat template's);
+    a summary of the thinking is not written (the thinking itself comes, as a reasoning
+    item), so asking for one is refused."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict):
+        raise invalid("reasoning", "'reasoning' must be an object.")
+    for name, value in reasoning.items():
+        if name != "effort" and value is not None:
+            raise ApiError(
+                400,
+                "unsupported_parameter",
+                f"'reasoning.{shown(name)}' is not supported: a reasoning model's thinking "
+                "comes whole, as a reasoning item.",
+                param=f"reasoning.{shown(name)}",
+            )
+    return reasoning.get("effort")
+
+
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
@@ -418,6 +478,7 @@ def responses_parse(
         "user": user,
         "service_tier": body.get("service_tier"),
     }
+    optional["reasoning_effort"] = _reasoning_effort(body.get("reasoning"))
     optional.update({name: body.get(name) for name in PASSED_TO_CHAT})
     top_logprobs = _top_logprobs(body)
     if top_logprobs is not None:

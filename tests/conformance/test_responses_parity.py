@@ -33,6 +33,7 @@ import pytest
 
 from tests.conformance.answers import chat_logprobs, logprob_differences
 from tests.conformance.cases import NO_WS, WHITESPACE
+from tests.conformance.conftest import THINKING
 from tests.conftest import ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -336,3 +337,30 @@ def test_a_response_is_answered_as_vllm_answers_it(
 def test_the_responses_corpus_names_each_case_once() -> None:
     names = [case.name for case in CASES]
     assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_reasoning_models_thinking_is_a_reasoning_item(
+    thinking_targets: Any, stream: bool
+) -> None:
+    """The reasoning model's thinking comes as a reasoning item before the message: the
+    thinking vLLM's chat server splits off the same prompt, and its count of thinking tokens."""
+    body: dict[str, Any] = {
+        "model": THINKING, "store": False, "input": "hello", "max_output_tokens": 8,
+        "temperature": 0, "reasoning": {"effort": "high"},
+    }  # fmt: skip
+    sent = {**body, "stream": True} if stream else body
+    ours = _final(thinking_targets.platform, Case("thinking", sent, stream), sent)
+    chat = {**_as_chat(body), "reasoning_effort": "high"}
+    theirs = thinking_targets.vllm.post("/v1/chat/completions", json=chat).json()
+    message = theirs["choices"][0]["message"]
+    [item] = [item for item in ours["output"] if item["type"] == "reasoning"]
+    assert item["content"] == [{"type": "reasoning_text", "text": message["reasoning"]}]
+    assert item["status"] == "completed" and ours["output"][0] is item
+    assert ours["output_text"] == (message["content"] or "")
+    details = ours["usage"]["output_tokens_details"]
+    assert (
+        details["reasoning_tokens"]
+        == theirs["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    )
+    assert ours["usage"]["input_tokens"] == theirs["usage"]["prompt_tokens"]

@@ -283,3 +283,95 @@ def test_max_tool_calls_is_checked_and_repeated_and_prompt_cache_key_taken_as_ch
     with pytest.raises(ApiError) as refused:
         _parsed(prompt_cache_key=7)
     assert refused.value.param == "prompt_cache_key"
+
+
+def test_thinking_is_a_reasoning_item_before_the_message():
+    builder = _builder()
+    kinds = [e["type"] for e in builder.start()]
+    kinds += [e["type"] for e in builder.delta(Delta(text="", tokens=2, reasoning="They greet"))]
+    kinds += [e["type"] for e in builder.delta(Delta(text="", tokens=1, reasoning=" me."))]
+    kinds += [e["type"] for e in builder.delta(Delta(text="Hello.", tokens=2))]
+    finished = Finished(
+        finish_reason="stop", prompt_tokens=5, completion_tokens=5, reasoning_tokens=3
+    )
+    ended = builder.end(finished)
+    kinds += [e["type"] for e in ended]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    body = ended[-1]["response"]
+    assert body["output"][0] == {
+        "type": "reasoning",
+        "id": "rs_r",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "They greet me."}],
+        "status": "completed",
+    }
+    assert body["output_text"] == "Hello."
+    assert body["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}
+
+
+def test_a_reasoning_item_in_a_chain_is_the_next_answers_thinking():
+    items = input_items_read(
+        [
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "They greet me."}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Look it up."}]},
+            {"type": "function_call", "call_id": "c1", "name": "clock", "arguments": "{}"},
+        ],
+        response_id="resp_x",
+    )  # fmt: skip
+    assert messages_of(items) == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello.", "reasoning": "They greet me."},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning": "Look it up.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+            ],
+        },
+    ]
+    with pytest.raises(ApiError) as refused:
+        input_items_read(
+            [{"type": "reasoning", "content": [{"type": "summary_text", "text": "x"}]}],
+            response_id="resp_x",
+        )
+    assert refused.value.param == "input[0].content[0].type"
+
+
+def test_reasoning_effort_reaches_chat_and_a_summary_is_refused():
+    parsed = responses_parse(
+        {"model": "m", "input": "hi", "reasoning": {"effort": "low"}},
+        response_id="resp_x",
+        history=[],
+    )
+    assert parsed.chat.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "low"}
+    for reasoning, param in (
+        ({"effort": "low", "summary": "auto"}, "reasoning.summary"),
+        ({"effort": "extreme"}, "reasoning.effort"),
+        ("high", "reasoning"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            responses_parse(
+                {"model": "m", "input": "hi", "reasoning": reasoning},
+                response_id="resp_x",
+                history=[],
+            )
+        assert refused.value.param == param
