@@ -40,6 +40,16 @@ USAGE: Schema = obj(
             },
             "cached_tokens",
         ),
+        "completion_tokens_details": obj(
+            {
+                "reasoning_tokens": {
+                    "type": "integer",
+                    "description": "Completion tokens a reasoning model spent thinking.",
+                }
+            },
+            "reasoning_tokens",
+            description="A reasoning model's (a version with a reasoning parser) only.",
+        ),
     },
     "prompt_tokens",
     "completion_tokens",
@@ -148,6 +158,10 @@ CHAT_COMPLETION: Schema = obj(
                                 "description": "null beside the tool calls of tool_choice auto.",
                             },
                             "refusal": {"type": "null"},
+                            "reasoning": {
+                                "type": ["string", "null"],
+                                "description": "A reasoning model's thinking.",
+                            },
                             "tool_calls": {"type": "array", "items": _TOOL_CALL},
                         },
                         "role",
@@ -222,6 +236,7 @@ CHAT_COMPLETION_CHUNK: Schema = obj(
                         {
                             "role": {"const": "assistant"},
                             "content": {"type": "string"},
+                            "reasoning": {"type": "string"},
                             "tool_calls": {"type": "array", "items": _TOOL_CALL_PIECE},
                         }
                     ),

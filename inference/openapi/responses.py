@@ -26,10 +26,14 @@ _STATUS = {
 _TEXT_PART = obj({"type": {"type": "string"}, "text": {"type": "string"}}, "type")
 _ITEM: Schema = {
     "type": "object",
-    "description": "A message (role, content parts), a function_call (call_id, name, "
-    "arguments) or a function_call_output (call_id, output).",
+    "description": "A message (role, content parts), a reasoning item (reasoning_text "
+    "parts), a function_call (call_id, name, arguments) or a function_call_output (call_id, "
+    "output).",
     "properties": {
-        "type": {"type": "string", "enum": ["message", "function_call", "function_call_output"]},
+        "type": {
+            "type": "string",
+            "enum": ["message", "reasoning", "function_call", "function_call_output"],
+        },
         "id": {"type": "string"},
         "role": {"type": "string", "enum": ["user", "system", "developer", "assistant"]},
         "content": {
@@ -107,6 +111,15 @@ RESPONSES_REQUEST: Schema = obj(
             "minimum": 0,
             "maximum": MAX_LOGPROBS,
             "description": f"Alternatives per output token; needs include {OUTPUT_LOGPROBS}.",
+        },
+        "reasoning": {
+            "type": ["object", "null"],
+            "properties": {
+                "effort": GENERATION_FIELDS["reasoning_effort"].kind.schema,  # type: ignore[union-attr]
+                "summary": {"type": "null", "description": "No summary is written."},
+            },
+            "additionalProperties": False,
+            "description": "A reasoning model's effort: chat's reasoning_effort.",
         },
         "max_tool_calls": {
             "type": ["integer", "null"],
