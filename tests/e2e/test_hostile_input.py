@@ -90,6 +90,18 @@ HOSTILE = [
      400, "max_tokens_exceeded", "max_tokens"),
     ("/v1/chat/completions", json.dumps(_chat(use_beam_search=True, n=128)), 400,
      "invalid_value", "n"),
+    # A reasoning model's fields on a model that does not think; a 31-digit budget anywhere.
+    ("/v1/chat/completions", json.dumps(_chat(thinking_token_budget=10**30)), 400,
+     "invalid_value", "thinking_token_budget"),
+    ("/v1/chat/completions", json.dumps(_chat(thinking_token_budget=64)), 400,
+     "unsupported_parameter", "thinking_token_budget"),
+    ("/v1/chat/completions", json.dumps(_chat(include_reasoning=False)), 400,
+     "unsupported_parameter", "include_reasoning"),
+    ("/v1/chat/completions", json.dumps(_chat(reasoning_effort="\ud800")), 400,
+     "invalid_value", "reasoning_effort"),
+    ("/v1/chat/completions", json.dumps(_chat(messages=[
+        {"role": "assistant", "content": "hi", "reasoning": {"deep": ["x"]}},
+        {"role": "user", "content": "hi"}])), 400, "invalid_type", "messages[0].reasoning"),
     ("/v1/completions", json.dumps(_completion(prompt="\ud800")), 400, "invalid_value", "prompt"),
     ("/v1/completions", json.dumps(_completion(user="x\udc00")), 400, "invalid_value", "user"),
     ("/v1/completions", _with(_completion(), "prompt", NESTED), 400, "invalid_json", "prompt"),
