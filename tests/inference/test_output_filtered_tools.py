@@ -12,9 +12,27 @@ from safety.detectors import DenyList, Pii
 from safety.policy import Policy
 
 
-def _run(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event], list[bool]]:
+def _filtered(
+    policy: Policy, events: AsyncIterator[Event], monkeypatch
+) -> tuple[list[Event], list[bool]]:
+    """The events as the policy lets them out, and whether it stopped the request."""
     monkeypatch.setattr(content_policy, "_record", lambda *args: None)
     stopped: list[bool] = []
+
+    async def stop() -> None:
+        stopped.append(True)
+
+    async def collect() -> list[Event]:
+        filtered = output_filtered(
+            events, policy=policy, tenant_id=1, request_id="r", prompt_tokens=3, stop=stop
+        )
+        return [event async for event in filtered]
+
+    return asyncio.run(collect()), stopped
+
+
+def _run(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event], list[bool]]:
+    """A tool call's arguments, a piece per delta."""
 
     async def events() -> AsyncIterator[Event]:
         for i, piece in enumerate(pieces):
@@ -23,16 +41,7 @@ def _run(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event], l
             yield Delta(text="", tokens=1, tool_calls=[call])
         yield Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=len(pieces))
 
-    async def stop() -> None:
-        stopped.append(True)
-
-    async def collect() -> list[Event]:
-        filtered = output_filtered(
-            events(), policy=policy, tenant_id=1, request_id="r", prompt_tokens=3, stop=stop
-        )
-        return [event async for event in filtered]
-
-    return asyncio.run(collect()), stopped
+    return _filtered(policy, events(), monkeypatch)
 
 
 def _arguments(events: list[Event]) -> str:
@@ -77,8 +86,6 @@ def test_a_denied_term_in_a_long_call_stops_the_request_at_once(monkeypatch):
 
 def _thought(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event], list[bool]]:
     """A reasoning model's thinking, a piece per delta, then its answer."""
-    monkeypatch.setattr(content_policy, "_record", lambda *args: None)
-    stopped: list[bool] = []
 
     async def events() -> AsyncIterator[Event]:
         for piece in pieces:
@@ -86,16 +93,7 @@ def _thought(policy: Policy, pieces: list[str], monkeypatch) -> tuple[list[Event
         yield Delta(text="Done.", tokens=1)
         yield Finished(finish_reason="stop", prompt_tokens=3, completion_tokens=len(pieces) + 1)
 
-    async def stop() -> None:
-        stopped.append(True)
-
-    async def collect() -> list[Event]:
-        filtered = output_filtered(
-            events(), policy=policy, tenant_id=1, request_id="r", prompt_tokens=3, stop=stop
-        )
-        return [event async for event in filtered]
-
-    return asyncio.run(collect()), stopped
+    return _filtered(policy, events(), monkeypatch)
 
 
 def _thinking(events: list[Event]) -> str:
