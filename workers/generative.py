@@ -33,7 +33,7 @@ from workers.engine import AdapterRef, Engine, Step
 from workers.failures import Failure
 from workers.outbox import Outbox
 from workers.runner import Worker
-from workers.tooling import ChoiceTools, ToolCalling
+from workers.tooling import ChoiceParsing, OutputParsing
 
 # While a non-streaming request runs, its text goes out at most this often: nobody reads it
 # before the end, and a worker lost mid-way still bills about what it had produced.
@@ -76,12 +76,12 @@ class _Choice:
 
     produced: int = 0
     finish_reason: str | None = None
-    tools: ChoiceTools | None = None
+    parsing: ChoiceParsing | None = None
     opened: bool = False  # a delta of it went out
 
     def reason(self) -> str:
-        if self.tools is not None:
-            return self.tools.finish_reason(self.finish_reason)
+        if self.parsing is not None:
+            return self.parsing.finish_reason(self.finish_reason)
         return self.finish_reason or "stop"
 
 
@@ -93,7 +93,7 @@ class _Generation:
     outbox: Outbox
     started_at: float = field(default_factory=time.time)
     first_token_at: float | None = None
-    tools: ToolCalling | None = None
+    parsing: OutputParsing | None = None
     choices: list[_Choice] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # per prompt
     cached: list[int] = field(default_factory=list)  # per prompt
@@ -144,16 +144,16 @@ class _Generation:
             first_token_at=self.first_token_at,
         )
 
-    def use_tools(self, tools: ToolCalling) -> None:
-        """Parse each choice's output into tool calls (one parser per choice)."""
-        self.tools = tools
+    def use_parsing(self, parsing: OutputParsing) -> None:
+        """Parse each choice's output into tool calls and thinking (one parser per choice)."""
+        self.parsing = parsing
         for choice in self.choices:
-            choice.tools = tools.choice()
+            choice.parsing = parsing.choice()
 
     @property
     def sampling(self) -> Sampling:
-        """The job's sampling, as its tool parser adjusted it; for a run carried on, what is
-        left of it."""
+        """The job's sampling, as its parser adjusted it; for a run carried on, what is left
+        of it."""
         sampling = self.job.sampling
         done = self.job.resumed_tokens
         if done:
@@ -162,7 +162,7 @@ class _Generation:
                 max_tokens=max(sampling.max_tokens - done, 1),
                 min_tokens=max(sampling.min_tokens - done, 0),
             )
-        return sampling if self.tools is None else self.tools.sampling(sampling)
+        return sampling if self.parsing is None else self.parsing.sampling(sampling)
 
     def prompt_of(self, ids: list[int]) -> list[int]:
         """The engine's prompt: a run carried on continues after the tokens already produced."""
@@ -202,8 +202,8 @@ class _Generation:
     def _delta(self, index: int, choice: _Choice, step: Step) -> Delta | None:
         """The step as the client's delta; None when it carries nothing."""
         text, calls, reasoning = step.text, None, ""
-        if choice.tools is not None:
-            parsed = choice.tools.step(
+        if choice.parsing is not None:
+            parsed = choice.parsing.step(
                 step.text,
                 step.token_ids,
                 prompt_token_ids=self.job.prompt_token_ids,
@@ -258,7 +258,7 @@ class _Generation:
         """Every choice's thinking tokens (None: the request is not a reasoning model's)."""
         if self.job.reasoning is None:
             return None
-        return sum(c.tools.reasoning_tokens() for c in self.choices if c.tools is not None)
+        return sum(c.parsing.reasoning_tokens() for c in self.choices if c.parsing is not None)
 
     def end(self, failure: Failure | None) -> tuple[Event, UsageEvent]:
         """The request's terminal event and usage; a failure bills what it produced."""
@@ -321,7 +321,7 @@ class GenerativeWorker(Worker):
         failure = None
         try:
             if job.tools is not None or job.reasoning is not None:
-                run.use_tools(self._tool_calling(job))
+                run.use_parsing(self._parsing(job))
             await self._generate(run)
         except BaseException as exc:
             if self._handing_on(job, exc) and run.keeps_ids:
@@ -333,8 +333,8 @@ class GenerativeWorker(Worker):
             failure = self._failure(exc, job=job, engine="engine")
         self._ended(job, *run.end(failure), failure)
 
-    def _tool_calling(self, job: Job) -> ToolCalling:
-        return ToolCalling(
+    def _parsing(self, job: Job) -> OutputParsing:
+        return OutputParsing(
             job.tools,
             tokenizer=self.generator.tokenizer(),
             model_config=self.generator.model_config(),
@@ -370,7 +370,7 @@ class GenerativeWorker(Worker):
         adapter: AdapterRef | None,
     ) -> None:
         """Run one prompt's engine request; its steps go into the run."""
-        thinking = None if run.tools is None else run.tools.thinking(prompt_token_ids)
+        thinking = None if run.parsing is None else run.parsing.thinking(prompt_token_ids)
         async for step in self.generator.generate(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,

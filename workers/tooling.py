@@ -2,8 +2,9 @@
 
 Two things: log probabilities shaped like vLLM's chat server shapes them (the frontend cuts
 the alternatives to what its endpoint shows), and a chat request's output parsed into tool
-calls with vLLM's own parser classes, so a model answers tools here exactly as under
-`vllm serve --enable-auto-tool-choice --tool-call-parser <name>`.
+calls and a reasoning model's thinking with vLLM's own parser classes, so a model answers
+here exactly as under `vllm serve --enable-auto-tool-choice --tool-call-parser <name>
+--reasoning-parser <name>`.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Thinking:
     template_kwargs: dict[str, Any]
 
 
-class ToolCalling:
+class OutputParsing:
     """A chat job's output parsing: its tools, a reasoning model's thinking, or both. vLLM's
     request as its server would hold it, and its parser class.
 
@@ -254,8 +255,8 @@ class ToolCalling:
             structured=structured,
         )
 
-    def choice(self) -> ChoiceTools:
-        return ChoiceTools(self, self._parser())
+    def choice(self) -> ChoiceParsing:
+        return ChoiceParsing(self, self._parser())
 
     @property
     def named(self) -> bool:
@@ -277,10 +278,11 @@ class Parsed:
 
 
 @dataclass
-class ChoiceTools:
-    """One choice's tool parsing: streamed step by step, or the whole output at its end."""
+class ChoiceParsing:
+    """One choice's parsing (tool calls, thinking): streamed step by step, or the whole output at
+    its end."""
 
-    calling: ToolCalling
+    calling: OutputParsing
     parser: Any
     streamed_calls: bool = False
     auto_called: bool = False

@@ -728,7 +728,7 @@ def test_the_first_visible_piece_goes_at_once_when_a_parser_held_the_first_token
     outbox = _Flags()
     run = generative._Generation(job, outbox)  # type: ignore[arg-type]
     assert job.tools is not None
-    run.use_tools(generative.ToolCalling(job.tools, tokenizer=tokenizer, stream=True))
+    run.use_parsing(generative.OutputParsing(job.tools, tokenizer=tokenizer, stream=True))
     for piece in _pieces(CALL):
         run.step(_step(piece))
     urgent = [(bool(d.text or d.tool_calls), flag) for d, flag in outbox.sent]
