@@ -2,7 +2,9 @@
 
 The platform side is the session's `stack` (frontend, worker, ingester) and `world`; this file
 adds `vllm_server`, started from the deployment the platform's worker serves, so a setting
-changed there changes here too.
+changed there changes here too. vLLM's servers (and the reasoning model's worker) live as long
+as this package's tests: idle engines left running would take the cores the rest of the
+session's tests need.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def _vllm_started(
             popen.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_process(
     world: World, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Process, int]]:
@@ -128,7 +130,7 @@ def vllm_process(
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_server(vllm_process: tuple[Process, int]) -> VllmServer:
     """vLLM's own server, once its /health answers."""
     process, port = vllm_process
@@ -145,7 +147,7 @@ class Targets:
     vllm: httpx.Client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def targets(
     vllm_process: object, stack: Stack, vllm_server: VllmServer, world: World
 ) -> Iterator[Targets]:
@@ -195,7 +197,7 @@ def thinking_deployment(world: World, demo_model_dir: Path, django_db_blocker: A
         )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def thinking_targets(
     stack: Stack,
     world: World,
