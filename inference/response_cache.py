@@ -45,13 +45,14 @@ _stored_decoder = msgspec.msgpack.Decoder(Stored)
 def cacheable(job: Job) -> bool:
     """Return whether a job's answer depends on nothing but its input."""
     sampling = job.sampling
-    # The cache keeps text alone: answers with choices, logprobs, token ids or tool calls are
-    # not kept.
+    # The cache keeps text alone: answers with choices, logprobs, token ids, tool calls or a
+    # reasoning model's thinking are not kept.
     return (
         sampling.temperature == 0
         and not job.shadow
         and not job.input_lengths
         and job.tools is None
+        and job.reasoning is None
         and sampling.n == 1
         and sampling.logprobs is None
         and sampling.prompt_logprobs is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from dataplane.types import Job, Sampling
+from dataplane.types import Job, Reasoning, Sampling
 from inference.response_cache import cache_key, cacheable
 
 
@@ -29,6 +29,8 @@ def test_only_greedy_requests_of_real_clients_are_cacheable():
     assert not cacheable(_job(sampling=Sampling(max_tokens=16, temperature=0.7)))
     assert not cacheable(_job(shadow=True))
     assert not cacheable(_job(input_lengths=[3]))
+    # The cache keeps text alone: a reasoning model's thinking would be lost from a hit.
+    assert not cacheable(_job(reasoning=Reasoning(parser="qwen3")))
 
 
 def test_settings_greedy_decoding_ignores_share_a_key():
