@@ -172,6 +172,7 @@ async def output_filtered(
     call_screens: dict[tuple[int, int], Any] = {}
     # One per choice for a reasoning model's thinking, which the client reads too.
     thought_screens: dict[int, Any] = {}
+    thought_over: set[int] = set()  # choices whose answer began: their thinking has ended
     tokens = 0
     try:
         async for event in events:
@@ -181,10 +182,19 @@ async def output_filtered(
                 step = screen.feed(event.text)
                 calls, call_stop = _calls_screened(event, call_screens, policy)
                 thought, thought_stop = event.reasoning, False
+                thinking = thought_screens.get(event.index)
                 if thought:
                     thinking = thought_screens.setdefault(event.index, policy.output_filter())
                     screened = thinking.feed(thought)
                     thought, thought_stop = screened.text, screened.stop is not None
+                answering = bool(event.text or event.tool_calls)
+                if thinking is not None and answering and event.index not in thought_over:
+                    # The answer began, so the thinking is over: what its screen held back
+                    # goes out now, ahead of the answer, not after it at the end.
+                    thought_over.add(event.index)
+                    held = thinking.finish()
+                    thought += held.text
+                    thought_stop = thought_stop or held.stop is not None
                 if step.stop is not None or call_stop or thought_stop:
                     if step.text or calls or thought:
                         yield msgspec.structs.replace(
@@ -210,6 +220,8 @@ async def output_filtered(
                         yield Delta(text=step.text, tokens=0, index=index)
                     stopped = stopped or step.stop is not None
                 for index, screen in thought_screens.items():
+                    if index in thought_over:
+                        continue
                     step = screen.finish()
                     if step.text:
                         yield Delta(text="", tokens=0, index=index, reasoning=step.text)

@@ -113,3 +113,17 @@ def test_a_reasoning_models_thinking_is_screened_like_its_answer(monkeypatch):
     assert "bob.smith@example.com" not in _thinking(events)
     assert _thinking(events).endswith("then")
     assert "".join(e.text for e in events if isinstance(e, Delta)) == "Done."
+
+
+def test_thinking_held_for_checking_goes_out_before_the_answer(monkeypatch):
+    # The screen holds the thinking's last words back to read them whole; when the answer
+    # begins, the thinking is over, and they go out ahead of it.
+    policy = Policy(detectors=(Pii(["email"]),), pii_action="redact")
+    events, stopped = _thought(policy, ["I will write to bob.smi", "th@example.com"], monkeypatch)
+    assert not stopped
+    deltas = [e for e in events if isinstance(e, Delta)]
+    first_answer = next(i for i, d in enumerate(deltas) if d.text)
+    before = "".join(d.reasoning for d in deltas[: first_answer + 1])
+    assert before == _thinking(events) and before.startswith("I will write to ")
+    assert "bob.smith@example.com" not in before
+    assert all(not d.reasoning for d in deltas[first_answer + 1 :])
