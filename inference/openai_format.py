@@ -389,7 +389,7 @@ class Formatter:
         text = delta.text
         if not self.chat and self.shape.echo and not choice.started:
             text = "".join(choice.text) + text  # the echoed prompt opens the choice
-        ids = delta.token_ids if self.shape.token_ids and not self.shape.thinking_hidden else None
+        ids = delta.token_ids if self.shape.token_ids else None  # the worker drops hidden ones
         thought = delta.reasoning
         if not (
             text

@@ -298,14 +298,7 @@ class VllmEngine:
                 outputs = self._beam_search(prompt, sampling, request_id, lora, clock)
             else:
                 params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
-                extra = {}
-                if thinking is not None:
-                    extra = {
-                        "reasoning_ended": thinking.ended,
-                        "reasoning_parser_kwargs": {
-                            "chat_template_kwargs": thinking.template_kwargs
-                        },
-                    }
+                extra = {} if thinking is None else thinking.generate_kwargs()
                 outputs = self._llm.generate(prompt, params, request_id, lora_request=lora, **extra)
             async for output in outputs:
                 for step in steps.of(output):

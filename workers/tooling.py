@@ -174,6 +174,13 @@ class Thinking:
     ended: bool | None
     template_kwargs: dict[str, Any]
 
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The arguments vLLM's `AsyncLLM.generate` takes for it."""
+        return {
+            "reasoning_ended": self.ended,
+            "reasoning_parser_kwargs": {"chat_template_kwargs": self.template_kwargs},
+        }
+
 
 class OutputParsing:
     """A chat job's output parsing: its tools, a reasoning model's thinking, or both. vLLM's
@@ -215,6 +222,7 @@ class OutputParsing:
         if reasoning is not None:
             body["include_reasoning"] = reasoning.include
         self.request = ChatCompletionRequest.model_validate(body)
+        self._shaper: Any = None  # the parser that shaped the request (kept for thinking())
         self._adjust()
 
     def _adjust(self) -> None:
@@ -226,7 +234,8 @@ class OutputParsing:
         """
         if self.request.tool_choice == "none" and self.reasoning is None:
             return
-        self.request = self._parser().adjust_request(self.request)
+        self._shaper = self._parser()
+        self.request = self._shaper.adjust_request(self.request)
 
     def _parser(self) -> Any:
         kwargs = {"chat_template_kwargs": self.template_kwargs} if self.reasoning else {}
@@ -240,7 +249,7 @@ class OutputParsing:
         if self.reasoning is None:
             return None
         resolve = getattr(self.request, "resolve_reasoning_ended", None)  # absent in vLLM 0.26
-        ended = None if resolve is None else resolve(self._parser(), prompt_token_ids)
+        ended = None if resolve is None else resolve(self._shaper, prompt_token_ids)
         return Thinking(ended=ended, template_kwargs=self.template_kwargs)
 
     def sampling(self, sampling: Sampling) -> Sampling:
