@@ -313,6 +313,7 @@ async def _run_target(target: str, url: str, nodes: list[NodeRef], args: Any) ->
     client: Any
     if target == "cluster":
         client = aredis.RedisCluster.from_url(url, max_connections=1024)
+        await client.initialize()  # the slot map first, or the first lanes go anywhere
     else:
         client = aredis.Redis.from_url(url, max_connections=1024)
     try:

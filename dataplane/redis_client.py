@@ -73,6 +73,23 @@ async def _send_on_a_live_transport(self: AbstractConnection, command: Any) -> N
 AbstractConnection._send_packed_command = _send_on_a_live_transport  # type: ignore[method-assign]
 
 
+class _Cluster(aredis.RedisCluster):
+    """redis-py's asyncio cluster client, which reads the slot map before its first command.
+
+    redis-py routes a command before it first reads the cluster's slot map: with no node known
+    yet, a keyed command is routed as a keyless one, to any primary. A new client's first burst
+    (a frontend started under load, 200 admissions at once) went mostly to primaries that do
+    not serve its keys; each answered MOVED, and each MOVED made the client read the map again
+    and mark every connection for a reconnect, under commands still in flight on them, which
+    then failed with "Connection closed by server". Pipelines already read the map first.
+    """
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
 def redis_client_new() -> aredis.Redis:
     """Return a new asyncio client of the data plane's Valkey, bound to the running loop.
 
@@ -93,7 +110,7 @@ def redis_client_new() -> aredis.Redis:
     if settings.REDIS_CLUSTER:
         return cast(
             aredis.Redis,
-            aredis.RedisCluster.from_url(
+            _Cluster.from_url(
                 settings.REDIS_URL, max_connections=4096, require_full_coverage=True, **options
             ),
         )

@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, cast
 
 import msgspec
@@ -29,24 +28,11 @@ from dataplane.quotas import Limits, Quotas, Usage, month_of
 from dataplane.reaper import Reaper
 from dataplane.snapshots import QueueSnapshot
 from dataplane.types import Failed, Finished, Started, Status, usage_for
-from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop, primary_of
+from embedded.valkey_cluster import Cluster, primary_of
 from inference import idempotency
 from inference.idempotency import Idempotency, Original, record_key
-from tests import services_plugin
 from tests.dataplane.roles import roles
 from tests.jobs import job_new
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if services_plugin.cluster is not None:  # the whole session runs on one
-        yield services_plugin.cluster
-        return
-    started = cluster_start(Path(tmp_path_factory.mktemp("cluster")), fast=True)
-    try:
-        yield started
-    finally:
-        cluster_stop(started.root)
 
 
 @pytest.fixture
