@@ -355,6 +355,10 @@ class Finished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True):
     # Of the completion tokens, those a reasoning model spent thinking (every choice's);
     # None: the version has no reasoning parser.
     reasoning_tokens: int | None = None
+    # The stop string that ended choice 0, if one did (Anthropic's `stop_sequence`).
+    stop_sequence: str | None = None
+    # Prompt tokens the engine computed and wrote to its prefix cache for this request.
+    cache_created_tokens: int = 0
 
     def reasons(self) -> list[str]:
         """The finish reason of every choice, in index order."""

@@ -34,12 +34,11 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
-from django.http import HttpResponse
 from django.urls import URLResolver, get_resolver, set_script_prefix
 
 from inference.admission import body_bytes_count, request_count
-from inference.auth import key_check, scope_check
-from inference.errors import ApiError, should_retry
+from inference.auth import credentials, key_check, scope_check
+from inference.errors import ApiError, anthropic_shaped, should_retry
 from inference.metrics import loop_lag_watch
 from tenants.models import Scope
 
@@ -284,7 +283,9 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
         # The key is in a header: an anonymous upload costs a lookup, not its body.
         try:
             # The view takes the checked key from here rather than checking it again.
-            principal = await key_check(_header(scope, b"authorization"))
+            principal = await key_check(
+                credentials(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
+            )
         except ApiError as exc:
             return exc
         except Exception:
@@ -376,10 +377,10 @@ class ApiHandler(ASGIHandler):
         except RequestAborted:
             return
         except _TooLarge:
-            await self._refuse(_too_large(scope["path"]), send)
+            await self._refuse(_too_large(scope["path"]), send, scope["path"])
             return
         except ApiError as error:
-            await self._refuse(error, send)
+            await self._refuse(error, send, scope["path"])
             return
         set_script_prefix(get_script_prefix(scope))
         await signals.request_started.asend(sender=self.__class__, scope=scope)
@@ -452,9 +453,9 @@ class ApiHandler(ASGIHandler):
         body_file.seek(0)
         return body_file
 
-    async def _refuse(self, error: ApiError, send: Any) -> None:
+    async def _refuse(self, error: ApiError, send: Any, path: str) -> None:
         """Answer a request whose body is left unread, and close its connection."""
-        response: HttpResponse = error.response()
+        response = anthropic_shaped(error.response(), path)
         # The rest of the body is never read: the connection cannot carry another request.
         response["Connection"] = "close"
         response["x-request-id"] = uuid.uuid4().hex

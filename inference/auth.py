@@ -99,6 +99,14 @@ _keys: RefreshingCache[str, _Cached | None] = RefreshingCache(
 )
 
 
+def credentials(authorization: str | None, api_key: str | None) -> str | None:
+    """A request's key as an Authorization header: its own, or an `x-api-key` header's key
+    (how Anthropic's SDKs send it) as a bearer token."""
+    if authorization or api_key is None:
+        return authorization
+    return f"Bearer {api_key}"
+
+
 async def authenticate(authorization: str | None, *, scope: str) -> Principal:
     """Return the principal of a bearer token or raise a 401/403 ApiError."""
     return scope_check(await key_check(authorization), scope=scope)
@@ -117,7 +125,8 @@ async def key_check(authorization: str | None) -> Principal:
         raise ApiError(
             401,
             "missing_api_key",
-            "You didn't provide an API key. Send it as 'Authorization: Bearer rh-...'.",
+            "You didn't provide an API key. Send it as 'Authorization: Bearer rh-...' "
+            "(or as 'x-api-key: rh-...').",
         )
     kind, _, token = authorization.partition(" ")
     token = token.strip()

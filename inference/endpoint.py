@@ -18,9 +18,9 @@ from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
 from inference.admission import ratelimit_headers, request_count, request_id_new
 from inference.asgi import CHECKED_PRINCIPAL, COUNTED, COUNTS_REQUESTS, TURN_OVER
-from inference.auth import Principal, authenticate, scope_check
+from inference.auth import Principal, authenticate, credentials, scope_check
 from inference.clients import quotas_get
-from inference.errors import ApiError
+from inference.errors import ApiError, anthropic_shaped
 from inference.metrics import RequestClock, requests_total
 from inference.params import body_parse
 
@@ -91,6 +91,7 @@ def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routa
                 response["x-request-id"] = request_id
             response["traceparent"] = trace.traceparent
             requests_total.labels(endpoint=view.__name__, code=str(response.status_code)).inc()
+            response = anthropic_shaped(response, request.path)
             if not isinstance(response, StreamingHttpResponse):
                 if clock.dispatched:
                     clock.lap("relay")
@@ -193,7 +194,10 @@ async def request_principal(request: HttpRequest, scope: str) -> Principal:
     if checked is not None:
         principal = scope_check(checked, scope=scope)  # its key was checked before its body
     else:
-        principal = await authenticate(request.headers.get("Authorization"), scope=scope)
+        principal = await authenticate(
+            credentials(request.headers.get("Authorization"), request.headers.get("x-api-key")),
+            scope=scope,
+        )
     request.META[_PRINCIPAL] = principal
     if request.META.get(_COUNTED) and not scope_of.get(COUNTED):
         await request_count(principal=principal)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBase
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -19,6 +20,19 @@ ERROR_TYPES = {
     500: "server_error",
     503: "service_unavailable_error",
     504: "timeout_error",
+}
+
+# The Anthropic Messages API (inference.messages) answers its errors in Anthropic's shape: the
+# error's type by the status, as Anthropic's SDKs read it.
+ANTHROPIC_PATH = "/v1/messages"
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
 }
 
 # Whether sending the same request again can succeed, per error code: every HTTP error carries
@@ -159,3 +173,34 @@ class ApiError(Exception):
 def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """Return a 400 naming the field at fault."""
     return ApiError(400, code, message, param=param)
+
+
+def anthropic_error_body(status: int, error: dict[str, Any]) -> dict[str, Any]:
+    """An error's fields in Anthropic's body: `type` by the status, the platform's `code` and
+    `param` kept beside the message (a client of Anthropic's API reads what it knows)."""
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    return {
+        "type": "error",
+        "error": {
+            "type": ANTHROPIC_TYPES.get(status, default),
+            "message": error.get("message", ""),
+            "code": error.get("code"),
+            "param": error.get("param"),
+        },
+    }
+
+
+def anthropic_shaped(response: HttpResponseBase, path: str) -> HttpResponseBase:
+    """The response, its error body in Anthropic's shape when `path` is the Messages API's."""
+    if not path.startswith(ANTHROPIC_PATH) or response.status_code < 400:
+        return response
+    if not isinstance(response, HttpResponse) or response.get("Content-Type") != "application/json":
+        return response
+    try:
+        error = json.loads(response.content)["error"]
+    except (ValueError, KeyError, TypeError):
+        return response
+    if not isinstance(error, dict):
+        return response
+    response.content = json.dumps(anthropic_error_body(response.status_code, error)).encode()
+    return response

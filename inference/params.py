@@ -223,7 +223,9 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
         add_special_tokens=read("add_special_tokens"),
         chat_template_kwargs=(
-            _with_effort(read("chat_template_kwargs"), read("reasoning_effort")) if chat else None
+            template_kwargs_with_effort(read("chat_template_kwargs"), read("reasoning_effort"))
+            if chat
+            else None
         ),
         documents=_tuple_or_none(read("documents")) if chat else None,
         tokens_as_ids=read("return_tokens_as_token_ids"),
@@ -274,7 +276,9 @@ def _budget(value: int | None) -> int | None:
     return None if value == -1 else value
 
 
-def _with_effort(kwargs: dict[str, Any] | None, effort: str | None) -> dict[str, Any] | None:
+def template_kwargs_with_effort(
+    kwargs: dict[str, Any] | None, effort: str | None
+) -> dict[str, Any] | None:
     """The chat template's variables with a reasoning effort, as vLLM's server merges them:
     the effort wins over a `reasoning_effort` in the kwargs, and sets `enable_thinking` (off
     for "none") only where the kwargs leave it out."""

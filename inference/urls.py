@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from inference import responses_views, views
+from inference import messages_views, responses_views, views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions),
@@ -15,6 +15,8 @@ urlpatterns = [
     path("embeddings", views.embeddings),
     path("models", views.models_list),
     path("openapi.json", views.openapi),
+    path("messages", messages_views.messages_create),
+    path("messages/count_tokens", messages_views.messages_count_tokens),
     path("responses", responses_views.responses_create),
     path("responses/<str:response_id>", responses_views.response_detail),
     path("responses/<str:response_id>/input_items", responses_views.response_input_items),

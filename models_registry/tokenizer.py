@@ -98,6 +98,13 @@ class Tokenizer:
         """Encode many encoder inputs at once (the tokenizer parallelises the batch)."""
         return [list(e.ids) for e in self._fast.encode_batch(texts, add_special_tokens=True)]
 
+    def chat_template(self, *, tools: bool = False) -> str | None:
+        """The chat template's text a conversation is written with (with tools, or without:
+        a tokenizer may keep a template of each); None when the version has none."""
+        if not getattr(self._hf, "chat_template", None):
+            return None
+        return str(self._hf.get_chat_template(None, tools=[] if tools else None))
+
     def encode_chat(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -46,6 +46,10 @@ class Step:
     cached_tokens: int = 0
     index: int = 0
     token_ids: tuple[int, ...] = ()
+    # The stop string that ended the completion (vLLM's stop_reason when it is a string).
+    stop_string: str | None = None
+    # Prompt tokens this request computed and wrote to the prefix cache (vLLM's count).
+    cache_created_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
@@ -577,12 +581,19 @@ class _Steps:
                     prompt_ids, output.prompt_logprobs, self.tokenizer, as_ids=self.as_ids
                 )
         return [
-            self._step(completion, len(prompt_ids), output.num_cached_tokens or 0)
+            self._step(
+                completion,
+                len(prompt_ids),
+                output.num_cached_tokens or 0,
+                getattr(output, "num_cache_creation_tokens", None) or 0,
+            )
             for completion in output.outputs
             if completion.index not in self.finished
         ]
 
-    def _step(self, completion: Any, prompt_tokens: int, cached_tokens: int) -> Step:
+    def _step(
+        self, completion: Any, prompt_tokens: int, cached_tokens: int, created_tokens: int
+    ) -> Step:
         if completion.finish_reason == "error":
             raise EngineError("the engine failed while generating the request")
         if completion.finish_reason is not None:
@@ -603,6 +614,8 @@ class _Steps:
             cached_tokens=cached_tokens,
             index=completion.index,
             token_ids=token_ids,
+            stop_string=completion.stop_reason if isinstance(completion.stop_reason, str) else None,
+            cache_created_tokens=created_tokens,
             logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if first else None,
             prompt_ranked=self.prompt_ranked if first else None,

@@ -76,6 +76,7 @@ class _Choice:
 
     produced: int = 0
     finish_reason: str | None = None
+    stop_string: str | None = None  # the stop string that ended it
     parsing: ChoiceParsing | None = None
     opened: bool = False  # a delta of it went out
 
@@ -97,6 +98,7 @@ class _Generation:
     choices: list[_Choice] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # per prompt
     cached: list[int] = field(default_factory=list)  # per prompt
+    created: list[int] = field(default_factory=list)  # per prompt: written to the prefix cache
     held: _Holdback | None = None
     shown: bool = False  # some output the client can see went out
     # The tokens produced so far, kept only for a run that can be handed on (handable).
@@ -106,6 +108,7 @@ class _Generation:
     def __post_init__(self) -> None:
         self.prompt_tokens = [len(ids) for ids in self.job.inputs()]
         self.cached = [0] * len(self.prompt_tokens)
+        self.created = [0] * len(self.prompt_tokens)
         self.choices = [_Choice() for _ in range(self.job.choices)]
         self.held = None if self.job.stream else _Holdback()
         self.keeps_ids = self.handable
@@ -185,12 +188,14 @@ class _Generation:
                 self.token_ids.extend(step.token_ids)
         if step.finish_reason:
             choice.finish_reason = step.finish_reason
+            choice.stop_string = step.stop_string
         # A run carried on fed its earlier tokens back as prompt: they are billed as output.
         resumed = self.job.resumed_tokens
         self.prompt_tokens[prompt] = step.prompt_tokens - resumed
         self.cached[prompt] = min(
             max(self.cached[prompt], step.cached_tokens), self.prompt_tokens[prompt]
         )
+        self.created[prompt] = max(self.created[prompt], step.cache_created_tokens)
         delta = self._delta(index, choice, step)
         if delta is not None:
             # The first output a client can see goes at once too: a tool parser holds back
@@ -273,6 +278,8 @@ class _Generation:
                 cached_tokens=cached,
                 finish_reasons=reasons if len(reasons) > 1 else [],
                 reasoning_tokens=self._reasoning_tokens(),
+                stop_sequence=self.choices[0].stop_string,
+                cache_created_tokens=min(sum(self.created), prompt_tokens - cached),
             )
         else:
             terminal = failure.failed(prompt_tokens=prompt_tokens, completion_tokens=self.produced)

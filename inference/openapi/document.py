@@ -14,6 +14,8 @@ import msgspec
 
 from inference.admission import CIRCUIT_OPEN, FALLBACK_REASONS
 from inference.openapi import bodies, objects
+from inference.openapi.messages import SCHEMAS as MESSAGES_SCHEMAS
+from inference.openapi.messages import messages_paths
 from inference.openapi.parts import parts
 from inference.openapi.paths import model_paths, operation_paths, request_paths, responses
 from inference.openapi.responses import SCHEMAS as RESPONSES_SCHEMAS
@@ -41,12 +43,14 @@ def openapi_document() -> Schema:
             "version": "1",
             "description": "OpenAI-compatible inference, files and batches, and vLLM's "
             "operational endpoints at its paths (/health, /version, /tokenize, /detokenize). "
-            "Authenticate with an API key: `Authorization: Bearer rh-...`.",
+            "Authenticate with an API key: `Authorization: Bearer rh-...` (or `x-api-key: "
+            "rh-...`, as Anthropic's SDKs send it).",
         },
         "security": [{"bearerAuth": []}],
         "paths": _merged(
             model_paths(),
             responses_paths(),
+            messages_paths(),
             *(part.paths() for part in parts()),
             request_paths(),
             operation_paths(),
@@ -113,6 +117,7 @@ def openapi_document() -> Schema:
                     "Model": objects.MODEL,
                 },
                 RESPONSES_SCHEMAS,
+                MESSAGES_SCHEMAS,
                 *(part.schemas for part in parts()),
                 {
                     "RequestStatus": objects.REQUEST_STATUS,

@@ -33,6 +33,8 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/input_items",
         "/v1/responses/{response_id}/cancel",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/files",
         "/v1/files/{file_id}",
         "/v1/files/{file_id}/content",
@@ -50,9 +52,9 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
     schemas = document["components"]["schemas"]
     names = list(schemas)
     batches = ["File", "FileUpload", "Batch", "BatchRequest", "RequestStatus"]
-    # The batches' part sits right after the models' and the Responses API's schemas and
-    # before the operational ones.
-    start = names.index("ResponseInputItems") + 1
+    # The batches' part sits right after the models', the Responses API's and the Messages
+    # API's schemas and before the operational ones.
+    start = names.index("CountedTokens") + 1
     assert names[start : start + len(batches)] == batches
     assert schemas["BatchRequest"]["properties"]["endpoint"]["enum"] == list(ENDPOINTS)
     # Every reference resolves: the part's to the API's (Error, the error responses) and back.

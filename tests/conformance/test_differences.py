@@ -278,3 +278,64 @@ def test_a_beam_searchs_cached_tokens_are_zero(targets: Any) -> None:
     assert ours.status_code == theirs.status_code == 200
     assert theirs.json()["usage"].get("prompt_tokens_details") is None
     assert ours.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+# --- Anthropic's Messages API (/v1/messages) ---
+
+MESSAGES_PATH = "/v1/messages"
+MESSAGE = {"model": ALIAS, "messages": HELLO, "temperature": 0, "max_tokens": 4}
+
+
+def _both_messages(
+    targets: Any, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[httpx.Response, httpx.Response]:
+    return (
+        targets.platform.post(MESSAGES_PATH, json=body, headers=headers),
+        targets.vllm.post(MESSAGES_PATH, json=body, headers=headers),
+    )
+
+
+def test_a_messages_id_is_the_request_id(targets: Any) -> None:
+    ours, theirs = _both_messages(targets, MESSAGE)
+    assert ours.json()["id"] == f"msg_{ours.headers['x-request-id']}"
+    assert theirs.json()["id"].startswith("chatcmpl-")
+
+
+def test_every_messages_refusal_is_in_anthropics_shape(targets: Any) -> None:
+    ours, theirs = _both_messages(targets, {**MESSAGE, "max_tokens": 0})
+    assert ours.status_code == theirs.status_code == 400
+    # vLLM's server answers a body its request model refuses in OpenAI's shape.
+    assert "type" not in theirs.json() and theirs.json()["error"]["code"] == 400
+    assert ours.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": ours.json()["error"]["message"],
+            "code": "invalid_value",
+            "param": "max_tokens",
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"thinking": {"type": "adaptive", "display": "omitted"}},
+        {"system": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]},
+        {"container": "c"},
+    ],
+    ids=["thinking-display-omitted", "non-text-system-block", "unknown-field"],
+)
+def test_a_messages_field_that_would_be_dropped_is_refused(
+    targets: Any, fields: dict[str, Any]
+) -> None:
+    ours, theirs = _both_messages(targets, {**MESSAGE, **fields})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["code"] in ("unsupported_parameter", "invalid_value")
+
+
+def test_an_idempotency_key_on_messages_is_refused(targets: Any) -> None:
+    ours, theirs = _both_messages(targets, MESSAGE, headers={"Idempotency-Key": "k-1"})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400 and ours.json()["error"]["param"] == "Idempotency-Key"

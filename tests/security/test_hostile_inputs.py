@@ -153,6 +153,51 @@ BODIES: dict[str, tuple[Any, list[str]]] = {
             "",
         ],
     ),
+    "/v1/messages": (
+        lambda: {
+            "model": ALIAS,
+            "max_tokens": 4,
+            "system": [
+                {"type": "text", "text": "Be terse.", "cache_control": {"type": "ephemeral"}}
+            ],
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "w", "input": {"c": "P"}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}],
+                },
+            ],
+            "tools": [{"name": "w", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto"},
+            "stop_sequences": ["END"],
+            "metadata": {"user_id": "u"},
+        },
+        [
+            "system",
+            "system.0",
+            "system.0.text",
+            "messages",
+            "messages.1.content",
+            "messages.1.content.0",
+            "messages.1.content.0.input",
+            "messages.2.content.0.content",
+            "messages.2.content.0.tool_use_id",
+            "tools",
+            "tools.0.input_schema",
+            "tool_choice",
+            "tool_choice.type",
+            "stop_sequences",
+            "metadata",
+            "thinking",
+            "output_config",
+            "max_tokens",
+            "",
+        ],
+    ),
     "/v1/completions": (
         _completion,
         ["model", "prompt", "max_tokens", "stop", "user", "echo", "best_of", "suffix", ""],

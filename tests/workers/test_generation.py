@@ -305,18 +305,23 @@ def test_structured_switches_go_along():
 # --- engine outputs to steps ---
 
 
-def _completion(index: int, text: str, ids: list[int], reason: str | None = None, lps=None):
+def _completion(
+    index: int, text: str, ids: list[int], reason: str | None = None, lps=None, stop=None
+):
     return SimpleNamespace(
-        index=index, text=text, token_ids=ids, finish_reason=reason, logprobs=lps
+        index=index, text=text, token_ids=ids, finish_reason=reason, logprobs=lps, stop_reason=stop
     )
 
 
-def _output(*completions: Any, prompt_logprobs: Any = None, cached: int = 0) -> Any:
+def _output(
+    *completions: Any, prompt_logprobs: Any = None, cached: int = 0, created: int = 0
+) -> Any:
     return SimpleNamespace(
         outputs=list(completions),
         prompt_token_ids=[5, 6],
         prompt_logprobs=prompt_logprobs,
         num_cached_tokens=cached,
+        num_cache_creation_tokens=created,
     )
 
 
@@ -333,6 +338,15 @@ def test_every_completion_of_an_engine_output_is_a_step_of_its_own(tokenizer):
     # vLLM repeats no finished completion; were it to, the step would count its tokens twice.
     again = steps.of(_output(_completion(1, "", []), _completion(0, "", [])))
     assert [s.index for s in again] == [0]
+
+
+def test_a_step_says_which_stop_string_ended_it_and_what_it_wrote_to_the_cache(tokenizer):
+    steps = _Steps([5, 6], tokenizer)
+    (by_string,) = steps.of(_output(_completion(0, "a", [7], "stop", stop="Done"), created=16))
+    assert by_string.stop_string == "Done" and by_string.cache_created_tokens == 16
+    # A stop token's id, or the end of sequence (None), is not a stop string.
+    (by_token,) = _Steps([5], tokenizer).of(_output(_completion(0, "a", [7], "stop", stop=2)))
+    assert by_token.stop_string is None and by_token.cache_created_tokens == 0
 
 
 def test_an_engine_error_fails_the_request(tokenizer):

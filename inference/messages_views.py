@@ -1,0 +1,243 @@
+"""`/v1/messages` (whole or streamed) and `/v1/messages/count_tokens`: Anthropic's Messages API.
+
+The request runs on the chat path (inference.messages); its errors are in Anthropic's shape
+(inference.errors.anthropic_shaped), and a key may come as `x-api-key` (inference.auth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from dataplane.types import Delta, Event, Failed, Finished
+from inference import relay
+from inference.admission import VERSION_HEADER, request_ended, request_failure
+from inference.auth import Principal
+from inference.clients import dispatch_get, routing_get
+from inference.endpoint import (
+    api_endpoint,
+    client_timeout,
+    internal_error,
+    json_response,
+    request_clock,
+    request_json,
+    request_principal,
+    request_trace,
+)
+from inference.errors import ApiError, anthropic_error_body
+from inference.messages import EFFORTS, MESSAGES, MessageBuilder, messages_chat, needs_of, sse
+from inference.metrics import RequestClock
+from inference.params import GenerationRequest, template_kwargs_with_effort
+from inference.results import events_close
+from inference.submission import generation_submit
+from inference.tokenization import Tokenizer, prompts_read, tokenizer_for
+from tenants.models import Scope
+
+log = logging.getLogger(__name__)
+
+# Per model version (its digest): what converting a Messages request needs of its template.
+_merges_inline_system: dict[str, bool] = {}
+_thinking_off_effort: dict[str, str] = {}
+
+
+def _rejects_inline_system(template: str | None) -> bool:
+    """Whether a chat template refuses a system message after the first (Qwen's templates
+    raise unless the system message leads). Probed as vLLM's Messages server probes it: a
+    system, user, system, user conversation rendered in a bare sandbox, so both merge the
+    inline system messages for the same templates."""
+    if not template:
+        return True
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    turns = [{"role": role, "content": "t"} for role in ("system", "user", "system", "user")]
+    try:
+        environment.from_string(template).render(messages=turns, add_generation_prompt=False)
+    except jinja2.TemplateError:
+        return True
+    return False
+
+
+def _effort_rendered(tokenizer: Tokenizer, effort: str) -> str | None:
+    try:
+        return tokenizer.render_chat(
+            [{"role": "user", "content": "Hi"}],
+            template_kwargs=template_kwargs_with_effort(None, effort),
+        )
+    except ApiError:
+        return None
+
+
+def _effort_that_turns_thinking_off(tokenizer: Tokenizer) -> str:
+    """The reasoning effort `thinking: {"type": "disabled"}` sends: "none", unless the template
+    refuses it or writes it as one of the real efforts (one that reads an unknown effort as
+    its highest); then "low". As vLLM's Messages server chooses it."""
+    off = _effort_rendered(tokenizer, "none")
+    if off is None or any(_effort_rendered(tokenizer, e) == off for e in EFFORTS):
+        return "low"
+    return "none"
+
+
+async def _chat_request(
+    body: dict[str, Any], principal: Principal, *, count: bool
+) -> GenerationRequest:
+    """The body's chat request; a body whose conversion depends on the template (a system
+    message inside `messages`, thinking turned off) is converted for the version it routes to."""
+    tenant = principal.tenant_id
+    chat = messages_chat(body, count=count, tenant_id=tenant)  # checked before any lookup
+    needs = needs_of(body)
+    if not (needs.inline_system or needs.thinking_disabled):
+        return chat
+    routing = await routing_get(chat.model)
+    route = routing.pick(tenant_id=tenant, user=chat.user)
+    digest = route.version_digest
+    tokenizer = tokenizer_for(digest=digest, directory=route.artifact_dir)
+    merge, effort = False, "none"
+    if needs.inline_system:
+        if digest not in _merges_inline_system:
+            _merges_inline_system[digest] = any(
+                _rejects_inline_system(tokenizer.chat_template(tools=tools))
+                for tools in (False, True)
+            )
+        merge = _merges_inline_system[digest]
+    if needs.thinking_disabled:
+        if digest not in _thinking_off_effort:
+            _thinking_off_effort[digest] = _effort_that_turns_thinking_off(tokenizer)
+        effort = _thinking_off_effort[digest]
+    return messages_chat(
+        body, count=count, merge_inline_system=merge, disabled_effort=effort, tenant_id=tenant
+    )
+
+
+@api_endpoint("POST", counted=True)
+async def messages_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
+    principal = await request_principal(request, Scope.INFERENCE)
+    body = await request_json(request)
+    if request.headers.get("Idempotency-Key") is not None:
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            "Idempotency-Key is not supported on /v1/messages; use /v1/chat/completions.",
+            param="Idempotency-Key",
+        )
+    chat = await _chat_request(body, principal, count=False)
+    clock = request_clock(request)
+    submitted = await generation_submit(
+        principal=principal,
+        request=chat,
+        request_id=request_id,
+        timeout=client_timeout(request, chat.timeout),
+        priority=chat.priority,
+        clock=clock,
+        trace=request_trace(request),
+        request_taken=True,
+        endpoint=MESSAGES,
+    )
+    builder = MessageBuilder(
+        message_id=f"msg_{request_id}",
+        model=submitted.route.served_name,
+        prompt_tokens=sum(len(ids) for ids in submitted.job.inputs()),
+    )
+    events = relay.events(dispatch_get(), submitted)
+    on_end = functools.partial(request_ended, submitted)
+    response: HttpResponseBase
+    if chat.stream:
+        response = StreamingHttpResponse(
+            _streamed(events, builder, clock, on_end), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        response = json_response(await _whole(events, builder, on_end))
+        clock.skip()
+    for name, value in submitted.headers().items():
+        response[name] = value
+    return response
+
+
+OnEnd = Callable[[Finished | Failed], None]
+
+
+async def _whole(events: AsyncIterator[Event], builder: MessageBuilder, on_end: OnEnd) -> Any:
+    """The message once the request has ended; a failed one raises its error."""
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                builder.delta(event)
+            elif isinstance(event, Finished | Failed):
+                on_end(event)
+                if isinstance(event, Failed):
+                    raise request_failure(event)
+                return builder.body(event)
+    finally:
+        await events_close(events)
+    raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
+
+
+def _error_event(error: ApiError) -> bytes:
+    body = anthropic_error_body(error.status, error.body()["error"])  # type: ignore[arg-type]
+    return sse(body)
+
+
+async def _streamed(
+    events: AsyncIterator[Event], builder: MessageBuilder, clock: RequestClock, on_end: OnEnd
+) -> AsyncIterator[bytes]:
+    """The message's events; whatever breaks, the client gets one terminal event (the
+    message's end, or an `error` event)."""
+    ended = False
+    try:
+        for opening in builder.start():
+            yield sse(opening)
+        async for event in events:
+            if isinstance(event, Delta):
+                for piece in builder.delta(event):
+                    yield sse(piece)
+            elif isinstance(event, Finished | Failed):
+                clock.skip()  # the worker timed everything up to its terminal event
+                on_end(event)
+                ended = True
+                if isinstance(event, Failed):
+                    yield _error_event(request_failure(event))
+                else:
+                    for piece in builder.end(event):
+                        yield sse(piece)
+                break
+        clock.lap("relay")
+        if not ended:
+            raise ApiError(503, "stream_ended", "The reply stream ended without a result.")
+    except (asyncio.CancelledError, GeneratorExit):
+        raise  # the client is gone: nobody is left to tell
+    except BaseException as exc:
+        log.error("the stream of %s failed", builder.message_id, exc_info=True)
+        if not ended:
+            yield _error_event(exc if isinstance(exc, ApiError) else internal_error())
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        await events_close(events)
+        clock.finish()
+
+
+@api_endpoint("POST", counted=True)
+async def messages_count_tokens(request: HttpRequest, request_id: str) -> HttpResponse:
+    """The input tokens a Messages request would take: its conversation, system prompt and
+    tools as the routed version's template writes them."""
+    principal = await request_principal(request, Scope.INFERENCE)
+    chat = await _chat_request(await request_json(request), principal, count=True)
+    routing = await routing_get(chat.model)
+    route = routing.pick(tenant_id=principal.tenant_id, user=chat.user)
+    ids, _ = await asyncio.to_thread(prompts_read, chat, route)
+    count = sum(len(prompt) for prompt in ids)
+    response = json_response(
+        {"input_tokens": count, "context_management": {"original_input_tokens": count}}
+    )
+    response[VERSION_HEADER] = route.version
+    return response

@@ -1,0 +1,239 @@
+"""Anthropic's Messages API through the official anthropic SDK, on the real stack.
+
+A message whole and streamed, a stop sequence, a tool round trip in the history, streamed
+tool_use blocks, count_tokens, exact usage records, errors in Anthropic's shape (the SDK's own
+exception classes), the key as `x-api-key` or as a bearer token, and a refusal of what is not
+built. The demo model's weights are random: the tests check shapes, counts and what the
+request asked for, not what the model says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import anthropic
+import httpx
+import pytest
+
+from tests.conftest import ALIAS
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture
+def sdk(stack, world):
+    return anthropic.Anthropic(base_url=stack.base_url, api_key=world.acme_key, max_retries=0)
+
+
+GREEDY = {"temperature": 0}  # the SDK takes sampling settings as extra body fields
+
+
+def _error(exc: pytest.ExceptionInfo[anthropic.APIStatusError]) -> dict[str, Any]:
+    """The error object of a refusal's body (Anthropic's shape: {"type": "error", "error"})."""
+    body = cast(dict[str, Any], exc.value.body)
+    assert body["type"] == "error"
+    return cast(dict[str, Any], body["error"])
+
+
+def _ask(sdk, **fields):
+    fields.setdefault("messages", [{"role": "user", "content": "Hello there"}])
+    fields["extra_body"] = {**GREEDY, **fields.get("extra_body", {})}
+    fields.setdefault("max_tokens", 8)
+    return sdk.messages.create(model=ALIAS, **fields)
+
+
+def test_a_message_is_answered_and_billed_exactly(sdk, usage_of):
+    raw = sdk.messages.with_raw_response.create(
+        model=ALIAS,
+        max_tokens=6,
+        extra_body=GREEDY,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "Say hello."}],
+    )
+    message = raw.parse()
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id == f"msg_{raw.headers['x-request-id']}"
+    assert [block.type for block in message.content] == ["text"]
+    assert message.stop_reason == "max_tokens" and message.stop_sequence is None
+    assert message.usage.output_tokens == 6
+    (record,) = usage_of(raw.headers["x-request-id"])
+    assert record.endpoint == "messages"
+    assert record.completion_tokens == 6
+    usage = message.usage
+    prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert record.prompt_tokens == prompt
+    assert record.cached_tokens == usage.cache_read_input_tokens
+
+
+def test_a_stop_sequence_ends_the_message_and_is_named(sdk):
+    said = _ask(sdk, max_tokens=8).content[0].text
+    word = said[len(said) // 2 :][:3]  # some text the greedy model writes after its start
+    stopped = _ask(sdk, max_tokens=8, stop_sequences=[word])
+    assert stopped.stop_reason == "stop_sequence"
+    assert stopped.stop_sequence == word
+    assert word not in stopped.content[0].text
+    assert said.startswith(stopped.content[0].text)
+
+
+def test_a_streamed_message_is_the_whole_one_in_events(sdk):
+    whole = _ask(sdk)
+    with sdk.messages.stream(
+        model=ALIAS,
+        max_tokens=8,
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": "Hello there"}],
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "content_block_stop" in kinds
+    assert final.content[0].text == whole.content[0].text
+    assert final.stop_reason == whole.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 8
+
+
+def test_a_tool_round_trip_in_the_history_reaches_the_template(sdk, stack, world):
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 21C"}],
+        },
+    ]
+    counted = sdk.messages.count_tokens(model=ALIAS, messages=history, tools=[WEATHER])
+    # The same conversation as chat's messages and tools: the same prompt, token for token.
+    chat = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny, 21C"},
+    ]
+    function = {
+        "name": "get_weather",
+        "description": WEATHER["description"],
+        "parameters": WEATHER["input_schema"],
+    }
+    answered = httpx.post(
+        f"{stack.base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+        json={
+            "model": ALIAS,
+            "max_tokens": 1,
+            "messages": chat,
+            "tools": [{"type": "function", "function": function}],
+        },
+    ).json()
+    assert counted.input_tokens == answered["usage"]["prompt_tokens"]
+    answer = _ask(sdk, messages=history, tools=[WEATHER])
+    assert (
+        answer.usage.input_tokens
+        + answer.usage.cache_read_input_tokens
+        + (answer.usage.cache_creation_input_tokens)
+        == counted.input_tokens
+    )
+
+
+def test_a_forced_tool_streams_as_a_tool_use_block(sdk):
+    with sdk.messages.stream(
+        model=ALIAS,
+        max_tokens=40,  # the template's tool-call tags and the name come first
+        extra_body=GREEDY,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    ) as stream:
+        events = list(stream)
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert starts and starts[0].content_block.type == "tool_use"
+    assert starts[0].content_block.name == "get_weather"
+    pieces = [e.delta.partial_json for e in events if e.type == "content_block_delta"]
+    assert pieces and all(isinstance(piece, str) for piece in pieces)
+
+
+def test_errors_are_in_anthropics_shape_and_name_the_field(sdk, stack, world):
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        _ask(sdk, max_tokens=8, thinking={"type": "enabled", "budget_tokens": 10})
+    assert _error(refused)["type"] == "invalid_request_error"
+    assert _error(refused)["param"] == "thinking.budget_tokens"
+    with pytest.raises(anthropic.BadRequestError) as unknown:
+        _ask(sdk, extra_body={"container": "c"})
+    assert _error(unknown)["code"] == "unsupported_parameter"
+    assert _error(unknown)["param"] == "container"
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        sdk.messages.create(
+            model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "x"}]
+        )
+    assert _error(missing)["type"] == "not_found_error"
+    # Refused before its body is read: a bad key, in the same shape.
+    bad = anthropic.Anthropic(base_url=stack.base_url, api_key="rh-nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as denied:
+        _ask(bad)
+    assert _error(denied)["type"] == "authentication_error"
+
+
+def test_the_key_may_be_a_bearer_token_too(stack, world):
+    bearer = anthropic.Anthropic(
+        base_url=stack.base_url, auth_token=world.acme_key, api_key=None, max_retries=0
+    )
+    assert _ask(bearer).usage.output_tokens == 8
+    # And x-api-key works on the OpenAI-shaped endpoints as well.
+    answer = httpx.post(
+        f"{stack.base_url}/v1/chat/completions",
+        headers={"x-api-key": world.acme_key},
+        json={"model": ALIAS, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert answer.status_code == 200
+
+
+def test_what_is_not_built_is_refused_naming_it(sdk):
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        ({"thinking": {"type": "adaptive", "display": "omitted"}}, "thinking.display"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_reference", "tool_name": "x"}]}
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+        ({"metadata": {"user_id": "u", "tier": "gold"}}, "metadata.tier"),
+    ]
+    for fields, param in cases:
+        extra = {k: v for k, v in fields.items() if k != "messages"}
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            _ask(
+                sdk,
+                messages=fields.get("messages", [{"role": "user", "content": "x"}]),
+                extra_body=extra,
+            )
+        assert _error(refused)["param"] == param, fields

@@ -1,0 +1,231 @@
+# One case a line reads better than a wrapped one: long lines are kept here.
+# ruff: noqa: E501
+"""The Messages API's conversion to chat and its answer's shape, without a server.
+
+tests/conformance/test_messages_parity.py holds the same requests against vLLM's own server;
+these pin the rules one at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dataplane.types import Delta, Finished, ToolCallDelta
+from inference.errors import ApiError, anthropic_error_body
+from inference.messages import MessageBuilder, messages_chat, needs_of, stop_reason_of, usage_of
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def _chat(**body: Any) -> Any:
+    return messages_chat({"model": "m", "max_tokens": 8, "messages": HELLO, **body})
+
+
+def _refused(param: str, **body: Any) -> ApiError:
+    with pytest.raises(ApiError) as refused:
+        messages_chat({"model": "m", "max_tokens": 8, **body})
+    assert refused.value.status == 400 and refused.value.param == param, refused.value.message
+    return refused.value
+
+
+def test_the_system_prompt_leads_and_claude_codes_billing_header_is_left_out():
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2; cch=ab;"},
+        {"type": "text", "text": "Be terse. ", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Answer."},
+    ]
+    assert _chat(system=system).messages[0] == {"role": "system", "content": "Be terse. Answer."}
+    assert _chat(system="Plain.").messages[0] == {"role": "system", "content": "Plain."}
+
+
+def test_tool_use_and_tool_result_blocks_become_chats_tool_calls_and_tool_messages():
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Look it up.", "signature": "s"},
+                {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "Sunny"}, {"type": "text", "text": "21C"}]},
+                {"type": "text", "text": "Tomorrow?"},
+            ],
+        },
+    ]  # fmt: skip
+    chat = _chat(messages=messages).messages
+    assert chat[1]["tool_calls"][0]["function"] == {"name": "w", "arguments": '{"city": "Paris"}'}
+    assert chat[1]["reasoning"] == "Look it up."
+    # The tool's answer comes first, then what the user wrote beside it.
+    assert chat[2] == {"role": "tool", "tool_call_id": "t1", "content": "Sunny\n21C"}
+    assert chat[3] == {"role": "user", "content": "Tomorrow?"}
+
+
+def test_a_user_message_of_tool_results_only_is_no_user_turn():
+    messages = [
+        *HELLO,
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t", "name": "w", "input": {}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]},
+    ]
+    assert [m["role"] for m in _chat(messages=messages).messages] == ["user", "assistant", "tool"]
+
+
+def test_an_inline_system_message_stays_in_place_or_joins_the_leading_one():
+    messages = [*HELLO, {"role": "system", "content": "Now be brief."}, *HELLO]
+    kept = messages_chat({"model": "m", "max_tokens": 8, "system": "Hi. ", "messages": messages})
+    assert [m["role"] for m in kept.messages or []] == ["system", "user", "system", "user"]
+    merged = messages_chat(
+        {"model": "m", "max_tokens": 8, "system": "Hi. ", "messages": messages},
+        merge_inline_system=True,
+    )
+    assert (merged.messages or [])[0] == {"role": "system", "content": "Hi. Now be brief."}
+    assert [m["role"] for m in merged.messages or []] == ["system", "user", "user"]
+    assert needs_of({"messages": messages}).inline_system
+    assert not needs_of({"messages": HELLO}).inline_system
+
+
+def test_thinking_asks_for_a_budget_or_the_effort_that_turns_it_off():
+    assert _chat(max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 1024})
+    disabled = messages_chat(
+        {"model": "m", "max_tokens": 8, "messages": HELLO, "thinking": {"type": "disabled"}},
+        disabled_effort="low",
+    )
+    assert disabled.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "low"}
+    assert needs_of({"thinking": {"type": "disabled"}}).thinking_disabled
+    _refused(
+        "thinking.budget_tokens", messages=HELLO, thinking={"type": "enabled", "budget_tokens": 512}
+    )
+    _refused(
+        "thinking.budget_tokens",
+        messages=HELLO,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+
+
+def test_tool_choice_maps_onto_chats():
+    tools = [{"name": "w", "input_schema": {"properties": {}}}]
+    assert _chat(tools=tools).tools is not None
+    for choice, mapped in [
+        ({"type": "any"}, "required"),
+        ({"type": "none"}, "none"),
+        ({"type": "auto", "disable_parallel_tool_use": True}, "auto"),
+    ]:
+        chat = _chat(tools=tools, tool_choice=choice)
+        assert chat.tools is not None and chat.tools.choice == mapped, choice
+
+
+def test_what_is_unknown_or_not_built_is_refused_naming_it():
+    _refused("container", messages=HELLO, container="c")
+    _refused(
+        "messages[0].content[0].type", messages=[{"role": "user", "content": [{"type": "video"}]}]
+    )
+    _refused("messages[0].content[0].type", messages=[{"role": "user", "content": [{"type": "tool_reference", "tool_name": "x"}]}])  # fmt: skip
+    _refused("messages[0].content[0].colour", messages=[{"role": "user", "content": [{"type": "text", "text": "x", "colour": "red"}]}])  # fmt: skip
+    _refused("tools[0].type", messages=HELLO, tools=[{"type": "web_search_20250305", "name": "s"}])
+    _refused("tools[0].defer_loading", messages=HELLO, tools=[{"name": "s", "input_schema": {}, "defer_loading": True}])  # fmt: skip
+    _refused(
+        "thinking.display", messages=HELLO, thinking={"type": "adaptive", "display": "omitted"}
+    )
+    _refused("metadata.tier", messages=HELLO, metadata={"tier": "gold"})
+    _refused("max_tokens", messages=HELLO, max_tokens="8")
+    _refused("system[0].type", messages=HELLO, system=[{"type": "image", "source": {"type": "url", "url": "u"}}])  # fmt: skip
+    _refused("stop_sequences", messages=HELLO, stop_sequences="end")
+    # A chat field's error names the Messages field the client sent.
+    bad_schema = {"format": {"type": "json_schema", "schema": {"type": "object", "properties": 5}}}
+    assert _refused("output_config.format.schema", messages=HELLO, output_config=bad_schema)
+
+
+def test_usage_counts_the_prompt_in_three_parts_as_vllm_does():
+    finished = Finished(
+        finish_reason="stop", prompt_tokens=300, completion_tokens=5, cached_tokens=128,
+        cache_created_tokens=160,
+    )  # fmt: skip
+    assert usage_of(finished) == {
+        "input_tokens": 12,
+        "output_tokens": 5,
+        "cache_creation_input_tokens": 160,
+        "cache_read_input_tokens": 128,
+    }
+
+
+def test_the_stop_reason_names_a_cut_a_tool_call_or_the_stop_sequence():
+    assert stop_reason_of("length", "x", tool_used=True, tool_complete=True) == ("max_tokens", None)
+    assert stop_reason_of("stop", "END", tool_used=False, tool_complete=False) == (
+        "stop_sequence",
+        "END",
+    )
+    assert stop_reason_of("tool_calls", None, tool_used=True, tool_complete=True) == (
+        "tool_use",
+        None,
+    )
+    # A named tool call ends as "stop" in chat: it is still a tool use.
+    assert stop_reason_of("stop", None, tool_used=True, tool_complete=False) == ("tool_use", None)
+    assert stop_reason_of("stop", None, tool_used=False, tool_complete=False) == ("end_turn", None)
+    assert stop_reason_of("content_filter", None, tool_used=False, tool_complete=False) == (
+        None,
+        None,
+    )
+
+
+def _kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] + (":" + e["delta"]["type"] if "delta" in e and "type" in e["delta"] else "") for e in events]  # fmt: skip
+
+
+def test_a_stream_opens_a_block_per_kind_and_text_after_a_tool_call_follows_it():
+    builder = MessageBuilder(message_id="msg_1", model="m", prompt_tokens=10)
+    events = builder.start()
+    events += builder.delta(Delta(text="", tokens=1, reasoning="Hmm."))
+    events += builder.delta(Delta(text="Let me look.", tokens=1))
+    events += builder.delta(Delta(text="", tokens=1, tool_calls=[ToolCallDelta(index=0, id="c1", name="w")]))  # fmt: skip
+    events += builder.delta(Delta(text="(aside)", tokens=1, tool_calls=[ToolCallDelta(index=0, arguments='{"a": 1}')]))  # fmt: skip
+    events += builder.end(
+        Finished(finish_reason="tool_calls", prompt_tokens=10, completion_tokens=4)
+    )
+    assert _kinds(events) == [
+        "message_start",
+        "content_block_start", "content_block_delta:thinking_delta",
+        "content_block_delta:signature_delta", "content_block_stop",
+        "content_block_start", "content_block_delta:text_delta", "content_block_stop",
+        "content_block_start", "content_block_delta:input_json_delta", "content_block_stop",
+        "content_block_start", "content_block_delta:text_delta", "content_block_stop",
+        "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert [e["index"] for e in events if e["type"] == "content_block_start"] == [0, 1, 2, 3]
+    assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    body = builder.body(Finished(finish_reason="tool_calls", prompt_tokens=10, completion_tokens=4))
+    assert [b["type"] for b in body["content"]] == ["thinking", "text", "tool_use"]
+    assert body["content"][2]["input"] == {"a": 1}
+
+
+def test_an_empty_answer_is_one_empty_text_block_and_a_cut_tool_call_keeps_its_text():
+    empty = MessageBuilder(message_id="m", model="m", prompt_tokens=1)
+    body = empty.body(Finished(finish_reason="length", prompt_tokens=1, completion_tokens=0))
+    assert body["content"] == [{"type": "text", "text": ""}] and "stop_sequence" not in body
+    cut = MessageBuilder(message_id="m", model="m", prompt_tokens=1)
+    cut.delta(Delta(text="", tokens=2, tool_calls=[ToolCallDelta(index=0, id="c", name="w", arguments='{"ci')]))  # fmt: skip
+    body = cut.body(Finished(finish_reason="length", prompt_tokens=1, completion_tokens=2))
+    assert body["content"][0]["input"] == {"_partial_arguments": '{"ci'}
+
+
+def test_errors_take_anthropics_shape_with_the_field_named():
+    body = anthropic_error_body(400, {"message": "bad", "code": "invalid_value", "param": "x"})
+    assert body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "bad",
+            "code": "invalid_value",
+            "param": "x",
+        },
+    }
+    assert anthropic_error_body(503, {"message": "busy"})["error"]["type"] == "overloaded_error"
+    assert anthropic_error_body(502, {"message": "?"})["error"]["type"] == "api_error"
