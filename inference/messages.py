@@ -20,7 +20,7 @@ import msgspec
 
 from config.json_body import shown
 from dataplane.types import Delta, Failed, Finished, ToolCallDelta
-from inference.errors import ApiError, invalid
+from inference.errors import ApiError, anthropic_error_body, invalid
 from inference.kinds import type_error
 from inference.params import CHAT, GenerationRequest, generation_parse
 
@@ -738,8 +738,27 @@ class MessageBuilder:
             events += self._call_piece(piece)
         return events
 
-    def end(self, finished: Finished) -> list[dict[str, Any]]:
-        """The events that close the open block and end the message."""
+    def broken(self, error: ApiError) -> dict[str, Any]:
+        """The one `error` event of a stream that broke or a request that failed."""
+        fields = {"message": error.message, "code": error.code, "param": error.param}
+        return anthropic_error_body(error.status, fields)
+
+    def add(self, delta: Delta) -> None:
+        """Take new output into the whole message."""
+        self.delta(delta)
+
+    def complete(self, finished: Finished) -> bytes:
+        """The whole message's body."""
+        return _json.encode(self.body(finished))
+
+    def end(
+        self, event: Finished | Failed, *, error: ApiError | None = None
+    ) -> list[dict[str, Any]]:
+        """The events that close the open block and end the message; a failed request's
+        stream ends with its error (`error`) instead."""
+        if isinstance(event, Failed):
+            return [self.broken(error or ApiError(503, event.code, event.message))]
+        finished = event
         events = self._stop_and_flush()
         complete = self._tool_used and _is_json("".join(self._last_arguments))
         reason, sequence = stop_reason_of(
@@ -798,8 +817,3 @@ class MessageBuilder:
             message["stop_sequence"] = sequence
         message["usage"] = usage_of(finished)
         return message
-
-
-def sse(event: dict[str, Any]) -> bytes:
-    """One event as Anthropic streams it: its type as the SSE event name, the JSON as data."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + _json.encode(event) + b"\n\n"

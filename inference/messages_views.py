@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import jinja2
@@ -17,31 +15,28 @@ import jinja2.ext
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from dataplane.types import Delta, Event, Failed, Finished
+from dataplane.types import Failed, Finished
 from inference import relay
-from inference.admission import VERSION_HEADER, request_ended, request_failure
+from inference.admission import VERSION_HEADER, request_ended
 from inference.auth import Principal
 from inference.clients import dispatch_get, routing_get
 from inference.endpoint import (
     api_endpoint,
     client_timeout,
-    internal_error,
     json_response,
     request_clock,
     request_json,
     request_principal,
     request_trace,
 )
-from inference.errors import ApiError, anthropic_error_body
-from inference.messages import EFFORTS, MESSAGES, MessageBuilder, messages_chat, needs_of, sse
-from inference.metrics import RequestClock
+from inference.errors import ApiError
+from inference.event_streams import builder_stream
+from inference.messages import EFFORTS, MESSAGES, MessageBuilder, messages_chat, needs_of
 from inference.params import GenerationRequest, template_kwargs_with_effort
-from inference.results import events_close
+from inference.results import completion_collect
 from inference.submission import generation_submit
 from inference.tokenization import Tokenizer, prompts_read, tokenizer_for
 from tenants.models import Scope
-
-log = logging.getLogger(__name__)
 
 # Per model version (its digest): what converting a Messages request needs of its template.
 _merges_inline_system: dict[str, bool] = {}
@@ -147,83 +142,23 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
         prompt_tokens=sum(len(ids) for ids in submitted.job.inputs()),
     )
     events = relay.events(dispatch_get(), submitted)
-    on_end = functools.partial(request_ended, submitted)
     response: HttpResponseBase
     if chat.stream:
-        response = StreamingHttpResponse(
-            _streamed(events, builder, clock, on_end), content_type="text/event-stream"
-        )
+
+        async def settled(event: Finished | Failed) -> None:
+            request_ended(submitted, event)
+
+        stream = builder_stream(events, builder, clock, name=builder.message_id, at_end=settled)
+        response = StreamingHttpResponse(stream, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
     else:
-        response = json_response(await _whole(events, builder, on_end))
+        on_end = functools.partial(request_ended, submitted)
+        response = json_response(await completion_collect(events, builder, on_end))
         clock.skip()
     for name, value in submitted.headers().items():
         response[name] = value
     return response
-
-
-OnEnd = Callable[[Finished | Failed], None]
-
-
-async def _whole(events: AsyncIterator[Event], builder: MessageBuilder, on_end: OnEnd) -> Any:
-    """The message once the request has ended; a failed one raises its error."""
-    try:
-        async for event in events:
-            if isinstance(event, Delta):
-                builder.delta(event)
-            elif isinstance(event, Finished | Failed):
-                on_end(event)
-                if isinstance(event, Failed):
-                    raise request_failure(event)
-                return builder.body(event)
-    finally:
-        await events_close(events)
-    raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
-
-
-def _error_event(error: ApiError) -> bytes:
-    body = anthropic_error_body(error.status, error.body()["error"])  # type: ignore[arg-type]
-    return sse(body)
-
-
-async def _streamed(
-    events: AsyncIterator[Event], builder: MessageBuilder, clock: RequestClock, on_end: OnEnd
-) -> AsyncIterator[bytes]:
-    """The message's events; whatever breaks, the client gets one terminal event (the
-    message's end, or an `error` event)."""
-    ended = False
-    try:
-        for opening in builder.start():
-            yield sse(opening)
-        async for event in events:
-            if isinstance(event, Delta):
-                for piece in builder.delta(event):
-                    yield sse(piece)
-            elif isinstance(event, Finished | Failed):
-                clock.skip()  # the worker timed everything up to its terminal event
-                on_end(event)
-                ended = True
-                if isinstance(event, Failed):
-                    yield _error_event(request_failure(event))
-                else:
-                    for piece in builder.end(event):
-                        yield sse(piece)
-                break
-        clock.lap("relay")
-        if not ended:
-            raise ApiError(503, "stream_ended", "The reply stream ended without a result.")
-    except (asyncio.CancelledError, GeneratorExit):
-        raise  # the client is gone: nobody is left to tell
-    except BaseException as exc:
-        log.error("the stream of %s failed", builder.message_id, exc_info=True)
-        if not ended:
-            yield _error_event(exc if isinstance(exc, ApiError) else internal_error())
-        if not isinstance(exc, Exception):
-            raise
-    finally:
-        await events_close(events)
-        clock.finish()
 
 
 @api_endpoint("POST", counted=True)

@@ -120,6 +120,10 @@ class ResponseBuilder:
         self.sequence += 1
         return event
 
+    def broken(self, error: ApiError) -> dict[str, Any]:
+        """The one error event of a stream that broke before the response ended."""
+        return error_event(self.sequence, error)
+
     def start(self) -> list[dict[str, Any]]:
         """The events that open a stream: created, then in progress; a background response
         is queued until its request starts (`running`)."""
@@ -365,6 +369,17 @@ class ResponseBuilder:
             kind = "response.completed"
         events.append(self._event(kind, response=self.body()))
         return events
+
+
+def error_event(sequence: int, error: ApiError) -> dict[str, Any]:
+    """The one `error` event of a stream that broke."""
+    return {
+        "type": "error",
+        "sequence_number": sequence,
+        "code": error.code,
+        "message": error.message,
+        "param": error.param,
+    }
 
 
 def sse(event: dict[str, Any]) -> bytes:

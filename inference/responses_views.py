@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from django.conf import settings
@@ -38,9 +38,10 @@ from inference.endpoint import (
     request_trace,
 )
 from inference.errors import ApiError, invalid
+from inference.event_streams import builder_stream
 from inference.idempotency import Original, body_digest, key_in_use, key_validate
 from inference.metrics import RequestClock
-from inference.response_events import ResponseBuilder, sse
+from inference.response_events import ResponseBuilder, error_event, sse
 from inference.responses import (
     RESPONSES,
     ResponsesRequest,
@@ -158,7 +159,9 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
                 retention_days=submitted.principal.retention_days,
             )
 
-        response = _event_stream(_streamed(events, builder, clock, at_end=settled))
+        response = _event_stream(
+            builder_stream(events, builder, clock, name=builder.response_id, at_end=settled)
+        )
     else:
         job = submitted.job
         body = await _whole(
@@ -250,7 +253,7 @@ async def _replay(
         tenant_id=tenant_id,
     )
     if parsed.chat.stream:
-        return _event_stream(_streamed(events, builder, clock))
+        return _event_stream(builder_stream(events, builder, clock, name=builder.response_id))
     try:
         async for event in events:
             if isinstance(event, Delta):
@@ -337,7 +340,7 @@ async def _sequenced(events: AsyncIterator[dict[str, Any]], *, after: int) -> As
         raise
     except Exception:
         log.error("a background response's stream failed", exc_info=True)
-        yield _error_event(sequence + 1, None)
+        yield sse(error_event(sequence + 1, internal_error()))
 
 
 def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
@@ -432,66 +435,6 @@ async def _whole(
     finally:
         await events_close(events)
     raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
-
-
-async def _streamed(
-    events: AsyncIterator[Event],
-    builder: ResponseBuilder,
-    clock: RequestClock,
-    *,
-    at_end: Callable[[Finished | Failed], Awaitable[None]] | None = None,
-) -> AsyncIterator[bytes]:
-    """The response's semantic events; whatever breaks, the client gets one terminal event.
-
-    `at_end` runs once the response has ended, before the client sees its end (settle and
-    store it); a replay has none.
-    """
-    ended = False
-    try:
-        for opening in builder.start():
-            yield sse(opening)
-        async for event in events:
-            if isinstance(event, Delta):
-                for piece in builder.delta(event):
-                    yield sse(piece)
-            elif isinstance(event, Finished | Failed):
-                clock.skip()  # the worker timed everything up to its terminal event
-                failure = request_failure(event) if isinstance(event, Failed) else None
-                closing = builder.end(event, error=failure)
-                if at_end is not None:
-                    await at_end(event)
-                ended = True
-                for piece in closing:
-                    yield sse(piece)
-                break
-        clock.lap("relay")
-        if not ended:
-            raise ApiError(503, "stream_ended", "The reply stream ended without a result.")
-    except (asyncio.CancelledError, GeneratorExit):
-        raise  # the client is gone: nobody is left to tell
-    except BaseException as exc:
-        log.error("the stream of %s failed", builder.response_id, exc_info=True)
-        if not ended:
-            yield _error_event(builder.sequence, exc if isinstance(exc, ApiError) else None)
-        if not isinstance(exc, Exception):
-            raise
-    finally:
-        await events_close(events)
-        clock.finish()
-
-
-def _error_event(sequence: int, error: ApiError | None) -> bytes:
-    """The one `error` event of a stream that broke (the platform's fault without `error`)."""
-    error = error or internal_error()
-    return sse(
-        {
-            "type": "error",
-            "sequence_number": sequence,
-            "code": error.code,
-            "message": error.message,
-            "param": error.param,
-        }
-    )
 
 
 @api_endpoint("GET", "DELETE")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import msgspec
 
 from dataplane.types import Delta, Embeddings, Event, Failed, Finished
 from inference.admission import request_failure
 from inference.errors import ApiError
-from inference.openai_format import Formatter, embeddings_body
+from inference.openai_format import embeddings_body
 from inference.params import EmbeddingRequest
 
 _json = msgspec.json.Encoder()
@@ -28,10 +29,20 @@ def _stream_ended() -> ApiError:
     return ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
 
+class Collector(Protocol):
+    """What builds a whole answer from a request's events (a chat or text completion's
+    Formatter, a message's MessageBuilder)."""
+
+    def add(self, delta: Delta) -> object: ...
+
+    def complete(self, finished: Finished) -> bytes: ...
+
+
 async def completion_collect(
-    events: AsyncIterator[Event], formatter: Formatter, on_end: OnEnd
+    events: AsyncIterator[Event], formatter: Collector, on_end: OnEnd
 ) -> bytes:
-    """Return a chat or text completion's body, or raise the ApiError it ended with.
+    """Return a whole answer's body (a chat or text completion's, a message's), or raise the
+    ApiError the request ended with.
 
     Whatever else raises, the events are closed first, which cancels a request still running.
     """

@@ -237,3 +237,32 @@ def test_what_is_not_built_is_refused_naming_it(sdk):
                 extra_body=extra,
             )
         assert _error(refused)["param"] == param, fields
+
+
+def test_the_tenants_safety_pack_screens_a_message_as_it_screens_a_chat(stack, django_db_blocker):
+    from safety.services import policy_assign, policy_pack_save
+    from tenants.services import api_key_issue, tenant_create
+
+    with django_db_blocker.unblock():
+        tenant = tenant_create(slug="messages-screened")
+        policy_assign(tenant=tenant, pack=policy_pack_save(name="msg-pack", toxicity_threshold=0.8))
+        key = api_key_issue(tenant=tenant, name="tests").token
+    client = anthropic.Anthropic(base_url=stack.base_url, api_key=key, max_retries=0)
+    toxic = "you are a fucking idiot and I hate you"
+    call = {"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}
+    answer = {"type": "tool_result", "tool_use_id": "t", "content": toxic}
+    hidden_in_a_tool_result = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [answer]},
+    ]
+    for messages, system in [
+        ([{"role": "user", "content": toxic}], None),
+        (hidden_in_a_tool_result, None),
+        ([{"role": "user", "content": "hi"}], toxic),
+    ]:
+        extra = {"system": system} if system else {}
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            _ask(client, messages=messages, tools=[WEATHER], **extra)
+        assert _error(refused)["code"] == "content_policy_violation"
+    assert _ask(client, messages=[{"role": "user", "content": "a kind word about rivers"}])

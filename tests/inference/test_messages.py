@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dataplane.types import Delta, Finished, ToolCallDelta
+from dataplane.types import Delta, Failed, Finished, ToolCallDelta
 from inference.errors import ApiError, anthropic_error_body
 from inference.messages import MessageBuilder, messages_chat, needs_of, stop_reason_of, usage_of
 
@@ -229,3 +229,17 @@ def test_errors_take_anthropics_shape_with_the_field_named():
     }
     assert anthropic_error_body(503, {"message": "busy"})["error"]["type"] == "overloaded_error"
     assert anthropic_error_body(502, {"message": "?"})["error"]["type"] == "api_error"
+
+
+def test_a_failed_stream_ends_with_one_error_event_in_anthropics_shape():
+    builder = MessageBuilder(message_id="m", model="m", prompt_tokens=1)
+    failed = Failed(code="deadline_exceeded", message="The deadline passed.", prompt_tokens=1, completion_tokens=0)  # fmt: skip
+    late = ApiError(504, "deadline_exceeded", "The deadline passed.")
+    (event,) = builder.end(failed, error=late)
+    assert event["type"] == "error"
+    assert event["error"] == {
+        "type": "api_error",
+        "message": "The deadline passed.",
+        "code": "deadline_exceeded",
+        "param": None,
+    }
