@@ -224,6 +224,32 @@ CASES = [
         {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": HELLO},
     ),
     Case("cache-salt", {**G, "cache_salt": "team-a", "messages": HELLO}),
+    Case(
+        "assistant-prefill", {**G, "messages": [*HELLO, {"role": "assistant", "content": "Well,"}]}
+    ),
+    Case(
+        "assistant-empty-blocks",
+        {
+            **G,
+            "messages": [
+                *HELLO,
+                {"role": "assistant", "content": []},
+                {"role": "user", "content": "and?"},
+            ],
+        },
+    ),
+    Case(
+        "user-empty-text-block",
+        {
+            **G,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": ""}, {"type": "text", "text": "hi"}],
+                }
+            ],
+        },
+    ),
     Case("count", {"messages": HELLO}, count=True),
     Case(
         "count-tools",
@@ -237,6 +263,8 @@ CASES = [
     Case("bad-max-tokens-zero", {**G, "max_tokens": 0, "messages": HELLO}),
     Case("bad-max-tokens-missing", {"temperature": 0, "messages": HELLO}),
     Case("bad-messages-missing", {**G}),
+    Case("bad-messages-empty", {**G, "messages": []}),
+    Case("bad-system-type", {**G, "system": 5, "messages": HELLO}),
     Case("bad-role", {**G, "messages": [{"role": "tool", "content": "x"}]}),
     Case("bad-block-type", {**G, "messages": [{"role": "user", "content": [{"type": "video"}]}]}),
     Case(
