@@ -141,7 +141,11 @@ def _block_read(block: Any, where: str) -> dict[str, Any]:
         if content is not None and not isinstance(content, str | list):
             raise type_error(f"{where}.content", "a string or an array of blocks", content)
         for i, item in enumerate(content if isinstance(content, list) else []):
-            _block_read(item, f"{where}.content[{i}]")
+            inner = _block_read(item, f"{where}.content[{i}]")
+            if inner["type"] not in ("text", "image"):
+                # A tool's answer is text and images; anything else would vanish unread.
+                message = "A tool_result's content holds text and image blocks."
+                raise invalid(f"{where}.content[{i}].type", message)
     return block
 
 

@@ -323,8 +323,27 @@ def test_every_messages_refusal_is_in_anthropics_shape(targets: Any) -> None:
         {"thinking": {"type": "adaptive", "display": "omitted"}},
         {"system": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]},
         {"container": "c"},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": [{"type": "thinking", "thinking": "x"}],
+                        }
+                    ],
+                }
+            ]
+        },
     ],
-    ids=["thinking-display-omitted", "non-text-system-block", "unknown-field"],
+    ids=[
+        "thinking-display-omitted",
+        "non-text-system-block",
+        "unknown-field",
+        "tool-result-thinking",
+    ],
 )
 def test_a_messages_field_that_would_be_dropped_is_refused(
     targets: Any, fields: dict[str, Any]

@@ -139,6 +139,14 @@ def test_what_is_unknown_or_not_built_is_refused_naming_it():
     _refused("max_tokens", messages=HELLO, max_tokens="8")
     _refused("system[0].type", messages=HELLO, system=[{"type": "image", "source": {"type": "url", "url": "u"}}])  # fmt: skip
     _refused("stop_sequences", messages=HELLO, stop_sequences="end")
+    nested = {
+        "type": "tool_result",
+        "tool_use_id": "t",
+        "content": [{"type": "thinking", "thinking": "x"}],
+    }
+    _refused(
+        "messages[0].content[0].content[0].type", messages=[{"role": "user", "content": [nested]}]
+    )
     # A chat field's error names the Messages field the client sent.
     bad_schema = {"format": {"type": "json_schema", "schema": {"type": "object", "properties": 5}}}
     assert _refused("output_config.format.schema", messages=HELLO, output_config=bad_schema)
