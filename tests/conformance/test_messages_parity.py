@@ -47,218 +47,42 @@ class Case:
     count: bool = False  # a count_tokens body
 
 
+# fmt: off
 CASES = [
     Case("text", {**G, "messages": HELLO}),
     Case("text-stream", {**G, "messages": HELLO}, stream=True),
     Case("system", {**G, "system": "Be terse.", "messages": HELLO}),
-    Case(
-        "system-blocks",
-        {
-            **G,
-            "system": [
-                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=5f1a;"},
-                {"type": "text", "text": "Be terse. "},
-                {"type": "text", "text": "Answer well.", "cache_control": {"type": "ephemeral"}},
-            ],
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "text-blocks",
-        {
-            **G,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "Hello"},
-                        {"type": "text", "text": "there"},
-                    ],
-                }
-            ],
-        },
-    ),
-    Case(
-        "turns",
-        {
-            **G,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "hello"},
-                {"role": "user", "content": "what is a queue?"},
-            ],
-        },
-    ),
-    Case(
-        "inline-system",
-        {
-            **G,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {"role": "system", "content": "Be terse."},
-                {"role": "user", "content": "what is a queue?"},
-            ],
-        },
-    ),
+    Case("system-blocks", {**G, "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=5f1a;"}, {"type": "text", "text": "Be terse. "}, {"type": "text", "text": "Answer well.", "cache_control": {"type": "ephemeral"}}], "messages": HELLO}),
+    Case("text-blocks", {**G, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]}),
+    Case("turns", {**G, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "what is a queue?"}]}),
+    Case("inline-system", {**G, "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "Be terse."}, {"role": "user", "content": "what is a queue?"}]}),
     Case("top-k", {"temperature": 1.0, "top_k": 1, "max_tokens": 6, "messages": HELLO}),
-    Case("top-p", {"temperature": 1.0, "top_p": 0.000001, "max_tokens": 6, "messages": HELLO}),
+    Case("top-p", {"temperature": 1.0, "top_p": 1e-06, "max_tokens": 6, "messages": HELLO}),
     Case("stop-sequence", {**G, "max_tokens": 8, "stop_sequences": ["odule"], "messages": HELLO}),
-    Case(
-        "stop-sequence-stream",
-        {**G, "max_tokens": 8, "stop_sequences": ["odule"], "messages": HELLO},
-        stream=True,
-    ),
+    Case("stop-sequence-stream", {**G, "max_tokens": 8, "stop_sequences": ["odule"], "messages": HELLO}, stream=True),
     Case("stop-sequence-unmet", {**G, "stop_sequences": ["zzzz"], "messages": HELLO}),
     Case("tool-history", {**G, "tools": [WEATHER], "messages": ROUND_TRIP}),
     Case("tool-auto", {**G, "max_tokens": 40, "tools": [WEATHER], "messages": HELLO}),
-    Case(
-        "tool-any",
-        {
-            **G,
-            "max_tokens": 40,
-            "tools": [WEATHER],
-            "tool_choice": {"type": "any"},
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "tool-any-stream",
-        {
-            **G,
-            "max_tokens": 40,
-            "tools": [WEATHER],
-            "tool_choice": {"type": "any"},
-            "messages": HELLO,
-        },
-        stream=True,
-    ),
-    Case(
-        "tool-named",
-        {
-            **G,
-            "max_tokens": 40,
-            "tools": [WEATHER],
-            "tool_choice": {"type": "tool", "name": "get_weather"},
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "tool-named-stream",
-        {
-            **G,
-            "max_tokens": 40,
-            "tools": [WEATHER],
-            "tool_choice": {"type": "tool", "name": "get_weather"},
-            "messages": HELLO,
-        },
-        stream=True,
-    ),
-    Case(
-        "tool-none", {**G, "tools": [WEATHER], "tool_choice": {"type": "none"}, "messages": HELLO}
-    ),
-    Case(
-        "tool-not-parallel",
-        {
-            **G,
-            "max_tokens": 40,
-            "tools": [WEATHER],
-            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "json-schema",
-        {
-            **G,
-            "max_tokens": 12,
-            "output_config": {
-                "format": {
-                    "type": "json_schema",
-                    "schema": {
-                        "type": "object",
-                        "properties": {"answer": {"type": "string"}},
-                        "required": ["answer"],
-                    },
-                }
-            },
-            "messages": HELLO,
-        },
-    ),
+    Case("tool-any", {**G, "max_tokens": 40, "tools": [WEATHER], "tool_choice": {"type": "any"}, "messages": HELLO}),
+    Case("tool-any-stream", {**G, "max_tokens": 40, "tools": [WEATHER], "tool_choice": {"type": "any"}, "messages": HELLO}, stream=True),
+    Case("tool-named", {**G, "max_tokens": 40, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}, "messages": HELLO}),
+    Case("tool-named-stream", {**G, "max_tokens": 40, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}, "messages": HELLO}, stream=True),
+    Case("tool-none", {**G, "tools": [WEATHER], "tool_choice": {"type": "none"}, "messages": HELLO}),
+    Case("tool-not-parallel", {**G, "max_tokens": 40, "tools": [WEATHER], "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "messages": HELLO}),
+    Case("json-schema", {**G, "max_tokens": 12, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}, "messages": HELLO}),
     Case("effort", {**G, "output_config": {"effort": "low"}, "messages": HELLO}),
     Case("thinking-disabled", {**G, "thinking": {"type": "disabled"}, "messages": HELLO}),
     Case("thinking-adaptive", {**G, "thinking": {"type": "adaptive"}, "messages": HELLO}),
-    Case(
-        "history-thinking",
-        {
-            **G,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {
-                    "role": "assistant",
-                    "content": [
-                        {"type": "thinking", "thinking": "They greet me.", "signature": "abc"},
-                        {"type": "redacted_thinking", "data": "opaque"},
-                        {"type": "text", "text": "hello"},
-                    ],
-                },
-                {"role": "user", "content": "and?"},
-            ],
-        },
-    ),
-    Case(
-        "assistant-tool-result",
-        {
-            **G,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {
-                    "role": "assistant",
-                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": "done"}],
-                },
-                {"role": "user", "content": "and?"},
-            ],
-        },
-    ),
-    Case(
-        "chat-template-kwargs",
-        {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": HELLO},
-    ),
+    Case("history-thinking", {**G, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "They greet me.", "signature": "abc"}, {"type": "redacted_thinking", "data": "opaque"}, {"type": "text", "text": "hello"}]}, {"role": "user", "content": "and?"}]}),
+    Case("assistant-tool-result", {**G, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "done"}]}, {"role": "user", "content": "and?"}]}),
+    Case("chat-template-kwargs", {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": HELLO}),
     Case("cache-salt", {**G, "cache_salt": "team-a", "messages": HELLO}),
-    Case(
-        "assistant-prefill", {**G, "messages": [*HELLO, {"role": "assistant", "content": "Well,"}]}
-    ),
-    Case(
-        "assistant-empty-blocks",
-        {
-            **G,
-            "messages": [
-                *HELLO,
-                {"role": "assistant", "content": []},
-                {"role": "user", "content": "and?"},
-            ],
-        },
-    ),
-    Case(
-        "user-empty-text-block",
-        {
-            **G,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [{"type": "text", "text": ""}, {"type": "text", "text": "hi"}],
-                }
-            ],
-        },
-    ),
+    Case("assistant-prefill", {**G, "messages": [*HELLO, {"role": "assistant", "content": "Well,"}]}),
+    Case("assistant-empty-blocks", {**G, "messages": [*HELLO, {"role": "assistant", "content": []}, {"role": "user", "content": "and?"}]}),
+    Case("user-empty-text-block", {**G, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "hi"}]}]}),
     Case("count", {"messages": HELLO}, count=True),
-    Case(
-        "count-tools",
-        {"tools": [WEATHER], "system": "Be terse.", "messages": ROUND_TRIP},
-        count=True,
-    ),
-    Case(
-        "count-thinking-disabled", {"thinking": {"type": "disabled"}, "messages": HELLO}, count=True
-    ),
+    Case("count-tools", {"tools": [WEATHER], "system": "Be terse.", "messages": ROUND_TRIP}, count=True),
+    Case("count-thinking-disabled", {"thinking": {"type": "disabled"}, "messages": HELLO}, count=True),
     # Refused by both.
     Case("bad-max-tokens-zero", {**G, "max_tokens": 0, "messages": HELLO}),
     Case("bad-max-tokens-missing", {"temperature": 0, "messages": HELLO}),
@@ -267,83 +91,21 @@ CASES = [
     Case("bad-system-type", {**G, "system": 5, "messages": HELLO}),
     Case("bad-role", {**G, "messages": [{"role": "tool", "content": "x"}]}),
     Case("bad-block-type", {**G, "messages": [{"role": "user", "content": [{"type": "video"}]}]}),
-    Case(
-        "bad-thinking-budget-small",
-        {
-            **G,
-            "max_tokens": 2000,
-            "thinking": {"type": "enabled", "budget_tokens": 1000},
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "bad-thinking-budget-over-max",
-        {
-            **G,
-            "max_tokens": 1024,
-            "thinking": {"type": "enabled", "budget_tokens": 1024},
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "bad-thinking-without-parser",
-        {
-            **G,
-            "max_tokens": 2000,
-            "thinking": {"type": "enabled", "budget_tokens": 1024},
-            "messages": HELLO,
-        },
-    ),
-    Case(
-        "bad-tool-choice-without-name",
-        {**G, "tools": [WEATHER], "tool_choice": {"type": "tool"}, "messages": HELLO},
-    ),
-    Case(
-        "bad-tool-choice-type",
-        {**G, "tools": [WEATHER], "tool_choice": {"type": "sometimes"}, "messages": HELLO},
-    ),
+    Case("bad-thinking-budget-small", {**G, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1000}, "messages": HELLO}),
+    Case("bad-thinking-budget-over-max", {**G, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": HELLO}),
+    Case("bad-thinking-without-parser", {**G, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": HELLO}),
+    Case("bad-tool-choice-without-name", {**G, "tools": [WEATHER], "tool_choice": {"type": "tool"}, "messages": HELLO}),
+    Case("bad-tool-choice-type", {**G, "tools": [WEATHER], "tool_choice": {"type": "sometimes"}, "messages": HELLO}),
     Case("bad-tool-without-schema", {**G, "tools": [{"name": "f"}], "messages": HELLO}),
     Case("bad-effort", {**G, "output_config": {"effort": "extreme"}, "messages": HELLO}),
     # A reasoning model: its thinking is a thinking block before the text.
-    Case(
-        "think-adaptive",
-        {**G, "max_tokens": 8, "thinking": {"type": "adaptive"}, "messages": HELLO},
-        thinking=True,
-    ),
-    Case(
-        "think-default-stream",
-        {**G, "max_tokens": 8, "messages": HELLO},
-        stream=True,
-        thinking=True,
-    ),
-    Case(
-        "think-disabled", {**G, "thinking": {"type": "disabled"}, "messages": HELLO}, thinking=True
-    ),
-    Case(
-        "think-disabled-stream",
-        {**G, "thinking": {"type": "disabled"}, "messages": HELLO},
-        stream=True,
-        thinking=True,
-    ),
-    Case(
-        "think-history",
-        {
-            **G,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {
-                    "role": "assistant",
-                    "content": [
-                        {"type": "thinking", "thinking": "A greeting.", "signature": "s"},
-                        {"type": "text", "text": "hello"},
-                    ],
-                },
-                {"role": "user", "content": "and?"},
-            ],
-        },
-        thinking=True,
-    ),
+    Case("think-adaptive", {**G, "max_tokens": 8, "thinking": {"type": "adaptive"}, "messages": HELLO}, thinking=True),
+    Case("think-default-stream", {**G, "max_tokens": 8, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-disabled", {**G, "thinking": {"type": "disabled"}, "messages": HELLO}, thinking=True),
+    Case("think-disabled-stream", {**G, "thinking": {"type": "disabled"}, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-history", {**G, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "A greeting.", "signature": "s"}, {"type": "text", "text": "hello"}]}, {"role": "user", "content": "and?"}]}, thinking=True),
 ]
+# fmt: on
 
 
 def _events(text: str) -> list[dict[str, Any]]:
