@@ -251,3 +251,17 @@ def test_a_failed_stream_ends_with_one_error_event_in_anthropics_shape():
         "code": "deadline_exceeded",
         "param": None,
     }
+
+
+def test_a_template_that_wants_its_system_message_first_gets_the_inline_ones_merged():
+    from inference.messages_views import _rejects_inline_system
+
+    strict = (
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+        "{{ m.content }}{% endfor %}"
+    )
+    lenient = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    assert _rejects_inline_system(strict)  # raise_exception is not even defined in the probe
+    assert not _rejects_inline_system(lenient)
+    assert _rejects_inline_system(None)  # no template: nothing to keep the turns apart
