@@ -31,7 +31,8 @@ from inference.endpoint import (
 )
 from inference.errors import ApiError
 from inference.event_streams import builder_stream
-from inference.messages import EFFORTS, MESSAGES, MessageBuilder, messages_chat, needs_of
+from inference.message_events import MessageBuilder
+from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of
 from inference.params import GenerationRequest, template_kwargs_with_effort
 from inference.results import completion_collect
 from inference.submission import generation_submit

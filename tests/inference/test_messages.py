@@ -14,7 +14,8 @@ import pytest
 
 from dataplane.types import Delta, Failed, Finished, ToolCallDelta
 from inference.errors import ApiError, anthropic_error_body
-from inference.messages import MessageBuilder, messages_chat, needs_of, stop_reason_of, usage_of
+from inference.message_events import MessageBuilder, stop_reason_of, usage_of
+from inference.messages import messages_chat, needs_of
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
