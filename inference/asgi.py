@@ -38,7 +38,7 @@ from django.urls import URLResolver, get_resolver, set_script_prefix
 
 from inference.admission import body_bytes_count, request_count
 from inference.auth import credentials, key_check, scope_check
-from inference.errors import ApiError, anthropic_shaped, should_retry
+from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch
 from tenants.models import Scope
 
@@ -455,7 +455,7 @@ class ApiHandler(ASGIHandler):
 
     async def _refuse(self, error: ApiError, send: Any, path: str) -> None:
         """Answer a request whose body is left unread, and close its connection."""
-        response = anthropic_shaped(error.response(), path)
+        response = error.response(path)
         # The rest of the body is never read: the connection cannot carry another request.
         response["Connection"] = "close"
         response["x-request-id"] = uuid.uuid4().hex

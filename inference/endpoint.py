@@ -20,7 +20,7 @@ from inference.admission import ratelimit_headers, request_count, request_id_new
 from inference.asgi import CHECKED_PRINCIPAL, COUNTED, COUNTS_REQUESTS, TURN_OVER
 from inference.auth import Principal, authenticate, credentials, scope_check
 from inference.clients import quotas_get
-from inference.errors import ApiError, anthropic_shaped
+from inference.errors import ApiError
 from inference.metrics import RequestClock, requests_total
 from inference.params import body_parse
 
@@ -59,7 +59,7 @@ def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routa
                     )
                 response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
             except ApiError as exc:
-                response = exc.response()
+                response = exc.response(request.path)
             except UNREACHABLE:
                 # The platform, not the client, is at fault, and retrying soon may work: a fast
                 # 503 rather than a 500 or a hang (connections time out in seconds).
@@ -69,7 +69,7 @@ def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routa
                     "service_unavailable",
                     "The platform cannot reach its queue store right now; retry shortly.",
                     retry_after=1,
-                ).response()
+                ).response(request.path)
             except (OperationalError, InterfaceError):
                 # PostgreSQL is down or restarting and this request needed what no cache held
                 # (a key, route or model list older than its TTL and grace): the same fast 503.
@@ -79,10 +79,10 @@ def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routa
                     "service_unavailable",
                     "The platform cannot reach its database right now; retry shortly.",
                     retry_after=1,
-                ).response()
+                ).response(request.path)
             except Exception:
                 log.exception("unhandled error in %s", request.path)
-                response = internal_error().response()
+                response = internal_error().response(request.path)
             principal = request.META.get(_PRINCIPAL)
             if principal is not None and "x-ratelimit-limit-requests" not in response:
                 # Every response to a known tenant says where its limits stand.
@@ -91,7 +91,6 @@ def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routa
                 response["x-request-id"] = request_id
             response["traceparent"] = trace.traceparent
             requests_total.labels(endpoint=view.__name__, code=str(response.status_code)).inc()
-            response = anthropic_shaped(response, request.path)
             if not isinstance(response, StreamingHttpResponse):
                 if clock.dispatched:
                     clock.lap("relay")

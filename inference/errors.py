@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponse
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -155,9 +155,26 @@ class ApiError(Exception):
             }
         }
 
-    def response(self) -> HttpResponse:
+    def anthropic_body(self) -> dict[str, Any]:
+        """The error in Anthropic's body: `type` by the status, as Anthropic's SDKs read it,
+        the platform's `code` and `param` kept beside the message."""
+        default = "api_error" if self.status >= 500 else "invalid_request_error"
+        return {
+            "type": "error",
+            "error": {
+                "type": ANTHROPIC_TYPES.get(self.status, default),
+                "message": self.message,
+                "code": self.code,
+                "param": self.param,
+            },
+        }
+
+    def response(self, path: str = "") -> HttpResponse:
+        """The error as a response to a request for `path`: in Anthropic's shape on the
+        Messages API's paths, in OpenAI's everywhere else."""
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATH) else self.body()
         response = HttpResponse(
-            json.dumps(self.body()), status=self.status, content_type="application/json"
+            json.dumps(body), status=self.status, content_type="application/json"
         )
         response["x-should-retry"] = "true" if should_retry(self.status, self.code) else "false"
         if self.retry_after is not None:
@@ -173,34 +190,3 @@ class ApiError(Exception):
 def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """Return a 400 naming the field at fault."""
     return ApiError(400, code, message, param=param)
-
-
-def anthropic_error_body(status: int, error: dict[str, Any]) -> dict[str, Any]:
-    """An error's fields in Anthropic's body: `type` by the status, the platform's `code` and
-    `param` kept beside the message (a client of Anthropic's API reads what it knows)."""
-    default = "api_error" if status >= 500 else "invalid_request_error"
-    return {
-        "type": "error",
-        "error": {
-            "type": ANTHROPIC_TYPES.get(status, default),
-            "message": error.get("message", ""),
-            "code": error.get("code"),
-            "param": error.get("param"),
-        },
-    }
-
-
-def anthropic_shaped(response: HttpResponseBase, path: str) -> HttpResponseBase:
-    """The response, its error body in Anthropic's shape when `path` is the Messages API's."""
-    if not path.startswith(ANTHROPIC_PATH) or response.status_code < 400:
-        return response
-    if not isinstance(response, HttpResponse) or response.get("Content-Type") != "application/json":
-        return response
-    try:
-        error = json.loads(response.content)["error"]
-    except (ValueError, KeyError, TypeError):
-        return response
-    if not isinstance(error, dict):
-        return response
-    response.content = json.dumps(anthropic_error_body(response.status_code, error)).encode()
-    return response

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from dataplane.types import Delta, Failed, Finished, ToolCallDelta
-from inference.errors import ApiError, anthropic_error_body
+from inference.errors import ApiError
 
 _json = msgspec.json.Encoder()
 
@@ -187,8 +187,7 @@ class MessageBuilder:
 
     def broken(self, error: ApiError) -> dict[str, Any]:
         """The one `error` event of a stream that broke or a request that failed."""
-        fields = {"message": error.message, "code": error.code, "param": error.param}
-        return anthropic_error_body(error.status, fields)
+        return error.anthropic_body()
 
     def add(self, delta: Delta) -> None:
         """Take new output into the whole message."""

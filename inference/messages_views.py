@@ -1,7 +1,7 @@
 """`/v1/messages` (whole or streamed) and `/v1/messages/count_tokens`: Anthropic's Messages API.
 
 The request runs on the chat path (inference.messages); its errors are in Anthropic's shape
-(inference.errors.anthropic_shaped), and a key may come as `x-api-key` (inference.auth).
+(inference.errors.ApiError.response), and a key may come as `x-api-key` (inference.auth).
 """
 
 from __future__ import annotations

@@ -8,12 +8,13 @@ these pin the rules one at a time.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from dataplane.types import Delta, Failed, Finished, ToolCallDelta
-from inference.errors import ApiError, anthropic_error_body
+from inference.errors import ApiError
 from inference.message_events import MessageBuilder, stop_reason_of, usage_of
 from inference.messages import messages_chat, needs_of
 
@@ -226,7 +227,7 @@ def test_an_empty_answer_is_one_empty_text_block_and_a_cut_tool_call_keeps_its_t
 
 
 def test_errors_take_anthropics_shape_with_the_field_named():
-    body = anthropic_error_body(400, {"message": "bad", "code": "invalid_value", "param": "x"})
+    body = ApiError(400, "invalid_value", "bad", param="x").anthropic_body()
     assert body == {
         "type": "error",
         "error": {
@@ -236,8 +237,14 @@ def test_errors_take_anthropics_shape_with_the_field_named():
             "param": "x",
         },
     }
-    assert anthropic_error_body(503, {"message": "busy"})["error"]["type"] == "overloaded_error"
-    assert anthropic_error_body(502, {"message": "?"})["error"]["type"] == "api_error"
+    assert (
+        ApiError(503, "queue_full", "busy").anthropic_body()["error"]["type"] == "overloaded_error"
+    )
+    assert ApiError(502, "bad_gateway", "?").anthropic_body()["error"]["type"] == "api_error"
+    # The same body answers the request, on the Messages API's paths only.
+    error = ApiError(400, "invalid_value", "bad", param="x")
+    assert json.loads(error.response("/v1/messages").content) == error.anthropic_body()
+    assert json.loads(error.response("/v1/chat/completions").content) == error.body()
 
 
 def test_a_failed_stream_ends_with_one_error_event_in_anthropics_shape():
