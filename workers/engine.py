@@ -225,10 +225,16 @@ class VllmEngine:
         # Whether grammars go marked with the tenant (see structured_outputs): only to the
         # backends whose comment syntax the marks were checked against.
         self._grammars_marked = False
+        self._on_accelerator = False
 
     @property
     def prefix_caching(self) -> bool:
         return self.spec.prefix_caching
+
+    @property
+    def on_accelerator(self) -> bool:
+        """Whether the engine runs on a GPU (or another accelerator) rather than the CPU."""
+        return self._on_accelerator
 
     async def start(self) -> None:
         _engine_environment()
@@ -245,6 +251,7 @@ class VllmEngine:
                 # vLLM's own cache of loaded adapters; the worker evicts before it fills.
                 "max_cpu_loras": self.spec.adapters_kept,
             }
+        self._on_accelerator = not current_platform.is_cpu()
         if current_platform.is_cpu():
             # Patches to vLLM's CPU build, loaded in its engine core (workers/cpu_fixes.py).
             lora["worker_extension_cls"] = "workers.cpu_fixes.CpuEngineFixes"

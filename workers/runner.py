@@ -46,6 +46,19 @@ from workers.outbox import FLUSH_SHARES, STREAMS_PER_SHARE, Outbox
 
 log = logging.getLogger(__name__)
 
+# The stream interval of a worker whose ROUNDHOUSE_STREAM_INTERVAL_MS is unset. A CPU engine
+# shares its cores with the relay, so gathering a stream's tokens buys it throughput; a GPU
+# host has cores to spare, and there relaying every engine step kept throughput at vLLM's
+# server's and its inter-token gaps as short (docs/design-notes.md, "Tail latency").
+CPU_STREAM_INTERVAL_MS = 20.0
+
+
+def stream_interval_ms(configured: float | None, *, on_accelerator: bool) -> float:
+    """The worker's stream interval: the configured one, or its engine's device's default."""
+    if configured is not None:
+        return configured
+    return 0.0 if on_accelerator else CPU_STREAM_INTERVAL_MS
+
 
 async def _first_of(*waits: Awaitable[object], timeout: float) -> None:
     """Return when the first of these finishes or timeout passes; cancel the others."""

@@ -391,8 +391,14 @@ ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS = env_float("ROUNDHOUSE_REQUEST_TIMEOUT_SECON
 ROUNDHOUSE_REPLY_TTL_SECONDS = env_int("ROUNDHOUSE_REPLY_TTL_SECONDS", 900)
 # Tokens of a stream produced within this many milliseconds travel as one event (the first
 # token and the end never wait). 0 sends every engine step; raise it when many concurrent
-# streams make per-token relaying cost more CPU than the engine can spare.
-ROUNDHOUSE_STREAM_INTERVAL_MS = env_float("ROUNDHOUSE_STREAM_INTERVAL_MS", 20.0)
+# streams make per-token relaying cost more CPU than the engine can spare. Unset, the worker
+# picks by its engine's device (workers/runner.py, stream_interval_ms): every step on
+# an accelerator, whose host has cores to spare, and 20 ms on a CPU engine, which shares them.
+ROUNDHOUSE_STREAM_INTERVAL_MS: float | None = (
+    env_float("ROUNDHOUSE_STREAM_INTERVAL_MS", 0.0)
+    if os.environ.get("ROUNDHOUSE_STREAM_INTERVAL_MS", "").strip()
+    else None
+)
 # An alias whose recent requests mostly failed on the platform's side (engine errors, lost
 # workers) sends its interactive requests to its fallback for a while (inference/breaker.py).
 # A minimum of 0 requests turns the breakers off.

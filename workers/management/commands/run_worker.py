@@ -27,7 +27,7 @@ from workers.encoder_worker import EncoderWorker
 from workers.engine import VllmEngine
 from workers.generative import GenerativeWorker
 from workers.metrics import WorkerMetrics
-from workers.runner import Worker
+from workers.runner import Worker, stream_interval_ms
 from workers.services import (
     adapter_ref,
     deployment_report,
@@ -173,6 +173,10 @@ class Command(BaseCommand):
         gc.freeze()
         client = redis_client_new()
         reserved = reserved_slots(spec.max_num_seqs)
+        interval_ms = stream_interval_ms(
+            settings.ROUNDHOUSE_STREAM_INTERVAL_MS, on_accelerator=engine.on_accelerator
+        )
+        log.info("stream interval %g ms", interval_ms)
         adapters = None
         if spec.max_loras:
             adapters = Adapters(
@@ -192,7 +196,7 @@ class Command(BaseCommand):
             reserved=reserved,
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
-            stream_interval=settings.ROUNDHOUSE_STREAM_INTERVAL_MS / 1000,
+            stream_interval=interval_ms / 1000,
             adapters=adapters,
             metrics=metrics,
             batch_every=batch_every(settings.ROUNDHOUSE_BATCH_MIN_SHARE),
