@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -393,14 +394,24 @@ def roundhouse_stack(
     *,
     engine_cpus: str | None = None,
     platform_cpus: str | None = None,
+    frontends: int = 1,
 ) -> Iterator[Target]:
     """Run a frontend, a worker and the usage ingester against the platform's servers.
 
     `engine_cpus` and `platform_cpus` (taskset lists such as "0") keep the worker with its
     engine apart from the frontend and ingester, as separate machines would in production.
+    `frontends` > 1 runs the frontend as that many uvicorn processes on one port, as a pod of
+    the Helm chart runs them (`frontend.webConcurrency`), sharing their metrics' files.
     """
     work.mkdir(parents=True, exist_ok=True)
     env = dict(platform.env)
+    workers: list[str] = []
+    if frontends > 1:
+        metrics = work / "prometheus"
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir()
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
+        workers = ["--workers", str(frontends)]
     if engine_cpus:
         env["VLLM_CPU_OMP_THREADS_BIND"] = engine_cpus
     port = free_port()
@@ -414,7 +425,7 @@ def roundhouse_stack(
     web = spawn(
         _pinned(platform_cpus, [py, "-m", "uvicorn", "config.asgi:application",
                 "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-                "--log-level", "warning"]),
+                "--log-level", "warning", *workers]),
         web_log,
         env,
     )  # fmt: skip

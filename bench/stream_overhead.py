@@ -231,6 +231,14 @@ def _stages_into(level: Level, streams: list[Stream]) -> None:
     )
 
 
+def _vllm_started(
+    model_dir: Path, work: Path, args: argparse.Namespace
+) -> contextlib.AbstractContextManager[Target]:
+    """vLLM's server with as many API processes as Roundhouse has frontend processes."""
+    extra = ("--api-server-count", str(args.api_processes)) if args.api_processes > 1 else ()
+    return vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS, extra_args=extra)
+
+
 def run_vllm_server(
     model_dir: Path,
     work: Path,
@@ -241,7 +249,7 @@ def run_vllm_server(
     """Measure every level on vLLM's server: `running`, or one started for this round."""
     if running is not None:
         return [_measure(running, c, args)[0] for c in levels]
-    with vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS) as target:
+    with _vllm_started(model_dir, work, args) as target:
         return [_measure(target, c, args)[0] for c in levels]
 
 
@@ -254,7 +262,9 @@ def run_roundhouse(
 ) -> list[Level]:
     """Measure every level on Roundhouse: `running`, or a stack started for this round."""
     with contextlib.ExitStack() as started:
-        target = running or started.enter_context(roundhouse_stack(platform, work))
+        target = running or started.enter_context(
+            roundhouse_stack(platform, work, frontends=args.api_processes)
+        )
         measured = []
         for c in levels:
             level, streams = _measure(target, c, args)
@@ -437,6 +447,7 @@ def _results(
             "from_log": args.from_log is not None,
             # Absent from a Namespace built without the parser (a rebuild's test builds one).
             "keep_servers": getattr(args, "keep_servers", False),
+            "api_processes": getattr(args, "api_processes", 1),
             "min_requests": args.min_requests,
             "output_tokens": OUTPUT_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
@@ -516,10 +527,10 @@ def _rounds(
             # Both started once and kept for every round: on a borrowed GPU the starts
             # (a minute for vLLM's server, half one for the worker) cost more than a round.
             progress("starting vLLM's own OpenAI server and Roundhouse, kept for every round")
-            vllm_running = kept.enter_context(
-                vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS)
+            vllm_running = kept.enter_context(_vllm_started(model_dir, work, args))
+            roundhouse_running = kept.enter_context(
+                roundhouse_stack(platform, work / "rh", frontends=args.api_processes)
             )
-            roundhouse_running = kept.enter_context(roundhouse_stack(platform, work / "rh"))
         for round_ in range(1, args.rounds + 1):
             for attempt in range(args.reruns + 1):
                 # Alternating the targets spreads slow phases of the machine over both.
@@ -631,8 +642,14 @@ def _publish(
     interval = (
         f"`ROUNDHOUSE_STREAM_INTERVAL_MS={args.stream_interval_ms:g}`"
         if args.stream_interval_ms is not None
-        else "the default stream interval"
+        else "the worker's default stream interval (every engine step on a GPU, 20 ms on CPU)"
     )
+    processes = getattr(args, "api_processes", 1)
+    if processes > 1:
+        interval += (
+            f", {processes} HTTP processes on each side (Roundhouse's frontend as {processes} "
+            f"uvicorn workers, vLLM's server with `--api-server-count {processes}`)"
+        )
     extra = (
         "\n\nRebuilt from the run's progress lines (`--from-log`): the stage split and the "
         "CPU use are written only by a run that finishes, and are not here."
@@ -721,6 +738,13 @@ def main() -> None:
         "(each round still measures one, then the other); for a borrowed GPU's short time",
     )
     parser.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="HTTP processes on each side: Roundhouse's frontend as this many uvicorn workers, "
+        "vLLM's server with --api-server-count; above 1 the results are a section of their own",
+    )
+    parser.add_argument(
         "--from-log",
         type=Path,
         default=None,
@@ -737,6 +761,8 @@ def main() -> None:
     # On a GPU machine the results are a section of their own beside the CPU one.
     args.gpu = accelerator()
     args.section = "stream_overhead_gpu" if args.gpu else "stream_overhead"
+    if args.api_processes > 1:
+        args.section += f"_api{args.api_processes}"
     args.cpu, args.vllm, args.cores = cpu_features(), vllm_version(), os.cpu_count()
     levels = [int(c) for c in args.levels.split(",")]
     work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))

@@ -20,10 +20,13 @@ def usage_body(
     completion_tokens: int,
     cached_tokens: int | None = None,
     reasoning_tokens: int | None = None,
+    created_cache_tokens: int | None = None,
 ) -> dict[str, Any]:
     """OpenAI's usage object; `cached_tokens`: prompt tokens served from the prefix cache;
     `reasoning_tokens`: the completion tokens a reasoning model spent thinking (None: the
-    model has no reasoning parser, and the details are left out, as vLLM's server does)."""
+    model has no reasoning parser, and the details are left out, as vLLM's server does);
+    `created_cache_tokens`: prompt tokens the request computed and wrote to the prefix cache,
+    which vLLM's server reports beside `cached_tokens` on chat (None: left out)."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -31,18 +34,22 @@ def usage_body(
     }
     if cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        if created_cache_tokens is not None:
+            usage["prompt_tokens_details"]["created_cache_tokens"] = created_cache_tokens
     if reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return usage
 
 
-def finished_usage(finished: Finished) -> dict[str, Any]:
-    """The usage object of a finished request."""
+def finished_usage(finished: Finished, *, chat: bool = False) -> dict[str, Any]:
+    """The usage object of a finished request; a chat's also counts the prompt tokens it wrote
+    to the prefix cache, as vLLM's chat server does (its completions server does not)."""
     return usage_body(
         finished.prompt_tokens,
         finished.completion_tokens,
         finished.cached_tokens,
         finished.reasoning_tokens,
+        finished.cache_created_tokens if chat else None,
     )
 
 
@@ -372,7 +379,7 @@ class Formatter:
         if ranked is not None:
             body["prompt_logprobs"] = _prompt_logprobs(ranked)
         body["choices"] = choices
-        body["usage"] = finished_usage(finished)
+        body["usage"] = finished_usage(finished, chat=self.chat)
         return _json.encode(body)
 
     def _prompt_ids(self, index: int) -> list[int] | None:
@@ -490,7 +497,7 @@ class Formatter:
         """Return the final chunk that carries usage (`stream_options.include_usage`)."""
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = finished_usage(finished)
+        body["usage"] = finished_usage(finished, chat=self.chat)
         return b"data: " + _json.encode(body) + b"\n\n"
 
 

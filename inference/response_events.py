@@ -20,9 +20,12 @@ _json = msgspec.json.Encoder()
 def usage_of(finished: Finished | Failed) -> dict[str, Any]:
     cached = finished.cached_tokens if isinstance(finished, Finished) else 0
     thinking = finished.reasoning_tokens if isinstance(finished, Finished) else None
+    # cache_write_tokens: the input tokens written to the prefix cache, as vLLM's Responses
+    # server counts them beside OpenAI's cached_tokens.
+    written = finished.cache_created_tokens if isinstance(finished, Finished) else 0
     return {
         "input_tokens": finished.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "output_tokens": finished.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": thinking or 0},
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,

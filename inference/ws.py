@@ -235,7 +235,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                         "type": "finished",
                         "id": client_id,
                         "finish_reason": event.finish_reason,
-                        "usage": finished_usage(event),
+                        "usage": finished_usage(event, chat=endpoint == CHAT),
                     }
                     if event.finish_reasons:
                         finished["finish_reasons"] = event.finish_reasons

@@ -36,7 +36,12 @@ USAGE: Schema = obj(
                 "cached_tokens": {
                     "type": "integer",
                     "description": "Prompt tokens the engine's prefix cache served.",
-                }
+                },
+                "created_cache_tokens": {
+                    "type": "integer",
+                    "description": "Chat only: prompt tokens computed and written to the "
+                    "prefix cache.",
+                },
             },
             "cached_tokens",
         ),

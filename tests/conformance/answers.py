@@ -54,7 +54,8 @@ class Answer:
     status: int
     choices: dict[int, Choice] = field(default_factory=dict)
     usage: dict[str, int] | None = None
-    cached_tokens: int | None = None
+    # prompt_tokens_details: the cached tokens, and on chat those the request wrote to the cache
+    cache: dict[str, int] | None = None
     error: str = ""  # a refusal's code and message, to show in a difference
     stream_error: str = ""  # an error event inside a stream that began with 200
     prompt_token_ids: list[int] | None = None  # chat's return_token_ids, on the body
@@ -70,15 +71,19 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def _usage(body: dict[str, Any] | None) -> tuple[dict[str, int] | None, int | None]:
+def _usage(body: dict[str, Any] | None) -> tuple[dict[str, int] | None, dict[str, int] | None]:
     if not body:
         return None, None
     usage = {k: body[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
     completion = body.get("completion_tokens_details") or {}
     if "reasoning_tokens" in completion:  # a reasoning model's
         usage["reasoning_tokens"] = completion["reasoning_tokens"]
-    details = body.get("prompt_tokens_details") or {}
-    return usage, details.get("cached_tokens")
+    # vLLM's server writes the details it has no figure for as null: absent, as the platform
+    # leaves them.
+    details = body.get("prompt_tokens_details")
+    if details is None:
+        return usage, None
+    return usage, {key: value for key, value in details.items() if value is not None}
 
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> list[tuple[str, float | None, list]]:
@@ -116,7 +121,7 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
         return _refused(response)
     body = response.json()
     answer = Answer(status=200)
-    answer.usage, answer.cached_tokens = _usage(body.get("usage"))
+    answer.usage, answer.cache = _usage(body.get("usage"))
     answer.prompt_token_ids = body.get("prompt_token_ids")
     answer.prompt_text = body.get("prompt_text")
     answer.prompt_logprobs = _prompt_logprobs(body.get("prompt_logprobs"))
@@ -167,7 +172,7 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             answer.stream_error = f"{error.get('code')}: {error.get('message')}"
             continue
         if chunk.get("usage"):
-            answer.usage, answer.cached_tokens = _usage(chunk["usage"])
+            answer.usage, answer.cache = _usage(chunk["usage"])
         if chunk.get("prompt_token_ids") is not None:
             answer.prompt_token_ids = chunk["prompt_token_ids"]
         if chunk.get("prompt_text") is not None:

@@ -277,7 +277,10 @@ def test_a_beam_searchs_cached_tokens_are_zero(targets: Any) -> None:
     ours, theirs = _both(targets, beam)
     assert ours.status_code == theirs.status_code == 200
     assert theirs.json()["usage"].get("prompt_tokens_details") is None
-    assert ours.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert ours.json()["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 0,
+    }
 
 
 # --- Anthropic's Messages API (/v1/messages) ---

@@ -247,7 +247,12 @@ def test_a_repeated_long_prompt_reports_its_cached_tokens(sdk, usage_of):
     cached = usage.input_tokens_details.cached_tokens
     # The prefix cache serves whole blocks, and never the last prompt token.
     assert 0 < cached < usage.input_tokens
-    assert first.parse().usage.input_tokens_details.cached_tokens < cached
+    earlier = first.parse().usage.input_tokens_details
+    assert earlier.cached_tokens < cached
+    # What the second found cached, the first computed and wrote to the cache (vLLM's
+    # cache_write_tokens, beyond OpenAI's fields); the second wrote none of those again.
+    assert earlier.cache_write_tokens >= cached - earlier.cached_tokens
+    assert usage.input_tokens_details.cache_write_tokens <= usage.input_tokens - cached
     [record] = usage_of(second.headers["x-request-id"])
     assert (record.prompt_tokens, record.cached_tokens) == (usage.input_tokens, cached)
 

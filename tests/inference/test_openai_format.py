@@ -47,6 +47,7 @@ def test_a_non_streaming_answer_holds_every_choice_with_its_finish_and_cached_to
         completion_tokens=3,
         cached_tokens=4,
         finish_reasons=["stop", "length"],
+        cache_created_tokens=3,
     )
     body = json.loads(formatter.complete(finished))
     assert [c["message"]["content"] for c in body["choices"]] == ["b", "ac"]
@@ -55,8 +56,13 @@ def test_a_non_streaming_answer_holds_every_choice_with_its_finish_and_cached_to
         "prompt_tokens": 7,
         "completion_tokens": 3,
         "total_tokens": 10,
-        "prompt_tokens_details": {"cached_tokens": 4},
+        "prompt_tokens_details": {"cached_tokens": 4, "created_cache_tokens": 3},
     }
+    # vLLM's completions server counts the cached tokens alone.
+    completion = _formatter(COMPLETIONS)
+    completion.add(Delta(text="b", tokens=1))
+    usage = json.loads(completion.complete(finished))["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 4}
 
 
 def test_tool_call_pieces_make_whole_calls_and_content_is_null_beside_them():
