@@ -530,13 +530,17 @@ def results_write(docs: Path, name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-def _json_ready(value: Any) -> Any:
+def _json_ready(value: Any, digits: int = 3) -> Any:
+    """Floats to three decimals; a ratio to six, so that the summary, rounding it to two,
+    reads what the section read from the unrounded figure (1.29503 kept as 1.295 read 1.29)."""
     if isinstance(value, float):
-        return round(value, 3) if math.isfinite(value) else None
+        return round(value, digits) if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _json_ready(v) for k, v in value.items()}
+        return {
+            str(k): _json_ready(v, 6 if str(k).endswith("ratio") else 3) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [_json_ready(v) for v in value]
+        return [_json_ready(v, digits) for v in value]
     return value
 
 

@@ -416,6 +416,13 @@ class UsageRowSerializer(serializers.Serializer[Any]):
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField(help_text="Part of prompt_tokens.")
+    cache_created_tokens = serializers.IntegerField(
+        help_text="Part of prompt_tokens: computed and written to the prefix cache (not priced "
+        "apart)."
+    )
+    reasoning_tokens = serializers.IntegerField(
+        help_text="Part of completion_tokens: a reasoning model's thinking (billed as output)."
+    )
     cost = serializers.DecimalField(max_digits=14, decimal_places=8)
     cached_cost = serializers.DecimalField(
         max_digits=14, decimal_places=8, help_text="The part of cost the cached tokens paid."
@@ -479,6 +486,8 @@ class UsageApi(FinanceView):
                 "prompt_tokens": row.prompt_tokens,
                 "completion_tokens": row.completion_tokens,
                 "cached_tokens": row.cached_tokens,
+                "cache_created_tokens": row.cache_created_tokens,
+                "reasoning_tokens": row.reasoning_tokens,
                 "cost": str(row.cost),
                 "cached_cost": str(row.cached_cost),
             }
@@ -486,7 +495,8 @@ class UsageApi(FinanceView):
         ]
         if params.get("export") == "csv":
             header = [group, "requests", "errors", "prompt_tokens", "completion_tokens",
-                      "cached_tokens", "cost", "cached_cost"]  # fmt: skip
+                      "cached_tokens", "cache_created_tokens", "reasoning_tokens", "cost",
+                      "cached_cost"]  # fmt: skip
             # A column, not a comment line above the header: CSV has no comments, so a "#" line
             # breaks spreadsheets, csv.DictReader and loaders, while a column survives sorting,
             # filtering and concatenating exports of several tenants.

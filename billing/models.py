@@ -33,6 +33,10 @@ class UsageRecord(models.Model):
     user = models.CharField(max_length=64, blank=True)  # the client's `user` tag
     priority = models.CharField(max_length=16, default="interactive")
     cached_tokens = models.PositiveIntegerField(default=0)
+    # Part of prompt_tokens: computed and written to the prefix cache (not priced apart).
+    cache_created_tokens = models.PositiveIntegerField(default=0)
+    # Part of completion_tokens: a reasoning model's thinking (billed as output).
+    reasoning_tokens = models.PositiveIntegerField(default=0)
     # The W3C trace the request ran under: finds its log lines and spans from a bill line.
     trace_id = models.CharField(max_length=32, blank=True, default="")
     # Answered from the tenant's response cache (no engine time), billed at its quota's share.

@@ -67,6 +67,8 @@ class UsageRow:
     cached_tokens: int  # part of prompt_tokens
     cost: Decimal
     cached_cost: Decimal  # the part of cost the cached tokens paid
+    cache_created_tokens: int = 0  # part of prompt_tokens: written to the prefix cache
+    reasoning_tokens: int = 0  # part of completion_tokens: a reasoning model's thinking
 
 
 def usage_aggregate(
@@ -100,6 +102,8 @@ def usage_aggregate(
             prompt=Sum("prompt_tokens"),
             completion=Sum("completion_tokens"),
             cached=Sum("cached_tokens"),
+            created=Sum("cache_created_tokens"),
+            thought=Sum("reasoning_tokens"),
             spent=Sum("cost"),
             cached_spent=Sum("cached_cost"),
         )
@@ -117,6 +121,8 @@ def usage_aggregate(
             cached_tokens=row["cached"] or 0,
             cost=row["spent"] or Decimal(0),
             cached_cost=row["cached_spent"] or Decimal(0),
+            cache_created_tokens=row["created"] or 0,
+            reasoning_tokens=row["thought"] or 0,
         )
         for row in aggregated
     ]

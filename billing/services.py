@@ -253,6 +253,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 event.prompt_tokens,
                 event.completion_tokens,
                 event.cached_tokens,
+                event.cache_created_tokens,
+                event.reasoning_tokens,
                 event.trace_id,
                 cost,
                 cached_cost,
@@ -284,8 +286,8 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
 _COLUMNS = (
     "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "trace_id", "cost", "cached_cost", "shadow", "response_cache",
-    "fallback_from", "user",
+    "cached_tokens", "cache_created_tokens", "reasoning_tokens", "trace_id", "cost",
+    "cached_cost", "shadow", "response_cache", "fallback_from", "user",
     "priority", "price_book_id",
     "enqueued_at", "started_at", "first_token_at", "finished_at", "ingested_at",
 )  # fmt: skip

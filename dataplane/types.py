@@ -399,6 +399,8 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     user: str = ""
     priority: str = "interactive"
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    cache_created_tokens: int = 0  # prompt tokens computed and written to the prefix cache
+    reasoning_tokens: int = 0  # completion tokens a reasoning model spent thinking
     trace_id: str = ""
     # Answered from the tenant's response cache, billed at this share of the full price.
     response_cache: bool = False
@@ -428,6 +430,8 @@ def usage_for(
     error_code: str = "",
     cached_tokens: int = 0,
     prompt_tokens: int | None = None,
+    cache_created_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> UsageEvent:
     """Build the usage event of a job; its prompt counts in full unless told otherwise.
 
@@ -454,6 +458,8 @@ def usage_for(
         user=job.user,
         priority=job.priority,
         cached_tokens=cached_tokens,
+        cache_created_tokens=cache_created_tokens,
+        reasoning_tokens=reasoning_tokens,
         trace_id=job.trace_id,
         fallback_from=job.fallback_from,
     )

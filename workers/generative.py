@@ -269,6 +269,8 @@ class _Generation:
         """The request's terminal event and usage; a failure bills what it produced."""
         reasons = [choice.reason() for choice in self.choices]
         prompt_tokens, cached = sum(self.prompt_tokens), sum(self.cached)
+        created = min(sum(self.created), prompt_tokens - cached)
+        thought = self._reasoning_tokens()
         terminal: Event
         if failure is None:
             terminal = Finished(
@@ -277,9 +279,9 @@ class _Generation:
                 completion_tokens=self.produced,
                 cached_tokens=cached,
                 finish_reasons=reasons if len(reasons) > 1 else [],
-                reasoning_tokens=self._reasoning_tokens(),
+                reasoning_tokens=thought,
                 stop_sequence=self.choices[0].stop_string,
-                cache_created_tokens=min(sum(self.created), prompt_tokens - cached),
+                cache_created_tokens=created,
             )
         else:
             terminal = failure.failed(prompt_tokens=prompt_tokens, completion_tokens=self.produced)
@@ -296,6 +298,8 @@ class _Generation:
             error_code="" if failure is None else failure.code,
             cached_tokens=cached,
             prompt_tokens=prompt_tokens,
+            cache_created_tokens=created,
+            reasoning_tokens=thought or 0,
         )
         return terminal, usage
 

@@ -286,3 +286,10 @@ def test_cached_tokens_on_a_repeated_long_prompt(sdk, usage_of):
     }
     record = records[second.headers["x-request-id"]]
     assert (record.prompt_tokens, record.cached_tokens) == (usage.prompt_tokens, cached)
+    # What the second found cached, the first wrote (vLLM's created_cache_tokens on chat);
+    # each record keeps what its answer said.
+    earlier = first.parse().usage.prompt_tokens_details
+    assert earlier.created_cache_tokens >= cached - earlier.cached_tokens
+    for answer in (first, second):
+        said = answer.parse().usage.prompt_tokens_details.created_cache_tokens
+        assert records[answer.headers["x-request-id"]].cache_created_tokens == said
