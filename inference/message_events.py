@@ -69,12 +69,15 @@ class MessageBuilder:
     A reasoning model's thinking is a `thinking` block (with a signature, which nothing
     checks here), the answer's text a `text` block and each tool call a `tool_use` block, in
     the order the model wrote them; text that comes while a tool call is open waits and
-    follows it as a block of its own.
+    follows it as a block of its own. With `thinking_shown` off (`thinking.display:
+    "omitted"`) a thinking block comes with its signature and no text, as Anthropic's API
+    answers it; the thinking's tokens still count as output.
     """
 
     message_id: str
     model: str
     prompt_tokens: int
+    thinking_shown: bool = True
     # The whole message's parts, in order.
     thinking: str = ""
     text: str = ""
@@ -169,9 +172,10 @@ class MessageBuilder:
             if self._open != "thinking":
                 events += self._stop_and_flush()
                 events.append(self._block_start({"type": "thinking", "thinking": ""}))
-            events.append(
-                self._delta_event({"type": "thinking_delta", "thinking": delta.reasoning})
-            )
+            if self.thinking_shown:
+                events.append(
+                    self._delta_event({"type": "thinking_delta", "thinking": delta.reasoning})
+                )
         if delta.text:
             self.text += delta.text
             if self._open == "tool_use":
@@ -227,9 +231,8 @@ class MessageBuilder:
         """The whole message."""
         content: list[dict[str, Any]] = []
         if self.thinking:
-            content.append(
-                {"type": "thinking", "thinking": self.thinking, "signature": uuid.uuid4().hex}
-            )
+            shown = self.thinking if self.thinking_shown else ""
+            content.append({"type": "thinking", "thinking": shown, "signature": uuid.uuid4().hex})
         if self.text:
             content.append({"type": "text", "text": self.text})
         for _, call in sorted(self.calls.items()):

@@ -375,6 +375,13 @@ def _tool_choice(raw: Any) -> tuple[Any, bool | None]:
     raise invalid("tool_choice.type", "tool_choice.type must be auto, any, tool or none.")
 
 
+def thinking_shown(body: dict[str, Any]) -> bool:
+    """Whether the answer's thinking blocks carry their text: not with `display: "omitted"`
+    (a body `messages_chat` has accepted)."""
+    thinking = body.get("thinking")
+    return not (isinstance(thinking, dict) and thinking.get("display") == "omitted")
+
+
 def _thinking(raw: Any, max_tokens: int | None) -> dict[str, Any]:
     """What `thinking` asks of chat: a thinking budget, or (off) `reasoning_effort` None as a
     marker the caller replaces with the effort that turns thinking off."""
@@ -393,11 +400,11 @@ def _thinking(raw: Any, max_tokens: int | None) -> dict[str, Any]:
                 f"thinking.{name}", f"thinking of type '{kind}' has no field {shown(name)}."
             )
     display = thinking.get("display")
-    if display not in (None, "summarized"):
+    if display not in (None, "summarized", "omitted"):
         raise _unsupported(
             "thinking.display",
-            "thinking.display: the thinking comes whole (as 'summarized' asks); "
-            f"{shown(str(display))} is not supported.",
+            "thinking.display must be summarized (the thinking comes whole) or omitted (its "
+            f"blocks come without text); {shown(str(display))} is not supported.",
         )
     if kind == "disabled":
         return {"thinking_off": True}

@@ -32,7 +32,7 @@ from inference.endpoint import (
 from inference.errors import ApiError
 from inference.event_streams import builder_stream
 from inference.message_events import MessageBuilder
-from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of
+from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of, thinking_shown
 from inference.params import GenerationRequest, template_kwargs_with_effort
 from inference.results import completion_collect
 from inference.submission import generation_submit
@@ -141,6 +141,7 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
         message_id=f"msg_{request_id}",
         model=submitted.route.served_name,
         prompt_tokens=sum(len(ids) for ids in submitted.job.inputs()),
+        thinking_shown=thinking_shown(body),
     )
     events = relay.events(dispatch_get(), submitted)
     response: HttpResponseBase

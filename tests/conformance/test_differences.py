@@ -13,6 +13,7 @@ import pytest
 
 from inference.sampling import MAX_PROMPT_LOGPROBS
 from tests.conformance.cases import ASK, FUNCTIONS, HELLO
+from tests.conformance.conftest import THINKING
 from tests.conftest import ACME_MAX_TOKENS, ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -323,7 +324,7 @@ def test_every_messages_refusal_is_in_anthropics_shape(targets: Any) -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"thinking": {"type": "adaptive", "display": "omitted"}},
+        {"thinking": {"type": "adaptive", "display": "updates"}},
         {"system": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]},
         {"container": "c"},
         {
@@ -342,7 +343,7 @@ def test_every_messages_refusal_is_in_anthropics_shape(targets: Any) -> None:
         },
     ],
     ids=[
-        "thinking-display-omitted",
+        "thinking-display-updates",
         "non-text-system-block",
         "unknown-field",
         "tool-result-thinking",
@@ -355,6 +356,24 @@ def test_a_messages_field_that_would_be_dropped_is_refused(
     assert theirs.status_code == 200
     assert ours.status_code == 400
     assert ours.json()["error"]["code"] in ("unsupported_parameter", "invalid_value")
+
+
+def test_omitted_thinking_comes_without_its_text(thinking_targets: Any) -> None:
+    body = {
+        **MESSAGE,
+        "model": THINKING,
+        "max_tokens": 16,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+    }
+    ours, theirs = _both_messages(thinking_targets, body)
+    assert ours.status_code == theirs.status_code == 200
+    # vLLM's server drops `display` and shows the thinking; the platform answers as
+    # Anthropic's API does: the block and its signature, no text, its tokens still counted.
+    [their_thinking] = [b for b in theirs.json()["content"] if b["type"] == "thinking"]
+    [our_thinking] = [b for b in ours.json()["content"] if b["type"] == "thinking"]
+    assert their_thinking["thinking"] and our_thinking["thinking"] == ""
+    assert our_thinking["signature"]
+    assert ours.json()["usage"]["output_tokens"] == theirs.json()["usage"]["output_tokens"]
 
 
 def test_an_idempotency_key_on_messages_is_refused(targets: Any) -> None:

@@ -217,7 +217,7 @@ def test_the_key_may_be_a_bearer_token_too(stack, world):
 def test_what_is_not_built_is_refused_naming_it(sdk):
     cases: list[tuple[dict[str, Any], str]] = [
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
-        ({"thinking": {"type": "adaptive", "display": "omitted"}}, "thinking.display"),
+        ({"thinking": {"type": "adaptive", "display": "updates"}}, "thinking.display"),
         (
             {
                 "messages": [

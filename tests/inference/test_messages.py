@@ -16,7 +16,7 @@ import pytest
 from dataplane.types import Delta, Failed, Finished, ToolCallDelta
 from inference.errors import ApiError
 from inference.message_events import MessageBuilder, stop_reason_of, usage_of
-from inference.messages import messages_chat, needs_of
+from inference.messages import messages_chat, needs_of, thinking_shown
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -135,7 +135,7 @@ def test_what_is_unknown_or_not_built_is_refused_naming_it():
     _refused("tools[0].type", messages=HELLO, tools=[{"type": "web_search_20250305", "name": "s"}])
     _refused("tools[0].defer_loading", messages=HELLO, tools=[{"name": "s", "input_schema": {}, "defer_loading": True}])  # fmt: skip
     _refused(
-        "thinking.display", messages=HELLO, thinking={"type": "adaptive", "display": "omitted"}
+        "thinking.display", messages=HELLO, thinking={"type": "adaptive", "display": "updates"}
     )
     _refused("metadata.tier", messages=HELLO, metadata={"tier": "gold"})
     _refused("max_tokens", messages=HELLO, max_tokens="8")
@@ -214,6 +214,31 @@ def test_a_stream_opens_a_block_per_kind_and_text_after_a_tool_call_follows_it()
     body = builder.body(Finished(finish_reason="tool_calls", prompt_tokens=10, completion_tokens=4))
     assert [b["type"] for b in body["content"]] == ["thinking", "text", "tool_use"]
     assert body["content"][2]["input"] == {"a": 1}
+
+
+def test_omitted_thinking_keeps_its_blocks_and_signatures_without_their_text():
+    finished = Finished(finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+    builder = MessageBuilder(message_id="m", model="m", prompt_tokens=10, thinking_shown=False)
+    events = builder.start()
+    events += builder.delta(Delta(text="", tokens=2, reasoning="Hmm, "))
+    events += builder.delta(Delta(text="", tokens=2, reasoning="let me see."))
+    events += builder.delta(Delta(text="Hi.", tokens=1))
+    events += builder.end(finished)
+    assert _kinds(events) == [
+        "message_start",
+        "content_block_start", "content_block_delta:signature_delta", "content_block_stop",
+        "content_block_start", "content_block_delta:text_delta", "content_block_stop",
+        "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert events[1]["content_block"] == {"type": "thinking", "thinking": ""}
+    assert "Hmm" not in json.dumps(events)
+    thinking, text = builder.body(finished)["content"]
+    assert thinking["thinking"] == "" and thinking["signature"]
+    assert text == {"type": "text", "text": "Hi."}
+    # The request's validation lets it through; an unknown display is still refused.
+    assert not thinking_shown({"thinking": {"type": "adaptive", "display": "omitted"}})
+    assert thinking_shown({"thinking": {"type": "adaptive", "display": "summarized"}})
+    assert thinking_shown({})
 
 
 def test_an_empty_answer_is_one_empty_text_block_and_a_cut_tool_call_keeps_its_text():
