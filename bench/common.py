@@ -56,7 +56,9 @@ def free_port() -> int:
 
 
 def progress(text: str) -> None:
-    print(f"[bench] {text}", flush=True)
+    """Print a progress line; paths inside the checkout are shown from its root, so a saved
+    log names no machine's folders."""
+    print(f"[bench] {text.replace(f'{ROOT}/', '')}", flush=True)
 
 
 def percentile(values: list[float], q: float) -> float:
