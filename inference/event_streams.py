@@ -15,7 +15,7 @@ from inference.endpoint import internal_error
 from inference.errors import ApiError
 from inference.metrics import RequestClock
 from inference.response_events import sse
-from inference.results import events_close
+from inference.results import events_close, stream_ended
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ async def builder_stream(
                 break
         clock.lap("relay")
         if not ended:
-            raise ApiError(503, "stream_ended", "The reply stream ended without a result.")
+            raise stream_ended()
     except (asyncio.CancelledError, GeneratorExit):
         raise  # the client is gone: nobody is left to tell
     except BaseException as exc:

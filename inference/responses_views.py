@@ -59,7 +59,7 @@ from inference.responses_store import (
     response_get,
     response_save,
 )
-from inference.results import events_close
+from inference.results import events_close, stream_ended
 from inference.structured import compiled_for
 from inference.submission import generation_submit
 from inference.views import replayed_marked
@@ -434,7 +434,7 @@ async def _whole(
                 return builder.body()
     finally:
         await events_close(events)
-    raise ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
+    raise stream_ended()
 
 
 @api_endpoint("GET", "DELETE")

@@ -25,7 +25,8 @@ async def events_close(events: AsyncIterator[Event]) -> None:
         await aclose()
 
 
-def _stream_ended() -> ApiError:
+def stream_ended() -> ApiError:
+    """The refusal of a reply stream that closed without a terminal event."""
     return ApiError(503, "stream_ended", "The reply stream ended without a result.", retry_after=1)
 
 
@@ -58,7 +59,7 @@ async def completion_collect(
                 return formatter.complete(event)
     finally:
         await events_close(events)
-    raise _stream_ended()
+    raise stream_ended()
 
 
 async def embeddings_collect(
@@ -94,4 +95,4 @@ async def _embeddings_body(
                 tokens=event.prompt_tokens,
             )
             return _json.encode(body)
-    raise _stream_ended()
+    raise stream_ended()
