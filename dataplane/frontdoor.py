@@ -32,6 +32,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from dataplane import scripts
+from dataplane.coalesce import coalescer_of
 from dataplane.finish import Finisher, reply_ttl_of
 from dataplane.keys import (
     MARKER_TTL_SECONDS,
@@ -116,6 +117,7 @@ class FrontDoor:
         self._enqueue = client.register_script(scripts.ENQUEUE)
         self._unqueue = client.register_script(scripts.UNQUEUE)
         self._shut_out = client.register_script(scripts.SHUT_OUT)
+        self._turns = coalescer_of(client)
         self._finisher = Finisher(client, reply_ttl=reply_ttl)
         self._replies = ReplyReaders(client)
 
@@ -176,7 +178,8 @@ class FrontDoor:
             async with self.redis.pipeline(transaction=False) as pipe:
                 self._whereabouts_into(pipe, job)
                 await pipe.execute()
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def fill(pipe: aredis.client.Pipeline) -> None:
             script_into(
                 pipe,
                 self._enqueue,
@@ -203,7 +206,9 @@ class FrontDoor:
             if not on_cluster:
                 # Same round trip: where the request lives, so it can be cancelled by id.
                 self._whereabouts_into(pipe, job)
-            outcome, *_ = await pipe.execute()
+
+        # With the other requests' calls of this turn of the loop, in one round trip.
+        outcome, *_ = await self._turns.run(fill)
         code, wait_ms = int(outcome[0]), int(outcome[1])
         if code < 0:
             # Refused: no request lives anywhere. Under a flood these would otherwise fill

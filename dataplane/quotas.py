@@ -15,6 +15,7 @@ Keys carry the tenant as their hash tag, so one tenant's limits live in one Redi
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from dataplane import scripts
+from dataplane.coalesce import coalescer_of
 from dataplane.keys import body_bytes_key, quota_keys
 from dataplane.redis_client import script_into
 
@@ -79,7 +81,14 @@ def cost_micros(
 
 
 def month_of(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y%m")
+    """The UTC month of a Unix time, as `YYYYMM` (a request asks several times: by its hour)."""
+    return _month_of_hour(math.floor(ts / 3600))
+
+
+@functools.lru_cache(maxsize=64)
+def _month_of_hour(hour: int) -> str:
+    # A UTC month starts on an hour's boundary: every second of an hour is in the same month.
+    return dt.datetime.fromtimestamp(hour * 3600, tz=dt.UTC).strftime("%Y%m")
 
 
 def _release_call(
@@ -105,6 +114,9 @@ class Quotas:
         self._peek = client.register_script(scripts.QUOTA_PEEK)
         self._take_request = client.register_script(scripts.QUOTA_TAKE_REQUEST)
         self._take_bytes = client.register_script(scripts.QUOTA_TAKE_BYTES)
+        # A request's own calls (count, admit, settle) share a round trip with the others'
+        # made in the same turn of the loop.
+        self._turns = coalescer_of(client)
 
     async def peek(self, *, tenant_id: int, limits: Limits) -> Decision:
         """Return where a tenant's per-minute buckets stand, taking nothing."""
@@ -126,7 +138,8 @@ class Quotas:
     async def take_request(self, *, tenant_id: int, limits: Limits) -> Decision:
         """Count one request against the tenant's requests per minute, or refuse it."""
         now = time.time()
-        result = await self._take_request(
+        result = await self._turns.script(
+            self._take_request,
             keys=list(quota_keys(tenant_id, "", month_of(now))[:2]),
             args=[int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute],
         )
@@ -177,7 +190,8 @@ class Quotas:
         naming it undoes this admission and no later one of the same request id.
         """
         now = time.time() if now is None else now
-        result = await self._admit(
+        result = await self._turns.script(
+            self._admit,
             keys=list(quota_keys(tenant_id, request_id, month_of(now))),
             args=[
                 int(now * 1000),
@@ -223,7 +237,7 @@ class Quotas:
         keys, args = _release_call(
             tenant_id, month_of(admitted_at), [(request_id, used)], admission
         )
-        return int(await self._release(keys=keys, args=args)) == 1
+        return int(await self._turns.script(self._release, keys=keys, args=args)) == 1
 
     async def release_many(self, settlements: list[tuple[int, str, float, Usage]]) -> int:
         """Settle reservations given as (tenant, request id, admitted at, used); return how many.

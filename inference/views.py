@@ -264,7 +264,7 @@ async def _sse(
     *,
     cursor: relay.Cursor | None = None,
 ) -> AsyncIterator[bytes]:
-    """Write a request's events as SSE; with a cursor, each event carries its stream id.
+    """Write a request's events as SSE; with a cursor, each write carries its stream id.
 
     A client that loses the stream resumes it after the last id it saw
     (`GET /v1/requests/{id}/stream` with `Last-Event-ID`). Tenants whose output is filtered
@@ -273,7 +273,7 @@ async def _sse(
     ended = False
     try:
         async for chunk in _sse_chunks(events, include_usage, formatter, on_end, clock):
-            ended = chunk is DONE
+            ended = chunk.endswith(DONE)
             yield chunk if cursor is None else b"id: " + cursor.last.encode() + b"\n" + chunk
         clock.lap("relay")
     except (asyncio.CancelledError, GeneratorExit):
@@ -309,15 +309,13 @@ async def _sse_chunks(
         elif isinstance(event, Finished):
             if on_end is not None:
                 on_end(event)
-            for chunk in formatter.finish_chunks(event, include_usage=include_usage):
-                yield chunk
-            yield DONE
+            # The end's events (each choice's finish, the usage, [DONE]) go in one write.
+            yield b"".join([*formatter.finish_chunks(event, include_usage=include_usage), DONE])
             return
         elif isinstance(event, Failed):
             if on_end is not None:
                 on_end(event)
-            yield error_chunk(request_failure(event).body())
-            yield DONE
+            yield error_chunk(request_failure(event).body()) + DONE
             return
 
 

@@ -69,6 +69,9 @@ REDIS_CLUSTER = env_bool("REDIS_CLUSTER", False)
 # change and key-revocation messages frontends listen to. None of those speaks Cluster, so
 # with REDIS_CLUSTER this must name a plain server; without, it is REDIS_URL's.
 CONTROL_REDIS_URL = os.environ.get("CONTROL_REDIS_URL") or REDIS_URL
+# A frontend's script calls made in one turn of its event loop go to the one Valkey in one
+# round trip (dataplane.coalesce); off, each goes on its own (a cluster's always do).
+ROUNDHOUSE_REDIS_COALESCE = env_bool("ROUNDHOUSE_REDIS_COALESCE", True)
 if REDIS_CLUSTER and "CONTROL_REDIS_URL" not in os.environ:
     raise ImproperlyConfigured(
         "REDIS_CLUSTER=1 needs CONTROL_REDIS_URL: a plain Valkey for Celery, the cache and "

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from dataplane.quotas import Limits, Quotas, Usage, cost_micros
+from dataplane.quotas import Limits, Quotas, Usage, cost_micros, month_of
 from dataplane.redis_client import redis_client_new
 
 _tenants = itertools.count(10_000)
@@ -166,3 +166,13 @@ async def test_large_body_bytes_are_a_bucket_a_minute_that_a_read_body_may_overd
     other = next(_tenants)
     assert await take(tenant_id=other, size=8 * mib, per_minute=4 * mib) == 0
     assert await take(tenant_id=other, size=8 * mib, per_minute=4 * mib) > 60_000
+
+
+def test_a_month_turns_at_its_first_utc_second():
+    new_year = 1798761600  # 2027-01-01T00:00:00Z
+    assert [month_of(t) for t in (new_year - 0.001, new_year, new_year + 3599.9)] == [
+        "202612",
+        "202701",
+        "202701",
+    ]
+    assert month_of(0) == "197001" and month_of(-1) == "196912"
