@@ -91,6 +91,7 @@ bench: $(STAMP)
 	$(PY) bench/stream_overhead.py
 	$(PY) bench/structured.py
 	$(PY) bench/profiles.py
+	$(PY) bench/bursts.py
 	$(PY) bench/admission.py
 	$(PY) bench/usage_ingest.py
 	$(PY) bench/embeddings.py

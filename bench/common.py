@@ -456,6 +456,31 @@ def roundhouse_stack(
         stop(popens)
 
 
+@contextlib.contextmanager
+def frontend_beside(
+    platform: Platform, work: Path, *, env: dict[str, str], name: str
+) -> Iterator[tuple[str, psutil.Process]]:
+    """One more frontend on the platform's servers, with `env` over the platform's own.
+
+    Beside a running `roundhouse_stack` it serves through that stack's worker: two frontends
+    set differently are compared on one engine. Yields its base URL and its process.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = work / f"{name}.log"
+    web = spawn(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log", "--log-level", "warning"],
+        log,
+        {**platform.env, **env},
+    )  # fmt: skip
+    try:
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), web, name, log)
+        yield f"http://127.0.0.1:{port}", psutil.Process(web.pid)
+    finally:
+        stop([web])
+
+
 def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
     """Return CPU seconds used so far by each named process and its children."""
     totals: dict[str, float] = {}
