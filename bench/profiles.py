@@ -48,6 +48,7 @@ from bench.common import (  # noqa: E402
     Target,
     accelerator,
     cpu_features,
+    machine_line,
     platform_stop,
     prepare_roundhouse,
     progress,
@@ -344,11 +345,7 @@ def _frames_table(loads: list[Load]) -> str:
 
 
 def _publish(args: argparse.Namespace, loads: list[Load]) -> None:
-    machine = (
-        f"one {args.gpu}, vLLM {args.vllm} on both sides, {args.cores} CPU cores"
-        if args.gpu
-        else f"{args.cores} CPU cores ({args.cpu}), vLLM {args.vllm}"
-    )
+    machine = machine_line(gpu=args.gpu, vllm=args.vllm, cores=args.cores, cpu=args.cpu)
     levels = ", ".join(str(c) for c in args.levels)
     text = f"""## Where the time goes: sampled profiles of both servers
 

@@ -563,6 +563,13 @@ _LOG_RERUN = re.compile(r"running round \d+ again: .*")
 _LOG_REQUESTS = re.compile(r": concurrency \d+, (?P<n>\d+) requests")
 
 
+def section_name(gpu: str, api_processes: int) -> str:
+    """The section a run writes: a GPU's beside the CPU's, and one per count of API processes
+    (a log does not say how many its run had: `--from-log` takes `--api-processes` as given)."""
+    name = "stream_overhead_gpu" if gpu else "stream_overhead"
+    return name + (f"_api{api_processes}" if api_processes > 1 else "")
+
+
 def _from_log(args: argparse.Namespace) -> None:
     """Rebuild a run's section from its progress lines: the rounds it finished, with the
     figures the lines carry (throughput, TTFT and ITL percentiles; not the stage split or the
@@ -572,7 +579,7 @@ def _from_log(args: argparse.Namespace) -> None:
     if machine is None:
         raise SystemExit(f"{args.from_log}: no 'processor:' line; is it this benchmark's log?")
     args.gpu = "" if machine["gpu"] == "none" else machine["gpu"]
-    args.section = "stream_overhead_gpu" if args.gpu else "stream_overhead"
+    args.section = section_name(args.gpu, getattr(args, "api_processes", 1))
     args.cpu, args.vllm = machine["cpu"], machine["vllm"]
     cores = _LOG_CORES.search(text)
     args.cores = int(cores["cores"]) if cores else None
@@ -760,9 +767,7 @@ def main() -> None:
         return
     # On a GPU machine the results are a section of their own beside the CPU one.
     args.gpu = accelerator()
-    args.section = "stream_overhead_gpu" if args.gpu else "stream_overhead"
-    if args.api_processes > 1:
-        args.section += f"_api{args.api_processes}"
+    args.section = section_name(args.gpu, args.api_processes)
     args.cpu, args.vllm, args.cores = cpu_features(), vllm_version(), os.cpu_count()
     levels = [int(c) for c in args.levels.split(",")]
     work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))

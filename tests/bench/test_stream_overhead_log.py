@@ -87,6 +87,19 @@ def test_a_cut_short_run_is_published_with_the_rounds_it_finished(tmp_path: Path
     assert (tmp_path / "docs" / "img" / "stream_overhead_gpu.png").stat().st_size > 0
 
 
+def test_a_run_with_more_api_processes_is_rebuilt_into_its_own_section(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text(LOG)
+    args = _args(log, tmp_path / "docs")
+    args.api_processes = 2
+    _from_log(args)
+
+    section = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "<!-- bench:stream_overhead_gpu_api2 -->" in section
+    assert "<!-- bench:stream_overhead_gpu -->" not in section
+    assert (tmp_path / "docs" / "bench-data" / "stream_overhead_gpu_api2.json").exists()
+
+
 def test_a_log_without_a_finished_round_is_refused(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text(LOG.split("[bench] round 1/3: (b)")[0])
