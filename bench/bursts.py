@@ -248,7 +248,6 @@ def headline(by_level: dict[int, list[dict[str, Level]]], where: str) -> list[di
                 "measure": f"Burst of {streams} streams{where}: the last first token, "
                 "Roundhouse ÷ vLLM (median burst)",
                 "value": _ratio(shown["roundhouse"].wait_p50, shown["vllm"].wait_p50),
-                "target": "≤ 1.25",
             }
         )
         found.append(
