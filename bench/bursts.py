@@ -26,27 +26,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
     Platform,
+    Target,
     accelerator,
     cpu_features,
+    cpu_seconds,
     frontend_beside,
     machine_line,
     percentile,
@@ -60,6 +60,7 @@ from bench.common import (  # noqa: E402
     vllm_server,
     vllm_version,
 )
+from bench.structured import chat_stream  # noqa: E402
 
 MAX_NUM_SEQS = 64
 WARM_BURSTS = 2
@@ -71,16 +72,6 @@ LABELS = {
     "roundhouse": "Roundhouse",
     "roundhouse_alone": "Roundhouse, each call on its own",
 }
-
-
-@dataclass
-class Server:
-    """Where a target listens, the key it takes, and the processes whose CPU is counted."""
-
-    name: str
-    base_url: str
-    key: str
-    processes: dict[str, psutil.Process]
 
 
 @dataclass
@@ -103,9 +94,8 @@ class Level:
         return percentile(self.waits_ms, 0.9)
 
 
-async def _stream(session: aiohttp.ClientSession, server: Server, tokens: int) -> float:
-    """One streamed chat; its time to first token in ms."""
-    body = {
+def _body(tokens: int) -> dict[str, Any]:
+    return {
         "model": "tiny",
         "messages": MESSAGES,
         "max_tokens": tokens,
@@ -114,50 +104,31 @@ async def _stream(session: aiohttp.ClientSession, server: Server, tokens: int) -
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    headers = {"Authorization": f"Bearer {server.key}"} if server.key else {}
-    started = time.perf_counter()
-    first = -1.0
-    async with session.post(
-        f"{server.base_url}/v1/chat/completions", json=body, headers=headers
-    ) as response:
-        if response.status != 200:
-            raise RuntimeError(f"{response.status}: {(await response.text())[:200]}")
-        async for raw in response.content:
-            if first < 0 and raw.startswith(b"data: {") and _has_text(raw):
-                first = (time.perf_counter() - started) * 1000
-    if first < 0:
+
+
+async def _ttft_ms(session: aiohttp.ClientSession, server: Target, tokens: int) -> float:
+    """One streamed chat's time to first token, in ms."""
+    ttft, _, _ = await chat_stream(session, server, _body(tokens))
+    if ttft < 0:
         raise RuntimeError("the stream ended without content")
-    return first
+    return ttft * 1000
 
 
-def _has_text(line: bytes) -> bool:
-    chunk = json.loads(line[6:])
-    return any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or [])
-
-
-def _cpu(processes: dict[str, psutil.Process]) -> dict[str, float]:
-    found = {}
-    for name, process in processes.items():
-        times = process.cpu_times()
-        found[name] = times.user + times.system
-    return found
-
-
-async def _bursts(server: Server, streams: int, bursts: int, tokens: int) -> Level:
+async def _bursts(server: Target, streams: int, bursts: int, tokens: int) -> Level:
     level = Level(server.name, streams)
     connector = aiohttp.TCPConnector(limit=streams * 2)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def burst() -> list[float | BaseException]:
             return await asyncio.gather(
-                *(_stream(session, server, tokens) for _ in range(streams)),
+                *(_ttft_ms(session, server, tokens) for _ in range(streams)),
                 return_exceptions=True,
             )
 
         for _ in range(WARM_BURSTS):  # connections open, the path warm
             await burst()
             await asyncio.sleep(PAUSE_S)
-        before = _cpu(server.processes)
+        before = cpu_seconds(server.processes, children=False)
         served = 0
         for _ in range(bursts):
             found = await burst()
@@ -168,7 +139,7 @@ async def _bursts(server: Server, streams: int, bursts: int, tokens: int) -> Lev
             if times:
                 level.waits_ms.append(max(times))
             await asyncio.sleep(PAUSE_S)
-        after = _cpu(server.processes)
+        after = cpu_seconds(server.processes, children=False)
     level.cpu_ms_per_request = {
         name: (after[name] - before[name]) * 1000 / max(served, 1) for name in before
     }
@@ -395,23 +366,16 @@ def main() -> None:
         ):
             worker = ours.processes["worker+engine"]
             servers = [
-                Server(
-                    "vllm",
-                    vllm_target.base_url,
-                    "",
-                    {"api server": vllm_target.processes["vllm server"]},
+                replace(
+                    vllm_target,
+                    processes={"api server": vllm_target.processes["vllm server"]},
                 ),
-                Server(
-                    "roundhouse",
-                    ours.base_url,
-                    ours.api_keys["bench"],
-                    {"frontend": ours.processes["frontend"], "worker": worker},
-                ),
-                Server(
-                    "roundhouse_alone",
-                    alone_url,
-                    ours.api_keys["bench"],
-                    {"frontend": alone_process, "worker": worker},
+                replace(ours, processes={"frontend": ours.processes["frontend"], "worker": worker}),
+                replace(
+                    ours,
+                    name="roundhouse_alone",
+                    base_url=alone_url,
+                    processes={"frontend": alone_process, "worker": worker},
                 ),
             ]
             for round_no in range(args.rounds):

@@ -396,6 +396,12 @@ def _pinned(cpus: str | None, args: list[str]) -> list[str]:
     return ["taskset", "-c", cpus, *args] if cpus else args
 
 
+def _frontend_command(port: int) -> list[str]:
+    """A frontend: uvicorn serving the platform's ASGI app on a loopback port."""
+    return [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+            "--port", str(port), "--no-access-log", "--log-level", "warning"]  # fmt: skip
+
+
 @contextlib.contextmanager
 def roundhouse_stack(
     platform: Platform,
@@ -431,13 +437,7 @@ def roundhouse_stack(
         worker_log,
         env,
     )
-    web = spawn(
-        _pinned(platform_cpus, [py, "-m", "uvicorn", "config.asgi:application",
-                "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-                "--log-level", "warning", *workers]),
-        web_log,
-        env,
-    )  # fmt: skip
+    web = spawn(_pinned(platform_cpus, [*_frontend_command(port), *workers]), web_log, env)
     ingester = spawn(_pinned(platform_cpus, [py, "manage.py", "run_ingester"]), ingest_log, env)
     popens = [web, worker, ingester]
     try:
@@ -475,12 +475,7 @@ def frontend_beside(
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = work / f"{name}.log"
-    web = spawn(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--log-level", "warning"],
-        log,
-        {**platform.env, **env},
-    )  # fmt: skip
+    web = spawn(_frontend_command(port), log, {**platform.env, **env})
     try:
         wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), web, name, log)
         yield f"http://127.0.0.1:{port}", psutil.Process(web.pid)
@@ -488,12 +483,12 @@ def frontend_beside(
         stop([web])
 
 
-def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
-    """Return CPU seconds used so far by each named process and its children."""
+def cpu_seconds(processes: dict[str, psutil.Process], *, children: bool = True) -> dict[str, float]:
+    """Return CPU seconds used so far by each named process and (unless not) its children."""
     totals: dict[str, float] = {}
     for name, proc in processes.items():
         total = 0.0
-        for p in [proc, *proc.children(recursive=True)]:
+        for p in [proc, *(proc.children(recursive=True) if children else [])]:
             try:
                 times = p.cpu_times()
                 total += times.user + times.system

@@ -175,7 +175,7 @@ def request_body(scenario: str, model: str, no_whitespace: dict[str, float]) -> 
     }
 
 
-async def _one(
+async def chat_stream(
     session: aiohttp.ClientSession, target: Target, body: dict[str, Any]
 ) -> tuple[float, int, bool]:
     """Stream one chat; return (TTFT seconds, output tokens, whether it was shaped as asked)."""
@@ -214,7 +214,7 @@ async def _level(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if warm:
             # Warm the path (connections, compiled grammars, the engine's first-use code).
-            await asyncio.gather(*(_one(session, target, body) for _ in range(concurrency)))
+            await asyncio.gather(*(chat_stream(session, target, body) for _ in range(concurrency)))
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(requests):
             queue.put_nowait(i)
@@ -229,7 +229,7 @@ async def _level(
                 except asyncio.QueueEmpty:
                     return
                 try:
-                    results.append(await _one(session, target, body))
+                    results.append(await chat_stream(session, target, body))
                 except Exception as exc:
                     errors += 1
                     progress(f"request failed: {exc}")

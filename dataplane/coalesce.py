@@ -63,8 +63,6 @@ class Coalescer:
         Raises the first error among its own commands, as a pipeline's `execute` does, or
         the error that broke the round trip.
         """
-        if self._alone:
-            return await self._own(fill)
         return await self._turn(fill, lambda: self._own(fill))
 
     async def script(
@@ -74,8 +72,6 @@ class Coalescer:
 
         Alone in its turn, or on a cluster, it is the script's own call (EVALSHA), as before.
         """
-        if self._alone:
-            return await script(keys=keys, args=args)
 
         async def alone() -> list[Any]:
             return [await script(keys=keys, args=args)]
@@ -86,6 +82,10 @@ class Coalescer:
         return found[0]
 
     async def _turn(self, fill: Fill, alone: Callable[[], Awaitable[list[Any]]]) -> list[Any]:
+        """Wait for the turn's end and take the shared round trip's answer, or send `alone`
+        (a call by itself in its turn, or every call where calls are not gathered)."""
+        if self._alone:
+            return await alone()
         loop = asyncio.get_running_loop()
         call = _Call(fill, loop.create_future())
         self._waiting.append(call)

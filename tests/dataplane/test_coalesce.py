@@ -10,6 +10,12 @@ import redis
 
 from dataplane.coalesce import Coalescer
 from dataplane.redis_client import redis_client_new
+from tests import services_plugin
+
+# On a cluster every call goes on its own (dataplane.coalesce): these are one server's.
+pytestmark = pytest.mark.skipif(
+    services_plugin.cluster is not None, reason="calls are gathered on a single server only"
+)
 
 ECHO = "return {KEYS[1], ARGV[1]}"
 FAIL = "return redis.error_reply('no such thing')"
