@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from redis.asyncio.lock import Lock
-from redis.exceptions import LockError
+from redis.exceptions import LockError, LockNotOwnedError, RedisError
 
 from batches.models import Batch, BatchLine, BatchStatus, LineState
 from batches.services import (
@@ -95,9 +95,33 @@ class BatchRun:
         self.in_flight: dict[int, asyncio.Task[Outcome]] = {}
         self.submitting: set[asyncio.Future[Submitted]] = set()
         self.retry_at = 0.0  # monotonic: no new lines before this (after a "not now")
+        self.lease_lost = False
 
     async def step(self) -> bool:
-        """Advance the batch; return True once it has ended."""
+        """Advance the batch; return True once it has ended.
+
+        Whatever stops the step early stops it as the end of its time does: an error lets the
+        submissions under way reach the queue and leaves the admitted lines running before it
+        is raised (cut off by the step's end, a submission would abandon its request, and the
+        next step would follow a cancelled line), and a lost lease ends the step for the next
+        one to go on.
+        """
+        keeper = asyncio.create_task(self._lease_keep(), name=f"lease of {self.batch.id}")
+        try:
+            return await self._advance()
+        except Exception:
+            try:
+                await self._abandon()
+            except Exception:
+                log.warning("batch %s: could not stop its step cleanly", self.batch.id,
+                            exc_info=True)  # fmt: skip
+            raise
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    async def _advance(self) -> bool:
         if self.batch.status == BatchStatus.VALIDATING:
             self.batch = await db_call(batch_validate, batch=self.batch)
         if self.batch.ended:
@@ -109,7 +133,7 @@ class BatchRun:
             return await self._finish(BatchStatus.COMPLETED)
         for line in await db_call(_lines, batch=self.batch, state=LineState.SUBMITTED, limit=None):
             self._start(line, principal, resumed=True)
-        while time.monotonic() < self.until:
+        while time.monotonic() < self.until and not self.lease_lost:
             status = await db_call(_status, batch=self.batch)
             if status == BatchStatus.CANCELLING:
                 return await self._stop(BatchStatus.CANCELLED)
@@ -120,10 +144,32 @@ class BatchRun:
             if idle and not await db_call(_lines, batch=self.batch, state="pending", limit=1):
                 return await self._finish(BatchStatus.COMPLETED)
             await self._record(await self._wait_some(timeout=1.0))
-            await self.lock.reacquire()
+        if self.lease_lost:
+            log.warning("batch %s: its lease lapsed mid-step; the next step goes on",
+                        self.batch.id)  # fmt: skip
         # Time is up: the admitted lines keep running; the next step follows them.
         await self._abandon()
         return False
+
+    async def _lease_keep(self) -> None:
+        """Renew the batch's lease while the step runs, a third of its length apart.
+
+        Renewed apart from the step's loop, so a slow round of it (many lines submitted at
+        once on a busy host) does not let the lease lapse. If it lapsed anyway (the loop was
+        blocked longer than the lease), another runner may hold the batch now: the step
+        stops taking lines and ends as if its time were up.
+        """
+        assert self.lock.timeout is not None, "a batch's lease has a length"
+        while True:
+            await asyncio.sleep(self.lock.timeout / 3)
+            try:
+                await self.lock.reacquire()
+            except LockNotOwnedError:
+                self.lease_lost = True
+                return
+            except RedisError:
+                # Redis unreachable for a moment: the lease may still hold; try again.
+                log.warning("batch %s: could not renew its lease", self.batch.id, exc_info=True)
 
     async def _top_up(self, principal: Principal) -> None:
         room = settings.ROUNDHOUSE_BATCH_IN_FLIGHT - len(self.in_flight)
@@ -149,11 +195,13 @@ class BatchRun:
             assert line.body is not None, "a runnable line has a body"
             if resumed:
                 where = await self.dispatch.whereabouts(rid)
-                if where is not None and not await self.dispatch.reached_queue(
+                if where is None or not await self.dispatch.reached_queue(
                     deployment=where.deployment, request_id=rid
                 ):
                     # Its submission was cut off before the queue took it: it would never
-                    # end. What it reserved goes back, and it is submitted again.
+                    # end. What it reserved (if it got that far) goes back, and it is
+                    # submitted again; a concurrency slot it kept would refuse it for ever
+                    # under a tenant's limit.
                     await _reservation_release(rid, tenant_id=principal.tenant_id)
                     where = None
                 if where is not None:

@@ -106,6 +106,12 @@ def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:
         ) from exc
 
 
+def tokenizer_ready(route: Route) -> bool:
+    """Whether a version's tokenizer is loaded in this process: loading it takes seconds, so
+    the first request to use it tokenises off the event loop, not stalling every stream."""
+    return registry.tokenizer_loaded(digest=route.version_digest, kind=Tokenizer)
+
+
 def prompt_chars(request: GenerationRequest) -> int:
     if request.messages is not None:
         return sum(len(m["content"]) for m in request.messages)

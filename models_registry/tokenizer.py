@@ -354,6 +354,11 @@ def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, A
 T = TypeVar("T", bound=Tokenizer)
 
 
+def tokenizer_loaded(*, digest: str, kind: type[Any]) -> bool:
+    """Whether this process has loaded a version's tokenizer (as a `kind`) already."""
+    return (digest, kind) in _tokenizers
+
+
 def tokenizer_for(*, digest: str, directory: Path, kind: type[T]) -> T:
     """Return the cached tokenizer of a version, loading it (as a `kind`) once per process.
 

@@ -17,15 +17,17 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from batches import services, tasks
+from batches import runner, services, tasks
 from batches.models import Batch, BatchStatus, LineState
 from batches.runner import BatchRun, _reservation_release, batch_step
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
 from dataplane.frontdoor import FrontDoor, Refusal, Refused
+from dataplane.keys import batch_lease_key
 from dataplane.quotas import month_of
 from dataplane.redis_client import redis_sync_client
 from inference import submission
-from tenants.models import ApiKey
+from tenants.models import ApiKey, Tenant
+from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS
 
 
@@ -51,12 +53,13 @@ def _line(custom_id: str) -> str:
     )
 
 
-def _batch(world: Any, count: int) -> Batch:
+def _batch(world: Any, count: int, *, tenant: Tenant | None = None) -> Batch:
+    tenant = tenant or world.acme
     content = "".join(_line(f"l{i}") + "\n" for i in range(count)).encode()
-    file = file_create(tenant_id=world.acme.pk, filename="f", purpose="batch", content=content)
+    file = file_create(tenant_id=tenant.pk, filename="f", purpose="batch", content=content)
     return batch_create(
-        tenant_id=world.acme.pk,
-        api_key_id=ApiKey.objects.get(tenant=world.acme, name="tests").pk,
+        tenant_id=tenant.pk,
+        api_key_id=ApiKey.objects.get(tenant=tenant, name="tests").pk,
         input_file_id=file.id,
         endpoint="/v1/chat/completions",
         completion_window="24h",
@@ -281,5 +284,125 @@ def test_a_line_whose_submission_was_cut_off_is_submitted_again_not_followed_for
         assert batch.lines.get().state == LineState.PENDING
         assert not _held(world.acme.pk, rid)
         assert _spent(world.acme.pk) == spent_before
+    finally:
+        batch_cancel(batch=batch)
+
+
+def test_a_step_whose_lease_is_taken_stops_and_leaves_its_submissions_to_reach_the_queue(
+    world, db, monkeypatch, settings
+):
+    """Another runner took the batch (this one's loop was blocked past its lease): the step
+    stops taking lines and ends as at the end of its time, its submission reaching the queue,
+    instead of raising and cutting it off (which would abandon the request, and the next
+    step would follow a cancelled line)."""
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 60.0
+    settings.ROUNDHOUSE_BATCH_LEASE_SECONDS = 0.6
+    reached: list[str] = []
+    abandoned: list[str] = []
+    batch = _batch(world, 1)
+    rid = line_request_id(batch.id, 0)
+
+    async def taken_over(self: FrontDoor, job: Any, **kwargs: Any) -> None:
+        redis_sync_client().set(batch_lease_key(batch.id), "another runner", px=60_000)
+        await asyncio.sleep(1.5)  # past the next renewal of the lease
+        reached.append(job.request_id)
+        return None  # queued, as far as the runner can tell
+
+    async def abandon(job: Any) -> None:
+        abandoned.append(job.request_id)
+
+    monkeypatch.setattr(FrontDoor, "enqueue", taken_over)
+    monkeypatch.setattr(submission, "request_abandon", abandon)
+    try:
+        assert asyncio.run(batch_step(batch.id)) is False
+        assert reached == [rid] and abandoned == []
+        assert batch.lines.get().state == LineState.SUBMITTED
+        # The lease stays the other runner's.
+        assert redis_sync_client().get(batch_lease_key(batch.id)) == b"another runner"
+    finally:
+        redis_sync_client().delete(batch_lease_key(batch.id))
+        batch_cancel(batch=batch)
+        asyncio.run(_reservation_release(rid, tenant_id=world.acme.pk))
+
+
+def test_a_step_that_raises_lets_its_submissions_reach_the_queue_first(
+    world, db, monkeypatch, settings
+):
+    """An error mid-step (here the database, on the loop's second round) is raised only once
+    the submissions under way reached the queue: cut off, each would abandon its request."""
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 60.0
+    reached: list[str] = []
+    abandoned: list[str] = []
+    batch = _batch(world, 1)
+    rid = line_request_id(batch.id, 0)
+    read_status = runner._status
+    rounds: list[int] = []
+
+    def status_then_outage(*, batch: Batch) -> str:
+        rounds.append(1)
+        if len(rounds) > 1:
+            raise RuntimeError("the database went away")
+        return read_status(batch=batch)
+
+    async def slow(self: FrontDoor, job: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(2.0)  # past the loop's next round
+        reached.append(job.request_id)
+        return None
+
+    async def abandon(job: Any) -> None:
+        abandoned.append(job.request_id)
+
+    monkeypatch.setattr(runner, "_status", status_then_outage)
+    monkeypatch.setattr(FrontDoor, "enqueue", slow)
+    monkeypatch.setattr(submission, "request_abandon", abandon)
+    try:
+        with pytest.raises(RuntimeError, match="database went away"):
+            asyncio.run(batch_step(batch.id))
+        assert reached == [rid] and abandoned == []
+        assert batch.lines.get().state == LineState.SUBMITTED
+    finally:
+        batch_cancel(batch=batch)
+        asyncio.run(_reservation_release(rid, tenant_id=world.acme.pk))
+
+
+def test_a_line_cut_off_before_its_whereabouts_gives_its_slot_back_before_it_runs_again(
+    world, db, monkeypatch, settings
+):
+    """A runner stopped between a line's admission and its whereabouts leaves the line holding
+    a concurrency slot. The next step gives it back before submitting the line again: under a
+    limit of one, the line would otherwise refuse itself for ever."""
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 0.5
+    tenant = tenant_create(slug="single-file")
+    tenant.quota.max_concurrency = 1
+    tenant.quota.save()
+    api_key_issue(tenant=tenant, name="tests")
+    batch = _batch(world, 1, tenant=tenant)
+    rid = line_request_id(batch.id, 0)
+
+    async def stopped(self: FrontDoor, job: Any, **kwargs: Any) -> None:
+        await asyncio.Event().wait()  # the runner dies here, before any whereabouts
+
+    async def dead_runner(job: Any) -> None:
+        """A runner that died ends nothing."""
+
+    monkeypatch.setattr(FrontDoor, "enqueue", stopped)
+    monkeypatch.setattr(submission, "request_abandon", dead_runner)
+    monkeypatch.setattr("batches.runner._SUBMIT_WAIT_SECONDS", 0.1)
+    assert asyncio.run(batch_step(batch.id)) is False
+    assert batch.lines.get().state == LineState.SUBMITTED
+    assert _held(tenant.pk, rid)
+
+    submitted: list[str] = []
+
+    async def no_worker(self: FrontDoor, job: Any, **kwargs: Any) -> Refused:
+        submitted.append(job.request_id)
+        return Refused(Refusal.NO_WORKER)
+
+    monkeypatch.setattr(FrontDoor, "enqueue", no_worker)
+    try:
+        assert asyncio.run(batch_step(batch.id)) is False
+        assert submitted == [rid], "the line's own old slot refused it"
+        assert batch.lines.get().state == LineState.PENDING
+        assert not _held(tenant.pk, rid)
     finally:
         batch_cancel(batch=batch)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from inference.errors import ApiError
-from inference.tokenization import Tokenizer, tokenizer_for
+from inference.tokenization import Tokenizer, tokenizer_for, tokenizer_ready
 from models_registry import tokenizer as registry
 from models_registry.demo_model import demo_model_build
 from models_registry.tokenizer import (
@@ -112,6 +113,17 @@ def test_the_frontend_and_the_registry_cache_a_version_once_each(model_dir):
     plain = registry.tokenizer_for(digest=digest, directory=model_dir, kind=registry.Tokenizer)
     assert type(plain) is registry.Tokenizer
     assert plain.encode_text("hello") == api.encode_text("hello")
+
+
+def test_a_version_is_ready_once_this_process_loaded_its_tokenizer(model_dir):
+    """Until then a request to it tokenises off the event loop: the load takes seconds."""
+    digest = "e" * 64
+    route = SimpleNamespace(version_digest=digest, artifact_dir=model_dir)
+    assert not tokenizer_ready(route)  # type: ignore[arg-type]  # the two fields it reads
+    tokenizer_for(digest=digest, directory=model_dir)
+    assert tokenizer_ready(route)  # type: ignore[arg-type]
+    # The registry's own kind is a load of its own.
+    assert not registry.tokenizer_loaded(digest=digest, kind=registry.Tokenizer)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
