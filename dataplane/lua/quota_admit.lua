@@ -11,8 +11,19 @@ if spent == nil then
   redis.call('SET', KEYS[4], seed, 'EX', 40 * 86400)
 end
 
+-- A request id that holds a reservation already (admitted again after its submission was cut
+-- off, or this same call run twice by a cluster client retrying after a failover) is admitted
+-- in its place: its slot, tokens, cost and request are not counted twice.
+local prior = redis.call('HMGET', KEYS[5], 'tokens', 'cost')
+local prior_tokens, prior_cost = tonumber(prior[1]) or 0, tonumber(prior[2]) or 0
+local again = prior[1] ~= false
+if again then
+  taken = true
+  spent = spent - prior_cost
+end
+
 local req_level = level(KEYS[1], rpm)
-local tok_level = level(KEYS[2], tpm)
+local tok_level = math.min(tpm, level(KEYS[2], tpm) + prior_tokens)
 if req_level < 1 and not taken then
   return {1, 0, math.floor(tok_level), math.ceil((1 - req_level) * 60000 / rpm), 0}
 end
@@ -22,7 +33,9 @@ if tok_level < tokens then
   return {2, math.floor(req_level), math.floor(tok_level), 0, wait}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-if redis.call('ZCARD', KEYS[3]) >= max_conc then
+local slots = redis.call('ZCARD', KEYS[3])
+if again and redis.call('ZSCORE', KEYS[3], rid) then slots = slots - 1 end
+if slots >= max_conc then
   return {3, math.floor(req_level), math.floor(tok_level), 1000, 0}
 end
 if spent + cost > budget then
@@ -39,7 +52,7 @@ redis.call('HSET', KEYS[2], 'level', tok_level - tokens, 'ts', now, 'cap', tpm)
 redis.call('PEXPIRE', KEYS[2], 120000)
 redis.call('ZADD', KEYS[3], now + lease_ms, rid)
 redis.call('PEXPIRE', KEYS[3], lease_ms + 60000)
-redis.call('INCRBY', KEYS[4], cost)
+redis.call('INCRBY', KEYS[4], cost - prior_cost)
 redis.call('HSET', KEYS[5], 'tokens', tokens, 'cost', cost, 'by', by)
 redis.call('PEXPIRE', KEYS[5], lease_ms + 86400000)
 local reset_requests = math.ceil((rpm - req_after) * 60000 / rpm)

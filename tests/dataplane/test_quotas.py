@@ -122,6 +122,33 @@ async def test_a_give_back_naming_its_admission_undoes_that_admission_alone(quot
     )
 
 
+async def test_a_request_id_admitted_again_takes_its_own_place_not_a_second_one(quotas):
+    """Admitted twice with no settlement between (its submission cut off and made again, or
+    one admission run twice by a cluster client retrying after a failover), a request holds
+    one slot, one share of tokens, one request and one cost; one settlement gives all back."""
+    tenant, rid = next(_tenants), uuid.uuid4().hex
+    limits = _limits(
+        max_concurrency=1,
+        tokens_per_minute=1000,
+        requests_per_minute=2,
+        monthly_budget=Decimal("0.000010"),  # 10 micros
+    )
+    first = await _admit(quotas, tenant, limits, tokens=600, cost=6, rid=rid)
+    assert first.admitted
+    again = await _admit(quotas, tenant, limits, tokens=600, cost=6, rid=rid)
+    assert again.admitted, "its own slot, tokens or cost refused it"
+    assert again.remaining_requests == first.remaining_requests == 1
+    assert again.remaining_tokens == first.remaining_tokens == 400
+    assert (await _admit(quotas, tenant, limits, tokens=1, cost=1)).reason == (
+        "concurrency_limit_exceeded"
+    )
+    assert await quotas.release(
+        tenant_id=tenant, request_id=rid, admitted_at=time.time(), used=Usage(0, 0)
+    )
+    # Everything it held is back: a request that needs all of it fits.
+    assert (await _admit(quotas, tenant, limits, tokens=1000, cost=10)).admitted
+
+
 async def test_200_concurrent_requests_never_spend_past_the_budget(quotas):
     tenant = next(_tenants)
     budget = Decimal("0.000500")  # 500 micros; each request reserves 7
