@@ -36,7 +36,7 @@ from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of, think
 from inference.params import GenerationRequest, template_kwargs_with_effort
 from inference.results import completion_collect
 from inference.submission import generation_submit
-from inference.tokenization import Tokenizer, prompts_read, tokenizer_for
+from inference.tokenization import Tokenizer, prompts_read, tokenizer_of
 from tenants.models import Scope
 
 # Per model version (its digest): what converting a Messages request needs of its template.
@@ -95,7 +95,7 @@ async def _chat_request(
     routing = await routing_get(chat.model)
     route = routing.pick(tenant_id=tenant, user=chat.user)
     digest = route.version_digest
-    tokenizer = tokenizer_for(digest=digest, directory=route.artifact_dir)
+    tokenizer = await tokenizer_of(route)
     merge, effort = False, "none"
     if needs.inline_system:
         if digest not in _merges_inline_system:

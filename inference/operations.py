@@ -30,7 +30,7 @@ from inference.clients import dispatch_get, routing_get
 from inference.endpoint import api_endpoint, json_response, request_json, request_principal
 from inference.errors import ApiError, invalid
 from inference.params import TokenizeRequest, detokenize_parse, tokenize_parse
-from inference.tokenization import INLINE_TOKENIZE_CHARS, Tokenizer, tokenizer_for
+from inference.tokenization import INLINE_TOKENIZE_CHARS, Tokenizer, tokenizer_of
 from models_registry.selectors import Route
 from tenants.models import Scope
 
@@ -112,7 +112,7 @@ async def _routed(principal: Principal, model: str) -> tuple[Route, Tokenizer]:
     """The route a request for `model` takes, as a chat request's would, and its tokenizer."""
     routing = await routing_get(model)
     route = routing.pick(tenant_id=principal.tenant_id, user=None)
-    return route, tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    return route, await tokenizer_of(route)
 
 
 def _tokens(tokenizer: Tokenizer, parsed: TokenizeRequest) -> list[int]:

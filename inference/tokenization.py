@@ -9,6 +9,7 @@ tokenizer runs.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,16 @@ def tokenizer_for(*, digest: str, directory: Path) -> Tokenizer:
             "The tokenizer of this model version could not be loaded.",
             retry_after=30,
         ) from exc
+
+
+async def tokenizer_of(route: Route) -> Tokenizer:
+    """A version's tokenizer, for a request on the event loop: the first time in this process
+    it loads in a thread, so every other stream on the frontend goes on meanwhile."""
+    if tokenizer_ready(route):
+        return tokenizer_for(digest=route.version_digest, directory=route.artifact_dir)
+    return await asyncio.to_thread(
+        tokenizer_for, digest=route.version_digest, directory=route.artifact_dir
+    )
 
 
 def tokenizer_ready(route: Route) -> bool:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from inference import tokenization
 from inference.errors import ApiError
-from inference.tokenization import Tokenizer, tokenizer_for, tokenizer_ready
+from inference.tokenization import Tokenizer, tokenizer_for, tokenizer_of, tokenizer_ready
 from models_registry import tokenizer as registry
 from models_registry.demo_model import demo_model_build
 from models_registry.tokenizer import (
@@ -124,6 +127,24 @@ def test_a_version_is_ready_once_this_process_loaded_its_tokenizer(model_dir):
     assert tokenizer_ready(route)  # type: ignore[arg-type]
     # The registry's own kind is a load of its own.
     assert not registry.tokenizer_loaded(digest=digest, kind=registry.Tokenizer)
+
+
+async def test_a_request_loads_a_tokenizer_in_a_thread_the_first_time_only(model_dir, monkeypatch):
+    """The load takes seconds: on the event loop it would pause every stream of the frontend."""
+    route = SimpleNamespace(version_digest="d" * 64, artifact_dir=model_dir)
+    loaded_on: list[int] = []
+    load = tokenization.tokenizer_for
+
+    def watched(**kwargs: Any) -> Tokenizer:
+        loaded_on.append(threading.get_ident())
+        return load(**kwargs)
+
+    monkeypatch.setattr(tokenization, "tokenizer_for", watched)
+    first = await tokenizer_of(route)  # type: ignore[arg-type]  # the two fields it reads
+    again = await tokenizer_of(route)  # type: ignore[arg-type]
+    assert again is first
+    loop_thread = threading.get_ident()
+    assert loaded_on[0] != loop_thread and loaded_on[1] == loop_thread
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
