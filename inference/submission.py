@@ -68,7 +68,7 @@ from inference.tokenization import (
     prompt_ids,
     prompts_read,
     tokenizer_for,
-    tokenizer_ready,
+    tokenizer_of,
 )
 from models_registry.models import FALLBACK_HOPS, Task
 from models_registry.selectors import Route, Routing
@@ -279,13 +279,10 @@ async def _generation_admit(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )
     context = min(route.context_length, principal.max_context_tokens)
-    if (
-        prompt_chars(request) > INLINE_TOKENIZE_CHARS
-        or request.tools is not None
-        or not tokenizer_ready(route)
-    ):
-        # Long prompts (and templates with tools, and a tokenizer's first load) tokenise off
-        # the event loop so they do not stall other streams.
+    await tokenizer_of(route)  # its first load off the event loop
+    if prompt_chars(request) > INLINE_TOKENIZE_CHARS or request.tools is not None:
+        # Long prompts (and templates with tools) tokenise off the event loop so they do not
+        # stall other streams.
         prompts, text = await asyncio.to_thread(prompts_read, request, route, context=context)
     else:
         prompts, text = prompts_read(request, route, context=context)
@@ -627,7 +624,8 @@ async def embedding_submit(
     if _queue_full_recently(route.deployment, priority or request.priority):
         raise queue_full_error(request.model, deployment=route.deployment)
     context = min(route.context_length, principal.max_context_tokens)
-    if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS or not tokenizer_ready(route):
+    await tokenizer_of(route)  # its first load off the event loop
+    if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS:
         inputs = await asyncio.to_thread(input_ids, request, route, context=context)
     else:
         inputs = input_ids(request, route, context=context)

@@ -118,8 +118,7 @@ async def tokenizer_of(route: Route) -> Tokenizer:
 
 
 def tokenizer_ready(route: Route) -> bool:
-    """Whether a version's tokenizer is loaded in this process: loading it takes seconds, so
-    the first request to use it tokenises off the event loop, not stalling every stream."""
+    """Whether a version's tokenizer is loaded in this process (see `tokenizer_of`)."""
     return registry.tokenizer_loaded(digest=route.version_digest, kind=Tokenizer)
 
 
