@@ -56,9 +56,13 @@ _BLOCK_FIELDS = {
     "redacted_thinking": {"data"},
     "tool_use": {"id", "name", "input", "cache_control"},
     "tool_result": {"tool_use_id", "content", "is_error", "cache_control"},
+    # A tool search's blocks (vLLM's): a tool named in a tool's result, and deferred tools added
+    # to or removed from the conversation's tools by a system message.
+    "tool_reference": {"tool_name", "name"},
+    "tool_addition": {"tool"},
+    "tool_removal": {"tool"},
 }
-# vLLM's tool-search blocks (deferred tools added and removed mid-conversation): not built.
-_TOOL_SEARCH_BLOCKS = ("tool_reference", "tool_addition", "tool_removal")
+_TOOL_CHANGES = ("tool_addition", "tool_removal")
 # Chat's names of the fields a Messages request names otherwise (for errors), longest first;
 # chat's own positions in messages, tools and tool_choice are not the request's.
 _PARAMS = (
@@ -110,8 +114,6 @@ def _block_read(block: Any, where: str) -> dict[str, Any]:
     block = _object(block, where)
     kind = block.get("type")
     kind = kind if isinstance(kind, str) else None  # a list or an object names no type
-    if kind in _TOOL_SEARCH_BLOCKS:
-        raise _unsupported(f"{where}.type", f"'{kind}' blocks (tool search) are not supported.")
     if kind not in _BLOCK_FIELDS:
         raise invalid(
             f"{where}.type",
@@ -121,7 +123,7 @@ def _block_read(block: Any, where: str) -> dict[str, Any]:
     for name in block:
         if name != "type" and name not in _BLOCK_FIELDS[kind]:
             raise _unsupported(f"{where}.{name}", f"A '{kind}' block has no field {shown(name)}.")
-    for name in ("text", "thinking", "id", "name", "tool_use_id", "signature", "data"):
+    for name in ("text", "thinking", "id", "name", "tool_use_id", "signature", "data", "tool_name"):
         if block.get(name) is not None:
             _text(block[name], f"{where}.{name}")
     if block.get("input") is not None:
@@ -130,17 +132,48 @@ def _block_read(block: Any, where: str) -> dict[str, Any]:
         source = _object(block.get("source"), f"{where}.source")
         if source.get("type") not in ("base64", "url"):
             raise invalid(f"{where}.source.type", "An image's source is 'base64' or 'url'.")
+    if kind == "tool_reference" and not (block.get("tool_name") or block.get("name")):
+        raise invalid(
+            f"{where}.tool_name",
+            "A tool_reference names its tool in 'tool_name'.",
+            code="missing_required_parameter",
+        )
+    if kind in _TOOL_CHANGES:
+        _tool_change_read(kind, block.get("tool"), f"{where}.tool")
     if kind == "tool_result":
         content = block.get("content")
         if content is not None and not isinstance(content, str | list):
             raise type_error(f"{where}.content", "a string or an array of blocks", content)
         for i, item in enumerate(content if isinstance(content, list) else []):
             inner = _block_read(item, f"{where}.content[{i}]")
-            if inner["type"] not in ("text", "image"):
-                # A tool's answer is text and images; anything else would vanish unread.
-                message = "A tool_result's content holds text and image blocks."
+            if inner["type"] not in ("text", "image", "tool_reference"):
+                # A tool's answer is text, images and the tools it found; anything else would
+                # vanish unread.
+                message = "A tool_result's content holds text, image and tool_reference blocks."
                 raise invalid(f"{where}.content[{i}].type", message)
     return block
+
+
+def _tool_change_read(kind: str, raw: Any, where: str) -> dict[str, Any]:
+    """A tool_addition's or tool_removal's tool: a reference to a declared tool by name, or
+    (an addition only) a tool's whole definition."""
+    change = _object(raw, where)
+    form = change.get("type")
+    if form == "tool_reference":
+        fields: tuple[str, ...] = ("type", "name")
+        _text(change.get("name"), f"{where}.name")
+    elif form == "tool_definition" and kind == "tool_addition":
+        fields = ("type", "definition")
+        _tool_read(change.get("definition"), f"{where}.definition")
+    else:
+        allowed = (
+            "tool_reference" if kind == "tool_removal" else "tool_reference or tool_definition"
+        )
+        raise invalid(f"{where}.type", f"A {kind}'s tool is a {allowed}.")
+    for name in change:
+        if name not in fields:
+            raise _unsupported(f"{where}.{name}", f"A {form} has no field {shown(name)}.")
+    return change
 
 
 def _content_read(content: Any, where: str) -> str | list[dict[str, Any]]:
@@ -155,10 +188,17 @@ def _without_billing_header(text: str) -> str | None:
     return None if text.startswith(BILLING_HEADER) else text
 
 
-def _blocks_text(blocks: list[dict[str, Any]], where: str) -> str | None:
-    """A system prompt's text blocks joined, the billing header left out (None: no text)."""
+def _blocks_text(
+    blocks: list[dict[str, Any]], where: str, *, tool_changes: bool = False
+) -> str | None:
+    """A system prompt's text blocks joined, the billing header left out (None: no text).
+
+    With `tool_changes` (a system message's), tool_addition and tool_removal blocks may stand
+    among them: they change the tools (`_tools`), not the text."""
     parts = []
     for i, block in enumerate(blocks):
+        if tool_changes and block["type"] in _TOOL_CHANGES:
+            continue
         if block["type"] != "text":
             raise invalid(f"{where}[{i}].type", "A system prompt holds text blocks only.")
         text = block.get("text")
@@ -170,7 +210,7 @@ def _blocks_text(blocks: list[dict[str, Any]], where: str) -> str | None:
 def _system_of_message(content: str | list[dict[str, Any]], where: str) -> str | None:
     if isinstance(content, str):
         return _without_billing_header(content)
-    return _blocks_text(content, where)
+    return _blocks_text(content, where, tool_changes=True)
 
 
 def _image_url(source: dict[str, Any]) -> str:
@@ -181,9 +221,11 @@ def _image_url(source: dict[str, Any]) -> str:
 
 def _tool_result_messages(block: dict[str, Any]) -> list[dict[str, Any]]:
     """A user's tool_result block: the tool message that answers the call (its images, if
-    any, in a user message after it)."""
+    any, in a user message after it, and the tools it referred to in a tool message of
+    tool_reference parts after that, as vLLM's server writes them)."""
     content = block.get("content")
     images: list[str] = []
+    references: list[str] = []
     if isinstance(content, list):
         texts = []
         for item in content:
@@ -191,6 +233,8 @@ def _tool_result_messages(block: dict[str, Any]) -> list[dict[str, Any]]:
                 texts.append(item.get("text") or "")
             elif item["type"] == "image":
                 images.append(_image_url(item["source"]))
+            elif item["type"] == "tool_reference":
+                references.append(item.get("tool_name") or item["name"])
         text = "\n".join(texts)
     else:
         text = content or ""
@@ -200,6 +244,11 @@ def _tool_result_messages(block: dict[str, Any]) -> list[dict[str, Any]]:
     if images:
         parts = [{"type": "image_url", "image_url": {"url": url}} for url in images]
         out.append({"role": "user", "content": parts})
+    if references:
+        found = [{"type": "tool_reference", "name": name} for name in references]
+        out.append(
+            {"role": "tool", "tool_call_id": block.get("tool_use_id") or "", "content": found}
+        )
     return out
 
 
@@ -249,8 +298,29 @@ def _message_converted(
     return message
 
 
-def _conversation(body: dict[str, Any], *, merge_inline_system: bool) -> list[dict[str, Any]]:
-    """The request's system prompt and messages as chat's messages."""
+def _blocks_placed(role: str, content: list[dict[str, Any]], where: str) -> None:
+    """Refuse a block where vLLM's server refuses it, or would drop it unread: a tool change
+    outside a system message, a tool reference outside a tool's result."""
+    for i, block in enumerate(content):
+        kind = block["type"]
+        if kind in _TOOL_CHANGES and role != "system":
+            raise invalid(
+                f"{where}[{i}].type",
+                f'{kind} blocks are only allowed in messages with role "system".',
+            )
+        if kind == "tool_reference":
+            raise invalid(
+                f"{where}[{i}].type",
+                "A tool_reference block belongs in a tool_result's content, where it names "
+                "a tool the search found.",
+            )
+
+
+def _conversation(
+    body: dict[str, Any], *, merge_inline_system: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The request's system prompt and messages as chat's messages, and the tool changes
+    (tool_addition and tool_removal blocks) its system messages make, in order."""
     raw = body.get("messages")
     if raw is None:
         raise invalid("messages", "'messages' is required.", code="missing_required_parameter")
@@ -270,7 +340,17 @@ def _conversation(body: dict[str, Any], *, merge_inline_system: bool) -> list[di
             raise invalid(
                 f"{where}.content", "'content' is required.", code="missing_required_parameter"
             )
-        messages.append((role, _content_read(message["content"], f"{where}.content"), where))
+        content = _content_read(message["content"], f"{where}.content")
+        if isinstance(content, list):
+            _blocks_placed(role, content, f"{where}.content")
+        messages.append((role, content, where))
+    changes = [
+        block
+        for _, content, _ in messages
+        if isinstance(content, list)
+        for block in content
+        if block["type"] in _TOOL_CHANGES
+    ]
     system_parts: list[str] = []
     system = body.get("system")
     if isinstance(system, str):
@@ -303,42 +383,74 @@ def _conversation(body: dict[str, Any], *, merge_inline_system: bool) -> list[di
         converted = _message_converted(role, content, chat)
         if role == "assistant" or "content" in converted:
             chat.append(converted)
-    return chat
+    return chat, changes
 
 
-def _tools(raw: Any) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
+def _tool_read(raw: Any, where: str) -> dict[str, Any]:
+    """One client tool, checked: its name, input schema (an object's, unless it says), and
+    description, strict and defer_loading when given."""
+    tool = _object(raw, where)
+    if tool.get("type") not in (None, "custom"):
+        raise _unsupported(
+            f"{where}.type",
+            f"Only client tools (with an input_schema) are supported; got a "
+            f"{shown(str(tool.get('type')))} tool.",
+        )
+    for name in tool:
+        if name not in ("type", "name", "description", "input_schema", "strict",
+                        "cache_control", "defer_loading"):  # fmt: skip
+            raise _unsupported(f"{where}.{name}", f"A tool has no field {shown(name)}.")
+    schema = dict(_object(tool.get("input_schema"), f"{where}.input_schema"))
+    schema.setdefault("type", "object")
+    kept: dict[str, Any] = {"name": _text(tool.get("name"), f"{where}.name"), "parameters": schema}
+    if tool.get("description") is not None:
+        kept["description"] = _text(tool["description"], f"{where}.description")
+    for flag in ("strict", "defer_loading"):
+        value = tool.get(flag)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise type_error(f"{where}.{flag}", "a boolean", value)
+            kept[flag] = value
+    return kept
+
+
+def _tools(raw: Any, changes: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Chat's tools: the request's, with its system messages' tool changes applied in order.
+
+    As vLLM's server resolves them, chat templates seeing one list of tools: the tools in
+    effect at the conversation's end. A tool added by reference is no longer deferred, one
+    added by definition is declared, a removed one is left out.
+    """
+    if raw is not None and not isinstance(raw, list):
         raise type_error("tools", "an array", raw)
-    tools = []
-    for i, tool in enumerate(raw):
-        where = f"tools[{i}]"
-        tool = _object(tool, where)
-        if tool.get("type") not in (None, "custom"):
-            raise _unsupported(
-                f"{where}.type",
-                f"Only client tools (with an input_schema) are supported; got a "
-                f"{shown(str(tool.get('type')))} tool.",
-            )
-        for name in tool:
-            if name not in ("type", "name", "description", "input_schema", "strict",
-                            "cache_control", "defer_loading"):  # fmt: skip
-                raise _unsupported(f"{where}.{name}", f"A tool has no field {shown(name)}.")
-        if tool.get("defer_loading"):
-            raise _unsupported(
-                f"{where}.defer_loading", "Deferred tools (tool search) are not supported."
-            )
-        name = _text(tool.get("name"), f"{where}.name")
-        schema = dict(_object(tool.get("input_schema"), f"{where}.input_schema"))
-        schema.setdefault("type", "object")
-        function: dict[str, Any] = {"name": name, "parameters": schema}
-        if tool.get("description") is not None:
-            function["description"] = _text(tool["description"], f"{where}.description")
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
-        tools.append({"type": "function", "function": function})
-    return tools
+    declared = None if raw is None else [_tool_read(t, f"tools[{i}]") for i, t in enumerate(raw)]
+    if changes:
+        tools = {tool["name"]: tool for tool in declared or []}
+        removed: set[str] = set()
+        for block in changes:
+            change = block["tool"]
+            if change["type"] == "tool_definition":
+                definition = _tool_read(change["definition"], "tool_definition")
+                name = definition["name"]
+                tools[name] = definition
+            else:
+                name = change["name"]
+                if name not in tools:
+                    raise invalid(
+                        "tools",
+                        f"A {block['type']} refers to the tool {shown(name)}, which 'tools' "
+                        "does not declare.",
+                    )
+                if block["type"] == "tool_addition":
+                    tools[name] = {k: v for k, v in tools[name].items() if k != "defer_loading"}
+            if block["type"] == "tool_removal":
+                removed.add(name)
+            else:
+                removed.discard(name)
+        declared = [tool for name, tool in tools.items() if name not in removed]
+    if declared is None:
+        return None
+    return [{"type": "function", "function": function} for function in declared]
 
 
 def _tool_choice(raw: Any) -> tuple[Any, bool | None]:
@@ -526,12 +638,10 @@ def messages_chat(
             raise type_error("max_tokens", "an integer", max_tokens)
         if max_tokens <= 0:
             raise invalid("max_tokens", "'max_tokens' must be positive.")
-    chat_body: dict[str, Any] = {
-        "model": body.get("model"),
-        "messages": _conversation(body, merge_inline_system=merge_inline_system),
-    }
+    messages, changes = _conversation(body, merge_inline_system=merge_inline_system)
+    chat_body: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     tool_choice, parallel = _tool_choice(body.get("tool_choice"))
-    tools = _tools(body.get("tools"))
+    tools = _tools(body.get("tools"), changes)
     if tools is not None and tool_choice is None:
         tool_choice = "auto"
     options: dict[str, Any] = {

@@ -77,23 +77,61 @@ STOP = custom(
 )
 
 
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise invalid(f"{where}.content[{i}]", "Only text content parts are supported.")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise _type_error(f"{where}.content[{i}].text", "a string", text)
-            parts.append(text)
-        # As vLLM's server renders a message of several text parts: one per line.
-        return "\n".join(parts)
+# The content parts vLLM's server reads as text for a template that writes content as a string,
+# and the field each keeps its text in. A tool search's `tool_reference` is written as the name
+# of the tool it refers to.
+_TEXT_PARTS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+    "tool_reference": "name",
+}
+# A system message's first line that Claude Code changes on every request: vLLM's server drops it
+# so that the prompt's prefix stays cacheable, and so does this.
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _content_text(content: Any, where: str, *, role: str) -> str:
+    """A message's content as one string, as vLLM's server gives it to such a template.
+
+    Its parts' texts joined by newlines, empty and null ones left out; in a system message, a
+    text part's first line is dropped when it is Claude Code's billing header.
+    """
     if content is None:
         return ""
-    raise _type_error(f"{where}.content", "a string or an array of content parts", content)
+    if isinstance(content, str):
+        content = [content]
+    elif not isinstance(content, list):
+        raise _type_error(f"{where}.content", "a string or an array of content parts", content)
+    texts = []
+    for i, part in enumerate(content):
+        at = f"{where}.content[{i}]"
+        kind: Any
+        text: Any
+        if isinstance(part, str):
+            kind, text = "text", part
+        else:
+            if not isinstance(part, dict):
+                raise _type_error(at, "an object", part)
+            kind = part.get("type")
+            if not isinstance(kind, str) or kind not in _TEXT_PARTS:
+                raise invalid(
+                    f"{at}.type",
+                    f"A content part's type must be one of {', '.join(_TEXT_PARTS)} "
+                    f"(this model reads text); got {shown(str(kind))}.",
+                )
+            text = part.get(_TEXT_PARTS[kind])
+            if text is None:
+                continue  # no text: nothing to write, as vLLM's server skips it
+            if not isinstance(text, str):
+                raise _type_error(f"{at}.{_TEXT_PARTS[kind]}", "a string", text)
+        if role == "system" and kind == "text" and text.startswith(BILLING_HEADER):
+            text = text.partition("\n")[2]
+        if text:
+            texts.append(text)
+    return "\n".join(texts)
 
 
 def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -116,7 +154,8 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
-    kept: dict[str, Any] = {"role": role, "content": _content_text(message.get("content"), where)}
+    content = _content_text(message.get("content"), where, role=role)
+    kept: dict[str, Any] = {"role": role, "content": content}
     name = message.get("name")
     if name is not None:
         if not isinstance(name, str):
@@ -226,9 +265,16 @@ def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
 
 
 _TEXT_PART: Schema = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"enum": sorted(_TEXT_PARTS)}},
+            "description": "Text in `text` (text, input_text, output_text), `refusal`, "
+            "`thinking`, or a tool_reference's tool `name`.",
+        },
+    ]
 }
 _TOOL_CALL: Schema = {
     "type": "object",

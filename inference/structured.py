@@ -74,11 +74,12 @@ def _function(value: Any, where: str) -> dict[str, Any]:
     parameters = function.get("parameters")
     if parameters is not None:
         kept["parameters"] = _object(parameters, f"{where}.parameters")
-    strict = function.get("strict")
-    if strict is not None:
-        if not isinstance(strict, bool):
-            raise _type_error(f"{where}.strict", "a boolean", strict)
-        kept["strict"] = strict
+    for flag in ("strict", "defer_loading"):
+        value = function.get(flag)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise _type_error(f"{where}.{flag}", "a boolean", value)
+            kept[flag] = value
     return kept
 
 
@@ -101,7 +102,16 @@ def _tools(value: Any, name: str, *, legacy: bool) -> list[dict[str, Any]]:
         if function["name"] in seen:
             raise invalid(where, f"Two tools are named '{function['name']}'.")
         seen.add(function["name"])
-        tools.append({"type": "function", "function": function})
+        entry: dict[str, Any] = {"type": "function", "function": function}
+        deferred = None if legacy else tool.get("defer_loading")
+        if deferred is not None:
+            # A tool search's deferred tool (vLLM's): the function carries it too, unless it
+            # says otherwise itself.
+            if not isinstance(deferred, bool):
+                raise _type_error(f"{where}.defer_loading", "a boolean", deferred)
+            entry["defer_loading"] = deferred
+            function.setdefault("defer_loading", deferred)
+        tools.append(entry)
     return tools
 
 
@@ -175,6 +185,10 @@ _FUNCTION: Schema = {
             "description": "A JSON Schema; compiled before the request is queued.",
         },
         "strict": {"type": ["boolean", "null"]},
+        "defer_loading": {
+            "type": ["boolean", "null"],
+            "description": "A tool search's deferred tool (vLLM's): passed to the template.",
+        },
     },
 }
 TOOLS = custom(
@@ -184,7 +198,11 @@ TOOLS = custom(
         "items": {
             "type": "object",
             "required": ["function"],
-            "properties": {"type": {"const": "function"}, "function": _FUNCTION},
+            "properties": {
+                "type": {"const": "function"},
+                "function": _FUNCTION,
+                "defer_loading": {"type": ["boolean", "null"]},
+            },
         },
         "description": "Functions the model may call (chat).",
     },

@@ -205,13 +205,12 @@ def template_variables(template: str) -> frozenset[str]:
     return frozenset(jinja2.meta.find_undeclared_variables(environment.parse(template)))
 
 
-# A system message's first line that Claude Code changes on every request: vLLM drops it so
-# that the prompt's prefix stays cacheable.
-_BILLING_HEADER = "x-anthropic-billing-header"
+def _content_text(content: Any) -> str:
+    """A message's content as one string: text parts joined by newlines, None as "".
 
-
-def _content_text(content: Any, *, role: str) -> str:
-    """A message's content as one string: text parts joined by newlines, None as ""."""
+    The API's parsing (inference.prompts) has already written each part as vLLM's server does;
+    what is left here is joining them.
+    """
     if content is None:
         return ""
     parts = [content] if isinstance(content, str) else list(content)
@@ -222,8 +221,6 @@ def _content_text(content: Any, *, role: str) -> str:
         )
         if not isinstance(text, str) or (isinstance(part, dict) and part.get("type") != "text"):
             raise ChatMessageInvalid("only text content parts can be rendered")
-        if role == "system" and text.startswith(_BILLING_HEADER):
-            text = text.partition("\n")[2]
         if text:
             texts.append(text)
     return "\n".join(texts)
@@ -277,7 +274,7 @@ def chat_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
         role = str(message["role"])
         rendered: dict[str, Any] = {
             "role": role,
-            "content": _content_text(message.get("content"), role=role),
+            "content": _content_text(message.get("content")),
         }
         if role == "assistant" and isinstance(message.get("reasoning"), str):
             # Under both names, as vLLM's server hands an earlier answer's thinking over.

@@ -18,12 +18,23 @@ _BLOCK: Schema = {
     "type": "object",
     "description": "A content block: text, image (source), thinking (thinking, signature), "
     "redacted_thinking (data), tool_use (id, name, input) or tool_result (tool_use_id, "
-    "content, is_error). `cache_control` is accepted: the engine's prefix cache keeps every "
-    "prompt's blocks.",
+    "content, is_error); a tool search's tool_reference (tool_name) inside a tool_result's "
+    "content, and tool_addition or tool_removal (tool) in a system message. `cache_control` is "
+    "accepted: the engine's prefix cache keeps every prompt's blocks.",
     "properties": {
         "type": {
             "type": "string",
-            "enum": ["text", "image", "thinking", "redacted_thinking", "tool_use", "tool_result"],
+            "enum": [
+                "text",
+                "image",
+                "thinking",
+                "redacted_thinking",
+                "tool_use",
+                "tool_result",
+                "tool_reference",
+                "tool_addition",
+                "tool_removal",
+            ],
         },
         "text": {"type": "string"},
         "source": {"type": "object"},
@@ -36,6 +47,12 @@ _BLOCK: Schema = {
         "tool_use_id": {"type": "string"},
         "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
         "is_error": {"type": "boolean"},
+        "tool_name": {"type": "string"},
+        "tool": {
+            "type": "object",
+            "description": "A tool_reference (name) of a declared tool, or a tool_definition "
+            "(definition: a tool) to add.",
+        },
         "cache_control": {"type": "object"},
     },
     "required": ["type"],
@@ -52,6 +69,10 @@ _TOOL = obj(
         "description": {"type": "string"},
         "input_schema": {"type": "object"},
         "strict": {"type": "boolean"},
+        "defer_loading": {
+            "type": "boolean",
+            "description": "Deferred until a tool search adds it (passed to the template).",
+        },
         "cache_control": {"type": "object"},
     },
     "name",

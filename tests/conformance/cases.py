@@ -212,6 +212,20 @@ CASES = [
     Case("chat-tools-history", CHAT, {**G, "tools": TOOLS, "messages": CALLED}),
     Case("chat-tools-history-stream", CHAT, {**G, "tools": TOOLS, "messages": CALLED}, stream=True),
     Case("chat-tools-history-named", CHAT, {**GS, "max_tokens": 64, "tools": TOOLS, "tool_choice": NAMED, "messages": CALLED}),
+    # Tools a tool search defers (vLLM's defer_loading, on the tool or its function): to the template.
+    Case("chat-tools-deferred", CHAT, {**G, "return_prompt_text": True, "tools": [{**WEATHER, "defer_loading": True}, {"type": "function", "function": {**TIME["function"], "defer_loading": False}}], "messages": ASK}),
+    # --- chat: content parts, as vLLM's server writes them for a template that reads strings ----
+    Case("chat-parts-text-kinds", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "input_text", "text": "there"}, {"type": "output_text", "text": "you"}]}]}),
+    Case("chat-parts-empty-text", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "hello"}]}]}),
+    Case("chat-parts-refusal-thinking", CHAT, {**G, "return_prompt_text": True, "messages": [*HELLO, {"role": "assistant", "content": [{"type": "thinking", "thinking": "they greet"}, {"type": "refusal", "refusal": "I cannot."}]}, *HELLO]}),
+    Case("chat-parts-tool-reference", CHAT, {**G, "return_prompt_text": True, "tools": TOOLS, "messages": [*CALLED[:2], {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "tool_reference", "name": "get_time"}, {"type": "text", "text": "found"}]}]}),
+    Case("chat-parts-billing-header", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;\nBe terse."}, {"type": "text", "text": "x-anthropic-billing-header: cch=2;"}]}, *HELLO]}),
+    Case("chat-parts-billing-header-string", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=1;\nBe terse."}, *HELLO]}),
+    Case("chat-parts-billing-header-user", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "user", "content": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;\nhello"}]}]}),
+    Case("chat-parts-bare-string", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "user", "content": ["hello", {"type": "text", "text": "there"}]}]}),
+    Case("chat-parts-null-text", CHAT, {**G, "return_prompt_text": True, "messages": [{"role": "user", "content": [{"type": "text", "text": None}, {"type": "text", "text": "hello"}]}]}),
+    Case("bad-chat-parts-image", CHAT, {**G, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}),
+    Case("bad-chat-parts-unknown", CHAT, {**G, "messages": [{"role": "user", "content": [{"type": "sticker", "text": "hello"}]}]}),
     # --- completions --------------------------------------------------------------------------
     Case("cmpl-greedy", COMPLETIONS, {**G, "prompt": PROMPT}),
     Case("cmpl-greedy-stream", COMPLETIONS, {**G, "prompt": PROMPT}, stream=True),

@@ -31,6 +31,30 @@ HELLO = [{"role": "user", "content": "Hello there"}]
 G = {"temperature": 0, "max_tokens": 6}
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip
+TIME = {"name": "get_time", "description": "The time in a zone.", "input_schema": {"type": "object", "properties": {"zone": {"type": "string"}}}}  # fmt: skip
+# A tool search (vLLM's): deferred tools, added and removed by system messages, found by a tool.
+ADD_WEATHER = {
+    "role": "system",
+    "content": [
+        {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "get_weather"}}
+    ],
+}
+DROP_TIME = {
+    "role": "system",
+    "content": [
+        {"type": "text", "text": "Fewer tools now."},
+        {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_time"}},
+    ],
+}
+DEFINE_TIME = {
+    "role": "system",
+    "content": [{"type": "tool_addition", "tool": {"type": "tool_definition", "definition": TIME}}],
+}
+FOUND = [
+    {"role": "user", "content": "Find a weather tool."},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "tool_search", "input": {"query": "weather"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "One found."}, {"type": "tool_reference", "tool_name": "get_weather"}]}]},
+]  # fmt: skip
 ROUND_TRIP = [
     {"role": "user", "content": "Weather in Paris?"},
     {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
@@ -83,7 +107,17 @@ CASES = [
     Case("count", {"messages": HELLO}, count=True),
     Case("count-tools", {"tools": [WEATHER], "system": "Be terse.", "messages": ROUND_TRIP}, count=True),
     Case("count-thinking-disabled", {"thinking": {"type": "disabled"}, "messages": HELLO}, count=True),
+    Case("count-tools-deferred", {"tools": [{**WEATHER, "defer_loading": True}, {**TIME, "defer_loading": False}], "messages": HELLO}, count=True),
+    Case("count-tool-search-changes", {"tools": [{**WEATHER, "defer_loading": True}, TIME], "messages": [*HELLO, ADD_WEATHER, DROP_TIME, {"role": "user", "content": "and?"}]}, count=True),
+    Case("count-tool-search-definition", {"tools": [WEATHER], "messages": [*HELLO, DEFINE_TIME, {"role": "user", "content": "and?"}]}, count=True),
+    Case("count-tool-search-no-tools", {"messages": [*HELLO, DEFINE_TIME, {"role": "user", "content": "and?"}]}, count=True),
+    Case("count-tool-reference", {"tools": [{**WEATHER, "defer_loading": True}], "messages": FOUND}, count=True),
+    Case("tool-search", {**G, "tools": [{**WEATHER, "defer_loading": True}, TIME], "messages": [*FOUND, ADD_WEATHER, DROP_TIME, {"role": "user", "content": "and?"}]}),
+    Case("tool-search-stream", {**G, "tools": [{**WEATHER, "defer_loading": True}], "messages": [*FOUND, ADD_WEATHER]}, stream=True),
     # Refused by both.
+    Case("bad-tool-removal-undeclared", {**G, "tools": [WEATHER], "messages": [*HELLO, {"role": "system", "content": [{"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_time"}}]}]}),
+    Case("bad-tool-addition-in-user", {**G, "tools": [WEATHER], "messages": [{"role": "user", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "get_weather"}}]}]}),
+    Case("bad-tool-removal-definition", {**G, "messages": [*HELLO, {"role": "system", "content": [{"type": "tool_removal", "tool": {"type": "tool_definition", "definition": TIME}}]}]}),
     Case("bad-max-tokens-zero", {**G, "max_tokens": 0, "messages": HELLO}),
     Case("bad-max-tokens-missing", {"temperature": 0, "messages": HELLO}),
     Case("bad-messages-missing", {**G}),

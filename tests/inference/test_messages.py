@@ -133,7 +133,7 @@ def test_what_is_unknown_or_not_built_is_refused_naming_it():
     _refused("messages[0].content[0].type", messages=[{"role": "user", "content": [{"type": "tool_reference", "tool_name": "x"}]}])  # fmt: skip
     _refused("messages[0].content[0].colour", messages=[{"role": "user", "content": [{"type": "text", "text": "x", "colour": "red"}]}])  # fmt: skip
     _refused("tools[0].type", messages=HELLO, tools=[{"type": "web_search_20250305", "name": "s"}])
-    _refused("tools[0].defer_loading", messages=HELLO, tools=[{"name": "s", "input_schema": {}, "defer_loading": True}])  # fmt: skip
+    _refused("tools[0].defer_loading", messages=HELLO, tools=[{"name": "s", "input_schema": {}, "defer_loading": "yes"}])  # fmt: skip
     _refused(
         "thinking.display", messages=HELLO, thinking={"type": "adaptive", "display": "updates"}
     )
@@ -152,6 +152,60 @@ def test_what_is_unknown_or_not_built_is_refused_naming_it():
     # A chat field's error names the Messages field the client sent.
     bad_schema = {"format": {"type": "json_schema", "schema": {"type": "object", "properties": 5}}}
     assert _refused("output_config.format.schema", messages=HELLO, output_config=bad_schema)
+
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}, "defer_loading": True}
+TIME = {"name": "get_time", "input_schema": {"type": "object"}}
+
+
+def _change(kind: str, tool: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "system", "content": [{"type": kind, "tool": tool}]}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"type": "tool_reference", "name": name}
+
+
+def _tools_of(chat: Any) -> list[dict[str, Any]]:
+    assert chat.tools is not None
+    return [tool["function"] for tool in chat.tools.tools]
+
+
+def test_a_tool_search_resolves_the_tools_in_effect_at_the_conversations_end():
+    # Deferred tools reach the template marked so, as vLLM's server passes them.
+    assert [f.get("defer_loading") for f in _tools_of(_chat(tools=[WEATHER, TIME]))] == [True, None]
+    # Added by reference: no longer deferred; removed: gone; added by definition: declared.
+    messages = [*HELLO, _change("tool_addition", _ref("get_weather")), _change("tool_removal", _ref("get_time"))]  # fmt: skip
+    [weather] = _tools_of(_chat(tools=[WEATHER, TIME], messages=messages))
+    assert weather["name"] == "get_weather" and "defer_loading" not in weather
+    added = _tools_of(_chat(messages=[*HELLO, _change("tool_addition", {"type": "tool_definition", "definition": TIME})]))  # fmt: skip
+    assert [f["name"] for f in added] == ["get_time"]
+    # Removed, then added again: in effect.
+    again = [*HELLO, _change("tool_removal", _ref("get_time")), _change("tool_addition", _ref("get_time"))]  # fmt: skip
+    assert [f["name"] for f in _tools_of(_chat(tools=[TIME], messages=again))] == ["get_time"]
+
+
+def test_a_tool_result_names_the_tools_it_found_in_a_tool_message_of_references():
+    found = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "One."}, {"type": "tool_reference", "tool_name": "get_weather"}]}  # fmt: skip
+    chat = _chat(tools=[WEATHER], messages=[{"role": "user", "content": [found]}])
+    assert chat.messages is not None
+    # Written as vLLM's server writes a reference for a template that reads text: its name.
+    assert chat.messages[-2:] == [
+        {"role": "tool", "content": "One.", "tool_call_id": "t1"},
+        {"role": "tool", "content": "get_weather", "tool_call_id": "t1"},
+    ]
+
+
+def test_a_tool_search_block_out_of_its_place_is_refused_naming_it():
+    addition = {"type": "tool_addition", "tool": _ref("get_weather")}
+    _refused("messages[0].content[0].type", messages=[{"role": "user", "content": [addition]}])
+    _refused("messages[1].content[0].type", messages=[*HELLO, {"role": "system", "content": [_ref("x")]}])  # fmt: skip
+    _refused("system[0].type", messages=HELLO, tools=[WEATHER], system=[addition])
+    _refused("tools", messages=[*HELLO, _change("tool_removal", _ref("get_time"))], tools=[WEATHER])  # fmt: skip
+    removal_by_value = _change("tool_removal", {"type": "tool_definition", "definition": TIME})
+    _refused("messages[1].content[0].tool.type", messages=[*HELLO, removal_by_value])
+    nameless = {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "tool_reference"}]}
+    _refused("messages[0].content[0].content[0].tool_name", messages=[{"role": "user", "content": [nameless]}])  # fmt: skip
 
 
 def test_usage_counts_the_prompt_in_three_parts_as_vllm_does():

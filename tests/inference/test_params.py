@@ -113,6 +113,59 @@ def test_it_accepts_a_full_chat_request():
     assert parsed.messages == [{"role": "user", "content": "hi"}]
 
 
+def test_content_parts_are_written_as_vllms_server_writes_them_for_a_text_template():
+    parts = [
+        {"type": "text", "text": ""},
+        {"type": "text", "text": None},
+        {"type": "input_text", "text": "a"},
+        "b",
+        {"type": "output_text", "text": "c"},
+        {"type": "refusal", "refusal": "d"},
+        {"type": "thinking", "thinking": "e"},
+        {"type": "tool_reference", "name": "get_time"},
+    ]
+    header = "x-anthropic-billing-header: cch=1;"
+    system = [{"type": "text", "text": f"{header}\nBe terse."}, {"type": "text", "text": header}]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
+    parsed = generation_parse(_chat(messages=messages), endpoint=CHAT)
+    # Empty and null parts left out, Claude Code's header line dropped from a system part only.
+    assert parsed.messages == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "a\nb\nc\nd\ne\nget_time"},
+    ]
+    kept = generation_parse(_chat(messages=[{"role": "user", "content": header}]), endpoint=CHAT)
+    assert kept.messages == [{"role": "user", "content": header}]
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        (
+            {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+            "messages[0].content[0].type",
+        ),
+        ({"text": "no type"}, "messages[0].content[0].type"),
+        ({"type": "refusal", "refusal": 5}, "messages[0].content[0].refusal"),
+        ({"type": "tool_reference", "name": ["get_time"]}, "messages[0].content[0].name"),
+        (5, "messages[0].content[0]"),
+    ],
+)
+def test_a_content_part_this_model_cannot_read_is_refused_naming_it(part, param):
+    assert _error(_chat(messages=[{"role": "user", "content": [part]}])).param == param
+
+
+def test_a_deferred_tool_reaches_the_template_marked_as_the_request_marked_it():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    later = {"type": "function", "function": {"name": "g", "defer_loading": False}}
+    tools = [{**tool, "defer_loading": True}, later]
+    parsed = generation_parse(_chat(tools=tools), endpoint=CHAT)
+    assert parsed.tools is not None
+    assert [t["function"].get("defer_loading") for t in parsed.tools.tools] == [True, False]
+    assert parsed.tools.tools[0]["defer_loading"] is True
+    bad = [{**tool, "defer_loading": "yes"}]
+    assert _error(_chat(tools=bad)).param == "tools[0].defer_loading"
+
+
 def test_completions_take_text_or_token_ids():
     assert generation_parse({"model": "m", "prompt": "x"}, endpoint=COMPLETIONS).prompt == "x"
     by_ids = generation_parse({"model": "m", "prompt": [1, 2]}, endpoint=COMPLETIONS)
