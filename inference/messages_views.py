@@ -7,6 +7,7 @@ The request runs on the chat path (inference.messages); its errors are in Anthro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from typing import Any
 
@@ -17,9 +18,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from dataplane.types import Failed, Finished
 from inference import relay
-from inference.admission import VERSION_HEADER, request_ended
+from inference.admission import VERSION_HEADER, key_free, request_ended
 from inference.auth import Principal
-from inference.clients import dispatch_get, routing_get
+from inference.clients import dispatch_get, idempotency_get, routing_get
+from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
     client_timeout,
@@ -31,12 +33,16 @@ from inference.endpoint import (
 )
 from inference.errors import ApiError
 from inference.event_streams import builder_stream
+from inference.idempotency import Original, body_digest, key_in_use, key_validate
 from inference.message_events import MessageBuilder
 from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of, thinking_shown
+from inference.metrics import RequestClock
 from inference.params import GenerationRequest, template_kwargs_with_effort
 from inference.results import completion_collect
 from inference.submission import generation_submit
 from inference.tokenization import Tokenizer, prompts_read, tokenizer_of
+from inference.views import replayed_marked
+from models_registry.selectors import Route
 from tenants.models import Scope
 
 # Per model version (its digest): what converting a Messages request needs of its template.
@@ -84,14 +90,15 @@ def _effort_that_turns_thinking_off(tokenizer: Tokenizer) -> str:
 
 async def _chat_request(
     body: dict[str, Any], principal: Principal, *, count: bool
-) -> GenerationRequest:
+) -> tuple[GenerationRequest, Route | None]:
     """The body's chat request; a body whose conversion depends on the template (a system
-    message inside `messages`, thinking turned off) is converted for the version it routes to."""
+    message inside `messages`, thinking turned off) is converted for the version it routes to,
+    which comes with it (None: not routed yet)."""
     tenant = principal.tenant_id
     chat = messages_chat(body, count=count, tenant_id=tenant)  # checked before any lookup
     needs = needs_of(body)
     if not (needs.inline_system or needs.thinking_disabled):
-        return chat
+        return chat, None
     routing = await routing_get(chat.model)
     route = routing.pick(tenant_id=tenant, user=chat.user)
     digest = route.version_digest
@@ -108,35 +115,49 @@ async def _chat_request(
         if digest not in _thinking_off_effort:
             _thinking_off_effort[digest] = _effort_that_turns_thinking_off(tokenizer)
         effort = _thinking_off_effort[digest]
-    return messages_chat(
+    converted = messages_chat(
         body, count=count, merge_inline_system=merge, disabled_effort=effort, tenant_id=tenant
     )
+    return converted, route
 
 
 @api_endpoint("POST", counted=True)
 async def messages_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
-    if request.headers.get("Idempotency-Key") is not None:
-        raise ApiError(
-            400,
-            "unsupported_parameter",
-            "Idempotency-Key is not supported on /v1/messages; use /v1/chat/completions.",
-            param="Idempotency-Key",
-        )
-    chat = await _chat_request(body, principal, count=False)
+    key = key_validate(request.headers.get("Idempotency-Key"))
+    chat, _ = await _chat_request(body, principal, count=False)
     clock = request_clock(request)
-    submitted = await generation_submit(
-        principal=principal,
-        request=chat,
-        request_id=request_id,
-        timeout=client_timeout(request, chat.timeout),
-        priority=chat.priority,
-        clock=clock,
-        trace=request_trace(request),
-        request_taken=True,
-        endpoint=MESSAGES,
-    )
+    tenant = principal.tenant_id
+    try:
+        if key is not None:
+            found = await idempotency_get().replayed_or_claimed(
+                tenant_id=tenant,
+                key=key,
+                digest=body_digest(endpoint=MESSAGES, body=body),
+                replay=lambda original: _replay(original, chat, body, clock, tenant_id=tenant),
+                request_id=request_id,
+            )
+            if found is not None:
+                original, replayed = found
+                return replayed_marked(replayed, original)
+        submitted = await generation_submit(
+            principal=principal,
+            request=chat,
+            request_id=request_id,
+            timeout=client_timeout(request, chat.timeout),
+            priority=chat.priority,
+            idempotency_key=key,
+            clock=clock,
+            trace=request_trace(request),
+            request_taken=True,
+            endpoint=MESSAGES,
+        )
+    except BaseException:
+        # Refused, failed or cancelled, in the claim too: the key goes back if this holds it.
+        if key is not None:
+            key_free(tenant_id=tenant, key=key, request_id=request_id)
+        raise
     builder = MessageBuilder(
         message_id=f"msg_{request_id}",
         model=submitted.route.served_name,
@@ -151,9 +172,7 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
             request_ended(submitted, event)
 
         stream = builder_stream(events, builder, clock, name=builder.message_id, at_end=settled)
-        response = StreamingHttpResponse(stream, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+        response = _event_stream(stream)
     else:
         on_end = functools.partial(request_ended, submitted)
         response = json_response(await completion_collect(events, builder, on_end))
@@ -163,14 +182,72 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
     return response
 
 
+async def _replay(
+    original: Original,
+    chat: GenerationRequest,
+    body: dict[str, Any],
+    clock: RequestClock,
+    *,
+    tenant_id: int,
+) -> HttpResponseBase | None:
+    """The message the key's first request answered, again from its reply stream (kept as
+    long as the key), or None when that request failed (this one then runs in its place).
+
+    The tenant's safety policy filters the replayed text as it filtered the original's. The
+    prompt's size a stream opens with is counted again with the answering version's
+    tokenizer (the reply stream keeps the output, not the prompt).
+    """
+    dispatch = dispatch_get()
+    if not chat.stream and not await dispatch.finished(
+        deployment=original.deployment, request_id=original.request_id
+    ):
+        raise key_in_use(
+            "The request with this Idempotency-Key is still running; retry when it has finished."
+        )
+    prompt_tokens = 0
+    if chat.stream:
+        with contextlib.suppress(ApiError):  # a version that routes nowhere now: not counted
+            route = (await routing_get(original.model)).primary
+            ids, _ = await asyncio.to_thread(prompts_read, chat, route)
+            prompt_tokens = sum(len(prompt) for prompt in ids)
+    builder = MessageBuilder(
+        message_id=f"msg_{original.request_id}",
+        model=original.model,
+        prompt_tokens=prompt_tokens,
+        thinking_shown=thinking_shown(body),
+    )
+    events = relay.attach(
+        dispatch,
+        deployment=original.deployment,
+        request_id=original.request_id,
+        deadline=original.deadline,
+        policy=await policy_get(tenant_id=tenant_id, model=chat.model),
+        tenant_id=tenant_id,
+    )
+    if chat.stream:
+        return _event_stream(builder_stream(events, builder, clock, name=builder.message_id))
+    try:
+        return json_response(await completion_collect(events, builder, on_end=None))
+    except ApiError:
+        return None
+
+
+def _event_stream(chunks: Any) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
 @api_endpoint("POST", counted=True)
 async def messages_count_tokens(request: HttpRequest, request_id: str) -> HttpResponse:
     """The input tokens a Messages request would take: its conversation, system prompt and
     tools as the routed version's template writes them."""
     principal = await request_principal(request, Scope.INFERENCE)
-    chat = await _chat_request(await request_json(request), principal, count=True)
-    routing = await routing_get(chat.model)
-    route = routing.pick(tenant_id=principal.tenant_id, user=chat.user)
+    chat, route = await _chat_request(await request_json(request), principal, count=True)
+    if route is None:
+        routing = await routing_get(chat.model)
+        route = routing.pick(tenant_id=principal.tenant_id, user=chat.user)
     ids, _ = await asyncio.to_thread(prompts_read, chat, route)
     count = sum(len(prompt) for prompt in ids)
     response = json_response(

@@ -9,6 +9,7 @@ request asked for, not what the model says.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, cast
 
 import anthropic
@@ -212,6 +213,40 @@ def test_the_key_may_be_a_bearer_token_too(stack, world):
         json={"model": ALIAS, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
     )
     assert answer.status_code == 200
+
+
+def test_an_idempotency_key_replays_the_message_and_bills_it_once(sdk, usage_of):
+    key = f"msg-{uuid.uuid4()}"
+    asked = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 6}
+    first, again = (
+        sdk.messages.with_raw_response.create(
+            model=ALIAS, extra_body=GREEDY, extra_headers={"Idempotency-Key": key}, **asked
+        )
+        for _ in range(2)
+    )
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["x-request-id"] == first.headers["x-request-id"]
+    assert again.parse().model_dump() == first.parse().model_dump()
+    assert len(usage_of(first.headers["x-request-id"])) == 1
+    # The key with another body: a 422 naming the key.
+    with pytest.raises(anthropic.UnprocessableEntityError) as reused:
+        _ask(sdk, max_tokens=7, extra_headers={"Idempotency-Key": key})
+    assert _error(reused)["param"] == "Idempotency-Key"
+
+
+def test_a_streamed_message_with_a_key_is_replayed_as_the_same_stream(sdk, usage_of):
+    key = f"msg-{uuid.uuid4()}"
+    asked = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 6}
+    answers = []
+    for _ in range(2):
+        with sdk.messages.stream(
+            model=ALIAS, extra_body=GREEDY, extra_headers={"Idempotency-Key": key}, **asked
+        ) as stream:
+            answers.append((stream.response.headers, stream.get_final_message()))
+    (first_headers, first), (again_headers, again) = answers
+    assert again_headers["Idempotent-Replayed"] == "true"
+    assert again.model_dump() == first.model_dump()  # its id, blocks and usage
+    assert len(usage_of(first_headers["x-request-id"])) == 1
 
 
 def test_what_is_not_built_is_refused_naming_it(sdk):
