@@ -40,6 +40,18 @@ def type_error(name: str, expected: str, value: Any) -> ApiError:
     )
 
 
+def booleans_read(source: dict[str, Any], names: tuple[str, ...], where: str) -> dict[str, bool]:
+    """The named flags `source` sets (absent or null: left out), each checked a boolean."""
+    found = {}
+    for name in names:
+        value = source.get(name)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise type_error(f"{where}.{name}", "a boolean", value)
+            found[name] = value
+    return found
+
+
 def _described(schema: Schema, doc: str) -> Schema:
     return {**schema, "description": doc} if doc else schema
 

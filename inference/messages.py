@@ -17,7 +17,7 @@ from typing import Any
 
 from config.json_body import shown
 from inference.errors import ApiError, invalid
-from inference.kinds import type_error
+from inference.kinds import booleans_read, type_error
 from inference.params import CHAT, GenerationRequest, generation_parse
 
 MESSAGES = "messages"  # the endpoint a usage record names for /v1/messages
@@ -405,12 +405,7 @@ def _tool_read(raw: Any, where: str) -> dict[str, Any]:
     kept: dict[str, Any] = {"name": _text(tool.get("name"), f"{where}.name"), "parameters": schema}
     if tool.get("description") is not None:
         kept["description"] = _text(tool["description"], f"{where}.description")
-    for flag in ("strict", "defer_loading"):
-        value = tool.get(flag)
-        if value is not None:
-            if not isinstance(value, bool):
-                raise type_error(f"{where}.{flag}", "a boolean", value)
-            kept[flag] = value
+    kept.update(booleans_read(tool, ("strict", "defer_loading"), where))
     return kept
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from dataplane.types import Structured
 from inference.errors import ApiError, invalid
-from inference.kinds import Schema, boolean_or_none, custom
+from inference.kinds import Schema, boolean_or_none, booleans_read, custom
 from inference.kinds import type_error as _type_error
 
 MAX_TOOLS = 128  # OpenAI's limit
@@ -74,12 +74,7 @@ def _function(value: Any, where: str) -> dict[str, Any]:
     parameters = function.get("parameters")
     if parameters is not None:
         kept["parameters"] = _object(parameters, f"{where}.parameters")
-    for flag in ("strict", "defer_loading"):
-        value = function.get(flag)
-        if value is not None:
-            if not isinstance(value, bool):
-                raise _type_error(f"{where}.{flag}", "a boolean", value)
-            kept[flag] = value
+    kept.update(booleans_read(function, ("strict", "defer_loading"), where))
     return kept
 
 
