@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -114,6 +114,14 @@ def internal_error() -> ApiError:
 def json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
     payload = body if isinstance(body, bytes) else _json.encode(body)
     return HttpResponse(payload, status=status, content_type="application/json")
+
+
+def sse_response(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    """A stream of server-sent events, marked so that no proxy caches or buffers it."""
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 async def request_body(request: HttpRequest) -> bytes:

@@ -138,8 +138,6 @@ def _block_read(block: Any, where: str) -> dict[str, Any]:
             "A tool_reference names its tool in 'tool_name'.",
             code="missing_required_parameter",
         )
-    if kind in _TOOL_CHANGES:
-        _tool_change_read(kind, block.get("tool"), f"{where}.tool")
     if kind == "tool_result":
         content = block.get("content")
         if content is not None and not isinstance(content, str | list):
@@ -154,17 +152,28 @@ def _block_read(block: Any, where: str) -> dict[str, Any]:
     return block
 
 
-def _tool_change_read(kind: str, raw: Any, where: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _ToolChange:
+    """A tool_addition or tool_removal: the tool it names, and its definition when an
+    addition brings the tool whole (None: a reference to a declared tool)."""
+
+    kind: str
+    name: str
+    definition: dict[str, Any] | None = None
+
+
+def _tool_change_read(kind: str, raw: Any, where: str) -> _ToolChange:
     """A tool_addition's or tool_removal's tool: a reference to a declared tool by name, or
     (an addition only) a tool's whole definition."""
     change = _object(raw, where)
     form = change.get("type")
     if form == "tool_reference":
         fields: tuple[str, ...] = ("type", "name")
-        _text(change.get("name"), f"{where}.name")
+        read = _ToolChange(kind, _text(change.get("name"), f"{where}.name"))
     elif form == "tool_definition" and kind == "tool_addition":
         fields = ("type", "definition")
-        _tool_read(change.get("definition"), f"{where}.definition")
+        definition = _tool_read(change.get("definition"), f"{where}.definition")
+        read = _ToolChange(kind, definition["name"], definition)
     else:
         allowed = (
             "tool_reference" if kind == "tool_removal" else "tool_reference or tool_definition"
@@ -173,7 +182,7 @@ def _tool_change_read(kind: str, raw: Any, where: str) -> dict[str, Any]:
     for name in change:
         if name not in fields:
             raise _unsupported(f"{where}.{name}", f"A {form} has no field {shown(name)}.")
-    return change
+    return read
 
 
 def _content_read(content: Any, where: str) -> str | list[dict[str, Any]]:
@@ -298,27 +307,32 @@ def _message_converted(
     return message
 
 
-def _blocks_placed(role: str, content: list[dict[str, Any]], where: str) -> None:
-    """Refuse a block where vLLM's server refuses it, or would drop it unread: a tool change
-    outside a system message, a tool reference outside a tool's result."""
+def _tool_changes_of(role: str, content: list[dict[str, Any]], where: str) -> list[_ToolChange]:
+    """A message's tool changes, in order. A block where vLLM's server refuses it, or would
+    drop it unread, is refused: a tool change outside a system message, a tool reference
+    outside a tool's result."""
+    changes = []
     for i, block in enumerate(content):
         kind = block["type"]
-        if kind in _TOOL_CHANGES and role != "system":
-            raise invalid(
-                f"{where}[{i}].type",
-                f'{kind} blocks are only allowed in messages with role "system".',
-            )
+        if kind in _TOOL_CHANGES:
+            if role != "system":
+                raise invalid(
+                    f"{where}[{i}].type",
+                    f'{kind} blocks are only allowed in messages with role "system".',
+                )
+            changes.append(_tool_change_read(kind, block.get("tool"), f"{where}[{i}].tool"))
         if kind == "tool_reference":
             raise invalid(
                 f"{where}[{i}].type",
                 "A tool_reference block belongs in a tool_result's content, where it names "
                 "a tool the search found.",
             )
+    return changes
 
 
 def _conversation(
     body: dict[str, Any], *, merge_inline_system: bool
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[_ToolChange]]:
     """The request's system prompt and messages as chat's messages, and the tool changes
     (tool_addition and tool_removal blocks) its system messages make, in order."""
     raw = body.get("messages")
@@ -327,6 +341,7 @@ def _conversation(
     if not isinstance(raw, list):
         raise type_error("messages", "an array", raw)
     messages = []
+    changes: list[_ToolChange] = []
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         message = _object(message, where)
@@ -342,15 +357,8 @@ def _conversation(
             )
         content = _content_read(message["content"], f"{where}.content")
         if isinstance(content, list):
-            _blocks_placed(role, content, f"{where}.content")
+            changes += _tool_changes_of(role, content, f"{where}.content")
         messages.append((role, content, where))
-    changes = [
-        block
-        for _, content, _ in messages
-        if isinstance(content, list)
-        for block in content
-        if block["type"] in _TOOL_CHANGES
-    ]
     system_parts: list[str] = []
     system = body.get("system")
     if isinstance(system, str):
@@ -409,7 +417,7 @@ def _tool_read(raw: Any, where: str) -> dict[str, Any]:
     return kept
 
 
-def _tools(raw: Any, changes: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def _tools(raw: Any, changes: list[_ToolChange]) -> list[dict[str, Any]] | None:
     """Chat's tools: the request's, with its system messages' tool changes applied in order.
 
     As vLLM's server resolves them, chat templates seeing one list of tools: the tools in
@@ -422,23 +430,19 @@ def _tools(raw: Any, changes: list[dict[str, Any]]) -> list[dict[str, Any]] | No
     if changes:
         tools = {tool["name"]: tool for tool in declared or []}
         removed: set[str] = set()
-        for block in changes:
-            change = block["tool"]
-            if change["type"] == "tool_definition":
-                definition = _tool_read(change["definition"], "tool_definition")
-                name = definition["name"]
-                tools[name] = definition
-            else:
-                name = change["name"]
-                if name not in tools:
-                    raise invalid(
-                        "tools",
-                        f"A {block['type']} refers to the tool {shown(name)}, which 'tools' "
-                        "does not declare.",
-                    )
-                if block["type"] == "tool_addition":
-                    tools[name] = {k: v for k, v in tools[name].items() if k != "defer_loading"}
-            if block["type"] == "tool_removal":
+        for change in changes:
+            name = change.name
+            if change.definition is not None:
+                tools[name] = change.definition
+            elif name not in tools:
+                raise invalid(
+                    "tools",
+                    f"A {change.kind} refers to the tool {shown(name)}, which 'tools' "
+                    "does not declare.",
+                )
+            elif change.kind == "tool_addition":
+                tools[name] = {k: v for k, v in tools[name].items() if k != "defer_loading"}
+            if change.kind == "tool_removal":
                 removed.add(name)
             else:
                 removed.discard(name)

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from dataplane.types import Failed, Finished
@@ -30,6 +30,7 @@ from inference.endpoint import (
     request_json,
     request_principal,
     request_trace,
+    sse_response,
 )
 from inference.errors import ApiError
 from inference.event_streams import builder_stream
@@ -172,7 +173,7 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
             request_ended(submitted, event)
 
         stream = builder_stream(events, builder, clock, name=builder.message_id, at_end=settled)
-        response = _event_stream(stream)
+        response = sse_response(stream)
     else:
         on_end = functools.partial(request_ended, submitted)
         response = json_response(await completion_collect(events, builder, on_end))
@@ -225,18 +226,11 @@ async def _replay(
         tenant_id=tenant_id,
     )
     if chat.stream:
-        return _event_stream(builder_stream(events, builder, clock, name=builder.message_id))
+        return sse_response(builder_stream(events, builder, clock, name=builder.message_id))
     try:
         return json_response(await completion_collect(events, builder, on_end=None))
     except ApiError:
         return None
-
-
-def _event_stream(chunks: Any) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
 
 
 @api_endpoint("POST", counted=True)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from config.db import db_call
 from config.json_body import shown
@@ -36,6 +36,7 @@ from inference.endpoint import (
     request_json,
     request_principal,
     request_trace,
+    sse_response,
 )
 from inference.errors import ApiError, invalid
 from inference.event_streams import builder_stream
@@ -159,7 +160,7 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
                 retention_days=submitted.principal.retention_days,
             )
 
-        response = _event_stream(
+        response = sse_response(
             builder_stream(events, builder, clock, name=builder.response_id, at_end=settled)
         )
     else:
@@ -227,7 +228,7 @@ async def _replay(
                 follow=True,
                 deadline=original.deadline + _GRACE_SECONDS,
             )
-            return _event_stream(_sequenced(semantic, after=-1))
+            return sse_response(_sequenced(semantic, after=-1))
         if not parsed.chat.stream:
             return json_response(kept.body)
     # Not stored (or a stream of a response that was not in the background): its events again.
@@ -253,7 +254,7 @@ async def _replay(
         tenant_id=tenant_id,
     )
     if parsed.chat.stream:
-        return _event_stream(builder_stream(events, builder, clock, name=builder.response_id))
+        return sse_response(builder_stream(events, builder, clock, name=builder.response_id))
     try:
         async for event in events:
             if isinstance(event, Delta):
@@ -287,7 +288,7 @@ async def _background(
     spawn(_background_follow(builder.fresh(), submitted))
     if not parsed.chat.stream:
         return json_response(builder.body())
-    return _event_stream(_sequenced(_followed(builder, submitted), after=-1))
+    return sse_response(_sequenced(_followed(builder, submitted), after=-1))
 
 
 def _followed(
@@ -341,13 +342,6 @@ async def _sequenced(events: AsyncIterator[dict[str, Any]], *, after: int) -> As
     except Exception:
         log.error("a background response's stream failed", exc_info=True)
         yield sse(error_event(sequence + 1, internal_error()))
-
-
-def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
 
 
 async def _kept(
@@ -482,7 +476,7 @@ async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpR
     where = await dispatch.whereabouts(kept.request_id)
     if where is None:
         # The reply stream has expired: only the end the store kept is left to send.
-        return _event_stream(_stored_end(kept, after=after))
+        return sse_response(_stored_end(kept, after=after))
     builder = builder_of(kept)
     events = replay(
         dispatch,
@@ -494,7 +488,7 @@ async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpR
         follow=True,
         deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
     )
-    return _event_stream(_sequenced(events, after=after))
+    return sse_response(_sequenced(events, after=after))
 
 
 async def _stored_end(kept: Kept, *, after: int) -> AsyncIterator[bytes]:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from config.db import db_call
 from config.json_body import shown
@@ -31,6 +31,7 @@ from inference.endpoint import (
     request_json,
     request_principal,
     request_trace,
+    sse_response,
 )
 from inference.errors import ApiError
 from inference.idempotency import Original, body_digest, key_in_use, key_validate
@@ -134,7 +135,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     events = relay.events(dispatch_get(), submitted, cursor=cursor)
     on_end = functools.partial(request_ended, submitted)
     if parsed.stream:
-        response: HttpResponseBase = _streaming(
+        response: HttpResponseBase = sse_response(
             _sse(events, parsed.include_usage, formatter, on_end, clock, cursor=cursor)
         )
     else:
@@ -223,7 +224,7 @@ async def _replay(
         tenant_id=tenant_id,
     )
     if parsed.stream:
-        return _streaming(_sse(events, parsed.include_usage, formatter, None, clock))
+        return sse_response(_sse(events, parsed.include_usage, formatter, None, clock))
     if not await dispatch.finished(deployment=original.deployment, request_id=original.request_id):
         raise key_in_use(
             "The request with this Idempotency-Key is still running; retry when it has finished."
@@ -239,13 +240,6 @@ def replayed_marked(response: HttpResponseBase, original: Original) -> HttpRespo
     response["Idempotent-Replayed"] = "true"
     response["x-request-id"] = original.request_id
     response[VERSION_HEADER] = original.version
-    return response
-
-
-def _streaming(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
     return response
 
 
@@ -361,7 +355,7 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
     newest = await dispatch.reply_last_id(deployment=where.deployment, request_id=rid)
     if finished and (newest is None or _entry_key(newest) <= _entry_key(after)):
         # The client saw the end already: nothing but the stream's close is left.
-        return _streaming(_done_only())
+        return sse_response(_done_only())
     cursor = relay.Cursor(after)
     events = relay.attach(
         dispatch,
@@ -373,7 +367,7 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
         after=after,
         cursor=cursor,
     )
-    response = _streaming(
+    response = sse_response(
         _sse(
             events,
             include_usage,
