@@ -25,6 +25,7 @@ from dataplane.types import Delta, Event, Failed, Finished, ToolCallDelta
 from inference.cache import RefreshingCache
 from inference.errors import ApiError
 from inference.params import GenerationRequest
+from models_registry.tokenizer import CONTENT_PARTS
 from safety.detectors import Finding
 from safety.policy import Policy
 from safety.selectors import policy_load
@@ -110,6 +111,14 @@ def token_output_check(request: GenerationRequest, *, policy: Policy | None) -> 
         )
 
 
+def _redacted(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """A message with its screened text; a redacted one's parts give way to that one text (a
+    template that loops over content writes it as one part)."""
+    if text == message["content"]:
+        return message
+    return {**{k: v for k, v in message.items() if k != CONTENT_PARTS}, "content": text}
+
+
 async def input_screen(
     request: GenerationRequest, *, policy: Policy | None, tenant_id: int, request_id: str
 ) -> GenerationRequest:
@@ -141,7 +150,7 @@ async def input_screen(
         )
     _record(request_id, tenant_id, "input", found, "redact")
     if request.messages is not None:
-        messages = [{**m, "content": t} for m, t in zip(request.messages, passed, strict=True)]
+        messages = [_redacted(m, t) for m, t in zip(request.messages, passed, strict=True)]
         return dataclasses.replace(request, messages=messages)
     redacted = iter(passed)
     prompts = tuple(next(redacted) if isinstance(p, str) else p for p in request.prompts)

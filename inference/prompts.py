@@ -12,6 +12,7 @@ from config.json_body import shown
 from inference.errors import ApiError, invalid
 from inference.kinds import TOKEN_IDS, Schema, custom, is_token
 from inference.kinds import type_error as _type_error
+from models_registry.tokenizer import CONTENT_PARTS
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
@@ -77,9 +78,9 @@ STOP = custom(
 )
 
 
-# The content parts vLLM's server reads as text for a template that writes content as a string,
-# and the field each keeps its text in. A tool search's `tool_reference` is written as the name
-# of the tool it refers to.
+# The content parts vLLM's server reads as text, and the field each keeps its text in. For a
+# template that takes content as a string, a tool search's `tool_reference` is written as the
+# name of the tool it refers to.
 _TEXT_PARTS = {
     "text": "text",
     "input_text": "text",
@@ -88,28 +89,50 @@ _TEXT_PARTS = {
     "thinking": "thinking",
     "tool_reference": "name",
 }
+# Text parts whose text may be null (then left out), as vLLM's server skips them; a template that
+# takes parts gets the others' null text as it is.
+_SKIPPED_WHEN_NULL = frozenset({"text", "refusal"})
+# The fields that make up a content part of any type vLLM's server knows. A text part's other
+# fields (`cache_control`, say) reach a template that takes parts, as vLLM's server passes
+# them on.
+_PART_FIELDS = frozenset(
+    {
+        "audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil",
+        "image_url", "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text",
+        "thinking", "type", "uuid", "video_embeds", "video_url",
+    }
+)  # fmt: skip
 # A system message's first line that Claude Code changes on every request: vLLM's server drops it
 # so that the prompt's prefix stays cacheable, and so does this.
 BILLING_HEADER = "x-anthropic-billing-header"
 
 
-def _content_text(content: Any, where: str, *, role: str) -> str:
-    """A message's content as one string, as vLLM's server gives it to such a template.
+def _content_read(
+    content: Any, where: str, *, role: str
+) -> tuple[str, list[dict[str, Any]] | None]:
+    """A message's content as the two forms vLLM's server gives a chat template.
 
-    Its parts' texts joined by newlines, empty and null ones left out; in a system message, a
-    text part's first line is dropped when it is Claude Code's billing header.
+    The string form: its parts' texts joined by newlines, empty and null ones left out. The
+    parts form, for a template that loops over content (models_registry.content_format):
+    `{"type": "text", "text": ...}` per part (with a text part's own extra fields), a tool
+    reference as `{"type": "tool_reference", "name": ...}`; None when that is the string form
+    as one text part (most messages: the template gets the string as one part). In a system
+    message, a text part's first line is dropped when it is Claude Code's billing header (the
+    part too, if nothing is left).
     """
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
         content = [content]
     elif not isinstance(content, list):
         raise _type_error(f"{where}.content", "a string or an array of content parts", content)
-    texts = []
+    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
         at = f"{where}.content[{i}]"
         kind: Any
         text: Any
+        extra: dict[str, Any] = {}
         if isinstance(part, str):
             kind, text = "text", part
         else:
@@ -123,15 +146,25 @@ def _content_text(content: Any, where: str, *, role: str) -> str:
                     f"(this model reads text); got {shown(str(kind))}.",
                 )
             text = part.get(_TEXT_PARTS[kind])
-            if text is None:
-                continue  # no text: nothing to write, as vLLM's server skips it
-            if not isinstance(text, str):
+            if text is not None and not isinstance(text, str):
                 raise _type_error(f"{at}.{_TEXT_PARTS[kind]}", "a string", text)
+            if kind == "tool_reference":
+                parts.append({"type": "tool_reference", "name": text})
+                if text:
+                    texts.append(text)
+                continue
+            if text is None and kind in _SKIPPED_WHEN_NULL:
+                continue  # no text: nothing to write, as vLLM's server skips it
+            extra = {k: v for k, v in part.items() if k not in _PART_FIELDS}
         if role == "system" and kind == "text" and text.startswith(BILLING_HEADER):
             text = text.partition("\n")[2]
+            if not text:
+                continue
+        parts.append({"type": "text", "text": text, **extra})
         if text:
             texts.append(text)
-    return "\n".join(texts)
+    joined = "\n".join(texts)
+    return joined, None if parts == [{"type": "text", "text": joined}] else parts
 
 
 def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -154,8 +187,11 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
-    content = _content_text(message.get("content"), where, role=role)
+    content, parts = _content_read(message.get("content"), where, role=role)
     kept: dict[str, Any] = {"role": role, "content": content}
+    if parts is not None:
+        # For a template that loops over content; never shown or retained (CONTENT_PARTS).
+        kept[CONTENT_PARTS] = parts
     name = message.get("name")
     if name is not None:
         if not isinstance(name, str):

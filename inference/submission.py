@@ -72,6 +72,7 @@ from inference.tokenization import (
 )
 from models_registry.models import FALLBACK_HOPS, Task
 from models_registry.selectors import Route, Routing
+from models_registry.tokenizer import CONTENT_PARTS
 
 log = logging.getLogger(__name__)
 SHADOW_REPLY_TTL_SECONDS = 60
@@ -112,7 +113,9 @@ def _queue_full_recently(deployment: str, priority: str) -> bool:
 def _prompt_text(request: GenerationRequest) -> str:
     """The prompt as retained: chat messages as JSON, a completion prompt as it came."""
     if request.messages is not None:
-        return json.dumps(request.messages, ensure_ascii=False)
+        # The messages as the client wrote them, without the parts form kept for rendering.
+        shown = [{k: v for k, v in m.items() if k != CONTENT_PARTS} for m in request.messages]
+        return json.dumps(shown, ensure_ascii=False)
     if len(request.prompts) > 1 or isinstance(request.prompt, list):
         return json.dumps(list(request.prompts), ensure_ascii=False)
     return request.prompt or ""

@@ -7,7 +7,6 @@ failures are plain exceptions: what a client is told about them is the caller's 
 
 from __future__ import annotations
 
-import copy
 import functools
 import gc
 import json
@@ -19,7 +18,12 @@ from typing import Any, TypeVar
 import jinja2.meta
 from jinja2 import TemplateError
 
+from models_registry.content_format import reads_content_parts
+
 _lock = threading.Lock()
+# The key of a parsed chat message that holds its content as parts, for a template that loops
+# over content (see `chat_conversation`); absent when the content was one string kept as it is.
+CONTENT_PARTS = "content_parts"
 _tokenizers: dict[tuple[str, type[Tokenizer]], Tokenizer] = {}
 # Text that a tokenizer which drops and rewrites nothing decodes back as it was: runs of
 # whitespace, control characters, combining marks, compatibility forms, CJK and an emoji.
@@ -138,14 +142,9 @@ class Tokenizer:
         if not getattr(self._hf, "chat_template", None):
             raise ChatTemplateMissing("this model version has no chat template")
         tool_dicts = chat_tools(tools) if tools is not None else None
-        conversation = chat_conversation(messages)
+        template = self.chat_template(tools=tool_dicts is not None) or ""
+        conversation = chat_conversation(messages, parts=reads_content_parts(template))
         developer = any(m["role"] == "developer" for m in conversation)
-        # Looked up only when needed: most chats need neither of the two reads below.
-        template = (
-            self._hf.get_chat_template(None, tools=tool_dicts)
-            if developer or template_kwargs
-            else ""
-        )
         extra = {}
         if template_kwargs:
             wanted = template_variables(template) - TEMPLATE_KWARGS_SET_HERE
@@ -253,16 +252,48 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or call.get("type", "function") != "function":
             raise ChatMessageInvalid("assistant tool_calls must be objects of type 'function'")
-        call = copy.deepcopy(call)
-        call["function"]["arguments"] = _tool_arguments(function.get("arguments"))
-        result.append(call)
+        # In the order of vLLM's parsed messages (a template may write a call as JSON).
+        rendered: dict[str, Any] = {"id": call["id"]} if "id" in call else {}
+        rendered["function"] = {
+            "arguments": _tool_arguments(function.get("arguments")),
+            "name": function.get("name"),
+        }
+        rendered["type"] = call.get("type", "function")
+        result.append(rendered)
     return result
 
 
-def chat_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _content_parts(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A message's content as a list of parts (CONTENT_PARTS, or its string as one part)."""
+    parts = message.get(CONTENT_PARTS)
+    if parts is not None:
+        return [dict(part) for part in parts]
+    content = message.get("content")
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [
+        {"type": "text", "text": part} if isinstance(part, str) else dict(part) for part in content
+    ]
+
+
+def _tool_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A tool message's parts as vLLM's server gives them: one string when they are all text
+    (most templates write a tool's answer as a string), else the parts (tool references)."""
+    if any(part.get("type") != "text" for part in parts):
+        return parts
+    return "\n".join(part.get("text") or "" for part in parts)
+
+
+def chat_conversation(
+    messages: Sequence[Mapping[str, Any]], *, parts: bool = False
+) -> list[dict[str, Any]]:
     """Return OpenAI chat messages as vLLM's server hands them to a chat template.
 
-    Content becomes a string (text parts joined by newlines, None as ""); an assistant's
+    Content becomes a string (text parts joined by newlines, None as ""), or with `parts` (a
+    template that loops over content: models_registry.content_format) a list of parts, None as
+    no parts (a tool message's text parts still one string); an assistant's
     tool calls keep their ids and names and carry their arguments as an object (parsed from
     the JSON string the API sends; {} when they are not one), and an empty list of them is
     dropped; a tool message keeps its tool_call_id, and any message its `name`. An
@@ -272,17 +303,21 @@ def chat_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     conversation = []
     for message in messages:
         role = str(message["role"])
-        rendered: dict[str, Any] = {
-            "role": role,
-            "content": _content_text(message.get("content")),
-        }
-        if role == "assistant" and isinstance(message.get("reasoning"), str):
-            # Under both names, as vLLM's server hands an earlier answer's thinking over.
-            rendered["reasoning"] = rendered["reasoning_content"] = message["reasoning"]
+        content: str | list[dict[str, Any]]
+        if not parts:
+            content = _content_text(message.get("content"))
+        elif role == "tool":
+            content = _tool_content(_content_parts(message))
+        else:
+            content = _content_parts(message)
+        rendered: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant" and message.get("tool_calls") is not None:
             calls = _tool_calls(message["tool_calls"])
             if calls:
                 rendered["tool_calls"] = calls
+        if role == "assistant" and isinstance(message.get("reasoning"), str):
+            # Under both names, as vLLM's server hands an earlier answer's thinking over.
+            rendered["reasoning"] = rendered["reasoning_content"] = message["reasoning"]
         elif role == "tool" and "tool_call_id" in message:
             rendered["tool_call_id"] = message["tool_call_id"]
         if isinstance(message.get("name"), str):
@@ -341,11 +376,19 @@ def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, A
     systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
     if systems in ([], [0]):
         return converted
-    merged = "\n\n".join(m["content"] for m in converted if m["role"] == "system" and m["content"])
+    texts = (_joined(m["content"]) for m in converted if m["role"] == "system")
+    merged = "\n\n".join(text for text in texts if text)
     return [
         {"role": "system", "content": merged},
         *(m for m in converted if m["role"] != "system"),
     ]
+
+
+def _joined(content: str | list[dict[str, Any]]) -> str:
+    """A system message's content as one string: its parts' texts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(str(part["text"]) for part in content if "text" in part)
 
 
 T = TypeVar("T", bound=Tokenizer)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,12 +96,20 @@ def vllm_arguments(
 
 @contextlib.contextmanager
 def _vllm_started(
-    arguments: list[str], port: int, logs: Path, name: str
+    arguments: list[str],
+    port: int,
+    logs: Path,
+    name: str,
+    *,
+    module: str = "vllm.entrypoints.openai.api_server",
 ) -> Iterator[tuple[Process, int]]:
-    """vLLM's OpenAI server started with these arguments (not waited for); stopped at the end."""
+    """vLLM's OpenAI server started with these arguments (not waited for); stopped at the end.
+
+    `module` may name vLLM's rendering server instead (no engine: it writes and tokenises
+    prompts only)."""
     log = logs / f"{name}.log"
     popen = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *arguments],
+        [sys.executable, "-m", module, *arguments],
         cwd=ROOT,
         env={**os.environ, **ENGINE_ENV},
         stdout=log.open("wb"),
@@ -232,3 +241,85 @@ def thinking_targets(
             worker.popen.wait(timeout=30)
         except subprocess.TimeoutExpired:
             worker.popen.kill()
+
+
+# A model whose chat template loops over each message's content (as Llama 4's and Gemma 3's do,
+# and many multimodal models'): vLLM's server gives such a template content as a list of parts.
+# It is the demo model with this template, registered beside it with an alias and a deployment
+# (no worker: only its tokenizer is used), against vLLM's rendering server on the same files.
+PARTS = "tiny-parts"
+PARTS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n' }}{%- for tool in tools %}"
+    "{{- (tool | tojson) + '\\n' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] | trim }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] | trim }}"
+    "{%- elif part['type'] == 'tool_reference' %}{{- '<tool>' + part['name'] + '</tool>' }}"
+    "{%- endif %}{%- endfor %}{%- endif %}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{{- '<tool_call>' + (call['function'] | tojson) + '</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def parts_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model's files with PARTS_TEMPLATE as its chat template."""
+    directory = tmp_path_factory.mktemp("models") / PARTS
+    shutil.copytree(demo_model_dir, directory)
+    (directory / "chat_template.jinja").write_text(PARTS_TEMPLATE)
+    return directory
+
+
+@pytest.fixture(scope="package")
+def parts_targets(
+    stack: Stack,
+    world: World,
+    parts_model_dir: Path,
+    django_db_blocker: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Targets]:
+    """The parts model through the platform and on vLLM's rendering server."""
+    from models_registry.services import alias_set, deployment_create, model_version_register
+
+    with django_db_blocker.unblock():
+        version, _ = model_version_register(
+            model_name=PARTS,
+            source_dir=parts_model_dir,
+            price_input_per_1k=Decimal("0.5"),
+            price_output_per_1k=Decimal("1.5"),
+            tool_parser="hermes",
+        )
+        alias_set(name=PARTS, version=version)
+        deployment_create(
+            name=PARTS,
+            version=version,
+            max_num_seqs=8,
+            max_model_len=world.deployment.context_length,
+            kv_cache_bytes=world.deployment.kv_cache_bytes,
+            enforce_eager=True,
+        )
+    port = _free_port()
+    arguments = [
+        "--model", str(parts_model_dir),
+        "--served-model-name", PARTS,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--max-model-len", str(world.deployment.context_length),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", "hermes",
+        "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+    logs = tmp_path_factory.mktemp("parts")
+    module = "vllm.entrypoints.launchers.render.entry"
+    with _vllm_started(arguments, port, logs, "vllm-render", module=module) as (server, _):
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_for(server, lambda: _http_ok(f"{base_url}/health"), timeout=600)
+        headers = {"Authorization": f"Bearer {world.acme_key}"}
+        with (
+            httpx.Client(base_url=stack.base_url, headers=headers, timeout=120) as platform,
+            httpx.Client(base_url=base_url, timeout=120) as vllm,
+        ):
+            yield Targets(platform=platform, vllm=vllm)

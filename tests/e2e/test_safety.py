@@ -34,7 +34,7 @@ def _tenant_with_pack(slug: str, retain: bool = False, **pack: Any) -> tuple[Any
     return tenant, api_key_issue(tenant=tenant, name="tests").token
 
 
-def _chat(client: httpx.Client, key: str, content: str, **fields: Any) -> httpx.Response:
+def _chat(client: httpx.Client, key: str, content: Any, **fields: Any) -> httpx.Response:
     body = {"model": ALIAS, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
     return client.post(
         "/v1/chat/completions",
@@ -81,7 +81,9 @@ def test_pii_is_redacted_or_blocked_as_the_pack_says(client, django_db_blocker):
         )
         _, block_key = _tenant_with_pack("cyberlife", pii_kinds=["email"], pii_action="block")
     prompt = "Mail jane.doe@example.com about card 4111 1111 1111 1111 today"
-    redacted = _chat(client, redact_key, prompt)
+    # In parts: what a template that loops over content would get is redacted too.
+    parts = [{"type": "text", "text": half} for half in prompt.split(" about ")]
+    redacted = _chat(client, redact_key, parts)
     assert redacted.status_code == 200, redacted.text
     blocked = _chat(client, block_key, prompt)
     assert blocked.status_code == 400
@@ -93,7 +95,9 @@ def test_pii_is_redacted_or_blocked_as_the_pack_says(client, django_db_blocker):
         while (kept := content_get(tenant=redacting, request_id=rid)) is None:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-    sent = json.loads(kept.prompt)[0]["content"]
+    (message,) = json.loads(kept.prompt)
+    assert set(message) == {"role", "content"}
+    sent = message["content"]
     assert "jane.doe@example.com" not in sent and "4111" not in sent
     assert "[REDACTED:email]" in sent and "[REDACTED:card]" in sent
     kinds = {(i.detector, i.kind, i.action) for i in _interventions(django_db_blocker, redacting)}

@@ -17,6 +17,7 @@ from dataplane.types import Delta, Failed, Finished, ToolCallDelta
 from inference.errors import ApiError
 from inference.message_events import MessageBuilder, stop_reason_of, usage_of
 from inference.messages import messages_chat, needs_of, thinking_shown
+from models_registry.tokenizer import CONTENT_PARTS
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -189,10 +190,12 @@ def test_a_tool_result_names_the_tools_it_found_in_a_tool_message_of_references(
     found = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "One."}, {"type": "tool_reference", "tool_name": "get_weather"}]}  # fmt: skip
     chat = _chat(tools=[WEATHER], messages=[{"role": "user", "content": [found]}])
     assert chat.messages is not None
-    # Written as vLLM's server writes a reference for a template that reads text: its name.
+    # Written as vLLM's server writes a reference for a template that reads text (its name),
+    # and for one that loops over content (the reference).
+    reference = [{"type": "tool_reference", "name": "get_weather"}]
     assert chat.messages[-2:] == [
         {"role": "tool", "content": "One.", "tool_call_id": "t1"},
-        {"role": "tool", "content": "get_weather", "tool_call_id": "t1"},
+        {"role": "tool", "content": "get_weather", CONTENT_PARTS: reference, "tool_call_id": "t1"},
     ]
 
 

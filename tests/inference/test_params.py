@@ -25,6 +25,7 @@ from inference.params import (
     generation_parse,
     tokenize_parse,
 )
+from models_registry.tokenizer import CONTENT_PARTS
 
 
 def _chat(**fields):
@@ -128,10 +129,17 @@ def test_content_parts_are_written_as_vllms_server_writes_them_for_a_text_templa
     system = [{"type": "text", "text": f"{header}\nBe terse."}, {"type": "text", "text": header}]
     messages = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
     parsed = generation_parse(_chat(messages=messages), endpoint=CHAT)
-    # Empty and null parts left out, Claude Code's header line dropped from a system part only.
+    # Empty and null parts left out, Claude Code's header line dropped from a system part only;
+    # for a template that loops over content, the parts (the empty one kept, a reference as
+    # such). The system message's one part left is its string: nothing more to keep.
+    text = [{"type": "text", "text": t} for t in ("", "a", "b", "c", "d", "e")]
     assert parsed.messages == [
         {"role": "system", "content": "Be terse."},
-        {"role": "user", "content": "a\nb\nc\nd\ne\nget_time"},
+        {
+            "role": "user",
+            "content": "a\nb\nc\nd\ne\nget_time",
+            CONTENT_PARTS: [*text, {"type": "tool_reference", "name": "get_time"}],
+        },
     ]
     kept = generation_parse(_chat(messages=[{"role": "user", "content": header}]), endpoint=CHAT)
     assert kept.messages == [{"role": "user", "content": header}]

@@ -10,6 +10,7 @@ from dataplane.types import Structured
 from inference.errors import ApiError
 from inference.params import CHAT, COMPLETIONS, generation_parse
 from inference.sampling import prompt_logprobs_asked
+from models_registry.tokenizer import CONTENT_PARTS
 
 WEATHER = {
     "type": "function",
@@ -115,7 +116,7 @@ def test_tool_history_is_kept_for_the_template():
 def test_text_parts_join_one_per_line_as_vllm_renders_them():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     parsed = generation_parse(_chat(messages=[{"role": "user", "content": parts}]), endpoint=CHAT)
-    assert parsed.messages == [{"role": "user", "content": "a\nb"}]
+    assert parsed.messages == [{"role": "user", "content": "a\nb", CONTENT_PARTS: parts}]
 
 
 def test_response_formats_become_engine_constraints():

@@ -80,3 +80,30 @@ def test_importing_safety_does_not_load_the_classifier():
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_redacted_message_reaches_a_template_that_loops_over_content_redacted(monkeypatch):
+    import asyncio
+
+    from inference import content_policy
+    from inference.params import CHAT, generation_parse
+    from models_registry.tokenizer import CONTENT_PARTS
+
+    monkeypatch.setattr(content_policy, "_record", lambda *args: None)  # the audit's write
+    parts = [{"type": "text", "text": "Mail jane.doe@example.com"}, {"type": "text", "text": "now"}]
+    clean = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": clean}, {"role": "user", "content": parts}],
+    }
+    request = generation_parse(body, endpoint=CHAT)
+    screened = asyncio.run(
+        content_policy.input_screen(request, policy=REDACTING, tenant_id=1, request_id="r")
+    )
+    assert screened.messages is not None and request.messages is not None
+    untouched, redacted = screened.messages
+    # A message the screen left alone keeps its parts; a redacted one is its redacted text
+    # alone (which such a template gets as one part): no part keeps what was removed.
+    assert untouched == request.messages[0]
+    assert redacted == {"role": "user", "content": "Mail [REDACTED:email]\nnow"}
+    assert CONTENT_PARTS not in redacted
