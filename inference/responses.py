@@ -224,9 +224,11 @@ def messages_of(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             thought += [part["text"] for part in item["content"]]
             continue
         if kind == "message":
-            # Parts join with a newline, as chat content parts do (vLLM's chat rendering).
-            text = "\n".join(part.get("text", "") for part in item["content"])
-            messages.append({"role": ROLES[item["role"]], "content": text})
+            # Its parts as chat's text parts: joined with a newline for most templates, and
+            # kept apart for one that loops over content, as vLLM's chat rendering does.
+            parts = [{"type": "text", "text": part["text"]} for part in item["content"]]
+            content = parts[0]["text"] if len(parts) == 1 else parts
+            messages.append({"role": ROLES[item["role"]], "content": content})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

@@ -7,6 +7,7 @@ import pytest
 
 from dataplane.types import Delta, Failed, Finished, TokenLogprob, ToolCallDelta, TopLogprob
 from inference.errors import ApiError
+from inference.params import CHAT, generation_parse
 from inference.response_events import ResponseBuilder
 from inference.responses import (
     OUTPUT_LOGPROBS,
@@ -17,6 +18,7 @@ from inference.responses import (
     responses_parse,
 )
 from inference.responses_store import Kept
+from models_registry.tokenizer import CONTENT_PARTS
 
 
 def test_items_become_messages_with_calls_joined_to_the_assistant_turn():
@@ -162,7 +164,12 @@ def test_a_messages_text_parts_are_kept_apart_and_joined_by_a_newline_as_chat_jo
         response_id="resp_x",
     )
     assert [part["text"] for part in items[0]["content"]] == ["hello", "there"]
-    assert messages_of(items) == [{"role": "user", "content": "hello\nthere"}]
+    # Chat's text parts: kept apart for a template that loops over content, and joined by
+    # a newline for one that takes a string.
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]
+    assert messages_of(items) == [{"role": "user", "content": parts}]
+    chat = generation_parse({"model": "m", "messages": messages_of(items)}, endpoint=CHAT)
+    assert chat.messages == [{"role": "user", "content": "hello\nthere", CONTENT_PARTS: parts}]
 
 
 # --- the output text's log probabilities (include + top_logprobs) ---
