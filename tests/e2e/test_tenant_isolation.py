@@ -352,7 +352,10 @@ async def test_a_tenant_cannot_cancel_or_read_another_tenants_request_while_it_s
         httpx.AsyncClient(base_url=stack.base_url, timeout=120) as http,
         http.stream("POST", "/v1/completions", json={**long, "stream": True},
                     headers=_auth(world.globex_key)) as sse,
-        websockets.connect(_ws_url(stack), additional_headers=_auth(world.globex_key)) as own_ws,
+        # Unbounded: the socket's stream waits unread while the SSE one is drained, and a full
+        # queue would stop the client reading the server's pongs (a keepalive timeout).
+        websockets.connect(_ws_url(stack), additional_headers=_auth(world.globex_key),
+                           max_queue=None) as own_ws,
         websockets.connect(_ws_url(stack), additional_headers=_auth(world.acme_key)) as other_ws,
     ):  # fmt: skip
         assert sse.status_code == 200
