@@ -626,11 +626,11 @@ TOKENIZE_FIELDS: dict[str, Field] = {
         )
     ),
     "return_token_strs": honoured(boolean(doc="Also answer each token's string.")),
+    "chat_template_kwargs": honoured(CHAT_TEMPLATE_KWARGS),
+    "tools": honoured(TOOLS),
     # A template of the client's own runs code of the client's in the frontend: vLLM, too,
     # refuses it unless its operator trusts request templates.
     "chat_template": refused(),
-    "chat_template_kwargs": refused({}),
-    "tools": refused([]),
     "media_io_kwargs": refused(),
     "mm_processor_kwargs": refused(),
 }

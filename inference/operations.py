@@ -119,8 +119,10 @@ def _tokens(tokenizer: Tokenizer, parsed: TokenizeRequest) -> list[int]:
     if parsed.messages is not None:
         text = tokenizer.render_chat(
             parsed.messages,
+            tools=parsed.tools,
             add_generation_prompt=parsed.add_generation_prompt,
             continue_final_message=parsed.continue_final_message,
+            template_kwargs=parsed.template_kwargs,
         )
     else:
         text = parsed.prompt or ""

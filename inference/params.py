@@ -439,6 +439,10 @@ class TokenizeRequest:
     add_generation_prompt: bool
     continue_final_message: bool
     return_token_strs: bool
+    # Messages: the tools and chat_template_kwargs the template is rendered with, as a chat
+    # request's are.
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
 
 
 def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
@@ -461,6 +465,10 @@ def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
     special = read("add_special_tokens")
     if not chat:
         # add_generation_prompt and continue_final_message shape chat only: ignored here.
+        # Tools and template variables would be too, so asking for them is refused.
+        for name in ("tools", "chat_template_kwargs"):
+            if body.get(name):
+                raise invalid(name, f"'{name}' shape a conversation's prompt: send 'messages'.")
         return TokenizeRequest(
             model=model,
             prompt=string(required=True).read(body, "prompt"),
@@ -485,6 +493,8 @@ def tokenize_parse(body: dict[str, Any]) -> TokenizeRequest:
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
         return_token_strs=return_token_strs,
+        tools=read("tools") if body.get("tools") is not None else None,
+        template_kwargs=read("chat_template_kwargs"),
     )
 
 

@@ -386,3 +386,36 @@ def test_an_idempotency_key_on_messages_replays_the_first_answer(targets: Any) -
     again, _ = _both_messages(targets, MESSAGE, headers=headers)
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json() == ours.json()
+
+
+def test_tokenize_refuses_what_a_chat_request_refuses_or_would_drop(targets: Any) -> None:
+    refused: dict[str, dict[str, Any]] = {
+        "prompt": {"prompt": "hi", "messages": HELLO},
+        "messages[0].role": {"messages": [{"role": "robot", "content": "hi"}]},
+        "tools": {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]},
+    }
+    for param, fields in refused.items():
+        body = {"model": ALIAS, **fields}
+        theirs = targets.vllm.post("/tokenize", json=body)
+        assert theirs.status_code == 200, theirs.text
+        ours = targets.platform.post("/tokenize", json=body)
+        assert ours.status_code == 400, ours.text
+        assert ours.json()["error"]["param"] == param
+
+
+def test_content_parts_that_are_all_plain_strings_are_read_as_text_parts(targets: Any) -> None:
+    strings = [{"role": "user", "content": ["hel", "lo"]}]
+    objects = [{"role": "user", "content": [{"type": "text", "text": t} for t in ("hel", "lo")]}]
+    for path, extra in (("/tokenize", {}), (CHAT_PATH, {"max_tokens": 1})):
+        body = {"model": ALIAS, "messages": strings, **extra}
+        assert targets.vllm.post(path, json=body).status_code == 400
+    ours = targets.platform.post("/tokenize", json={"model": ALIAS, "messages": strings})
+    assert ours.status_code == 200, ours.text
+    theirs = targets.vllm.post("/tokenize", json={"model": ALIAS, "messages": objects})
+    assert ours.json()["tokens"] == theirs.json()["tokens"]
+    ours, theirs = (
+        target.post(CHAT_PATH, json={**BODY, "messages": messages, "max_tokens": 1})
+        for target, messages in ((targets.platform, strings), (targets.vllm, objects))
+    )
+    assert ours.status_code == 200, ours.text
+    assert ours.json()["usage"]["prompt_tokens"] == theirs.json()["usage"]["prompt_tokens"]

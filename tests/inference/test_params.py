@@ -451,7 +451,11 @@ def test_tokenize_takes_a_prompt_or_messages_with_vllms_defaults():
         ({"prompt": ["a"]}, "invalid_type", "prompt"),
         ({"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
          "invalid_value", "continue_final_message"),
-        ({"prompt": "a", "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
+        ({"prompt": "a", "tools": [{"type": "function"}]}, "invalid_value", "tools"),
+        ({"prompt": "a", "chat_template_kwargs": {"x": 1}}, "invalid_value",
+         "chat_template_kwargs"),
+        ({"messages": [{"role": "user", "content": "b"}], "chat_template": "{{ 1 }}"},
+         "unsupported_parameter", "chat_template"),
         ({"prompt": "a", "add_special_tokens": 1}, "invalid_type", "add_special_tokens"),
     ],
 )  # fmt: skip

@@ -1,0 +1,68 @@
+"""`POST /tokenize` on the platform, against vLLM's own server on the same model.
+
+Each case goes to both servers' /tokenize. Compared: the status (a refusal: only that), and for
+an answer the token ids, their count, the token strings when asked for, and `max_model_len`.
+Add a case by adding a line: a unique name and the body without `model` (names of refusals
+begin with `bad-`). Where /tokenize differs on purpose (what a chat request would refuse, or a
+field it would drop), the test is in test_differences.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conformance.cases import CALLED, HELLO, PROMPT, TOOLS, TURNS
+from tests.conformance.conftest import Targets
+from tests.conftest import ALIAS
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+CASES: dict[str, dict[str, Any]] = {
+    "prompt": {"prompt": PROMPT},
+    "prompt-without-special-tokens": {"prompt": PROMPT, "add_special_tokens": False},
+    "prompt-token-strings": {"prompt": PROMPT, "return_token_strs": True},
+    "messages": {"messages": TURNS},
+    "messages-with-special-tokens": {"messages": HELLO, "add_special_tokens": True},
+    "messages-without-generation-prompt": {"messages": TURNS, "add_generation_prompt": False},
+    "messages-continued": {
+        "messages": [*HELLO, {"role": "assistant", "content": "One, two"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    },
+    "messages-token-strings": {"messages": HELLO, "return_token_strs": True},
+    "messages-with-tools": {"messages": HELLO, "tools": TOOLS},
+    "messages-with-a-tool-round-trip": {"messages": CALLED, "tools": TOOLS},
+    "messages-with-no-tools": {"messages": HELLO, "tools": []},
+    "messages-thinking-on": {"messages": HELLO, "chat_template_kwargs": {"enable_thinking": True}},
+    "messages-thinking-off": {
+        "messages": HELLO,
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+    "messages-unread-template-variable": {
+        "messages": HELLO,
+        "chat_template_kwargs": {"house_style": "terse"},
+    },
+    "bad-neither": {},
+    "bad-template": {"messages": HELLO, "chat_template": "{{ 'x' }}"},
+    "bad-template-variable-messages": {"messages": HELLO, "chat_template_kwargs": {"messages": []}},
+    "bad-generation-and-continued": {
+        "messages": HELLO,
+        "add_generation_prompt": True,
+        "continue_final_message": True,
+    },
+    "bad-tool-without-function": {"messages": HELLO, "tools": [{"type": "function"}]},
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tokenize_answers_as_vllm_does(targets: Targets, name: str) -> None:
+    body = {"model": ALIAS, **CASES[name]}
+    ours = targets.platform.post("/tokenize", json=body)
+    theirs = targets.vllm.post("/tokenize", json=body)
+    assert (ours.status_code, theirs.status_code) == (
+        (400, 400) if name.startswith("bad-") else (200, 200)
+    ), f"{ours.text} vs vLLM's {theirs.text}"
+    if ours.status_code == 200:
+        assert ours.json() == theirs.json()
