@@ -10,6 +10,7 @@ usage), and its events become Anthropic's: one message, or a stream of `message_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from config.json_body import shown
 from inference.errors import ApiError, invalid
 from inference.kinds import booleans_read, type_error
 from inference.params import CHAT, GenerationRequest, generation_parse
+from inference.structured import compiled_for, schema_check
 
 MESSAGES = "messages"  # the endpoint a usage record names for /v1/messages
 
@@ -410,6 +412,9 @@ def _tool_read(raw: Any, where: str) -> dict[str, Any]:
             raise _unsupported(f"{where}.{name}", f"A tool has no field {shown(name)}.")
     schema = dict(_object(tool.get("input_schema"), f"{where}.input_schema"))
     schema.setdefault("type", "object")
+    # Checked here, where its place in the request is known: chat's tools are the resolved
+    # list, whose positions are not the request's.
+    schema_check(json.dumps(schema), f"{where}.input_schema")
     kept: dict[str, Any] = {"name": _text(tool.get("name"), f"{where}.name"), "parameters": schema}
     if tool.get("description") is not None:
         kept["description"] = _text(tool["description"], f"{where}.description")
@@ -637,10 +642,12 @@ def messages_chat(
             raise type_error("max_tokens", "an integer", max_tokens)
         if max_tokens <= 0:
             raise invalid("max_tokens", "'max_tokens' must be positive.")
-    messages, changes = _conversation(body, merge_inline_system=merge_inline_system)
+    # The tools' schemas compile as they are read (_tool_read), kept apart per tenant.
+    with compiled_for(tenant_id) if tenant_id is not None else contextlib.nullcontext():
+        messages, changes = _conversation(body, merge_inline_system=merge_inline_system)
+        tool_choice, parallel = _tool_choice(body.get("tool_choice"))
+        tools = _tools(body.get("tools"), changes)
     chat_body: dict[str, Any] = {"model": body.get("model"), "messages": messages}
-    tool_choice, parallel = _tool_choice(body.get("tool_choice"))
-    tools = _tools(body.get("tools"), changes)
     if tools is not None and tool_choice is None:
         tool_choice = "auto"
     options: dict[str, Any] = {

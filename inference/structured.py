@@ -456,15 +456,22 @@ def compiled_for(tenant_id: int) -> Iterator[None]:
 def _compile(kind: str, text: str, where: str) -> None:
     if "\x00" in text:
         raise invalid(where, f"'{where}' cannot contain the NUL character.")
-    _compiles(kind, text, where, _tenant.get())
+    try:
+        _compiles(kind, text, _tenant.get())
+    except _Uncompilable as exc:
+        raise invalid(where, f"'{where}' cannot be compiled: {exc}.") from None
+
+
+class _Uncompilable(Exception):
+    """A text the compiler refused; the message is its reason."""
 
 
 # A client sends the same tools and schemas with every request of a conversation: each text
-# compiles once per frontend and tenant. Per tenant, because a cached text answers sooner: a
-# tenant must not learn from the time its request took that another sent the same schema.
-# Failures are not kept (an exception is never cached).
+# compiles once per frontend and tenant, wherever the request holds it. Per tenant, because a
+# cached text answers sooner: a tenant must not learn from the time its request took that
+# another sent the same schema. Failures are not kept (an exception is never cached).
 @functools.lru_cache(maxsize=1024)
-def _compiles(kind: str, text: str, where: str, tenant_id: int) -> None:
+def _compiles(kind: str, text: str, tenant_id: int) -> None:
     grammar = _compiler().Grammar
     build = {
         "json": grammar.from_json_schema,
@@ -475,8 +482,7 @@ def _compiles(kind: str, text: str, where: str, tenant_id: int) -> None:
         build(text)
     except Exception as exc:  # xgrammar raises RuntimeError with the compiler's message
         reason = _CPP_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc) else "")
-        message = f"'{where}' cannot be compiled: {reason or type(exc).__name__}."
-        raise invalid(where, message) from None
+        raise _Uncompilable(reason or type(exc).__name__) from None
 
 
 def schema_check(schema: str, where: str) -> None:

@@ -199,6 +199,13 @@ def test_a_tool_result_names_the_tools_it_found_in_a_tool_message_of_references(
     ]
 
 
+def test_a_tool_schema_that_cannot_compile_is_refused_naming_where_the_request_holds_it():
+    bad = {"name": "get_rain", "input_schema": {"type": "object", "properties": {"x": {"type": 5}}}}
+    _refused("tools[1].input_schema", messages=HELLO, tools=[TIME, bad])
+    added = _change("tool_addition", {"type": "tool_definition", "definition": bad})
+    _refused("messages[1].content[0].tool.definition.input_schema", messages=[*HELLO, added], tools=[TIME])  # fmt: skip
+
+
 def test_a_tool_search_block_out_of_its_place_is_refused_naming_it():
     addition = {"type": "tool_addition", "tool": _ref("get_weather")}
     _refused("messages[0].content[0].type", messages=[{"role": "user", "content": [addition]}])

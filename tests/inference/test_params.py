@@ -490,6 +490,11 @@ def test_compiled_schemas_are_kept_per_tenant():
     generation_parse(body, endpoint=CHAT, tenant_id=2)
     after = structured._compiles.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)
+    # The same schema elsewhere in a request (a tool's parameters) is the same compiled text.
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    generation_parse(_chat(tools=[tool]), endpoint=CHAT, tenant_id=1)
+    again = structured._compiles.cache_info()
+    assert (again.misses - after.misses, again.hits - after.hits) == (0, 1)
 
 
 def test_allowed_token_ids_and_add_special_tokens_reach_the_request_as_vllm_reads_them():
