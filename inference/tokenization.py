@@ -20,6 +20,7 @@ from inference.params import CHAT, EmbeddingRequest, GenerationRequest
 from models_registry import tokenizer as registry
 from models_registry.selectors import Route
 from models_registry.tokenizer import (
+    CONTENT_PARTS,
     ChatMessageInvalid,
     ChatTemplateKwargsRejected,
     ChatTemplateMissing,
@@ -285,6 +286,10 @@ def _user_turn_floor_check(
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, str):
             continue
+        parts = message.get(CONTENT_PARTS)
+        if parts is not None:
+            # A template that loops over parts may trim each and join them with nothing.
+            content = "".join(p["text"].strip() for p in parts if isinstance(p.get("text"), str))
         floor = tokenizer.token_count_floor(content.strip())
         if floor >= context:
             raise ApiError(

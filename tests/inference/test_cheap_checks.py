@@ -388,6 +388,14 @@ async def test_an_oversized_prompt_is_refused_without_running_the_tokenizer(worl
     assert f"maximum context length is {CONTEXT} tokens" in refused.value.message
     assert refused.value.param == "messages"
     assert encoded == [] and rendered == []
+    # In parts as well (a template that loops over them may trim each: their words stay).
+    halves = [{"type": "text", "text": "hello world " * 175_000}] * 2
+    parts = {"role": "user", "content": halves}
+    request = generation_parse({"model": ALIAS, "messages": [parts]}, endpoint=CHAT)
+    with pytest.raises(ApiError) as refused:
+        await generation_submit(principal=principal, request=request, request_id="huge-parts")
+    assert refused.value.code == "context_length_exceeded"
+    assert encoded == [] and rendered == []
     # A prompt that may fit is tokenised as before (and refused, at its exact length, if not).
     near = {"role": "user", "content": "hello world " * CONTEXT}
     request = generation_parse({"model": ALIAS, "messages": [near]}, endpoint=CHAT)
