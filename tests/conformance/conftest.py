@@ -184,26 +184,34 @@ THINKING = "tiny-thinking"
 
 @pytest.fixture(scope="session")
 def thinking_deployment(world: World, demo_model_dir: Path, django_db_blocker: Any) -> Deployment:
+    with django_db_blocker.unblock():
+        return _registered_beside(world, THINKING, demo_model_dir, reasoning_parser="qwen3")
+
+
+def _registered_beside(
+    world: World, name: str, source_dir: Path, *, reasoning_parser: str = ""
+) -> Deployment:
+    """The model in `source_dir` registered as `name` (hermes tools), with an alias and a
+    deployment of that name sized as the demo's."""
     from models_registry.services import alias_set, deployment_create, model_version_register
 
-    with django_db_blocker.unblock():
-        version, _ = model_version_register(
-            model_name="tiny-thinking",
-            source_dir=demo_model_dir,
-            price_input_per_1k=Decimal("0.5"),
-            price_output_per_1k=Decimal("1.5"),
-            tool_parser="hermes",
-            reasoning_parser="qwen3",
-        )
-        alias_set(name=THINKING, version=version)
-        return deployment_create(
-            name=THINKING,
-            version=version,
-            max_num_seqs=8,
-            max_model_len=world.deployment.context_length,
-            kv_cache_bytes=world.deployment.kv_cache_bytes,
-            enforce_eager=True,
-        )
+    version, _ = model_version_register(
+        model_name=name,
+        source_dir=source_dir,
+        price_input_per_1k=Decimal("0.5"),
+        price_output_per_1k=Decimal("1.5"),
+        tool_parser="hermes",
+        reasoning_parser=reasoning_parser,
+    )
+    alias_set(name=name, version=version)
+    return deployment_create(
+        name=name,
+        version=version,
+        max_num_seqs=8,
+        max_model_len=world.deployment.context_length,
+        kv_cache_bytes=world.deployment.kv_cache_bytes,
+        enforce_eager=True,
+    )
 
 
 @pytest.fixture(scope="package")
@@ -244,7 +252,8 @@ def thinking_targets(
 
 
 # A model whose chat template loops over each message's content (as Llama 4's and Gemma 3's do,
-# and many multimodal models'): vLLM's server gives such a template content as a list of parts.
+# and many multimodal models'): vLLM's server gives such a template content as a list of parts
+# (a text part's other fields too, which this one shows for `cache_control`).
 # It is the demo model with this template, registered beside it with an alias and a deployment
 # (no worker: only its tokenizer is used), against vLLM's rendering server on the same files.
 PARTS = "tiny-parts"
@@ -255,6 +264,7 @@ PARTS_TEMPLATE = (
     "{%- if message['content'] is string %}{{- message['content'] | trim }}"
     "{%- else %}{%- for part in message['content'] %}"
     "{%- if part['type'] == 'text' %}{{- part['text'] | trim }}"
+    "{%- if part['cache_control'] is defined %}{{- '<cached>' }}{%- endif %}"
     "{%- elif part['type'] == 'tool_reference' %}{{- '<tool>' + part['name'] + '</tool>' }}"
     "{%- endif %}{%- endfor %}{%- endif %}"
     "{%- for call in message['tool_calls'] or [] %}"
@@ -282,25 +292,8 @@ def parts_targets(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Targets]:
     """The parts model through the platform and on vLLM's rendering server."""
-    from models_registry.services import alias_set, deployment_create, model_version_register
-
     with django_db_blocker.unblock():
-        version, _ = model_version_register(
-            model_name=PARTS,
-            source_dir=parts_model_dir,
-            price_input_per_1k=Decimal("0.5"),
-            price_output_per_1k=Decimal("1.5"),
-            tool_parser="hermes",
-        )
-        alias_set(name=PARTS, version=version)
-        deployment_create(
-            name=PARTS,
-            version=version,
-            max_num_seqs=8,
-            max_model_len=world.deployment.context_length,
-            kv_cache_bytes=world.deployment.kv_cache_bytes,
-            enforce_eager=True,
-        )
+        _registered_beside(world, PARTS, parts_model_dir)
     port = _free_port()
     arguments = [
         "--model", str(parts_model_dir),

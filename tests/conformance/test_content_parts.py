@@ -38,6 +38,7 @@ CHAT_CASES: dict[str, list[dict[str, Any]]] = {
     "parts-trimmed-and-joined": [{"role": "user", "content": [T("a "), T(" b")]}],
     "an-empty-part-kept": [{"role": "user", "content": [T("a "), T(""), T("b")]}],
     "a-null-text-skipped": [{"role": "user", "content": [T(None), T(" z")]}],
+    "a-string-among-parts": [{"role": "user", "content": ["  a ", T(" b")]}],
     "other-text-parts": [
         {
             "role": "user",

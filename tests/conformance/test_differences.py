@@ -419,3 +419,13 @@ def test_content_parts_that_are_all_plain_strings_are_read_as_text_parts(targets
     )
     assert ours.status_code == 200, ours.text
     assert ours.json()["usage"]["prompt_tokens"] == theirs.json()["usage"]["prompt_tokens"]
+
+
+def test_detokenize_refuses_a_token_past_the_vocabulary(targets: Any) -> None:
+    body = {"model": ALIAS, "tokens": [2430, 1 << 30]}
+    theirs = targets.vllm.post("/detokenize", json=body)
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["prompt"] == "user"  # the known token's text, the other dropped
+    ours = targets.platform.post("/detokenize", json=body)
+    assert ours.status_code == 400, ours.text
+    assert ours.json()["error"]["param"] == "tokens[1]"

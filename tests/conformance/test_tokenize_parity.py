@@ -1,7 +1,8 @@
-"""`POST /tokenize` on the platform, against vLLM's own server on the same model.
+"""`POST /tokenize` and `/detokenize` on the platform, against vLLM's own server.
 
-Each case goes to both servers' /tokenize. Compared: the status (a refusal: only that), and for
-an answer the token ids, their count, the token strings when asked for, and `max_model_len`.
+Each case goes to both servers. Compared: the status (a refusal: only that), and for an answer
+the whole body: the token ids, their count, the token strings when asked for and
+`max_model_len` (/tokenize), the text (/detokenize).
 Add a case by adding a line: a unique name and the body without `model` (names of refusals
 begin with `bad-`). Where /tokenize differs on purpose (what a chat request would refuse, or a
 field it would drop), the test is in test_differences.py.
@@ -61,6 +62,27 @@ def test_tokenize_answers_as_vllm_does(targets: Targets, name: str) -> None:
     body = {"model": ALIAS, **CASES[name]}
     ours = targets.platform.post("/tokenize", json=body)
     theirs = targets.vllm.post("/tokenize", json=body)
+    assert (ours.status_code, theirs.status_code) == (
+        (400, 400) if name.startswith("bad-") else (200, 200)
+    ), f"{ours.text} vs vLLM's {theirs.text}"
+    if ours.status_code == 200:
+        assert ours.json() == theirs.json()
+
+
+DETOKENIZE_CASES: dict[str, dict[str, Any]] = {
+    "tokens": {"tokens": [2430, 203, 407]},
+    "special-tokens": {"tokens": [2, 2430, 203, 407, 3, 1]},
+    "no-tokens": {"tokens": []},
+    "bad-negative": {"tokens": [-1]},
+    "bad-missing": {},
+}
+
+
+@pytest.mark.parametrize("name", DETOKENIZE_CASES)
+def test_detokenize_answers_as_vllm_does(targets: Targets, name: str) -> None:
+    body = {"model": ALIAS, **DETOKENIZE_CASES[name]}
+    ours = targets.platform.post("/detokenize", json=body)
+    theirs = targets.vllm.post("/detokenize", json=body)
     assert (ours.status_code, theirs.status_code) == (
         (400, 400) if name.startswith("bad-") else (200, 200)
     ), f"{ours.text} vs vLLM's {theirs.text}"
