@@ -57,16 +57,20 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+def _answered_alike(targets: Targets, path: str, name: str, fields: dict[str, Any]) -> None:
+    body = {"model": ALIAS, **fields}
+    ours, theirs = targets.platform.post(path, json=body), targets.vllm.post(path, json=body)
+    expected = 400 if name.startswith("bad-") else 200
+    assert (ours.status_code, theirs.status_code) == (expected, expected), (
+        f"{ours.text} vs vLLM's {theirs.text}"
+    )
+    if expected == 200:
+        assert ours.json() == theirs.json()
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_tokenize_answers_as_vllm_does(targets: Targets, name: str) -> None:
-    body = {"model": ALIAS, **CASES[name]}
-    ours = targets.platform.post("/tokenize", json=body)
-    theirs = targets.vllm.post("/tokenize", json=body)
-    assert (ours.status_code, theirs.status_code) == (
-        (400, 400) if name.startswith("bad-") else (200, 200)
-    ), f"{ours.text} vs vLLM's {theirs.text}"
-    if ours.status_code == 200:
-        assert ours.json() == theirs.json()
+    _answered_alike(targets, "/tokenize", name, CASES[name])
 
 
 DETOKENIZE_CASES: dict[str, dict[str, Any]] = {
@@ -80,11 +84,4 @@ DETOKENIZE_CASES: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("name", DETOKENIZE_CASES)
 def test_detokenize_answers_as_vllm_does(targets: Targets, name: str) -> None:
-    body = {"model": ALIAS, **DETOKENIZE_CASES[name]}
-    ours = targets.platform.post("/detokenize", json=body)
-    theirs = targets.vllm.post("/detokenize", json=body)
-    assert (ours.status_code, theirs.status_code) == (
-        (400, 400) if name.startswith("bad-") else (200, 200)
-    ), f"{ours.text} vs vLLM's {theirs.text}"
-    if ours.status_code == 200:
-        assert ours.json() == theirs.json()
+    _answered_alike(targets, "/detokenize", name, DETOKENIZE_CASES[name])
