@@ -7,7 +7,9 @@ first. When its time is up it leaves its admitted lines running and the next ste
 
 Every line has one request id, derived from the batch and the line, and is marked submitted
 before it is queued. A step that starts after a crash follows each submitted line's request if
-it exists and queues it only if it never was: no line is lost or run twice.
+it exists and queues it only if it never was: no line is lost or run twice. A step that only
+stalled past its lease may still queue a line the next step submitted again; the queue takes a
+request id once, and the later submission follows the earlier one's request.
 
 A line that fails in any way fails alone: it becomes an error entry and what it held (its
 queued request, or its reservation) is given back. A step that fails anyway is tried again a

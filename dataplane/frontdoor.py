@@ -17,13 +17,16 @@ no credit. Interactive jobs always go before batch jobs.
 
 Admission. A job is refused when no worker of the deployment is alive, when the queue is full
 beyond what the workers' free slots take at once, or when the backlog ahead of it cannot drain
-before its deadline at the rate the workers measured (lua/enqueue.lua).
+before its deadline at the rate the workers measured (lua/enqueue.lua). A request id is queued
+once: a second submission of one queued, running or ended already queues nothing and follows the
+first (a batch step that took over a line whose first submission stalled, a retried script).
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import logging
 import time
 from array import array
 from dataclasses import dataclass
@@ -61,6 +64,8 @@ from dataplane.types import (
     job_decoder,
     usage_for,
 )
+
+log = logging.getLogger(__name__)
 
 # Prompt tokens that key a job's prefix for replica affinity (dataplane.leases): vLLM's KV-cache
 # block on CPU (128 tokens), eight blocks on GPU. A prompt must be longer to have a key: the
@@ -162,6 +167,9 @@ class FrontDoor:
     ) -> Refused | None:
         """Queue a job for its deployment's workers; None when queued, else why not.
 
+        None too when its request id is queued, running or ended already: it is not queued a
+        second time, and its caller follows that request by id as it would its own.
+
         Nothing is queued when no worker of the deployment is alive, when max_queued jobs
         already wait beyond what the workers' free slots take at once, when max_queued_tokens
         reserved tokens already wait, or when the backlog ahead of the job
@@ -186,6 +194,7 @@ class FrontDoor:
                 keys=[
                     *deployment_keys(job.deployment),
                     fence_key(job.deployment, job.request_id),
+                    final_key(job.deployment, job.request_id),
                 ],
                 args=[
                     encode(job) if payload is None else payload,
@@ -210,6 +219,11 @@ class FrontDoor:
         # With the other requests' calls of this turn of the loop, in one round trip.
         outcome, *_ = await self._turns.run(fill)
         code, wait_ms = int(outcome[0]), int(outcome[1])
+        if code == -5:
+            # Queued, running or ended already under this id (its first submission): this one
+            # follows that request, which its whereabouts name.
+            log.info("request %s was queued already; not queued again", job.request_id)
+            return None
         if code < 0:
             # Refused: no request lives anywhere. Under a flood these would otherwise fill
             # Redis with a key per refusal for the reply TTL.

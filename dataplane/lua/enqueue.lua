@@ -1,5 +1,6 @@
 -- Admit a job to its tenant's queue, unless no worker serves the deployment, the queue is full,
--- or the backlog the job would wait behind cannot drain before its deadline.
+-- or the backlog the job would wait behind cannot drain before its deadline. A request id
+-- already queued, running or ended is not queued again (-5).
 local payload, now = ARGV[1], tonumber(ARGV[2])
 local max_n, max_tok = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rid, tenant, cls, cost = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
@@ -7,6 +8,13 @@ local weight, deadline = tonumber(ARGV[9]), tonumber(ARGV[10])
 
 -- KEYS[21], the request's fence: a retry with its Idempotency-Key took its place (shut_out.lua).
 if KEYS[21] and redis.call('EXISTS', KEYS[21]) == 1 then return {-4, 0} end
+-- A request id is queued once: one queued, running or ended already (KEYS[22], its final
+-- marker) is not queued again. Its second submitter (a batch step that took over a line whose
+-- first submission stalled, a cluster client's retry of this script) follows the first.
+if redis.call('HEXISTS', JOBS, rid) == 1 or (KEYS[22] and redis.call('EXISTS', KEYS[22]) == 1)
+then
+  return {-5, 0}
+end
 
 if redis.call('ZCOUNT', WORKERS, now, '+inf') == 0 then return {-1, 0} end
 -- max_n counts the jobs that wait for a slot: those the free slots take at once do not wait.

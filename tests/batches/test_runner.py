@@ -11,9 +11,11 @@ import asyncio
 import datetime as dt
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from django.utils import timezone
 
@@ -22,13 +24,15 @@ from batches.models import Batch, BatchStatus, LineState
 from batches.runner import BatchRun, _reservation_release, batch_step
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
 from dataplane.frontdoor import FrontDoor, Refusal, Refused
-from dataplane.keys import batch_lease_key
+from dataplane.keys import batch_lease_key, ledger_key, whereabouts_key
 from dataplane.quotas import month_of
-from dataplane.redis_client import redis_sync_client
+from dataplane.redis_client import redis_client_new, redis_sync_client
+from dataplane.snapshots import Depth, depth
 from inference import submission
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS
+from tests.dataplane.roles import roles
 
 
 @pytest.fixture
@@ -331,6 +335,76 @@ def test_a_step_whose_lease_is_taken_stops_and_leaves_its_submissions_to_reach_t
         redis_sync_client().delete(batch_lease_key(batch.id))
         batch_cancel(batch=batch)
         asyncio.run(_reservation_release(rid, tenant_id=world.acme.pk))
+
+
+def test_a_line_submitted_by_two_steps_runs_once(world, db, monkeypatch, settings):
+    """A step whose loop stalled mid-submission past its lease, and the step that took the
+    batch over, both submit the line under its one request id: it is queued once.
+
+    The stalled step's lease lapses with the line marked submitted and not queued; the next
+    step finds no request to follow and submits the line again; then the stalled submission
+    reaches the queue too. The queue refuses the second one, and its step follows the first.
+    """
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 1.0
+    settings.ROUNDHOUSE_BATCH_LEASE_SECONDS = 0.6
+    batch = _batch(world, 1)
+    rid = line_request_id(batch.id, 0)
+    # A deployment of its own, served by a heartbeat alone: what is queued there stays queued.
+    deployment = f"t-{uuid.uuid4().hex[:8]}"
+    queue_one = FrontDoor.enqueue
+    outcomes: list[Refused | None] = []
+
+    async def main() -> tuple[bool | None, bool | None]:
+        stalled, queued = asyncio.Event(), asyncio.Event()
+        client = redis_client_new()
+        await roles(client).leases.heartbeat(deployment=deployment, worker="w", ttl=60)
+
+        async def enqueue(self: FrontDoor, job: Any, **kwargs: Any) -> Refused | None:
+            job = msgspec.structs.replace(job, deployment=deployment)
+            if not stalled.is_set():
+                # The first step's loop stalls here past its lease, and another step takes over.
+                redis_sync_client().delete(batch_lease_key(batch.id))
+                stalled.set()
+                await queued.wait()
+                outcomes.append(await queue_one(self, job, **kwargs))
+                return outcomes[-1]
+            outcomes.append(await queue_one(self, job, **kwargs))
+            queued.set()
+            return outcomes[-1]
+
+        async def takes_over() -> bool | None:
+            await stalled.wait()
+            return await batch_step(batch.id)
+
+        monkeypatch.setattr(FrontDoor, "enqueue", enqueue)
+        try:
+            first, second = await asyncio.gather(batch_step(batch.id), takes_over())
+            return first, second
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(main()) == (False, False)  # each step's time ran out
+        assert outcomes == [None, None]  # both answered queued: one queued, one follows
+        depth = asyncio.run(_depth(deployment))
+        assert depth.requests == 1, "the line was queued twice"
+        ledger: Any = redis_sync_client().hgetall(ledger_key(deployment))
+        admitted = [int(n) for field, n in ledger.items() if field.endswith(b":admitted")]
+        assert admitted == [1], "the ledger counted the line admitted twice"
+        assert batch.lines.get().state == LineState.SUBMITTED
+    finally:
+        batch_cancel(batch=batch)
+        asyncio.run(_reservation_release(rid, tenant_id=world.acme.pk))
+        sync = redis_sync_client()
+        sync.delete(*sync.keys(f"sy:{{{deployment}}}*"), whereabouts_key(rid))
+
+
+async def _depth(deployment: str) -> Depth:
+    client = redis_client_new()
+    try:
+        return await depth(client, deployment)
+    finally:
+        await client.aclose()
 
 
 def test_a_step_that_raises_lets_its_submissions_reach_the_queue_first(

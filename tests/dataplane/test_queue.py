@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from dataplane.frontdoor import Refusal, Refused
-from dataplane.keys import reply_key, usage_key
+from dataplane.keys import ledger_field, ledger_key, reply_key, usage_key
 from dataplane.reaper import Reaper
 from dataplane.redis_client import redis_client_new
 from dataplane.snapshots import Depth
@@ -69,6 +69,52 @@ async def test_a_request_is_finished_exactly_once(dispatch):
     assert len(await _usage(dispatch, deployment)) == 1
     assert await dispatch.redis.hlen(f"sy:{{{deployment}}}:jobs") == 0
     assert await dispatch.redis.zcard(f"sy:{{{deployment}}}:leases") == 0
+
+
+async def test_a_request_id_is_queued_once_however_often_it_is_submitted(dispatch):
+    """A second submission of a queued, running or ended request queues nothing: it follows.
+
+    A batch step that takes over a line whose first submission stalled past the lease submits
+    it again under the same id, and the stalled one may still reach the queue after it.
+    """
+    deployment = await _served_deployment(dispatch)
+    job = job_new(deployment)
+    ledger = ledger_key(deployment)
+    admitted = ledger_field(job.enqueued_at, "admitted")
+    assert await dispatch.front.enqueue(job) is None
+    # Queued: the second submission is answered as queued, and nothing is added.
+    assert await dispatch.front.enqueue(job) is None
+    assert await dispatch.depth(deployment) == Depth(requests=1, tokens=job.reserved_tokens)
+    assert int(await dispatch.redis.hget(ledger, admitted)) == 1
+    # Running: still one job, claimed once.
+    claimed = await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)
+    assert [j.request_id for j in claimed.run] == [job.request_id]
+    assert await dispatch.front.enqueue(job) is None
+    again = await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)
+    assert again.run == []
+    # Ended: the late submission finds its end instead of running it again.
+    usage = usage_for(job, status=Status.OK, finished_at=time.time(), completion_tokens=2)
+    done = Finished(finish_reason="length", prompt_tokens=3, completion_tokens=2)
+    assert await dispatch.finisher.finalize(job=job, terminal=done, usage=usage)
+    assert await dispatch.front.enqueue(job) is None
+    assert (await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)).run == []
+    assert await dispatch.depth(deployment) == Depth(requests=0, tokens=0)
+    assert int(await dispatch.redis.hget(ledger, admitted)) == 1
+    assert len(await _usage(dispatch, deployment)) == 1
+    # Its whereabouts still name it, so the late submitter follows it to its end.
+    where = await dispatch.front.whereabouts(job.request_id)
+    assert where is not None and where.deployment == deployment
+    assert await _terminal(dispatch, job) == done
+
+
+async def test_a_request_ended_before_it_was_queued_is_not_queued_late(dispatch):
+    """A submission its frontend gave up on is ended by id; a late enqueue of it runs nothing."""
+    deployment = await _served_deployment(dispatch)
+    job = job_new(deployment)
+    assert await dispatch.front.abandon(job)
+    assert await dispatch.front.enqueue(job) is None
+    assert (await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)).run == []
+    assert len(await _usage(dispatch, deployment)) == 1
 
 
 async def test_cancelling_a_queued_job_finishes_it_without_a_worker(dispatch):
