@@ -18,9 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from dataplane.types import Failed, Finished
 from inference import relay
-from inference.admission import VERSION_HEADER, key_free, request_ended
+from inference.admission import VERSION_HEADER, request_ended
 from inference.auth import Principal
-from inference.clients import dispatch_get, idempotency_get, routing_get
+from inference.clients import dispatch_get, routing_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
@@ -34,7 +34,8 @@ from inference.endpoint import (
 )
 from inference.errors import ApiError
 from inference.event_streams import builder_stream
-from inference.idempotency import Original, body_digest, key_in_use, key_validate
+from inference.idempotency import Original, key_validate
+from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.message_events import MessageBuilder
 from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of, thinking_shown
 from inference.metrics import RequestClock
@@ -42,7 +43,6 @@ from inference.params import GenerationRequest, template_kwargs_with_effort
 from inference.results import completion_collect
 from inference.submission import generation_submit
 from inference.tokenization import Tokenizer, prompts_read, tokenizer_of
-from inference.views import replayed_marked
 from models_registry.selectors import Route
 from tenants.models import Scope
 
@@ -130,18 +130,18 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
     chat, _ = await _chat_request(body, principal, count=False)
     clock = request_clock(request)
     tenant = principal.tenant_id
-    try:
+    with key_freed_on_failure(tenant_id=tenant, key=key, request_id=request_id):
         if key is not None:
-            found = await idempotency_get().replayed_or_claimed(
+            replayed = await replayed_or_claimed(
                 tenant_id=tenant,
                 key=key,
-                digest=body_digest(endpoint=MESSAGES, body=body),
+                endpoint=MESSAGES,
+                body=body,
                 replay=lambda original: _replay(original, chat, body, clock, tenant_id=tenant),
                 request_id=request_id,
             )
-            if found is not None:
-                original, replayed = found
-                return replayed_marked(replayed, original)
+            if replayed is not None:
+                return replayed
         submitted = await generation_submit(
             principal=principal,
             request=chat,
@@ -154,11 +154,6 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
             request_taken=True,
             endpoint=MESSAGES,
         )
-    except BaseException:
-        # Refused, failed or cancelled, in the claim too: the key goes back if this holds it.
-        if key is not None:
-            key_free(tenant_id=tenant, key=key, request_id=request_id)
-        raise
     builder = MessageBuilder(
         message_id=f"msg_{request_id}",
         model=submitted.route.served_name,
@@ -199,12 +194,8 @@ async def _replay(
     tokenizer (the reply stream keeps the output, not the prompt).
     """
     dispatch = dispatch_get()
-    if not chat.stream and not await dispatch.finished(
-        deployment=original.deployment, request_id=original.request_id
-    ):
-        raise key_in_use(
-            "The request with this Idempotency-Key is still running; retry when it has finished."
-        )
+    if not chat.stream:
+        await finished_check(original)
     prompt_tokens = 0
     if chat.stream:
         with contextlib.suppress(ApiError):  # a version that routes nowhere now: not counted

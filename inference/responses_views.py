@@ -24,8 +24,8 @@ from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import Submitted, key_free, request_ended, request_failure
-from inference.clients import dispatch_get, idempotency_get
+from inference.admission import Submitted, request_ended, request_failure
+from inference.clients import dispatch_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
@@ -40,7 +40,8 @@ from inference.endpoint import (
 )
 from inference.errors import ApiError, invalid
 from inference.event_streams import builder_stream
-from inference.idempotency import Original, body_digest, key_in_use, key_validate
+from inference.idempotency import Original, key_validate
+from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
 from inference.response_events import ResponseBuilder, error_event, sse
 from inference.responses import (
@@ -63,7 +64,6 @@ from inference.responses_store import (
 from inference.results import events_close, stream_ended
 from inference.structured import compiled_for
 from inference.submission import generation_submit
-from inference.views import replayed_marked
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -100,10 +100,17 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     key = key_validate(request.headers.get("Idempotency-Key"))
     clock = request_clock(request)
     chat = parsed.chat
-    try:
+    with key_freed_on_failure(tenant_id=principal.tenant_id, key=key, request_id=request_id):
         if key is not None:
-            replayed = await _replay_or_claim(
-                principal.tenant_id, key, body, parsed, clock, request_id=request_id
+            replayed = await replayed_or_claimed(
+                tenant_id=principal.tenant_id,
+                key=key,
+                endpoint=RESPONSES,
+                body=body,
+                replay=lambda original: _replay(
+                    original, parsed, clock, tenant_id=principal.tenant_id
+                ),
+                request_id=request_id,
             )
             if replayed is not None:
                 return replayed
@@ -128,12 +135,6 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
                 if exc.code != "context_length_exceeded" or shorter is None:
                     raise chat_error_renamed(exc) from None
                 chat = dataclasses.replace(chat, messages=shorter)
-    except BaseException:
-        # Refused, failed or cancelled, in the claim too (its answer lost): the key goes back
-        # if this request holds it.
-        if key is not None:
-            key_free(tenant_id=principal.tenant_id, key=key, request_id=request_id)
-        raise
     builder = ResponseBuilder(
         response_id=response_id,
         model=submitted.route.served_name,
@@ -181,34 +182,6 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     return response
 
 
-async def _replay_or_claim(
-    tenant_id: int,
-    key: str,
-    body: dict[str, Any],
-    parsed: ResponsesRequest,
-    clock: RequestClock,
-    *,
-    request_id: str,
-) -> HttpResponseBase | None:
-    """Answer a retry with the response its key first made, or claim the key (None).
-
-    The first response, stored, is answered as the store has it (a background one as it
-    stands); one not stored is rebuilt from its reply stream. One that failed frees its key
-    and this request runs in its place.
-    """
-    found = await idempotency_get().replayed_or_claimed(
-        tenant_id=tenant_id,
-        key=key,
-        digest=body_digest(endpoint=RESPONSES, body=body),
-        replay=lambda original: _replay(original, parsed, clock, tenant_id=tenant_id),
-        request_id=request_id,
-    )
-    if found is None:
-        return None
-    original, replayed = found
-    return replayed_marked(replayed, original)
-
-
 async def _replay(
     original: Original, parsed: ResponsesRequest, clock: RequestClock, *, tenant_id: int
 ) -> HttpResponseBase | None:
@@ -233,12 +206,8 @@ async def _replay(
             return json_response(kept.body)
     # Not stored (or a stream of a response that was not in the background): its events again.
     dispatch = dispatch_get()
-    if not parsed.chat.stream and not await dispatch.finished(
-        deployment=original.deployment, request_id=original.request_id
-    ):
-        raise key_in_use(
-            "The request with this Idempotency-Key is still running; retry when it has finished."
-        )
+    if not parsed.chat.stream:
+        await finished_check(original)
     builder = ResponseBuilder(
         response_id=response_id,
         model=original.model,

@@ -18,9 +18,9 @@ from config.json_body import shown
 from dataplane.replies import entry_id_parse
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import VERSION_HEADER, key_free, request_ended, request_failure
+from inference.admission import request_ended, request_failure
 from inference.auth import Principal
-from inference.clients import dispatch_get, idempotency_get, model_names_get, routing_get
+from inference.clients import dispatch_get, model_names_get, routing_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
@@ -34,7 +34,8 @@ from inference.endpoint import (
     sse_response,
 )
 from inference.errors import ApiError
-from inference.idempotency import Original, body_digest, key_in_use, key_validate
+from inference.idempotency import Original, key_validate
+from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
 from inference.openai_format import DONE, Formatter, Shape, error_chunk, shape_of
 from inference.openapi import openapi_json
@@ -97,10 +98,17 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
     parsed = generation_parse(body, endpoint=endpoint, tenant_id=principal.tenant_id)
     key = key_validate(request.headers.get("Idempotency-Key"))
     clock = request_clock(request)
-    try:
+    with key_freed_on_failure(tenant_id=principal.tenant_id, key=key, request_id=request_id):
         if key is not None:
-            replayed = await _replay_or_claim(
-                principal, key, body, parsed, clock, request_id=request_id
+            replayed = await replayed_or_claimed(
+                tenant_id=principal.tenant_id,
+                key=key,
+                endpoint=parsed.endpoint,
+                body=body,
+                replay=lambda original: _replay(
+                    original, parsed, clock, tenant_id=principal.tenant_id
+                ),
+                request_id=request_id,
             )
             if replayed is not None:
                 return replayed
@@ -115,12 +123,6 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             trace=request_trace(request),
             request_taken=True,
         )
-    except BaseException:
-        # Refused, failed or cancelled, in the claim too (its answer lost): the key goes back
-        # if this request holds it.
-        if key is not None:
-            key_free(tenant_id=principal.tenant_id, key=key, request_id=request_id)
-        raise
     formatter = _formatter(
         endpoint=endpoint,
         request_id=request_id,
@@ -166,29 +168,6 @@ def _formatter(
     )
 
 
-async def _replay_or_claim(
-    principal: Principal,
-    key: str,
-    body: dict[str, Any],
-    parsed: GenerationRequest,
-    clock: RequestClock,
-    *,
-    request_id: str,
-) -> HttpResponseBase | None:
-    """Answer a retry with its original's result, or claim the key for this request (None)."""
-    found = await idempotency_get().replayed_or_claimed(
-        tenant_id=principal.tenant_id,
-        key=key,
-        digest=body_digest(endpoint=parsed.endpoint, body=body),
-        replay=lambda original: _replay(original, parsed, clock, tenant_id=principal.tenant_id),
-        request_id=request_id,
-    )
-    if found is None:
-        return None
-    original, replayed = found
-    return replayed_marked(replayed, original)
-
-
 async def _replay(
     original: Original, parsed: GenerationRequest, clock: RequestClock, *, tenant_id: int
 ) -> HttpResponseBase | None:
@@ -225,22 +204,11 @@ async def _replay(
     )
     if parsed.stream:
         return sse_response(_sse(events, parsed.include_usage, formatter, None, clock))
-    if not await dispatch.finished(deployment=original.deployment, request_id=original.request_id):
-        raise key_in_use(
-            "The request with this Idempotency-Key is still running; retry when it has finished."
-        )
+    await finished_check(original)
     try:
         return await _collect(events, formatter, on_end=None)
     except ApiError:
         return None
-
-
-def replayed_marked(response: HttpResponseBase, original: Original) -> HttpResponseBase:
-    """A replayed answer says so, and names the request that made it."""
-    response["Idempotent-Replayed"] = "true"
-    response["x-request-id"] = original.request_id
-    response[VERSION_HEADER] = original.version
-    return response
 
 
 async def _collect(
