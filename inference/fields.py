@@ -38,6 +38,7 @@ from inference.structured import (
     TOOL_CHOICE,
     TOOLS,
 )
+from inference.vector_bytes import EMBED_DTYPES, ENDIANNESS
 from models_registry.tokenizer import TEMPLATE_KWARGS_REFUSED
 
 
@@ -552,8 +553,11 @@ EMBEDDING_FIELDS: dict[str, Field] = {
     "truncate_prompt_tokens": honoured(TRUNCATE_PROMPT_TOKENS),
     "truncation_side": honoured(TRUNCATION_SIDE),
     "add_special_tokens": refused(True),
-    "embed_dtype": refused("float32"),
-    "endianness": refused("native"),
+    # vLLM's: base64 vectors in another number type or byte order (floats stay JSON numbers).
+    "embed_dtype": honoured(
+        one_of(EMBED_DTYPES, doc="The number type of base64 vectors (raw bits for bfloat16, fp8).")
+    ),
+    "endianness": honoured(one_of(ENDIANNESS, doc="The byte order of base64 vectors.")),
     "use_activation": refused(),
     "normalize": refused(),
     "padding": refused(),

@@ -510,9 +510,18 @@ DONE = b"data: [DONE]\n\n"
 
 
 def embeddings_body(
-    *, vectors: bytes, native: int, dimensions: int, encoding_format: str, model: str, tokens: int
+    *,
+    vectors: bytes,
+    native: int,
+    dimensions: int,
+    encoding_format: str,
+    model: str,
+    tokens: int,
+    embed_dtype: str = "float32",
+    endianness: str = "native",
 ) -> dict[str, Any]:
-    """The body of an embeddings response, vectors as floats or base64 float32 (little-endian).
+    """The body of an embeddings response, vectors as floats or base64 (float32 in this
+    machine's byte order, unless `embed_dtype` and `endianness` ask for others).
 
     A vector cut to fewer `dimensions` (a Matryoshka model) is normalised again to unit length.
     """
@@ -520,13 +529,16 @@ def embeddings_body(
 
     import numpy as np
 
+    from inference.vector_bytes import rows_encoded
+
     rows = np.frombuffer(vectors, dtype="<f4").reshape(-1, native)
     if dimensions < native:
         rows = rows[:, :dimensions]
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         rows = (rows / np.maximum(norms, 1e-12)).astype("<f4")
     if encoding_format == "base64":
-        items: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in rows]
+        encoded = rows_encoded(rows, embed_dtype, endianness)
+        items: list[Any] = [base64.b64encode(row).decode() for row in encoded]
     else:
         items = rows.tolist()
     return {

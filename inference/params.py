@@ -394,6 +394,9 @@ class EmbeddingRequest:
     # As on generation: keep this many tokens of each input (-1: the context).
     truncate_prompt_tokens: int | None = None
     truncation_side: str | None = None
+    # vLLM's: the number type and byte order of base64 vectors.
+    embed_dtype: str = "float32"
+    endianness: str = "native"
 
     @property
     def tokenized(self) -> bool:
@@ -422,6 +425,8 @@ def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
         timeout=read("timeout"),
         truncate_prompt_tokens=read("truncate_prompt_tokens"),
         truncation_side=read("truncation_side"),
+        embed_dtype=read("embed_dtype") or "float32",
+        endianness=read("endianness") or "native",
     )
 
 

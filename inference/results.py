@@ -93,6 +93,8 @@ async def _embeddings_body(
                 encoding_format=request.encoding_format,
                 model=model,
                 tokens=event.prompt_tokens,
+                embed_dtype=request.embed_dtype,
+                endianness=request.endianness,
             )
             return _json.encode(body)
     raise stream_ended()

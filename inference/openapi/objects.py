@@ -275,7 +275,10 @@ EMBEDDINGS: Schema = obj(
                     "embedding": {
                         "anyOf": [
                             {"type": "array", "items": {"type": "number"}},
-                            {"type": "string", "description": "base64 of little-endian float32"},
+                            {
+                                "type": "string",
+                                "description": "base64 bytes: float32 or embed_dtype, endianness",
+                            },
                         ]
                     },
                 },

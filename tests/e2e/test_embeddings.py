@@ -89,6 +89,27 @@ def test_base64_vectors_decode_to_the_float_ones(stack, world, encoder):
     assert np.allclose(decoded, floats["data"][0]["embedding"], atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("embed_dtype", "endianness", "layout", "atol"),
+    [("float16", "big", ">f2", 1e-3), ("float32", "little", "<f4", 1e-6)],
+)
+def test_base64_vectors_come_in_the_number_type_and_byte_order_asked_for(
+    stack, world, encoder, embed_dtype, endianness, layout, atol
+):
+    floats = _embed(stack, world.acme_key, input=["round trip"]).json()
+    packed = _embed(
+        stack,
+        world.acme_key,
+        input=["round trip"],
+        encoding_format="base64",
+        embed_dtype=embed_dtype,
+        endianness=endianness,
+    )
+    assert packed.status_code == 200, packed.text
+    decoded = np.frombuffer(base64.b64decode(packed.json()["data"][0]["embedding"]), layout)
+    assert np.allclose(decoded, floats["data"][0]["embedding"], atol=atol)
+
+
 def test_token_id_inputs_are_accepted(stack, world, encoder):
     reply = _embed(stack, world.acme_key, input=[[101, 7592, 2088, 102], [101, 102]])
     assert reply.status_code == 200, reply.text
@@ -109,6 +130,8 @@ def test_token_id_inputs_are_accepted(stack, world, encoder):
         ({}, 400, "missing_required_parameter", "input"),
         ({"input": "x", "encoding_format": "int8"}, 400, "invalid_value", "encoding_format"),
         ({"input": "x", "dimensions": 128}, 400, "invalid_value", "dimensions"),
+        ({"input": "x", "embed_dtype": "int8"}, 400, "invalid_value", "embed_dtype"),
+        ({"input": "x", "endianness": 1}, 400, "invalid_type", "endianness"),
         ({"input": "x", "model": ALIAS}, 400, "wrong_endpoint_for_model", "model"),
         ({"input": "x", "model": "no-such-encoder"}, 404, "model_not_found", "model"),
     ],
