@@ -147,6 +147,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = True
     # An embeddings request: prompt_token_ids holds its inputs end to end, these long each.
     input_lengths: list[int] = []
+    # An embeddings request's vLLM `use_activation`: False sends its vectors as the model
+    # pools them, not normalised to unit length where the model's files ask for that.
+    use_activation: bool = True
     # W3C trace context: the trace and the frontend's span, the worker's parent.
     trace_id: str = ""
     parent_span_id: str = ""

@@ -558,7 +558,13 @@ EMBEDDING_FIELDS: dict[str, Field] = {
         one_of(EMBED_DTYPES, doc="The number type of base64 vectors (raw bits for bfloat16, fp8).")
     ),
     "endianness": honoured(one_of(ENDIANNESS, doc="The byte order of base64 vectors.")),
-    "use_activation": refused(),
+    "use_activation": honoured(
+        boolean(
+            default=True,
+            doc="false: vectors as the model pools them, not normalised to unit length.",
+        )
+    ),
+    # Removed from vLLM (its server refuses it too): use_activation says the same.
     "normalize": refused(),
     "padding": refused(),
     "mm_processor_kwargs": refused(),

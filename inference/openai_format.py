@@ -519,11 +519,13 @@ def embeddings_body(
     tokens: int,
     embed_dtype: str = "float32",
     endianness: str = "native",
+    normalize: bool = True,
 ) -> dict[str, Any]:
     """The body of an embeddings response, vectors as floats or base64 (float32 in this
     machine's byte order, unless `embed_dtype` and `endianness` ask for others).
 
-    A vector cut to fewer `dimensions` (a Matryoshka model) is normalised again to unit length.
+    A vector cut to fewer `dimensions` (a Matryoshka model) is normalised again to unit
+    length, unless the request asked for vectors as pooled (`normalize` false).
     """
     import base64
 
@@ -534,6 +536,7 @@ def embeddings_body(
     rows = np.frombuffer(vectors, dtype="<f4").reshape(-1, native)
     if dimensions < native:
         rows = rows[:, :dimensions]
+    if dimensions < native and normalize:
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         rows = (rows / np.maximum(norms, 1e-12)).astype("<f4")
     if encoding_format == "base64":

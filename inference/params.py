@@ -397,6 +397,8 @@ class EmbeddingRequest:
     # vLLM's: the number type and byte order of base64 vectors.
     embed_dtype: str = "float32"
     endianness: str = "native"
+    # vLLM's use_activation: False leaves vectors as the model pools them (not normalised).
+    use_activation: bool = True
 
     @property
     def tokenized(self) -> bool:
@@ -427,6 +429,7 @@ def embeddings_parse(body: dict[str, Any]) -> EmbeddingRequest:
         truncation_side=read("truncation_side"),
         embed_dtype=read("embed_dtype") or "float32",
         endianness=read("endianness") or "native",
+        use_activation=read("use_activation"),
     )
 
 

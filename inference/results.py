@@ -95,6 +95,7 @@ async def _embeddings_body(
                 tokens=event.prompt_tokens,
                 embed_dtype=request.embed_dtype,
                 endianness=request.endianness,
+                normalize=request.use_activation,
             )
             return _json.encode(body)
     raise stream_ended()

@@ -645,6 +645,7 @@ async def embedding_submit(
         endpoint=EMBEDDINGS,
         prompt_token_ids=[t for ids in inputs for t in ids],
         input_lengths=[len(ids) for ids in inputs],
+        use_activation=request.use_activation,
         sampling=Sampling(max_tokens=0),
         priority=priority or request.priority,
         weight=principal.priority_weight,

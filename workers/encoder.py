@@ -74,7 +74,11 @@ class EncoderEngine:
         self._model = model.to(device=device, dtype=getattr(torch, self.dtype)).eval()
 
     def compute(self, batch: list[list[int]]) -> list[bytes]:
-        """Return each input's vector as float32 little-endian bytes."""
+        """Return each input's pooled vector as float32 little-endian bytes.
+
+        Not normalised here: the worker normalises each request's vectors unless it asks for
+        them as pooled (vLLM's `use_activation: false`), and a batch mixes requests.
+        """
         torch = self._torch
         device = next(self._model.parameters()).device
         longest = max(len(ids) for ids in batch)
@@ -94,8 +98,6 @@ class EncoderEngine:
             else:
                 weights = mask.unsqueeze(-1).to(hidden.dtype)
                 vectors = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-            if self.spec.normalize:
-                vectors = torch.nn.functional.normalize(vectors, dim=-1)
         rows = vectors.to("cpu").numpy().astype("<f4")
         return [row.tobytes() for row in rows]
 

@@ -7,6 +7,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from dataplane.background import supervise
 from dataplane.types import Embeddings, Event, Finished, Job, Started, Status, UsageEvent, usage_for
 from workers.batcher import DynamicBatcher
@@ -18,9 +20,13 @@ from workers.runner import Worker
 class EncoderWorker(Worker):
     """A worker whose requests' inputs go through a dynamic batcher to an encoder model."""
 
-    def __init__(self, *, engine: Monitored, batcher: DynamicBatcher, **kwargs: Any) -> None:
+    def __init__(
+        self, *, engine: Monitored, batcher: DynamicBatcher, normalize: bool, **kwargs: Any
+    ) -> None:
         super().__init__(engine=engine, **kwargs)
         self.batcher = batcher
+        # Whether the model's files end its pipeline with a normalisation to unit length.
+        self.normalize = normalize
 
     async def run(
         self,
@@ -52,7 +58,18 @@ class EncoderWorker(Worker):
         # The batcher keeps time on the monotonic clock; the job's deadline is wall time.
         deadline = time.monotonic() + (job.deadline - started_at)
         vectors = await self.batcher.embed(job.inputs(), deadline=deadline)
-        self._outbox.put(job, Embeddings(data=b"".join(vectors), dimensions=len(vectors[0]) // 4))
+        data = b"".join(vectors)
+        if self.normalize and job.use_activation:
+            data = unit_length(data, dimensions=len(vectors[0]) // 4)
+        self._outbox.put(job, Embeddings(data=data, dimensions=len(vectors[0]) // 4))
+
+
+def unit_length(data: bytes, *, dimensions: int) -> bytes:
+    """Float32 vectors end to end, each divided by its length (at least 1e-12, as torch's
+    `normalize` does)."""
+    rows = np.frombuffer(data, dtype="<f4").reshape(-1, dimensions)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return (rows / np.maximum(norms, np.float32(1e-12))).astype("<f4").tobytes()
 
 
 def _end(job: Job, started_at: float, failure: Failure | None) -> tuple[Event, UsageEvent]:

@@ -110,6 +110,23 @@ def test_base64_vectors_come_in_the_number_type_and_byte_order_asked_for(
     assert np.allclose(decoded, floats["data"][0]["embedding"], atol=atol)
 
 
+def test_vectors_asked_for_as_pooled_are_not_normalised(stack, world, encoder):
+    """vLLM's `use_activation: false`: the mean-pooled vector, before the model's last step
+    (all-MiniLM-L6-v2 normalises to unit length); in a batch with normalised ones."""
+    text = ["a vector as pooled"]
+    with ThreadPoolExecutor(2) as pool:
+        unit, pooled = pool.map(
+            lambda extra: _embed(stack, world.acme_key, input=text, **extra),
+            [{}, {"use_activation": False}],
+        )
+    assert pooled.status_code == 200, pooled.text
+    raw = np.array(pooled.json()["data"][0]["embedding"])
+    normalised = np.array(unit.json()["data"][0]["embedding"])
+    assert abs(np.linalg.norm(normalised) - 1.0) < 1e-5
+    assert abs(np.linalg.norm(raw) - 1.0) > 0.01
+    assert np.allclose(raw / np.linalg.norm(raw), normalised, atol=1e-5)
+
+
 def test_token_id_inputs_are_accepted(stack, world, encoder):
     reply = _embed(stack, world.acme_key, input=[[101, 7592, 2088, 102], [101, 102]])
     assert reply.status_code == 200, reply.text
@@ -132,6 +149,7 @@ def test_token_id_inputs_are_accepted(stack, world, encoder):
         ({"input": "x", "dimensions": 128}, 400, "invalid_value", "dimensions"),
         ({"input": "x", "embed_dtype": "int8"}, 400, "invalid_value", "embed_dtype"),
         ({"input": "x", "endianness": 1}, 400, "invalid_type", "endianness"),
+        ({"input": "x", "use_activation": "no"}, 400, "invalid_type", "use_activation"),
         ({"input": "x", "model": ALIAS}, 400, "wrong_endpoint_for_model", "model"),
         ({"input": "x", "model": "no-such-encoder"}, 404, "model_not_found", "model"),
     ],

@@ -63,3 +63,17 @@ def test_a_model_offers_its_native_size_then_its_matryoshka_sizes_largest_first(
     head = {"dimensions": 768, "matryoshka_dimensions": [64, 256, 128, 768, 1024]}
     assert encoder_dimensions(head) == (768, 256, 128, 64)
     assert encoder_dimensions({}) == ()
+
+
+def test_a_shortened_vector_asked_for_as_pooled_is_not_normalised_again():
+    rows = np.array([[3.0, 4.0, 12.0]])
+    body = embeddings_body(
+        vectors=_vectors(rows),
+        native=3,
+        dimensions=2,
+        encoding_format="float",
+        model="m",
+        tokens=1,
+        normalize=False,
+    )
+    assert body["data"][0]["embedding"] == [3.0, 4.0]

@@ -336,6 +336,20 @@ def test_embeddings_refuse_what_they_do_not_honour():
     assert caught.value.param == "normalize"
 
 
+def test_embeddings_read_vllms_output_fields():
+    parsed = embeddings_parse(
+        {"model": "m", "input": "x", "embed_dtype": "bfloat16", "endianness": "big",
+         "use_activation": False}
+    )  # fmt: skip
+    assert (parsed.embed_dtype, parsed.endianness, parsed.use_activation) == (
+        "bfloat16", "big", False,
+    )  # fmt: skip
+    unset = embeddings_parse({"model": "m", "input": "x", "use_activation": None})
+    assert (unset.embed_dtype, unset.endianness, unset.use_activation) == (
+        "float32", "native", True,
+    )  # fmt: skip
+
+
 def test_embeddings_read_the_truncation_fields():
     parsed = embeddings_parse(
         {"model": "m", "input": "x", "truncate_prompt_tokens": 8, "truncation_side": "left"}

@@ -54,7 +54,7 @@ def test_each_number_type_and_byte_order_gives_vllms_bytes(embed_dtype, endianne
         pytest.fail(f"{wrong.size} values differ from vLLM's, first {wrong[:5].tolist()}")
 
 
-def _body(rows: np.ndarray, **options: str) -> dict[str, Any]:
+def _body(rows: np.ndarray, **options: Any) -> dict[str, Any]:
     return embeddings_body(
         vectors=rows.astype("<f4").tobytes(),
         native=rows.shape[1],

@@ -135,6 +135,7 @@ class Command(BaseCommand):
             deployment=deployment,
             engine=engine,
             batcher=batcher,
+            normalize=spec.normalize,
             client=client,
             reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS,
             worker_id=worker_id_new(),
