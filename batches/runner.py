@@ -306,8 +306,10 @@ class BatchRun:
         on_end = functools.partial(request_ended, submitted) if submitted else None
         served = submitted.route.served_name if submitted else str(body.get("model", ""))
         if self.kind == "embeddings":
-            return await embeddings_collect(events, embeddings_parse(body), model=served,
-                                            on_end=on_end)  # fmt: skip
+            answer = await embeddings_collect(
+                events, embeddings_parse(body), model=served, on_end=on_end
+            )
+            return answer.body  # JSON: a line asking for vLLM's bytes answer is refused
         if self.kind == RESPONSES:
             return await responses_collect(
                 events,

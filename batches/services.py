@@ -24,6 +24,7 @@ from batches.models import (
 )
 from config.json_body import BodyProblem, json_check, shown
 from inference.errors import ApiError, invalid
+from inference.openai_format import BYTES_FORMATS
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
 from inference.responses import RESPONSES, batch_line_parse
 from inference.structured import compiled_for
@@ -196,7 +197,9 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
         raise invalid("body.stream", "Batch requests cannot stream.", "unsupported_parameter")
     kind = ENDPOINTS[endpoint]
     if kind == "embeddings":
-        embeddings_parse(body)
+        if embeddings_parse(body).encoding_format in BYTES_FORMATS:
+            message = "A batch's answers are JSON lines: 'encoding_format' is float or base64."
+            raise invalid("body.encoding_format", message)
     elif kind == RESPONSES:
         batch_line_parse(body, response_id=f"resp_{'0' * 32}")
     else:

@@ -534,7 +534,8 @@ GENERATION_FIELDS: dict[str, Field] = {
 }
 
 # The same for embeddings bodies: OpenAI's and vLLM's fields.
-ENCODING_FORMATS = ("float", "base64")
+# bytes and bytes_only are vLLM's binary answers (docs/embeddings.md).
+ENCODING_FORMATS = ("float", "base64", "bytes", "bytes_only")
 EMBEDDING_FIELDS: dict[str, Field] = {
     "model": honoured(MODEL),
     "input": honoured(INPUT),

@@ -509,6 +509,11 @@ def error_chunk(body: dict[str, Any]) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+# vLLM's binary answers: the vectors' bytes as the body, and (but for bytes_only) where each
+# starts and ends in a `metadata` header.
+BYTES_FORMATS = ("bytes", "bytes_only")
+
+
 def embeddings_body(
     *,
     vectors: bytes,
@@ -529,16 +534,9 @@ def embeddings_body(
     """
     import base64
 
-    import numpy as np
-
     from inference.vector_bytes import rows_encoded
 
-    rows = np.frombuffer(vectors, dtype="<f4").reshape(-1, native)
-    if dimensions < native:
-        rows = rows[:, :dimensions]
-    if dimensions < native and normalize:
-        norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        rows = (rows / np.maximum(norms, 1e-12)).astype("<f4")
+    rows = _embedding_rows(vectors, native=native, dimensions=dimensions, normalize=normalize)
     if encoding_format == "base64":
         encoded = rows_encoded(rows, embed_dtype, endianness)
         items: list[Any] = [base64.b64encode(row).decode() for row in encoded]
@@ -552,3 +550,58 @@ def embeddings_body(
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def embeddings_binary(
+    *,
+    vectors: bytes,
+    native: int,
+    dimensions: int,
+    model: str,
+    tokens: int,
+    response_id: str,
+    created: int,
+    embed_dtype: str = "float32",
+    endianness: str = "native",
+    normalize: bool = True,
+) -> tuple[bytes, dict[str, Any]]:
+    """vLLM's `bytes` answer: the vectors end to end, and the metadata that finds each one
+    (its bytes' start and end, its shape, number type and byte order) with the usage."""
+    from inference.vector_bytes import rows_encoded
+
+    rows = _embedding_rows(vectors, native=native, dimensions=dimensions, normalize=normalize)
+    encoded = rows_encoded(rows, embed_dtype, endianness)
+    items, start = [], 0
+    for index, row in enumerate(encoded):
+        items.append(
+            {
+                "index": index,
+                "embed_dtype": embed_dtype,
+                "endianness": endianness,
+                "start": start,
+                "end": start + len(row),
+                "shape": [rows.shape[1]],
+            }
+        )
+        start += len(row)
+    metadata = {
+        "id": response_id,
+        "created": created,
+        "model": model,
+        "data": items,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return b"".join(encoded), metadata
+
+
+def _embedding_rows(vectors: bytes, *, native: int, dimensions: int, normalize: bool) -> Any:
+    """The float32 vectors, cut to `dimensions` and then normalised again if asked."""
+    import numpy as np
+
+    rows = np.frombuffer(vectors, dtype="<f4").reshape(-1, native)
+    if dimensions < native:
+        rows = rows[:, :dimensions]
+    if dimensions < native and normalize:
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        rows = (rows / np.maximum(norms, 1e-12)).astype("<f4")
+    return rows

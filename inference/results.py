@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgspec
 
 from dataplane.types import Delta, Embeddings, Event, Failed, Finished
 from inference.admission import request_failure
 from inference.errors import ApiError
-from inference.openai_format import embeddings_body
+from inference.openai_format import BYTES_FORMATS, embeddings_binary, embeddings_body
 from inference.params import EmbeddingRequest
 
 _json = msgspec.json.Encoder()
@@ -62,19 +64,40 @@ async def completion_collect(
     raise stream_ended()
 
 
+@dataclass(frozen=True)
+class EmbeddingsAnswer:
+    """An embeddings answer: a JSON body, or vLLM's binary one with its metadata header."""
+
+    body: bytes
+    content_type: str = "application/json"
+    metadata: str | None = None  # the `metadata` header of a `bytes` answer
+
+
 async def embeddings_collect(
-    events: AsyncIterator[Event], request: EmbeddingRequest, *, model: str, on_end: OnEnd
-) -> bytes:
-    """Return an embeddings body, or raise the ApiError the request ended with."""
+    events: AsyncIterator[Event],
+    request: EmbeddingRequest,
+    *,
+    model: str,
+    on_end: OnEnd,
+    request_id: str = "",
+) -> EmbeddingsAnswer:
+    """Return an embeddings answer, or raise the ApiError the request ended with."""
     try:
-        return await _embeddings_body(events, request, model=model, on_end=on_end)
+        return await _embeddings_body(
+            events, request, model=model, on_end=on_end, request_id=request_id
+        )
     finally:
         await events_close(events)
 
 
 async def _embeddings_body(
-    events: AsyncIterator[Event], request: EmbeddingRequest, *, model: str, on_end: OnEnd
-) -> bytes:
+    events: AsyncIterator[Event],
+    request: EmbeddingRequest,
+    *,
+    model: str,
+    on_end: OnEnd,
+    request_id: str,
+) -> EmbeddingsAnswer:
     vectors: Embeddings | None = None
     async for event in events:
         if isinstance(event, Embeddings):
@@ -86,16 +109,26 @@ async def _embeddings_body(
                 raise request_failure(event)
             if vectors is None:
                 raise ApiError(503, "engine_error", "The worker sent no vectors.", retry_after=1)
-            body = embeddings_body(
-                vectors=vectors.data,
-                native=vectors.dimensions,
-                dimensions=request.dimensions or vectors.dimensions,
-                encoding_format=request.encoding_format,
-                model=model,
-                tokens=event.prompt_tokens,
-                embed_dtype=request.embed_dtype,
-                endianness=request.endianness,
-                normalize=request.use_activation,
+            shape: dict[str, Any] = {
+                "vectors": vectors.data,
+                "native": vectors.dimensions,
+                "dimensions": request.dimensions or vectors.dimensions,
+                "model": model,
+                "tokens": event.prompt_tokens,
+                "embed_dtype": request.embed_dtype,
+                "endianness": request.endianness,
+                "normalize": request.use_activation,
+            }
+            if request.encoding_format not in BYTES_FORMATS:
+                body = embeddings_body(encoding_format=request.encoding_format, **shape)
+                return EmbeddingsAnswer(_json.encode(body))
+            content, metadata = embeddings_binary(
+                response_id=f"embd-{request_id}", created=int(time.time()), **shape
             )
-            return _json.encode(body)
+            shown = None if request.encoding_format == "bytes_only" else _json.encode(metadata)
+            return EmbeddingsAnswer(
+                content,
+                content_type="application/octet-stream",
+                metadata=shown.decode() if shown is not None else None,
+            )
     raise stream_ended()

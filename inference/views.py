@@ -79,14 +79,17 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
         request_taken=True,
     )
     route = submitted.route
-    body = await embeddings_collect(
+    answer = await embeddings_collect(
         relay.events(dispatch_get(), submitted),
         parsed,
         model=route.served_name,
         on_end=functools.partial(request_ended, submitted),
+        request_id=request_id,
     )
     clock.skip()
-    response = json_response(body)
+    response = HttpResponse(answer.body, content_type=answer.content_type)
+    if answer.metadata is not None:
+        response["metadata"] = answer.metadata
     for name, value in submitted.headers().items():
         response[name] = value
     return response

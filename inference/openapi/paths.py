@@ -15,6 +15,13 @@ from inference.openapi.schema import ENTRY_ID, PATH_SEGMENT, Schema, json_conten
 
 REQUEST_ID_HEADER = {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
 VERSION_HEADER = {"x-roundhouse-model-version": {"$ref": "#/components/headers/ModelVersion"}}
+_METADATA_HEADER = {
+    "metadata": {
+        "description": "A bytes answer's JSON: id, created, model, usage, and per vector its "
+        "index, embed_dtype, endianness, start and end in the body, and shape.",
+        "schema": {"type": "string"},
+    }
+}
 
 
 def ok(
@@ -155,7 +162,18 @@ def model_paths() -> dict[str, Schema]:
                 "parameters": [_TIMEOUT_HEADER],
                 "requestBody": {"required": True, "content": json_content(ref("EmbeddingRequest"))},
                 "responses": {
-                    "200": ok("The vectors.", json_content(ref("Embeddings")), VERSION_HEADER),
+                    "200": ok(
+                        "The vectors; with `encoding_format` bytes or bytes_only, vLLM's binary "
+                        "answer: the vectors' bytes end to end (and, but for bytes_only, where "
+                        "each lies in the `metadata` header).",
+                        {
+                            **json_content(ref("Embeddings")),
+                            "application/octet-stream": {
+                                "schema": {"type": "string", "format": "binary"}
+                            },
+                        },
+                        {**VERSION_HEADER, **_METADATA_HEADER},
+                    ),
                     **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
                 },
             }

@@ -35,7 +35,7 @@ def _line(custom_id: str, **body: object) -> str:
     )
 
 
-def _batch(world, lines: list[str]) -> Batch:
+def _batch(world, lines: list[str], *, endpoint: str = "/v1/completions") -> Batch:
     content = ("\n".join(lines) + "\n").encode()
     file = file_create(
         tenant_id=world.acme.pk, filename="in.jsonl", purpose="batch", content=content
@@ -44,7 +44,7 @@ def _batch(world, lines: list[str]) -> Batch:
         tenant_id=world.acme.pk,
         api_key_id=ApiKey.objects.filter(tenant=world.acme).values_list("pk", flat=True)[0],
         input_file_id=file.id,
-        endpoint="/v1/completions",
+        endpoint=endpoint,
         completion_window="24h",
     )
 
@@ -189,3 +189,22 @@ def test_metadata_with_a_lone_surrogate_is_refused(world):
             metadata={"job": "\ud800"},
         )
     assert (refused.value.status, refused.value.param) == (400, "metadata")
+
+
+def test_an_embeddings_line_asking_for_vllms_binary_answer_fails_alone(world):
+    """A batch's answers are JSON lines: the bytes formats have no place in them."""
+
+    def line(custom_id: str, encoding_format: str) -> str:
+        body = {"model": "minilm", "input": "x", "encoding_format": encoding_format}
+        return json.dumps(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": body}
+        )
+
+    lines = [line("b64", "base64"), line("bytes", "bytes"), line("only", "bytes_only")]
+    batch = batch_validate(batch=_batch(world, lines, endpoint="/v1/embeddings"))
+    states = [(x.state, x.error and x.error["param"]) for x in batch.lines.order_by("index")]
+    assert states == [
+        (LineState.PENDING, None),
+        (LineState.FAILED, "body.encoding_format"),
+        (LineState.FAILED, "body.encoding_format"),
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -125,6 +126,26 @@ def test_vectors_asked_for_as_pooled_are_not_normalised(stack, world, encoder):
     assert abs(np.linalg.norm(normalised) - 1.0) < 1e-5
     assert abs(np.linalg.norm(raw) - 1.0) > 0.01
     assert np.allclose(raw / np.linalg.norm(raw), normalised, atol=1e-5)
+
+
+def test_vllms_bytes_answer_carries_the_vectors_and_where_each_lies(stack, world, encoder):
+    texts = ["first of two", "the second"]
+    floats = _embed(stack, world.acme_key, input=texts).json()
+    binary = _embed(stack, world.acme_key, input=texts, encoding_format="bytes",
+                    embed_dtype="float16")  # fmt: skip
+    assert binary.status_code == 200, binary.text
+    assert binary.headers["content-type"] == "application/octet-stream"
+    metadata = json.loads(binary.headers["metadata"])
+    assert (metadata["model"], metadata["usage"]) == (floats["model"], floats["usage"])
+    assert [item["shape"] for item in metadata["data"]] == [[384], [384]]
+    for item, expected in zip(metadata["data"], floats["data"], strict=True):
+        assert (item["embed_dtype"], item["endianness"]) == ("float16", "native")
+        vector = np.frombuffer(binary.content[item["start"] : item["end"]], np.float16)
+        assert np.allclose(vector, expected["embedding"], atol=1e-3)
+    only = _embed(stack, world.acme_key, input=texts, encoding_format="bytes_only")
+    assert only.status_code == 200 and "metadata" not in only.headers
+    assert np.allclose(np.frombuffer(only.content, np.float32).reshape(2, 384),
+                       [d["embedding"] for d in floats["data"]], atol=1e-6)  # fmt: skip
 
 
 def test_token_id_inputs_are_accepted(stack, world, encoder):

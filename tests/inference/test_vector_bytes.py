@@ -9,14 +9,16 @@ random bit patterns, and the edges of the fp8 ranges.
 from __future__ import annotations
 
 import base64
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from vllm.entrypoints.pooling.utils import encode_pooling_bytes
 from vllm.utils.serial_utils import tensor2binary
 
-from inference.openai_format import embeddings_body
+from inference.openai_format import embeddings_binary, embeddings_body
 from inference.vector_bytes import EMBED_DTYPES, ENDIANNESS, rows_encoded
 
 
@@ -76,3 +78,28 @@ def test_floats_stay_json_numbers_whatever_the_number_type():
     """As on vLLM's server, `embed_dtype` and `endianness` shape base64 only."""
     body = _body(np.array([[0.6, 0.8]]), encoding_format="float", embed_dtype="fp8_e4m3")
     assert body["data"][0]["embedding"] == pytest.approx([0.6, 0.8], abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("embed_dtype", "endianness"), [("float32", "native"), ("bfloat16", "big")]
+)
+def test_a_bytes_answer_is_laid_out_as_vllms(embed_dtype, endianness):
+    """The body and the metadata's items are vLLM's, for the same vectors."""
+    rows = np.random.default_rng(5).standard_normal((3, 8)).astype("<f4")
+    body, metadata = embeddings_binary(
+        vectors=rows.tobytes(),
+        native=8,
+        dimensions=8,
+        model="m",
+        tokens=7,
+        response_id="embd-1",
+        created=1,
+        embed_dtype=embed_dtype,
+        endianness=endianness,
+        normalize=False,
+    )
+    outputs = [SimpleNamespace(outputs=SimpleNamespace(data=torch.from_numpy(r))) for r in rows]
+    chunks, items = encode_pooling_bytes(outputs, embed_dtype, endianness)  # type: ignore[arg-type]
+    assert body == b"".join(chunks)
+    assert metadata["data"] == [{**item, "shape": list(item["shape"])} for item in items]
+    assert metadata["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
