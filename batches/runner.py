@@ -307,7 +307,7 @@ class BatchRun:
         served = submitted.route.served_name if submitted else str(body.get("model", ""))
         if self.kind == "embeddings":
             answer = await embeddings_collect(
-                events, embeddings_parse(body), model=served, on_end=on_end
+                events, embeddings_parse(body), model=served, on_end=on_end, request_id=rid
             )
             return answer.body  # JSON: a line asking for vLLM's bytes answer is refused
         if self.kind == RESPONSES:

@@ -525,12 +525,15 @@ def embeddings_body(
     embed_dtype: str = "float32",
     endianness: str = "native",
     normalize: bool = True,
+    response_id: str = "",
+    created: int = 0,
 ) -> dict[str, Any]:
     """The body of an embeddings response, vectors as floats or base64 (float32 in this
     machine's byte order, unless `embed_dtype` and `endianness` ask for others).
 
     A vector cut to fewer `dimensions` (a Matryoshka model) is normalised again to unit
-    length, unless the request asked for vectors as pooled (`normalize` false).
+    length, unless the request asked for vectors as pooled (`normalize` false). With a
+    `response_id` it opens with the `id` and `created` vLLM's server adds to OpenAI's shape.
     """
     import base64
 
@@ -542,7 +545,9 @@ def embeddings_body(
         items: list[Any] = [base64.b64encode(row).decode() for row in encoded]
     else:
         items = rows.tolist()
+    named = {"id": response_id, "created": created} if response_id else {}
     return {
+        **named,
         "object": "list",
         "data": [
             {"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)

@@ -79,9 +79,10 @@ async def embeddings_collect(
     *,
     model: str,
     on_end: OnEnd,
-    request_id: str = "",
+    request_id: str,
 ) -> EmbeddingsAnswer:
-    """Return an embeddings answer, or raise the ApiError the request ended with."""
+    """Return an embeddings answer, or raise the ApiError the request ended with; its id is
+    `embd-<request_id>`, as vLLM's server names one."""
     try:
         return await _embeddings_body(
             events, request, model=model, on_end=on_end, request_id=request_id
@@ -119,12 +120,14 @@ async def _embeddings_body(
                 "endianness": request.endianness,
                 "normalize": request.use_activation,
             }
+            named: dict[str, Any] = {
+                "response_id": f"embd-{request_id}",
+                "created": int(time.time()),
+            }
             if request.encoding_format not in BYTES_FORMATS:
-                body = embeddings_body(encoding_format=request.encoding_format, **shape)
+                body = embeddings_body(encoding_format=request.encoding_format, **named, **shape)
                 return EmbeddingsAnswer(_json.encode(body))
-            content, metadata = embeddings_binary(
-                response_id=f"embd-{request_id}", created=int(time.time()), **shape
-            )
+            content, metadata = embeddings_binary(**named, **shape)
             shown = None if request.encoding_format == "bytes_only" else _json.encode(metadata)
             return EmbeddingsAnswer(
                 content,

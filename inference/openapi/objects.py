@@ -265,6 +265,8 @@ CHAT_COMPLETION_CHUNK: Schema = obj(
 
 EMBEDDINGS: Schema = obj(
     {
+        "id": {"type": "string", "description": "embd- and the request's id, as vLLM names it"},
+        "created": {"type": "integer"},
         "object": {"const": "list"},
         "data": {
             "type": "array",
@@ -294,6 +296,8 @@ EMBEDDINGS: Schema = obj(
             "total_tokens",
         ),
     },
+    "id",
+    "created",
     "object",
     "data",
     "model",

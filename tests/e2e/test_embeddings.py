@@ -82,7 +82,11 @@ def test_inputs_of_mixed_lengths_batched_together_get_the_vectors_they_get_alone
 
 
 def test_base64_vectors_decode_to_the_float_ones(stack, world, encoder):
-    floats = _embed(stack, world.acme_key, input=["round trip"]).json()
+    answered = _embed(stack, world.acme_key, input=["round trip"])
+    floats = answered.json()
+    # OpenAI's shape, with the id and time vLLM's server adds; the id names the request.
+    assert floats["id"] == f"embd-{answered.headers['x-request-id']}"
+    assert isinstance(floats["created"], int) and floats["object"] == "list"
     packed = _embed(stack, world.acme_key, input=["round trip"], encoding_format="base64").json()
     encoded = packed["data"][0]["embedding"]
     assert isinstance(encoded, str)
