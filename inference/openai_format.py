@@ -604,9 +604,10 @@ def _embedding_rows(vectors: bytes, *, native: int, dimensions: int, normalize: 
     import numpy as np
 
     rows = np.frombuffer(vectors, dtype="<f4").reshape(-1, native)
-    if dimensions < native:
-        rows = rows[:, :dimensions]
-    if dimensions < native and normalize:
-        norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        rows = (rows / np.maximum(norms, 1e-12)).astype("<f4")
-    return rows
+    if dimensions >= native:
+        return rows
+    rows = rows[:, :dimensions]
+    if not normalize:
+        return rows
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return (rows / np.maximum(norms, 1e-12)).astype("<f4")
