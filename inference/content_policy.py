@@ -125,8 +125,9 @@ async def input_screen(
     """Return the request as its tenant's policy lets it through, or raise 400 if it blocks."""
     if policy is None or not policy.apply_to_input:
         return request
-    if request.messages is not None:
-        texts = [str(m["content"]) for m in request.messages]
+    chats = request.chats()
+    if chats:
+        texts = [str(m["content"]) for chat in chats for m in chat]
         param = "messages"
     else:
         # Token-id prompts: nothing to read.
@@ -149,9 +150,9 @@ async def input_screen(
             param=param,
         )
     _record(request_id, tenant_id, "input", found, "redact")
-    if request.messages is not None:
-        messages = [_redacted(m, t) for m, t in zip(request.messages, passed, strict=True)]
-        return dataclasses.replace(request, messages=messages)
+    if chats:
+        screened = iter(passed)
+        return request.with_chats([[_redacted(m, next(screened)) for m in chat] for chat in chats])
     redacted = iter(passed)
     prompts = tuple(next(redacted) if isinstance(p, str) else p for p in request.prompts)
     return dataclasses.replace(

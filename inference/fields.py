@@ -28,7 +28,16 @@ from inference.kinds import (
     token_list,
 )
 from inference.kinds import type_error as _type_error
-from inference.prompts import INPUT, LOGIT_BIAS, MESSAGES, MODEL, PROMPT, STOP, TOKENS
+from inference.prompts import (
+    CONVERSATIONS,
+    INPUT,
+    LOGIT_BIAS,
+    MESSAGES,
+    MODEL,
+    PROMPT,
+    STOP,
+    TOKENS,
+)
 from inference.structured import (
     FUNCTION_CALL,
     FUNCTIONS,
@@ -409,7 +418,8 @@ GENERATION_FIELDS: dict[str, Field] = {
     "logprob_token_ids": honoured(LOGPROB_TOKEN_IDS),
     "echo": honoured(
         boolean(
-            doc="Start each choice with its prompt (chat: the last message, if the assistant's)."
+            doc="Start each choice with its prompt (chat: the last message, if in the answer's "
+            "role: the assistant's, or with add_generation_prompt false the last message's)."
         )
     ),
     "suffix": refused(""),
@@ -531,6 +541,28 @@ GENERATION_FIELDS: dict[str, Field] = {
     # vLLM's prefix-cache isolation. Every request is salted with its tenant already; a client's
     # salt parts its own requests further (its users, say).
     "cache_salt": honoured(CACHE_SALT),
+}
+
+# vLLM's /v1/chat/completions/batch: a chat body whose `messages` holds conversations, each
+# answered as one choice. Its answer is one chat completion, so what has no place in it is
+# refused (vLLM's server refuses n, beams and structural tags; it drops the rest silently, or,
+# for `stream`, answers with the last tokens alone).
+CHAT_BATCH = "chat.completions.batch"  # the endpoint its usage records name
+CHAT_BATCH_FIELDS: dict[str, Field] = {
+    **{name: field for name, field in GENERATION_FIELDS.items() if field.only in (None, CHAT)},
+    "messages": honoured(CONVERSATIONS),
+    "stream": refused(False),
+    "stream_options": refused(),
+    "n": refused(1),
+    "use_beam_search": refused(False),
+    "early_stopping": refused(False),  # a beam search's, in vLLM's batch request only
+    "tools": refused(),
+    "functions": refused(),
+    "tool_choice": refused("none"),
+    "function_call": refused("none"),
+    "parallel_tool_calls": refused(),
+    "prompt_logprobs": refused(),
+    "return_prompt_text": refused(False),
 }
 
 # The same for embeddings bodies: OpenAI's and vLLM's fields.

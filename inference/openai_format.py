@@ -80,6 +80,17 @@ class Shape:
     # vLLM's include_reasoning false: a reasoning model's answer leaves out its thinking and,
     # as vLLM's server does, its logprobs and output token ids (they would show the thinking).
     thinking_hidden: bool = False
+    # vLLM's batch chat (a choice per conversation): as its server answers, no prompt's token
+    # ids on the body.
+    batch: bool = False
+    # Each prompt's answer's role where one is not the assistant's (add_generation_prompt
+    # false); empty: the assistant's.
+    roles: tuple[str, ...] = ()
+
+    def role(self, index: int) -> str:
+        """The role a chat choice's message is in."""
+        roles = self.roles
+        return roles[min(index // self.n, len(roles) - 1)] if roles else "assistant"
 
     def prompt_ids(self, index: int) -> list[int] | None:
         """The token ids of the prompt a choice answers (None: not known here)."""
@@ -232,9 +243,18 @@ def shape_of(
     `prompt_token_ids`: each prompt's tokens as the engine got them (return_token_ids).
     """
     echo: tuple[str, ...] = ()
-    if request.echo and request.messages is not None:
-        last = request.messages[-1]
-        echo = (last["content"] if last["role"] == "assistant" else "",)
+    chats = request.chats()
+    # As vLLM's server answers: in the assistant's role after a generation prompt, else in the
+    # role of the message the answer continues (or follows).
+    roles = tuple(
+        "assistant" if request.add_generation_prompt else chat[-1]["role"] for chat in chats
+    )
+    if request.echo and chats:
+        # Each conversation's choice opens with its last message, when it is in that role.
+        echo = tuple(
+            chat[-1]["content"] if chat[-1]["role"] == role else ""
+            for chat, role in zip(chats, roles, strict=True)
+        )
     elif request.echo and request.return_token_ids:
         # As vLLM's server answers: the prompt comes back as its token ids, not its text.
         echo = ("",) * len(request.prompts)
@@ -242,7 +262,9 @@ def shape_of(
         echo = tuple(p if isinstance(p, str) else decode(p) for p in request.prompts)
     return Shape(
         n=request.n,
-        prompts=max(len(request.prompts), 1),
+        prompts=max(len(request.prompts), len(request.conversations), 1),
+        batch=bool(request.conversations),
+        roles=roles if any(role != "assistant" for role in roles) else (),
         # With logprob_token_ids each position lists every entry the engine returned (the
         # sampled token and those ids), as vLLM's server does.
         logprobs=None
@@ -331,7 +353,7 @@ class Formatter:
             logprobs = self._logprobs(kept.logprobs, kept)
             if self.chat:
                 message: dict[str, Any] = {
-                    "role": "assistant",
+                    "role": self.shape.role(index),
                     # null when the answer is all tool calls or all thinking (vLLM's server).
                     "content": text
                     if text
@@ -370,7 +392,7 @@ class Formatter:
                 choice["token_ids"] = None if self.shape.thinking_hidden else kept.token_ids
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion")
-        if self.chat and self.shape.token_ids:
+        if self.chat and self.shape.token_ids and not self.shape.batch:
             body["prompt_token_ids"] = self._prompt_ids(0)
         if self.shape.prompt_text is not None:
             body["prompt_text"] = self.shape.prompt_text
@@ -440,7 +462,7 @@ class Formatter:
         if self.chat:
             delta: dict[str, Any] = {}
             if first:
-                delta["role"] = "assistant"
+                delta["role"] = self.shape.role(index)
                 echo = "".join(choice.text)
                 text = echo + text
             if text or (first and not calls and not reasoning):

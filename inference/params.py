@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ from dataplane.types import Structured
 from inference.errors import ApiError, invalid
 from inference.fields import (
     CHAT,
+    CHAT_BATCH_FIELDS,
     COMPLETIONS,
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
@@ -108,6 +110,21 @@ class GenerationRequest:
     # and how many tokens the thinking may take (thinking_token_budget; None: no bound).
     include_reasoning: bool = True
     thinking_token_budget: int | None = None
+    # vLLM's /v1/chat/completions/batch: every conversation, each answered as one choice (its
+    # index); `messages` is the first. Empty for any other request.
+    conversations: tuple[list[dict[str, Any]], ...] = ()
+
+    def chats(self) -> tuple[list[dict[str, Any]], ...]:
+        """A chat request's conversations: a batch's, or its one (none for completions)."""
+        if self.conversations:
+            return self.conversations
+        return () if self.messages is None else (self.messages,)
+
+    def with_chats(self, chats: list[list[dict[str, Any]]]) -> GenerationRequest:
+        """The request with its conversations replaced (a content policy's redaction)."""
+        if self.conversations:
+            return dataclasses.replace(self, messages=chats[0], conversations=tuple(chats))
+        return dataclasses.replace(self, messages=chats[0])
 
 
 def body_problem(problem: BodyProblem) -> ApiError:
@@ -146,6 +163,23 @@ def generation_parse(
         return _fields_read(body, endpoint=endpoint)
     with compiled_for(tenant_id):
         return _fields_read(body, endpoint=endpoint)
+
+
+def chat_batch_parse(body: dict[str, Any], *, tenant_id: int | None = None) -> GenerationRequest:
+    """Return the typed request of a /v1/chat/completions/batch body, or raise a 400.
+
+    vLLM's batch chat: `messages` holds conversations, and every other field is a chat
+    request's, applied to each one. What its answer has no place for (a stream, tool calls,
+    n choices, beams, the prompts' logprobs or rendered text) is refused, naming the field.
+    """
+    MODEL.read(body, "model")
+    unsupported_refuse(body, CHAT_BATCH_FIELDS, endpoint=CHAT)
+    conversations = CHAT_BATCH_FIELDS["messages"].read(body, "messages")
+    # The other fields read as one chat's: its rules between fields hold for the batch.
+    first = generation_parse(
+        {**body, "messages": body["messages"][0]}, endpoint=CHAT, tenant_id=tenant_id
+    )
+    return dataclasses.replace(first, messages=conversations[0], conversations=tuple(conversations))
 
 
 def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:

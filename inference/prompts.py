@@ -180,6 +180,30 @@ def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
 
 
+def _conversations(body: dict[str, Any], name: str) -> list[list[dict[str, Any]]]:
+    """vLLM's /v1/chat/completions/batch `messages`: conversations, each one chat's messages."""
+    value = body.get(name)
+    if value is None:
+        raise invalid(
+            "messages", "Missing required parameter: 'messages'.", code="missing_required_parameter"
+        )
+    if not isinstance(value, list):
+        raise _type_error("messages", "an array of conversations", value)
+    if not value:
+        raise invalid("messages", "'messages' must contain at least one conversation.")
+    if len(value) > MAX_PROMPTS:
+        raise invalid("messages", f"At most {MAX_PROMPTS} conversations, got {len(value)}.")
+    conversations = []
+    for i, conversation in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(conversation, list):
+            raise _type_error(where, "an array of messages (one conversation)", conversation)
+        if not conversation:
+            raise invalid(where, f"'{where}' must contain at least one message.")
+        conversations.append([_message(m, f"{where}[{j}]") for j, m in enumerate(conversation)])
+    return conversations
+
+
 def _message(message: Any, where: str) -> dict[str, Any]:
     """One chat message as the template reads it; what it cannot hold is refused, naming it."""
     if not isinstance(message, dict):
@@ -358,6 +382,16 @@ MESSAGES = custom(
         },
     },
     _messages,
+)
+CONVERSATIONS = custom(
+    {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_PROMPTS,
+        "description": "Conversations, each answered on its own as one choice (its index).",
+        "items": MESSAGES.schema,
+    },
+    _conversations,
 )
 PROMPT = custom(
     {

@@ -128,6 +128,8 @@ def prompt_logprobs_asked(request: GenerationRequest) -> int | None:
     """
     if request.prompt_logprobs is not None or not request.echo:
         return request.prompt_logprobs
+    if request.conversations:
+        return None  # a batch's answer has no place for them (vLLM's server drops them)
     if request.endpoint == CHAT:
         return request.logprobs or 0
     return request.logprobs

@@ -113,9 +113,13 @@ def _queue_full_recently(deployment: str, priority: str) -> bool:
 def _prompt_text(request: GenerationRequest) -> str:
     """The prompt as retained: chat messages as JSON, a completion prompt as it came."""
     if request.messages is not None:
-        # The messages as the client wrote them, without the parts form kept for rendering.
-        shown = [{k: v for k, v in m.items() if k != CONTENT_PARTS} for m in request.messages]
-        return json.dumps(shown, ensure_ascii=False)
+        # The messages as the client wrote them, without the parts form kept for rendering
+        # (a batch's conversations as an array of them).
+        shown = [
+            [{k: v for k, v in m.items() if k != CONTENT_PARTS} for m in chat]
+            for chat in request.chats()
+        ]
+        return json.dumps(shown if request.conversations else shown[0], ensure_ascii=False)
     if len(request.prompts) > 1 or isinstance(request.prompt, list):
         return json.dumps(list(request.prompts), ensure_ascii=False)
     return request.prompt or ""

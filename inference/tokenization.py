@@ -125,7 +125,7 @@ def tokenizer_ready(route: Route) -> bool:
 
 def prompt_chars(request: GenerationRequest) -> int:
     if request.messages is not None:
-        return sum(len(m["content"]) for m in request.messages)
+        return sum(len(m["content"]) for chat in request.chats() for m in chat)
     return sum(len(p) for p in request.prompts if isinstance(p, str))
 
 
@@ -150,15 +150,20 @@ def prompts_read(
     _vocabulary_check(request, vocab)
     keep = kept_tokens(request.truncate_prompt_tokens, context, generation=True)
     cut = _truncation(keep, request.truncation_side, default="left")
+    prompts: list[list[int]] = []
     if request.endpoint == CHAT:
-        assert request.messages is not None
-        if cut is None:  # a conversation to be truncated may be as long as it likes
-            _user_turn_floor_check(tokenizer, request.messages, context)
-        text = _rendered(tokenizer, request)
-        # The template writes the special tokens (BOS) itself, unless the client asks for more.
-        special = bool(request.add_special_tokens)
-        return [_encoded(tokenizer, text, "messages", context, special=special, cut=cut)], text
-    prompts = []
+        chats = request.chats()
+        texts = []
+        for i, messages in enumerate(chats):
+            param = f"messages[{i}]" if request.conversations else "messages"
+            if cut is None:  # a conversation to be truncated may be as long as it likes
+                _user_turn_floor_check(tokenizer, messages, context, param=param)
+            text = _rendered(tokenizer, request, messages)
+            # The template writes the special tokens (BOS) itself, unless the client asks.
+            special = bool(request.add_special_tokens)
+            prompts.append(_encoded(tokenizer, text, param, context, special=special, cut=cut))
+            texts.append(text)
+        return prompts, texts[0]
     for i, prompt in enumerate(request.prompts):
         param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
         if isinstance(prompt, list):
@@ -174,10 +179,15 @@ def prompts_read(
     return prompts, None
 
 
-def _rendered(tokenizer: Tokenizer, request: GenerationRequest) -> str:
-    assert request.messages is not None
+def _rendered(
+    tokenizer: Tokenizer, request: GenerationRequest, messages: list[dict[str, Any]] | None = None
+) -> str:
+    """A conversation of the request (its first, unless named) as the template writes it."""
+    if messages is None:
+        messages = request.messages
+    assert messages is not None
     return tokenizer.render_chat(
-        request.messages,
+        messages,
         tools=request.tools.tools if request.tools is not None else None,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
@@ -272,7 +282,7 @@ def _cut(ids: list[int], keep: int, side: str) -> list[int]:
 
 
 def _user_turn_floor_check(
-    tokenizer: Any, messages: list[dict[str, Any]], context: int | None
+    tokenizer: Any, messages: list[dict[str, Any]], context: int | None, *, param: str
 ) -> None:
     """Refuse a conversation one of whose user turns alone is certainly over the context.
 
@@ -297,7 +307,7 @@ def _user_turn_floor_check(
                 "context_length_exceeded",
                 f"This model's maximum context length is {context} tokens. However, your "
                 f"messages resulted in at least {floor} tokens.",
-                param="messages",
+                param=param,
             )
 
 

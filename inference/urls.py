@@ -11,6 +11,7 @@ from inference import messages_views, responses_views, views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions),
+    path("chat/completions/batch", views.chat_completions_batch),
     path("completions", views.completions),
     path("embeddings", views.embeddings),
     path("models", views.models_list),

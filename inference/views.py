@@ -34,6 +34,7 @@ from inference.endpoint import (
     sse_response,
 )
 from inference.errors import ApiError
+from inference.fields import CHAT_BATCH
 from inference.idempotency import Original, key_validate
 from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
@@ -43,6 +44,7 @@ from inference.params import (
     CHAT,
     COMPLETIONS,
     GenerationRequest,
+    chat_batch_parse,
     embeddings_parse,
     generation_parse,
 )
@@ -62,6 +64,12 @@ async def chat_completions(request: HttpRequest, request_id: str) -> HttpRespons
 @api_endpoint("POST", counted=True)
 async def completions(request: HttpRequest, request_id: str) -> HttpResponseBase:
     return await _generate(request, request_id, endpoint=COMPLETIONS)
+
+
+@api_endpoint("POST", counted=True)
+async def chat_completions_batch(request: HttpRequest, request_id: str) -> HttpResponseBase:
+    """vLLM's batch chat: several conversations in one request, a choice for each."""
+    return await _generate(request, request_id, endpoint=CHAT, batch=True)
 
 
 @api_endpoint("POST", counted=True)
@@ -95,10 +103,17 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
     return response
 
 
-async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> HttpResponseBase:
+async def _generate(
+    request: HttpRequest, request_id: str, *, endpoint: str, batch: bool = False
+) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
-    parsed = generation_parse(body, endpoint=endpoint, tenant_id=principal.tenant_id)
+    if batch:
+        parsed = chat_batch_parse(body, tenant_id=principal.tenant_id)
+    else:
+        parsed = generation_parse(body, endpoint=endpoint, tenant_id=principal.tenant_id)
+    # The API a usage record (and an idempotency key's original) names.
+    api = CHAT_BATCH if batch else parsed.endpoint
     key = key_validate(request.headers.get("Idempotency-Key"))
     clock = request_clock(request)
     with key_freed_on_failure(tenant_id=principal.tenant_id, key=key, request_id=request_id):
@@ -106,7 +121,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             replayed = await replayed_or_claimed(
                 tenant_id=principal.tenant_id,
                 key=key,
-                endpoint=parsed.endpoint,
+                endpoint=api,
                 body=body,
                 replay=lambda original: _replay(
                     original, parsed, clock, tenant_id=principal.tenant_id
@@ -125,6 +140,7 @@ async def _generate(request: HttpRequest, request_id: str, *, endpoint: str) -> 
             clock=clock,
             trace=request_trace(request),
             request_taken=True,
+            endpoint=api,
         )
     formatter = _formatter(
         endpoint=endpoint,

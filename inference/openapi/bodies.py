@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from inference.fields import (
     CHAT,
+    CHAT_BATCH_FIELDS,
     COMPLETIONS,
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
@@ -49,6 +50,7 @@ CHAT_REQUEST: Schema = {
     **request_schema(GENERATION_FIELDS, CHAT, "model", "messages"),
     **_STREAM_OPTIONS_NEED_STREAM,
 }
+CHAT_BATCH_REQUEST: Schema = request_schema(CHAT_BATCH_FIELDS, CHAT, "model", "messages")
 COMPLETION_REQUEST: Schema = {
     **request_schema(GENERATION_FIELDS, COMPLETIONS, "model", "prompt"),
     **_STREAM_OPTIONS_NEED_STREAM,

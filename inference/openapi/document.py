@@ -108,6 +108,7 @@ def openapi_document() -> Schema:
                     "Usage": objects.USAGE,
                     "ChatCompletionRequest": bodies.CHAT_REQUEST,
                     "CompletionRequest": bodies.COMPLETION_REQUEST,
+                    "BatchChatCompletionRequest": bodies.CHAT_BATCH_REQUEST,
                     "ChatCompletion": objects.CHAT_COMPLETION,
                     "ChatCompletionChunk": objects.CHAT_COMPLETION_CHUNK,
                     "TextCompletion": objects.TEXT_COMPLETION,

@@ -156,6 +156,25 @@ def model_paths() -> dict[str, Schema]:
         "/v1/completions": _generation(
             "TextCompletionChunk", "CompletionRequest", "TextCompletion", "Text completion"
         ),
+        "/v1/chat/completions/batch": {
+            "post": {
+                "summary": "Chat completions of several conversations (vLLM's batch chat)",
+                "parameters": [_IDEMPOTENCY_KEY, _TIMEOUT_HEADER],
+                "requestBody": {
+                    "required": True,
+                    "content": json_content(ref("BatchChatCompletionRequest")),
+                },
+                "responses": {
+                    "200": ok(
+                        "One chat completion: choice i answers conversation i; the usage "
+                        "adds up every conversation's.",
+                        json_content(ref("ChatCompletion")),
+                        VERSION_HEADER,
+                    ),
+                    **errors(400, *AUTH_ERRORS, 404, 409, 413, 422, 429, 503),
+                },
+            }
+        },
         "/v1/embeddings": {
             "post": {
                 "summary": "Embeddings",

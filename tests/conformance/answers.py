@@ -47,6 +47,8 @@ class Choice:
     prompt_logprobs: PromptLogprobs | None = None
     # A reasoning model's thinking (chat's `reasoning`); None: absent or null.
     reasoning: str | None = None
+    # Chat: the role the answer is in (a stream's first delta names it); None: completions.
+    role: str | None = None
 
 
 @dataclass
@@ -135,6 +137,7 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
         logprobs = raw.get("logprobs")
         if chat:
             message = raw["message"]
+            choice.role = message.get("role")
             choice.text = message.get("content")
             choice.reasoning = message.get("reasoning")
             choice.tool_calls = [
@@ -188,6 +191,7 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             logprobs = raw.get("logprobs")
             if chat:
                 delta = raw.get("delta") or {}
+                choice.role = delta.get("role") or choice.role
                 choice.text = (choice.text or "") + (delta.get("content") or "")
                 if delta.get("reasoning"):
                     choice.reasoning = (choice.reasoning or "") + delta["reasoning"]
@@ -296,6 +300,8 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
         where = f"choice {index}"
         if mine.text != vllm.text:
             found.append(f"{where} text {mine.text!r} vs vLLM's {vllm.text!r}")
+        if mine.role != vllm.role:
+            found.append(f"{where} role {mine.role!r} vs vLLM's {vllm.role!r}")
         if mine.reasoning != vllm.reasoning:
             found.append(f"{where} reasoning {mine.reasoning!r} vs vLLM's {vllm.reasoning!r}")
         if mine.tool_calls != vllm.tool_calls:

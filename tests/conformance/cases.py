@@ -2,7 +2,7 @@
 # ruff: noqa: E501
 """The corpus: requests sent alike to the platform and to vLLM's own server, one line each.
 
-Add a case by adding a line: a unique name, the endpoint ("chat" or "completions"), the body
+Add a case by adding a line: a unique name, the endpoint ("chat", "completions" or "batch"), the body
 without `model`, and `stream=True` to send it as a stream (with `include_usage`). Keep answers
 deterministic (temperature 0, or a seed) and short (max_tokens of a few tokens).
 
@@ -19,7 +19,12 @@ from typing import Any
 
 CHAT = "chat"
 COMPLETIONS = "completions"
-PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+BATCH = "batch"  # vLLM's batch chat: `messages` holds conversations, each answered as a choice
+PATHS = {
+    CHAT: "/v1/chat/completions",
+    COMPLETIONS: "/v1/completions",
+    BATCH: "/v1/chat/completions/batch",
+}
 
 # Token ids of the demo tokenizer (models_registry.demo_model builds it deterministically).
 HEAD, QUOT = 2755, 3568  # greedy chat answer to "hello": " headQUOT headQUOT ..."
@@ -367,6 +372,10 @@ CASES = [
     Case("chat-echo-top-logprobs", CHAT, {**G, "echo": True, "logprobs": True, "top_logprobs": 2, "messages": HELLO}),
     Case("chat-echo-assistant", CHAT, {**G, "echo": True, "add_generation_prompt": False, "continue_final_message": True, "messages": [*HELLO, {"role": "assistant", "content": "hi"}]}),
     Case("chat-echo-stream", CHAT, {**G, "echo": True, "messages": HELLO}, stream=True),
+    # Without a generation prompt the answer is in the last message's role, and an echo opens with it.
+    Case("chat-echo-user-turn", CHAT, {**G, "echo": True, "add_generation_prompt": False, "messages": TURNS}),
+    Case("chat-echo-user-turn-stream", CHAT, {**G, "echo": True, "add_generation_prompt": False, "messages": TURNS}, stream=True),
+    Case("chat-no-generation-prompt", CHAT, {**G, "add_generation_prompt": False, "messages": TURNS}),
     Case("bad-cmpl-prompt-logprobs-stream", COMPLETIONS, {**G, "prompt_logprobs": 1, "prompt": PROMPT}, stream=True),
     Case("bad-chat-prompt-logprobs-stream", CHAT, {**G, "prompt_logprobs": 2, "messages": HELLO}, stream=True),
     Case("bad-cmpl-prompt-logprobs-above-max", COMPLETIONS, {**G, "prompt_logprobs": 21, "prompt": PROMPT}),
@@ -403,5 +412,23 @@ CASES = [
     Case("think-completions-budget", COMPLETIONS, {**G, "thinking_token_budget": 4, "max_tokens": 14, "prompt": "<think>\n" + PROMPT}, thinking=True),
     Case("bad-think-budget-negative", CHAT, {**G, "thinking_token_budget": -2, "messages": HELLO}, thinking=True),
     Case("bad-think-budget-string", CHAT, {**G, "thinking_token_budget": "4", "messages": HELLO}, thinking=True),
+    # --- vLLM's batch chat: a choice per conversation, every other field a chat's ----------------
+    Case("batch-greedy", BATCH, {**G, "messages": [HELLO, TURNS]}),
+    Case("batch-seed", BATCH, {**S, "messages": [HELLO, TURNS, HELLO]}),
+    Case("batch-long-system", BATCH, {**G, "messages": [LONG, HELLO]}),
+    Case("batch-logprobs", BATCH, {**G, "logprobs": True, "top_logprobs": 2, "messages": [HELLO, TURNS]}),
+    Case("batch-echo", BATCH, {**G, "echo": True, "add_generation_prompt": False, "continue_final_message": True, "messages": [[*HELLO, {"role": "assistant", "content": "hi"}], TURNS]}),
+    Case("batch-token-ids", BATCH, {**G, "return_token_ids": True, "messages": [HELLO, TURNS]}),
+    Case("batch-stop", BATCH, {**G, "stop": ["QUOT"], "stop_token_ids": [HEAD], "messages": [HELLO, TURNS]}),
+    Case("batch-min-tokens", BATCH, {**G, "min_tokens": 6, "ignore_eos": True, "bad_words": [" head"], "messages": [HELLO, TURNS]}),
+    Case("batch-json-schema", BATCH, {**GS, "response_format": STRICT, "messages": [HELLO, TURNS]}),
+    Case("batch-choice", BATCH, {**G, "structured_outputs": {"choice": CHOICES}, "messages": [HELLO, TURNS]}),
+    Case("batch-documents", BATCH, {**G, "documents": DOCUMENTS, "messages": [HELLO, TURNS]}),
+    Case("bad-batch-n2", BATCH, {**S, "n": 2, "messages": [HELLO]}),
+    Case("bad-batch-beam", BATCH, {**G, "use_beam_search": True, "messages": [HELLO]}),
+    Case("bad-batch-empty", BATCH, {**G, "messages": []}),
+    Case("bad-batch-empty-conversation", BATCH, {**G, "messages": [HELLO, []]}),
+    Case("bad-batch-one-chats-messages", BATCH, {**G, "messages": HELLO}),
+    Case("think-batch", BATCH, {**G, **THINK, "messages": [HELLO, TURNS]}, thinking=True),
 ]
 # fmt: on

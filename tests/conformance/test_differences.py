@@ -13,13 +13,14 @@ import httpx
 import pytest
 
 from inference.sampling import MAX_PROMPT_LOGPROBS
-from tests.conformance.cases import ASK, FUNCTIONS, HELLO
+from tests.conformance.cases import ASK, FUNCTIONS, HELLO, LONG, PATHS, THINK
 from tests.conformance.conftest import THINKING
 from tests.conftest import ACME_MAX_TOKENS, ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
 CHAT_PATH = "/v1/chat/completions"
+BATCH_PATH = PATHS["batch"]
 BODY = {"model": ALIAS, "messages": HELLO, "temperature": 0, "max_tokens": 4}
 
 
@@ -283,6 +284,58 @@ def test_a_beam_searchs_cached_tokens_are_zero(targets: Any) -> None:
         "cached_tokens": 0,
         "created_cache_tokens": 0,
     }
+
+
+def test_a_batch_answer_details_its_usage(targets: Any, thinking_targets: Any) -> None:
+    """vLLM's batch chat leaves out the usage's details; the platform counts each conversation's
+    cached (and a reasoning model's thinking) tokens as vLLM's chat server counts them alone."""
+    batch: dict[str, Any] = {**BODY, "messages": [LONG, LONG, HELLO]}
+    for _ in range(2):  # the second finds the long prefix in both engines' caches
+        ours = targets.platform.post(BATCH_PATH, json=batch)
+        theirs = targets.vllm.post(BATCH_PATH, json=batch)
+    assert ours.status_code == theirs.status_code == 200
+    assert theirs.json()["usage"].get("prompt_tokens_details") is None
+    alone = [
+        targets.vllm.post(CHAT_PATH, json={**BODY, "messages": conversation}).json()["usage"]
+        for conversation in batch["messages"]
+    ]
+    cached = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in alone)
+    assert cached > 0
+    assert ours.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+
+    thinking: dict[str, Any] = {**BODY, **THINK, "model": THINKING, "messages": [HELLO, ASK]}
+    ours = thinking_targets.platform.post(BATCH_PATH, json=thinking)
+    theirs = thinking_targets.vllm.post(BATCH_PATH, json=thinking)
+    assert ours.status_code == theirs.status_code == 200
+    assert theirs.json()["usage"].get("completion_tokens_details") is None
+    alone = [
+        thinking_targets.vllm.post(CHAT_PATH, json={**thinking, "messages": m}).json()["usage"]
+        for m in thinking["messages"]
+    ]
+    reasoning = sum(usage["completion_tokens_details"]["reasoning_tokens"] for usage in alone)
+    assert reasoning > 0
+    assert ours.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == reasoning
+
+
+def test_a_batch_refuses_what_its_answer_has_no_place_for(targets: Any) -> None:
+    """vLLM's batch chat drops tools and prompt log probabilities without a word, and answers a
+    stream with its last tokens alone as a whole answer; the platform refuses each."""
+    for field, value in [
+        ("stream", True),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("prompt_logprobs", 1),
+        ("return_prompt_text", True),
+    ]:
+        body = {**BODY, "messages": [HELLO], field: value}
+        ours = targets.platform.post(BATCH_PATH, json=body)
+        theirs = targets.vllm.post(BATCH_PATH, json=body)
+        assert theirs.status_code == 200, field
+        assert theirs.json().get("prompt_logprobs") is None
+        assert ours.status_code == 400, field
+        assert ours.json()["error"]["param"] == field
+    # The stream vLLM's server answers: one token of the four, as a whole chat completion.
+    streamed = targets.vllm.post(BATCH_PATH, json={**BODY, "messages": [HELLO], "stream": True})
+    assert streamed.json()["usage"]["completion_tokens"] < BODY["max_tokens"]
 
 
 # --- Anthropic's Messages API (/v1/messages) ---

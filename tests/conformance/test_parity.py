@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conformance.answers import Answer, answer_of, differences, stream_answer_of
-from tests.conformance.cases import CASES, CHAT, PATHS, WHITESPACE, Case
+from tests.conformance.cases import BATCH, CASES, CHAT, PATHS, WHITESPACE, Case
 from tests.conformance.conftest import THINKING
 from tests.conftest import ALIAS
 
@@ -37,7 +37,7 @@ def request_body(case: Case, whitespace_ids: list[int]) -> dict[str, Any]:
 
 
 def send(client: httpx.Client, case: Case, body: dict[str, Any]) -> Answer:
-    chat = case.endpoint == CHAT
+    chat = case.endpoint in (CHAT, BATCH)
     if not case.stream:
         return answer_of(client.post(PATHS[case.endpoint], json=body), chat=chat)
     with client.stream("POST", PATHS[case.endpoint], json=body) as response:
@@ -63,9 +63,11 @@ def test_a_reasoning_model_answers_as_vllm_does(
 def _compared(case: Case, targets: Any, whitespace_ids: list[int]) -> None:
     body = request_body(case, whitespace_ids)
     ours, theirs = send(targets.platform, case, body), send(targets.vllm, case, body)
+    _batch_details_row(case, ours, theirs)
     found = differences(ours, theirs)
     if not found and ours.status == 200:
         again, vllm_again = send(targets.platform, case, body), send(targets.vllm, case, body)
+        _batch_details_row(case, again, vllm_again)
         if again.cache != vllm_again.cache and not _beam_cache_row(case, again, vllm_again):
             found.append(
                 f"prompt_tokens_details of a repeat {again.cache} vs vLLM's {vllm_again.cache}"
@@ -79,6 +81,19 @@ def _beam_cache_row(case: Case, ours: Answer, theirs: Answer) -> bool:
     beams = bool(case.body.get("use_beam_search"))
     zeros = ours.cache is not None and not any(ours.cache.values())
     return beams and theirs.cache is None and zeros
+
+
+def _batch_details_row(case: Case, ours: Answer, theirs: Answer) -> None:
+    """A batch answer's usage details: vLLM's server leaves them out, the platform gives its
+    cached and reasoning tokens as on chat (a row in the table of differences,
+    `test_a_batch_answer_details_its_usage`). Left out of ours here, to compare the rest."""
+    if case.endpoint != BATCH or ours.status != 200:
+        return
+    assert theirs.cache is None and ours.cache is not None
+    ours.cache = None
+    if ours.usage is not None and theirs.usage is not None and "reasoning_tokens" in ours.usage:
+        assert "reasoning_tokens" not in theirs.usage
+        del ours.usage["reasoning_tokens"]
 
 
 def test_the_corpus_names_each_case_once() -> None:

@@ -485,6 +485,7 @@ def test_the_endpoints_that_count_requests_are_read_from_their_views_marks():
     # The handler counts these before their bodies are read; the views mark them, once.
     assert counted_paths() == {
         "/v1/chat/completions",
+        "/v1/chat/completions/batch",
         "/v1/completions",
         "/v1/embeddings",
         "/v1/responses",

@@ -11,6 +11,7 @@ import pytest
 from config.json_body import MAX_DEPTH, BodyProblem, json_document, shown
 from inference.errors import ApiError
 from inference.fields import (
+    CHAT_BATCH_FIELDS,
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
@@ -443,7 +444,14 @@ def test_a_cache_salt_reaches_the_request_and_embeddings_accept_one():
 
 def test_the_api_docs_name_every_refused_and_ignored_field():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
-    for table in (GENERATION_FIELDS, EMBEDDING_FIELDS, TOKENIZE_FIELDS, DETOKENIZE_FIELDS):
+    tables = (
+        GENERATION_FIELDS,
+        CHAT_BATCH_FIELDS,
+        EMBEDDING_FIELDS,
+        TOKENIZE_FIELDS,
+        DETOKENIZE_FIELDS,
+    )
+    for table in tables:
         for field, decision in table.items():
             assert f"`{field}`" in docs, (field, decision.decision)
 

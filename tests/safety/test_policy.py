@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from inference.errors import ApiError
 from safety.detectors import PII_KINDS, DenyList, Finding, Pii, Toxicity
 from safety.policy import Policy, redact
 
@@ -107,3 +110,35 @@ def test_a_redacted_message_reaches_a_template_that_loops_over_content_redacted(
     assert untouched == request.messages[0]
     assert redacted == {"role": "user", "content": "Mail [REDACTED:email]\nnow"}
     assert CONTENT_PARTS not in redacted
+
+
+def test_each_conversation_of_a_batch_chat_is_screened_and_redacted_in_place(monkeypatch):
+    import asyncio
+
+    from inference import content_policy
+    from inference.params import chat_batch_parse
+
+    monkeypatch.setattr(content_policy, "_record", lambda *args: None)  # the audit's write
+    clean = [{"role": "user", "content": "Hello there"}]
+    mailing = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Mail jane.doe@example.com"},
+    ]
+    request = chat_batch_parse({"model": "m", "messages": [clean, mailing, clean]})
+    screened = asyncio.run(
+        content_policy.input_screen(request, policy=REDACTING, tenant_id=1, request_id="r")
+    )
+    assert screened.chats() == (
+        clean,
+        [mailing[0], {"role": "user", "content": "Mail [REDACTED:email]"}],
+        clean,
+    )
+    assert screened.messages == clean  # the first, as ever
+    blocked = chat_batch_parse(
+        {"model": "m", "messages": [clean, [{"role": "user", "content": "a falcon"}]]}
+    )
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(
+            content_policy.input_screen(blocked, policy=REDACTING, tenant_id=1, request_id="r")
+        )
+    assert (refused.value.status, refused.value.code) == (400, "content_policy_violation")
