@@ -358,14 +358,25 @@ class Finished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True):
     # Of the completion tokens, those a reasoning model spent thinking (every choice's);
     # None: the version has no reasoning parser.
     reasoning_tokens: int | None = None
-    # The stop string that ended choice 0, if one did (Anthropic's `stop_sequence`).
-    stop_sequence: str | None = None
+    # vLLM's stop_reason of every choice, in index order: the stop string or stop token id
+    # that ended it (None: its end of sequence or its length); empty: none ended so.
+    stop_reasons: list[str | int | None] = []
     # Prompt tokens the engine computed and wrote to its prefix cache for this request.
     cache_created_tokens: int = 0
 
     def reasons(self) -> list[str]:
         """The finish reason of every choice, in index order."""
         return self.finish_reasons or [self.finish_reason]
+
+    def stop_reason(self, index: int) -> str | int | None:
+        """The stop string or token id that ended a choice (None: neither did)."""
+        return self.stop_reasons[index] if index < len(self.stop_reasons) else None
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended choice 0, if one did (Anthropic's `stop_sequence`)."""
+        stop = self.stop_reason(0)
+        return stop if isinstance(stop, str) else None
 
 
 class Failed(msgspec.Struct, frozen=True, tag="error"):

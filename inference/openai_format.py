@@ -372,6 +372,7 @@ class Formatter:
                     "message": message,
                     "logprobs": logprobs,
                     "finish_reason": reason,
+                    "stop_reason": finished.stop_reason(index),
                 }
             else:
                 choice = {
@@ -379,6 +380,7 @@ class Formatter:
                     "text": text,
                     "logprobs": logprobs,
                     "finish_reason": reason,
+                    "stop_reason": finished.stop_reason(index),
                 }
                 if self.shape.token_ids:
                     choice["prompt_token_ids"] = self._prompt_ids(index)
@@ -454,6 +456,7 @@ class Formatter:
         token_ids: list[int] | None = None,
         *,
         reasoning: str = "",
+        stop_reason: str | int | None = None,
     ) -> bytes:
         """One SSE event of one choice. With return_token_ids, each carries its tokens' ids,
         and a choice's first one its prompt's (chat: on the body, as vLLM writes it)."""
@@ -493,6 +496,9 @@ class Formatter:
             if first and (self.shape.token_ids or self.shape.echo):
                 # vLLM's server opens an echoed stream's choice with its prompt's ids too.
                 body_choice["prompt_token_ids"] = self._prompt_ids(index)
+        if finish_reason is not None:
+            # vLLM's: the stop string or token id that ended the choice (null: neither).
+            body_choice["stop_reason"] = stop_reason
         if self.shape.token_ids:
             body_choice["token_ids"] = None if self.shape.thinking_hidden else token_ids or []
         choice.started = True
@@ -510,7 +516,8 @@ class Formatter:
             text = ""
             if not self.chat and self.shape.echo and not self._choice(index).started:
                 text = "".join(self._choice(index).text)
-            chunks.append(self._chunk(index, text, reason, include_usage))
+            stop = finished.stop_reason(index)
+            chunks.append(self._chunk(index, text, reason, include_usage, stop_reason=stop))
         if include_usage:
             chunks.append(self.usage_chunk(finished))
         return chunks

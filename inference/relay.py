@@ -111,7 +111,7 @@ async def events(
 def _ended(submitted: Submitted, text: str, event: Event, *, fill: CacheUse | None) -> None:
     """Fill the response cache and retain the text, off the client's path."""
     if fill is not None and isinstance(event, Finished):
-        answer = Stored(text, event.finish_reason, event.completion_tokens)
+        answer = Stored(text, event.finish_reason, event.completion_tokens, event.stop_reason(0))
         spawn(responses_get().put(fill.key, answer, seconds=fill.seconds))
     if submitted.prompt_text is not None:
         spawn(content_keep(submitted, text))

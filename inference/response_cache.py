@@ -37,6 +37,7 @@ class Stored(msgspec.Struct, frozen=True):
     text: str
     finish_reason: str
     completion_tokens: int
+    stop_reason: str | int | None = None  # vLLM's: the stop string or token id that ended it
 
 
 _stored_decoder = msgspec.msgpack.Decoder(Stored)

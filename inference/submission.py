@@ -574,6 +574,7 @@ async def _answer_from_cache(*, job: Job, use: CacheUse, answer: Stored) -> None
         finish_reason=answer.finish_reason,
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=answer.completion_tokens,
+        stop_reasons=[] if answer.stop_reason is None else [answer.stop_reason],
     )
     await dispatch_get().answer_here(
         job=job,

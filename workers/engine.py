@@ -46,8 +46,9 @@ class Step:
     cached_tokens: int = 0
     index: int = 0
     token_ids: tuple[int, ...] = ()
-    # The stop string that ended the completion (vLLM's stop_reason when it is a string).
-    stop_string: str | None = None
+    # vLLM's stop_reason: the stop string or stop token id that ended the completion (None:
+    # its end of sequence, its length, or not ended yet).
+    stop_reason: str | int | None = None
     # Prompt tokens this request computed and wrote to the prefix cache (vLLM's count).
     cache_created_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
@@ -57,6 +58,11 @@ class Step:
     # that carries it: a beam search answers only at its end, but its first token came after
     # its first engine step, and that is its time to first token.
     first_token_at: float | None = None
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the completion, if one did (not a stop token)."""
+        return self.stop_reason if isinstance(self.stop_reason, str) else None
 
 
 class EngineError(RuntimeError):
@@ -621,7 +627,7 @@ class _Steps:
             cached_tokens=cached_tokens,
             index=completion.index,
             token_ids=token_ids,
-            stop_string=completion.stop_reason if isinstance(completion.stop_reason, str) else None,
+            stop_reason=completion.stop_reason,
             cache_created_tokens=created_tokens,
             logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if first else None,

@@ -76,7 +76,7 @@ class _Choice:
 
     produced: int = 0
     finish_reason: str | None = None
-    stop_string: str | None = None  # the stop string that ended it
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
     parsing: ChoiceParsing | None = None
     opened: bool = False  # a delta of it went out
 
@@ -188,7 +188,7 @@ class _Generation:
                 self.token_ids.extend(step.token_ids)
         if step.finish_reason:
             choice.finish_reason = step.finish_reason
-            choice.stop_string = step.stop_string
+            choice.stop_reason = step.stop_reason
         # A run carried on fed its earlier tokens back as prompt: they are billed as output.
         resumed = self.job.resumed_tokens
         self.prompt_tokens[prompt] = step.prompt_tokens - resumed
@@ -268,6 +268,7 @@ class _Generation:
     def end(self, failure: Failure | None) -> tuple[Event, UsageEvent]:
         """The request's terminal event and usage; a failure bills what it produced."""
         reasons = [choice.reason() for choice in self.choices]
+        stops = [choice.stop_reason for choice in self.choices]
         prompt_tokens, cached = sum(self.prompt_tokens), sum(self.cached)
         created = min(sum(self.created), prompt_tokens - cached)
         thought = self._reasoning_tokens()
@@ -280,7 +281,7 @@ class _Generation:
                 cached_tokens=cached,
                 finish_reasons=reasons if len(reasons) > 1 else [],
                 reasoning_tokens=thought,
-                stop_sequence=self.choices[0].stop_string,
+                stop_reasons=stops if any(stop is not None for stop in stops) else [],
                 cache_created_tokens=created,
             )
         else:

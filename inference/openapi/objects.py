@@ -146,6 +146,16 @@ _TOOL_CALL_PIECE: Schema = obj(
     description="A tool call in pieces: id, type and name first, then the arguments.",
 )
 
+_STOP_REASON: Schema = {
+    "type": ["string", "integer", "null"],
+    "description": "vLLM's: the stop string or stop token id that ended the choice; null "
+    "when neither did (its end of sequence, or its length).",
+}
+_ROLE: Schema = {
+    "type": "string",
+    "description": "assistant; with add_generation_prompt false, the last message's role.",
+}
+
 CHAT_COMPLETION: Schema = obj(
     {
         **_ENVELOPE,
@@ -157,7 +167,7 @@ CHAT_COMPLETION: Schema = obj(
                     "index": {"type": "integer"},
                     "message": obj(
                         {
-                            "role": {"const": "assistant"},
+                            "role": _ROLE,
                             "content": {
                                 "type": ["string", "null"],
                                 "description": "null beside the tool calls of tool_choice auto.",
@@ -174,6 +184,7 @@ CHAT_COMPLETION: Schema = obj(
                     ),
                     "logprobs": _CHAT_LOGPROBS,
                     "finish_reason": _FINISH,
+                    "stop_reason": _STOP_REASON,
                 },
                 "index",
                 "message",
@@ -204,6 +215,7 @@ def _text_completion(finish: Schema, usage: Schema) -> Schema:
                         "text": {"type": "string"},
                         "logprobs": _COMPLETION_LOGPROBS,
                         "finish_reason": finish,
+                        "stop_reason": _STOP_REASON,
                     },
                     "index",
                     "text",
@@ -239,7 +251,7 @@ CHAT_COMPLETION_CHUNK: Schema = obj(
                     "index": {"type": "integer"},
                     "delta": obj(
                         {
-                            "role": {"const": "assistant"},
+                            "role": _ROLE,
                             "content": {"type": "string"},
                             "reasoning": {"type": "string"},
                             "tool_calls": {"type": "array", "items": _TOOL_CALL_PIECE},
@@ -247,6 +259,7 @@ CHAT_COMPLETION_CHUNK: Schema = obj(
                     ),
                     "logprobs": _CHAT_LOGPROBS,
                     "finish_reason": {**_FINISH, "type": ["string", "null"]},
+                    "stop_reason": {**_STOP_REASON, "description": "On a choice's last chunk."},
                 },
                 "index",
                 "delta",

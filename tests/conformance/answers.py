@@ -49,6 +49,8 @@ class Choice:
     reasoning: str | None = None
     # Chat: the role the answer is in (a stream's first delta names it); None: completions.
     role: str | None = None
+    # vLLM's stop_reason: the stop string or token id that ended the choice (its last chunk's).
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -130,6 +132,7 @@ def answer_of(response: httpx.Response, *, chat: bool) -> Answer:
     for raw in body["choices"]:
         choice = Choice(
             finish_reason=raw.get("finish_reason"),
+            stop_reason=raw.get("stop_reason"),
             token_ids=raw.get("token_ids"),
             prompt_token_ids=raw.get("prompt_token_ids"),
             prompt_logprobs=_prompt_logprobs(raw.get("prompt_logprobs")),
@@ -188,6 +191,7 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
                 choice.prompt_token_ids = raw["prompt_token_ids"]
             if raw.get("finish_reason") is not None:
                 choice.finish_reason = raw["finish_reason"]
+                choice.stop_reason = raw.get("stop_reason")
             logprobs = raw.get("logprobs")
             if chat:
                 delta = raw.get("delta") or {}
@@ -300,6 +304,8 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
         where = f"choice {index}"
         if mine.text != vllm.text:
             found.append(f"{where} text {mine.text!r} vs vLLM's {vllm.text!r}")
+        if mine.stop_reason != vllm.stop_reason:
+            found.append(f"{where} stop_reason {mine.stop_reason!r} vs vLLM's {vllm.stop_reason!r}")
         if mine.role != vllm.role:
             found.append(f"{where} role {mine.role!r} vs vLLM's {vllm.role!r}")
         if mine.reasoning != vllm.reasoning:

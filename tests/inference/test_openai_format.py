@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+
 from dataplane.types import (
     Delta,
     Finished,
@@ -180,6 +182,21 @@ def test_a_stream_of_several_choices_ends_each_with_its_own_reason_then_usage():
         (1, "length"),
     ]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_each_choice_names_the_stop_string_or_token_that_ended_it_as_vllm_does():
+    finished = Finished("stop", 4, 3, finish_reasons=["stop", "stop", "length"])
+    ended = msgspec.structs.replace(finished, stop_reasons=["QUOT", 7, None])
+    for endpoint in (CHAT, COMPLETIONS):
+        body = json.loads(_formatter(endpoint, n=3).complete(ended))
+        assert [c["stop_reason"] for c in body["choices"]] == ["QUOT", 7, None]
+        chunks = _formatter(endpoint, n=3).finish_chunks(ended, include_usage=False)
+        last = [event["choices"][0] for chunk in chunks for event in _events(chunk)]
+        assert [c["stop_reason"] for c in last] == ["QUOT", 7, None]
+    # An end by its end of sequence or its length: null on every choice.
+    body = json.loads(_formatter(CHAT, n=3).complete(finished))
+    assert [c["stop_reason"] for c in body["choices"]] == [None, None, None]
+    assert ended.stop_sequence == "QUOT" and finished.stop_sequence is None
 
 
 def test_the_rendered_prompt_goes_on_a_chat_body_and_each_choices_first_chunk():

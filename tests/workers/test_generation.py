@@ -347,6 +347,7 @@ def test_a_step_says_which_stop_string_ended_it_and_what_it_wrote_to_the_cache(t
     # A stop token's id, or the end of sequence (None), is not a stop string.
     (by_token,) = _Steps([5], tokenizer).of(_output(_completion(0, "a", [7], "stop", stop=2)))
     assert by_token.stop_string is None and by_token.cache_created_tokens == 0
+    assert (by_string.stop_reason, by_token.stop_reason) == ("Done", 2)
 
 
 def test_an_engine_error_fails_the_request(tokenizer):
@@ -483,6 +484,17 @@ async def test_choices_are_multiplexed_by_index_and_each_finish_reason_kept():
         cached_tokens=2,
         finish_reasons=["stop", "length"],
     )
+
+
+async def test_the_end_names_the_stop_string_or_token_that_ended_each_choice():
+    engine = _Engine(
+        {0: [_step("a", 0, "stop", stop_reason="Done"), _step("b", 1, "stop", stop_reason=7)]}
+    )
+    events = await _served(engine, _job(sampling=Sampling(max_tokens=8, n=2)))
+    assert events[-1].stop_reasons == ["Done", 7] and events[-1].stop_sequence == "Done"
+    # Ended by their end of sequence or length: no list.
+    plain = await _served(_Engine({0: [_step("a", 0, "stop")]}), _job())
+    assert plain[-1].stop_reasons == [] and plain[-1].stop_reason(0) is None
 
 
 async def test_one_choice_finishes_without_a_list_of_reasons():
