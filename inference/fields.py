@@ -104,16 +104,32 @@ SERVICE_TIERS = {
 }
 
 
-def _stream_options(body: dict[str, Any], name: str) -> bool:
-    """Whether the stream ends with a usage chunk (`stream_options.include_usage`)."""
+_STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
+
+
+def _stream_options(body: dict[str, Any], name: str) -> tuple[bool, bool]:
+    """Whether the stream ends with a usage chunk (`stream_options.include_usage`), and whether
+    every chunk carries its choice's usage so far as well (vLLM's `continuous_usage_stats`,
+    which counts only with include_usage, as on vLLM's server)."""
     options = body.get(name)
     if options is None:
-        return False
+        return False, False
     if not isinstance(options, dict):
         raise _type_error(name, "an object", options)
     if not body.get("stream"):
         raise invalid(name, f"'{name}' is only allowed with stream=true.")
-    return bool(boolean().read(options, "include_usage"))
+    for key in options:
+        if key not in _STREAM_OPTIONS:
+            where = f"{name}.{shown(str(key))}"
+            message = (
+                f"'{where}' is not a stream option; the options are {', '.join(_STREAM_OPTIONS)}."
+            )
+            raise ApiError(400, "unsupported_parameter", message, param=where)
+    usage, continuous = (
+        bool(boolean().read({f"{name}.{key}": options.get(key)}, f"{name}.{key}"))
+        for key in _STREAM_OPTIONS
+    )
+    return usage, usage and continuous
 
 
 def _logprobs(body: dict[str, Any], name: str) -> bool | int | None:
@@ -372,7 +388,18 @@ GENERATION_FIELDS: dict[str, Field] = {
             {
                 "type": ["object", "null"],
                 "description": "Only with stream=true.",
-                "properties": {"include_usage": {"type": ["boolean", "null"]}},
+                "properties": {
+                    "include_usage": {
+                        "type": ["boolean", "null"],
+                        "description": "A last chunk carries the usage.",
+                    },
+                    "continuous_usage_stats": {
+                        "type": ["boolean", "null"],
+                        "description": "vLLM's: with include_usage, every chunk also carries "
+                        "its choice's usage so far.",
+                    },
+                },
+                "additionalProperties": False,
             },
             _stream_options,
         )

@@ -86,6 +86,8 @@ class Shape:
     # Each prompt's answer's role where one is not the assistant's (add_generation_prompt
     # false); empty: the assistant's.
     roles: tuple[str, ...] = ()
+    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far.
+    continuous_usage: bool = False
 
     def role(self, index: int) -> str:
         """The role a chat choice's message is in."""
@@ -111,6 +113,7 @@ class _Choice:
     calls: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     offset: int = 0  # completions' text_offset of the next token
+    tokens: int = 0  # output tokens so far (a stream's continuous usage)
     started: bool = False  # a chat stream sent this choice's role
     token_ids: list[int] = field(default_factory=list)
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
@@ -276,7 +279,10 @@ def shape_of(
         forced_tools=request.tools is not None
         and (request.tools.named or request.tools.choice == "required"),
         token_ids=request.return_token_ids,
-        prompt_token_ids=prompt_token_ids if request.return_token_ids or echo else None,
+        prompt_token_ids=prompt_token_ids
+        if request.return_token_ids or echo or request.continuous_usage
+        else None,
+        continuous_usage=request.continuous_usage,
         prompt_text=prompt_text if request.return_prompt_text else None,
         thinking_hidden=not request.include_reasoning,
     )
@@ -416,6 +422,7 @@ class Formatter:
         """Return the SSE event carrying a delta, or None when it carries nothing to send."""
         choice = self._choice(delta.index)
         choice.prompt_from(delta)
+        choice.tokens += delta.tokens
         entries = [*(delta.prompt_logprobs or []), *(delta.logprobs or [])]
         text = delta.text
         if not self.chat and self.shape.echo and not choice.started:
@@ -504,8 +511,20 @@ class Formatter:
         choice.started = True
         body["choices"] = [body_choice]
         if include_usage:
-            body["usage"] = None
+            body["usage"] = self._running_usage(index) if self.shape.continuous_usage else None
         return b"data: " + _json.encode(body) + b"\n\n"
+
+    def _running_usage(self, index: int) -> dict[str, int]:
+        """A choice's usage so far, as vLLM's continuous_usage_stats writes it on a chunk: its
+        prompt's tokens and the tokens it has produced."""
+        prompt = self._prompt_ids(index)
+        prompt_tokens = len(prompt) if prompt is not None else 0
+        produced = self._choice(index).tokens
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": produced,
+            "total_tokens": prompt_tokens + produced,
+        }
 
     def finish_chunks(self, finished: Finished, *, include_usage: bool) -> list[bytes]:
         """Return the events that end every choice of a stream (and its usage, if asked)."""

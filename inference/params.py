@@ -110,6 +110,9 @@ class GenerationRequest:
     # and how many tokens the thinking may take (thinking_token_budget; None: no bound).
     include_reasoning: bool = True
     thinking_token_budget: int | None = None
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries
+    # its choice's usage so far.
+    continuous_usage: bool = False
     # vLLM's /v1/chat/completions/batch: every conversation, each answered as one choice (its
     # index); `messages` is the first. Empty for any other request.
     conversations: tuple[list[dict[str, Any]], ...] = ()
@@ -213,6 +216,7 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         # As vLLM's server: a stream's chunks have no place for them (0 asks for nothing).
         raise invalid("prompt_logprobs", "'prompt_logprobs' are not available when streaming.")
     echo = read("echo")
+    stream_options = read("stream_options")
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
     logprob_token_ids = _logprob_token_ids(body, logprobs, chat=chat, echo=echo)
     request = GenerationRequest(
@@ -232,7 +236,8 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         presence_penalty=read("presence_penalty"),
         frequency_penalty=read("frequency_penalty"),
         stream=read("stream"),
-        include_usage=read("stream_options"),
+        include_usage=stream_options[0],
+        continuous_usage=stream_options[1],
         user=read("user"),
         priority=SERVICE_TIERS[tier] if tier is not None else "interactive",
         timeout=read("timeout"),

@@ -51,6 +51,10 @@ class Choice:
     role: str | None = None
     # vLLM's stop_reason: the stop string or token id that ended the choice (its last chunk's).
     stop_reason: str | int | None = None
+    # A stream's running usage (continuous_usage_stats): the prompt and completion tokens of
+    # the choice's last chunk that carried it, and whether its completion tokens never fell.
+    running: tuple[int, int] | None = None
+    running_rose: bool = True
 
 
 @dataclass
@@ -185,6 +189,12 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             answer.prompt_text = chunk["prompt_text"]
         for raw in chunk.get("choices") or []:
             choice = answer.choices.setdefault(raw["index"], Choice(text=""))
+            running = chunk.get("usage")
+            if running:
+                now = (running["prompt_tokens"], running["completion_tokens"])
+                if choice.running is not None and now[1] < choice.running[1]:
+                    choice.running_rose = False
+                choice.running = now
             if raw.get("token_ids") is not None:
                 choice.token_ids = (choice.token_ids or []) + raw["token_ids"]
             if raw.get("prompt_token_ids") is not None:
@@ -304,6 +314,11 @@ def differences(ours: Answer, theirs: Answer) -> list[str]:
         where = f"choice {index}"
         if mine.text != vllm.text:
             found.append(f"{where} text {mine.text!r} vs vLLM's {vllm.text!r}")
+        if (mine.running, mine.running_rose) != (vllm.running, vllm.running_rose):
+            found.append(
+                f"{where} running usage {mine.running} (rising: {mine.running_rose}) vs "
+                f"vLLM's {vllm.running} (rising: {vllm.running_rose})"
+            )
         if mine.stop_reason != vllm.stop_reason:
             found.append(f"{where} stop_reason {mine.stop_reason!r} vs vLLM's {vllm.stop_reason!r}")
         if mine.role != vllm.role:

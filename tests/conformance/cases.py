@@ -53,6 +53,7 @@ G = {"temperature": 0, "max_tokens": 8}  # greedy
 # A greedy answer of the random demo model falls into a loop: this ends it (vLLM's option).
 REPEATS = {"max_pattern_size": 8, "min_count": 3}
 S = {"temperature": 0.9, "seed": 7, "max_tokens": 8}  # sampled with a seed
+RUNNING = {"include_usage": True, "continuous_usage_stats": True}  # usage on every chunk
 GS = {"temperature": 0, "max_tokens": 24, "logit_bias": NO_WS}  # greedy, structured
 # A reasoning model's thinking, opened by the template and closed by the engine after 4 tokens.
 THINK = {
@@ -372,6 +373,11 @@ CASES = [
     Case("chat-echo-top-logprobs", CHAT, {**G, "echo": True, "logprobs": True, "top_logprobs": 2, "messages": HELLO}),
     Case("chat-echo-assistant", CHAT, {**G, "echo": True, "add_generation_prompt": False, "continue_final_message": True, "messages": [*HELLO, {"role": "assistant", "content": "hi"}]}),
     Case("chat-echo-stream", CHAT, {**G, "echo": True, "messages": HELLO}, stream=True),
+    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far.
+    Case("chat-running-usage-stream", CHAT, {**S, "n": 2, "stream_options": RUNNING, "messages": TURNS}, stream=True),
+    Case("cmpl-running-usage-stream", COMPLETIONS, {**G, "stream_options": RUNNING, "prompt": [PROMPT, "hello there"]}, stream=True),
+    Case("cmpl-running-usage-echo-stream", COMPLETIONS, {**G, "echo": True, "stream_options": RUNNING, "prompt": PROMPT}, stream=True),
+    Case("bad-chat-stream-option-not-boolean", CHAT, {**G, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": [1]}, "messages": HELLO}),
     # Without a generation prompt the answer is in the last message's role, and an echo opens with it.
     Case("chat-echo-user-turn", CHAT, {**G, "echo": True, "add_generation_prompt": False, "messages": TURNS}),
     Case("chat-echo-user-turn-stream", CHAT, {**G, "echo": True, "add_generation_prompt": False, "messages": TURNS}, stream=True),

@@ -169,6 +169,12 @@ def test_an_unknown_field_is_refused(targets: Any) -> None:
     assert ours.status_code == 400
     error = ours.json()["error"]
     assert (error["code"], error["param"]) == ("unsupported_parameter", "some_new_option")
+    # Inside an object too: a stream option neither OpenAI nor vLLM defines.
+    options = {"include_usage": True, "every_n_tokens": 4}
+    ours, theirs = _both(targets, {**BODY, "stream": True, "stream_options": options})
+    assert theirs.status_code == 200
+    assert ours.status_code == 400
+    assert ours.json()["error"]["param"] == "stream_options.every_n_tokens"
 
 
 def test_a_switch_the_engine_ignores_is_refused(targets: Any) -> None:

@@ -184,6 +184,31 @@ def test_a_stream_of_several_choices_ends_each_with_its_own_reason_then_usage():
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
 
 
+def test_with_continuous_usage_every_chunk_carries_its_choices_usage_so_far():
+    formatter = _formatter(COMPLETIONS, n=2, continuous_usage=True, prompt_token_ids=([1, 2, 3],))
+    sent = [
+        formatter.chunk(Delta(text="a b", tokens=2, index=0), include_usage=True),
+        formatter.chunk(Delta(text="x", tokens=1, index=1), include_usage=True),
+        formatter.chunk(Delta(text=" c", tokens=1, index=0), include_usage=True),
+    ]
+    finished = Finished("length", 3, 4, finish_reasons=["length", "stop"])
+    sent += formatter.finish_chunks(finished, include_usage=True)
+    events = [event for chunk in sent if chunk for event in _events(chunk)]
+    running = [(e["choices"][0]["index"], e["usage"]) for e in events if e["choices"]]
+    assert [(i, u["prompt_tokens"], u["completion_tokens"]) for i, u in running] == [
+        (0, 3, 2),
+        (1, 3, 1),
+        (0, 3, 3),
+        (0, 3, 3),  # the choice's last chunk, with its finish_reason
+        (1, 3, 1),
+    ]
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for _, u in running)
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
+    # Without it a chunk's usage is null until the last, as OpenAI's API writes it.
+    plain = _formatter(CHAT).chunk(Delta(text="a", tokens=1), include_usage=True)
+    assert plain is not None and _events(plain)[0]["usage"] is None
+
+
 def test_each_choice_names_the_stop_string_or_token_that_ended_it_as_vllm_does():
     finished = Finished("stop", 4, 3, finish_reasons=["stop", "stop", "length"])
     ended = msgspec.structs.replace(finished, stop_reasons=["QUOT", 7, None])

@@ -99,6 +99,21 @@ def test_stream_options_need_stream():
     assert _error(_chat(stream_options={"include_usage": True})).param == "stream_options"
 
 
+def test_stream_options_are_read_as_vllms_server_reads_them_and_no_other_is_taken():
+    def options(**given):
+        request = generation_parse(_chat(stream=True, stream_options=given), endpoint=CHAT)
+        return request.include_usage, request.continuous_usage
+
+    assert options(include_usage=True) == (True, False)
+    assert options(include_usage=True, continuous_usage_stats=True) == (True, True)
+    # As on vLLM's server, running usage comes only with the usage chunk itself.
+    assert options(continuous_usage_stats=True) == (False, False)
+    error = _error(_chat(stream=True, stream_options={"include_usage": True, "every": 2}))
+    assert (error.code, error.param) == ("unsupported_parameter", "stream_options.every")
+    error = _error(_chat(stream=True, stream_options={"continuous_usage_stats": "yes"}))
+    assert (error.code, error.param) == ("invalid_type", "stream_options.continuous_usage_stats")
+
+
 def test_it_accepts_a_full_chat_request():
     parsed = generation_parse(
         _chat(
