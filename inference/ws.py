@@ -231,7 +231,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                 elif isinstance(event, Finished):
                     ended = True
                     request_ended(submitted, event)
-                    finished = {
+                    finished: dict[str, Any] = {
                         "type": "finished",
                         "id": client_id,
                         "finish_reason": event.finish_reason,
@@ -239,6 +239,9 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                     }
                     if event.finish_reasons:
                         finished["finish_reasons"] = event.finish_reasons
+                    if event.stop_reasons:
+                        # vLLM's stop_reason of every choice: the stop string or token id.
+                        finished["stop_reasons"] = event.stop_reasons
                     await self._send(finished)
                 elif isinstance(event, Failed):
                     ended = True

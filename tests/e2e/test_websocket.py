@@ -224,6 +224,18 @@ async def test_token_ids_ride_on_the_deltas_when_asked_for(stack, world):
     assert "prompt_token_ids" not in started["plain"]
 
 
+async def test_the_end_names_the_stop_token_that_ended_a_choice(stack, world):
+    protocol = f"roundhouse.key.{world.acme_key}"
+    async with websockets.connect(_ws_url(stack), subprotocols=[protocol]) as socket:  # type: ignore[list-item]
+        # The only token it may write is also a stop token: the first one ends it.
+        await socket.send(_request("stopped", allowed_token_ids=[300], stop_token_ids=[300]))
+        await socket.send(_request("cut", max_tokens=2, ignore_eos=True))
+        seen = await _until_end(socket, {"stopped", "cut"})
+    stopped, cut = seen["stopped"][-1], seen["cut"][-1]
+    assert (stopped["finish_reason"], stopped["stop_reasons"]) == ("stop", [300])
+    assert cut["finish_reason"] == "length" and "stop_reasons" not in cut
+
+
 async def test_the_rendered_chat_template_comes_with_the_start_when_asked_for(stack, world):
     protocol = f"roundhouse.key.{world.acme_key}"
     body = {"model": ALIAS, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
