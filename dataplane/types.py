@@ -109,6 +109,9 @@ class Reasoning(msgspec.Struct, frozen=True, kw_only=True):
     parser: str
     template_kwargs: str = "{}"
     include: bool = True
+    # A stream's running usage (vLLM's continuous_usage_stats): each delta counts the thinking
+    # tokens it took, which costs a count over the choice's tokens per delta.
+    running: bool = False
 
 
 class Resumed(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,6 +284,8 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     prompt_token_ids: list[int] | None = None
     # A reasoning model's thinking, split from `text` by its reasoning parser.
     reasoning: str = ""
+    # Of `tokens`, those that were thinking (counted only for a running usage: Reasoning).
+    thinking_tokens: int = 0
 
     def joins(self, later: Delta) -> bool:
         """Whether a later delta can be merged into this one (the same choice's output)."""
@@ -304,6 +309,7 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
             prompt_ranked=self.prompt_ranked,
             prompt_token_ids=self.prompt_token_ids,
             reasoning=self.reasoning + later.reasoning,
+            thinking_tokens=self.thinking_tokens + later.thinking_tokens,
         )
 
 

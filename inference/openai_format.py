@@ -86,8 +86,10 @@ class Shape:
     # Each prompt's answer's role where one is not the assistant's (add_generation_prompt
     # false); empty: the assistant's.
     roles: tuple[str, ...] = ()
-    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far.
+    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far, and for a
+    # model with a reasoning parser (`thinking`) its thinking tokens so far.
     continuous_usage: bool = False
+    thinking: bool = False
 
     def role(self, index: int) -> str:
         """The role a chat choice's message is in."""
@@ -114,6 +116,7 @@ class _Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     offset: int = 0  # completions' text_offset of the next token
     tokens: int = 0  # output tokens so far (a stream's continuous usage)
+    thought: int = 0  # of them, thinking
     started: bool = False  # a chat stream sent this choice's role
     token_ids: list[int] = field(default_factory=list)
     prompt_ranked: list[list[RankedLogprob] | None] | None = None
@@ -423,6 +426,7 @@ class Formatter:
         choice = self._choice(delta.index)
         choice.prompt_from(delta)
         choice.tokens += delta.tokens
+        choice.thought += delta.thinking_tokens
         entries = [*(delta.prompt_logprobs or []), *(delta.logprobs or [])]
         text = delta.text
         if not self.chat and self.shape.echo and not choice.started:
@@ -514,17 +518,20 @@ class Formatter:
             body["usage"] = self._running_usage(index) if self.shape.continuous_usage else None
         return b"data: " + _json.encode(body) + b"\n\n"
 
-    def _running_usage(self, index: int) -> dict[str, int]:
+    def _running_usage(self, index: int) -> dict[str, Any]:
         """A choice's usage so far, as vLLM's continuous_usage_stats writes it on a chunk: its
-        prompt's tokens and the tokens it has produced."""
+        prompt's tokens, the tokens it has produced and, of a reasoning model, its thinking."""
         prompt = self._prompt_ids(index)
         prompt_tokens = len(prompt) if prompt is not None else 0
-        produced = self._choice(index).tokens
-        return {
+        choice = self._choice(index)
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": produced,
-            "total_tokens": prompt_tokens + produced,
+            "completion_tokens": choice.tokens,
+            "total_tokens": prompt_tokens + choice.tokens,
         }
+        if self.shape.thinking:
+            usage["completion_tokens_details"] = {"reasoning_tokens": choice.thought}
+        return usage
 
     def finish_chunks(self, finished: Finished, *, include_usage: bool) -> list[bytes]:
         """Return the events that end every choice of a stream (and its usage, if asked)."""

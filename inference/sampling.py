@@ -178,6 +178,7 @@ def reasoning_build(request: GenerationRequest, route: Route) -> Reasoning | Non
         parser=route.reasoning_parser,
         template_kwargs=json.dumps(request.chat_template_kwargs or {}),
         include=request.include_reasoning,
+        running=request.continuous_usage,
     )
 
 

@@ -7,6 +7,7 @@ limits is in inference.admission, the shared clients and route cache in inferenc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -150,7 +151,10 @@ def answer_shape(
     prompts = tuple(job.inputs()) if wanted and job is not None else None
     if request.return_prompt_text and rendered is None:
         rendered = chat_rendered(request, route)
-    return shape_of(request, decode=decode, prompt_token_ids=prompts, prompt_text=rendered)
+    shape = shape_of(request, decode=decode, prompt_token_ids=prompts, prompt_text=rendered)
+    if job is not None and job.reasoning is not None and request.continuous_usage:
+        shape = dataclasses.replace(shape, thinking=True)
+    return shape
 
 
 async def _fallback_routing(fallback: str, refused: ApiError | None) -> Routing | None:

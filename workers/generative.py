@@ -77,6 +77,7 @@ class _Choice:
     produced: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    thought: int = 0  # thinking tokens counted so far (a running usage's)
     parsing: ChoiceParsing | None = None
     opened: bool = False  # a delta of it went out
 
@@ -225,6 +226,11 @@ class _Generation:
         ranked = None if self.job.stream or step.index else step.prompt_ranked
         if not (step.tokens or text or calls or reasoning or step.prompt_logprobs or ranked):
             return None
+        thinking = 0
+        reasoning_job = self.job.reasoning
+        if reasoning_job is not None and reasoning_job.running and choice.parsing is not None:
+            counted = choice.parsing.reasoning_tokens()
+            thinking, choice.thought = counted - choice.thought, counted
         prompt_ids = None
         if not choice.opened and self.job.sampling.prompt_ids_in_reply:
             prompt_ids = self.job.inputs()[index // self.job.sampling.n]
@@ -244,6 +250,7 @@ class _Generation:
             prompt_ranked=ranked,
             prompt_token_ids=prompt_ids,
             reasoning=reasoning,
+            thinking_tokens=thinking,
         )
 
     def _emit(self, delta: Delta, *, urgent: bool = False) -> None:

@@ -51,9 +51,10 @@ class Choice:
     role: str | None = None
     # vLLM's stop_reason: the stop string or token id that ended the choice (its last chunk's).
     stop_reason: str | int | None = None
-    # A stream's running usage (continuous_usage_stats): the prompt and completion tokens of
-    # the choice's last chunk that carried it, and whether its completion tokens never fell.
-    running: tuple[int, int] | None = None
+    # A stream's running usage (continuous_usage_stats): the prompt, completion and (a
+    # reasoning model's) thinking tokens of the choice's last chunk that carried it, and
+    # whether its completion tokens never fell.
+    running: tuple[int, int, int | None] | None = None
     running_rose: bool = True
 
 
@@ -191,7 +192,12 @@ def stream_answer_of(response: httpx.Response, *, chat: bool) -> Answer:
             choice = answer.choices.setdefault(raw["index"], Choice(text=""))
             running = chunk.get("usage")
             if running:
-                now = (running["prompt_tokens"], running["completion_tokens"])
+                details = running.get("completion_tokens_details") or {}
+                now = (
+                    running["prompt_tokens"],
+                    running["completion_tokens"],
+                    details.get("reasoning_tokens"),
+                )
                 if choice.running is not None and now[1] < choice.running[1]:
                     choice.running_rose = False
                 choice.running = now

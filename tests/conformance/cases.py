@@ -409,6 +409,8 @@ CASES = [
     # include_reasoning false: no thinking, and no logprobs or token ids that would show it.
     Case("think-hidden", CHAT, {**G, **THINK, "include_reasoning": False, "logprobs": True, "top_logprobs": 2, "return_token_ids": True, "messages": HELLO}, thinking=True),
     Case("think-hidden-stream", CHAT, {**G, **THINK, "include_reasoning": False, "logprobs": True, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-running-usage-stream", CHAT, {**G, **THINK, "stream_options": RUNNING, "messages": HELLO}, stream=True, thinking=True),
+    Case("think-running-usage-n-stream", CHAT, {**S, **THINK, "n": 2, "include_reasoning": False, "stream_options": RUNNING, "messages": TURNS}, stream=True, thinking=True),
     Case("think-logprobs", CHAT, {**G, **THINK, "logprobs": True, "top_logprobs": 2, "messages": HELLO}, thinking=True),
     Case("think-history", CHAT, {**G, **THINK, "return_prompt_text": True, "messages": [*HELLO, {"role": "assistant", "content": "hi", "reasoning": "they greet"}, *HELLO]}, thinking=True),
     # A grammar or a forced tool call starts once the thinking ends.

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio as aredis
 from vllm.logprobs import Logprob
@@ -929,6 +930,20 @@ async def test_a_reasoning_models_thinking_is_split_from_its_answer(tokenizer):
         assert end.reasoning_tokens >= len(thinking_ids)
         # The engine heard the request's thinking: its template's variables for its parser.
         assert engine.thinking[0].template_kwargs == {"enable_thinking": True}
+
+
+async def test_a_running_usage_counts_each_deltas_thinking_tokens(tokenizer):
+    job = _thinking_job(stream=True)
+    assert job.reasoning is not None
+    running = msgspec.structs.replace(
+        job, reasoning=msgspec.structs.replace(job.reasoning, running=True)
+    )
+    for asked, counted in ((job, False), (running, True)):
+        events = await _served(_Engine({0: _real_steps(tokenizer, THOUGHT)}, tokenizer), asked)
+        deltas = [e for e in events if isinstance(e, Delta)]
+        thought = sum(d.thinking_tokens for d in deltas)
+        # Every thinking token counted once, across the deltas; none unless asked for.
+        assert thought == (events[-1].reasoning_tokens if counted else 0)
 
 
 async def test_hidden_thinking_leaves_no_trace_in_the_answer(tokenizer):
