@@ -167,40 +167,34 @@ def _content_read(
     return joined, None if parts == [{"type": "text", "text": joined}] else parts
 
 
-def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    value = body.get(name)
-    if value is None:
+def _array(value: Any, where: str, *, of: str, required: bool = True) -> list[Any]:
+    """A non-empty array (of messages, or of conversations), or the 400 that names it."""
+    if value is None and required:
         raise invalid(
-            "messages", "Missing required parameter: 'messages'.", code="missing_required_parameter"
+            where, f"Missing required parameter: '{where}'.", code="missing_required_parameter"
         )
     if not isinstance(value, list):
-        raise _type_error("messages", "an array", value)
+        raise _type_error(where, f"an array of {of}s", value)
     if not value:
-        raise invalid("messages", "'messages' must contain at least one message.")
+        raise invalid(where, f"'{where}' must contain at least one {of}.")
+    return value
+
+
+def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    value = _array(body.get(name), "messages", of="message")
     return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
 
 
 def _conversations(body: dict[str, Any], name: str) -> list[list[dict[str, Any]]]:
     """vLLM's /v1/chat/completions/batch `messages`: conversations, each one chat's messages."""
-    value = body.get(name)
-    if value is None:
-        raise invalid(
-            "messages", "Missing required parameter: 'messages'.", code="missing_required_parameter"
-        )
-    if not isinstance(value, list):
-        raise _type_error("messages", "an array of conversations", value)
-    if not value:
-        raise invalid("messages", "'messages' must contain at least one conversation.")
+    value = _array(body.get(name), "messages", of="conversation")
     if len(value) > MAX_PROMPTS:
         raise invalid("messages", f"At most {MAX_PROMPTS} conversations, got {len(value)}.")
     conversations = []
     for i, conversation in enumerate(value):
         where = f"messages[{i}]"
-        if not isinstance(conversation, list):
-            raise _type_error(where, "an array of messages (one conversation)", conversation)
-        if not conversation:
-            raise invalid(where, f"'{where}' must contain at least one message.")
-        conversations.append([_message(m, f"{where}[{j}]") for j, m in enumerate(conversation)])
+        messages = _array(conversation, where, of="message", required=False)
+        conversations.append([_message(m, f"{where}[{j}]") for j, m in enumerate(messages)])
     return conversations
 
 

@@ -297,30 +297,27 @@ def test_a_batch_answer_details_its_usage(targets: Any, thinking_targets: Any) -
     cached (and a reasoning model's thinking) tokens as vLLM's chat server counts them alone."""
     batch: dict[str, Any] = {**BODY, "messages": [LONG, LONG, HELLO]}
     for _ in range(2):  # the second finds the long prefix in both engines' caches
-        ours = targets.platform.post(BATCH_PATH, json=batch)
-        theirs = targets.vllm.post(BATCH_PATH, json=batch)
-    assert ours.status_code == theirs.status_code == 200
-    assert theirs.json()["usage"].get("prompt_tokens_details") is None
-    alone = [
-        targets.vllm.post(CHAT_PATH, json={**BODY, "messages": conversation}).json()["usage"]
-        for conversation in batch["messages"]
-    ]
-    cached = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in alone)
-    assert cached > 0
-    assert ours.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+        ours = _batch_and_alone(targets, batch, "prompt_tokens_details")
+    assert ours["prompt_tokens_details"]["cached_tokens"] == ours["alone"]["cached_tokens"] > 0
+    thinking = {**BODY, **THINK, "model": THINKING, "messages": [HELLO, ASK]}
+    ours = _batch_and_alone(thinking_targets, thinking, "completion_tokens_details")
+    counted = ours["completion_tokens_details"]["reasoning_tokens"]
+    assert counted == ours["alone"]["reasoning_tokens"] > 0
 
-    thinking: dict[str, Any] = {**BODY, **THINK, "model": THINKING, "messages": [HELLO, ASK]}
-    ours = thinking_targets.platform.post(BATCH_PATH, json=thinking)
-    theirs = thinking_targets.vllm.post(BATCH_PATH, json=thinking)
+
+def _batch_and_alone(targets: Any, batch: dict[str, Any], details: str) -> dict[str, Any]:
+    """The platform's batch usage, with `alone`: the details vLLM's chat server gives each
+    conversation sent alone, added up (its batch server gives none)."""
+    ours = targets.platform.post(BATCH_PATH, json=batch)
+    theirs = targets.vllm.post(BATCH_PATH, json=batch)
     assert ours.status_code == theirs.status_code == 200
-    assert theirs.json()["usage"].get("completion_tokens_details") is None
-    alone = [
-        thinking_targets.vllm.post(CHAT_PATH, json={**thinking, "messages": m}).json()["usage"]
-        for m in thinking["messages"]
-    ]
-    reasoning = sum(usage["completion_tokens_details"]["reasoning_tokens"] for usage in alone)
-    assert reasoning > 0
-    assert ours.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == reasoning
+    assert theirs.json()["usage"].get(details) is None
+    alone: dict[str, int] = {}
+    for conversation in batch["messages"]:
+        answer = targets.vllm.post(CHAT_PATH, json={**batch, "messages": conversation}).json()
+        for key, value in answer["usage"][details].items():
+            alone[key] = alone.get(key, 0) + (value or 0)
+    return {**ours.json()["usage"], "alone": alone}
 
 
 def test_a_batch_refuses_what_its_answer_has_no_place_for(targets: Any) -> None:
