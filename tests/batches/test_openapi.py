@@ -26,6 +26,7 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
     assert list(document["paths"]) == [
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/chat/completions/batch",
         "/v1/embeddings",
         "/v1/models",
         "/v1/models/{name}",
