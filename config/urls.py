@@ -28,6 +28,7 @@ urlpatterns = [
     path("readyz", operations.readyz),
     # vLLM's own operational endpoints, at vLLM's paths (inference.operations).
     path("health", operations.health),
+    path("ping", operations.ping),
     path("version", operations.version),
     path("tokenize", operations.tokenize),
     path("detokenize", operations.detokenize),

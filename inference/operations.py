@@ -99,7 +99,17 @@ async def health(request: HttpRequest, request_id: str) -> HttpResponse:
     vLLM answers 503 (empty) when its engine is dead; a frontend's engine is its Postgres,
     Redis and reply readers, so this is /readyz's check, answered as vLLM answers.
     """
+    return await _health_answer()
+
+
+async def _health_answer() -> HttpResponse:
     return HttpResponse(status=200 if await _unready() is None else 503)
+
+
+@api_endpoint("GET", "POST")
+async def ping(request: HttpRequest, request_id: str) -> HttpResponse:
+    """vLLM's SageMaker-style ping: its health check, answered to GET and POST alike."""
+    return await _health_answer()
 
 
 @api_endpoint("GET")

@@ -298,6 +298,17 @@ def operation_paths() -> dict[str, Schema]:
                 },
             }
         },
+        "/ping": {
+            method: {
+                "summary": "The health check again, at vLLM's SageMaker-style path",
+                "security": [],
+                "responses": {
+                    "200": {"description": "It can serve; the body is empty.", **empty},
+                    "503": {"description": "It cannot now; the body is empty.", **empty},
+                },
+            }
+            for method in ("get", "post")
+        },
         "/version": {
             "get": {
                 "summary": "The platform's version (vLLM's version endpoint)",

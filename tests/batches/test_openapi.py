@@ -46,6 +46,7 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
         "/v1/requests/{request_id}/stream",
         "/v1/openapi.json",
         "/health",
+        "/ping",
         "/version",
         "/tokenize",
         "/detokenize",

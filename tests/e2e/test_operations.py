@@ -54,6 +54,9 @@ def test_health_answers_200_with_an_empty_body_without_a_key(client):
     assert response.status_code == 200
     assert response.content == b""
     assert client.post("/health").status_code == 405
+    # vLLM's SageMaker-style ping answers the same, to GET and POST.
+    for ping in (client.get("/ping"), client.post("/ping")):
+        assert (ping.status_code, ping.content) == (200, b"")
 
 
 def test_version_names_the_platforms_version(client):
