@@ -45,7 +45,7 @@ from tenants.models import Scope
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 # vLLM's operational endpoints, at its paths (inference.operations); these two take a key.
 KEYED_OPERATION_PATHS = ("/tokenize", "/detokenize")
-OPERATION_PATHS = ("/health", "/version", *KEYED_OPERATION_PATHS)
+OPERATION_PATHS = ("/health", "/ping", "/version", *KEYED_OPERATION_PATHS)
 # The /v1 paths a client may call without a key.
 KEYLESS_PATHS = ("/v1/openapi.json",)
 UPLOAD_PATH = "/v1/files"
