@@ -14,16 +14,15 @@ from inference.fields import (
     CHAT,
     CHAT_BATCH_FIELDS,
     COMPLETIONS,
-    DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
     MAX_BEAMS,
     MAX_CHOICES,
     SERVICE_TIERS,
-    TOKENIZE_FIELDS,
     unsupported_refuse,
 )
 from inference.kinds import string, type_error
+from inference.operation_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from inference.prompts import MODEL
 from inference.structured import ToolUse, compiled_for, tools_parse
 

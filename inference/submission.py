@@ -13,7 +13,7 @@ import logging
 import math
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -25,19 +25,13 @@ from dataplane.quotas import Decision, Usage
 from dataplane.redis_client import until_reachable
 from dataplane.tracing import TraceContext
 from dataplane.types import (
-    Delta,
-    Finished,
     Job,
     Sampling,
-    Started,
-    Status,
     encode,
-    usage_for,
 )
 from inference.admission import (
     CIRCUIT_OPEN,
     FALLBACK_REASONS,
-    CacheUse,
     Submitted,
     admit,
     queue_full_error,
@@ -50,7 +44,8 @@ from inference.admission import (
 )
 from inference.auth import Principal
 from inference.breaker import breaker_admits
-from inference.clients import dispatch_get, idempotency_get, responses_get, routing_get
+from inference.cache_answers import CacheLookup, cache_answer, cache_lookup
+from inference.clients import dispatch_get, idempotency_get, routing_get
 from inference.content_policy import input_screen, policy_get, token_output_check
 from inference.errors import ApiError, invalid
 from inference.idempotency import KEY_TTL_SECONDS, Original
@@ -58,7 +53,6 @@ from inference.metrics import RequestClock, admission_decided, fallback_taken
 from inference.openai_format import Shape, shape_of
 from inference.params import EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pools import pool_route
-from inference.response_cache import Stored, cache_key, cacheable
 from inference.sampling import reasoning_build, sampling_build, tools_build
 from inference.tokenization import (
     INLINE_TOKENIZE_CHARS,
@@ -340,7 +334,7 @@ async def _generation_admit(
         cache_salt=request.cache_salt or "",
     )
     payload = _envelope(job)
-    cache = await _cache_use(principal, job)
+    cache = await cache_lookup(principal, job)
     if idempotency_key is not None:
         # Bound before it is queued: a retry then knows which request to look for, whatever
         # happens to this frontend from here (inference/idempotency.py).
@@ -415,27 +409,6 @@ def _encodable(texts: list[str]) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class _Lookup:
-    use: CacheUse
-    answer: Stored | None
-
-
-async def _cache_use(principal: Principal, job: Job) -> _Lookup | None:
-    """Look a request up in its tenant's response cache, if the tenant uses one."""
-    if not principal.response_cache_seconds or not cacheable(job):
-        return None
-    key = cache_key(job)
-    answer = await responses_get().get(key)
-    use = CacheUse(
-        key=key,
-        seconds=principal.response_cache_seconds,
-        hit=answer is not None,
-        bill_percent=principal.response_cache_bill_percent,
-    )
-    return _Lookup(use=use, answer=answer)
-
-
 async def _job_submit(
     *,
     principal: Principal,
@@ -443,7 +416,7 @@ async def _job_submit(
     job: Job,
     model: str,
     clock: RequestClock | None,
-    cache: _Lookup | None = None,
+    cache: CacheLookup | None = None,
     payload: bytes | None = None,
     request_taken: bool = False,
 ) -> Decision:
@@ -496,7 +469,7 @@ async def _job_submit(
             raise
         try:
             if cache is not None and cache.answer is not None:
-                await _answer_from_cache(job=job, use=cache.use, answer=cache.answer)
+                await cache_answer(job=job, use=cache.use, answer=cache.answer)
             else:
                 await _enqueue(route=route, job=job, model=model, payload=payload)
         except ApiError as exc:
@@ -563,33 +536,6 @@ async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None 
             key = (route.deployment, job.priority)
             _full_until[key] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
         raise refusal_error(refused, model=model, job=job)
-
-
-async def _answer_from_cache(*, job: Job, use: CacheUse, answer: Stored) -> None:
-    """Answer an admitted request from the cache: its reply stream and usage, as a worker would."""
-    now = time.time()
-    usage = usage_for(
-        job,
-        status=Status.OK,
-        finished_at=now,
-        started_at=now,
-        first_token_at=now,
-        completion_tokens=answer.completion_tokens,
-        finish_reason=answer.finish_reason,
-    )
-    usage = msgspec.structs.replace(usage, response_cache=True, bill_percent=use.bill_percent)
-    terminal = Finished(
-        finish_reason=answer.finish_reason,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=answer.completion_tokens,
-        stop_reasons=[] if answer.stop_reason is None else [answer.stop_reason],
-    )
-    await dispatch_get().answer_here(
-        job=job,
-        events=[Started(at=now), Delta(text=answer.text, tokens=answer.completion_tokens)],
-        terminal=terminal,
-        usage=usage,
-    )
 
 
 def _deadline(principal: Principal, now: float, timeout: float | None) -> float:

@@ -10,13 +10,12 @@ from inference.fields import (
     CHAT,
     CHAT_BATCH_FIELDS,
     COMPLETIONS,
-    DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
-    TOKENIZE_FIELDS,
     Field,
 )
 from inference.openapi.schema import Schema, obj
+from inference.operation_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from inference.params import EMBEDDINGS
 
 

@@ -72,8 +72,9 @@ def test_a_refused_field_is_published_with_only_the_values_that_ask_for_nothing(
 
 
 def test_every_other_body_is_built_from_its_table():
-    from inference.fields import DETOKENIZE_FIELDS, EMBEDDING_FIELDS, TOKENIZE_FIELDS
+    from inference.fields import EMBEDDING_FIELDS
     from inference.openapi.bodies import DETOKENIZE_REQUEST, EMBEDDING_REQUEST, TOKENIZE_REQUEST
+    from inference.operation_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
     assert set(EMBEDDING_REQUEST["properties"]) == set(EMBEDDING_FIELDS)
     assert set(DETOKENIZE_REQUEST["properties"]) == set(DETOKENIZE_FIELDS)

@@ -12,11 +12,10 @@ from config.json_body import MAX_DEPTH, BodyProblem, json_document, shown
 from inference.errors import ApiError
 from inference.fields import (
     CHAT_BATCH_FIELDS,
-    DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
     GENERATION_FIELDS,
-    TOKENIZE_FIELDS,
 )
+from inference.operation_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from inference.params import (
     CHAT,
     COMPLETIONS,
