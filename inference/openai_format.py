@@ -282,9 +282,7 @@ def shape_of(
         forced_tools=request.tools is not None
         and (request.tools.named or request.tools.choice == "required"),
         token_ids=request.return_token_ids,
-        prompt_token_ids=prompt_token_ids
-        if request.return_token_ids or echo or request.continuous_usage
-        else None,
+        prompt_token_ids=prompt_token_ids if request.answered_with_prompt_ids else None,
         continuous_usage=request.continuous_usage,
         prompt_text=prompt_text if request.return_prompt_text else None,
         thinking_hidden=not request.include_reasoning,

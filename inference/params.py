@@ -116,6 +116,12 @@ class GenerationRequest:
     # index); `messages` is the first. Empty for any other request.
     conversations: tuple[list[dict[str, Any]], ...] = ()
 
+    @property
+    def answered_with_prompt_ids(self) -> bool:
+        """Whether the answer needs its prompts' token ids: to return them (return_token_ids),
+        to echo them, or to count them in a stream's running usage."""
+        return self.return_token_ids or self.echo or self.continuous_usage
+
     def chats(self) -> tuple[list[dict[str, Any]], ...]:
         """A chat request's conversations: a batch's, or its one (none for completions)."""
         if self.conversations:

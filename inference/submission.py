@@ -139,9 +139,7 @@ def answer_shape(
         return tokenizer.decode(ids)
 
     # Split only when the answer carries them: most requests never need the copies.
-    wanted = job is not None and (
-        request.return_token_ids or request.echo or request.continuous_usage
-    )
+    wanted = job is not None and request.answered_with_prompt_ids
     prompts = tuple(job.inputs()) if wanted and job is not None else None
     if request.return_prompt_text and rendered is None:
         rendered = chat_rendered(request, route)
@@ -300,9 +298,7 @@ async def _generation_admit(
         principal=principal,
         prompt_tokens=max(len(p) for p in prompts),
     )
-    if idempotency_key is not None and (
-        request.return_token_ids or request.echo or request.continuous_usage
-    ):
+    if idempotency_key is not None and request.answered_with_prompt_ids:
         # A retry is answered from the reply stream alone, and this answer lists its prompts'
         # token ids: they go in it too.
         sampling = msgspec.structs.replace(sampling, prompt_ids_in_reply=True)
