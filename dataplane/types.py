@@ -369,6 +369,10 @@ class Finished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True):
     stop_reasons: list[str | int | None] = []
     # Prompt tokens the engine computed and wrote to its prefix cache for this request.
     cache_created_tokens: int = 0
+    # Choice 0's stop string under the name the release before `stop_reasons` wrote and read
+    # it by: written beside them for that release's frontends, and read where a worker of
+    # that release left `stop_reasons` out (a rolling upgrade, either way round).
+    stop_string: str | None = msgspec.field(default=None, name="stop_sequence")
 
     def reasons(self) -> list[str]:
         """The finish reason of every choice, in index order."""
@@ -376,7 +380,9 @@ class Finished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True):
 
     def stop_reason(self, index: int) -> str | int | None:
         """The stop string or token id that ended a choice (None: neither did)."""
-        return self.stop_reasons[index] if index < len(self.stop_reasons) else None
+        if index < len(self.stop_reasons):
+            return self.stop_reasons[index]
+        return self.stop_string if index == 0 and not self.stop_reasons else None
 
     @property
     def stop_sequence(self) -> str | None:

@@ -57,6 +57,7 @@ async def cache_answer(*, job: Job, use: CacheUse, answer: Stored) -> None:
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=answer.completion_tokens,
         stop_reasons=[] if answer.stop_reason is None else [answer.stop_reason],
+        stop_string=answer.stop_reason if isinstance(answer.stop_reason, str) else None,
     )
     await dispatch_get().answer_here(
         job=job,

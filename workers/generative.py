@@ -289,6 +289,7 @@ class _Generation:
                 finish_reasons=reasons if len(reasons) > 1 else [],
                 reasoning_tokens=thought,
                 stop_reasons=stops if any(stop is not None for stop in stops) else [],
+                stop_string=stops[0] if isinstance(stops[0], str) else None,
                 cache_created_tokens=created,
             )
         else:

@@ -493,6 +493,7 @@ async def test_the_end_names_the_stop_string_or_token_that_ended_each_choice():
     )
     events = await _served(engine, _job(sampling=Sampling(max_tokens=8, n=2)))
     assert events[-1].stop_reasons == ["Done", 7] and events[-1].stop_sequence == "Done"
+    assert events[-1].stop_string == "Done"  # under its old name too, for older frontends
     # Ended by their end of sequence or length: no list.
     plain = await _served(_Engine({0: [_step("a", 0, "stop")]}), _job())
     assert plain[-1].stop_reasons == [] and plain[-1].stop_reason(0) is None
