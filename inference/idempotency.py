@@ -59,6 +59,8 @@ class Original:
     deadline: float
     queued: bool = True  # False: bound, and not (yet) known to be queued
     bound_at: float = 0.0
+    # Its answer's running usage counts thinking tokens: its version splits a chat's thinking.
+    thinking: bool = False
 
 
 def key_in_use(message: str) -> ApiError:
@@ -137,6 +139,7 @@ class Idempotency:
             # A record without "bound" predates the states: it was written once queued.
             queued=b"bound" not in fields or fields.get(b"queued") == b"1",
             bound_at=float(fields.get(b"bound", 0)),
+            thinking=fields.get(b"thinking") == b"1",
         )
 
     async def bind(self, *, tenant_id: int, key: str, original: Original) -> None:
@@ -165,6 +168,8 @@ class Idempotency:
                 time.time(),
                 "queued",
                 0,
+                "thinking",
+                int(original.thinking),
             ],
         )
         if not bound:

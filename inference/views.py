@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -205,6 +206,9 @@ async def _replay(
         with contextlib.suppress(ApiError):
             route = (await routing_get(original.model)).primary
             shape = await asyncio.to_thread(answer_shape, parsed, route)
+    if original.thinking and parsed.continuous_usage:
+        # The original's running usage counted its thinking; the replay has no job to ask.
+        shape = dataclasses.replace(shape, thinking=True)
     formatter = _formatter(
         endpoint=parsed.endpoint,
         request_id=original.request_id,
