@@ -49,6 +49,15 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
     "conversation": (None,),
     "stream_options": (None, {}),
 }
+# `POST /v1/responses/input_tokens`: the fields of OpenAI's count body, each read as a create
+# reads it; the rest of a create's fields have no bearing on a count and are refused by name.
+COUNTED = frozenset(
+    {
+        "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+        "text", "reasoning", "truncation", "previous_response_id",
+    }
+)  # fmt: skip
+COUNT_REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {"conversation": (None,), "personality": (None,)}
 MAX_METADATA_KEYS = 16
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 # Chat's names of the fields a Responses request names otherwise (for errors).
@@ -323,11 +332,13 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     )
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
+def _refuse_unsupported(
+    body: dict[str, Any], honoured: frozenset[str], refused_unless: dict[str, tuple[Any, ...]]
+) -> None:
     for name, value in body.items():
-        if name in HONOURED or name in PASSED_TO_CHAT:
+        if name in honoured:
             continue
-        allowed = REFUSED_UNLESS.get(name)
+        allowed = refused_unless.get(name)
         if allowed is None:
             message = f"Unrecognized request argument supplied: {shown(name)}."
             raise ApiError(400, "unsupported_parameter", message, param=shown(name))
@@ -442,7 +453,7 @@ def responses_parse(
 
     `history`: the stored turns before this one, oldest first (from previous_response_id).
     """
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, HONOURED | frozenset(PASSED_TO_CHAT), REFUSED_UNLESS)
     if "input" not in body:
         raise invalid("input", "'input' is required.", code="missing_required_parameter")
     items = input_items_read(body["input"], response_id=response_id)
@@ -520,6 +531,17 @@ def responses_parse(
             "background": _flag(body, "background", False),
         },
     )
+
+
+def count_parse(body: dict[str, Any], *, history: list[Kept]) -> GenerationRequest:
+    """The chat request whose prompt a count body's input tokens are, or a 400 naming its field.
+
+    Each field is read as a create reads it, so a count is the `usage.input_tokens` of the
+    response the same fields would create.
+    """
+    _refuse_unsupported(body, COUNTED, COUNT_REFUSED_UNLESS)
+    counted = {name: value for name, value in body.items() if name in COUNTED}
+    return responses_parse(counted, response_id="resp_count", history=history).chat
 
 
 RESPONSES = "responses"  # a batch's endpoint kind for /v1/responses lines

@@ -24,8 +24,8 @@ from config.json_body import shown
 from dataplane.background import spawn
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
-from inference.admission import Submitted, request_ended, request_failure
-from inference.clients import dispatch_get
+from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
+from inference.clients import dispatch_get, routing_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
     api_endpoint,
@@ -48,6 +48,7 @@ from inference.responses import (
     RESPONSES,
     ResponsesRequest,
     chat_error_renamed,
+    count_parse,
     oldest_dropped,
     previous_id_read,
     responses_parse,
@@ -63,7 +64,8 @@ from inference.responses_store import (
 )
 from inference.results import events_close, stream_ended
 from inference.structured import compiled_for
-from inference.submission import generation_submit
+from inference.submission import generation_submit, task_check
+from inference.tokenization import prompts_read, tokenizer_of
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -83,16 +85,11 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
     response_id = f"resp_{request_id}"
-    previous = previous_id_read(body)
-    history = []
-    if previous is not None:
-        # The body is checked before the store is read: a bad one costs no query.
-        with compiled_for(principal.tenant_id):
-            responses_parse(body, response_id=response_id, history=[])
-        chain = await db_call(response_chain, tenant_id=principal.tenant_id, response_id=previous)
-        if chain is None:
-            raise _not_found(previous, "previous_response_id")
-        history = chain
+    history = await _history(
+        body,
+        tenant_id=principal.tenant_id,
+        parse=lambda turns: responses_parse(body, response_id=response_id, history=turns),
+    )
     with compiled_for(principal.tenant_id):
         parsed = responses_parse(body, response_id=response_id, history=history)
     if parsed.background and not parsed.store:
@@ -179,6 +176,56 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
         clock.skip()
     for name, value in submitted.headers().items():
         response[name] = value
+    return response
+
+
+async def _history(
+    body: dict[str, Any], *, tenant_id: int, parse: Callable[[list[Kept]], object]
+) -> list[Kept]:
+    """The stored turns a body's previous_response_id chains onto, oldest first (none without
+    one); a missing link is a 404 naming it. `parse` checks the body first: a bad one costs
+    no query."""
+    previous = previous_id_read(body)
+    if previous is None:
+        return []
+    with compiled_for(tenant_id):
+        parse([])
+    chain = await db_call(response_chain, tenant_id=tenant_id, response_id=previous)
+    if chain is None:
+        raise _not_found(previous, "previous_response_id")
+    return chain
+
+
+@api_endpoint("POST", counted=True)
+async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpResponse:
+    """The input tokens a Responses request would take: its conversation (the turns it chains
+    onto included), instructions and tools as the routed version's template writes them.
+
+    With truncation "auto" the oldest turns go, as a create drops them, until the prompt fits
+    the context; without it a conversation past the context is counted whole.
+    """
+    principal = await request_principal(request, Scope.INFERENCE)
+    body = await request_json(request)
+    tenant_id = principal.tenant_id
+    history = await _history(
+        body, tenant_id=tenant_id, parse=lambda turns: count_parse(body, history=turns)
+    )
+    with compiled_for(tenant_id):
+        chat = count_parse(body, history=history)
+    route = (await routing_get(chat.model)).pick(tenant_id=tenant_id, user=chat.user)
+    task_check(route, embeddings=False, model=chat.model)
+    await tokenizer_of(route)  # its first load off the event loop
+    context = min(route.context_length, principal.max_context_tokens)
+    truncate = body.get("truncation") == "auto"
+    while True:
+        ids, _ = await asyncio.to_thread(prompts_read, chat, route)
+        count = sum(len(prompt) for prompt in ids)
+        shorter = oldest_dropped(chat.messages or []) if truncate and count > context else None
+        if shorter is None:
+            break
+        chat = dataclasses.replace(chat, messages=shorter)
+    response = json_response({"object": "response.input_tokens", "input_tokens": count})
+    response[VERSION_HEADER] = route.version
     return response
 
 

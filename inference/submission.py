@@ -269,7 +269,7 @@ async def _generation_admit(
 ) -> Submitted:
     """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
-    _task_check(route, embeddings=False, model=request.model)
+    task_check(route, embeddings=False, model=request.model)
     reasoning = reasoning_build(request, route)
     route = await pool_route(route, priority=priority)
     if clock is not None:
@@ -344,6 +344,7 @@ async def _generation_admit(
                 version=route.version,
                 created=int(now),
                 deadline=job.deadline,
+                thinking=job.reasoning is not None,
             ),
         )
     decision = await _job_submit(
@@ -543,7 +544,7 @@ def _deadline(principal: Principal, now: float, timeout: float | None) -> float:
     )
 
 
-def _task_check(route: Route, *, embeddings: bool, model: str) -> None:
+def task_check(route: Route, *, embeddings: bool, model: str) -> None:
     """Refuse a request sent to an endpoint its model does not serve."""
     if (route.task == Task.EMBEDDING) == embeddings:
         return
@@ -569,7 +570,7 @@ async def embedding_submit(
     """Admit an embeddings request and enqueue it for its encoder deployment's workers."""
     routing = await routing_get(request.model)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
-    _task_check(route, embeddings=True, model=request.model)
+    task_check(route, embeddings=True, model=request.model)
     route = await pool_route(route, priority=priority or request.priority)
     if clock is not None:
         clock.deployment = route.deployment

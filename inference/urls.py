@@ -19,6 +19,7 @@ urlpatterns = [
     path("messages", messages_views.messages_create),
     path("messages/count_tokens", messages_views.messages_count_tokens),
     path("responses", responses_views.responses_create),
+    path("responses/input_tokens", responses_views.responses_input_tokens),
     path("responses/<str:response_id>", responses_views.response_detail),
     path("responses/<str:response_id>/input_items", responses_views.response_input_items),
     path("responses/<str:response_id>/cancel", responses_views.response_cancel),

@@ -13,6 +13,8 @@ from inference.openapi.paths import (
 )
 from inference.openapi.schema import Schema, json_content, obj, ref
 from inference.responses import (
+    COUNT_REFUSED_UNLESS,
+    COUNTED,
     MAX_METADATA_KEYS,
     OUTPUT_LOGPROBS,
     PASSED_TO_CHAT,
@@ -144,6 +146,24 @@ RESPONSES_REQUEST: Schema = obj(
     additionalProperties=False,
 )
 
+# A count's body: a create's fields that bear on the prompt, read as a create reads them.
+INPUT_TOKENS_REQUEST: Schema = obj(
+    {
+        **{name: RESPONSES_REQUEST["properties"][name] for name in sorted(COUNTED)},
+        **{
+            name: {"type": "null", "description": "Not served: refused unless null."}
+            for name in COUNT_REFUSED_UNLESS
+        },
+    },
+    "model",
+    "input",
+    additionalProperties=False,
+)
+INPUT_TOKENS: Schema = obj(
+    {"object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer"}},
+    "object",
+    "input_tokens",
+)
 RESPONSE: Schema = obj(
     {
         "id": {"type": "string"},
@@ -205,6 +225,8 @@ SCHEMAS: dict[str, Schema] = {
     "Response": RESPONSE,
     "ResponseDeleted": RESPONSE_DELETED,
     "ResponseInputItems": INPUT_ITEMS,
+    "ResponsesInputTokensRequest": INPUT_TOKENS_REQUEST,
+    "ResponsesInputTokens": INPUT_TOKENS,
 }
 _ID = path_parameter("response_id", "The response's id (resp_...).")
 
@@ -225,6 +247,19 @@ def responses_paths() -> dict[str, Schema]:
                         },
                     ),
                     **errors(400, *AUTH_ERRORS, 404, 409, 413, 422, 429, 503),
+                },
+            }
+        },
+        "/v1/responses/input_tokens": {
+            "post": {
+                "summary": "The input tokens a response would take (OpenAI's count)",
+                "requestBody": {
+                    "required": True,
+                    "content": json_content(ref("ResponsesInputTokensRequest")),
+                },
+                "responses": {
+                    "200": ok("The count.", json_content(ref("ResponsesInputTokens"))),
+                    **errors(400, *AUTH_ERRORS, 404, 413, 429, 503),
                 },
             }
         },

@@ -31,6 +31,7 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
         "/v1/models",
         "/v1/models/{name}",
         "/v1/responses",
+        "/v1/responses/input_tokens",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/input_items",
         "/v1/responses/{response_id}/cancel",

@@ -444,6 +444,35 @@ def test_an_idempotency_key_on_messages_replays_the_first_answer(targets: Any) -
     assert again.json() == ours.json()
 
 
+def test_an_assistant_message_keeps_every_output_text_part(targets: Any) -> None:
+    def turns(*texts: str) -> list[dict[str, Any]]:
+        parts = [{"type": "output_text", "text": text, "annotations": []} for text in texts]
+        answer = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+        return [HELLO[0], {**answer, "content": parts}, {"role": "user", "content": "again"}]
+
+    def vllms(*texts: str) -> int:
+        body = {"model": ALIAS, "input": turns(*texts), "max_output_tokens": 1}
+        answer = targets.vllm.post("/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["input_tokens"])
+
+    def ours(*texts: str) -> int:
+        body = {"model": ALIAS, "input": turns(*texts)}
+        counted = targets.platform.post("/v1/responses/input_tokens", json=body)
+        assert counted.status_code == 200, counted.text
+        return int(counted.json()["input_tokens"])
+
+    special = len(
+        targets.vllm.post(
+            "/tokenize", json={"model": ALIAS, "prompt": "", "add_special_tokens": True}
+        ).json()["tokens"]
+    )
+    # vLLM's server reads an output message's first part only: the second changes nothing.
+    assert vllms("one", "two") == vllms("one")
+    assert ours("one") == vllms("one") - special  # its BOS: the row on the prompt
+    assert ours("one", "two") > ours("one")
+
+
 def test_tokenize_refuses_what_a_chat_request_refuses_or_would_drop(targets: Any) -> None:
     refused: dict[str, dict[str, Any]] = {
         "prompt": {"prompt": "hi", "messages": HELLO},

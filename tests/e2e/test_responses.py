@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
-from tests.conftest import ALIAS, _free_port, _http_ok, _spawn, _wait_for
+from tests.conftest import ALIAS, ENCODER, _free_port, _http_ok, _spawn, _wait_for
 
 TOOL = {
     "type": "function",
@@ -305,6 +305,11 @@ def test_another_tenants_response_is_absent_and_unchanged(sdk, other):
     with pytest.raises(openai.NotFoundError) as chained:
         _ask(other, input="Yours?", previous_response_id=response.id)
     assert chained.value.param == "previous_response_id"
+    with pytest.raises(openai.NotFoundError) as counted:
+        other.responses.input_tokens.count(
+            model=ALIAS, input="Yours?", previous_response_id=response.id
+        )
+    assert counted.value.param == "previous_response_id"
     assert sdk.responses.retrieve(response.id).output_text == response.output_text
 
 
@@ -621,6 +626,64 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(sdk)
     assert 0 < response.usage.input_tokens + 8 <= 2048  # it fits the tiny model's context
     # What was kept is the newest part: the instructions, then the turns up to the question.
     assert response.usage.input_tokens > 500
+
+
+def test_a_count_is_the_input_tokens_of_the_response_the_same_fields_create(sdk):
+    fields: dict[str, Any] = {"input": "My name is Ada.", "instructions": "Be brief."}
+    first = _ask(sdk, **fields)
+    counted = sdk.responses.input_tokens.count(model=ALIAS, **fields)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == first.usage.input_tokens
+    # A chained turn counts the turns before it, as its response's prompt holds them.
+    chained: dict[str, Any] = {"input": "What is my name?", "previous_response_id": first.id}
+    second_count = sdk.responses.input_tokens.count(model=ALIAS, **chained)
+    assert second_count.input_tokens == _ask(sdk, **chained).usage.input_tokens
+    # Tools are written into the prompt by the template.
+    tooled = sdk.responses.input_tokens.count(model=ALIAS, tools=[TOOL], **fields)
+    called = _ask(sdk, tools=[TOOL], tool_choice="required", **fields)
+    assert tooled.input_tokens == called.usage.input_tokens > counted.input_tokens
+
+
+def test_a_count_with_truncation_auto_counts_what_fits_the_context(sdk):
+    chatter = " ".join(f"word{i}" for i in range(120))
+    turns = [{"role": "user", "content": f"{i}: {chatter}"} for i in range(40)]
+    whole = sdk.responses.input_tokens.count(model=ALIAS, input=turns)
+    assert whole.input_tokens > 2048  # past the tiny model's context: counted all the same
+    kept = sdk.responses.input_tokens.count(model=ALIAS, input=turns, truncation="auto")
+    assert 500 < kept.input_tokens <= 2048
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "param"),
+    [
+        ({"input": "hi", "max_output_tokens": 8}, 400, "max_output_tokens"),
+        ({"input": "hi", "stream": True}, 400, "stream"),
+        ({"input": "hi", "conversation": "conv_1"}, 400, "conversation"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
+        ({}, 400, "input"),
+        ({"input": "hi", "model": "no-such-model"}, 404, "model"),
+        ({"input": "hi", "previous_response_id": "resp_none"}, 404, "previous_response_id"),
+    ],
+)
+def test_a_bad_count_is_refused_naming_the_field(stack, world, fields, status, param):
+    response = httpx.post(
+        f"{stack.base_url}/v1/responses/input_tokens",
+        json={"model": ALIAS, **fields},
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_an_embedding_model_has_no_responses_to_count(stack, world, encoder):
+    response = httpx.post(
+        f"{stack.base_url}/v1/responses/input_tokens",
+        json={"model": ENCODER, "input": "hi"},
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("wrong_endpoint_for_model", "model")
 
 
 def test_a_background_response_that_ends_on_its_own_is_completed(sdk, no_ws):

@@ -252,6 +252,20 @@ V1_FOREIGN = [
                  "request_not_found", "id", id="resume-a-stream-after-an-event"),
     pytest.param(Call("GET", "/v1/requests/{chat_id}/stream"), "request_not_found", "id",
                  id="stream-a-non-streamed-request"),
+    pytest.param(Call("GET", "/v1/responses/{response_id}"), "response_not_found",
+                 "response_id", id="read-a-response"),
+    pytest.param(Call("GET", "/v1/responses/{response_id}/input_items"), "response_not_found",
+                 "response_id", id="list-a-responses-input"),
+    pytest.param(Call("DELETE", "/v1/responses/{response_id}"), "response_not_found",
+                 "response_id", id="delete-a-response"),
+    pytest.param(Call("POST", "/v1/responses/{response_id}/cancel"), "response_not_found",
+                 "response_id", id="cancel-a-response"),
+    pytest.param(Call("POST", "/v1/responses", {"model": ALIAS, "input": "Mine now?",
+                      "max_output_tokens": 4, "previous_response_id": "{response_id}"}),
+                 "response_not_found", "previous_response_id", id="chain-onto-a-response"),
+    pytest.param(Call("POST", "/v1/responses/input_tokens", {"model": ALIAS, "input": "How long?",
+                      "previous_response_id": "{response_id}"}),
+                 "response_not_found", "previous_response_id", id="count-a-responses-chain"),
 ]  # fmt: skip
 
 

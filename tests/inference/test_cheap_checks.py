@@ -489,6 +489,7 @@ def test_the_endpoints_that_count_requests_are_read_from_their_views_marks():
         "/v1/completions",
         "/v1/embeddings",
         "/v1/responses",
+        "/v1/responses/input_tokens",
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/tokenize",

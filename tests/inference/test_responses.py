@@ -12,6 +12,7 @@ from inference.response_events import ResponseBuilder
 from inference.responses import (
     OUTPUT_LOGPROBS,
     chat_error_renamed,
+    count_parse,
     input_items_read,
     messages_of,
     oldest_dropped,
@@ -84,6 +85,53 @@ def test_chats_errors_name_the_responses_field(body, param):
         responses_parse({"model": "m", "input": "hi", **body}, response_id="resp_x", history=[])
     assert refused.value.status == 400
     assert refused.value.param is not None and refused.value.param.startswith(param)
+
+
+COUNT = {
+    "model": "m",
+    "input": [{"role": "user", "content": "time?"}],
+    "instructions": "Be brief.",
+    "tools": [{"type": "function", "name": "clock", "parameters": {"type": "object"}}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "text": {"format": {"type": "json_object"}},
+    "reasoning": {"effort": "low"},
+    "truncation": "auto",
+    "conversation": None,
+    "personality": None,
+}
+
+
+def test_a_count_reads_its_fields_as_a_create_does():
+    counted = count_parse(COUNT, history=[])
+    created = responses_parse(
+        {k: v for k, v in COUNT.items() if k not in ("conversation", "personality")},
+        response_id="resp_x",
+        history=[],
+    ).chat
+    assert counted == created
+    assert counted.messages is not None and counted.messages[0]["content"] == "Be brief."
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # A create's fields that have no bearing on the prompt are not a count's.
+        ({"max_output_tokens": 8}, "max_output_tokens"),
+        ({"stream": True}, "stream"),
+        ({"temperature": 0}, "temperature"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"personality": "friendly"}, "personality"),
+        ({"colour": "red"}, "colour"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"input": None}, "input"),
+    ],
+)
+def test_a_count_refuses_what_it_does_not_read_naming_the_field(body, param):
+    with pytest.raises(ApiError) as refused:
+        count_parse({"model": "m", "input": "hi", **body}, history=[])
+    assert (refused.value.status, refused.value.param) == (400, param)
 
 
 def _builder() -> ResponseBuilder:
