@@ -6,7 +6,7 @@ that started together ending together), their calls fall in the same turn of the
 event loop, and each went as a round trip of its own: a write, a wake-up of Valkey, a read,
 for every call. Here a turn's calls are gathered and sent as one pipeline: one write and one
 read for all of them, their results handed back to each caller, each command's error to its
-own caller only.
+own caller only. Scripts go by their hash (`script_into`, `pipeline_execute`).
 
 A call alone in its turn (a quiet frontend) is sent by its caller as before (a script as its
 own EVALSHA): no task, no wait beyond the turn. A caller cancelled before its turn ends sends
@@ -29,7 +29,13 @@ from django.conf import settings
 from redis.commands.core import AsyncScript
 
 from dataplane.background import spawn
-from dataplane.redis_client import ScriptArg, cluster_of, script_into
+from dataplane.redis_client import (
+    ScriptArg,
+    cluster_of,
+    commands_drop,
+    pipeline_execute,
+    script_into,
+)
 
 Fill = Callable[[aredis.client.Pipeline], None]
 
@@ -103,7 +109,7 @@ class Coalescer:
     async def _own(self, fill: Fill) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
             fill(pipe)
-            return list(await pipe.execute())
+            return await pipeline_execute(pipe)
 
     def _gather(self) -> None:
         calls = [call for call in self._waiting if not call.future.done()]
@@ -125,10 +131,10 @@ class Coalescer:
                     try:
                         call.fill(pipe)
                     except Exception as exc:  # its own error: the others' commands still go
-                        del pipe.command_stack[before:]
+                        commands_drop(pipe, before)
                         call.future.set_exception(exc)
                     sizes.append(len(pipe) - before)
-                results = await pipe.execute(raise_on_error=False)
+                results = await pipeline_execute(pipe, raise_on_error=False)
         except BaseException as exc:
             for call in calls:
                 if not call.future.done():

@@ -51,7 +51,7 @@ from dataplane.keys import (
     reply_key,
     whereabouts_key,
 )
-from dataplane.redis_client import ScriptArg, cluster_of, script_into
+from dataplane.redis_client import ScriptArg, cluster_of, pipeline_execute, script_into
 from dataplane.replies import Follower, ReplyReaders
 from dataplane.types import (
     Event,
@@ -404,7 +404,7 @@ class FrontDoor:
             await self._finisher.finalize_into(
                 pipe, job=job, terminal=terminal, usage=usage, charged=False
             )
-            await pipe.execute()
+            await pipeline_execute(pipe)
 
     def _whereabouts_into(self, pipe: aredis.client.Pipeline, job: Job) -> None:
         """Record where a request lives, so it can be cancelled and followed by id alone."""

@@ -27,7 +27,7 @@ import redis.asyncio as aredis
 from dataplane import scripts
 from dataplane.coalesce import coalescer_of
 from dataplane.keys import body_bytes_key, quota_keys
-from dataplane.redis_client import script_into
+from dataplane.redis_client import pipeline_execute, script_into
 
 MICROS = Decimal(1_000_000)
 
@@ -254,5 +254,5 @@ class Quotas:
             for (tenant_id, month), items in groups.items():
                 keys, args = _release_call(tenant_id, month, items)
                 script_into(pipe, self._release, keys=keys, args=args)
-            results = await pipe.execute()
+            results = await pipeline_execute(pipe)
         return sum(int(n) for n in results)

@@ -21,7 +21,7 @@ from dataplane.background import event_wait, loop_failed, loop_ok, supervise
 from dataplane.finish import Finisher
 from dataplane.keys import cancel_channel, handoff_channel
 from dataplane.leases import Leases
-from dataplane.redis_client import UNREACHABLE, Outage, ShardedSubscriber
+from dataplane.redis_client import UNREACHABLE, Outage, ShardedSubscriber, pipeline_execute
 from dataplane.snapshots import depth
 from dataplane.tracing import bind
 from dataplane.types import (
@@ -461,7 +461,7 @@ class Worker(abc.ABC):
                             pipe, job=job, terminal=event, usage=usage, charged=charged
                         )
                     commands.append(len(pipe) - queued)
-                results = await pipe.execute(raise_on_error=False)
+                results = await pipeline_execute(pipe, raise_on_error=False)
         except BaseException:
             # Finishing is exactly-once (a marker per request), so writing an end again after
             # a write that broke half-way cannot bill twice.

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from dataplane.coalesce import Coalescer
-from dataplane.redis_client import redis_client_new
+from dataplane.redis_client import pipeline_execute, redis_client_new, script_into
 from tests import services_plugin
 
 # On a cluster every call goes on its own (dataplane.coalesce): these are one server's.
@@ -122,3 +122,60 @@ async def test_turned_off_every_call_goes_on_its_own(client, settings):
     )
     assert [int(n) for _, n in answers] == list(range(5))
     assert turns.batches == 0
+
+
+INCR = "return redis.call('INCR', KEYS[1])"
+
+
+async def _calls(client, command: str) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_a_turns_scripts_go_by_their_hash(client):
+    turns = Coalescer(client)
+    echo = client.register_script(ECHO)
+    await client.script_load(ECHO)
+    by_hash, by_text = await _calls(client, "evalsha"), await _calls(client, "eval")
+    await asyncio.gather(*(turns.script(echo, keys=["coalesce:h"], args=[n]) for n in range(8)))
+    assert turns.batches == 1
+    # The text goes once per script a server has not seen, not with every call.
+    assert await _calls(client, "evalsha") - by_hash >= 8
+    assert await _calls(client, "eval") == by_text
+
+
+async def test_a_script_the_server_forgot_runs_once_by_its_text(client):
+    turns = Coalescer(client)
+    counter, fail = client.register_script(INCR), client.register_script(FAIL)
+    keys = [f"coalesce:{uuid.uuid4().hex}" for _ in range(6)]
+    await client.script_flush()  # as a restarted server, or a replica promoted, knows none
+    answers = await asyncio.gather(
+        *(turns.script(counter, keys=[key], args=[]) for key in keys),
+        turns.script(fail, keys=["coalesce:f"], args=[]),
+        return_exceptions=True,
+    )
+    assert turns.batches == 1
+    assert answers[:6] == [1] * 6  # each ran, and ran once
+    assert [int(await client.get(key)) for key in keys] == [1] * 6
+    assert isinstance(answers[6], redis.ResponseError) and "no such thing" in str(answers[6])
+    # Run by its text, the script is known by its hash again.
+    assert await client.script_exists(counter.sha) == [True]
+
+
+async def test_a_pipeline_of_forgotten_scripts_keeps_its_order_and_raises_as_a_pipeline_does(
+    client,
+):
+    counter, fail = client.register_script(INCR), client.register_script(FAIL)
+    key = f"coalesce:{uuid.uuid4().hex}"
+    await client.script_flush()
+    async with client.pipeline(transaction=False) as pipe:
+        script_into(pipe, counter, keys=[key], args=[])
+        pipe.get(key)
+        script_into(pipe, counter, keys=[key], args=[])
+        found = await pipeline_execute(pipe, raise_on_error=False)
+    # The plain command ran in the first round trip, before the scripts that ran again.
+    assert found == [1, None, 2]
+    async with client.pipeline(transaction=False) as pipe:
+        script_into(pipe, fail, keys=[key], args=[])
+        with pytest.raises(redis.ResponseError, match="no such thing"):
+            await pipeline_execute(pipe)
