@@ -151,16 +151,27 @@ def test_a_template_that_loops_over_content_gets_the_prompt_vllm_writes(
     assert ours == _tokens(parts_targets.vllm, "/tokenize", body)
 
 
+def _counted_and_rendered(
+    targets: Targets, counts: str, renders: str, body: dict[str, Any], **rendering: Any
+) -> tuple[int, list[int]]:
+    """The platform's count of a body's input tokens, and the tokens vLLM renders it to (with
+    the fields only a request to render takes)."""
+    counted = targets.platform.post(counts, json=body)
+    assert counted.status_code == 200, counted.text
+    rendered = targets.vllm.post(renders, json={**body, **rendering})
+    assert rendered.status_code == 200, rendered.text
+    return int(counted.json()["input_tokens"]), list(rendered.json()["token_ids"])
+
+
 @pytest.mark.parametrize("name", MESSAGES_CASES)
 def test_a_messages_prompt_on_a_template_that_loops_counts_as_vllm_renders_it(
     parts_targets: Targets, name: str
 ) -> None:
     body = {"model": PARTS, **MESSAGES_CASES[name]}
-    counted = parts_targets.platform.post("/v1/messages/count_tokens", json=body)
-    assert counted.status_code == 200, counted.text
-    rendered = parts_targets.vllm.post("/v1/messages/render", json={**body, "max_tokens": 8})
-    assert rendered.status_code == 200, rendered.text
-    assert counted.json()["input_tokens"] == len(rendered.json()["token_ids"])
+    count, tokens = _counted_and_rendered(
+        parts_targets, "/v1/messages/count_tokens", "/v1/messages/render", body, max_tokens=8
+    )
+    assert count == len(tokens)
 
 
 @pytest.mark.parametrize("name", RESPONSES_CASES)
@@ -168,15 +179,13 @@ def test_a_responses_prompt_on_a_template_that_loops_counts_as_vllm_renders_it(
     parts_targets: Targets, name: str
 ) -> None:
     body = {"model": PARTS, **RESPONSES_CASES[name]}
-    counted = parts_targets.platform.post("/v1/responses/input_tokens", json=body)
-    assert counted.status_code == 200, counted.text
-    rendered = parts_targets.vllm.post("/v1/responses/render", json=body)
-    assert rendered.status_code == 200, rendered.text
+    count, tokens = _counted_and_rendered(
+        parts_targets, "/v1/responses/input_tokens", "/v1/responses/render", body
+    )
     # vLLM's Responses rendering puts the tokenizer's special tokens in front of what the
     # template wrote (an intentional difference: docs/conformance.md); the rest is the prompt.
     special = _tokens(
         parts_targets.vllm, "/tokenize", {"model": PARTS, "prompt": "", "add_special_tokens": True}
     )
-    tokens = rendered.json()["token_ids"]
     assert tokens[: len(special)] == special
-    assert counted.json()["input_tokens"] == len(tokens) - len(special)
+    assert count == len(tokens) - len(special)
