@@ -20,7 +20,7 @@ from inference.admission import ratelimit_headers, request_count, request_id_new
 from inference.asgi import CHECKED_PRINCIPAL, COUNTED, COUNTS_REQUESTS, TURN_OVER
 from inference.auth import Principal, authenticate, credentials, scope_check
 from inference.clients import quotas_get
-from inference.errors import ApiError
+from inference.errors import ApiError, invalid
 from inference.metrics import RequestClock, requests_total
 from inference.params import body_parse
 
@@ -228,3 +228,18 @@ def client_timeout(request: HttpRequest, body_timeout: float | None) -> float | 
     """The sooner of the `x-request-timeout` header and the body's `timeout`, if either."""
     timeouts = [t for t in (_timeout(request.headers.get("x-request-timeout")), body_timeout) if t]
     return min(timeouts, default=None)
+
+
+MAX_PAGE = 100  # the most objects one page of a list holds
+
+
+def page_query(request: HttpRequest) -> tuple[int, str, str | None]:
+    """A list's query as OpenAI's lists read it: `limit` (1 to 100, 20), `order` (`asc` or
+    `desc`, the default) and `after` (an object's id: the page starts past it)."""
+    raw_limit = request.GET.get("limit", "20")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
+        raise invalid("limit", f"'limit' must be an integer from 1 to {MAX_PAGE}.")
+    order = request.GET.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("order", "'order' must be 'asc' or 'desc'.")
+    return int(raw_limit), order, request.GET.get("after")

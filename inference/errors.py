@@ -104,6 +104,8 @@ SHOULD_RETRY: dict[str, bool] = {
     "model_not_found": False,
     "request_not_found": False,
     "response_not_found": False,
+    "conversation_not_found": False,
+    "item_not_found": False,
     "file_not_found": False,
     "batch_not_found": False,
     "not_found": False,

@@ -1,4 +1,5 @@
-"""What the API itself keeps in PostgreSQL: the Responses API's stored responses."""
+"""What the API itself keeps in PostgreSQL: the Responses API's stored responses, and the
+Conversations API's conversations and their items."""
 
 from __future__ import annotations
 
@@ -33,3 +34,49 @@ class StoredResponse(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Conversation(models.Model):
+    """A conversation of the Conversations API: items a client keeps on the platform, which a
+    response naming it (`conversation`) reads as its history and adds its turn to.
+
+    Its metadata and its items' text are sealed like every text the platform keeps. It lives
+    for the tenant's retention period (else 30 days) after its last change.
+    """
+
+    id = models.CharField(max_length=64, primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="conversations")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    next_position = models.IntegerField(default=0)
+    sealed = models.BinaryField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ConversationItem(models.Model):
+    """One item of a conversation, in the order it was added; its id is the conversation's
+    own (unique within it)."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="items")
+    position = models.IntegerField()
+    item_id = models.CharField(max_length=64)
+    sealed = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "position"], name="conversation_item_position"
+            ),
+            models.UniqueConstraint(
+                fields=["conversation", "item_id"], name="conversation_item_id"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id}/{self.item_id}"

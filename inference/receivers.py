@@ -7,6 +7,7 @@ from typing import Any
 
 from dataplane.redis_client import redis_sync_client
 from dataplane.tenancy import tenant_keys_forget
+from inference.conversations_store import conversations_delete, conversations_expiry_shorten
 from inference.response_cache import tenant_answers_forget
 from inference.responses_store import responses_delete, responses_expiry_shorten
 from tenants.models import Tenant
@@ -24,12 +25,14 @@ def _answers_forget(*, tenant_id: int, slug: str, **_: Any) -> None:
 
 
 def _responses_delete(*, deletion: TenantDeletion, **_: Any) -> None:
-    # Stored responses are the tenant's kept text: counted with the rest of it.
+    # Stored responses and conversations are the tenant's kept text: counted with the rest.
     deletion.retained_texts_deleted += responses_delete(tenant_id=deletion.tenant.pk)
+    deletion.retained_texts_deleted += conversations_delete(tenant_id=deletion.tenant.pk)
 
 
 def _responses_shorten(*, tenant: Tenant, retention_days: int, **_: Any) -> None:
     responses_expiry_shorten(tenant_id=tenant.pk, retention_days=retention_days)
+    conversations_expiry_shorten(tenant_id=tenant.pk, retention_days=retention_days)
 
 
 def receivers_connect() -> None:

@@ -30,7 +30,7 @@ HONOURED = frozenset(
         "tools", "tool_choice", "parallel_tool_calls", "text", "metadata", "user",
         "safety_identifier", "store", "previous_response_id", "stream", "truncation",
         "background", "service_tier", "include", "top_logprobs", "max_tool_calls",
-        "reasoning",
+        "reasoning", "conversation",
     }
 )  # fmt: skip
 # What `include` may name: the output text's log probabilities (the rest of OpenAI's names
@@ -46,7 +46,6 @@ PASSED_TO_CHAT = (
 # Refused unless left out or set to what asks for nothing.
 REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
     "prompt": (None,),
-    "conversation": (None,),
     "stream_options": (None, {}),
 }
 # `POST /v1/responses/input_tokens`: the fields of OpenAI's count body, each read as a create
@@ -54,10 +53,10 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
 COUNTED = frozenset(
     {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
-        "text", "reasoning", "truncation", "previous_response_id",
+        "text", "reasoning", "truncation", "previous_response_id", "conversation",
     }
 )  # fmt: skip
-COUNT_REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {"conversation": (None,), "personality": (None,)}
+COUNT_REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {"personality": (None,)}
 MAX_METADATA_KEYS = 16
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 # Chat's names of the fields a Responses request names otherwise (for errors).
@@ -118,15 +117,18 @@ def _string(item: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
-def input_items_read(raw: Any, *, response_id: str) -> list[dict[str, Any]]:
-    """The input's items in their full shape, each with an id (a string is one user message)."""
+def input_items_read(raw: Any, *, response_id: str, field: str = "input") -> list[dict[str, Any]]:
+    """The input's items in their full shape, each with an id (a string is one user message).
+
+    `field`: the body's name for them, in errors (a conversation's are `items`).
+    """
     if isinstance(raw, str):
         raw = [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
-        raise invalid("input", "'input' must be a string or a non-empty list of input items.")
+        raise invalid(field, f"'{field}' must be a string or a non-empty list of input items.")
     items = []
     for i, item in enumerate(raw):
-        where = f"input[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(item, dict):
             raise invalid(where, f"'{where}' must be an object.")
         kind = item.get("type", "message")
@@ -419,7 +421,8 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _metadata(raw: Any) -> dict[str, str] | None:
+def metadata_read(raw: Any) -> dict[str, str] | None:
+    """A body's `metadata`, checked as OpenAI bounds it (None: absent)."""
     if raw is None:
         return None
     if not isinstance(raw, dict) or len(raw) > MAX_METADATA_KEYS:
@@ -447,11 +450,16 @@ def chat_error_renamed(exc: ApiError) -> ApiError:
 
 
 def responses_parse(
-    body: dict[str, Any], *, response_id: str, history: list[Kept]
+    body: dict[str, Any],
+    *,
+    response_id: str,
+    history: list[Kept],
+    conversation: list[dict[str, Any]] | None = None,
 ) -> ResponsesRequest:
     """Return the chat request of a Responses body, or raise a 400 naming its field.
 
-    `history`: the stored turns before this one, oldest first (from previous_response_id).
+    `history`: the stored turns before this one, oldest first (from previous_response_id);
+    `conversation`: the items of the conversation the body names, oldest first.
     """
     _refuse_unsupported(body, HONOURED | frozenset(PASSED_TO_CHAT), REFUSED_UNLESS)
     if "input" not in body:
@@ -466,7 +474,8 @@ def responses_parse(
             "truncation",
             f"'truncation' must be 'auto' or 'disabled'; got {shown(str(truncation))}.",
         )
-    earlier: list[dict[str, Any]] = []
+    conversation_id = conversation_id_read(body)
+    earlier: list[dict[str, Any]] = list(conversation or [])
     for turn in history:
         earlier.extend(turn.input_items)
         earlier.extend(turn.body.get("output", []))
@@ -515,7 +524,7 @@ def responses_parse(
             "instructions": instructions,
             "max_output_tokens": chat.max_tokens,
             "max_tool_calls": _max_tool_calls(body),
-            "metadata": _metadata(body.get("metadata")) or {},
+            "metadata": metadata_read(body.get("metadata")) or {},
             "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
             "previous_response_id": previous,
             "temperature": 1.0 if chat.temperature is None else chat.temperature,
@@ -529,11 +538,17 @@ def responses_parse(
             "user": user,
             "store": _flag(body, "store", True),
             "background": _flag(body, "background", False),
+            "conversation": None if conversation_id is None else {"id": conversation_id},
         },
     )
 
 
-def count_parse(body: dict[str, Any], *, history: list[Kept]) -> GenerationRequest:
+def count_parse(
+    body: dict[str, Any],
+    *,
+    history: list[Kept],
+    conversation: list[dict[str, Any]] | None = None,
+) -> GenerationRequest:
     """The chat request whose prompt a count body's input tokens are, or a 400 naming its field.
 
     Each field is read as a create reads it, so a count is the `usage.input_tokens` of the
@@ -541,7 +556,10 @@ def count_parse(body: dict[str, Any], *, history: list[Kept]) -> GenerationReque
     """
     _refuse_unsupported(body, COUNTED, COUNT_REFUSED_UNLESS)
     counted = {name: value for name, value in body.items() if name in COUNTED}
-    return responses_parse(counted, response_id="resp_count", history=history).chat
+    parsed = responses_parse(
+        counted, response_id="resp_count", history=history, conversation=conversation
+    )
+    return parsed.chat
 
 
 RESPONSES = "responses"  # a batch's endpoint kind for /v1/responses lines
@@ -550,7 +568,7 @@ RESPONSES = "responses"  # a batch's endpoint kind for /v1/responses lines
 def batch_line_parse(body: dict[str, Any], *, response_id: str) -> ResponsesRequest:
     """A /v1/responses batch line: a response of its own, never chained or in the background
     (the batch already runs in the background; a line cannot wait on another's answer)."""
-    for name in ("previous_response_id", "background", "truncation"):
+    for name in ("previous_response_id", "background", "truncation", "conversation"):
         if body.get(name) not in (None, False, "disabled"):
             raise ApiError(
                 400,
@@ -572,6 +590,25 @@ def oldest_dropped(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | Non
     while len(rest) > 1 and rest[0]["role"] == "tool":
         rest = rest[1:]
     return messages[:head] + rest
+
+
+def conversation_id_read(body: dict[str, Any]) -> str | None:
+    """The id of the conversation a body names (`"conv_..."` or `{"id": "conv_..."}`), checked;
+    None without one. A body names a conversation or a previous response, not both."""
+    raw = body.get("conversation")
+    if raw is None:
+        return None
+    found = raw.get("id") if isinstance(raw, dict) and set(raw) == {"id"} else raw
+    if not isinstance(found, str) or not found:
+        raise invalid(
+            "conversation", "'conversation' must be a conversation id, or an object of its id."
+        )
+    if body.get("previous_response_id") is not None:
+        raise invalid(
+            "conversation",
+            "Send 'conversation' or 'previous_response_id', not both: each names the history.",
+        )
+    return found
 
 
 def previous_id_read(body: dict[str, Any]) -> str | None:

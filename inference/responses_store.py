@@ -14,11 +14,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from inference.conversations_store import TURN_STATUSES, conversation_turn_add
+from inference.kept import kept_for
 from inference.models import StoredResponse
 from privacy.crypto import content_open, content_seal
 
-# How long a stored response is kept when its tenant keeps no text otherwise (OpenAI's).
-DEFAULT_DAYS = 30
 # What an id this API made looks like; any other is absent without a query (a NUL byte, say,
 # which PostgreSQL cannot even compare).
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
@@ -82,11 +82,6 @@ def _sealed(
     )
 
 
-def _kept_days(retention_days: int) -> int:
-    """A stored response's lifetime: the tenant's retention period when it sets one."""
-    return retention_days if retention_days > 0 else DEFAULT_DAYS
-
-
 def response_save(
     *,
     tenant_id: int,
@@ -111,7 +106,7 @@ def response_save(
                 previous_id=body.get("previous_response_id") or "",
                 status=body["status"],
                 created_at=created,
-                expires_at=created + dt.timedelta(days=_kept_days(retention_days)),
+                expires_at=created + kept_for(retention_days),
                 sealed=sealed,
             )
     except IntegrityError:
@@ -155,6 +150,13 @@ def response_finish(
             last_sequence=last_sequence,
         )
         row.save(update_fields=["status", "sealed"])
+        conversation = body.get("conversation")
+        if conversation and body["status"] in TURN_STATUSES:
+            conversation_turn_add(
+                tenant_id=tenant_id,
+                conversation_id=conversation["id"],
+                items=[*kept.input_items, *body["output"]],
+            )
     return True
 
 
@@ -226,7 +228,7 @@ def responses_expiry_shorten(*, tenant_id: int, retention_days: int) -> int:
     """Bring a tenant's stored responses within a shorter retention period."""
     from django.db.models import F
 
-    limit = dt.timedelta(days=_kept_days(retention_days))
+    limit = kept_for(retention_days)
     return StoredResponse.objects.filter(
         tenant_id=tenant_id, expires_at__gt=F("created_at") + limit
     ).update(expires_at=F("created_at") + limit)

@@ -27,11 +27,14 @@ from inference import relay
 from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
 from inference.clients import dispatch_get, routing_get
 from inference.content_policy import policy_get
+from inference.conversations_store import TURN_STATUSES, conversation_items, conversation_turn_add
+from inference.conversations_views import conversation_not_found
 from inference.endpoint import (
     api_endpoint,
     client_timeout,
     internal_error,
     json_response,
+    page_query,
     request_clock,
     request_json,
     request_principal,
@@ -48,6 +51,7 @@ from inference.responses import (
     RESPONSES,
     ResponsesRequest,
     chat_error_renamed,
+    conversation_id_read,
     count_parse,
     oldest_dropped,
     previous_id_read,
@@ -69,7 +73,6 @@ from inference.tokenization import prompts_read, tokenizer_of
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
-MAX_ITEMS_PAGE = 100
 # A background response's terminal event may come this long after its deadline.
 _GRACE_SECONDS = 5.0
 # How long a cancel waits for the response's end before it answers with where it stands.
@@ -85,13 +88,15 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
     response_id = f"resp_{request_id}"
-    history = await _history(
+    history, conversation = await _history(
         body,
         tenant_id=principal.tenant_id,
-        parse=lambda turns: responses_parse(body, response_id=response_id, history=turns),
+        parse=lambda: responses_parse(body, response_id=response_id, history=[]),
     )
     with compiled_for(principal.tenant_id):
-        parsed = responses_parse(body, response_id=response_id, history=history)
+        parsed = responses_parse(
+            body, response_id=response_id, history=history, conversation=conversation
+        )
     if parsed.background and not parsed.store:
         raise invalid("store", "A background response is stored: leave 'store' out or send true.")
     key = key_validate(request.headers.get("Idempotency-Key"))
@@ -180,20 +185,27 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
 
 
 async def _history(
-    body: dict[str, Any], *, tenant_id: int, parse: Callable[[list[Kept]], object]
-) -> list[Kept]:
-    """The stored turns a body's previous_response_id chains onto, oldest first (none without
-    one); a missing link is a 404 naming it. `parse` checks the body first: a bad one costs
+    body: dict[str, Any], *, tenant_id: int, parse: Callable[[], object]
+) -> tuple[list[Kept], list[dict[str, Any]] | None]:
+    """What a body's turn follows, oldest first: the stored turns its previous_response_id
+    chains onto, or the items of the conversation it names (None: it names none). A missing
+    link or conversation is a 404 naming it. `parse` checks the body first: a bad one costs
     no query."""
-    previous = previous_id_read(body)
-    if previous is None:
-        return []
+    previous, conversation = previous_id_read(body), conversation_id_read(body)
+    if previous is None and conversation is None:
+        return [], None
     with compiled_for(tenant_id):
-        parse([])
+        parse()
+    if conversation is not None:
+        items = await db_call(conversation_items, tenant_id=tenant_id, conversation_id=conversation)
+        if items is None:
+            raise conversation_not_found(conversation, "conversation")
+        return [], items
+    assert previous is not None, "a body without a conversation chains onto a response here"
     chain = await db_call(response_chain, tenant_id=tenant_id, response_id=previous)
     if chain is None:
         raise _not_found(previous, "previous_response_id")
-    return chain
+    return chain, None
 
 
 @api_endpoint("POST", counted=True)
@@ -207,11 +219,11 @@ async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpR
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
     tenant_id = principal.tenant_id
-    history = await _history(
-        body, tenant_id=tenant_id, parse=lambda turns: count_parse(body, history=turns)
+    history, conversation = await _history(
+        body, tenant_id=tenant_id, parse=lambda: count_parse(body, history=[])
     )
     with compiled_for(tenant_id):
-        chat = count_parse(body, history=history)
+        chat = count_parse(body, history=history, conversation=conversation)
     route = (await routing_get(chat.model)).pick(tenant_id=tenant_id, user=chat.user)
     task_check(route, embeddings=False, model=chat.model)
     await tokenizer_of(route)  # its first load off the event loop
@@ -368,21 +380,30 @@ async def _kept(
     request_id: str,
     retention_days: int,
 ) -> None:
-    """Store the response, if asked; a store that fails is logged, the answer still goes out."""
-    if not parsed.store:
-        return
+    """Store the response, if asked, and add its turn to the conversation it names; a write
+    that fails is logged, the answer still goes out."""
+    body = builder.body()
+    conversation = body.get("conversation")
     try:
-        await db_call(
-            response_save,
-            tenant_id=tenant_id,
-            request_id=request_id,
-            body=builder.body(),
-            input_items=parsed.input_items,
-            retention_days=retention_days,
-            requested_model=parsed.chat.model,
-        )
+        if parsed.store:
+            await db_call(
+                response_save,
+                tenant_id=tenant_id,
+                request_id=request_id,
+                body=body,
+                input_items=parsed.input_items,
+                retention_days=retention_days,
+                requested_model=parsed.chat.model,
+            )
+        if conversation and body["status"] in TURN_STATUSES:
+            await db_call(
+                conversation_turn_add,
+                tenant_id=tenant_id,
+                conversation_id=conversation["id"],
+                items=[*parsed.input_items, *body["output"]],
+            )
     except Exception:
-        log.exception("could not store response %s", builder.response_id)
+        log.exception("could not keep response %s", builder.response_id)
 
 
 async def responses_collect(
@@ -549,23 +570,13 @@ async def response_cancel(request: HttpRequest, request_id: str, response_id: st
     return json_response(kept.body if builder is None else builder.body())
 
 
-def _page_query(request: HttpRequest) -> tuple[int, str, str | None]:
-    raw_limit = request.GET.get("limit", "20")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_ITEMS_PAGE:
-        raise invalid("limit", f"'limit' must be an integer from 1 to {MAX_ITEMS_PAGE}.")
-    order = request.GET.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid("order", "'order' must be 'asc' or 'desc'.")
-    return int(raw_limit), order, request.GET.get("after")
-
-
 @api_endpoint("GET")
 async def response_input_items(
     request: HttpRequest, request_id: str, response_id: str
 ) -> HttpResponse:
     """A stored response's input items, a page at a time (newest first unless order=asc)."""
     principal = await request_principal(request, Scope.INFERENCE)
-    limit, order, after = _page_query(request)
+    limit, order, after = page_query(request)
     kept = await db_call(response_get, tenant_id=principal.tenant_id, response_id=response_id)
     if kept is None:
         raise _not_found(response_id)

@@ -1,16 +1,18 @@
-"""Celery control jobs of the API: the hourly purge of expired stored responses."""
+"""Celery control jobs of the API: the hourly purge of expired stored responses and
+conversations, and the sweep of orphaned background responses."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
+from inference.conversations_store import conversations_purge
 from inference.responses_store import responses_purge as _responses_purge
 
 
 @shared_task
 def responses_purge() -> int:
-    """Delete stored responses (the Responses API's) past their expiry."""
-    return _responses_purge()
+    """Delete stored responses (the Responses API's) and conversations past their expiry."""
+    return _responses_purge() + conversations_purge()
 
 
 @shared_task

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from inference import messages_views, responses_views, views
+from inference import conversations_views, messages_views, responses_views, views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions),
@@ -20,6 +20,13 @@ urlpatterns = [
     path("messages/count_tokens", messages_views.messages_count_tokens),
     path("responses", responses_views.responses_create),
     path("responses/input_tokens", responses_views.responses_input_tokens),
+    path("conversations", conversations_views.conversations),
+    path("conversations/<str:conversation_id>", conversations_views.conversation_detail),
+    path("conversations/<str:conversation_id>/items", conversations_views.conversation_items),
+    path(
+        "conversations/<str:conversation_id>/items/<str:item_id>",
+        conversations_views.conversation_item,
+    ),
     path("responses/<str:response_id>", responses_views.response_detail),
     path("responses/<str:response_id>/input_items", responses_views.response_input_items),
     path("responses/<str:response_id>/cancel", responses_views.response_cancel),

@@ -264,7 +264,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "inference.tasks.responses_orphans_finish",
         "schedule": 60.0,
     },
-    # Stored responses (the Responses API's) past their expiry are deleted.
+    # Stored responses (the Responses API's) and conversations past their expiry are deleted.
     "inference-responses-purge": {
         "task": "inference.tasks.responses_purge",
         "schedule": crontab(minute=5),

@@ -14,6 +14,8 @@ import msgspec
 
 from inference.admission import CIRCUIT_OPEN, FALLBACK_REASONS
 from inference.openapi import bodies, objects
+from inference.openapi.conversations import SCHEMAS as CONVERSATIONS_SCHEMAS
+from inference.openapi.conversations import conversations_paths
 from inference.openapi.messages import SCHEMAS as MESSAGES_SCHEMAS
 from inference.openapi.messages import messages_paths
 from inference.openapi.parts import parts
@@ -50,6 +52,7 @@ def openapi_document() -> Schema:
         "paths": _merged(
             model_paths(),
             responses_paths(),
+            conversations_paths(),
             messages_paths(),
             *(part.paths() for part in parts()),
             request_paths(),
@@ -118,6 +121,7 @@ def openapi_document() -> Schema:
                     "Model": objects.MODEL,
                 },
                 RESPONSES_SCHEMAS,
+                CONVERSATIONS_SCHEMAS,
                 MESSAGES_SCHEMAS,
                 *(part.schemas for part in parts()),
                 {

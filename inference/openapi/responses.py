@@ -26,7 +26,7 @@ _STATUS = {
     "enum": ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"],
 }
 _TEXT_PART = obj({"type": {"type": "string"}, "text": {"type": "string"}}, "type")
-_ITEM: Schema = {
+ITEM: Schema = {
     "type": "object",
     "description": "A message (role, content parts), a reasoning item (reasoning_text "
     "parts), a function_call (call_id, name, arguments) or a function_call_output (call_id, "
@@ -62,7 +62,7 @@ _FUNCTION_TOOL = obj(
 RESPONSES_REQUEST: Schema = obj(
     {
         "model": {"type": "string", "description": "A model, alias or name@version."},
-        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": _ITEM}]},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": ITEM}]},
         "instructions": {"type": ["string", "null"]},
         "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
         "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
@@ -99,6 +99,15 @@ RESPONSES_REQUEST: Schema = obj(
         "safety_identifier": {"type": ["string", "null"]},
         "store": {"type": ["boolean", "null"]},
         "previous_response_id": {"type": ["string", "null"]},
+        "conversation": {
+            "anyOf": [
+                {"type": "string"},
+                obj({"id": {"type": "string"}}, "id", additionalProperties=False),
+                {"type": "null"},
+            ],
+            "description": "A conversation (conv_...): its items are the history, and the "
+            "response's turn is added to it; not with previous_response_id.",
+        },
         "background": {"type": ["boolean", "null"]},
         "stream": {"type": ["boolean", "null"]},
         "truncation": {"type": ["string", "null"], "enum": ["auto", "disabled", None]},
@@ -193,7 +202,7 @@ RESPONSE_DELETED: Schema = obj(
     "object",
     "deleted",
 )
-INPUT_ITEMS: Schema = obj(
+INPUTITEMS: Schema = obj(
     {
         "object": {"const": "list"},
         "data": {"type": "array", "items": {"type": "object"}},
@@ -224,7 +233,7 @@ SCHEMAS: dict[str, Schema] = {
     "ResponsesRequest": RESPONSES_REQUEST,
     "Response": RESPONSE,
     "ResponseDeleted": RESPONSE_DELETED,
-    "ResponseInputItems": INPUT_ITEMS,
+    "ResponseInputItems": INPUTITEMS,
     "ResponsesInputTokensRequest": INPUT_TOKENS_REQUEST,
     "ResponsesInputTokens": INPUT_TOKENS,
 }

@@ -658,7 +658,7 @@ def test_a_count_with_truncation_auto_counts_what_fits_the_context(sdk):
     [
         ({"input": "hi", "max_output_tokens": 8}, 400, "max_output_tokens"),
         ({"input": "hi", "stream": True}, 400, "stream"),
-        ({"input": "hi", "conversation": "conv_1"}, 400, "conversation"),
+        ({"input": "hi", "conversation": "conv_none"}, 404, "conversation"),
         ({"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
         ({}, 400, "input"),
         ({"input": "hi", "model": "no-such-model"}, 404, "model"),

@@ -52,6 +52,8 @@ class Objects:
     key_pk: int
     retained_pk: int
     response_id: str  # a stored response of the Responses API
+    conversation_id: str  # a conversation of the Conversations API
+    item_id: str  # its one item
 
 
 # The same shapes, naming nothing: a foreign object must answer exactly as these do.
@@ -67,6 +69,8 @@ MISSING = Objects(
     key_pk=999_999_999,
     retained_pk=999_999_999,
     response_id="resp_" + "2" * 32,
+    conversation_id="conv_" + "3" * 32,
+    item_id="item-missing",
 )
 
 
@@ -105,7 +109,7 @@ def acme(stack: Stack, world: World, django_db_blocker: Any) -> Iterator[Objects
     from batches.models import Batch, File
     from batches.services import batch_create
     from billing.invoices import invoice_build
-    from inference.models import StoredResponse
+    from inference.models import Conversation, StoredResponse
     from privacy.models import RetainedContent
     from privacy.services import content_retain
     from tenants.models import ApiKey
@@ -140,6 +144,12 @@ def acme(stack: Stack, world: World, django_db_blocker: Any) -> Iterator[Objects
             headers=_auth(world.acme_key),
         )
         assert stored.status_code == 200, stored.text
+        conversation = client.post(
+            "/v1/conversations",
+            json={"items": [{"id": "acme-item", "role": "user", "content": "Mine"}]},
+            headers=_auth(world.acme_key),
+        )
+        assert conversation.status_code == 200, conversation.text
     chat_id, stream_id = chat.headers["x-request-id"], streamed.headers["x-request-id"]
     file_id = uploaded.json()["id"]
     with django_db_blocker.unblock():
@@ -174,9 +184,12 @@ def acme(stack: Stack, world: World, django_db_blocker: Any) -> Iterator[Objects
         key_pk=key.pk,
         retained_pk=retained.pk,
         response_id=stored.json()["id"],
+        conversation_id=conversation.json()["id"],
+        item_id="acme-item",
     )
     with django_db_blocker.unblock():
         StoredResponse.objects.filter(pk=stored.json()["id"]).delete()
+        Conversation.objects.filter(pk=conversation.json()["id"]).delete()
         retained.delete()
         Batch.objects.filter(pk=batch.id).delete()
         File.objects.filter(pk=file_id).delete()
@@ -188,6 +201,7 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
     """Everything of acme's (and the platform's) that a leaked call could have changed."""
     from batches.models import Batch, File
     from billing.models import Adjustment, Invoice, PriceBook, UsageRecord
+    from inference.conversations_store import conversation_get, conversation_items
     from inference.models import StoredResponse
     from models_registry.models import Alias, Rollout
     from privacy.models import RetainedContent
@@ -214,6 +228,10 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
         ),
         "retained": RetainedContent.objects.filter(pk=acme.retained_pk).count(),
         "stored response": StoredResponse.objects.filter(pk=acme.response_id).count(),
+        "conversation": (
+            conversation_get(tenant_id=world.acme.pk, conversation_id=acme.conversation_id),
+            conversation_items(tenant_id=world.acme.pk, conversation_id=acme.conversation_id),
+        ),
         "quota": model_to_dict(Quota.objects.get(tenant=world.acme)),
         "privacy": model_to_dict(Tenant.objects.get(pk=world.acme.pk), fields=PRIVACY_FIELDS),
         "alias": (alias.version_id, alias.splits.count()),
@@ -266,6 +284,27 @@ V1_FOREIGN = [
     pytest.param(Call("POST", "/v1/responses/input_tokens", {"model": ALIAS, "input": "How long?",
                       "previous_response_id": "{response_id}"}),
                  "response_not_found", "previous_response_id", id="count-a-responses-chain"),
+    pytest.param(Call("GET", "/v1/conversations/{conversation_id}"), "conversation_not_found",
+                 "conversation_id", id="read-a-conversation"),
+    pytest.param(Call("POST", "/v1/conversations/{conversation_id}", {"metadata": {"k": "v"}}),
+                 "conversation_not_found", "conversation_id", id="rename-a-conversation"),
+    pytest.param(Call("DELETE", "/v1/conversations/{conversation_id}"), "conversation_not_found",
+                 "conversation_id", id="delete-a-conversation"),
+    pytest.param(Call("GET", "/v1/conversations/{conversation_id}/items"),
+                 "conversation_not_found", "conversation_id", id="list-a-conversations-items"),
+    pytest.param(Call("POST", "/v1/conversations/{conversation_id}/items",
+                      {"items": [{"role": "user", "content": "Theirs"}]}),
+                 "conversation_not_found", "conversation_id", id="add-to-a-conversation"),
+    pytest.param(Call("GET", "/v1/conversations/{conversation_id}/items/{item_id}"),
+                 "conversation_not_found", "conversation_id", id="read-a-conversations-item"),
+    pytest.param(Call("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}"),
+                 "conversation_not_found", "conversation_id", id="delete-a-conversations-item"),
+    pytest.param(Call("POST", "/v1/responses", {"model": ALIAS, "input": "Mine now?",
+                      "max_output_tokens": 4, "conversation": "{conversation_id}"}),
+                 "conversation_not_found", "conversation", id="answer-on-a-conversation"),
+    pytest.param(Call("POST", "/v1/responses/input_tokens", {"model": ALIAS, "input": "How long?",
+                      "conversation": "{conversation_id}"}),
+                 "conversation_not_found", "conversation", id="count-a-conversation"),
 ]  # fmt: skip
 
 
@@ -341,7 +380,11 @@ def test_acme_key_reaches_every_object_globex_cannot(
 ) -> None:
     """The matrix's control: the same ids work for their owner, so each 404 is isolation."""
     for path in ("/v1/files/{file_id}", "/v1/files/{file_id}/content", "/v1/batches/{batch_id}",
-                 "/v1/batches?after={batch_id}", "/v1/requests/{stream_id}/stream"):  # fmt: skip
+                 "/v1/batches?after={batch_id}", "/v1/requests/{stream_id}/stream",
+                 "/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items",
+                 "/v1/conversations/{conversation_id}",
+                 "/v1/conversations/{conversation_id}/items",
+                 "/v1/conversations/{conversation_id}/items/{item_id}"):  # fmt: skip
         answer = client.get(path.format(**asdict(acme)), headers=_auth(world.acme_key))
         assert answer.status_code == 200, (path, answer.text)
     # A finished request: the owner is told so, and nothing else happens.

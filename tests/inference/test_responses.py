@@ -11,6 +11,7 @@ from inference.params import CHAT, generation_parse
 from inference.response_events import ResponseBuilder
 from inference.responses import (
     OUTPUT_LOGPROBS,
+    batch_line_parse,
     chat_error_renamed,
     count_parse,
     input_items_read,
@@ -72,6 +73,43 @@ def test_a_chain_rebuilds_every_earlier_turn_but_not_its_instructions():
     ]
 
 
+def test_a_conversations_items_are_the_history_and_the_response_names_it():
+    items = input_items_read(
+        [
+            {"role": "user", "content": "I am Ada."},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hi Ada."}],
+            },
+        ],
+        response_id="resp_c",
+    )
+    parsed = responses_parse(
+        {
+            "model": "m",
+            "input": "Who am I?",
+            "instructions": "rules",
+            "conversation": {"id": "conv_x"},
+        },
+        response_id="resp_d",
+        history=[],
+        conversation=items,
+    )
+    assert parsed.chat.messages == [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "I am Ada."},
+        {"role": "assistant", "content": "Hi Ada."},
+        {"role": "user", "content": "Who am I?"},
+    ]
+    assert parsed.echo["conversation"] == {"id": "conv_x"}
+    # Only this turn's input is its own: the conversation's items are not input items again.
+    assert [item["id"] for item in parsed.input_items] == ["item_d_in0"]
+    with pytest.raises(ApiError) as refused:
+        batch_line_parse({"model": "m", "input": "hi", "conversation": "conv_x"}, response_id="r")
+    assert refused.value.param == "body.conversation"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -120,7 +158,9 @@ def test_a_count_reads_its_fields_as_a_create_does():
         ({"max_output_tokens": 8}, "max_output_tokens"),
         ({"stream": True}, "stream"),
         ({"temperature": 0}, "temperature"),
-        ({"conversation": "conv_1"}, "conversation"),
+        ({"conversation": 5}, "conversation"),
+        ({"conversation": {"id": "conv_1", "x": 1}}, "conversation"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
         ({"personality": "friendly"}, "personality"),
         ({"colour": "red"}, "colour"),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),

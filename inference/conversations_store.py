@@ -1,0 +1,264 @@
+"""Conversations (OpenAI's Conversations API): create, read, change and delete them and their
+items, always within one tenant.
+
+Every function takes the tenant; another tenant's id reads as absent (a 404 to the caller).
+A conversation lives for the tenant's retention period (else 30 days) after its last change,
+as a stored response lives after its creation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import secrets
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from inference.kept import kept_for
+from inference.models import Conversation, ConversationItem
+from privacy.crypto import content_open, content_seal
+
+CONVERSATION_ID = re.compile(r"^conv_[0-9a-f]{32}$")
+# The items a conversation may hold (OpenAI sets no number): a response reads all of them, so
+# this bounds what one request reads and renders. A response's own turn is always added.
+MAX_ITEMS = 4096
+
+
+def conversation_id_new() -> str:
+    return f"conv_{secrets.token_hex(16)}"
+
+
+def _seal(value: Any) -> bytes:
+    return content_seal(json.dumps(value).encode())
+
+
+def _open(sealed: Any) -> Any:
+    return json.loads(content_open(bytes(sealed)))
+
+
+def _object(row: Conversation) -> dict[str, Any]:
+    """A conversation as the API returns it."""
+    return {
+        "id": row.id,
+        "object": "conversation",
+        "created_at": int(row.created_at.timestamp()),
+        "metadata": _open(row.sealed)["metadata"],
+    }
+
+
+def _live(tenant_id: int, conversation_id: str) -> Any:
+    """The tenant's conversation rows by id, not expired (none for an id this API never made:
+    a NUL byte, say, which PostgreSQL cannot even compare)."""
+    if not CONVERSATION_ID.fullmatch(conversation_id):
+        return Conversation.objects.none()
+    return Conversation.objects.filter(
+        tenant_id=tenant_id, id=conversation_id, expires_at__gt=timezone.now()
+    )
+
+
+def _touched(row: Conversation, retention_days: int) -> None:
+    row.updated_at = timezone.now()
+    row.expires_at = row.updated_at + kept_for(retention_days)
+
+
+def _append(row: Conversation, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add items after the conversation's last one (its row locked by the caller)."""
+    ConversationItem.objects.bulk_create(
+        ConversationItem(
+            conversation=row,
+            position=row.next_position + offset,
+            item_id=item["id"],
+            sealed=_seal(item),
+        )
+        for offset, item in enumerate(items)
+    )
+    row.next_position += len(items)
+    return items
+
+
+def conversation_create(
+    *, tenant_id: int, items: list[dict[str, Any]], metadata: dict[str, str], retention_days: int
+) -> dict[str, Any]:
+    """Start a conversation with its first items (ids unique among them)."""
+    now = timezone.now()
+    with transaction.atomic():
+        row = Conversation.objects.create(
+            id=conversation_id_new(),
+            tenant_id=tenant_id,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + kept_for(retention_days),
+            sealed=_seal({"metadata": metadata}),
+        )
+        _append(row, items)
+        row.save(update_fields=["next_position"])
+    return _object(row)
+
+
+def conversation_get(*, tenant_id: int, conversation_id: str) -> dict[str, Any] | None:
+    """The tenant's conversation, or None (unknown, deleted, expired or another tenant's)."""
+    row = _live(tenant_id, conversation_id).first()
+    return None if row is None else _object(row)
+
+
+def conversation_update(
+    *, tenant_id: int, conversation_id: str, metadata: dict[str, str], retention_days: int
+) -> dict[str, Any] | None:
+    """Replace a conversation's metadata; None when the tenant has no such conversation."""
+    with transaction.atomic():
+        row = _live(tenant_id, conversation_id).select_for_update().first()
+        if row is None:
+            return None
+        row.sealed = _seal({"metadata": metadata})
+        _touched(row, retention_days)
+        row.save(update_fields=["sealed", "updated_at", "expires_at"])
+    return _object(row)
+
+
+def conversation_delete(*, tenant_id: int, conversation_id: str) -> bool:
+    """Delete a conversation and its items; False when the tenant has no such conversation."""
+    deleted, _ = _live(tenant_id, conversation_id).delete()
+    return deleted > 0
+
+
+def conversation_items(*, tenant_id: int, conversation_id: str) -> list[dict[str, Any]] | None:
+    """Every item of the tenant's conversation, oldest first; None when it has none by that id."""
+    row = _live(tenant_id, conversation_id).first()
+    if row is None:
+        return None
+    return [
+        _open(sealed) for sealed in row.items.order_by("position").values_list("sealed", flat=True)
+    ]
+
+
+def conversation_items_page(
+    *, tenant_id: int, conversation_id: str, limit: int, order: str, after: str | None
+) -> tuple[list[dict[str, Any]], bool] | str:
+    """A page of a conversation's items in `order` (asc: oldest first), past the item
+    `after`, and whether more follow; or which is missing: "conversation" or "after"."""
+    row = _live(tenant_id, conversation_id).first()
+    if row is None:
+        return "conversation"
+    items = row.items.all()
+    if after is not None:
+        position = items.filter(item_id=after).values_list("position", flat=True).first()
+        if position is None:
+            return "after"
+        if order == "asc":
+            items = items.filter(position__gt=position)
+        else:
+            items = items.filter(position__lt=position)
+    ordered = items.order_by("position" if order == "asc" else "-position")
+    sealed = list(ordered.values_list("sealed", flat=True)[: limit + 1])
+    return [_open(s) for s in sealed[:limit]], len(sealed) > limit
+
+
+def conversation_items_add(
+    *, tenant_id: int, conversation_id: str, items: list[dict[str, Any]], retention_days: int
+) -> list[dict[str, Any]] | str:
+    """Add items a client sent after the conversation's last one; what was added, or why
+    nothing was: "missing", "full" (past MAX_ITEMS) or an item id the conversation holds."""
+    with transaction.atomic():
+        row = _live(tenant_id, conversation_id).select_for_update().first()
+        if row is None:
+            return "missing"
+        if row.items.count() + len(items) > MAX_ITEMS:
+            return "full"
+        taken = set(
+            row.items.filter(item_id__in=[i["id"] for i in items]).values_list("item_id", flat=True)
+        )
+        if taken:
+            return min(taken)
+        _append(row, items)
+        _touched(row, retention_days)
+        row.save(update_fields=["next_position", "updated_at", "expires_at"])
+    return items
+
+
+# A response's turn goes into its conversation when the response ends so; a failed or
+# cancelled one adds nothing.
+TURN_STATUSES = ("completed", "incomplete")
+
+
+def conversation_turn_add(
+    *, tenant_id: int, conversation_id: str, items: list[dict[str, Any]]
+) -> bool:
+    """Add a response's turn (its input, then its output) to the conversation it named; False
+    when the conversation is gone (deleted while the response ran).
+
+    The turn always goes in: an input item whose id the conversation holds already (a client
+    sending an item it had added) gets a new id rather than failing a finished response.
+    """
+    with transaction.atomic():
+        row = (
+            Conversation.objects.filter(tenant_id=tenant_id, id=conversation_id)
+            .select_related("tenant")
+            .select_for_update(of=("self",))
+            .first()
+        )
+        if row is None:
+            return False
+        taken = set(
+            row.items.filter(item_id__in=[i["id"] for i in items]).values_list("item_id", flat=True)
+        )
+        fresh = [
+            {**item, "id": f"{item['id'][:40]}_{secrets.token_hex(6)}"}
+            if item["id"] in taken
+            else item
+            for item in items
+        ]
+        _append(row, fresh)
+        _touched(row, row.tenant.retention_days)
+        row.save(update_fields=["next_position", "updated_at", "expires_at"])
+    return True
+
+
+def conversation_item_get(
+    *, tenant_id: int, conversation_id: str, item_id: str
+) -> dict[str, Any] | str:
+    """One item of the tenant's conversation, or which is missing: "conversation" or "item"."""
+    row = _live(tenant_id, conversation_id).first()
+    if row is None:
+        return "conversation"
+    sealed = row.items.filter(item_id=item_id).values_list("sealed", flat=True).first()
+    return "item" if sealed is None else dict(_open(sealed))
+
+
+def conversation_item_delete(
+    *, tenant_id: int, conversation_id: str, item_id: str, retention_days: int
+) -> dict[str, Any] | str:
+    """Delete one item; the conversation as it stands, or which is missing (as above)."""
+    with transaction.atomic():
+        row = _live(tenant_id, conversation_id).select_for_update().first()
+        if row is None:
+            return "conversation"
+        deleted, _ = row.items.filter(item_id=item_id).delete()
+        if not deleted:
+            return "item"
+        _touched(row, retention_days)
+        row.save(update_fields=["updated_at", "expires_at"])
+    return _object(row)
+
+
+def conversations_purge(*, now: dt.datetime | None = None) -> int:
+    """Delete every conversation past its expiry (with its items); return how many."""
+    _, deleted = Conversation.objects.filter(expires_at__lte=now or timezone.now()).delete()
+    return deleted.get(Conversation._meta.label, 0)
+
+
+def conversations_delete(*, tenant_id: int) -> int:
+    """Delete every conversation of a tenant (a tenant deletion); return how many."""
+    _, deleted = Conversation.objects.filter(tenant_id=tenant_id).delete()
+    return deleted.get(Conversation._meta.label, 0)
+
+
+def conversations_expiry_shorten(*, tenant_id: int, retention_days: int) -> int:
+    """Bring a tenant's conversations within a shorter retention period."""
+    limit = kept_for(retention_days)
+    return Conversation.objects.filter(
+        tenant_id=tenant_id, expires_at__gt=F("updated_at") + limit
+    ).update(expires_at=F("updated_at") + limit)

@@ -1,0 +1,215 @@
+"""The Conversations API through the official openai SDK, on the real stack.
+
+Create with first items, retrieve, change metadata, add and list items a page at a time, take
+one out, delete; a response naming the conversation reads its items as history and adds its
+turn; another tenant's conversation is absent and unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ALIAS
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+@pytest.fixture
+def sdk(stack, world):
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
+
+
+@pytest.fixture
+def other(stack, world):
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.globex_key, max_retries=0)
+
+
+def _ask(sdk, **fields: Any):
+    return sdk.responses.create(model=ALIAS, max_output_tokens=6, temperature=0, **fields)
+
+
+def test_a_conversation_is_created_changed_listed_and_deleted(sdk):
+    created = sdk.conversations.create(
+        items=[
+            {"type": "message", "role": "system", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": "Hello!"},
+        ],
+        metadata={"topic": "greeting"},
+    )
+    assert created.id.startswith("conv_") and created.object == "conversation"
+    assert created.metadata == {"topic": "greeting"}
+    assert sdk.conversations.retrieve(created.id).model_dump() == created.model_dump()
+    changed = sdk.conversations.update(created.id, metadata={"topic": "farewell"})
+    assert changed.metadata == {"topic": "farewell"} and changed.created_at == created.created_at
+    added = sdk.conversations.items.create(
+        created.id, items=[{"type": "message", "role": "user", "content": f"{n}"} for n in "ab"]
+    )
+    assert [item.content[0].text for item in added.data] == ["a", "b"]
+    # Newest first, a page at a time; oldest first with order=asc.
+    newest = sdk.conversations.items.list(created.id, limit=3)
+    assert [item.content[0].text for item in newest.data] == ["b", "a", "Hello!"]
+    assert newest.has_more
+    everything = list(sdk.conversations.items.list(created.id, limit=1, order="asc"))
+    assert [item.content[0].text for item in everything] == ["Be brief.", "Hello!", "a", "b"]
+    one = sdk.conversations.items.retrieve(everything[1].id, conversation_id=created.id)
+    assert one.content[0].text == "Hello!"
+    left = sdk.conversations.items.delete(everything[1].id, conversation_id=created.id)
+    assert left.id == created.id
+    with pytest.raises(openai.NotFoundError):
+        sdk.conversations.items.retrieve(everything[1].id, conversation_id=created.id)
+    texts = [item.content[0].text for item in sdk.conversations.items.list(created.id, order="asc")]
+    assert texts == ["Be brief.", "a", "b"]
+    deleted = sdk.conversations.delete(created.id)
+    assert (deleted.id, deleted.deleted, deleted.object) == (
+        created.id,
+        True,
+        "conversation.deleted",
+    )
+    with pytest.raises(openai.NotFoundError):
+        sdk.conversations.retrieve(created.id)
+
+
+def test_responses_on_a_conversation_read_its_items_and_add_their_turns(sdk):
+    conversation = sdk.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My name is Ada."}]
+    )
+    first = _ask(sdk, input="What is my name?", conversation=conversation.id)
+    assert first.conversation is not None and first.conversation.id == conversation.id
+    # The conversation's items are the history: the same prompt as sending them as input.
+    alone = _ask(
+        sdk,
+        input=[
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "user", "content": "What is my name?"},
+        ],
+    )
+    assert first.usage.input_tokens == alone.usage.input_tokens
+    # Its turn went in: the input, then the answer.
+    items = list(sdk.conversations.items.list(conversation.id, order="asc"))
+    assert [item.type for item in items] == ["message", "message", "message"]
+    assert [item.role for item in items] == ["user", "user", "assistant"]
+    assert items[2].content[0].text == first.output_text
+    # A streamed turn on it reads all three, and adds its own.
+    events = list(
+        sdk.responses.create(
+            model=ALIAS,
+            input="Again?",
+            conversation={"id": conversation.id},
+            max_output_tokens=6,
+            stream=True,
+        )
+    )
+    second = events[-1].response  # incomplete: the random model runs to max_output_tokens
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    counted = sdk.responses.input_tokens.count(
+        model=ALIAS, input="And now?", conversation=conversation.id
+    )
+    assert counted.input_tokens > second.usage.input_tokens
+    assert len(list(sdk.conversations.items.list(conversation.id))) == 5
+
+
+def test_a_background_response_adds_its_turn_once_it_ends(sdk):
+    conversation = sdk.conversations.create()
+    queued = _ask(sdk, input="Tell me later.", conversation=conversation.id, background=True)
+    assert queued.status == "queued"
+    for _ in range(300):
+        done = sdk.responses.retrieve(queued.id)
+        if done.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.2)
+    items = []
+    for _ in range(100):  # the turn is written with the response's end, by whoever ends it
+        items = list(sdk.conversations.items.list(conversation.id, order="asc"))
+        if len(items) == 2:
+            break
+        time.sleep(0.2)
+    assert [item.role for item in items] == ["user", "assistant"]
+    assert items[1].content[0].text == done.output_text
+
+
+def test_a_conversation_and_a_previous_response_cannot_both_name_the_history(sdk):
+    conversation = sdk.conversations.create()
+    first = _ask(sdk, input="Hi.")
+    with pytest.raises(openai.BadRequestError) as refused:
+        _ask(sdk, input="Both?", conversation=conversation.id, previous_response_id=first.id)
+    assert refused.value.param == "conversation"
+    with pytest.raises(openai.NotFoundError) as missing:
+        _ask(sdk, input="Where?", conversation="conv_" + "0" * 32)
+    assert (missing.value.code, missing.value.param) == ("conversation_not_found", "conversation")
+
+
+def test_another_tenants_conversation_is_absent_and_unchanged(sdk, other):
+    mine = sdk.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "Mine."}], metadata={"k": "v"}
+    )
+    [item] = sdk.conversations.items.list(mine.id).data
+    for attempt in (
+        lambda: other.conversations.retrieve(mine.id),
+        lambda: other.conversations.update(mine.id, metadata={"k": "theirs"}),
+        lambda: other.conversations.items.list(mine.id),
+        lambda: other.conversations.items.create(
+            mine.id, items=[{"type": "message", "role": "user", "content": "Theirs."}]
+        ),
+        lambda: other.conversations.items.retrieve(item.id, conversation_id=mine.id),
+        lambda: other.conversations.items.delete(item.id, conversation_id=mine.id),
+        lambda: other.conversations.delete(mine.id),
+        lambda: _ask(other, input="Yours?", conversation=mine.id),
+        lambda: other.responses.input_tokens.count(model=ALIAS, input="x", conversation=mine.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert sdk.conversations.retrieve(mine.id).metadata == {"k": "v"}
+    assert [i.id for i in sdk.conversations.items.list(mine.id).data] == [item.id]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "param"),
+    [
+        ("POST", "", {"items": "hello"}, "items"),
+        ("POST", "", {"items": [{"role": "robot", "content": "hi"}]}, "items[0].role"),
+        ("POST", "", {"items": [{"role": "user", "content": "x"}] * 21}, "items"),
+        ("POST", "", {"metadata": {"k": 5}}, "metadata"),
+        ("POST", "", {"colour": "red"}, "colour"),
+        (
+            "POST",
+            "",
+            {"items": [{"id": "m1", "role": "user", "content": "x"}] * 2},
+            "items[1].id",
+        ),
+        ("POST", "/{id}", {}, "metadata"),
+        ("POST", "/{id}/items", {"items": []}, "items"),
+        ("GET", "/{id}/items?limit=0", None, "limit"),
+        ("GET", "/{id}/items?after=nothing", None, "after"),
+        ("GET", "/{id}/items?include=reasoning.encrypted_content", None, "include[0]"),
+        ("GET", "/conv_nothing", None, "conversation_id"),
+        ("GET", "/{id}/items/nothing", None, "item_id"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_field(stack, world, sdk, method, path, body, param):
+    conversation = sdk.conversations.create()
+    response = httpx.request(
+        method,
+        f"{stack.base_url}/v1/conversations{path.format(id=conversation.id)}",
+        json=body,
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code in (400, 404), response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_an_item_id_the_conversation_holds_is_refused_when_added_again(sdk):
+    item = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "user", "content": "x"}
+    conversation = sdk.conversations.create(items=[item])
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.conversations.items.create(conversation.id, items=[item])
+    assert refused.value.param == "items"
+    # A response whose input carries it again still adds its turn, the item under a new id.
+    _ask(sdk, input=[item], conversation=conversation.id)
+    ids = [i.id for i in sdk.conversations.items.list(conversation.id, order="asc")]
+    assert len(ids) == 3 and len(set(ids)) == 3 and ids[0] == item["id"]
