@@ -169,6 +169,7 @@ async def pipeline_execute(
     """
     queued: dict[int, _Queued] = pipe.__dict__.pop(_SCRIPTS, {})
     results = list(await pipe.execute(raise_on_error=False))
+    assert max(queued, default=-1) < len(results), "its scripts were queued on this pipeline"
     unknown = [at for at in sorted(queued) if isinstance(results[at], NoScriptError)]
     if unknown:
         for at in unknown:
@@ -176,7 +177,14 @@ async def pipeline_execute(
             text = script.script
             text = text if isinstance(text, str) else bytes(text).decode()
             pipe.eval(text, len(keys), *keys, *args)
-        for at, result in zip(unknown, await pipe.execute(raise_on_error=False), strict=True):
+        again: list[Any]
+        try:
+            again = list(await pipe.execute(raise_on_error=False))
+        except Exception as exc:
+            # The second trip broke: only the scripts it carried failed; the first trip's
+            # commands ran, and their callers get their results.
+            again = [exc] * len(unknown)
+        for at, result in zip(unknown, again, strict=True):
             results[at] = result
     if raise_on_error:
         for result in results:

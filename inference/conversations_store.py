@@ -23,6 +23,9 @@ from inference.models import Conversation, ConversationItem
 from privacy.crypto import content_open, content_seal
 
 CONVERSATION_ID = re.compile(r"^conv_[0-9a-f]{32}$")
+# What an item's id may be: one a path can name (no slash), that PostgreSQL can compare (no
+# NUL) and its column holds. An id the API made matches; a client's may not be anything else.
+ITEM_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 # The items a conversation may hold (OpenAI sets no number): a response reads all of them, so
 # this bounds what one request reads and renders. A response's own turn is always added.
 MAX_ITEMS = 4096
@@ -119,17 +122,29 @@ def conversation_update(
     return _object(row)
 
 
+def _deleted(rows: Any) -> int:
+    """Delete conversations with their items, each locked first: an add that holds one (a
+    response's turn going in) finishes before its items are deleted, so none is left behind
+    to fail the delete."""
+    with transaction.atomic():
+        ids = list(rows.select_for_update().values_list("id", flat=True))
+        _, deleted = Conversation.objects.filter(id__in=ids).delete()
+    return deleted.get(Conversation._meta.label, 0)
+
+
 def conversation_delete(*, tenant_id: int, conversation_id: str) -> bool:
     """Delete a conversation and its items; False when the tenant has no such conversation."""
-    deleted, _ = _live(tenant_id, conversation_id).delete()
-    return deleted > 0
+    return _deleted(_live(tenant_id, conversation_id)) > 0
 
 
-def conversation_items(*, tenant_id: int, conversation_id: str) -> list[dict[str, Any]] | None:
-    """Every item of the tenant's conversation, oldest first; None when it has none by that id."""
+def conversation_items(*, tenant_id: int, conversation_id: str) -> list[dict[str, Any]] | str:
+    """Every item of the tenant's conversation, oldest first; or why not: "missing", or "full"
+    when it holds more than MAX_ITEMS (a response's turns took it past)."""
     row = _live(tenant_id, conversation_id).first()
     if row is None:
-        return None
+        return "missing"
+    if row.items.count() > MAX_ITEMS:
+        return "full"
     return [
         _open(sealed) for sealed in row.items.order_by("position").values_list("sealed", flat=True)
     ]
@@ -145,6 +160,8 @@ def conversation_items_page(
         return "conversation"
     items = row.items.all()
     if after is not None:
+        if not ITEM_ID.fullmatch(after):
+            return "after"
         position = items.filter(item_id=after).values_list("position", flat=True).first()
         if position is None:
             return "after"
@@ -191,11 +208,14 @@ def conversation_turn_add(
     when the conversation is gone (deleted while the response ran).
 
     The turn always goes in: an input item whose id the conversation holds already (a client
-    sending an item it had added) gets a new id rather than failing a finished response.
+    sending an item it had added), or one an item's id may not be, gets a new id rather than
+    failing a finished response. A conversation that expired meanwhile is not brought back.
     """
     with transaction.atomic():
         row = (
-            Conversation.objects.filter(tenant_id=tenant_id, id=conversation_id)
+            Conversation.objects.filter(
+                tenant_id=tenant_id, id=conversation_id, expires_at__gt=timezone.now()
+            )
             .select_related("tenant")
             .select_for_update(of=("self",))
             .first()
@@ -205,12 +225,12 @@ def conversation_turn_add(
         taken = set(
             row.items.filter(item_id__in=[i["id"] for i in items]).values_list("item_id", flat=True)
         )
-        fresh = [
-            {**item, "id": f"{item['id'][:40]}_{secrets.token_hex(6)}"}
-            if item["id"] in taken
-            else item
-            for item in items
-        ]
+        fresh = []
+        for item in items:
+            if item["id"] in taken or not ITEM_ID.fullmatch(item["id"]):
+                item = {**item, "id": f"item_{secrets.token_hex(12)}"}
+            taken.add(item["id"])
+            fresh.append(item)
         _append(row, fresh)
         _touched(row, row.tenant.retention_days)
         row.save(update_fields=["next_position", "updated_at", "expires_at"])
@@ -224,6 +244,8 @@ def conversation_item_get(
     row = _live(tenant_id, conversation_id).first()
     if row is None:
         return "conversation"
+    if not ITEM_ID.fullmatch(item_id):
+        return "item"
     sealed = row.items.filter(item_id=item_id).values_list("sealed", flat=True).first()
     return "item" if sealed is None else dict(_open(sealed))
 
@@ -236,6 +258,8 @@ def conversation_item_delete(
         row = _live(tenant_id, conversation_id).select_for_update().first()
         if row is None:
             return "conversation"
+        if not ITEM_ID.fullmatch(item_id):
+            return "item"
         deleted, _ = row.items.filter(item_id=item_id).delete()
         if not deleted:
             return "item"
@@ -246,14 +270,12 @@ def conversation_item_delete(
 
 def conversations_purge(*, now: dt.datetime | None = None) -> int:
     """Delete every conversation past its expiry (with its items); return how many."""
-    _, deleted = Conversation.objects.filter(expires_at__lte=now or timezone.now()).delete()
-    return deleted.get(Conversation._meta.label, 0)
+    return _deleted(Conversation.objects.filter(expires_at__lte=now or timezone.now()))
 
 
 def conversations_delete(*, tenant_id: int) -> int:
     """Delete every conversation of a tenant (a tenant deletion); return how many."""
-    _, deleted = Conversation.objects.filter(tenant_id=tenant_id).delete()
-    return deleted.get(Conversation._meta.label, 0)
+    return _deleted(Conversation.objects.filter(tenant_id=tenant_id))
 
 
 def conversations_expiry_shorten(*, tenant_id: int, retention_days: int) -> int:

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from config.db import db_call
 from config.json_body import shown
 from inference.conversations_store import (
+    ITEM_ID,
     MAX_ITEMS,
     conversation_create,
     conversation_delete,
@@ -40,7 +41,6 @@ from tenants.models import Scope
 
 # The items one request may add, as OpenAI bounds it.
 MAX_ADDED = 20
-MAX_ITEM_ID = 64
 
 
 def conversation_not_found(conversation_id: str, param: str = "conversation_id") -> ApiError:
@@ -77,8 +77,11 @@ def _items_read(body: dict[str, Any], *, required: bool) -> list[dict[str, Any]]
     seen: set[str] = set()
     for i, item in enumerate(items):
         item_id = item["id"]
-        if not 0 < len(item_id) <= MAX_ITEM_ID or not item_id.isprintable():
-            raise invalid(f"items[{i}].id", f"An item's id is 1 to {MAX_ITEM_ID} characters.")
+        if not ITEM_ID.fullmatch(item_id):
+            raise invalid(
+                f"items[{i}].id",
+                "An item's id is 1 to 64 letters, digits and the characters _ . : -",
+            )
         if item_id in seen:
             raise invalid(f"items[{i}].id", f"'items[{i}].id' repeats an earlier item's id.")
         seen.add(item_id)

@@ -237,7 +237,10 @@ def page_query(request: HttpRequest) -> tuple[int, str, str | None]:
     """A list's query as OpenAI's lists read it: `limit` (1 to 100, 20), `order` (`asc` or
     `desc`, the default) and `after` (an object's id: the page starts past it)."""
     raw_limit = request.GET.get("limit", "20")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
+    # ASCII digits only, and few: "²" is a digit to str.isdigit, and int() refuses it.
+    if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3) or not (
+        1 <= int(raw_limit) <= MAX_PAGE
+    ):
         raise invalid("limit", f"'limit' must be an integer from 1 to {MAX_PAGE}.")
     order = request.GET.get("order", "desc")
     if order not in ("asc", "desc"):

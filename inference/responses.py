@@ -455,16 +455,21 @@ def responses_parse(
     response_id: str,
     history: list[Kept],
     conversation: list[dict[str, Any]] | None = None,
+    input_required: bool = True,
 ) -> ResponsesRequest:
     """Return the chat request of a Responses body, or raise a 400 naming its field.
 
     `history`: the stored turns before this one, oldest first (from previous_response_id);
-    `conversation`: the items of the conversation the body names, oldest first.
+    `conversation`: the items of the conversation the body names, oldest first. A count of
+    what a history alone takes has no `input` (not `input_required`).
     """
     _refuse_unsupported(body, HONOURED | frozenset(PASSED_TO_CHAT), REFUSED_UNLESS)
-    if "input" not in body:
+    if "input" in body:
+        items = input_items_read(body["input"], response_id=response_id)
+    elif input_required:
         raise invalid("input", "'input' is required.", code="missing_required_parameter")
-    items = input_items_read(body["input"], response_id=response_id)
+    else:
+        items = []
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("instructions", "'instructions' must be a string.")
@@ -557,7 +562,13 @@ def count_parse(
     _refuse_unsupported(body, COUNTED, COUNT_REFUSED_UNLESS)
     counted = {name: value for name, value in body.items() if name in COUNTED}
     parsed = responses_parse(
-        counted, response_id="resp_count", history=history, conversation=conversation
+        counted,
+        response_id="resp_count",
+        history=history,
+        conversation=conversation,
+        # A history alone may be counted: what a conversation or a chain takes so far.
+        input_required=body.get("conversation") is None
+        and body.get("previous_response_id") is None,
     )
     return parsed.chat
 

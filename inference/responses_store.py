@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from inference.conversations_store import TURN_STATUSES, conversation_turn_add
 from inference.kept import kept_for
 from inference.models import StoredResponse
 from privacy.crypto import content_open, content_seal
+
+log = logging.getLogger(__name__)
 
 # What an id this API made looks like; any other is absent without a query (a NUL byte, say,
 # which PostgreSQL cannot even compare).
@@ -152,11 +155,15 @@ def response_finish(
         row.save(update_fields=["status", "sealed"])
         conversation = body.get("conversation")
         if conversation and body["status"] in TURN_STATUSES:
-            conversation_turn_add(
-                tenant_id=tenant_id,
-                conversation_id=conversation["id"],
-                items=[*kept.input_items, *body["output"]],
-            )
+            try:
+                with transaction.atomic():  # its own savepoint: it cannot undo the end
+                    conversation_turn_add(
+                        tenant_id=tenant_id,
+                        conversation_id=conversation["id"],
+                        items=[*kept.input_items, *body["output"]],
+                    )
+            except DatabaseError:
+                log.exception("could not add response %s to its conversation", response_id)
     return True
 
 
@@ -164,8 +171,10 @@ def responses_unfinished(*, older_than: float) -> list[tuple[int, Kept]]:
     """Background responses not ended in the store, accepted more than `older_than` seconds
     ago (the accepting frontend normally ends them first), with their tenants."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than)
-    rows = StoredResponse.objects.exclude(status__in=TERMINAL_STATUSES).filter(
-        created_at__lt=cutoff, expires_at__gt=timezone.now()
+    rows = (
+        StoredResponse.objects.exclude(status__in=TERMINAL_STATUSES)
+        .filter(created_at__lt=cutoff, expires_at__gt=timezone.now())
+        .order_by("created_at")
     )
     return [(row.tenant_id, response_opened(row)) for row in rows[:500]]
 

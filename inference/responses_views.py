@@ -27,7 +27,12 @@ from inference import relay
 from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
 from inference.clients import dispatch_get, routing_get
 from inference.content_policy import policy_get
-from inference.conversations_store import TURN_STATUSES, conversation_items, conversation_turn_add
+from inference.conversations_store import (
+    MAX_ITEMS,
+    TURN_STATUSES,
+    conversation_items,
+    conversation_turn_add,
+)
 from inference.conversations_views import conversation_not_found
 from inference.endpoint import (
     api_endpoint,
@@ -198,8 +203,13 @@ async def _history(
         parse()
     if conversation is not None:
         items = await db_call(conversation_items, tenant_id=tenant_id, conversation_id=conversation)
-        if items is None:
+        if items == "missing":
             raise conversation_not_found(conversation, "conversation")
+        if isinstance(items, str):
+            raise invalid(
+                "conversation",
+                f"The conversation holds more than {MAX_ITEMS} items: start another one.",
+            )
         return [], items
     assert previous is not None, "a body without a conversation chains onto a response here"
     chain = await db_call(response_chain, tenant_id=tenant_id, response_id=previous)
@@ -219,8 +229,11 @@ async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpR
     principal = await request_principal(request, Scope.INFERENCE)
     body = await request_json(request)
     tenant_id = principal.tenant_id
+    # A body that counts a history alone has nothing to check before the history is read.
     history, conversation = await _history(
-        body, tenant_id=tenant_id, parse=lambda: count_parse(body, history=[])
+        body,
+        tenant_id=tenant_id,
+        parse=lambda: count_parse(body, history=[]) if "input" in body else None,
     )
     with compiled_for(tenant_id):
         chat = count_parse(body, history=history, conversation=conversation)
@@ -228,14 +241,26 @@ async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpR
     task_check(route, embeddings=False, model=chat.model)
     await tokenizer_of(route)  # its first load off the event loop
     context = min(route.context_length, principal.max_context_tokens)
-    truncate = body.get("truncation") == "auto"
+    bound = context if body.get("truncation") == "auto" else None
     while True:
-        ids, _ = await asyncio.to_thread(prompts_read, chat, route)
-        count = sum(len(prompt) for prompt in ids)
-        shorter = oldest_dropped(chat.messages or []) if truncate and count > context else None
-        if shorter is None:
+        ids: list[list[int]] | None = None
+        try:
+            # Against the context, as a create checks it: a prompt its text proves too long is
+            # known before its whole conversation is tokenised once more.
+            ids, _ = await asyncio.to_thread(prompts_read, chat, route, context=bound)
+        except ApiError as exc:
+            if exc.code != "context_length_exceeded" or bound is None:
+                raise
+        count = -1 if ids is None else sum(len(prompt) for prompt in ids)
+        if bound is None or 0 <= count < bound:
             break
-        chat = dataclasses.replace(chat, messages=shorter)
+        shorter = oldest_dropped(chat.messages or [])
+        if shorter is not None:
+            chat = dataclasses.replace(chat, messages=shorter)
+        elif ids is not None:
+            break  # only the newest turn is left, and it is counted
+        else:
+            bound = None  # only the newest turn is left: counted whole
     response = json_response({"object": "response.input_tokens", "input_tokens": count})
     response[VERSION_HEADER] = route.version
     return response

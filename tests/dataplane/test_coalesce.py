@@ -179,3 +179,25 @@ async def test_a_pipeline_of_forgotten_scripts_keeps_its_order_and_raises_as_a_p
         script_into(pipe, fail, keys=[key], args=[])
         with pytest.raises(redis.ResponseError, match="no such thing"):
             await pipeline_execute(pipe)
+
+
+async def test_a_broken_second_trip_fails_only_the_scripts_it_carried(client, monkeypatch):
+    counter = client.register_script(INCR)
+    key, plain = (f"coalesce:{uuid.uuid4().hex}" for _ in range(2))
+    await client.script_flush()
+    async with client.pipeline(transaction=False) as pipe:
+        script_into(pipe, counter, keys=[key], args=[])
+        pipe.set(plain, "1")
+        sent = pipe.execute
+
+        async def once_then_broken(**kwargs):
+            monkeypatch.setattr(pipe, "execute", _broken)
+            return await sent(**kwargs)
+
+        async def _broken(**kwargs):
+            raise redis.ConnectionError("the connection dropped")
+
+        monkeypatch.setattr(pipe, "execute", once_then_broken)
+        found = await pipeline_execute(pipe, raise_on_error=False)
+    assert isinstance(found[0], redis.ConnectionError) and found[1] is True
+    assert await client.get(plain) == b"1" and await client.get(key) is None

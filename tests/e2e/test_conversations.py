@@ -111,6 +111,8 @@ def test_responses_on_a_conversation_read_its_items_and_add_their_turns(sdk):
         model=ALIAS, input="And now?", conversation=conversation.id
     )
     assert counted.input_tokens > second.usage.input_tokens
+    so_far = sdk.responses.input_tokens.count(model=ALIAS, conversation=conversation.id)
+    assert 0 < so_far.input_tokens < counted.input_tokens  # what the history alone takes
     assert len(list(sdk.conversations.items.list(conversation.id))) == 5
 
 
@@ -185,6 +187,11 @@ def test_another_tenants_conversation_is_absent_and_unchanged(sdk, other):
         ("POST", "/{id}", {}, "metadata"),
         ("POST", "/{id}/items", {"items": []}, "items"),
         ("GET", "/{id}/items?limit=0", None, "limit"),
+        ("GET", "/{id}/items?limit=%C2%B2", None, "limit"),  # a digit to str.isdigit
+        ("GET", "/{id}/items?after=%00", None, "after"),
+        ("GET", "/{id}/items/%00", None, "item_id"),
+        ("DELETE", "/{id}/items/%00", None, "item_id"),
+        ("POST", "", {"items": [{"id": "a/b", "role": "user", "content": "x"}]}, "items[0].id"),
         ("GET", "/{id}/items?after=nothing", None, "after"),
         ("GET", "/{id}/items?include=reasoning.encrypted_content", None, "include[0]"),
         ("GET", "/conv_nothing", None, "conversation_id"),

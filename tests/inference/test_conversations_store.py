@@ -6,12 +6,14 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from django.db import IntegrityError
 from django.utils import timezone
 
 from inference.conversations_store import (
     MAX_ITEMS,
     conversation_create,
     conversation_get,
+    conversation_item_get,
     conversation_items,
     conversation_items_add,
     conversation_items_page,
@@ -54,10 +56,9 @@ def test_the_text_is_sealed_and_read_back_only_by_its_tenant(world):
     )
     assert conversation_get(tenant_id=tenant.pk, conversation_id=created["id"]) == created
     assert conversation_get(tenant_id=other.pk, conversation_id=created["id"]) is None
-    assert conversation_items(tenant_id=other.pk, conversation_id=created["id"]) is None
-    assert _texts(conversation_items(tenant_id=tenant.pk, conversation_id=created["id"]) or []) == [
-        "secret words"
-    ]
+    assert conversation_items(tenant_id=other.pk, conversation_id=created["id"]) == "missing"
+    items = conversation_items(tenant_id=tenant.pk, conversation_id=created["id"])
+    assert isinstance(items, list) and _texts(items) == ["secret words"]
     # It lives 30 days after its last change when the tenant keeps no text otherwise.
     assert row.expires_at - row.updated_at == dt.timedelta(days=30)
 
@@ -94,9 +95,9 @@ def test_items_page_in_either_order_and_a_turn_renames_an_id_it_repeats(world):
         conversation_id=conversation,
         items=[_message("a", "four"), {**_message("out", "five"), "role": "assistant"}],
     )
-    items = conversation_items(tenant_id=tenant.pk, conversation_id=conversation) or []
-    assert _texts(items) == ["one", "two", "three", "four", "five"]
-    assert items[3]["id"].startswith("a_") and len({i["id"] for i in items}) == 5
+    items = conversation_items(tenant_id=tenant.pk, conversation_id=conversation)
+    assert isinstance(items, list) and _texts(items) == ["one", "two", "three", "four", "five"]
+    assert items[3]["id"] != "a" and len({i["id"] for i in items}) == 5
 
 
 def test_a_conversation_holds_at_most_max_items(world, monkeypatch):
@@ -140,3 +141,77 @@ def test_deleting_the_tenant_deletes_its_conversations(world):
     assert not Conversation.objects.filter(tenant=tenant).exists()
     assert not ConversationItem.objects.filter(conversation__tenant=tenant).exists()
     assert summary.retained_texts_deleted == 1
+
+
+def test_ids_a_path_or_postgresql_cannot_carry_read_as_absent_and_a_turn_renames_them(world):
+    tenant = tenant_create(slug="conv-ids")
+    conversation = conversation_create(
+        tenant_id=tenant.pk, items=[_message("a", "one")], metadata={}, retention_days=0
+    )["id"]
+    for bad in ("\x00", "a/b", "x" * 65):
+        assert (
+            conversation_item_get(tenant_id=tenant.pk, conversation_id=conversation, item_id=bad)
+            == "item"
+        )
+        assert (
+            conversation_items_page(
+                tenant_id=tenant.pk, conversation_id=conversation, limit=5, order="asc", after=bad
+            )
+            == "after"
+        )
+    turn = [_message("x" * 65, "two"), _message("d", "three"), _message("d", "four")]
+    assert conversation_turn_add(tenant_id=tenant.pk, conversation_id=conversation, items=turn)
+    items = conversation_items(tenant_id=tenant.pk, conversation_id=conversation)
+    assert isinstance(items, list) and _texts(items) == ["one", "two", "three", "four"]
+    assert len({i["id"] for i in items}) == 4 and all(len(i["id"]) <= 64 for i in items)
+
+
+def test_an_expired_conversation_takes_no_turn_and_one_past_max_items_no_response(
+    world, monkeypatch
+):
+    tenant = tenant_create(slug="conv-ends")
+    expired = conversation_create(tenant_id=tenant.pk, items=[], metadata={}, retention_days=0)[
+        "id"
+    ]
+    Conversation.objects.filter(pk=expired).update(expires_at=timezone.now())
+    assert not conversation_turn_add(
+        tenant_id=tenant.pk, conversation_id=expired, items=[_message("a", "late")]
+    )
+    assert conversation_get(tenant_id=tenant.pk, conversation_id=expired) is None
+    monkeypatch.setattr("inference.conversations_store.MAX_ITEMS", 2)
+    full = conversation_create(tenant_id=tenant.pk, items=[], metadata={}, retention_days=0)["id"]
+    turn = [_message("a", "1"), _message("b", "2"), _message("c", "3")]
+    assert conversation_turn_add(tenant_id=tenant.pk, conversation_id=full, items=turn)
+    assert conversation_items(tenant_id=tenant.pk, conversation_id=full) == "full"
+
+
+def test_a_background_responses_end_is_kept_when_its_turn_cannot_go_in(world, monkeypatch):
+    from inference.responses_store import response_finish, response_get, response_save
+
+    tenant = tenant_create(slug="conv-finish")
+    conversation = conversation_create(
+        tenant_id=tenant.pk, items=[], metadata={}, retention_days=0
+    )["id"]
+    body: dict[str, Any] = {
+        "id": "resp_" + "4" * 32,
+        "created_at": int(timezone.now().timestamp()),
+        "status": "queued",
+        "output": [],
+        "conversation": {"id": conversation},
+    }
+    response_save(
+        tenant_id=tenant.pk,
+        request_id="4" * 32,
+        body=body,
+        input_items=[_message("in", "hello")],
+        retention_days=0,
+    )
+
+    def broken(**_: Any) -> bool:
+        raise IntegrityError("the turn could not be written")
+
+    monkeypatch.setattr("inference.responses_store.conversation_turn_add", broken)
+    ended = {**body, "status": "completed"}
+    assert response_finish(tenant_id=tenant.pk, response_id=body["id"], body=ended, last_sequence=3)
+    kept = response_get(tenant_id=tenant.pk, response_id=body["id"])
+    assert kept is not None and kept.body["status"] == "completed"
