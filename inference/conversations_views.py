@@ -5,6 +5,8 @@ response naming it (`conversation` on `POST /v1/responses`) reads as its history
 response's turn, its input and then its output, is added once it ends (inference.responses
 _views and inference.responses_store). Everything lives in PostgreSQL under the tenant
 (inference.conversations_store), so any frontend serves it; another tenant's id is a 404.
+Every call takes a request from the tenant's requests per minute, as an inference call does:
+each writes or reads PostgreSQL, and one tenant's flood of them must run out of its own.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def _list(items: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
     }
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def conversations(request: HttpRequest, request_id: str) -> HttpResponse:
     """Create a conversation, with up to 20 first items and its metadata."""
     principal = await request_principal(request, Scope.INFERENCE)
@@ -137,7 +139,7 @@ async def conversations(request: HttpRequest, request_id: str) -> HttpResponse:
     return json_response(created)
 
 
-@api_endpoint("GET", "POST", "DELETE")
+@api_endpoint("GET", "POST", "DELETE", counted=True)
 async def conversation_detail(
     request: HttpRequest, request_id: str, conversation_id: str
 ) -> HttpResponse:
@@ -174,7 +176,7 @@ async def conversation_detail(
     return json_response(found)
 
 
-@api_endpoint("GET", "POST")
+@api_endpoint("GET", "POST", counted=True)
 async def conversation_items(
     request: HttpRequest, request_id: str, conversation_id: str
 ) -> HttpResponse:
@@ -218,7 +220,7 @@ async def conversation_items(
     return json_response(_list([_shown_item(i, logprobs=logprobs) for i in items], has_more=more))
 
 
-@api_endpoint("GET", "DELETE")
+@api_endpoint("GET", "DELETE", counted=True)
 async def conversation_item(
     request: HttpRequest, request_id: str, conversation_id: str, item_id: str
 ) -> HttpResponse:

@@ -15,9 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ALIAS
-
-pytestmark = pytest.mark.django_db(transaction=False)
+from tests.conftest import ALIAS, roomy_key
 
 
 @pytest.fixture
@@ -220,3 +218,22 @@ def test_an_item_id_the_conversation_holds_is_refused_when_added_again(sdk):
     _ask(sdk, input=[item], conversation=conversation.id)
     ids = [i.id for i in sdk.conversations.items.list(conversation.id, order="asc")]
     assert len(ids) == 3 and len(set(ids)) == 3 and ids[0] == item["id"]
+
+
+def test_every_call_counts_against_the_tenants_requests_per_minute(stack, django_db_blocker):
+    with django_db_blocker.unblock():
+        key = roomy_key("conv-rate", requests_per_minute=3)
+    limited = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
+    conversation = limited.conversations.create()
+    limited.conversations.retrieve(conversation.id)
+    limited.conversations.items.list(conversation.id)
+    with pytest.raises(openai.RateLimitError) as refused:
+        limited.conversations.items.create(
+            conversation.id, items=[{"type": "message", "role": "user", "content": "x"}]
+        )
+    assert refused.value.code == "rate_limit_exceeded"
+    # Nothing was added by the refused call.
+    with django_db_blocker.unblock():
+        from inference.models import ConversationItem
+
+        assert not ConversationItem.objects.filter(conversation_id=conversation.id).exists()
