@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine, UsageRecord
 from billing.selectors import month_start
-from inference.models import StoredResponse
+from inference.models import Conversation, StoredResponse
 from models_registry.models import (
     Alias,
     AliasSplit,
@@ -158,4 +158,18 @@ def stored_response_list(*, tenant: Tenant) -> QuerySet[StoredResponse]:
     """The tenant's stored responses that have not expired, newest first (unevaluated)."""
     return StoredResponse.objects.filter(tenant=tenant, expires_at__gt=timezone.now()).order_by(
         "-created_at", "-id"
+    )
+
+
+# --- conversations (the Conversations API's) --------------------------------------------------
+
+
+def conversation_list(*, tenant: Tenant) -> QuerySet[Any, Any]:
+    """The tenant's conversations that have not expired, the latest changed first: each one's
+    id, times and how many items it holds (unevaluated)."""
+    return (
+        Conversation.objects.filter(tenant=tenant, expires_at__gt=timezone.now())
+        .annotate(items_held=Count("items"))
+        .order_by("-updated_at", "-id")
+        .values("id", "created_at", "updated_at", "items_held")
     )

@@ -25,6 +25,17 @@ urlpatterns = [
         views.response_remove,
         name="response_remove",
     ),
+    path("t/<slug:slug>/conversations", views.conversations, name="conversations"),
+    path(
+        "t/<slug:slug>/conversations/<str:conversation_id>",
+        views.conversation,
+        name="conversation",
+    ),
+    path(
+        "t/<slug:slug>/conversations/<str:conversation_id>/delete",
+        views.conversation_remove,
+        name="conversation_remove",
+    ),
     path("t/<slug:slug>/usage", views.usage, name="usage"),
     path("t/<slug:slug>/invoices", views.invoices, name="invoices"),
     path("t/<slug:slug>/invoices/<int:pk>", views.invoice_detail, name="invoice"),

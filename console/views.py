@@ -35,6 +35,11 @@ from billing.selectors import (
 from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
+from inference.conversations_store import (
+    conversation_delete,
+    conversation_get,
+    conversation_items,
+)
 from inference.responses_store import Kept, response_delete, response_get, response_opened
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_fallback_set, alias_split_set
@@ -318,6 +323,48 @@ def response_remove(request: HttpRequest, slug: str, response_id: str) -> HttpRe
         raise Http404("no such response")
     messages.success(request, f"Response {response_id} deleted.")
     return redirect("console:responses", slug=slug)
+
+
+@login_required
+def conversations(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's conversations (the Conversations API's), the latest changed first."""
+    tenant = _tenant(request, slug, Role.ADMIN)
+    page = Paginator(selectors.conversation_list(tenant=tenant), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    return render(request, "console/conversations.html", {**_nav(request, tenant), "page": page})
+
+
+@login_required
+def conversation(request: HttpRequest, slug: str, conversation_id: str) -> HttpResponse:
+    """One conversation: its items in order, and its metadata."""
+    tenant = _tenant(request, slug, Role.ADMIN)
+    found = conversation_get(tenant_id=tenant.pk, conversation_id=conversation_id)
+    items = conversation_items(tenant_id=tenant.pk, conversation_id=conversation_id)
+    if found is None or items == "missing":
+        raise Http404("no such conversation")
+    listed = [] if isinstance(items, str) else items  # past its bound: too many to show
+    return render(
+        request,
+        "console/conversation.html",
+        {
+            **_nav(request, tenant),
+            "c": found,
+            "created": dt.datetime.fromtimestamp(found["created_at"], tz=dt.UTC),
+            "items": [{"id": item["id"], **_item_shown(item)} for item in listed],
+            "metadata": sorted(found["metadata"].items()),
+        },
+    )
+
+
+@login_required
+@require_POST
+def conversation_remove(request: HttpRequest, slug: str, conversation_id: str) -> HttpResponse:
+    tenant = _tenant(request, slug, Role.ADMIN)
+    if not conversation_delete(tenant_id=tenant.pk, conversation_id=conversation_id):
+        raise Http404("no such conversation")
+    messages.success(request, f"Conversation {conversation_id} deleted.")
+    return redirect("console:conversations", slug=slug)
 
 
 def _response_summary(kept: Kept) -> dict[str, Any]:

@@ -165,6 +165,49 @@ def test_an_admin_reads_and_deletes_a_stored_response(page, stack, people, world
         assert api.get(f"/v1/responses/{body['id']}", headers=auth).status_code == 404
 
 
+def test_an_admin_reads_and_deletes_a_conversation(page, stack, people, world):
+    auth = {"Authorization": f"Bearer {world.acme_key}"}
+    with httpx.Client(base_url=stack.base_url, timeout=60) as api:
+        made = api.post(
+            "/v1/conversations",
+            json={
+                "items": [{"role": "user", "content": "Plan the <b>launch</b>."}],
+                "metadata": {"project": "P-7"},
+            },
+            headers=auth,
+        )
+        assert made.status_code == 200, made.text
+        conversation = made.json()["id"]
+        answered = api.post(
+            "/v1/responses",
+            json={
+                "model": ALIAS,
+                "input": "And the date?",
+                "conversation": conversation,
+                "max_output_tokens": 6,
+                "temperature": 0,
+            },
+            headers=auth,
+        )
+        assert answered.status_code == 200, answered.text
+        _sign_in(page, "alice")
+        page.click("header >> text=Conversations")
+        expect(page.locator("h1")).to_contain_text("Conversations")
+        row = page.locator("tr", has_text=conversation[:17])
+        expect(row).to_contain_text("3")  # its item, the turn's input and its answer
+        _shot(page, "conversations")
+        row.locator("a").click()
+        expect(page.locator("h1")).to_contain_text(conversation)
+        # The text is shown as text, never as markup.
+        assert page.locator("#item-1").text_content() == "Plan the <b>launch</b>."
+        assert page.locator("#item-3").text_content() == answered.json()["output_text"]
+        expect(page.locator("main")).to_contain_text("P-7")
+        _shot(page, "conversation")
+        page.click("text=Delete")
+        expect(page.locator(".msg.success")).to_contain_text(f"{conversation} deleted")
+        assert api.get(f"/v1/conversations/{conversation}", headers=auth).status_code == 404
+
+
 def test_rotating_a_key_keeps_the_old_one_working_for_the_overlap(page, stack, people):
     _sign_in(page, "alice")
     page.goto("/console/t/acme/keys")

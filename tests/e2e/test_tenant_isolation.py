@@ -468,6 +468,11 @@ GLOBEX_ADMIN_404 = [
     pytest.param(Call("GET", "/console/t/acme/responses/{response_id}"), id="console-response"),
     pytest.param(Call("POST", "/console/t/acme/responses/{response_id}/delete"),
                  id="console-delete-a-response"),
+    pytest.param(Call("GET", "/console/t/acme/conversations"), id="console-conversations"),
+    pytest.param(Call("GET", "/console/t/acme/conversations/{conversation_id}"),
+                 id="console-conversation"),
+    pytest.param(Call("POST", "/console/t/acme/conversations/{conversation_id}/delete"),
+                 id="console-delete-a-conversation"),
     pytest.param(Call("GET", "/console/t/acme/usage"), id="console-usage"),
     pytest.param(Call("GET", "/console/t/acme/usage?group_by=key"), id="console-usage-by-key"),
     pytest.param(Call("GET", "/console/t/acme/invoices"), id="console-invoices"),
@@ -481,6 +486,10 @@ GLOBEX_ADMIN_404 = [
                  id="console-response-under-own-slug"),
     pytest.param(Call("POST", "/console/t/globex/responses/{response_id}/delete"),
                  id="console-delete-a-response-under-own-slug"),
+    pytest.param(Call("GET", "/console/t/globex/conversations/{conversation_id}"),
+                 id="console-conversation-under-own-slug"),
+    pytest.param(Call("POST", "/console/t/globex/conversations/{conversation_id}/delete"),
+                 id="console-delete-a-conversation-under-own-slug"),
     pytest.param(Call("POST", "/console/t/globex/keys/{key_public_id}/rotate"),
                  id="console-rotate-a-key-under-own-slug"),
     pytest.param(Call("GET", "/api/finance/invoices/{invoice_pk}"), id="finance-invoice"),
@@ -540,7 +549,7 @@ def test_globex_admin_gets_404_for_every_acme_page_and_export(
 @pytest.mark.parametrize(
     "path",
     ["/console/t/globex/keys", "/console/t/globex/requests", "/console/t/globex/responses",
-     "/console/t/globex/usage?group_by=key",
+     "/console/t/globex/conversations", "/console/t/globex/usage?group_by=key",
      "/console/t/globex/invoices", "/api/finance/invoices", "/api/finance/usage?group_by=key"],
 )  # fmt: skip
 def test_globex_admin_pages_and_lists_show_nothing_of_acme(
@@ -548,7 +557,8 @@ def test_globex_admin_pages_and_lists_show_nothing_of_acme(
 ) -> None:
     answer = session(world.gina, Call("GET", path), acme)
     assert answer.status_code == 200, answer.content
-    for trace in (acme.key_public_id, acme.chat_id, acme.stream_id, acme.response_id, "acme"):
+    for trace in (acme.key_public_id, acme.chat_id, acme.stream_id, acme.response_id,
+                  acme.conversation_id, "acme"):  # fmt: skip
         assert trace.encode() not in answer.content, trace
     if path == "/api/finance/invoices":
         assert acme.invoice_pk not in {invoice["id"] for invoice in answer.json()}
@@ -564,6 +574,8 @@ MEMBER_AND_FINANCE = [
     ("bob", Call("POST", "/console/t/acme/keys/{key_public_id}/revoke"), 404),
     ("bob", Call("POST", "/console/t/acme/keys/{key_public_id}/rotate"), 404),
     ("bob", Call("GET", "/console/t/acme/requests"), 404),
+    ("bob", Call("GET", "/console/t/acme/conversations"), 404),
+    ("bob", Call("GET", "/console/t/acme/conversations/{conversation_id}"), 404),
     ("bob", Call("GET", "/console/t/acme/usage"), 404),
     ("bob", Call("GET", "/console/t/acme/invoices"), 404),
     ("bob", Call("GET", "/console/t/acme/invoices/{invoice_pk}"), 404),
@@ -578,6 +590,7 @@ MEMBER_AND_FINANCE = [
     ("fiona", Call("POST", "/console/t/acme/keys/{key_public_id}/revoke"), 404),
     ("fiona", Call("POST", "/console/t/acme/keys/{key_public_id}/rotate"), 404),
     ("fiona", Call("GET", "/console/t/acme/requests"), 404),
+    ("fiona", Call("POST", "/console/t/acme/conversations/{conversation_id}/delete"), 404),
     ("fiona", Call("GET", "/console/t/acme/usage"), 200),
     ("fiona", Call("GET", "/console/t/acme/invoices"), 200),
     ("fiona", Call("GET", "/console/t/acme/invoices/{invoice_pk}"), 200),
@@ -585,6 +598,7 @@ MEMBER_AND_FINANCE = [
     ("fiona", Call("GET", "/api/finance/usage?tenant=acme&export=csv"), 200),
     ("alice", Call("GET", "/console/t/acme/keys"), 200),
     ("alice", Call("GET", "/console/t/acme/requests"), 200),
+    ("alice", Call("GET", "/console/t/acme/conversations/{conversation_id}"), 200),
     ("alice", Call("GET", "/console/t/acme/invoices/{invoice_pk}"), 200),
     ("alice", Call("GET", "/api/finance/invoices/{invoice_pk}/csv"), 200),
     ("alice", Call("GET", "/api/finance/budget?tenant=acme"), 200),
