@@ -35,9 +35,15 @@ class File(models.Model):
     lines = models.PositiveIntegerField()
     content = models.BinaryField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # When the hourly purge deletes it (batches.services.files_purge): its `expires_after`, or
+    # 30 days after its upload or its batch's end. Null: kept until deleted.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "-created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["expires_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.id} ({self.filename})"
@@ -65,7 +71,11 @@ class Batch(models.Model):
     # The key that created the batch: its lines run with that key's limits and are billed to it.
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="batches")
     endpoint = models.CharField(max_length=32)
-    input_file = models.ForeignKey(File, on_delete=models.PROTECT, related_name="+")
+    # A file is deleted (by its tenant, or once it expires) only when no batch still running
+    # reads it (batches.services.file_delete); an ended batch keeps naming it, as OpenAI's does.
+    input_file = models.ForeignKey(
+        File, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
     output_file = models.ForeignKey(
         File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -73,6 +83,8 @@ class Batch(models.Model):
         File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     completion_window = models.CharField(max_length=8)
+    # How long its output and error files are kept once written (`output_expires_after`).
+    output_expires_seconds = models.PositiveIntegerField(default=30 * 24 * 3600)
     status = models.CharField(
         max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING
     )

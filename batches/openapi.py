@@ -6,7 +6,7 @@ BatchesConfig.ready registers them as a part of the document (inference.openapi.
 from __future__ import annotations
 
 from batches.models import BatchStatus, FilePurpose
-from batches.services import ENDPOINTS
+from batches.services import ENDPOINTS, EXPIRES_LEAST, EXPIRES_MOST
 from inference.openapi.parts import Part
 from inference.openapi.paths import AUTH_ERRORS, errors, list_of, ok, path_parameter
 from inference.openapi.schema import NO_NUL, Schema, json_content, obj, ref
@@ -21,7 +21,7 @@ FILE: Schema = obj(
         "purpose": {"type": "string", "enum": list(FilePurpose.values)},
         "status": {"const": "processed"},
         "status_details": {"type": "null"},
-        "expires_at": {"type": "null"},
+        "expires_at": {"type": ["integer", "null"]},
     },
     "id",
     "object",
@@ -66,6 +66,21 @@ BATCH: Schema = obj(
     "request_counts",
 )
 
+FILE_DELETED: Schema = obj(
+    {"id": {"type": "string"}, "object": {"const": "file"}, "deleted": {"const": True}},
+    "id",
+    "object",
+    "deleted",
+)
+_SECONDS: Schema = {"type": "integer", "minimum": EXPIRES_LEAST, "maximum": EXPIRES_MOST}
+EXPIRES_AFTER: Schema = obj(
+    {"anchor": {"const": "created_at"}, "seconds": _SECONDS},
+    "anchor",
+    "seconds",
+    additionalProperties=False,
+    description="Deleted this many seconds after the file's creation (30 days if not given).",
+)
+
 BATCH_REQUEST: Schema = obj(
     {
         "input_file_id": {
@@ -86,9 +101,11 @@ BATCH_REQUEST: Schema = obj(
             "propertyNames": {"pattern": NO_NUL},
             "additionalProperties": {"type": "string", "maxLength": 512, "pattern": NO_NUL},
         },
+        "output_expires_after": ref("ExpiresAfter"),
     },
     "input_file_id",
     "endpoint",
+    additionalProperties=False,
 )
 
 FILE_UPLOAD: Schema = obj(
@@ -99,23 +116,61 @@ FILE_UPLOAD: Schema = obj(
             "description": "A JSONL file: one request per line, UTF-8, not empty.",
         },
         "purpose": {"type": "string", "enum": [FilePurpose.BATCH.value]},
+        "expires_after[anchor]": {"const": "created_at"},
+        "expires_after[seconds]": {
+            **_SECONDS,
+            "description": "Deleted this many seconds after its upload (30 days if not given).",
+        },
     },
     "file",
     "purpose",
+    additionalProperties=False,
 )
+_FILE_ID = path_parameter("file_id", "The file's id.")
 
 
 def _paths() -> dict[str, Schema]:
     return {
         "/v1/files": {
             "get": {
-                "summary": "The tenant's files, newest first (at most 100)",
+                "summary": "The tenant's files by upload time, a page at a time",
                 "parameters": [
                     {"name": "purpose", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "The last file id of the previous page.",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 10_000,
+                            "default": 10_000,
+                        },
+                    },
+                    {
+                        "name": "order",
+                        "in": "query",
+                        "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"},
+                    },
                 ],
                 "responses": {
-                    "200": ok("The files.", json_content(list_of("File"))),
-                    **errors(*AUTH_ERRORS),
+                    "200": ok(
+                        "A page of files.",
+                        json_content(
+                            list_of(
+                                "File",
+                                first_id={"type": ["string", "null"]},
+                                last_id={"type": ["string", "null"]},
+                                has_more={"type": "boolean"},
+                            )
+                        ),
+                    ),
+                    **errors(400, *AUTH_ERRORS, 404, 429),
                 },
             },
             "post": {
@@ -126,31 +181,39 @@ def _paths() -> dict[str, Schema]:
                 },
                 "responses": {
                     "200": ok("The stored file.", json_content(ref("File"))),
-                    **errors(400, *AUTH_ERRORS, 413),
+                    **errors(400, *AUTH_ERRORS, 413, 429),
                 },
             },
         },
         "/v1/files/{file_id}": {
             "get": {
                 "summary": "A file",
-                "parameters": [path_parameter("file_id", "The file's id.")],
+                "parameters": [_FILE_ID],
                 "responses": {
                     "200": ok("The file.", json_content(ref("File"))),
-                    **errors(*AUTH_ERRORS, 404),
+                    **errors(*AUTH_ERRORS, 404, 429),
                 },
-            }
+            },
+            "delete": {
+                "summary": "Delete a file (not one a running batch reads)",
+                "parameters": [_FILE_ID],
+                "responses": {
+                    "200": ok("It is deleted.", json_content(ref("FileDeleted"))),
+                    **errors(*AUTH_ERRORS, 404, 409, 429),
+                },
+            },
         },
         "/v1/files/{file_id}/content": {
             "get": {
                 "summary": "A file's content",
-                "parameters": [path_parameter("file_id", "The file's id.")],
+                "parameters": [_FILE_ID],
                 "responses": {
                     "200": ok(
                         "The JSONL content.",
                         {"application/jsonl": {"schema": {"type": "string"}}},
                         {"Content-Disposition": {"schema": {"type": "string"}}},
                     ),
-                    **errors(*AUTH_ERRORS, 404),
+                    **errors(*AUTH_ERRORS, 404, 429),
                 },
             }
         },
@@ -182,7 +245,7 @@ def _paths() -> dict[str, Schema]:
                             )
                         ),
                     ),
-                    **errors(400, *AUTH_ERRORS, 404),
+                    **errors(400, *AUTH_ERRORS, 404, 429),
                 },
             },
             "post": {
@@ -190,7 +253,7 @@ def _paths() -> dict[str, Schema]:
                 "requestBody": {"required": True, "content": json_content(ref("BatchRequest"))},
                 "responses": {
                     "200": ok("The batch, validating.", json_content(ref("Batch"))),
-                    **errors(400, *AUTH_ERRORS, 404, 413),
+                    **errors(400, *AUTH_ERRORS, 404, 413, 429),
                 },
             },
         },
@@ -200,7 +263,7 @@ def _paths() -> dict[str, Schema]:
                 "parameters": [path_parameter("batch_id", "The batch's id.")],
                 "responses": {
                     "200": ok("The batch.", json_content(ref("Batch"))),
-                    **errors(*AUTH_ERRORS, 404),
+                    **errors(*AUTH_ERRORS, 404, 429),
                 },
             }
         },
@@ -210,7 +273,7 @@ def _paths() -> dict[str, Schema]:
                 "parameters": [path_parameter("batch_id", "The batch's id.")],
                 "responses": {
                     "200": ok("The batch, cancelling.", json_content(ref("Batch"))),
-                    **errors(*AUTH_ERRORS, 404, 409),
+                    **errors(*AUTH_ERRORS, 404, 409, 429),
                 },
             }
         },
@@ -222,7 +285,9 @@ PART = Part(
     paths=_paths,
     schemas={
         "File": FILE,
+        "FileDeleted": FILE_DELETED,
         "FileUpload": FILE_UPLOAD,
+        "ExpiresAfter": EXPIRES_AFTER,
         "Batch": BATCH,
         "BatchRequest": BATCH_REQUEST,
     },

@@ -10,8 +10,8 @@ from tenants.signals import TenantDeletion, tenant_deleting
 
 
 def _tenant_deleting(*, deletion: TenantDeletion, **_: Any) -> None:
-    # Batches first: they hold their input file and their key (both PROTECT); tenant_delete
-    # deletes the keys after every receiver has run.
+    # Batches first: they hold their key (PROTECT), which tenant_delete deletes after every
+    # receiver has run.
     by_model = Batch.objects.filter(tenant=deletion.tenant).delete()[1]
     deletion.batches_deleted = by_model.get(Batch._meta.label, 0)
     deletion.files_deleted = File.objects.filter(tenant=deletion.tenant).delete()[0]

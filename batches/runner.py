@@ -530,4 +530,5 @@ async def batch_step_failed(batch_id: str, *, give_up: bool) -> bool:
 
 
 def _batch(*, batch_id: str) -> Batch | None:
-    return Batch.objects.select_related("api_key", "input_file").filter(pk=batch_id).first()
+    # Not its input file: validation reads that once, and a step has no use for its bytes.
+    return Batch.objects.select_related("api_key").filter(pk=batch_id).first()

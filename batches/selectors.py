@@ -33,11 +33,29 @@ def file_content(*, tenant: Tenant | int, file_id: str) -> tuple[File, bytes]:
     return found, bytes(found.content)
 
 
-def file_list(*, tenant: Tenant | int, purpose: str | None = None, limit: int = 100) -> list[File]:
+def file_list(
+    *,
+    tenant: Tenant | int,
+    purpose: str | None = None,
+    after: str | None = None,
+    limit: int = 10_000,
+    ascending: bool = False,
+) -> tuple[list[File], bool]:
+    """Return a page of files by upload time, after the file `after`; and whether more exist."""
     files: QuerySet[File] = File.objects.filter(tenant=tenant).defer("content")
     if purpose:
         files = files.filter(purpose=purpose) if _comparable(purpose) else files.none()
-    return list(files.order_by("-created_at")[:limit])
+    if after:
+        cursor = files.filter(pk=after).first() if _comparable(after) else None
+        if cursor is None:
+            raise ApiError(404, "file_not_found", f"No file '{shown(after)}'.", param="after")
+        way = "gt" if ascending else "lt"
+        files = files.filter(**{f"created_at__{way}": cursor.created_at}) | files.filter(
+            **{"created_at": cursor.created_at, f"pk__{way}": cursor.pk}
+        )
+    order = ("created_at", "pk") if ascending else ("-created_at", "-pk")
+    page = list(files.order_by(*order)[: limit + 1])
+    return page[:limit], len(page) > limit
 
 
 def batch_get(*, tenant: Tenant | int, batch_id: str) -> Batch:

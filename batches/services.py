@@ -11,10 +11,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from batches.models import (
+    ENDED,
     Batch,
     BatchLine,
     BatchStatus,
@@ -23,12 +24,12 @@ from batches.models import (
     LineState,
 )
 from config.json_body import BodyProblem, json_check, shown
-from inference.errors import ApiError, invalid
+from inference.errors import ApiError, invalid, unrecognized
 from inference.openai_format import BYTES_FORMATS
 from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
 from inference.responses import RESPONSES, batch_line_parse
 from inference.structured import compiled_for
-from tenants.models import ApiKey
+from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
 # The endpoints a batch may call, and how each line's body is checked.
@@ -41,6 +42,15 @@ ENDPOINTS = {
 # At most five ASCII digits: 168h is 10080m, and the column holds eight characters.
 _WINDOW = re.compile(r"([0-9]{1,5})([mh])")
 MAX_WINDOW = dt.timedelta(days=7)
+# OpenAI's bounds on a file's `expires_after` and a batch's `output_expires_after`, in seconds;
+# a batch file with neither is kept for the longest, as OpenAI keeps it.
+EXPIRES_LEAST = 3600
+EXPIRES_MOST = 30 * 24 * 3600
+_EXPIRES_FIELDS = ("anchor", "seconds")
+# The body fields of POST /v1/batches; any other is refused, naming it.
+BATCH_FIELDS = frozenset(
+    ("input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after")
+)
 
 
 def _file_lines(content: bytes) -> int:
@@ -51,8 +61,65 @@ def _file_lines(content: bytes) -> int:
     return sum(1 for line in text.splitlines() if line.strip())
 
 
-def file_create(*, tenant_id: int, filename: str, purpose: str, content: bytes) -> File:
-    """Store an uploaded batch input file after checking its purpose, size and line count."""
+def expires_after_parse(raw: Any, field: str) -> int | None:
+    """The seconds of an expiry policy (`{"anchor": "created_at", "seconds": N}`), or None."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise invalid(field, f"'{field}' must be an object with 'anchor' and 'seconds'.")
+    for name in raw:
+        if name not in _EXPIRES_FIELDS:
+            raise unrecognized(f"{field}.{name}")
+    if raw.get("anchor") != "created_at":
+        raise invalid(f"{field}.anchor", f"'{field}.anchor' must be 'created_at'.")
+    seconds = raw.get("seconds")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not EXPIRES_LEAST <= seconds <= EXPIRES_MOST
+    ):
+        raise invalid(
+            f"{field}.seconds",
+            f"'{field}.seconds' must be an integer from {EXPIRES_LEAST} (1 hour) to "
+            f"{EXPIRES_MOST} (30 days).",
+        )
+    return seconds
+
+
+def _tenant_lock(tenant_id: int) -> None:
+    """Hold the tenant's row to the transaction's end: one upload at a time checks its room."""
+    if not Tenant.objects.select_for_update().filter(pk=tenant_id).exists():
+        raise ApiError(401, "invalid_api_key", "The key's tenant no longer exists.")
+
+
+def _room_check(tenant_id: int, size: int) -> None:
+    """Refuse an upload that would take the tenant's files past their storage limit."""
+    limit = settings.ROUNDHOUSE_TENANT_FILE_BYTES
+    used = File.objects.filter(tenant_id=tenant_id).aggregate(total=Sum("size"))["total"] or 0
+    if used + size > limit:
+        raise ApiError(
+            400,
+            "storage_limit_exceeded",
+            f"The tenant's files hold {used} bytes and this one {size}; together they may hold "
+            f"{limit}. Delete files (DELETE /v1/files/{{file_id}}) to make room.",
+            param="file",
+        )
+
+
+def file_create(
+    *,
+    tenant_id: int,
+    filename: str,
+    purpose: str,
+    content: bytes,
+    expires_seconds: int | None = None,
+) -> File:
+    """Store an uploaded batch input file after checking its purpose, size and line count.
+
+    The tenant's files together stay within ROUNDHOUSE_TENANT_FILE_BYTES: PostgreSQL holds
+    them for every tenant, so one tenant's uploads cannot fill it for the others. The file
+    expires `expires_seconds` after its upload (30 days if not given).
+    """
     if purpose != FilePurpose.BATCH:
         raise invalid("purpose", f"'purpose' must be 'batch' here, not {purpose!r}.")
     limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
@@ -71,14 +138,84 @@ def file_create(*, tenant_id: int, filename: str, purpose: str, content: bytes) 
             f"{settings.ROUNDHOUSE_MAX_FILE_LINES}.",
             code="too_many_lines",
         )
-    return File.objects.create(
-        tenant_id=tenant_id,
-        purpose=purpose,
-        filename=filename.replace("\x00", "")[:255] or "upload.jsonl",
-        size=len(content),
-        lines=lines,
-        content=content,
+    with transaction.atomic():
+        _tenant_lock(tenant_id)
+        _room_check(tenant_id, len(content))
+        return File.objects.create(
+            tenant_id=tenant_id,
+            purpose=purpose,
+            filename=filename.replace("\x00", "")[:255] or "upload.jsonl",
+            size=len(content),
+            lines=lines,
+            content=content,
+            expires_at=timezone.now() + dt.timedelta(seconds=expires_seconds or EXPIRES_MOST),
+        )
+
+
+def file_delete(*, tenant_id: int, file_id: str) -> str:
+    """Delete one of the tenant's files, unless a batch still running reads it (a 409).
+
+    A batch that wrote it as its output or error file names none from then on.
+    """
+    with transaction.atomic():
+        found = None
+        if "\x00" not in file_id:
+            files = File.objects.select_for_update().filter(tenant_id=tenant_id, pk=file_id)
+            found = files.values_list("pk", flat=True).first()
+        if found is None:
+            raise ApiError(404, "file_not_found", f"No file '{shown(file_id)}'.", param="file_id")
+        running = _running_on([found])
+        if running:
+            batch_id = running[found]
+            raise ApiError(
+                409,
+                "file_in_use",
+                f"Batch '{batch_id}' still reads file '{found}': cancel it, or wait for it to "
+                "end, before deleting the file.",
+                param="file_id",
+            )
+        File.objects.filter(pk=found).delete()
+    return found
+
+
+def _running_on(file_ids: list[str]) -> dict[str, str]:
+    """Of these files, those a batch that has not ended reads, each with one such batch."""
+    rows = (
+        Batch.objects.filter(input_file_id__in=file_ids)
+        .exclude(status__in=ENDED)
+        .values_list("input_file_id", "pk")
     )
+    return dict(rows)
+
+
+def files_purge(*, now: dt.datetime | None = None, chunk: int = 500) -> int:
+    """Delete the files past their expiry that no running batch reads; return how many.
+
+    Each chunk is locked before it is checked, as a delete locks its file and a batch's
+    creation its input: a batch created on a file meanwhile keeps it until the batch ends.
+    """
+    now = now or timezone.now()
+    deleted = 0
+    after = ""
+    while True:
+        ids = list(
+            File.objects.filter(expires_at__lte=now, pk__gt=after)
+            .order_by("pk")
+            .values_list("pk", flat=True)[:chunk]
+        )
+        if not ids:
+            return deleted
+        after = ids[-1]
+        with transaction.atomic():
+            locked = list(
+                File.objects.select_for_update(skip_locked=True)
+                .filter(pk__in=ids, expires_at__lte=now)
+                .values_list("pk", flat=True)
+            )
+            running = _running_on(locked)
+            gone = [pk for pk in locked if pk not in running]
+            if gone:
+                deleted += File.objects.filter(pk__in=gone).delete()[1].get(File._meta.label, 0)
 
 
 def window_parse(raw: Any) -> dt.timedelta:
@@ -104,6 +241,7 @@ def batch_create(
     endpoint: Any,
     completion_window: Any,
     metadata: Any = None,
+    output_expires_after: Any = None,
 ) -> Batch:
     """Create a batch over one of the tenant's files; the batch job validates and runs it."""
     if not isinstance(input_file_id, str):
@@ -122,22 +260,31 @@ def batch_create(
         )
     ):
         raise invalid("metadata", "'metadata' is up to 16 string values of at most 512 chars.")
-    file = File.objects.filter(tenant_id=tenant_id, pk=input_file_id).first()
-    if file is None:
-        raise ApiError(
-            404, "file_not_found", f"No file '{shown(input_file_id)}'.", param="input_file_id"
+    output_seconds = expires_after_parse(output_expires_after, "output_expires_after")
+    with transaction.atomic():
+        # The file's row is held until the batch is in: a delete waits, then finds it in use.
+        file = (
+            File.objects.select_for_update()
+            .filter(tenant_id=tenant_id, pk=input_file_id)
+            .defer("content")
+            .first()
         )
-    if file.purpose != FilePurpose.BATCH:
-        raise invalid("input_file_id", f"'{file.id}' is not a batch input file.")
-    return Batch.objects.create(
-        tenant_id=tenant_id,
-        api_key=ApiKey.objects.get(pk=api_key_id, tenant_id=tenant_id),
-        endpoint=endpoint,
-        input_file=file,
-        completion_window=completion_window,
-        metadata=metadata or {},
-        expires_at=timezone.now() + window,
-    )
+        if file is None:
+            raise ApiError(
+                404, "file_not_found", f"No file '{shown(input_file_id)}'.", param="input_file_id"
+            )
+        if file.purpose != FilePurpose.BATCH:
+            raise invalid("input_file_id", f"'{file.id}' is not a batch input file.")
+        return Batch.objects.create(
+            tenant_id=tenant_id,
+            api_key=ApiKey.objects.get(pk=api_key_id, tenant_id=tenant_id),
+            endpoint=endpoint,
+            input_file=file,
+            completion_window=completion_window,
+            metadata=metadata or {},
+            output_expires_seconds=output_seconds or EXPIRES_MOST,
+            expires_at=timezone.now() + window,
+        )
 
 
 def batch_cancel(*, batch: Batch) -> Batch:
@@ -236,7 +383,11 @@ def batch_validate(*, batch: Batch) -> Batch:
     """
     if batch.lines.exists():
         return batch
-    text = bytes(batch.input_file.content).decode("utf-8")
+    content = File.objects.filter(pk=batch.input_file_id).values_list("content", flat=True).first()
+    if content is None:
+        # Only a file no running batch reads is deleted; this one went before the batch was in.
+        return batch_fail(batch=batch, message=f"The input file '{batch.input_file_id}' is gone.")
+    text = bytes(content).decode("utf-8")
     seen: set[str] = set()
     now = timezone.now()
     lines = []
@@ -359,4 +510,5 @@ def _result_file(batch: Batch, kind: str, entries: list[dict[str, Any]]) -> File
         size=len(content),
         lines=len(entries),
         content=content,
+        expires_at=timezone.now() + dt.timedelta(seconds=batch.output_expires_seconds),
     )

@@ -11,6 +11,7 @@ from django.db import InterfaceError, OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from batches import services
 from batches.models import Batch, BatchStatus
 from batches.runner import batch_step, batch_step_failed
 
@@ -82,3 +83,12 @@ def batches_resume() -> int:
     if count:
         log.info("resuming %d unfinished batches", count)
     return count
+
+
+@shared_task(name="batches.tasks.files_purge", ignore_result=True)
+def files_purge() -> int:
+    """Delete the files past their expiry, but those a running batch still reads (hourly)."""
+    deleted = services.files_purge()
+    if deleted:
+        log.info("deleted %d expired files", deleted)
+    return deleted

@@ -17,7 +17,7 @@ from batches.models import Batch, File
 from config.db import db_call
 from config.http import content_disposition
 from inference.endpoint import api_endpoint, json_response, request_json, request_principal
-from inference.errors import ApiError, invalid
+from inference.errors import ApiError, invalid, unrecognized
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def file_object(file: File) -> dict[str, Any]:
         "purpose": file.purpose,
         "status": "processed",
         "status_details": None,
-        "expires_at": None,
+        "expires_at": _ts(file.expires_at),
     }
 
 
@@ -71,8 +71,23 @@ def batch_object(batch: Batch) -> dict[str, Any]:
     }
 
 
-def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
-    """Return the (filename, purpose, content) of a multipart upload, or raise a 400/413."""
+# The form fields of an upload (the SDK writes `expires_after` as two bracketed fields).
+_UPLOAD_FIELDS = frozenset(("file", "purpose", "expires_after[anchor]", "expires_after[seconds]"))
+
+
+def _expires_after(form: Any) -> dict[str, Any] | None:
+    """The upload's `expires_after` as the JSON object it stands for, or None."""
+    anchor = form.get("expires_after[anchor]")
+    seconds = form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if isinstance(seconds, str) and seconds.isascii() and seconds.isdigit():
+        return {"anchor": anchor, "seconds": int(seconds)}
+    return {"anchor": anchor, "seconds": seconds}
+
+
+def _upload(request: HttpRequest) -> tuple[str, str, bytes, int | None]:
+    """Return the (filename, purpose, content, expiry seconds) of an upload, or raise a 400/413."""
     limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
     length = request.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > limit + _MULTIPART_SLACK:
@@ -82,6 +97,7 @@ def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
     try:
         upload = request.FILES.get("file")
         purpose = request.POST.get("purpose")
+        names = [*request.POST, *request.FILES]
     except RequestDataTooBig as exc:
         raise ApiError(
             413, "file_too_large", f"The file exceeds {limit} bytes.", param="file"
@@ -89,6 +105,9 @@ def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
     except (MultiPartParserError, SuspiciousOperation) as exc:
         # A form without a boundary, or with more fields than Django reads: the client's fault.
         raise invalid("file", f"The multipart body cannot be read: {exc}") from exc
+    for name in names:
+        if name not in _UPLOAD_FIELDS:
+            raise unrecognized(name)
     if upload is None:
         raise invalid("file", "Missing required parameter: 'file'.", "missing_required_parameter")
     if not purpose:
@@ -97,36 +116,65 @@ def _upload(request: HttpRequest) -> tuple[str, str, bytes]:
         )
     if upload.size is not None and upload.size > limit:
         raise ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
-    return upload.name or "upload.jsonl", purpose, upload.read()
+    seconds = services.expires_after_parse(_expires_after(request.POST), "expires_after")
+    return upload.name or "upload.jsonl", purpose, upload.read(), seconds
 
 
-@api_endpoint("GET", "POST")
+def _order(raw: str | None) -> bool:
+    """Whether a list's `order` is ascending (`asc`); `desc`, the default, is newest first."""
+    if raw is None or raw == "desc":
+        return False
+    if raw == "asc":
+        return True
+    raise invalid("order", "'order' must be 'asc' or 'desc'.")
+
+
+@api_endpoint("GET", "POST", counted=True)
 async def files(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     if request.method == "POST":
-        filename, purpose, content = await asyncio.to_thread(_upload, request)
+        filename, purpose, content, seconds = await asyncio.to_thread(_upload, request)
         created = await db_call(
             services.file_create,
             tenant_id=principal.tenant_id,
             filename=filename,
             purpose=purpose,
             content=content,
+            expires_seconds=seconds,
         )
         return json_response(file_object(created))
-    found = await db_call(
-        selectors.file_list, tenant=principal.tenant_id, purpose=request.GET.get("purpose")
+    page, more = await db_call(
+        selectors.file_list,
+        tenant=principal.tenant_id,
+        purpose=request.GET.get("purpose"),
+        after=request.GET.get("after"),
+        limit=_limit(request.GET.get("limit"), default=10_000, most=10_000),
+        ascending=_order(request.GET.get("order")),
     )
-    return json_response({"object": "list", "data": [file_object(f) for f in found]})
+    return json_response(
+        {
+            "object": "list",
+            "data": [file_object(f) for f in page],
+            "first_id": page[0].id if page else None,
+            "last_id": page[-1].id if page else None,
+            "has_more": more,
+        }
+    )
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", "DELETE", counted=True)
 async def file_detail(request: HttpRequest, request_id: str, file_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
+    if request.method == "DELETE":
+        deleted = await db_call(
+            services.file_delete, tenant_id=principal.tenant_id, file_id=file_id
+        )
+        return json_response({"id": deleted, "object": "file", "deleted": True})
     found = await db_call(selectors.file_get, tenant=principal.tenant_id, file_id=file_id)
     return json_response(file_object(found))
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def file_content(request: HttpRequest, request_id: str, file_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     found, content = await db_call(
@@ -149,19 +197,23 @@ def _start(batch_id: str) -> None:
         log.warning("could not queue batch %s now; it will be resumed", batch_id, exc_info=True)
 
 
-def _limit(raw: str | None) -> int:
+def _limit(raw: str | None, *, default: int = 20, most: int = 100) -> int:
+    """A list's `limit`: a page of batches holds 1 to 100 (20 by default), of files 10,000."""
     if raw is None:
-        return 20
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
-        raise invalid("limit", "'limit' must be an integer from 1 to 100.")
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
+        raise invalid("limit", f"'limit' must be an integer from 1 to {most}.")
     return int(raw)
 
 
-@api_endpoint("GET", "POST")
+@api_endpoint("GET", "POST", counted=True)
 async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     if request.method == "POST":
         body = await request_json(request)
+        for name in body:
+            if name not in services.BATCH_FIELDS:
+                raise unrecognized(name)
         batch = await db_call(
             services.batch_create,
             tenant_id=principal.tenant_id,
@@ -170,6 +222,7 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
             endpoint=body.get("endpoint"),
             completion_window=body.get("completion_window", "24h"),
             metadata=body.get("metadata"),
+            output_expires_after=body.get("output_expires_after"),
         )
         await asyncio.to_thread(_start, batch.id)
         return json_response(batch_object(batch))
@@ -190,14 +243,14 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
     )
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def batch_detail(request: HttpRequest, request_id: str, batch_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     batch = await db_call(selectors.batch_get, tenant=principal.tenant_id, batch_id=batch_id)
     return json_response(batch_object(batch))
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def batch_cancel(request: HttpRequest, request_id: str, batch_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     batch = await db_call(selectors.batch_get, tenant=principal.tenant_id, batch_id=batch_id)

@@ -37,7 +37,7 @@ from inference.endpoint import (
     request_json,
     request_principal,
 )
-from inference.errors import ApiError, invalid
+from inference.errors import ApiError, invalid, unrecognized
 from inference.responses import OUTPUT_LOGPROBS, input_items_read, metadata_read
 from tenants.models import Scope
 
@@ -61,8 +61,7 @@ def _item_not_found(item_id: str) -> ApiError:
 def _fields_check(body: dict[str, Any], fields: frozenset[str]) -> None:
     for name in body:
         if name not in fields:
-            message = f"Unrecognized request argument supplied: {shown(name)}."
-            raise ApiError(400, "unsupported_parameter", message, param=shown(name))
+            raise unrecognized(name)
 
 
 def _items_read(body: dict[str, Any], *, required: bool) -> list[dict[str, Any]]:

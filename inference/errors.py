@@ -7,6 +7,8 @@ from typing import Any
 
 from django.http import HttpResponse
 
+from config.json_body import shown
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -94,6 +96,8 @@ SHOULD_RETRY: dict[str, bool] = {
     "request_too_large": False,
     "exceeds_queue_capacity": False,  # larger than its deployment's queue takes at all
     "file_too_large": False,
+    "storage_limit_exceeded": False,  # the tenant's files fill their share: delete some first
+    "file_in_use": False,  # a running batch reads the file: it ends, or is cancelled, first
     "too_many_lines": False,
     "missing_custom_id": False,
     "duplicate_custom_id": False,
@@ -192,3 +196,10 @@ class ApiError(Exception):
 def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """Return a 400 naming the field at fault."""
     return ApiError(400, code, message, param=param)
+
+
+def unrecognized(name: str) -> ApiError:
+    """Return the 400 for a field the endpoint does not have, naming it (shortened if long)."""
+    shortened = shown(name)
+    message = f"Unrecognized request argument supplied: {shortened}."
+    return ApiError(400, "unsupported_parameter", message, param=shortened)

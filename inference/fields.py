@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.json_body import shown
-from inference.errors import ApiError, invalid
+from inference.errors import ApiError, invalid, unrecognized
 from inference.kinds import (
     MAX_TOKENS,
     Kind,
@@ -649,8 +649,7 @@ def unsupported_refuse(
     for name, value in body.items():
         field = fields.get(name)
         if field is None:
-            message = f"Unrecognized request argument supplied: {shown(name)}."
-            raise ApiError(400, "unsupported_parameter", message, param=shown(name))
+            raise unrecognized(name)
         if field.only is not None and endpoint is not None and field.only != endpoint:
             if value is None:
                 continue

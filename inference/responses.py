@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from config.json_body import shown
-from inference.errors import ApiError, invalid
+from inference.errors import ApiError, invalid, unrecognized
 from inference.params import CHAT, GenerationRequest, generation_parse
 from inference.responses_store import Kept
 
@@ -342,8 +342,7 @@ def _refuse_unsupported(
             continue
         allowed = refused_unless.get(name)
         if allowed is None:
-            message = f"Unrecognized request argument supplied: {shown(name)}."
-            raise ApiError(400, "unsupported_parameter", message, param=shown(name))
+            raise unrecognized(name)
         if not any(value == unused and type(value) is type(unused) for unused in allowed):
             raise ApiError(
                 400, "unsupported_parameter", f"'{name}' is not supported; leave it out.",

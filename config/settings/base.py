@@ -264,6 +264,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "inference.tasks.responses_orphans_finish",
         "schedule": 60.0,
     },
+    # Files (the Files API's) past their expiry are deleted, but those a running batch reads.
+    "batches-files-purge": {
+        "task": "batches.tasks.files_purge",
+        "schedule": crontab(minute=10),
+    },
     # Stored responses (the Responses API's) and conversations past their expiry are deleted.
     "inference-responses-purge": {
         "task": "inference.tasks.responses_purge",
@@ -442,6 +447,9 @@ ROUNDHOUSE_DEFAULT_QUOTA: dict[str, int | Decimal] = {
 # The Files and Batch APIs: the largest batch input file and the most requests it may hold.
 ROUNDHOUSE_MAX_FILE_BYTES = env_int("ROUNDHOUSE_MAX_FILE_BYTES", 64 * 1024 * 1024)
 ROUNDHOUSE_MAX_FILE_LINES = env_int("ROUNDHOUSE_MAX_FILE_LINES", 50_000)
+# The bytes a tenant's files (uploads and batch results) may hold together in PostgreSQL; an
+# upload past it is refused (storage_limit_exceeded) until files are deleted or expire.
+ROUNDHOUSE_TENANT_FILE_BYTES = env_int("ROUNDHOUSE_TENANT_FILE_BYTES", 10 * 1024**3)
 # A batch job works in steps of this many seconds (short, so a Celery worker's warm shutdown
 # is quick) and holds the batch's lease, renewed as it goes, which lapses this long after its
 # runner dies; then the next step takes the batch over.

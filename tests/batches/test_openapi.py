@@ -58,7 +58,8 @@ def test_the_v1_document_describes_files_and_batches_between_models_and_requests
     ]
     schemas = document["components"]["schemas"]
     names = list(schemas)
-    batches = ["File", "FileUpload", "Batch", "BatchRequest", "RequestStatus"]
+    batches = ["File", "FileDeleted", "FileUpload", "ExpiresAfter", "Batch", "BatchRequest",
+               "RequestStatus"]  # fmt: skip
     # The batches' part sits right after the models', the Responses API's and the Messages
     # API's schemas and before the operational ones.
     start = names.index("CountedTokens") + 1

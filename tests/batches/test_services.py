@@ -6,20 +6,27 @@ import datetime as dt
 import json
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
+from django.utils import timezone
 
-from batches.models import Batch, BatchLine, BatchStatus, LineState
+from batches.models import Batch, BatchLine, BatchStatus, File, LineState
 from batches.services import (
     batch_cancel,
     batch_create,
     batch_finalize,
     batch_validate,
+    expires_after_parse,
     file_create,
+    file_delete,
+    files_purge,
     line_request_id,
     window_parse,
 )
+from batches.tasks import files_purge as files_purge_task
 from inference.errors import ApiError
 from tenants.models import ApiKey
+from tenants.services import tenant_create
 
 pytestmark = pytest.mark.django_db
 
@@ -208,3 +215,130 @@ def test_an_embeddings_line_asking_for_vllms_binary_answer_fails_alone(world):
         (LineState.FAILED, "body.encoding_format"),
         (LineState.FAILED, "body.encoding_format"),
     ]
+
+
+# --- keeping files: expiry, deletion, the tenant's storage ------------------------------------
+
+
+def _upload(tenant_id: int, content: bytes = b"{}\n", expires_seconds: int | None = None) -> File:
+    return file_create(tenant_id=tenant_id, filename="f", purpose="batch", content=content,
+                       expires_seconds=expires_seconds)  # fmt: skip
+
+
+def test_a_file_expires_after_30_days_or_when_its_upload_says(world):
+    before = timezone.now()
+    kept = _upload(world.acme.pk)
+    assert kept.expires_at is not None
+    assert before + dt.timedelta(days=30) <= kept.expires_at <= timezone.now() + dt.timedelta(30)
+    hour = _upload(world.acme.pk, expires_seconds=3600)
+    assert hour.expires_at is not None
+    assert (hour.expires_at - hour.created_at).total_seconds() == pytest.approx(3600, abs=1)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ("3600", "expires_after"),
+        ({"anchor": "last_active_at", "seconds": 3600}, "expires_after.anchor"),
+        ({"seconds": 3600}, "expires_after.anchor"),
+        ({"anchor": "created_at", "seconds": 3599}, "expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": 2_592_001}, "expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": "3600"}, "expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": True}, "expires_after.seconds"),
+        ({"anchor": "created_at"}, "expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": 3600, "days": 1}, "expires_after.days"),
+    ],
+    ids=["not-an-object", "other-anchor", "no-anchor", "under-an-hour", "over-30-days",
+         "seconds-as-text", "seconds-as-boolean", "no-seconds", "unknown-field"],
+)  # fmt: skip
+def test_a_bad_expiry_policy_is_a_400_naming_its_field(raw, param):
+    with pytest.raises(ApiError) as refused:
+        expires_after_parse(raw, "expires_after")
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert expires_after_parse(None, "expires_after") is None
+    assert expires_after_parse({"anchor": "created_at", "seconds": 2_592_000}, "x") == 2_592_000
+
+
+def test_a_tenants_files_stay_within_its_storage_and_spare_the_others(world, settings):
+    settings.ROUNDHOUSE_TENANT_FILE_BYTES = 10
+    one, other = tenant_create(slug="files-room-1"), tenant_create(slug="files-room-2")
+    _upload(one.pk, b"{}\n{}\n")  # 6 bytes
+    with pytest.raises(ApiError) as refused:
+        _upload(one.pk, b"{}\n{}\n")
+    assert (refused.value.status, refused.value.code) == (400, "storage_limit_exceeded")
+    assert "hold 6 bytes" in refused.value.message
+    _upload(other.pk, b"{}\n{}\n")  # another tenant's room is its own
+    _upload(one.pk, b"{}\n")  # what fits still goes in: 9 of 10
+    File.objects.filter(tenant=one, size=6).delete()
+    _upload(one.pk, b"{}\n{}\n")  # room again once files go
+
+
+def test_a_file_is_deleted_once_no_running_batch_reads_it(world):
+    batch = _batch(world, [_line("a")])
+    with pytest.raises(ApiError) as refused:
+        file_delete(tenant_id=world.acme.pk, file_id=batch.input_file_id)
+    assert (refused.value.status, refused.value.code) == (409, "file_in_use")
+    assert batch.id in refused.value.message
+    with pytest.raises(ApiError) as foreign:
+        file_delete(tenant_id=world.globex.pk, file_id=batch.input_file_id)
+    assert (foreign.value.status, foreign.value.param) == (404, "file_id")
+    BatchLine.objects.all().delete()
+    batch = batch_finalize(batch=batch_validate(batch=batch), status=BatchStatus.CANCELLED)
+    assert file_delete(tenant_id=world.acme.pk, file_id=batch.input_file_id) == batch.input_file_id
+    assert not File.objects.filter(pk=batch.input_file_id).exists()
+    # The ended batch still names its input, as OpenAI's does; its error file can go too.
+    batch.refresh_from_db()
+    assert batch.input_file_id is not None and batch.error_file_id is not None
+    file_delete(tenant_id=world.acme.pk, file_id=batch.error_file_id)
+    batch.refresh_from_db()
+    assert batch.error_file_id is None
+    with pytest.raises(ApiError) as gone:
+        file_delete(tenant_id=world.acme.pk, file_id="file-\x00")
+    assert gone.value.status == 404
+
+
+def test_a_batch_over_a_file_deleted_meanwhile_fails_saying_so(world):
+    batch = _batch(world, [_line("a")])
+    File.objects.filter(pk=batch.input_file_id).delete()
+    batch = batch_validate(batch=batch)
+    assert batch.status == BatchStatus.FAILED and batch.errors is not None
+    assert "is gone" in batch.errors["data"][0]["message"]
+
+
+def test_the_purge_deletes_expired_files_but_those_a_running_batch_reads(world):
+    running = _batch(world, [_line("a")])
+    expired = _upload(world.acme.pk)
+    fresh = _upload(world.acme.pk)
+    past = timezone.now() - dt.timedelta(seconds=1)
+    File.objects.filter(pk__in=[running.input_file_id, expired.pk]).update(expires_at=past)
+    assert files_purge(chunk=1) == 1
+    ids = (running.input_file_id, expired.pk, fresh.pk)
+    assert set(File.objects.filter(pk__in=ids).values_list("pk", flat=True)) == {
+        running.input_file_id,
+        fresh.pk,
+    }
+    batch_finalize(batch=running, status=BatchStatus.CANCELLED)
+    assert files_purge() == 1
+    assert not File.objects.filter(pk=running.input_file_id).exists()
+    entry = settings.CELERY_BEAT_SCHEDULE["batches-files-purge"]
+    assert entry["task"] == files_purge_task.name
+
+
+def test_a_batchs_result_files_expire_as_its_output_expires_after_says(world):
+    file = _upload(world.acme.pk, (_line("a") + "\n").encode())
+    key_id = ApiKey.objects.filter(tenant=world.acme).values_list("pk", flat=True)[0]
+
+    def create(seconds: int) -> Batch:
+        policy = {"anchor": "created_at", "seconds": seconds}
+        return batch_create(tenant_id=world.acme.pk, api_key_id=key_id, input_file_id=file.id,
+                            endpoint="/v1/completions", completion_window="24h",
+                            output_expires_after=policy)  # fmt: skip
+
+    batch = batch_finalize(batch=batch_validate(batch=create(7200)), status=BatchStatus.CANCELLED)
+    error_file = File.objects.get(pk=batch.error_file_id)
+    assert error_file.expires_at is not None
+    kept = error_file.expires_at - error_file.created_at
+    assert kept.total_seconds() == pytest.approx(7200, abs=1)
+    with pytest.raises(ApiError) as refused:
+        create(60)
+    assert refused.value.param == "output_expires_after.seconds"

@@ -28,6 +28,7 @@ from tests.conftest import (
     Process,
     _spawn,
     _wait_for,
+    roomy_key,
 )
 
 CELERY = ["-m", "celery", "-A", "config", "worker", "--pool", "solo", "--loglevel", "INFO",
@@ -340,9 +341,11 @@ def test_a_batch_survives_its_celery_worker_stopping_gracefully(
 def test_a_batch_past_its_completion_window_expires_and_keeps_what_finished(
     stack, world, celery, django_db_blocker
 ):
-    from batches.models import Batch
+    from batches.models import ENDED, Batch, File
 
-    # Three requests a minute: the window cannot hold twenty lines.
+    # Three requests a minute: the window cannot hold twenty lines. The upload and the batch's
+    # creation take two of them (every Files and Batch API call counts), so the test follows
+    # the batch in the database rather than through the API.
     sdk = openai.OpenAI(
         base_url=f"{stack.base_url}/v1", api_key=world.limited_keys["soylent"], max_retries=0
     )
@@ -359,17 +362,25 @@ def test_a_batch_past_its_completion_window_expires_and_keeps_what_finished(
     with django_db_blocker.unblock():
         soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=10)
         Batch.objects.filter(pk=batch.id).update(expires_at=soon)
-    batch = _wait(sdk, batch.id, until=_ended, timeout=150)
-    assert batch.status == "expired"
-    assert batch.expired_at is not None and batch.expired_at >= batch.expires_at
-    counts = batch.request_counts
-    assert 1 <= counts.completed < count
-    assert (counts.total, counts.completed + counts.failed) == (count, count)
-    output = _entries(sdk, batch.output_file_id)
-    errors = _entries(sdk, batch.error_file_id)
-    assert len(output) == counts.completed
+        deadline = time.monotonic() + 150
+        while (ended := Batch.objects.get(pk=batch.id)).status not in ENDED:
+            assert time.monotonic() < deadline, f"batch stuck: {ended.status}\n{_story(celery)}"
+            time.sleep(0.3)
+
+        def entries(file_id: str | None) -> list[dict[str, Any]]:
+            if file_id is None:
+                return []
+            content = bytes(File.objects.get(pk=file_id).content)
+            return [json.loads(line) for line in content.splitlines()]
+
+        output, errors = entries(ended.output_file_id), entries(ended.error_file_id)
+    assert ended.status == "expired"
+    assert ended.expired_at is not None and ended.expired_at >= ended.expires_at
+    assert 1 <= ended.completed < count
+    assert (ended.total, ended.completed + ended.failed) == (count, count)
+    assert len(output) == ended.completed
     assert all(e["response"]["status_code"] == 200 for e in output)
-    assert len(errors) == counts.failed
+    assert len(errors) == ended.failed
     assert {e["error"]["code"] for e in errors if e["error"]} == {"batch_expired"}
     assert {e["custom_id"] for e in output + errors} == {f"w{i}" for i in range(count)}
 
@@ -485,6 +496,11 @@ def test_bad_uploads_are_clear_errors(stack, world, celery, content, purpose, co
          "endpoint"),
         ({"input_file_id": "F", "endpoint": "/v1/completions", "completion_window": "9y"}, 400,
          "completion_window"),
+        ({"input_file_id": "F", "endpoint": "/v1/completions", "output_expires": 3600}, 400,
+         "output_expires"),
+        ({"input_file_id": "F", "endpoint": "/v1/completions",
+          "output_expires_after": {"anchor": "created_at", "seconds": 30}}, 400,
+         "output_expires_after.seconds"),
     ],
 )  # fmt: skip
 def test_bad_batches_are_clear_errors(stack, world, celery, body, status, param):
@@ -569,3 +585,95 @@ def test_a_batch_of_responses_api_lines_answers_responses_and_stores_them(sdk, w
     assert chained["error"]["param"] == "body.previous_response_id"
     records = usage_of(output["kept"]["request_id"], output["not-kept"]["request_id"])
     assert {r.priority for r in records} == {"batch"}
+
+
+def test_files_go_a_page_at_a_time_are_deleted_and_expire_as_the_sdk_asks(stack, django_db_blocker):
+    with django_db_blocker.unblock():
+        key = roomy_key("files-pages")
+    own = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
+    data = (_chat_line("a", "b") + "\n").encode()
+    first = own.files.create(file=("1.jsonl", io.BytesIO(data)), purpose="batch")
+    second = own.files.create(
+        file=("2.jsonl", io.BytesIO(data)),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    third = own.files.create(file=("3.jsonl", io.BytesIO(data)), purpose="batch")
+    assert first.expires_at == first.created_at + 30 * 86400
+    assert second.expires_at == second.created_at + 3600
+    assert own.files.retrieve(second.id).expires_at == second.expires_at
+    # Newest first by default; `order`, `limit` and `after` page through them as OpenAI's do.
+    assert [f.id for f in own.files.list()] == [third.id, second.id, first.id]
+    page = own.files.list(limit=2, order="asc")
+    assert [f.id for f in page.data] == [first.id, second.id] and page.has_more
+    assert [f.id for f in page.get_next_page().data] == [third.id]
+    assert [f.id for f in own.files.list()] == [third.id, second.id, first.id]  # the SDK's pages
+    deleted = own.files.delete(second.id)
+    assert (deleted.id, deleted.deleted, deleted.object) == (second.id, True, "file")
+    for gone in (lambda: own.files.retrieve(second.id), lambda: own.files.delete(second.id),
+                 lambda: own.files.content(second.id)):  # fmt: skip
+        with pytest.raises(openai.NotFoundError):
+            gone()
+    assert [f.id for f in own.files.list(order="asc")] == [first.id, third.id]
+    # A batch's output file is kept as its `output_expires_after` says.
+    batch = own.batches.create(
+        input_file_id=first.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    batch = _wait(own, batch.id, until=_ended)
+    assert batch.status == "completed", batch
+    output = own.files.retrieve(batch.output_file_id)
+    assert output.expires_at == output.created_at + 7200
+    # An ended batch lets its input go and still names it.
+    own.files.delete(first.id)
+    assert own.batches.retrieve(batch.id).input_file_id == first.id
+
+
+@pytest.mark.parametrize(
+    ("form", "param"),
+    [
+        ({"purpose": "batch", "expires_in": "60"}, "expires_in"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at"}, "expires_after.seconds"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at",
+          "expires_after[seconds]": "60"}, "expires_after.seconds"),
+        ({"purpose": "batch", "expires_after[anchor]": "now",
+          "expires_after[seconds]": "3600"}, "expires_after.anchor"),
+    ],
+    ids=["unknown-field", "no-seconds", "under-an-hour", "other-anchor"],
+)  # fmt: skip
+def test_an_upload_with_a_field_it_cannot_honour_is_refused_naming_it(
+    stack, world, celery, form, param
+):
+    response = httpx.post(
+        f"{stack.base_url}/v1/files",
+        files={"file": ("in.jsonl", (_chat_line("a", "b") + "\n").encode())},
+        data=form,
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_every_files_and_batches_call_counts_against_the_tenants_requests_per_minute(
+    stack, celery, django_db_blocker
+):
+    with django_db_blocker.unblock():
+        key = roomy_key("files-rate", requests_per_minute=3)
+    limited = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
+    data = (_chat_line("a", "b") + "\n").encode()
+    uploaded = limited.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    limited.files.list()
+    limited.files.retrieve(uploaded.id)
+    with pytest.raises(openai.RateLimitError) as refused:
+        limited.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    assert refused.value.code == "rate_limit_exceeded"
+    with pytest.raises(openai.RateLimitError):
+        limited.batches.list()
+    with django_db_blocker.unblock():
+        from batches.models import File
+
+        assert list(
+            File.objects.filter(tenant__slug="files-rate").values_list("pk", flat=True)
+        ) == [uploaded.id]

@@ -247,6 +247,10 @@ V1_FOREIGN = [
                  id="read-a-file"),
     pytest.param(Call("GET", "/v1/files/{file_id}/content"), "file_not_found", "file_id",
                  id="download-a-file"),
+    pytest.param(Call("DELETE", "/v1/files/{file_id}"), "file_not_found", "file_id",
+                 id="delete-a-file"),
+    pytest.param(Call("GET", "/v1/files?after={file_id}"), "file_not_found", "after",
+                 id="page-after-a-file"),
     pytest.param(Call("POST", "/v1/batches", {"input_file_id": "{file_id}",
                       "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
                  "file_not_found", "input_file_id", id="batch-over-a-file"),
@@ -379,7 +383,8 @@ def test_acme_key_reaches_every_object_globex_cannot(
     client: httpx.Client, world: World, acme: Objects
 ) -> None:
     """The matrix's control: the same ids work for their owner, so each 404 is isolation."""
-    for path in ("/v1/files/{file_id}", "/v1/files/{file_id}/content", "/v1/batches/{batch_id}",
+    for path in ("/v1/files/{file_id}", "/v1/files/{file_id}/content", "/v1/files?after={file_id}",
+                 "/v1/batches/{batch_id}",
                  "/v1/batches?after={batch_id}", "/v1/requests/{stream_id}/stream",
                  "/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items",
                  "/v1/conversations/{conversation_id}",
