@@ -496,6 +496,12 @@ def test_the_endpoints_that_count_requests_are_read_from_their_views_marks():
         "/v1/conversations/<str:conversation_id>/items/<str:item_id>",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/files",
+        "/v1/files/<str:file_id>",
+        "/v1/files/<str:file_id>/content",
+        "/v1/batches",
+        "/v1/batches/<str:batch_id>",
+        "/v1/batches/<str:batch_id>/cancel",
         "/tokenize",
         "/detokenize",
     }
