@@ -68,7 +68,7 @@ def _touched(row: Conversation, retention_days: int) -> None:
     row.expires_at = row.updated_at + kept_for(retention_days)
 
 
-def _append(row: Conversation, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _append(row: Conversation, items: list[dict[str, Any]]) -> None:
     """Add items after the conversation's last one (its row locked by the caller)."""
     ConversationItem.objects.bulk_create(
         ConversationItem(
@@ -80,7 +80,6 @@ def _append(row: Conversation, items: list[dict[str, Any]]) -> list[dict[str, An
         for offset, item in enumerate(items)
     )
     row.next_position += len(items)
-    return items
 
 
 def conversation_create(
@@ -140,14 +139,14 @@ def conversation_delete(*, tenant_id: int, conversation_id: str) -> bool:
 def conversation_items(*, tenant_id: int, conversation_id: str) -> list[dict[str, Any]] | str:
     """Every item of the tenant's conversation, oldest first; or why not: "missing", or "full"
     when it holds more than MAX_ITEMS (a response's turns took it past)."""
-    row = _live(tenant_id, conversation_id).first()
+    row = _live(tenant_id, conversation_id).only("id").first()
     if row is None:
         return "missing"
-    if row.items.count() > MAX_ITEMS:
+    # One more than the most it may hold says whether it is past it, without counting them.
+    sealed = list(row.items.order_by("position").values_list("sealed", flat=True)[: MAX_ITEMS + 1])
+    if len(sealed) > MAX_ITEMS:
         return "full"
-    return [
-        _open(sealed) for sealed in row.items.order_by("position").values_list("sealed", flat=True)
-    ]
+    return [_open(one) for one in sealed]
 
 
 def conversation_items_page(
@@ -185,9 +184,10 @@ def conversation_items_add(
             return "missing"
         if row.items.count() + len(items) > MAX_ITEMS:
             return "full"
-        taken = set(
-            row.items.filter(item_id__in=[i["id"] for i in items]).values_list("item_id", flat=True)
-        )
+        # Only ids an item may have are looked up: any other (a NUL in it, which PostgreSQL
+        # cannot compare) is renamed below whatever the conversation holds.
+        wanted = [i["id"] for i in items if ITEM_ID.fullmatch(i["id"])]
+        taken = set(row.items.filter(item_id__in=wanted).values_list("item_id", flat=True))
         if taken:
             return min(taken)
         _append(row, items)
@@ -213,18 +213,17 @@ def conversation_turn_add(
     """
     with transaction.atomic():
         row = (
-            Conversation.objects.filter(
-                tenant_id=tenant_id, id=conversation_id, expires_at__gt=timezone.now()
-            )
+            _live(tenant_id, conversation_id)
             .select_related("tenant")
             .select_for_update(of=("self",))
             .first()
         )
         if row is None:
             return False
-        taken = set(
-            row.items.filter(item_id__in=[i["id"] for i in items]).values_list("item_id", flat=True)
-        )
+        # Only ids an item may have are looked up: any other (a NUL in it, which PostgreSQL
+        # cannot compare) is renamed below whatever the conversation holds.
+        wanted = [i["id"] for i in items if ITEM_ID.fullmatch(i["id"])]
+        taken = set(row.items.filter(item_id__in=wanted).values_list("item_id", flat=True))
         fresh = []
         for item in items:
             if item["id"] in taken or not ITEM_ID.fullmatch(item["id"]):

@@ -159,11 +159,12 @@ def test_ids_a_path_or_postgresql_cannot_carry_read_as_absent_and_a_turn_renames
             )
             == "after"
         )
-    turn = [_message("x" * 65, "two"), _message("d", "three"), _message("d", "four")]
+    turn = [_message("x" * 65, "two"), _message("d", "three"), _message("d", "four"),
+            _message("a\x00", "five")]  # fmt: skip
     assert conversation_turn_add(tenant_id=tenant.pk, conversation_id=conversation, items=turn)
     items = conversation_items(tenant_id=tenant.pk, conversation_id=conversation)
-    assert isinstance(items, list) and _texts(items) == ["one", "two", "three", "four"]
-    assert len({i["id"] for i in items}) == 4 and all(len(i["id"]) <= 64 for i in items)
+    assert isinstance(items, list) and _texts(items) == ["one", "two", "three", "four", "five"]
+    assert len({i["id"] for i in items}) == 5 and all(len(i["id"]) <= 64 for i in items)
 
 
 def test_an_expired_conversation_takes_no_turn_and_one_past_max_items_no_response(
