@@ -16,7 +16,15 @@ from batches import selectors, services
 from batches.models import Batch, File
 from config.db import db_call
 from config.http import content_disposition
-from inference.endpoint import api_endpoint, json_response, request_json, request_principal
+from inference.endpoint import (
+    api_endpoint,
+    json_response,
+    limit_query,
+    list_page,
+    page_query,
+    request_json,
+    request_principal,
+)
 from inference.errors import ApiError, invalid, unrecognized
 from tenants.models import Scope
 
@@ -81,7 +89,8 @@ def _expires_after(form: Any) -> dict[str, Any] | None:
     seconds = form.get("expires_after[seconds]")
     if anchor is None and seconds is None:
         return None
-    if isinstance(seconds, str) and seconds.isascii() and seconds.isdigit():
+    # A form's text is read as an integer only when it is one (thousands of digits are not).
+    if isinstance(seconds, str) and seconds.isascii() and seconds.isdigit() and len(seconds) < 20:
         return {"anchor": anchor, "seconds": int(seconds)}
     return {"anchor": anchor, "seconds": seconds}
 
@@ -120,15 +129,6 @@ def _upload(request: HttpRequest) -> tuple[str, str, bytes, int | None]:
     return upload.name or "upload.jsonl", purpose, upload.read(), seconds
 
 
-def _order(raw: str | None) -> bool:
-    """Whether a list's `order` is ascending (`asc`); `desc`, the default, is newest first."""
-    if raw is None or raw == "desc":
-        return False
-    if raw == "asc":
-        return True
-    raise invalid("order", "'order' must be 'asc' or 'desc'.")
-
-
 @api_endpoint("GET", "POST", counted=True)
 async def files(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
@@ -143,23 +143,17 @@ async def files(request: HttpRequest, request_id: str) -> HttpResponse:
             expires_seconds=seconds,
         )
         return json_response(file_object(created))
+    # OpenAI's file lists hold up to 10,000 a page, and that many unless asked for fewer.
+    limit, order, after = page_query(request, default=10_000, most=10_000)
     page, more = await db_call(
         selectors.file_list,
         tenant=principal.tenant_id,
         purpose=request.GET.get("purpose"),
-        after=request.GET.get("after"),
-        limit=_limit(request.GET.get("limit"), default=10_000, most=10_000),
-        ascending=_order(request.GET.get("order")),
+        after=after,
+        limit=limit,
+        ascending=order == "asc",
     )
-    return json_response(
-        {
-            "object": "list",
-            "data": [file_object(f) for f in page],
-            "first_id": page[0].id if page else None,
-            "last_id": page[-1].id if page else None,
-            "has_more": more,
-        }
-    )
+    return json_response(list_page([file_object(f) for f in page], has_more=more))
 
 
 @api_endpoint("GET", "DELETE", counted=True)
@@ -197,15 +191,6 @@ def _start(batch_id: str) -> None:
         log.warning("could not queue batch %s now; it will be resumed", batch_id, exc_info=True)
 
 
-def _limit(raw: str | None, *, default: int = 20, most: int = 100) -> int:
-    """A list's `limit`: a page of batches holds 1 to 100 (20 by default), of files 10,000."""
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
-        raise invalid("limit", f"'limit' must be an integer from 1 to {most}.")
-    return int(raw)
-
-
 @api_endpoint("GET", "POST", counted=True)
 async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
@@ -230,17 +215,9 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
         selectors.batch_list,
         tenant=principal.tenant_id,
         after=request.GET.get("after"),
-        limit=_limit(request.GET.get("limit")),
+        limit=limit_query(request),
     )
-    return json_response(
-        {
-            "object": "list",
-            "data": [batch_object(b) for b in page],
-            "first_id": page[0].id if page else None,
-            "last_id": page[-1].id if page else None,
-            "has_more": more,
-        }
-    )
+    return json_response(list_page([batch_object(b) for b in page], has_more=more))
 
 
 @api_endpoint("GET", counted=True)

@@ -33,6 +33,7 @@ from inference.conversations_store import (
 from inference.endpoint import (
     api_endpoint,
     json_response,
+    list_page,
     page_query,
     request_json,
     request_principal,
@@ -109,16 +110,6 @@ def _shown_item(item: dict[str, Any], *, logprobs: bool) -> dict[str, Any]:
         return item
     parts = [{k: v for k, v in part.items() if k != "logprobs"} for part in item["content"]]
     return {**item, "content": parts}
-
-
-def _list(items: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": items,
-        "first_id": items[0]["id"] if items else None,
-        "last_id": items[-1]["id"] if items else None,
-        "has_more": has_more,
-    }
 
 
 @api_endpoint("POST", counted=True)
@@ -200,7 +191,7 @@ async def conversation_items(
         if isinstance(added, str):
             raise invalid("items", f"The conversation holds an item '{shown(added)}' already.")
         return json_response(
-            _list([_shown_item(i, logprobs=logprobs) for i in added], has_more=False)
+            list_page([_shown_item(i, logprobs=logprobs) for i in added], has_more=False)
         )
     limit, order, after = page_query(request)
     page = await db_call(
@@ -216,7 +207,9 @@ async def conversation_items(
     if isinstance(page, str):
         raise invalid("after", f"'after' names no item of '{shown(conversation_id)}'.")
     items, more = page
-    return json_response(_list([_shown_item(i, logprobs=logprobs) for i in items], has_more=more))
+    return json_response(
+        list_page([_shown_item(i, logprobs=logprobs) for i in items], has_more=more)
+    )
 
 
 @api_endpoint("GET", "DELETE", counted=True)

@@ -233,16 +233,39 @@ def client_timeout(request: HttpRequest, body_timeout: float | None) -> float | 
 MAX_PAGE = 100  # the most objects one page of a list holds
 
 
-def page_query(request: HttpRequest) -> tuple[int, str, str | None]:
-    """A list's query as OpenAI's lists read it: `limit` (1 to 100, 20), `order` (`asc` or
-    `desc`, the default) and `after` (an object's id: the page starts past it)."""
-    raw_limit = request.GET.get("limit", "20")
-    # ASCII digits only, and few: "²" is a digit to str.isdigit, and int() refuses it.
-    if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3) or not (
-        1 <= int(raw_limit) <= MAX_PAGE
+def list_page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """A page of a list as OpenAI's lists answer: its objects, the first and last ids."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def limit_query(request: HttpRequest, *, default: int = 20, most: int = MAX_PAGE) -> int:
+    """A list's `limit`: an integer from 1 to `most`, `default` when not given."""
+    raw = request.GET.get("limit")
+    if raw is None:
+        return default
+    # ASCII digits only, and few: "²" is a digit to str.isdigit, and int() refuses it, as it
+    # refuses a string of thousands of digits.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))) or not (
+        1 <= int(raw) <= most
     ):
-        raise invalid("limit", f"'limit' must be an integer from 1 to {MAX_PAGE}.")
+        raise invalid("limit", f"'limit' must be an integer from 1 to {most}.")
+    return int(raw)
+
+
+def page_query(
+    request: HttpRequest, *, default: int = 20, most: int = MAX_PAGE
+) -> tuple[int, str, str | None]:
+    """A list's query as OpenAI's lists read it: `limit` (1 to 100, 20, unless the list says
+    otherwise), `order` (`asc` or `desc`, the default) and `after` (an object's id: the page
+    starts past it)."""
+    limit = limit_query(request, default=default, most=most)
     order = request.GET.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", "'order' must be 'asc' or 'desc'.")
-    return int(raw_limit), order, request.GET.get("after")
+    return limit, order, request.GET.get("after")

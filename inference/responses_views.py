@@ -39,6 +39,7 @@ from inference.endpoint import (
     client_timeout,
     internal_error,
     json_response,
+    list_page,
     page_query,
     request_clock,
     request_json,
@@ -612,12 +613,4 @@ async def response_input_items(
             raise invalid("after", f"'after' names no input item of '{shown(response_id)}'.")
         items = items[ids.index(after) + 1 :]
     page = items[:limit]
-    return json_response(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
-        }
-    )
+    return json_response(list_page(page, has_more=len(items) > limit))

@@ -640,8 +640,10 @@ def test_files_go_a_page_at_a_time_are_deleted_and_expire_as_the_sdk_asks(stack,
           "expires_after[seconds]": "60"}, "expires_after.seconds"),
         ({"purpose": "batch", "expires_after[anchor]": "now",
           "expires_after[seconds]": "3600"}, "expires_after.anchor"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at",
+          "expires_after[seconds]": "9" * 5000}, "expires_after.seconds"),
     ],
-    ids=["unknown-field", "no-seconds", "under-an-hour", "other-anchor"],
+    ids=["unknown-field", "no-seconds", "under-an-hour", "other-anchor", "thousands-of-digits"],
 )  # fmt: skip
 def test_an_upload_with_a_field_it_cannot_honour_is_refused_naming_it(
     stack, world, celery, form, param
@@ -652,6 +654,27 @@ def test_an_upload_with_a_field_it_cannot_honour_is_refused_naming_it(
         data=form,
         headers={"Authorization": f"Bearer {world.acme_key}"},
     )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/v1/files?limit=0", "limit"),
+        ("/v1/files?limit=10001", "limit"),
+        ("/v1/files?limit=%C2%B2", "limit"),  # a digit to str.isdigit, not to int()
+        ("/v1/files?limit=" + "9" * 5000, "limit"),
+        ("/v1/files?order=sideways", "order"),
+        ("/v1/batches?limit=101", "limit"),
+        ("/v1/batches?limit=" + "9" * 5000, "limit"),
+    ],
+    ids=["zero", "past-the-most", "a-digit-to-isdigit", "thousands-of-digits", "order",
+         "batches-past-the-most", "batches-thousands-of-digits"],
+)  # fmt: skip
+def test_a_bad_list_query_is_a_400_naming_it(stack, world, path, param):
+    auth = {"Authorization": f"Bearer {world.acme_key}"}
+    response = httpx.get(f"{stack.base_url}{path}", headers=auth)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
