@@ -40,6 +40,7 @@ from inference.admission import body_bytes_count, request_count
 from inference.auth import credentials, key_check, scope_check
 from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch
+from inference.turns import Counts, Turns
 from tenants.models import Scope
 
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
@@ -51,7 +52,7 @@ KEYLESS_PATHS = ("/v1/openapi.json",)
 UPLOAD_PATH = "/v1/files"
 # Where the handler leaves the principal of a key it checked before reading the body.
 CHECKED_PRINCIPAL = "roundhouse.principal"
-TURN_OVER = "roundhouse.turn_over"  # in a large body's scope: ends its reading turn (_Turns)
+TURN_OVER = "roundhouse.turn_over"  # in a large body's scope: ends its reading turn (_turns)
 # The requests that count against their tenant's requests per minute are counted here before
 # their body is read: a throttled tenant's flood of large bodies costs a frontend their headers
 # only. Which endpoints count is the views' own mark (`api_endpoint(counted=True)`), read from
@@ -63,70 +64,13 @@ COUNT_BYTES_READ = "roundhouse.count_bytes_read"
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
-class _Counts(dict[int, int]):
-    """How many of each tenant's requests are in some state; a tenant at 0 is forgotten."""
-
-    def enter(self, tenant_id: int) -> None:
-        self[tenant_id] = self.get(tenant_id, 0) + 1
-
-    def leave(self, tenant_id: int) -> int:
-        """Count one out; return how many are left."""
-        left = self[tenant_id] - 1
-        if left:
-            self[tenant_id] = left
-        else:
-            del self[tenant_id]
-        return left
-
-
-class _Turns:
-    """Whose large bodies a frontend reads and parses now: one of each tenant's at a time.
-
-    Reading a body of megabytes takes a frontend's event loop through dozens of chunks, then
-    it is joined and parsed; a tenant posting many at once would hold the loop that every
-    other tenant's requests wait for. Its further large bodies wait their turn unread (the
-    client's sends stall), so a flood of them slows its own tenant most. A turn lasts from
-    the first byte read until its view has parsed the body (`turn_over`), or the request ends.
-    """
-
-    def __init__(self) -> None:
-        self._held: dict[int, asyncio.Semaphore] = {}
-        self._users = _Counts()  # per tenant: its requests holding or awaiting a turn
-
-    def tenants(self) -> set[int]:
-        """The tenants with a turn taken or awaited (the others are forgotten)."""
-        return set(self._held)
-
-    async def take(self, tenant_id: int) -> Callable[[], None]:
-        """Wait for a turn of the tenant's; return what ends it (calling it again is a no-op)."""
-        semaphore = self._held.get(tenant_id)
-        if semaphore is None:
-            per_tenant = max(1, settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT)
-            semaphore = self._held[tenant_id] = asyncio.Semaphore(per_tenant)
-        self._users.enter(tenant_id)
-        try:
-            await semaphore.acquire()
-        except BaseException:
-            self._leave(tenant_id)  # it gave up waiting (its client went away)
-            raise
-        over = False
-
-        def release() -> None:
-            nonlocal over
-            if over:
-                return
-            over = True
-            semaphore.release()
-            self._leave(tenant_id)
-
-        return release
-
-    def _leave(self, tenant_id: int) -> None:
-        if not self._users.leave(tenant_id):  # nobody reading or waiting: forget the tenant
-            del self._held[tenant_id]
-
-
-_turns = _Turns()
+# Whose large bodies a frontend reads and parses now: one of each tenant's at a time. Reading a
+# body of megabytes takes a frontend's event loop through dozens of chunks, then it is joined
+# and parsed; a tenant posting many at once would hold the loop that every other tenant's
+# requests wait for. Its further large bodies wait their turn unread (the client's sends
+# stall), so a flood of them slows its own tenant most. A turn lasts from the first byte read
+# until its view has parsed the body (`turn_over`), or the request ends.
+_turns = Turns(lambda: int(settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT))
 
 
 class _Refused:
@@ -186,7 +130,7 @@ _refused = _Refused()
 HOLD_MAX_SECONDS = 1.0
 HOLD_MAX_PER_TENANT = 16
 HELD_CODES = frozenset({"rate_limit_exceeded", "body_bytes_exceeded"})
-_holding = _Counts()  # per tenant: its refusals held now
+_holding = Counts()  # per tenant: its refusals held now
 _sleep = asyncio.sleep  # (tests wait on their own clock)
 
 

@@ -90,6 +90,8 @@ SHOULD_RETRY: dict[str, bool] = {
     "unsupported_parameter": False,
     "max_tokens_exceeded": False,
     "context_length_exceeded": False,
+    "array_above_max_length": False,  # more messages than a request may hold
+    "prompt_too_complex": False,  # a truncation's search ran out of time: send fewer messages
     "content_policy_violation": False,
     "chat_template_missing": False,
     "wrong_endpoint_for_model": False,

@@ -20,6 +20,7 @@ from config.json_body import shown
 from inference.errors import ApiError, invalid
 from inference.kinds import booleans_read, type_error
 from inference.params import CHAT, GenerationRequest, generation_parse
+from inference.prompts import messages_count_check
 from inference.structured import compiled_for, schema_check
 
 MESSAGES = "messages"  # the endpoint a usage record names for /v1/messages
@@ -342,6 +343,7 @@ def _conversation(
         raise invalid("messages", "'messages' is required.", code="missing_required_parameter")
     if not isinstance(raw, list):
         raise type_error("messages", "an array", raw)
+    messages_count_check(len(raw), "messages")
     messages = []
     changes: list[_ToolChange] = []
     for i, message in enumerate(raw):

@@ -6,7 +6,6 @@ The request runs on the chat path (inference.messages); its errors are in Anthro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 from typing import Any
@@ -40,6 +39,7 @@ from inference.message_events import MessageBuilder
 from inference.messages import EFFORTS, MESSAGES, messages_chat, needs_of, thinking_shown
 from inference.metrics import RequestClock
 from inference.params import GenerationRequest, template_kwargs_with_effort
+from inference.preprocessing import preprocessed
 from inference.results import completion_collect
 from inference.submission import generation_submit
 from inference.tokenization import Tokenizer, prompts_read, tokenizer_of
@@ -200,7 +200,7 @@ async def _replay(
     if chat.stream:
         with contextlib.suppress(ApiError):  # a version that routes nowhere now: not counted
             route = (await routing_get(original.model)).primary
-            ids, _ = await asyncio.to_thread(prompts_read, chat, route)
+            ids, _ = await preprocessed(tenant_id, prompts_read, chat, route)
             prompt_tokens = sum(len(prompt) for prompt in ids)
     builder = MessageBuilder(
         message_id=f"msg_{original.request_id}",
@@ -233,7 +233,7 @@ async def messages_count_tokens(request: HttpRequest, request_id: str) -> HttpRe
     if route is None:
         routing = await routing_get(chat.model)
         route = routing.pick(tenant_id=principal.tenant_id, user=chat.user)
-    ids, _ = await asyncio.to_thread(prompts_read, chat, route)
+    ids, _ = await preprocessed(principal.tenant_id, prompts_read, chat, route)
     count = sum(len(prompt) for prompt in ids)
     response = json_response(
         {"input_tokens": count, "context_management": {"original_input_tokens": count}}

@@ -128,6 +128,24 @@ breaker_transitions = Counter(
 )
 
 
+prompt_renders = Counter(
+    "roundhouse_prompt_renders",
+    "Conversations a chat template rendered for a request's prompt, on the event loop or on a "
+    "preprocessing thread (a truncation's search renders several).",
+    ["on"],
+)
+
+
+def prompt_rendered() -> None:
+    """Count a chat template's render, where it ran."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        prompt_renders.labels(on="thread").inc()
+    else:
+        prompt_renders.labels(on="loop").inc()
+
+
 def breaker_changed(*, model: str, state: str) -> None:
     breaker_transitions.labels(model=model, state=state).inc()
 

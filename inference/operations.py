@@ -12,7 +12,6 @@ tokenizer answers. Each takes a request from the tenant's requests per minute an
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib.metadata
 import tomllib
@@ -30,7 +29,8 @@ from inference.clients import dispatch_get, routing_get
 from inference.endpoint import api_endpoint, json_response, request_json, request_principal
 from inference.errors import ApiError, invalid
 from inference.params import TokenizeRequest, detokenize_parse, tokenize_parse
-from inference.tokenization import INLINE_TOKENIZE_CHARS, Tokenizer, tokenizer_of
+from inference.preprocessing import preprocessed
+from inference.tokenization import INLINE_MESSAGES, INLINE_TOKENIZE_CHARS, Tokenizer, tokenizer_of
 from models_registry.selectors import Route
 from tenants.models import Scope
 
@@ -139,10 +139,13 @@ def _tokens(tokenizer: Tokenizer, parsed: TokenizeRequest) -> list[int]:
     return tokenizer.encode_with(text, add_special_tokens=parsed.add_special_tokens)
 
 
-def _chars(parsed: TokenizeRequest) -> int:
+def _inline(parsed: TokenizeRequest) -> bool:
+    """Whether a prompt is short enough to render and tokenise on the event loop."""
     if parsed.messages is not None:
-        return sum(len(m["content"]) for m in parsed.messages)
-    return len(parsed.prompt or "")
+        if len(parsed.messages) > INLINE_MESSAGES:
+            return False
+        return sum(len(m["content"]) for m in parsed.messages) <= INLINE_TOKENIZE_CHARS
+    return len(parsed.prompt or "") <= INLINE_TOKENIZE_CHARS
 
 
 @api_endpoint("POST", counted=True)
@@ -155,10 +158,10 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
     parsed = tokenize_parse(await request_json(request))
     route, tokenizer = await _routed(principal, parsed.model)
-    if _chars(parsed) > INLINE_TOKENIZE_CHARS:
-        tokens = await asyncio.to_thread(_tokens, tokenizer, parsed)
-    else:
+    if _inline(parsed):
         tokens = _tokens(tokenizer, parsed)
+    else:
+        tokens = await preprocessed(principal.tenant_id, _tokens, tokenizer, parsed)
     response = json_response(
         {
             "count": len(tokens),
@@ -182,7 +185,7 @@ async def detokenize(request: HttpRequest, request_id: str) -> HttpResponse:
         if token >= vocab:
             raise invalid(f"tokens[{index}]", f"Token ids must be in [0, {vocab}), got {token}.")
     if len(parsed.tokens) > INLINE_TOKENIZE_CHARS:
-        text = await asyncio.to_thread(tokenizer.decode, parsed.tokens)
+        text = await preprocessed(principal.tenant_id, tokenizer.decode, parsed.tokens)
     else:
         text = tokenizer.decode(parsed.tokens)
     response = json_response({"prompt": text})

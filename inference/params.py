@@ -115,6 +115,9 @@ class GenerationRequest:
     # vLLM's /v1/chat/completions/batch: every conversation, each answered as one choice (its
     # index); `messages` is the first. Empty for any other request.
     conversations: tuple[list[dict[str, Any]], ...] = ()
+    # The Responses API's truncation "auto": the conversation's oldest turns are dropped until
+    # its prompt fits (inference.tokenization.turns_fitted).
+    truncate_turns: bool = False
 
     @property
     def answered_with_prompt_ids(self) -> bool:

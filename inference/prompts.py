@@ -180,8 +180,26 @@ def _array(value: Any, where: str, *, of: str, required: bool = True) -> list[An
     return value
 
 
+# The most messages one prompt's conversation may hold (all of a batch chat's conversations
+# together): every message is read, rendered and tokenised on the frontend, so their number
+# bounds a request's work however short each one is. A conversation (the Conversations API)
+# holds as many items.
+MAX_MESSAGES = 4096
+
+
+def messages_count_check(count: int, where: str) -> None:
+    """Refuse a conversation of more than MAX_MESSAGES messages, naming the field."""
+    if count > MAX_MESSAGES:
+        raise invalid(
+            where,
+            f"'{where}' holds {count} messages; a request may hold at most {MAX_MESSAGES}.",
+            code="array_above_max_length",
+        )
+
+
 def _messages(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
     value = _array(body.get(name), "messages", of="message")
+    messages_count_check(len(value), "messages")
     return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
 
 
@@ -190,6 +208,7 @@ def _conversations(body: dict[str, Any], name: str) -> list[list[dict[str, Any]]
     value = _array(body.get(name), "messages", of="conversation")
     if len(value) > MAX_PROMPTS:
         raise invalid("messages", f"At most {MAX_PROMPTS} conversations, got {len(value)}.")
+    messages_count_check(sum(len(c) if isinstance(c, list) else 0 for c in value), "messages")
     conversations = []
     for i, conversation in enumerate(value):
         where = f"messages[{i}]"
@@ -350,6 +369,7 @@ MESSAGES = custom(
     {
         "type": "array",
         "minItems": 1,
+        "maxItems": MAX_MESSAGES,
         "items": {
             "type": "object",
             "required": ["role"],

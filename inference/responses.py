@@ -9,6 +9,7 @@ become the Responses API's: one `Response` object, or a stream of semantic event
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,9 @@ import msgspec
 from config.json_body import shown
 from inference.errors import ApiError, invalid, unrecognized
 from inference.params import CHAT, GenerationRequest, generation_parse
+from inference.prompts import MAX_MESSAGES, messages_count_check
 from inference.responses_store import Kept
+from inference.tokenization import kept_from, turn_starts
 
 _json = msgspec.json.Encoder()
 
@@ -126,6 +129,7 @@ def input_items_read(raw: Any, *, response_id: str, field: str = "input") -> lis
         raw = [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise invalid(field, f"'{field}' must be a string or a non-empty list of input items.")
+    messages_count_check(len(raw), field)
     items = []
     for i, item in enumerate(raw):
         where = f"{field}[{i}]"
@@ -487,6 +491,21 @@ def responses_parse(
     if instructions:
         # A turn's instructions are its own: those of earlier turns are not carried over.
         messages.insert(0, {"role": "system", "content": instructions})
+    if len(messages) > MAX_MESSAGES:
+        if truncation == "auto":
+            # The oldest turns go first: those past what a prompt may hold go now.
+            messages = kept_from(messages, turn_starts(messages, most=MAX_MESSAGES)[0])
+        else:
+            own = len(messages_of(items)) + bool(instructions)
+            before = "conversation" if conversation_id is not None else "previous_response_id"
+            where = "input" if own > MAX_MESSAGES else before
+            raise invalid(
+                where,
+                f"This turn and the history before it hold {len(messages)} messages; a request "
+                f"may hold at most {MAX_MESSAGES}. Set 'truncation' to 'auto' to drop the "
+                "oldest turns, or start a new conversation.",
+                code="array_above_max_length",
+            )
     user = body.get("user") if body.get("user") is not None else body.get("safety_identifier")
     chat_body: dict[str, Any] = {
         "model": body.get("model"),
@@ -514,6 +533,7 @@ def responses_parse(
         chat = generation_parse(chat_body, endpoint=CHAT)
     except ApiError as exc:
         raise chat_error_renamed(exc) from None
+    chat = dataclasses.replace(chat, truncate_turns=truncation == "auto")
     previous = body.get("previous_response_id")
     tools = body.get("tools") or []
     return ResponsesRequest(
@@ -587,19 +607,6 @@ def batch_line_parse(body: dict[str, Any], *, response_id: str) -> ResponsesRequ
                 param=f"body.{name}",
             )
     return responses_parse(body, response_id=response_id, history=[])
-
-
-def oldest_dropped(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The conversation without its oldest message (and the tool answers that followed it),
-    keeping the instructions; None when only the last message is left to drop."""
-    head = 1 if messages and messages[0]["role"] == "system" else 0
-    rest = messages[head:]
-    if len(rest) <= 1:
-        return None
-    rest = rest[1:]
-    while len(rest) > 1 and rest[0]["role"] == "tool":
-        rest = rest[1:]
-    return messages[:head] + rest
 
 
 def conversation_id_read(body: dict[str, Any]) -> str | None:

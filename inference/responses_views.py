@@ -8,7 +8,6 @@ sent to any frontend, finds it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import logging
@@ -52,6 +51,7 @@ from inference.event_streams import builder_stream
 from inference.idempotency import Original, key_validate
 from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
+from inference.preprocessing import preprocessed
 from inference.response_events import ResponseBuilder, error_event, sse
 from inference.responses import (
     RESPONSES,
@@ -59,7 +59,6 @@ from inference.responses import (
     chat_error_renamed,
     conversation_id_read,
     count_parse,
-    oldest_dropped,
     previous_id_read,
     responses_parse,
 )
@@ -75,7 +74,7 @@ from inference.responses_store import (
 from inference.results import events_close, stream_ended
 from inference.structured import compiled_for
 from inference.submission import generation_submit, task_check
-from inference.tokenization import prompts_read, tokenizer_of
+from inference.tokenization import prompts_read, tokenizer_of, turns_fitted
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -122,27 +121,22 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
             )
             if replayed is not None:
                 return replayed
-        while True:
-            try:
-                submitted = await generation_submit(
-                    principal=principal,
-                    request=chat,
-                    request_id=request_id,
-                    timeout=client_timeout(request, chat.timeout),
-                    priority=chat.priority,
-                    idempotency_key=key,
-                    clock=clock,
-                    trace=request_trace(request),
-                    request_taken=True,
-                    endpoint=RESPONSES,
-                )
-                break
-            except ApiError as exc:
-                # truncation "auto": the oldest turns go until the conversation fits.
-                shorter = oldest_dropped(chat.messages or []) if parsed.truncate else None
-                if exc.code != "context_length_exceeded" or shorter is None:
-                    raise chat_error_renamed(exc) from None
-                chat = dataclasses.replace(chat, messages=shorter)
+        try:
+            # With truncation "auto" submitting drops the oldest turns until the prompt fits.
+            submitted = await generation_submit(
+                principal=principal,
+                request=chat,
+                request_id=request_id,
+                timeout=client_timeout(request, chat.timeout),
+                priority=chat.priority,
+                idempotency_key=key,
+                clock=clock,
+                trace=request_trace(request),
+                request_taken=True,
+                endpoint=RESPONSES,
+            )
+        except ApiError as exc:
+            raise chat_error_renamed(exc) from None
     builder = ResponseBuilder(
         response_id=response_id,
         model=submitted.route.served_name,
@@ -242,26 +236,18 @@ async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpR
     task_check(route, embeddings=False, model=chat.model)
     await tokenizer_of(route)  # its first load off the event loop
     context = min(route.context_length, principal.max_context_tokens)
-    bound = context if body.get("truncation") == "auto" else None
-    while True:
-        ids: list[list[int]] | None = None
-        try:
-            # Against the context, as a create checks it: a prompt its text proves too long is
-            # known before its whole conversation is tokenised once more.
-            ids, _ = await asyncio.to_thread(prompts_read, chat, route, context=bound)
-        except ApiError as exc:
-            if exc.code != "context_length_exceeded" or bound is None:
-                raise
-        count = -1 if ids is None else sum(len(prompt) for prompt in ids)
-        if bound is None or 0 <= count < bound:
-            break
-        shorter = oldest_dropped(chat.messages or [])
-        if shorter is not None:
-            chat = dataclasses.replace(chat, messages=shorter)
-        elif ids is not None:
-            break  # only the newest turn is left, and it is counted
-        else:
-            bound = None  # only the newest turn is left: counted whole
+    if chat.truncate_turns:
+        chat = await preprocessed(
+            tenant_id,
+            turns_fitted,
+            chat,
+            route,
+            context=context,
+            seconds=settings.ROUNDHOUSE_PREPROCESS_SECONDS,
+        )
+    # Counted whole: a prompt past the context is a count all the same.
+    ids, _ = await preprocessed(tenant_id, prompts_read, chat, route)
+    count = sum(len(prompt) for prompt in ids)
     response = json_response({"object": "response.input_tokens", "input_tokens": count})
     response[VERSION_HEADER] = route.version
     return response

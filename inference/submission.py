@@ -53,17 +53,19 @@ from inference.metrics import RequestClock, admission_decided, fallback_taken
 from inference.openai_format import Shape, shape_of
 from inference.params import EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pools import pool_route
+from inference.preprocessing import preprocessed
 from inference.sampling import reasoning_build, sampling_build, tools_build
 from inference.tokenization import (
     INLINE_TOKENIZE_CHARS,
     chat_rendered,
     input_ids,
     input_too_long,
-    prompt_chars,
+    prepared_inline,
     prompt_ids,
     prompts_read,
     tokenizer_for,
     tokenizer_of,
+    turns_fitted,
 )
 from models_registry.models import FALLBACK_HOPS, Task
 from models_registry.selectors import Route, Routing
@@ -285,12 +287,23 @@ async def _generation_admit(
     )
     context = min(route.context_length, principal.max_context_tokens)
     await tokenizer_of(route)  # its first load off the event loop
-    if prompt_chars(request) > INLINE_TOKENIZE_CHARS or request.tools is not None:
-        # Long prompts (and templates with tools) tokenise off the event loop so they do not
-        # stall other streams.
-        prompts, text = await asyncio.to_thread(prompts_read, request, route, context=context)
-    else:
+    if request.truncate_turns:
+        request = await preprocessed(
+            principal.tenant_id,
+            turns_fitted,
+            request,
+            route,
+            context=context,
+            seconds=settings.ROUNDHOUSE_PREPROCESS_SECONDS,
+        )
+    if prepared_inline(request):
         prompts, text = prompts_read(request, route, context=context)
+    else:
+        # Long prompts, many messages and templates with tools are prepared off the event
+        # loop, in their tenant's turn, so they stall no other stream.
+        prompts, text = await preprocessed(
+            principal.tenant_id, prompts_read, request, route, context=context
+        )
     rendered = text if request.return_prompt_text else None
     sampling = sampling_build(
         request=request,
@@ -585,7 +598,7 @@ async def embedding_submit(
     context = min(route.context_length, principal.max_context_tokens)
     await tokenizer_of(route)  # its first load off the event loop
     if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS:
-        inputs = await asyncio.to_thread(input_ids, request, route, context=context)
+        inputs = await preprocessed(principal.tenant_id, input_ids, request, route, context=context)
     else:
         inputs = input_ids(request, route, context=context)
     for index, ids in enumerate(inputs):
@@ -633,7 +646,7 @@ async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> 
     the candidate's latencies and errors for comparison.
     """
     try:
-        prompts = await asyncio.to_thread(prompt_ids, request, route)
+        prompts = await preprocessed(job.tenant_id, prompt_ids, request, route)
         copy = msgspec.structs.replace(
             job,
             request_id=f"{job.request_id}-shadow",

@@ -10,13 +10,17 @@ tokenizer runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inference.errors import ApiError, invalid
+from inference.metrics import prompt_rendered
 from inference.params import CHAT, EmbeddingRequest, GenerationRequest
+from inference.prompts import MAX_MESSAGES
 from models_registry import tokenizer as registry
 from models_registry.selectors import Route
 from models_registry.tokenizer import (
@@ -28,8 +32,10 @@ from models_registry.tokenizer import (
     TokenizerUnavailable,
 )
 
-# Prompts longer than this (in characters, or token ids) tokenise off the event loop.
+# Prompts longer than this (in characters, or token ids), or conversations of more messages,
+# are rendered and tokenised off the event loop (about a millisecond's work inline at most).
 INLINE_TOKENIZE_CHARS = 16_000
+INLINE_MESSAGES = 256
 
 
 class Tokenizer(registry.Tokenizer):
@@ -45,6 +51,7 @@ class Tokenizer(registry.Tokenizer):
         template_kwargs: Mapping[str, Any] | None = None,
         documents: Sequence[Mapping[str, str]] | None = None,
     ) -> str:
+        prompt_rendered()
         try:
             return super().render_chat(
                 messages,
@@ -123,6 +130,17 @@ def tokenizer_ready(route: Route) -> bool:
     return registry.tokenizer_loaded(digest=route.version_digest, kind=Tokenizer)
 
 
+def prepared_inline(request: GenerationRequest) -> bool:
+    """Whether a request's prompts are cheap enough to render and tokenise on the event loop:
+    short, of few messages, with no tools (their schemas go through the template) and no
+    truncation to search for."""
+    if request.tools is not None or request.truncate_turns:
+        return False
+    if sum(len(chat) for chat in request.chats()) > INLINE_MESSAGES:
+        return False
+    return prompt_chars(request) <= INLINE_TOKENIZE_CHARS
+
+
 def prompt_chars(request: GenerationRequest) -> int:
     if request.messages is not None:
         return sum(len(m["content"]) for chat in request.chats() for m in chat)
@@ -177,6 +195,104 @@ def prompts_read(
             special = request.add_special_tokens is not False
             prompts.append(_encoded(tokenizer, prompt, param, context, special=special, cut=cut))
     return prompts, None
+
+
+def turn_starts(messages: Sequence[Mapping[str, Any]], *, most: int | None = None) -> list[int]:
+    """Where a conversation's kept messages may start once its oldest turns go, oldest first.
+
+    Dropping a turn drops the oldest message and the tool answers that followed it; the
+    instructions (a first system message) always stay, and so does the newest message. The
+    first start keeps everything; with `most`, the first keeps at most that many messages
+    (but never less than the newest).
+    """
+    head = _head(messages)
+    starts = [head]
+    start, end = head, len(messages)
+    while end - start > 1:
+        start += 1
+        while end - start > 1 and messages[start]["role"] == "tool":
+            start += 1
+        starts.append(start)
+    if most is None:
+        return starts
+    held = [s for s in starts if head + end - s <= most]
+    return held or starts[-1:]
+
+
+def kept_from(messages: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
+    """The conversation from `start` on (one of `turn_starts`), with its instructions."""
+    return messages[: _head(messages)] + messages[start:]
+
+
+def _head(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many of a conversation's first messages are its instructions (0 or 1)."""
+    return 1 if messages and messages[0]["role"] == "system" else 0
+
+
+def turns_fitted(
+    request: GenerationRequest, route: Route, *, context: int, seconds: float
+) -> GenerationRequest:
+    """The request with its conversation's oldest turns dropped until its prompt fits.
+
+    The Responses API's truncation "auto": as many of the newest turns as fit the context
+    with the output's room (max_tokens, or one token) are kept, as dropping the oldest turn
+    one at a time would keep. A conversation that fits costs one render. Otherwise the cut is
+    found in a number of renders that grows with the log of the conversation's turns,
+    searching from the newest end: the span kept doubles until it does not fit, then the gap
+    halves, so no render is much larger than what is kept (a render whose text alone is
+    certainly too long is not tokenised). When not even the newest turn fits, only it is
+    kept: submitting it then says why. Past `seconds` the search stops with a 400: under a
+    bounded number of messages and renders that takes a conversation of extreme texts.
+    """
+    messages = request.messages
+    assert messages is not None, "only a chat's conversation is truncated"
+    deadline = time.monotonic() + seconds
+    # A conversation longer than a prompt may be keeps at most the newest turns one may hold.
+    starts = turn_starts(messages, most=MAX_MESSAGES)
+    need = request.max_tokens or 1
+
+    def fits(index: int) -> bool:
+        if time.monotonic() > deadline:
+            raise ApiError(
+                400,
+                "prompt_too_complex",
+                f"Finding which turns fit the context took more than {seconds:g} s; send "
+                "fewer or shorter messages, or set 'truncation' to 'disabled'.",
+                param="truncation",
+            )
+        try:
+            prompts, _ = prompts_read(_kept(request, starts[index]), route, context=context)
+        except ApiError as exc:
+            if exc.code != "context_length_exceeded":
+                raise
+            return False
+        return len(prompts[0]) + need <= context
+
+    if fits(0):
+        return request if starts[0] == _head(messages) else _kept(request, starts[0])
+    last = len(starts) - 1
+    if last == 0 or not fits(last):
+        return _kept(request, starts[last])
+    # From the newest end, the turns kept double until a span does not fit ...
+    fitting, too_long, step = last, 0, 1
+    while (probe := last - step) > too_long:
+        if not fits(probe):
+            too_long = probe
+            break
+        fitting, step = probe, step * 2
+    # ... then the gap between the longest span that fits and the shortest that does not halves.
+    while fitting - too_long > 1:
+        middle = (fitting + too_long) // 2
+        if fits(middle):
+            fitting = middle
+        else:
+            too_long = middle
+    return _kept(request, starts[fitting])
+
+
+def _kept(request: GenerationRequest, start: int) -> GenerationRequest:
+    assert request.messages is not None
+    return dataclasses.replace(request, messages=kept_from(request.messages, start))
 
 
 def _rendered(

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inference.prompts import MAX_MESSAGES
 from inference.sampling import MAX_PROMPT_LOGPROBS
 from tests.conformance.cases import ASK, FUNCTIONS, HELLO, LONG, PATHS, THINK
 from tests.conformance.conftest import THINKING
@@ -119,6 +120,24 @@ def test_a_request_past_the_context_is_refused_not_cut_short(targets: Any) -> No
     assert ours.json()["error"]["code"] == "context_length_exceeded"
     truncated = targets.platform.post(CHAT_PATH, json={**body, "truncate_prompt_tokens": 1024})
     assert truncated.status_code == 200, truncated.text
+
+
+def test_more_messages_than_a_request_holds_are_refused(targets: Any) -> None:
+    """vLLM's server renders and tokenises any number of messages; the platform refuses more
+    than MAX_MESSAGES, which its frontend would read and render for however short each is."""
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(4097)]
+    body = {**BODY, "messages": many, "max_tokens": 1}
+    ours, theirs = _both(targets, body)
+    assert theirs.status_code in (200, 400), theirs.text  # served, or past its context
+    if theirs.status_code == 400:
+        assert "context" in theirs.text or "maximum" in theirs.text, theirs.text
+    assert ours.status_code == 400
+    error = ours.json()["error"]
+    assert (error["code"], error["param"]) == ("array_above_max_length", "messages")
+    assert str(MAX_MESSAGES) in error["message"]
+    # As many as it holds are read, and answered as vLLM answers them.
+    fewer = targets.platform.post(CHAT_PATH, json={**body, "messages": many[:MAX_MESSAGES]})
+    assert fewer.json()["error"]["code"] == "context_length_exceeded", fewer.text
 
 
 def test_prompt_logprobs_past_the_bound_are_refused(targets: Any) -> None:

@@ -112,6 +112,20 @@ HOSTILE = [
      "input[1]"),
     ("/v1/embeddings", json.dumps(_embedding(model="\ud800")), 400, "invalid_value", "model"),
     ("/v1/embeddings", _with(_embedding(), "input", NESTED), 400, "invalid_json", "input"),
+    # More messages than a request may hold (each is read, rendered and tokenised), however
+    # short: refused before any is read.
+    ("/v1/chat/completions", json.dumps(_chat(messages=[{"role": "user", "content": "a"}] * 4097)),
+     400, "array_above_max_length", "messages"),
+    ("/v1/chat/completions/batch", json.dumps(_chat(messages=[[{"role": "user", "content": "a"}]
+     * 2049] * 2)), 400, "array_above_max_length", "messages"),
+    ("/v1/responses", json.dumps({"model": ALIAS, "input": ["a"] * 4097}), 400,
+     "array_above_max_length", "input"),
+    ("/v1/responses", json.dumps({"model": ALIAS, "input": [{"role": "user", "content": "a"}]
+     * 4097, "truncation": "auto"}), 400, "array_above_max_length", "input"),
+    ("/v1/messages", json.dumps({"model": ALIAS, "max_tokens": 2, "messages": [{"role": "user",
+     "content": "a"}] * 4097}), 400, "array_above_max_length", "messages"),
+    ("/tokenize", json.dumps({"model": ALIAS, "messages": [{"role": "user", "content": "a"}]
+     * 4097}), 400, "array_above_max_length", "messages"),
 ]  # fmt: skip
 
 

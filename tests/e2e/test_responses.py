@@ -10,6 +10,7 @@ schema keep its output parseable (its whitespace tokens pushed away with vLLM's
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import time
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
@@ -626,6 +628,36 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(sdk)
     assert 0 < response.usage.input_tokens + 8 <= 2048  # it fits the tiny model's context
     # What was kept is the newest part: the instructions, then the turns up to the question.
     assert response.usage.input_tokens > 500
+
+
+def _renders(stack: Any) -> dict[str, float]:
+    """How many conversations the frontend's chat templates rendered so far, by where."""
+    found = {"loop": 0.0, "thread": 0.0}
+    for family in text_string_to_metric_families(httpx.get(f"{stack.base_url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == "roundhouse_prompt_renders_total":
+                found[sample.labels["on"]] += sample.value
+    return found
+
+
+def test_truncating_many_short_turns_renders_a_few_times_off_the_event_loop(stack, sdk):
+    """1,200 one-letter turns once froze every tenant's requests for seconds: truncation
+    dropped one turn and rendered the rest again, on the event loop, until they fit. The cut is
+    now searched for in a few renders, on the preprocessing threads."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(1200)]
+    bound = 2 * math.log2(len(turns)) + 4  # the search's renders, and the prompt's own
+    before = _renders(stack)
+    response = _ask(sdk, input=turns, truncation="auto")
+    assert response.status in ("completed", "incomplete")
+    assert 0 < response.usage.input_tokens + 8 <= 2048
+    after = _renders(stack)
+    assert after["loop"] == before["loop"]
+    assert 0 < after["thread"] - before["thread"] <= bound
+    counted = sdk.responses.input_tokens.count(model=ALIAS, input=turns, truncation="auto")
+    # A count keeps room for one output token, the response kept room for its eight.
+    assert response.usage.input_tokens <= counted.input_tokens < 2048
+    again = _renders(stack)
+    assert again["loop"] == after["loop"] and 0 < again["thread"] - after["thread"] <= bound
 
 
 def test_a_count_is_the_input_tokens_of_the_response_the_same_fields_create(sdk):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from inference import asgi
-from inference.asgi import _large, _Refused, _Turns
+from inference.asgi import _large, _Refused
 from inference.errors import ApiError
+from inference.turns import Turns
 
 
 def test_which_bodies_are_large(settings):
@@ -23,7 +24,7 @@ def test_which_bodies_are_large(settings):
 
 async def test_one_large_body_of_a_tenant_at_a_time_and_none_of_another_tenants_held(settings):
     settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT = 1
-    turns = _Turns()
+    turns = Turns(lambda: settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT)
     first = await turns.take(1)
     second = asyncio.create_task(turns.take(1))
     other = await asyncio.wait_for(turns.take(2), timeout=5)  # tenant 2 is not held
@@ -43,7 +44,7 @@ async def test_one_large_body_of_a_tenant_at_a_time_and_none_of_another_tenants_
 
 async def test_a_waiter_that_gives_up_takes_no_turn(settings):
     settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT = 1
-    turns = _Turns()
+    turns = Turns(lambda: settings.ROUNDHOUSE_LARGE_BODIES_PER_TENANT)
     held = await turns.take(7)
     waiting = asyncio.create_task(turns.take(7))
     await asyncio.sleep(0)

@@ -3,11 +3,14 @@ and the engine's events to the Responses events in OpenAI's order."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dataplane.types import Delta, Failed, Finished, TokenLogprob, ToolCallDelta, TopLogprob
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
+from inference.prompts import MAX_MESSAGES
 from inference.response_events import ResponseBuilder
 from inference.responses import (
     OUTPUT_LOGPROBS,
@@ -16,10 +19,10 @@ from inference.responses import (
     count_parse,
     input_items_read,
     messages_of,
-    oldest_dropped,
     responses_parse,
 )
 from inference.responses_store import Kept
+from inference.tokenization import kept_from, turn_starts
 from models_registry.tokenizer import CONTENT_PARTS
 
 
@@ -229,13 +232,43 @@ def test_a_failed_request_ends_as_failed_with_its_error():
 
 
 def test_truncation_drops_the_oldest_turn_with_its_tool_answers_and_keeps_the_instructions():
-    system = {"role": "system", "content": "rules"}
-    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}
-    answer = {"role": "tool", "tool_call_id": "c", "content": "12:00"}
-    last = {"role": "user", "content": "now?"}
-    assert oldest_dropped([system, call, answer, last]) == [system, last]
-    assert oldest_dropped([system, last]) is None
-    assert oldest_dropped([call, last]) == [last]
+    system: dict[str, Any] = {"role": "system", "content": "rules"}
+    call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}
+    answer: dict[str, Any] = {"role": "tool", "tool_call_id": "c", "content": "12:00"}
+    last: dict[str, Any] = {"role": "user", "content": "now?"}
+    conversation = [system, call, answer, last]
+    assert turn_starts(conversation) == [1, 3]
+    assert kept_from(conversation, 3) == [system, last]
+    assert turn_starts([system, last]) == [1]  # only the newest is left: nothing to drop
+    assert [kept_from([call, last], s) for s in turn_starts([call, last])] == [[call, last], [last]]
+    # A conversation longer than a prompt may hold starts at its newest turns that fit it.
+    many = [system] + [{"role": "user", "content": str(i)} for i in range(10)]
+    assert kept_from(many, turn_starts(many, most=4)[0]) == [system, *many[-3:]]
+
+
+def test_a_turn_past_the_most_messages_a_request_holds_is_refused_or_truncated():
+    many = [{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1)
+    with pytest.raises(ApiError) as refused:
+        responses_parse({"model": "m", "input": many}, response_id="resp_x", history=[])
+    assert refused.value.param == "input" and refused.value.code == "array_above_max_length"
+    # A long history (a conversation's items) is cut to its newest turns with truncation auto,
+    # and named without it.
+    history = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]}
+    ] * MAX_MESSAGES
+    body = {"model": "m", "input": "and now?", "conversation": "conv_1"}
+    with pytest.raises(ApiError) as refused:
+        responses_parse(body, response_id="resp_x", history=[], conversation=history)
+    assert refused.value.param == "conversation"
+    parsed = responses_parse(
+        {**body, "truncation": "auto", "instructions": "Be brief."},
+        response_id="resp_x",
+        history=[],
+        conversation=history,
+    )
+    messages = parsed.chat.messages or []
+    assert len(messages) == MAX_MESSAGES and parsed.chat.truncate_turns
+    assert messages[0]["role"] == "system" and messages[-1]["content"] == "and now?"
 
 
 def test_a_messages_text_parts_are_kept_apart_and_joined_by_a_newline_as_chat_joins_them():

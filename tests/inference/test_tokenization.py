@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import random
 import shutil
 import threading
 from pathlib import Path
@@ -191,3 +194,88 @@ def test_truncation_keeps_at_most_the_context():
         with pytest.raises(ApiError) as refused:
             kept_tokens(wrong, 2048, generation=True)
         assert refused.value.param == "truncate_prompt_tokens"
+
+
+def _oldest_dropped(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Truncation as it was written first: drop the oldest turn, one at a time."""
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    rest = messages[head:]
+    if len(rest) <= 1:
+        return None
+    rest = rest[1:]
+    while len(rest) > 1 and rest[0]["role"] == "tool":
+        rest = rest[1:]
+    return messages[:head] + rest
+
+
+def _conversation(rng: random.Random, turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": "Be brief."})
+    for i in range(turns):
+        role = rng.choice(["user", "assistant", "tool", "user"])
+        words = " ".join(f"w{rng.randrange(1000)}" for _ in range(rng.choice([0, 1, 5, 40, 300])))
+        if role == "tool":
+            messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": words})
+        else:
+            messages.append({"role": role, "content": words})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_truncation_keeps_what_dropping_one_turn_at_a_time_keeps_in_a_log_number_of_renders(
+    model_dir, monkeypatch, seed
+):
+    """The search finds the cut the first, linear truncation found (it dropped one turn and
+    rendered the rest again, as many times as turns went), in renders that grow with the log of
+    the turns: quadratic work became n log n at most."""
+    from inference.params import generation_parse
+
+    rng = random.Random(seed)
+    route = SimpleNamespace(version_digest=f"fit-{model_dir}", artifact_dir=model_dir)
+    messages = _conversation(rng, rng.choice([1, 3, 30, 200]))
+    request = generation_parse(
+        {"model": "m", "messages": messages, "max_tokens": rng.choice([1, 16, 200])},
+        endpoint="chat.completions",
+    )
+    context = rng.choice([64, 256, 1024, 2048])
+
+    def fits(candidate: Any) -> bool:
+        try:
+            prompts, _ = tokenization.prompts_read(candidate, route, context=context)  # type: ignore[arg-type]
+        except ApiError as exc:
+            assert exc.code == "context_length_exceeded"
+            return False
+        return len(prompts[0]) + candidate.max_tokens <= context
+
+    expected = request.messages or []
+    while not fits(dataclasses.replace(request, messages=expected)):
+        shorter = _oldest_dropped(expected)
+        if shorter is None:
+            break
+        expected = shorter
+    renders = [0]
+    read = tokenization.prompts_read
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        renders[0] += 1
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(tokenization, "prompts_read", counted)
+    fitted = tokenization.turns_fitted(request, route, context=context, seconds=60)  # type: ignore[arg-type]
+    assert fitted.messages == expected
+    turns = len(tokenization.turn_starts(messages))
+    assert renders[0] <= 2 * math.log2(turns) + 3
+
+
+def test_a_truncation_search_past_its_time_is_a_400_naming_truncation(model_dir, monkeypatch):
+    from inference.params import generation_parse
+
+    route = SimpleNamespace(version_digest=f"slow-{model_dir}", artifact_dir=model_dir)
+    messages = [{"role": "user", "content": "word " * 400}] * 50
+    request = generation_parse({"model": "m", "messages": messages}, endpoint="chat.completions")
+    with pytest.raises(ApiError) as refused:
+        tokenization.turns_fitted(request, route, context=64, seconds=0)  # type: ignore[arg-type]
+    assert refused.value.status == 400 and refused.value.param == "truncation"
+    assert refused.value.code == "prompt_too_complex"
