@@ -66,6 +66,10 @@ HOSTILE = [
     ["\ud800"],
     [{"\ud800": "\ud800"}],
     list(range(5_000)),
+    # Many short messages: each is read, rendered and tokenised (a Responses truncation once
+    # rendered them again for every turn it dropped).
+    [{"role": "user", "content": "a"}] * 1_200,
+    [{"role": "user", "content": "a"}] * 5_000,
     Raw("1" + "0" * 5_000),
     Raw("1e400"),
     Raw("-1e400"),
@@ -140,9 +144,11 @@ BODIES: dict[str, tuple[Any, list[str]]] = {
             "store": False,
             "include": ["message.output_text.logprobs"],
             "top_logprobs": 1,
+            "truncation": "auto",
         },
         [
             "input",
+            "truncation",
             "include",
             "include.0",
             "top_logprobs",
