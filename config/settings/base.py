@@ -455,6 +455,9 @@ ROUNDHOUSE_TENANT_FILE_BYTES = env_int("ROUNDHOUSE_TENANT_FILE_BYTES", 10 * 1024
 # runner dies; then the next step takes the batch over.
 ROUNDHOUSE_BATCH_STEP_SECONDS = env_float("ROUNDHOUSE_BATCH_STEP_SECONDS", 20.0)
 ROUNDHOUSE_BATCH_LEASE_SECONDS = env_int("ROUNDHOUSE_BATCH_LEASE_SECONDS", 30)
+# The most lines of its input file one step of a batch validates (fewer once the step's time is
+# up): a file of 50,000 lines is read over ten steps, and other batches get steps in between.
+ROUNDHOUSE_BATCH_VALIDATE_LINES = env_int("ROUNDHOUSE_BATCH_VALIDATE_LINES", 5000)
 # Requests one batch keeps admitted at once (they wait in the `batch` class for idle capacity).
 ROUNDHOUSE_BATCH_IN_FLIGHT = env_int("ROUNDHOUSE_BATCH_IN_FLIGHT", 64)
 # The part of each deployment's queue (its max_queued jobs and max_queued_tokens) that batch

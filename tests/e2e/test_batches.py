@@ -459,8 +459,9 @@ def test_a_batch_cancelled_at_once_ends_cancelled_with_counts_that_add_up(sdk):
     batch = _wait(sdk, batch.id, until=_ended, timeout=90)
     assert batch.status == "cancelled"
     counts = batch.request_counts
-    # Cancelled before its file was read (0 lines) or after (all of them): never in between.
-    assert counts.total in (0, 2000)
+    # Its file is read a part per step: cancelled before it was read (0 lines), part-way (the
+    # lines read so far) or after, its counts cover every line read and add up.
+    assert 0 <= counts.total <= 2000
     assert counts.completed + counts.failed == counts.total
 
 
