@@ -106,6 +106,11 @@ class Batch(models.Model):
     # Where validation goes on: the bytes of the input file read into lines so far (each
     # validating step reads a bounded part of it; batches.services.batch_validate).
     validated_bytes = models.PositiveBigIntegerField(default=0)
+    # When a step of it last began: the batch runner serves the tenant whose batches were
+    # served least recently first (batches.scheduler).
+    stepped_at = models.DateTimeField(null=True, blank=True)
+    # Its steps that failed in a row (a step that ends well starts again from 0).
+    step_failures = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         indexes = [

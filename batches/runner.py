@@ -1,7 +1,8 @@
 """Run a batch's lines through the platform at batch priority, one time-boxed step at a time.
 
-A step of a validating batch reads the next part of its file into lines
-(batches.services.batch_validate), and goes on to run them once the file is read to its end.
+Which batch a step is for is the scheduler's choice (batches.scheduler). A step of a validating
+batch reads the next part of its file into lines (batches.services.batch_validate), and goes
+on to run them once the file has been read to its end.
 
 A step holds the batch's lease (a Redis lock), so one runner at a time drives a batch. It keeps
 up to ROUNDHOUSE_BATCH_IN_FLIGHT lines admitted: each through the same admission as an API call

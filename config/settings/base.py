@@ -458,6 +458,10 @@ ROUNDHOUSE_BATCH_LEASE_SECONDS = env_int("ROUNDHOUSE_BATCH_LEASE_SECONDS", 30)
 # The most lines of its input file one step of a batch validates (fewer once the step's time is
 # up): a file of 50,000 lines is read over ten steps, and other batches get steps in between.
 ROUNDHOUSE_BATCH_VALIDATE_LINES = env_int("ROUNDHOUSE_BATCH_VALIDATE_LINES", 5000)
+# Batch runners: how many batch steps may run at once over every Celery worker of the `batches`
+# queue (their total concurrency, or more). Each runner's turn steps the batch of the tenant
+# served least recently, so tenants take turns however many batches each has.
+ROUNDHOUSE_BATCH_RUNNERS = env_int("ROUNDHOUSE_BATCH_RUNNERS", 4)
 # Requests one batch keeps admitted at once (they wait in the `batch` class for idle capacity).
 ROUNDHOUSE_BATCH_IN_FLIGHT = env_int("ROUNDHOUSE_BATCH_IN_FLIGHT", 64)
 # The part of each deployment's queue (its max_queued jobs and max_queued_tokens) that batch

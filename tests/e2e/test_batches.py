@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.conf import settings
 
 from dataplane.keys import ledger_key
 from dataplane.redis_client import redis_sync_client
@@ -701,3 +702,47 @@ def test_every_files_and_batches_call_counts_against_the_tenants_requests_per_mi
         assert list(
             File.objects.filter(tenant__slug="files-rate").values_list("pk", flat=True)
         ) == [uploaded.id]
+
+
+def test_another_tenants_batch_is_not_scheduled_behind_one_tenants_ten_large_ones(
+    stack, celery, django_db_blocker
+):
+    """Finding 5 of the hardening review: one upload of 50,000 lines that all fail validation,
+    then ten batches on it, took another tenant's one-line batch from 1.0 s to 64.6 s: each
+    batch was validated whole in one step, and each had its own chain of steps in one queue.
+
+    Here each of the ten needs several steps to read its file: the other tenant's batch runs
+    (through the engine) and ends before any of them has finished validating."""
+    from batches.models import Batch
+
+    per_step = settings.ROUNDHOUSE_BATCH_VALIDATE_LINES
+    count = 4 * per_step
+    with django_db_blocker.unblock():
+        heavy_key, light_key = roomy_key("batch-flood"), roomy_key("batch-victim")
+    heavy = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=heavy_key, max_retries=0)
+    light = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=light_key, max_retries=0)
+    wrong_url = _chat_line("f", "x").replace("/v1/chat/completions", "/v1/embeddings")
+    upload = _upload(heavy, [wrong_url.replace('"f"', f'"f{i}"') for i in range(count)])
+    floods = [
+        heavy.batches.create(
+            input_file_id=upload, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id
+        for _ in range(10)
+    ]
+    victim = light.batches.create(
+        input_file_id=_upload(light, [_chat_line("v", "Say hello")]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    done = _wait(light, victim.id, until=_ended, timeout=180, celery=celery)
+    assert (done.status, done.request_counts.completed) == ("completed", 1), _story(celery)
+    for batch_id in floods:
+        _wait(heavy, batch_id, until=_ended, timeout=300, celery=celery)
+    with django_db_blocker.unblock():
+        ended = Batch.objects.get(pk=victim.id).completed_at
+        flood = list(Batch.objects.filter(pk__in=floods).values_list("status", "failed"))
+        validated = Batch.objects.filter(pk__in=floods).values_list("in_progress_at", flat=True)
+        first = min(at for at in validated if at is not None)
+    assert set(flood) == {("completed", count)}
+    assert ended is not None
+    assert ended < first, "the victim's batch waited until a flood batch was validated"
