@@ -226,6 +226,15 @@ EMAIL_USE_TLS = env_str("DJANGO_EMAIL_TLS", "0") == "1"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", CONTROL_REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", CONTROL_REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
+# Two queues, each with workers of its own (docs/processes.md): `control` for the periodic jobs
+# (rollout fail-fast and analysis, deployment state, purges, sweeps, budget alerts, invoices)
+# and anything else queued, `batches` for the batch runners' turns. A control job never waits
+# behind a batch step, however many batches are running.
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {"batches.tasks.batches_turn": {"queue": "batches"}}
+# A worker process takes one task at a time and reserves none: a batch turn reserved behind a
+# long step would wait there while another worker sits idle.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {

@@ -34,21 +34,30 @@ from tests.conftest import (
 
 CELERY = ["-m", "celery", "-A", "config", "worker", "--pool", "solo", "--loglevel", "INFO",
           "--without-gossip", "--without-mingle"]  # fmt: skip
+# As deployed: the batch runners' turns on a worker of their own, the control jobs on another.
+BATCHES_WORKER = [*CELERY, "--queues", "batches", "--hostname", "batches@%h"]
+CONTROL_WORKER = [*CELERY, "--queues", "control", "--hostname", "control@%h"]
 
 
 @dataclass
 class Celery:
-    """The Celery worker the batch jobs run on; a test may kill it and start another."""
+    """The Celery workers: the batch runners' (a test may kill it and start another) and the
+    control jobs' (resuming the runners when a batch worker starts, among others)."""
 
     logs: Path
     process: Process | None = None
+    control: Process | None = None
     starts: int = 0
 
     def start(self) -> None:
+        """Start a worker of the `batches` queue."""
         self.starts += 1
-        self.process = _spawn(f"celery-{self.starts}", CELERY, self.logs)
-        process = self.process
-        _wait_for(process, lambda: " ready." in process.tail(200), timeout=120)
+        self.process = _spawn(f"celery-{self.starts}", BATCHES_WORKER, self.logs)
+        _ready(self.process)
+
+    def start_control(self) -> None:
+        self.control = _spawn("celery-control", CONTROL_WORKER, self.logs)
+        _ready(self.control)
 
     def kill(self) -> None:
         """Die as a crashed host does: no warm shutdown, nothing handed back."""
@@ -57,19 +66,25 @@ class Celery:
         self.process.popen.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.popen.poll() is None:
-            os.killpg(self.process.popen.pid, signal.SIGTERM)
-            self.process.popen.wait(timeout=60)
+        for process in (self.process, self.control):
+            if process is not None and process.popen.poll() is None:
+                os.killpg(process.popen.pid, signal.SIGTERM)
+                process.popen.wait(timeout=60)
+
+
+def _ready(process: Process) -> None:
+    _wait_for(process, lambda: " ready." in process.tail(200), timeout=120)
 
 
 @pytest.fixture(scope="module")
 def celery(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Celery]:
-    worker = Celery(logs=tmp_path_factory.mktemp("celery-logs"))
-    worker.start()
+    workers = Celery(logs=tmp_path_factory.mktemp("celery-logs"))
     try:
-        yield worker
+        workers.start_control()
+        workers.start()
+        yield workers
     finally:
-        worker.stop()
+        workers.stop()
 
 
 @pytest.fixture
@@ -746,3 +761,33 @@ def test_another_tenants_batch_is_not_scheduled_behind_one_tenants_ten_large_one
     assert set(flood) == {("completed", count)}
     assert ended is not None
     assert ended < first, "the victim's batch waited until a flood batch was validated"
+
+
+def test_control_jobs_run_while_every_batch_worker_is_stuck(
+    stack, world, celery, django_db_blocker
+):
+    """Finding 5 of the hardening review: the periodic control jobs (rollout fail-fast,
+    purges, sweeps) shared one queue with every tenant's batch steps. Here the batch worker
+    makes no progress at all (stopped), and an hourly purge still runs at once."""
+    from batches.models import File
+    from batches.services import file_create
+    from batches.tasks import files_purge
+
+    content = (_chat_line("a", "b") + "\n").encode()
+    with django_db_blocker.unblock():
+        expired = file_create(
+            tenant_id=world.globex.pk, filename="old.jsonl", purpose="batch", content=content
+        )
+        File.objects.filter(pk=expired.pk).update(expires_at=dt.datetime.now(dt.UTC))
+    assert celery.process is not None
+    stuck = celery.process.popen.pid
+    os.killpg(stuck, signal.SIGSTOP)
+    try:
+        files_purge.delay()  # as beat sends it
+        deadline = time.monotonic() + 60
+        with django_db_blocker.unblock():
+            while File.objects.filter(pk=expired.pk).exists():
+                assert time.monotonic() < deadline, f"the purge never ran\n{_story(celery)}"
+                time.sleep(0.3)
+    finally:
+        os.killpg(stuck, signal.SIGCONT)
