@@ -90,6 +90,7 @@ class Batch(models.Model):
     )
     metadata = models.JSONField(default=dict, blank=True)
     errors = models.JSONField(null=True, blank=True)
+    # Lines read from the input file so far: all of them once it is no longer validating.
     total = models.PositiveIntegerField(default=0)
     completed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
@@ -102,6 +103,14 @@ class Batch(models.Model):
     expired_at = models.DateTimeField(null=True, blank=True)
     cancelling_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
+    # Where validation goes on: the bytes of the input file read into lines so far (each
+    # validating step reads a bounded part of it; batches.services.batch_validate).
+    validated_bytes = models.PositiveBigIntegerField(default=0)
+    # When a step of it last began: the batch runner serves the tenant whose batches were
+    # served least recently first (batches.scheduler).
+    stepped_at = models.DateTimeField(null=True, blank=True)
+    # Its steps that failed in a row (a step that ends well starts again from 0).
+    step_failures = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         indexes = [

@@ -1,5 +1,9 @@
 """Run a batch's lines through the platform at batch priority, one time-boxed step at a time.
 
+Which batch a step is for is the scheduler's choice (batches.scheduler). A step of a validating
+batch reads the next part of its file into lines (batches.services.batch_validate), and goes
+on to run them once the file has been read to its end.
+
 A step holds the batch's lease (a Redis lock), so one runner at a time drives a batch. It keeps
 up to ROUNDHOUSE_BATCH_IN_FLIGHT lines admitted: each through the same admission as an API call
 (quotas, fair dispatch, usage), queued in the `batch` class so interactive work always goes
@@ -125,7 +129,13 @@ class BatchRun:
 
     async def _advance(self) -> bool:
         if self.batch.status == BatchStatus.VALIDATING:
-            self.batch = await db_call(batch_validate, batch=self.batch)
+            if timezone.now() >= self.batch.expires_at:
+                return await self._stop(BatchStatus.EXPIRED)
+            # A bounded part of its file per step: a large file is read over several steps,
+            # and other batches get theirs in between.
+            self.batch = await db_call(batch_validate, batch=self.batch, until=self.until)
+            if self.batch.status == BatchStatus.VALIDATING:
+                return False
         if self.batch.ended:
             return True
         try:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import hashlib
 import json
 import logging
 import re
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import BinaryField, Count, Q, Sum
+from django.db.models.functions import Substr
 from django.utils import timezone
 
 from batches.models import (
@@ -309,6 +313,10 @@ def line_request_id(batch_id: str, index: int) -> str:
     return hashlib.blake2b(f"{batch_id}:{index}".encode(), digest_size=16).hexdigest()
 
 
+def _duplicate(custom_id: str) -> ApiError:
+    return invalid("custom_id", f"custom_id {custom_id!r} is used twice.", "duplicate_custom_id")
+
+
 def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[str, Any]]:
     """Return a line's custom_id and request body, or raise an ApiError saying what is wrong."""
     try:
@@ -327,7 +335,7 @@ def _line_check(raw: str, *, endpoint: str, seen: set[str]) -> tuple[str, dict[s
             "custom_id", "'custom_id' is at most 512 characters of Unicode text, with no NUL."
         )
     if custom_id in seen:
-        raise invalid("custom_id", f"custom_id {custom_id!r} is used twice.", "duplicate_custom_id")
+        raise _duplicate(custom_id)
     seen.add(custom_id)
     if line.get("method") != "POST":
         raise invalid("method", "'method' must be 'POST'.", "invalid_method")
@@ -375,24 +383,121 @@ def _custom_id_of(raw: str) -> str:
     return value.encode("utf-8", "backslashreplace").decode()[:512].replace("\x00", "")
 
 
-def batch_validate(*, batch: Batch) -> Batch:
-    """Turn the input file into lines: runnable ones pending, malformed ones failed at once.
+# How much of an input file validation reads at a time: a line longer than this is read in
+# several pieces, one line of any length at most a piece more than it needs.
+_READ_BYTES = 1024 * 1024
 
-    A malformed line is an entry in the error file, not a failed batch. Validation runs once:
-    a batch that already has lines (a resumed job) is left as it is.
+
+def _input_read(*, file_id: str, start: int, size: int) -> bytes | None:
+    """Return bytes `start` to `start + size` of a file (fewer at its end); None if it is gone."""
+    part = (
+        File.objects.filter(pk=file_id)
+        .annotate(part=Substr("content", start + 1, size, output_field=BinaryField()))
+        .values_list("part", flat=True)
+        .first()
+    )
+    return None if part is None else bytes(part)
+
+
+@dataclass
+class _Read:
+    """The lines one validating step read, and where its input file goes on."""
+
+    lines: list[str]
+    end: int  # the offset of the first byte not read into a line
+    finished: bool  # the file is read to its end
+
+
+def _lines_read(*, file: File, start: int, most: int, until: float | None) -> _Read | None:
+    """Read the non-blank lines of a file from byte `start`: at most `most`, fewer after `until`.
+
+    Lines are what str.splitlines finds (as when the file was uploaded and its lines counted),
+    so a line and its number are the same however the file is cut into steps. At least one
+    line is read, so every step gets on. None if the file is gone.
     """
-    if batch.lines.exists():
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines: list[str] = []
+    text, at, end = "", start, start
+    while True:
+        data = _input_read(file_id=file.id, start=at, size=_READ_BYTES)
+        if data is None:
+            return None
+        at += len(data)
+        finished = at >= file.size or not data
+        text += decoder.decode(data, final=finished)
+        pieces = text.splitlines(keepends=True)
+        if pieces and not finished and pieces[-1].splitlines()[0] == pieces[-1]:
+            # Its line goes on in the next piece of the file (or a later step reads it whole).
+            text = pieces.pop()
+        else:
+            text = ""
+        for piece in pieces:
+            end += len(piece.encode("utf-8"))
+            if piece.strip():
+                lines.append(piece.splitlines()[0])
+            out_of_time = until is not None and time.monotonic() >= until and end > start
+            if len(lines) >= most or out_of_time:
+                return _Read(lines, end, finished=end >= file.size)
+        if finished:
+            return _Read(lines, end, finished=True)
+
+
+def _claimed_before(*, batch: Batch, index: int, custom_ids: set[str]) -> set[str]:
+    """Of these custom_ids, those that a line of the batch before `index` took as its own.
+
+    A line takes its custom_id when the id passes its checks, even if the line then fails;
+    one whose id was refused (its error names `custom_id`) takes none.
+    """
+    rows = BatchLine.objects.filter(
+        batch=batch, index__lt=index, custom_id__in=custom_ids
+    ).values_list("custom_id", "error")
+    return {cid for cid, error in rows if error is None or error.get("param") != "custom_id"}
+
+
+def _line_failed(line: BatchLine, error: ApiError, *, now: dt.datetime) -> None:
+    line.body = None
+    line.state, line.ended_at = LineState.FAILED, now
+    line.error = {
+        "code": error.code,
+        "message": f"Line {line.index + 1}: {error.message}",
+        "param": error.param,
+        "line": line.index + 1,
+    }
+
+
+def batch_validate(*, batch: Batch, until: float | None = None) -> Batch:
+    """Read the next lines of the input file: runnable ones pending, malformed ones failed.
+
+    One call reads at most ROUNDHOUSE_BATCH_VALIDATE_LINES lines, fewer once `until` (a
+    time.monotonic() value) has passed, and stores them with where the next call goes on, in
+    one transaction: a step that dies loses only its own part. The batch is in_progress once
+    its file has been read to the end; a batch that is not validating is left as it is.
+
+    A malformed line is an entry in the error file, not a failed batch.
+    """
+    status, start, index = (
+        Batch.objects.filter(pk=batch.pk).values_list("status", "validated_bytes", "total").get()
+    )
+    if status != BatchStatus.VALIDATING:
+        batch.refresh_from_db()
         return batch
-    content = File.objects.filter(pk=batch.input_file_id).values_list("content", flat=True).first()
-    if content is None:
+    file = File.objects.filter(pk=batch.input_file_id).only("id", "size").first()
+    read = None
+    if file is not None:
+        most = settings.ROUNDHOUSE_BATCH_VALIDATE_LINES
+        read = _lines_read(file=file, start=start, most=most, until=until)
+    if read is None:
         # Only a file no running batch reads is deleted; this one went before the batch was in.
         return batch_fail(batch=batch, message=f"The input file '{batch.input_file_id}' is gone.")
-    text = bytes(content).decode("utf-8")
     seen: set[str] = set()
+    claims: dict[int, str] = {}  # the lines that took their custom_id, by position
     now = timezone.now()
     lines = []
-    for index, raw in enumerate(r for r in text.splitlines() if r.strip()):
-        line = BatchLine(batch=batch, index=index, request_id=line_request_id(batch.id, index))
+    for offset, raw in enumerate(read.lines):
+        line = BatchLine(
+            batch=batch, index=index + offset, request_id=line_request_id(batch.id, index + offset)
+        )
+        taken = len(seen)
         try:
             with compiled_for(batch.tenant_id):
                 line.custom_id, line.body = _line_check(raw, endpoint=batch.endpoint, seen=seen)
@@ -400,25 +505,31 @@ def batch_validate(*, batch: Batch) -> Batch:
             # Whatever a line holds, it fails alone: never the batch, nor its other lines.
             error = exc if isinstance(exc, ApiError) else None
             if error is None:
-                log.exception("batch %s: line %d could not be read", batch.id, index + 1)
+                log.exception("batch %s: line %d could not be read", batch.id, line.index + 1)
                 error = ApiError(400, "invalid_request", "The request could not be read.")
             line.custom_id = _custom_id_of(raw)
-            line.state, line.ended_at = LineState.FAILED, now
-            line.error = {
-                "code": error.code,
-                "message": f"Line {index + 1}: {error.message}",
-                "param": error.param,
-                "line": index + 1,
-            }
+            _line_failed(line, error, now=now)
+        if len(seen) > taken:
+            claims[offset] = line.custom_id
         lines.append(line)
+    # A custom_id taken in an earlier step makes each line here that took it again a duplicate.
+    earlier = _claimed_before(batch=batch, index=index, custom_ids=set(claims.values()))
+    for offset, custom_id in claims.items():
+        if custom_id in earlier:
+            _line_failed(lines[offset], _duplicate(custom_id), now=now)
     with transaction.atomic():
-        BatchLine.objects.bulk_create(lines, batch_size=2000)
-        # Counted even if the batch was cancelled meanwhile: its counts cover every line read.
-        Batch.objects.filter(pk=batch.pk).update(total=len(lines))
-        Batch.objects.filter(pk=batch.pk, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.IN_PROGRESS, in_progress_at=now
+        # Only from where it was: a step whose lease lapsed mid-read leaves the part to the
+        # step that took the batch over.
+        went_on = Batch.objects.filter(pk=batch.pk, validated_bytes=start, total=index).update(
+            validated_bytes=read.end, total=index + len(lines)
         )
-    counts_refresh(batch=batch)
+        if went_on:
+            BatchLine.objects.bulk_create(lines, batch_size=2000)
+            counts_refresh(batch=batch)
+            if read.finished:
+                Batch.objects.filter(pk=batch.pk, status=BatchStatus.VALIDATING).update(
+                    status=BatchStatus.IN_PROGRESS, in_progress_at=now
+                )
     batch.refresh_from_db()
     return batch
 

@@ -1,4 +1,4 @@
-"""Pick up unfinished batches as soon as a Celery worker is up (e.g. after a crash)."""
+"""Resume the batch runners as soon as a Celery worker is up (e.g. after a crash)."""
 
 from __future__ import annotations
 

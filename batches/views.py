@@ -12,7 +12,7 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 
-from batches import selectors, services
+from batches import scheduler, selectors, services
 from batches.models import Batch, File
 from config.db import db_call
 from config.http import content_disposition
@@ -182,13 +182,12 @@ async def file_content(request: HttpRequest, request_id: str, file_id: str) -> H
 
 
 def _start(batch_id: str) -> None:
-    from batches.tasks import batch_run
-
+    """Start the batch runners that are not running: the new batch takes its turn among them."""
     try:
-        batch_run.delay(batch_id)
+        scheduler.runners_wake()
     except Exception:
-        # The periodic resume job starts it once the broker answers again.
-        log.warning("could not queue batch %s now; it will be resumed", batch_id, exc_info=True)
+        # The periodic resume job starts them once Redis and the broker answer again.
+        log.warning("could not start batch %s now; it will be resumed", batch_id, exc_info=True)
 
 
 @api_endpoint("GET", "POST", counted=True)
@@ -209,7 +208,7 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
             metadata=body.get("metadata"),
             output_expires_after=body.get("output_expires_after"),
         )
-        await asyncio.to_thread(_start, batch.id)
+        await db_call(_start, batch.id)
         return json_response(batch_object(batch))
     page, more = await db_call(
         selectors.batch_list,

@@ -243,3 +243,8 @@ def login_attempts_key(username: str) -> str:
 def batch_lease_key(batch_id: str) -> str:
     """String: held by the batch runner that runs a batch."""
     return f"sy:batch:{batch_id}:lease"
+
+
+def batch_runner_key(slot: int) -> str:
+    """String: the ticket of the batch runner in a slot; only the turn that carries it runs."""
+    return f"sy:batch-runner:{slot}"

@@ -226,6 +226,15 @@ EMAIL_USE_TLS = env_str("DJANGO_EMAIL_TLS", "0") == "1"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", CONTROL_REDIS_URL)
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", CONTROL_REDIS_URL)
 CELERY_TASK_SERIALIZER = "json"
+# Two queues, each with workers of its own (docs/processes.md): `control` for the periodic jobs
+# (rollout fail-fast and analysis, deployment state, purges, sweeps, budget alerts, invoices)
+# and anything else queued, `batches` for the batch runners' turns. A control job never waits
+# behind a batch step, however many batches are running.
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {"batches.tasks.batches_turn": {"queue": "batches"}}
+# A worker process takes one task at a time and reserves none: a batch turn reserved behind a
+# long step would wait there while another worker sits idle.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
@@ -461,6 +470,13 @@ ROUNDHOUSE_TENANT_FILE_BYTES = env_int("ROUNDHOUSE_TENANT_FILE_BYTES", 10 * 1024
 # runner dies; then the next step takes the batch over.
 ROUNDHOUSE_BATCH_STEP_SECONDS = env_float("ROUNDHOUSE_BATCH_STEP_SECONDS", 20.0)
 ROUNDHOUSE_BATCH_LEASE_SECONDS = env_int("ROUNDHOUSE_BATCH_LEASE_SECONDS", 30)
+# The most lines of its input file one step of a batch validates (fewer once the step's time is
+# up): a file of 50,000 lines is read over ten steps, and other batches get steps in between.
+ROUNDHOUSE_BATCH_VALIDATE_LINES = env_int("ROUNDHOUSE_BATCH_VALIDATE_LINES", 5000)
+# Batch runners: how many batch steps may run at once over every Celery worker of the `batches`
+# queue (their total concurrency, or more). Each runner's turn steps the batch of the tenant
+# served least recently, so tenants take turns however many batches each has.
+ROUNDHOUSE_BATCH_RUNNERS = env_int("ROUNDHOUSE_BATCH_RUNNERS", 4)
 # Requests one batch keeps admitted at once (they wait in the `batch` class for idle capacity).
 ROUNDHOUSE_BATCH_IN_FLIGHT = env_int("ROUNDHOUSE_BATCH_IN_FLIGHT", 64)
 # The part of each deployment's queue (its max_queued jobs and max_queued_tokens) that batch

@@ -13,3 +13,5 @@ ROUNDHOUSE_LEASE_SECONDS = 3.0
 WHITENOISE_USE_FINDERS = True  # static files served in place: no collectstatic needed
 ROUNDHOUSE_BATCH_STEP_SECONDS = 4.0
 ROUNDHOUSE_BATCH_LEASE_SECONDS = 3
+# Small, so that a file of a few thousand lines is validated over several steps.
+ROUNDHOUSE_BATCH_VALIDATE_LINES = 500

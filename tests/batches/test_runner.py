@@ -17,14 +17,15 @@ from typing import Any
 
 import msgspec
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
-from batches import runner, services, tasks
+from batches import runner, scheduler, services, tasks
 from batches.models import Batch, BatchStatus, LineState
 from batches.runner import BatchRun, _reservation_release, batch_step
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
 from dataplane.frontdoor import FrontDoor, Refusal, Refused
-from dataplane.keys import batch_lease_key, ledger_key, whereabouts_key
+from dataplane.keys import batch_lease_key, batch_runner_key, ledger_key, whereabouts_key
 from dataplane.quotas import month_of
 from dataplane.redis_client import redis_client_new, redis_sync_client
 from dataplane.snapshots import Depth, depth
@@ -111,30 +112,43 @@ def test_it_fails_a_line_that_breaks_after_admission_and_gives_its_reservation_b
     assert entry["response"]["body"]["error"]["code"] == "internal_error"
 
 
-class _Chain:
-    """Stands in for Celery's queue: records the next step a task asks for."""
+class _Queue:
+    """Stands in for Celery's `batches` queue: first in, first out, one turn at a time."""
 
     def __init__(self) -> None:
-        self.queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.queued: list[tuple[Any, ...]] = []
 
-    def apply_async(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
-                    **options: Any) -> None:  # fmt: skip
-        self.queued.append((args, kwargs or {}))
+    def apply_async(self, args: tuple[Any, ...], **options: Any) -> None:
+        self.queued.append(args)
 
-    def delay(self, *args: Any, **kwargs: Any) -> None:
-        self.queued.append((args, kwargs))
+    def run(self, *, most: int) -> list[str]:
+        """Run the queued turns (and those they queue) in order; return what each said."""
+        said: list[str] = []
+        while self.queued and len(said) < most:
+            slot, ticket = self.queued.pop(0)
+            said.append(scheduler.turn_take(slot=slot, ticket=ticket))
+        return said
 
 
-def _run_chain(batch_id: str, monkeypatch: Any, *, most: int = 20) -> list[str]:
-    """Run a batch's steps as Celery would, one after the other; return what each said."""
-    run = tasks.batch_run.run
-    chain = _Chain()
-    monkeypatch.setattr(tasks, "batch_run", chain)
-    said = [run(batch_id)]
-    while chain.queued and len(said) < most:
-        args, kwargs = chain.queued.pop(0)
-        said.append(run(*args, **kwargs))
-    return said
+@pytest.fixture
+def queue(db: None, monkeypatch: Any) -> Iterator[_Queue]:
+    """The batch runners' turns, queued here; no runner left over before or after a test."""
+    fake = _Queue()
+    monkeypatch.setattr(tasks, "batches_turn", fake)
+    # Batches other tests leave unfinished (cancelled, with no runner to end them) would take
+    # turns here too.
+    Batch.objects.filter(status__in=scheduler.UNFINISHED).update(status=BatchStatus.CANCELLED)
+    redis = redis_sync_client()
+    slots = range(settings.ROUNDHOUSE_BATCH_RUNNERS)
+    redis.delete(*[batch_runner_key(slot) for slot in slots])
+    yield fake
+    redis.delete(*[batch_runner_key(slot) for slot in slots])
+
+
+def _run_chain(batch_id: str, queue: _Queue, *, most: int = 20) -> list[str]:
+    """Run a batch's steps as the runners would, one turn after the other; say what each did."""
+    scheduler.runners_wake()
+    return queue.run(most=most)
 
 
 @pytest.fixture
@@ -145,10 +159,10 @@ def failing_steps(monkeypatch: Any) -> None:
     monkeypatch.setattr(BatchRun, "step", broken)
 
 
-def test_a_step_that_keeps_failing_ends_the_batch_failed(world, db, failing_steps, monkeypatch):
+def test_a_step_that_keeps_failing_ends_the_batch_failed(world, db, failing_steps, queue):
     batch = _batch(world, 3)
-    said = _run_chain(batch.id, monkeypatch)
-    assert said == ["retrying"] * (tasks.STEP_ATTEMPTS - 1) + ["ended"]
+    said = _run_chain(batch.id, queue)
+    assert said == ["retrying"] * (scheduler.STEP_ATTEMPTS - 1) + ["ended", "idle"]
     batch.refresh_from_db()
     assert batch.status == BatchStatus.FAILED and batch.failed_at is not None
     assert batch.errors is not None
@@ -157,7 +171,9 @@ def test_a_step_that_keeps_failing_ends_the_batch_failed(world, db, failing_step
     assert (batch.total, batch.completed, batch.failed) == (0, 0, 0)
 
 
-def test_a_batch_whose_steps_fail_after_validation_fails_every_line_left(world, db, monkeypatch):
+def test_a_batch_whose_steps_fail_after_validation_fails_every_line_left(
+    world, db, monkeypatch, queue
+):
     batch = _batch(world, 3)
     services.batch_validate(batch=batch)
 
@@ -165,8 +181,8 @@ def test_a_batch_whose_steps_fail_after_validation_fails_every_line_left(world, 
         raise RuntimeError("this step always fails")
 
     monkeypatch.setattr(BatchRun, "step", broken)
-    said = _run_chain(batch.id, monkeypatch)
-    assert said[-1] == "ended" and len(said) == tasks.STEP_ATTEMPTS
+    said = _run_chain(batch.id, queue)
+    assert said[-2:] == ["ended", "idle"] and len(said) == scheduler.STEP_ATTEMPTS + 1
     batch.refresh_from_db()
     assert (batch.status, batch.total, batch.completed, batch.failed) == ("failed", 3, 0, 3)
     _counts_add_up(batch)
@@ -177,28 +193,103 @@ def test_a_batch_whose_steps_fail_after_validation_fails_every_line_left(world, 
     ]  # fmt: skip
 
 
-def test_a_cancel_ends_the_batch_while_its_steps_keep_failing(
-    world, db, failing_steps, monkeypatch
-):
+def test_a_cancel_ends_the_batch_while_its_steps_keep_failing(world, db, failing_steps, queue):
     batch = _batch(world, 2)
     services.batch_validate(batch=batch)
     batch_cancel(batch=batch)
-    assert _run_chain(batch.id, monkeypatch) == ["ended"]
+    assert _run_chain(batch.id, queue) == ["ended", "idle"]
     batch.refresh_from_db()
     assert (batch.status, batch.total, batch.completed, batch.failed) == ("cancelled", 2, 0, 2)
     _counts_add_up(batch)
 
 
-def test_the_window_ends_the_batch_while_its_steps_keep_failing(
-    world, db, failing_steps, monkeypatch
-):
+def test_the_window_ends_the_batch_while_its_steps_keep_failing(world, db, failing_steps, queue):
     batch = _batch(world, 2)
     services.batch_validate(batch=batch)
     Batch.objects.filter(pk=batch.pk).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
-    assert _run_chain(batch.id, monkeypatch) == ["ended"]
+    assert _run_chain(batch.id, queue) == ["ended", "idle"]
     batch.refresh_from_db()
     assert (batch.status, batch.total, batch.completed, batch.failed) == ("expired", 2, 0, 2)
     _counts_add_up(batch)
+
+
+def _failing_file(tenant: Tenant, count: int) -> str:
+    """Upload a file of lines that all fail validation (their url is another endpoint)."""
+    content = "".join(
+        _line(f"l{i}").replace("/v1/chat/completions", "/v1/embeddings") + "\n"
+        for i in range(count)
+    )
+    file = file_create(tenant_id=tenant.pk, filename="f", purpose="batch", content=content.encode())
+    return file.id
+
+
+def _batch_on(tenant: Tenant, file_id: str) -> Batch:
+    """Create a batch and start the runners, as the API does."""
+    batch = batch_create(
+        tenant_id=tenant.pk,
+        api_key_id=ApiKey.objects.get(tenant=tenant, name="tests").pk,
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    scheduler.runners_wake()
+    return batch
+
+
+def _tenant(slug: str) -> Tenant:
+    tenant = tenant_create(slug=slug)
+    api_key_issue(tenant=tenant, name="tests")
+    return tenant
+
+
+def test_another_tenants_batch_gets_the_next_turn_while_one_tenant_runs_ten_large_ones(
+    world, db, queue, monkeypatch
+):
+    """Finding 5 of the hardening review: ten batches over one upload of 50,000 failing lines,
+    each validated whole in one step and each with its own chain of steps in one queue, went
+    before another tenant's one-line batch (1.0 s became 64.6 s)."""
+    heavy, light = _tenant("fair-heavy"), _tenant("fair-light")
+    per_step = settings.ROUNDHOUSE_BATCH_VALIDATE_LINES
+    upload = _failing_file(heavy, 3 * per_step)
+    heavy_ids = [_batch_on(heavy, upload).id for _ in range(10)]
+    # A few runners, not a chain of steps per batch.
+    assert len(queue.queued) == settings.ROUNDHOUSE_BATCH_RUNNERS
+    steps: list[tuple[str, str]] = []  # each step's batch, and its status after the step
+    advance = scheduler.batch_advance
+
+    def recorded(*, batch_id: str) -> str:
+        said = advance(batch_id=batch_id)
+        steps.append((batch_id, Batch.objects.values_list("status", flat=True).get(pk=batch_id)))
+        return said
+
+    monkeypatch.setattr(scheduler, "batch_advance", recorded)
+    queue.run(most=3)  # the heavy tenant's batches are under way
+    light_id = _batch_on(light, _failing_file(light, 1)).id
+    queue.run(most=200)
+    order = [batch_id for batch_id, _ in steps]
+    # The light tenant's batch takes the next turn, ends in it, and is never stepped again.
+    assert order[3] == light_id and order.count(light_id) == 1
+    assert steps[3][1] == BatchStatus.COMPLETED
+    # The heavy tenant's batches take turns too, each file read over several bounded steps.
+    assert len(set(order[:3] + order[4:11])) == 10
+    assert {order.count(batch_id) for batch_id in heavy_ids} == {3}
+    ended = Batch.objects.filter(pk__in=heavy_ids).values_list("status", "total", "failed")
+    assert set(ended) == {(BatchStatus.COMPLETED, 3 * per_step, 3 * per_step)}
+    assert queue.queued == [], "a runner kept going with nothing to run"
+
+
+def test_resuming_takes_over_a_lost_turn_and_never_doubles_a_runner(world, db, queue):
+    tenant = _tenant("resumed-runner")
+    _batch_on(tenant, _failing_file(tenant, 2 * settings.ROUNDHOUSE_BATCH_VALIDATE_LINES))
+    (lost,) = queue.queued
+    queue.queued.clear()  # the Celery worker holding the turn died
+    assert scheduler.runners_resume() == 1
+    assert scheduler.runners_resume() == 1  # another worker started: still one runner
+    assert queue.run(most=20) == ["superseded", "continuing", "ended", "idle"]
+    # A copy of the lost turn the broker brings back does nothing.
+    slot, ticket = lost
+    assert scheduler.turn_take(slot=slot, ticket=ticket) == "superseded"
+    assert queue.queued == []
 
 
 def test_a_batch_cancelled_while_validating_counts_every_line_it_read(world, db, monkeypatch):

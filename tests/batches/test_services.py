@@ -217,6 +217,129 @@ def test_an_embeddings_line_asking_for_vllms_binary_answer_fails_alone(world):
     ]
 
 
+# --- validation in bounded steps ----------------------------------------------------------------
+
+
+def _invalid(custom_id: str) -> str:
+    """A line that fails validation: its url is not the batch's endpoint."""
+    return _line(custom_id).replace("/v1/completions", "/v1/embeddings")
+
+
+def _validated(batch: Batch, *, most: int = 100, until: float | None = None) -> list[int]:
+    """Validate a batch step by step until its file is read; return the lines each step read."""
+    read: list[int] = []
+    while batch.status == BatchStatus.VALIDATING:
+        assert len(read) < most, "validation never reached the end of the file"
+        before = batch.total
+        batch = batch_validate(batch=batch, until=until)
+        read.append(batch.total - before)
+    return read
+
+
+def test_a_large_file_of_failing_lines_is_validated_over_bounded_steps(world):
+    """Finding 5 of the hardening review: one step validated a whole file, 50,000 failing lines
+    holding a Celery worker (and every tenant's batches behind it) for seconds on end."""
+    limit = settings.ROUNDHOUSE_BATCH_VALIDATE_LINES
+    count = 4 * limit + 7
+    batch = _batch(world, [_invalid(f"x{i}") for i in range(count)])
+    first = batch_validate(batch=batch)
+    assert (first.status, first.total, first.failed) == (BatchStatus.VALIDATING, limit, limit)
+    assert first.lines.count() == limit
+    assert [*_validated(first)] == [limit, limit, limit, 7]
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.failed) == (BatchStatus.IN_PROGRESS, count, count)
+    assert batch.validated_bytes == File.objects.get(pk=batch.input_file_id).size
+    errors = list(batch.lines.order_by("index").values_list("index", "custom_id", "error"))
+    assert [(i, cid) for i, cid, _ in errors] == [(i, f"x{i}") for i in range(count)]
+    assert {(e and e["code"], e and e["line"] - i) for i, _, e in errors} == {("mismatched_url", 1)}
+
+
+def test_a_step_whose_time_is_up_still_reads_a_line(world):
+    """Out of time from the start (one slow line), each step still gets one line further."""
+    batch = _batch(world, [_line("a"), _invalid("b"), _line("c")])
+    assert _validated(batch, until=0.0) == [1, 1, 1]
+    batch.refresh_from_db()
+    assert (batch.status, batch.total, batch.failed) == (BatchStatus.IN_PROGRESS, 3, 1)
+
+
+@override_settings(ROUNDHOUSE_BATCH_VALIDATE_LINES=2)
+def test_a_custom_id_taken_in_an_earlier_step_is_a_duplicate_in_a_later_one(world):
+    lines = [
+        _line("a"),
+        _invalid("b"),  # the line fails, but it took its custom_id
+        _raw("c\\u0000", '{"model": "m", "prompt": "x"}'),  # its id is refused: it takes none
+        _line("e"),
+        _line("c"),
+        _line("a"),
+        _line("b"),
+        _line("d"),
+        _line("d"),
+    ]
+    batch = _batch(world, lines)
+    assert _validated(batch) == [2, 2, 2, 2, 1]
+    found = [
+        (line.custom_id, line.state, line.error and line.error["code"])
+        for line in batch.lines.order_by("index")
+    ]
+    assert found == [
+        ("a", LineState.PENDING, None),
+        ("b", LineState.FAILED, "mismatched_url"),
+        ("c", LineState.FAILED, "invalid_value"),
+        ("e", LineState.PENDING, None),
+        ("c", LineState.PENDING, None),
+        ("a", LineState.FAILED, "duplicate_custom_id"),
+        ("b", LineState.FAILED, "duplicate_custom_id"),
+        ("d", LineState.PENDING, None),
+        ("d", LineState.FAILED, "duplicate_custom_id"),
+    ]
+    duplicate = batch.lines.get(index=5)
+    assert duplicate.body is None
+    assert duplicate.error == {
+        "code": "duplicate_custom_id",
+        "message": "Line 6: custom_id 'a' is used twice.",
+        "param": "custom_id",
+        "line": 6,
+    }
+
+
+@override_settings(ROUNDHOUSE_BATCH_VALIDATE_LINES=3)
+def test_lines_are_the_same_however_the_file_is_cut_into_steps(world, monkeypatch):
+    """Line breaks of every kind str.splitlines knows, and characters of up to four bytes, read
+    five bytes at a time: the lines and their numbers are those the upload counted."""
+    from batches import services
+
+    def line(custom_id: str) -> str:
+        body = {"model": "m", "prompt": f"dites {custom_id}", "max_tokens": 2}
+        raw = {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+        return json.dumps(raw, ensure_ascii=False)
+
+    monkeypatch.setattr(services, "_READ_BYTES", 5)
+    text = (
+        line("é") + "\r\n\r\n"
+        + line("日本") + "\r"
+        + line("🚂") + "\u2028  \n"
+        + line("ü") + "\x0c\x1c\x85\n"
+        + line("end")  # no line break at the end
+    )  # fmt: skip
+    file = file_create(
+        tenant_id=world.acme.pk, filename="f", purpose="batch", content=text.encode()
+    )
+    expected = [raw for raw in text.splitlines() if raw.strip()]
+    assert file.lines == len(expected) == 5
+    batch = batch_create(
+        tenant_id=world.acme.pk,
+        api_key_id=ApiKey.objects.filter(tenant=world.acme).values_list("pk", flat=True)[0],
+        input_file_id=file.id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
+    assert _validated(batch) == [3, 2]
+    lines = list(batch.lines.order_by("index"))
+    assert [x.custom_id for x in lines] == ["é", "日本", "🚂", "ü", "end"]
+    assert [x.state for x in lines] == [LineState.PENDING] * 5
+    assert [x.body for x in lines] == [json.loads(raw)["body"] for raw in expected]
+
+
 # --- keeping files: expiry, deletion, the tenant's storage ------------------------------------
 
 

@@ -165,6 +165,7 @@ def test_the_default_release_runs_every_platform_process(default_objects):
         "sy-roundhouse-frontend",
         "sy-roundhouse-ingester",
         "sy-roundhouse-celery-worker",
+        "sy-roundhouse-celery-batches",
         "sy-roundhouse-celery-beat",
     }
     assert by_kind(default_objects, "ScaledObject") == {}
@@ -354,6 +355,30 @@ def test_celery_beat_runs_exactly_once(default_objects):
     worker = by_kind(default_objects, "Deployment")["sy-roundhouse-celery-worker"]
     (container,) = worker["spec"]["template"]["spec"]["containers"]
     assert "--beat" not in container["command"]
+
+
+def _worker_command(objects: list[dict[str, Any]], name: str) -> list[str]:
+    (container,) = by_kind(objects, "Deployment")[name]["spec"]["template"]["spec"]["containers"]
+    return list(container["command"])
+
+
+def test_control_jobs_and_batch_steps_run_on_workers_of_their_own(default_objects):
+    """Finding 5 of the hardening review: every periodic job shared one queue with every
+    tenant's batch steps, and waited behind them."""
+    control = _worker_command(default_objects, "sy-roundhouse-celery-worker")
+    batches = _worker_command(default_objects, "sy-roundhouse-celery-batches")
+    assert control[:4] == batches[:4] == ["celery", "-A", "config", "worker"]
+    assert control[control.index("--queues") + 1] == "control"
+    assert batches[batches.index("--queues") + 1] == "batches"
+    # As many batch runners as the batch workers run steps at once, unless config says.
+    (config,) = by_kind(default_objects, "ConfigMap").values()
+    assert config["data"]["ROUNDHOUSE_BATCH_RUNNERS"] == "2"
+    scaled = render({**SECRETS, "celeryBatches": {"replicas": 3, "concurrency": 4}})
+    (config,) = by_kind(scaled, "ConfigMap").values()
+    assert config["data"]["ROUNDHOUSE_BATCH_RUNNERS"] == "12"
+    chosen = render({**SECRETS, "config": {"ROUNDHOUSE_BATCH_RUNNERS": "5"}})
+    (config,) = by_kind(chosen, "ConfigMap").values()
+    assert config["data"]["ROUNDHOUSE_BATCH_RUNNERS"] == "5"
 
 
 def test_the_ingesters_serve_metrics_on_their_port(default_objects):

@@ -224,10 +224,19 @@ class Command(BaseCommand):
         )  # fmt: skip
         supervisor.start("ingester", [py, "manage.py", "run_ingester", "--metrics-port", "9401"])
         if celery:
+            # Two workers, as deployed: the periodic control jobs (and beat) on one, the batch
+            # runners' turns on the other, so a control job never waits behind a batch step.
+            # One process reading both queues would not do: its slots can all be in batch
+            # steps (ROUNDHOUSE_BATCH_RUNNERS of them may be queued), and Celery reserves none.
+            celery_worker = [py, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
             supervisor.start(
-                "celery",
-                [py, "-m", "celery", "-A", "config", "worker", "--beat", "--concurrency", "1",
-                 "--loglevel", "INFO", "--schedule", str(Path(settings.DATA_DIR) / "celerybeat")],
+                "control",
+                [*celery_worker, "-Q", "control", "-n", "control@%h", "--concurrency", "1",
+                 "--beat", "--schedule", str(Path(settings.DATA_DIR) / "celerybeat")],
+            )  # fmt: skip
+            supervisor.start(
+                "batches",
+                [*celery_worker, "-Q", "batches", "-n", "batches@%h", "--concurrency", "2"],
             )  # fmt: skip
         return supervisor
 
