@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import io
 import json
 import multiprocessing
@@ -373,24 +374,25 @@ async def _victim_batch(base_url: str, model: str, key: str, file_id: str) -> fl
 
 
 def _side_processes(platform: Any, work: Path) -> list[Any]:
-    """The encoder worker and the Celery worker, as the demo runs them, on core 1."""
+    """The encoder worker and the two Celery workers, as the demo runs them, on core 1."""
     py = sys.executable
-    encoder_log, celery_log = work / "encoder.log", work / "celery.log"
-    encoder = spawn(
-        ["taskset", "-c", "1", py, "manage.py", "run_worker", "--deployment", ENCODER],
-        encoder_log,
-        platform.env,
-    )
-    celery = spawn(
-        ["taskset", "-c", "1", py, "-m", "celery", "-A", "config", "worker", "--beat",
-         "--concurrency", "2", "--loglevel", "INFO",
-         "--schedule", str(work / "celerybeat")],
-        celery_log,
-        platform.env,
-    )  # fmt: skip
-    wait_for(lambda: b"ready" in encoder_log.read_bytes(), encoder, "encoder", encoder_log)
-    wait_for(lambda: b"ready" in celery_log.read_bytes(), celery, "celery", celery_log)
-    return [encoder, celery]
+    logs = {name: work / f"{name}.log" for name in ("encoder", "control", "batches")}
+    celery = ["taskset", "-c", "1", py, "-m", "celery", "-A", "config", "worker"]
+    commands = {
+        "encoder": ["taskset", "-c", "1", py, "manage.py", "run_worker", "--deployment", ENCODER],
+        "control": [*celery, "-Q", "control", "-n", "control@%h", "--concurrency", "1", "--beat",
+                    "--schedule", str(work / "celerybeat")],
+        "batches": [*celery, "-Q", "batches", "-n", "batches@%h", "--concurrency", "2"],
+    }  # fmt: skip
+    started = {name: spawn(command, logs[name], platform.env) for name, command in commands.items()}
+    for name, popen in started.items():
+        log = logs[name]
+        wait_for(functools.partial(_says_ready, log), popen, name, log)
+    return list(started.values())
+
+
+def _says_ready(log: Path) -> bool:
+    return b"ready" in log.read_bytes()
 
 
 def _register_encoder() -> None:
