@@ -14,6 +14,11 @@ refused, and so is a request with a body that needs a key and has no valid one, 
 to a counted path (`counted_paths`) past its tenant's requests per minute; the body is then read
 with the limit enforced chunk by chunk (a 413 the moment it is passed, nothing more read).
 Everything else (scopes, parsing, the other limits) is the views' work.
+
+Every response is written within a write timeout (`send_response`): uvicorn's send waits while
+its buffer for the connection is full, so a client that stops reading stalls it; past
+ROUNDHOUSE_WRITE_TIMEOUT_SECONDS on one message the response is given up, its connection closed
+and what it held freed (a stream's request is cancelled as on a disconnect).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from django.urls import URLResolver, get_resolver, set_script_prefix
 from inference.admission import body_bytes_count, request_count
 from inference.auth import credentials, key_check, scope_check
 from inference.errors import ApiError, should_retry
-from inference.metrics import loop_lag_watch
+from inference.metrics import loop_lag_watch, write_timeouts
 from inference.turns import Counts, Turns
 from tenants.models import Scope
 
@@ -184,6 +189,71 @@ def is_api_path(path: str) -> bool:
 
 class _TooLarge(Exception):
     pass
+
+
+class WriteTimeout(Exception):
+    """A response's client took none of a message within ROUNDHOUSE_WRITE_TIMEOUT_SECONDS."""
+
+
+class _WriteWatch:
+    """An ASGI `send` that raises WriteTimeout from a message it could not hand on within
+    `seconds` (uvicorn's send waits while the connection's write buffer is full).
+
+    One timer per response rather than one per message: a stream sends an event per few
+    tokens, and a timer set and cancelled around each send cost several microseconds apiece.
+    The timer looks at the send in flight when it fires, and is set again for its due time.
+    """
+
+    def __init__(self, send: Any, seconds: float) -> None:
+        self._send = send
+        self._seconds = seconds
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._since: float | None = None  # when the send in flight began
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired = False
+
+    async def __call__(self, message: Any) -> None:
+        self._since = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._since + self._seconds, self._check)
+        try:
+            await self._send(message)
+        except asyncio.CancelledError:
+            # Cancelled by the timer alone (not by a disconnect as well): a write timeout.
+            if self._expired and self._task is not None and self._task.uncancel() == 0:
+                raise WriteTimeout() from None
+            raise
+        finally:
+            self._since = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._since is None or self._task is None:
+            return  # nothing waits: the next send sets the timer again
+        due = self._since + self._seconds
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self._expired = True
+        self._task.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _connection_cut(send: Any) -> None:
+    """Close a stalled response's connection now, dropping what its server still buffers.
+
+    uvicorn's send is a method of the request's cycle, which holds the connection's transport;
+    a server that shows none closes the connection itself once the handler returns with the
+    response unfinished (after its buffer drains, or its client goes away).
+    """
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def body_limit(path: str) -> int:
@@ -334,7 +404,7 @@ class ApiHandler(ASGIHandler):
             body_file.close()
             retry = should_retry(error_response.status_code, "")
             error_response["x-should-retry"] = "true" if retry else "false"
-            await self.send_response(error_response, send)
+            await self._send(error_response, send)
             error_response.close()
             return
         # A client that goes away mid-response cancels the view (a stream stops and its
@@ -404,12 +474,39 @@ class ApiHandler(ASGIHandler):
         response["Connection"] = "close"
         response["x-request-id"] = uuid.uuid4().hex
         response._has_been_logged = True  # type: ignore[attr-defined]
-        await self.send_response(response, send)
+        await self._send(response, send)
         response.close()
+
+    async def send_response(self, response: Any, send: Any) -> None:
+        """Send a response as Django does, each message within the write timeout.
+
+        Django sends a body 64 KiB at a time, and a streaming one a part at a time as its
+        iterator makes them, each once the one before was handed on: what a connection holds
+        is its response and about one message more. A client that reads none of a message for
+        ROUNDHOUSE_WRITE_TIMEOUT_SECONDS raises WriteTimeout here, out of the streaming
+        iterator too (as a disconnect cancels it).
+        """
+        seconds = float(settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS)
+        if seconds <= 0:
+            await super().send_response(response, send)
+            return
+        watched = _WriteWatch(send, seconds)
+        try:
+            await super().send_response(response, watched)
+        finally:
+            watched.close()
 
     async def _serve(self, request: Any, send: Any) -> Any:
         response = await self.run_get_response(request)
         # A client that disconnects while the response is being sent cancels the send.
         with contextlib.suppress(asyncio.CancelledError):
-            await self.send_response(response, send)
+            await self._send(response, send)
         return response
+
+    async def _send(self, response: Any, send: Any) -> None:
+        """Send a response; a client that stops reading it has its connection cut."""
+        try:
+            await self.send_response(response, send)
+        except WriteTimeout:
+            write_timeouts.inc()
+            _connection_cut(send)

@@ -3,9 +3,10 @@ error, and what a view reads from its request (body, key, deadline, clock and tr
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -122,6 +123,22 @@ def sse_response(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+def pieces_response(pieces: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:
+    """A whole answer sent a piece at a time, each made once the one before was handed on.
+
+    The connection holds one piece, not the answer, while its client reads (a client that
+    stops is cut after the write timeout, inference/asgi.py), and a fast client's large answer
+    lets other requests run between its pieces.
+    """
+
+    async def taken() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+            await asyncio.sleep(0)  # the send did not wait: let others run before the next
+
+    return StreamingHttpResponse(taken(), content_type=content_type)
 
 
 async def request_body(request: HttpRequest) -> bytes:

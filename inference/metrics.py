@@ -46,6 +46,10 @@ fallbacks = Counter(
     "Interactive requests an alias could not take that went to its fallback, and why.",
     ["model", "fallback", "reason"],
 )
+write_timeouts = Counter(
+    "roundhouse_write_timeouts",
+    "Responses cut because their client read none of a message within the write timeout.",
+)
 
 
 # Pauses of a process: short ones matter (a stream's next token waits behind them).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -565,9 +565,17 @@ DONE = b"data: [DONE]\n\n"
 # vLLM's binary answers: the vectors' bytes as the body, and (but for bytes_only) where each
 # starts and ends in a `metadata` header.
 BYTES_FORMATS = ("bytes", "bytes_only")
+# An embeddings answer is encoded this many bytes at a time (about; at least one vector), each
+# piece as the client has taken the one before: a connection holds the vectors and a piece,
+# never the whole answer (its JSON floats take about five times the vectors' bytes).
+ANSWER_PIECE_BYTES = 64 * 1024
+# The most bytes one float32 value takes as a JSON number and its comma (-1.2345678901234567e-05,),
+# and one vector's object around its values.
+_FLOAT_JSON_BYTES = 24
+_ITEM_JSON_BYTES = 64
 
 
-def embeddings_body(
+def embeddings_json(
     *,
     vectors: bytes,
     native: int,
@@ -580,34 +588,44 @@ def embeddings_body(
     normalize: bool = True,
     response_id: str = "",
     created: int = 0,
-) -> dict[str, Any]:
-    """The body of an embeddings response, vectors as floats or base64 (float32 in this
-    machine's byte order, unless `embed_dtype` and `endianness` ask for others).
+) -> Iterator[bytes]:
+    """The JSON body of an embeddings response, a slice of vectors at a time, vectors as
+    floats or base64 (float32 in this machine's byte order, unless `embed_dtype` and
+    `endianness` ask for others).
 
-    A vector cut to fewer `dimensions` (a Matryoshka model) is normalised again to unit
-    length, unless the request asked for vectors as pooled (`normalize` false). With a
-    `response_id` it opens with the `id` and `created` vLLM's server adds to OpenAI's shape.
+    Joined, the pieces are the body encoded whole, byte for byte. A vector cut to fewer
+    `dimensions` (a Matryoshka model) is normalised again to unit length, unless the request
+    asked for vectors as pooled (`normalize` false). With a `response_id` it opens with the
+    `id` and `created` vLLM's server adds to OpenAI's shape.
     """
     import base64
 
-    from inference.vector_bytes import rows_encoded
+    from inference.vector_bytes import EMBED_DTYPE_BYTES, rows_encoded
 
     rows = _embedding_rows(vectors, native=native, dimensions=dimensions, normalize=normalize)
-    if encoding_format == "base64":
-        encoded = rows_encoded(rows, embed_dtype, endianness)
-        items: list[Any] = [base64.b64encode(row).decode() for row in encoded]
-    else:
-        items = rows.tolist()
     named = {"id": response_id, "created": created} if response_id else {}
-    return {
-        **named,
-        "object": "list",
-        "data": [
-            {"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)
-        ],
-        "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
+    # The body's members around `data`, each encoded as the whole body's encoder writes them.
+    yield _json.encode({**named, "object": "list"})[:-1] + b',"data":['
+    if encoding_format == "base64":
+        row_bytes = -(-rows.shape[1] * EMBED_DTYPE_BYTES[embed_dtype] // 3) * 4 + _ITEM_JSON_BYTES
+    else:
+        row_bytes = rows.shape[1] * _FLOAT_JSON_BYTES + _ITEM_JSON_BYTES
+    step = max(1, ANSWER_PIECE_BYTES // row_bytes)
+    for first in range(0, len(rows), step):
+        part = rows[first : first + step]
+        items: list[Any]
+        if encoding_format == "base64":
+            encoded = rows_encoded(part, embed_dtype, endianness)
+            items = [base64.b64encode(row).decode() for row in encoded]
+        else:
+            items = part.tolist()
+        data = [
+            {"object": "embedding", "index": first + i, "embedding": item}
+            for i, item in enumerate(items)
+        ]
+        yield (b"," if first else b"") + _json.encode(data)[1:-1]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    yield b"]," + _json.encode({"model": model, "usage": usage})[1:]
 
 
 def embeddings_binary(
@@ -622,26 +640,25 @@ def embeddings_binary(
     embed_dtype: str = "float32",
     endianness: str = "native",
     normalize: bool = True,
-) -> tuple[bytes, dict[str, Any]]:
-    """vLLM's `bytes` answer: the vectors end to end, and the metadata that finds each one
-    (its bytes' start and end, its shape, number type and byte order) with the usage."""
-    from inference.vector_bytes import rows_encoded
+) -> tuple[Iterator[bytes], dict[str, Any]]:
+    """vLLM's `bytes` answer: the vectors end to end, a slice of them at a time, and the
+    metadata that finds each one (its bytes' start and end, its shape, number type and byte
+    order) with the usage."""
+    from inference.vector_bytes import EMBED_DTYPE_BYTES, rows_encoded
 
     rows = _embedding_rows(vectors, native=native, dimensions=dimensions, normalize=normalize)
-    encoded = rows_encoded(rows, embed_dtype, endianness)
-    items, start = [], 0
-    for index, row in enumerate(encoded):
-        items.append(
-            {
-                "index": index,
-                "embed_dtype": embed_dtype,
-                "endianness": endianness,
-                "start": start,
-                "end": start + len(row),
-                "shape": [rows.shape[1]],
-            }
-        )
-        start += len(row)
+    size = rows.shape[1] * EMBED_DTYPE_BYTES[embed_dtype]
+    items = [
+        {
+            "index": index,
+            "embed_dtype": embed_dtype,
+            "endianness": endianness,
+            "start": index * size,
+            "end": (index + 1) * size,
+            "shape": [rows.shape[1]],
+        }
+        for index in range(len(rows))
+    ]
     metadata = {
         "id": response_id,
         "created": created,
@@ -649,7 +666,13 @@ def embeddings_binary(
         "data": items,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return b"".join(encoded), metadata
+    step = max(1, ANSWER_PIECE_BYTES // max(size, 1))
+
+    def pieces() -> Iterator[bytes]:
+        for first in range(0, len(rows), step):
+            yield b"".join(rows_encoded(rows[first : first + step], embed_dtype, endianness))
+
+    return pieces(), metadata
 
 
 def _embedding_rows(vectors: bytes, *, native: int, dimensions: int, normalize: bool) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,7 +12,7 @@ import msgspec
 from dataplane.types import Delta, Embeddings, Event, Failed, Finished
 from inference.admission import request_failure
 from inference.errors import ApiError
-from inference.openai_format import BYTES_FORMATS, embeddings_binary, embeddings_body
+from inference.openai_format import BYTES_FORMATS, embeddings_binary, embeddings_json
 from inference.params import EmbeddingRequest
 
 _json = msgspec.json.Encoder()
@@ -66,11 +66,20 @@ async def completion_collect(
 
 @dataclass(frozen=True)
 class EmbeddingsAnswer:
-    """An embeddings answer: a JSON body, or vLLM's binary one with its metadata header."""
+    """An embeddings answer: a JSON body, or vLLM's binary one with its metadata header.
 
-    body: bytes
+    Its body is encoded a piece at a time as `pieces` is read (about ANSWER_PIECE_BYTES
+    each), from the vectors it holds; either it or `body` is read, once.
+    """
+
+    pieces: Iterator[bytes]
     content_type: str = "application/json"
     metadata: str | None = None  # the `metadata` header of a `bytes` answer
+
+    @property
+    def body(self) -> bytes:
+        """The whole body at once."""
+        return b"".join(self.pieces)
 
 
 async def embeddings_collect(
@@ -125,12 +134,12 @@ async def _embeddings_body(
                 "created": int(time.time()),
             }
             if request.encoding_format not in BYTES_FORMATS:
-                body = embeddings_body(encoding_format=request.encoding_format, **named, **shape)
-                return EmbeddingsAnswer(_json.encode(body))
-            content, metadata = embeddings_binary(**named, **shape)
+                pieces = embeddings_json(encoding_format=request.encoding_format, **named, **shape)
+                return EmbeddingsAnswer(pieces)
+            pieces, metadata = embeddings_binary(**named, **shape)
             shown = None if request.encoding_format == "bytes_only" else _json.encode(metadata)
             return EmbeddingsAnswer(
-                content,
+                pieces,
                 content_type="application/octet-stream",
                 metadata=shown.decode() if shown is not None else None,
             )

@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 EMBED_DTYPES = ("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+# The bytes one value takes in each number type.
+EMBED_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ENDIANNESS = ("native", "big", "little")
 
 _U32 = npt.NDArray[np.uint32]

@@ -28,6 +28,7 @@ from inference.endpoint import (
     client_timeout,
     internal_error,
     json_response,
+    pieces_response,
     request_clock,
     request_json,
     request_principal,
@@ -96,7 +97,10 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
         request_id=request_id,
     )
     clock.skip()
-    response = HttpResponse(answer.body, content_type=answer.content_type)
+    # The answer is encoded as its client reads it: here it is the vectors (docs/embeddings.md).
+    response = pieces_response(answer.pieces, content_type=answer.content_type)
+    clock.lap("relay")
+    clock.finish()
     if answer.metadata is not None:
         response["metadata"] = answer.metadata
     for name, value in submitted.headers().items():

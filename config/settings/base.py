@@ -389,6 +389,9 @@ ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE = env_int(
     "ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE", 64 * 1024 * 1024
 )
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# A response whose client reads none of a chunk for this long is cut and its connection
+# closed (a stream's request is cancelled as on a disconnect); 0: never.
+ROUNDHOUSE_WRITE_TIMEOUT_SECONDS = env_float("ROUNDHOUSE_WRITE_TIMEOUT_SECONDS", 30.0)
 
 # Where registered model versions are stored, content-addressed and read-only.
 ROUNDHOUSE_ARTIFACT_ROOT = Path(

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import openai
+import psutil
 import pytest
 
-from tests.conftest import ALIAS, Process
+from tests.conftest import ALIAS, Process, roomy_key
 from tests.conftest import ENCODER as MODEL
 from tests.conftest import ENCODER_PRICE_PER_1K as PRICE_PER_1K
 
@@ -246,3 +250,87 @@ def test_a_truncated_input_keeps_its_first_tokens_between_cls_and_sep(stack, wor
     over = _embed(stack, world.acme_key, input=words, truncate_prompt_tokens=context + 1)
     assert over.status_code == 400, over.text
     assert over.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+# The most inputs a request takes, each two tokens: 2,048 vectors of 384 floats, about 16 MB of
+# JSON from a 20 KB request (3 MB of vectors).
+LARGE = json.dumps({"model": MODEL, "input": [[101, 102]] * 2048}).encode()
+
+
+@pytest.fixture(scope="module")
+def roomy(world: Any, django_db_blocker: Any) -> str:
+    with django_db_blocker.unblock():
+        return roomy_key("embeddings-large")
+
+
+def _asked(stack: Any, key: str, body: bytes, *, window: int | None = None) -> socket.socket:
+    """A socket that has sent an embeddings request (with a small receive window, if given)."""
+    sock = socket.socket()
+    if window is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)  # before connect
+    sock.connect(("127.0.0.1", int(stack.base_url.rsplit(":", 1)[1])))
+    sock.sendall(
+        f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    sock.settimeout(300)
+    return sock
+
+
+def _chunks(sock: socket.socket) -> tuple[bytes, list[bytes]]:
+    """Read a chunked answer whole: its head and its body's chunks as the server sent them."""
+    stream = sock.makefile("rb")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += stream.readline()
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    chunks = []
+    while size := int(stream.readline().strip(), 16):
+        chunks.append(stream.read(size))
+        stream.readline()
+    return head, chunks
+
+
+def test_a_large_answer_comes_in_pieces_that_make_the_whole_json(stack, encoder, roomy):
+    """Encoded a slice of vectors at a time as the client reads, byte for byte the answer
+    encoded at once (compact, in the order vLLM's fields come)."""
+    with _asked(stack, roomy, LARGE) as sock:
+        head, chunks = _chunks(sock)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    body = b"".join(chunks)
+    answer = msgspec.json.decode(body)
+    assert len(answer["data"]) == 2048
+    assert [item["index"] for item in answer["data"]] == list(range(2048))
+    assert len(answer["data"][-1]["embedding"]) == 384
+    assert msgspec.json.encode(answer) == body
+    assert len(chunks) > len(body) // (64 * 1024)
+    assert max(len(chunk) for chunk in chunks) <= 64 * 1024
+
+
+def _read_whole(stack: Any, key: str) -> bytes:
+    with _asked(stack, key, LARGE) as sock:
+        return b"".join(_chunks(sock)[1])
+
+
+def test_slow_readers_of_large_answers_hold_a_piece_each_not_the_answer(stack, encoder, roomy):
+    """Four clients that read no more than the head of a 16 MB answer: the frontend holds
+    their vectors and a piece each (about 3 MB), not their answers (16 MB each, as it did)."""
+    frontend = psutil.Process(stack.frontend.popen.pid)
+    readers = 4
+    whole = len(_read_whole(stack, roomy))  # what serving one costs once is not counted below
+    before = frontend.memory_info().rss
+    held = 0
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(readers):
+            sockets.append(_asked(stack, roomy, LARGE, window=4096))
+            assert sockets[-1].recv(4096).startswith(b"HTTP/1.1 200")  # its answer has begun
+        for _ in range(10):  # the frontend writes on until each connection's buffers are full
+            time.sleep(0.1)
+            held = max(held, frontend.memory_info().rss - before)
+    finally:
+        for sock in sockets:
+            sock.close()
+    # Each holds about a fifth of its answer (its vectors), where it held all of it.
+    assert held < readers * whole / 2, (held, whole)

@@ -9,7 +9,9 @@ without running the tokenizer, and made-up keys cannot grow a frontend's key cac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import re
 import secrets
 import select
 import socket
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from django.conf import settings
 
@@ -30,7 +33,16 @@ from inference.submission import generation_submit
 from inference.tokenization import Tokenizer
 from tenants.keys import PREFIX, token_parse
 from tenants.services import api_key_issue, tenant_create
-from tests.conftest import ALIAS, CONTEXT, _free_port, _http_ok, _spawn, _wait_for
+from tests.conftest import (
+    ALIAS,
+    CONTEXT,
+    Process,
+    _free_port,
+    _http_ok,
+    _spawn,
+    _wait_for,
+    roomy_key,
+)
 
 FLOODER_RPM = 3
 
@@ -70,25 +82,37 @@ def large_body_keys(world: Any, django_db_blocker: Any) -> list[str]:
         ]
 
 
+# This module's frontend cuts a client that reads none of its answer for this long.
+WRITE_TIMEOUT_SECONDS = 2
+
+
 @pytest.fixture(scope="module")
-def frontend(
+def frontend_process(
     world: Any, flooder_key: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+) -> Iterator[tuple[str, Process]]:
     """A frontend alone: these checks all happen before any engine is asked."""
     port = _free_port()
     process = _spawn(
         "frontend-cheap-checks",
         ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
         tmp_path_factory.mktemp("cheap-checks"),
-        env_extra={"ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE": str(BODY_BYTES_PER_MINUTE)},
+        env_extra={
+            "ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE": str(BODY_BYTES_PER_MINUTE),
+            "ROUNDHOUSE_WRITE_TIMEOUT_SECONDS": str(WRITE_TIMEOUT_SECONDS),
+        },
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(process, lambda: _http_ok(f"{base_url}/healthz"), timeout=120)
-        yield base_url
+        yield base_url, process
     finally:
         process.popen.terminate()
         process.popen.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def frontend(frontend_process: tuple[str, Process]) -> str:
+    return frontend_process[0]
 
 
 def _send_until_answered(
@@ -359,6 +383,65 @@ def test_a_tenants_stalled_large_body_holds_its_own_next_one_and_nobody_elses(fr
             assert _status(_answer_read(second)) in (400, 404)
     finally:
         first.close()
+
+
+def _until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout}s")
+        time.sleep(0.1)
+
+
+def test_a_client_that_stops_reading_its_answer_is_cut_after_the_write_timeout(
+    frontend_process, django_db_blocker
+):
+    """A file's 16 MB, asked for by a socket that then reads nothing: the frontend's sends
+    stall once the kernel's buffers are full, and it closes the connection after the write
+    timeout instead of holding the answer for as long as the client likes."""
+    base_url, process = frontend_process
+    with django_db_blocker.unblock():
+        key = roomy_key("cheap-slow-reader", large_body_bytes_per_minute=0)
+    auth = {"Authorization": f"Bearer {key}"}
+    line = b'{"custom_id": "%d", "method": "POST", "url": "/v1/embeddings", "body": "%s"}\n'
+    content = b"".join(line % (i, b"a" * 8000) for i in range(2000))
+    uploaded = httpx.post(
+        f"{base_url}/v1/files",
+        files={"file": ("slow.jsonl", content)},
+        data={"purpose": "batch"},
+        headers=auth,
+        timeout=120,
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    file_id = uploaded.json()["id"]
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, before connect
+    with sock:
+        sock.connect(("127.0.0.1", int(base_url.rsplit(":", 1)[1])))
+        sock.sendall(
+            f"GET /v1/files/{file_id}/content HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {key}\r\n\r\n".encode()
+        )
+        port = sock.getsockname()[1]
+        server = psutil.Process(process.popen.pid)
+
+        def held() -> bool:
+            return any(c.raddr and c.raddr.port == port for c in server.net_connections("tcp"))
+
+        _until(held, 30, "accepted")
+        _until(lambda: not held(), 120, "cut")  # the frontend let go of its socket
+        sock.settimeout(30)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while part := sock.recv(1 << 20):
+                answer += part
+    assert _status(answer) == 200, answer[:300]
+    assert not _answer_complete(answer) and len(answer) < len(content)
+    scraped = httpx.get(f"{base_url}/metrics", timeout=30).text
+    cut = re.search(r"^roundhouse_write_timeouts_total ([0-9.]+)$", scraped, re.MULTILINE)
+    assert cut is not None and float(cut.group(1)) >= 1
+    assert httpx.get(f"{base_url}/healthz", timeout=30).status_code == 200
 
 
 @pytest.mark.django_db

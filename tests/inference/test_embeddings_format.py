@@ -1,18 +1,26 @@
-"""Embedding vectors as the API returns them: shortened Matryoshka vectors and base64."""
+"""Embedding vectors as the API returns them: shortened Matryoshka vectors and base64, the
+JSON encoded a slice of vectors at a time."""
 
 from __future__ import annotations
 
 import base64
+from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
-from inference.openai_format import embeddings_body
+from inference.openai_format import ANSWER_PIECE_BYTES, embeddings_binary, embeddings_json
+from inference.vector_bytes import rows_encoded
 from models_registry.selectors import encoder_dimensions
 
 
 def _vectors(rows: np.ndarray) -> bytes:
     return rows.astype("<f4").tobytes()
+
+
+def embeddings_body(**shape: Any) -> dict[str, Any]:
+    return msgspec.json.decode(b"".join(embeddings_json(**shape)))
 
 
 def test_a_shortened_vector_keeps_its_leading_dimensions_at_unit_length():
@@ -77,3 +85,90 @@ def test_a_shortened_vector_asked_for_as_pooled_is_not_normalised_again():
         normalize=False,
     )
     assert body["data"][0]["embedding"] == [3.0, 4.0]
+
+
+def _whole(rows: np.ndarray, *, encoding_format: str, embed_dtype: str, endianness: str) -> bytes:
+    """The body as one object encoded at once, as the answer was written before its pieces."""
+    if encoding_format == "base64":
+        encoded = rows_encoded(rows, embed_dtype, endianness)
+        items: list[Any] = [base64.b64encode(row).decode() for row in encoded]
+    else:
+        items = rows.tolist()
+    return msgspec.json.encode(
+        {
+            "id": "embd-7",
+            "created": 1700000000,
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": item}
+                for i, item in enumerate(items)
+            ],
+            "model": 'all-minilm-l6-v2@1 "quoted" é',
+            "usage": {"prompt_tokens": 9, "total_tokens": 9},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("encoding_format", "embed_dtype", "endianness"),
+    [
+        ("float", "float32", "native"),
+        ("base64", "float32", "native"),
+        ("base64", "float16", "big"),
+        ("base64", "fp8_e5m2", "little"),
+    ],
+)
+@pytest.mark.parametrize("count", [1, 3, 700])
+def test_an_answer_sent_in_pieces_is_the_whole_body_byte_for_byte(
+    encoding_format, embed_dtype, endianness, count
+):
+    rows = np.random.default_rng(count).standard_normal((count, 384)).astype("<f4")
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    pieces = list(
+        embeddings_json(
+            vectors=rows.tobytes(),
+            native=384,
+            dimensions=384,
+            encoding_format=encoding_format,
+            model='all-minilm-l6-v2@1 "quoted" é',
+            tokens=9,
+            embed_dtype=embed_dtype,
+            endianness=endianness,
+            response_id="embd-7",
+            created=1700000000,
+        )
+    )
+    whole = _whole(rows, encoding_format=encoding_format, embed_dtype=embed_dtype,
+                   endianness=endianness)  # fmt: skip
+    assert b"".join(pieces) == whole
+    # A connection holds a piece of a large answer at a time, never the answer.
+    assert max(len(piece) for piece in pieces) <= ANSWER_PIECE_BYTES
+    if len(whole) > 4 * ANSWER_PIECE_BYTES:
+        assert len(pieces) > len(whole) // ANSWER_PIECE_BYTES
+
+
+def test_a_shortened_answer_in_pieces_is_normalised_as_a_whole_one():
+    rows = np.random.default_rng(3).standard_normal((500, 64)).astype("<f4")
+    pieces = list(
+        embeddings_json(
+            vectors=rows.tobytes(), native=64, dimensions=16, encoding_format="float",
+            model="m", tokens=1,
+        )
+    )  # fmt: skip
+    cut = rows[:, :16] / np.maximum(np.linalg.norm(rows[:, :16], axis=1, keepdims=True), 1e-12)
+    got = msgspec.json.decode(b"".join(pieces))["data"]
+    assert len(pieces) > 3
+    assert [item["embedding"] for item in got] == cut.astype("<f4").tolist()
+
+
+def test_a_bytes_answer_comes_in_pieces_of_whole_vectors():
+    rows = np.random.default_rng(4).standard_normal((2048, 384)).astype("<f4")
+    made, metadata = embeddings_binary(
+        vectors=rows.tobytes(), native=384, dimensions=384, model="m", tokens=1,
+        response_id="embd-1", created=1, embed_dtype="float16",
+    )  # fmt: skip
+    pieces = list(made)
+    assert b"".join(pieces) == rows.astype(np.float16).tobytes()
+    assert max(len(piece) for piece in pieces) <= ANSWER_PIECE_BYTES
+    assert all(len(piece) % (384 * 2) == 0 for piece in pieces)
+    assert metadata["data"][-1]["end"] == 2048 * 384 * 2

@@ -12,13 +12,14 @@ import base64
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import torch
 from vllm.entrypoints.pooling.utils import encode_pooling_bytes
 from vllm.utils.serial_utils import tensor2binary
 
-from inference.openai_format import embeddings_binary, embeddings_body
+from inference.openai_format import embeddings_binary, embeddings_json
 from inference.vector_bytes import EMBED_DTYPES, ENDIANNESS, rows_encoded
 
 
@@ -57,7 +58,7 @@ def test_each_number_type_and_byte_order_gives_vllms_bytes(embed_dtype, endianne
 
 
 def _body(rows: np.ndarray, **options: Any) -> dict[str, Any]:
-    return embeddings_body(
+    pieces = embeddings_json(
         vectors=rows.astype("<f4").tobytes(),
         native=rows.shape[1],
         dimensions=rows.shape[1],
@@ -65,6 +66,7 @@ def _body(rows: np.ndarray, **options: Any) -> dict[str, Any]:
         tokens=len(rows),
         **options,
     )
+    return msgspec.json.decode(b"".join(pieces))
 
 
 def test_each_vector_of_a_response_is_encoded_alone():
@@ -100,6 +102,6 @@ def test_a_bytes_answer_is_laid_out_as_vllms(embed_dtype, endianness):
     )
     outputs = [SimpleNamespace(outputs=SimpleNamespace(data=torch.from_numpy(r))) for r in rows]
     chunks, items = encode_pooling_bytes(outputs, embed_dtype, endianness)  # type: ignore[arg-type]
-    assert body == b"".join(chunks)
+    assert b"".join(body) == b"".join(chunks)
     assert metadata["data"] == [{**item, "shape": list(item["shape"])} for item in items]
     assert metadata["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
