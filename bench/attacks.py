@@ -377,7 +377,7 @@ def _side_processes(platform: Any, work: Path) -> list[Any]:
     """The encoder worker and the two Celery workers, as the demo runs them, on core 1."""
     py = sys.executable
     logs = {name: work / f"{name}.log" for name in ("encoder", "control", "batches")}
-    celery = ["taskset", "-c", "1", py, "-m", "celery", "-A", "config", "worker"]
+    celery = ["taskset", "-c", "1", py, "-m", "celery", "-A", "config", "worker", "-l", "INFO"]
     commands = {
         "encoder": ["taskset", "-c", "1", py, "manage.py", "run_worker", "--deployment", ENCODER],
         "control": [*celery, "-Q", "control", "-n", "control@%h", "--concurrency", "1", "--beat",

@@ -42,7 +42,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.urls import URLResolver, get_resolver, set_script_prefix
 
 from inference.admission import body_bytes_count, request_count
-from inference.auth import credentials, key_check, scope_check
+from inference.auth import Principal, credentials, key_check, scope_check
 from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch, write_timeouts
 from inference.turns import Counts, Turns
@@ -308,36 +308,53 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
             return None
         scope[CHECKED_PRINCIPAL] = principal
         if scope.get("method") == "POST" and path in counted_paths():
-            tenant = principal.tenant_id
             size = int(length) if length is not None and length.strip().isdigit() else None
             try:
                 # Its key must be allowed to infer before it counts: a 403 takes nothing.
                 scope_check(principal, scope=Scope.INFERENCE)
             except ApiError as exc:
                 return exc
-            remembered = _refused.refusal(tenant, "requests") or (
-                _refused.refusal(tenant, "bytes", size=size) if size is not None else None
-            )
-            if remembered is not None:
-                return remembered
             try:
-                await request_count(principal=principal)
-            except ApiError as exc:
-                _refused.remember(tenant, "requests", exc)
-                return exc  # its 429, with the limit's headers
+                refusal = await unread_request_count(principal=principal, size=size)
             except Exception:
                 return None  # Redis is away: the view counts it, and answers the fault
+            if refusal is not None:
+                return refusal  # its 429, with the limit's headers
             scope[COUNTED] = True
-            if size is not None:
-                try:
-                    await body_bytes_count(principal=principal, size=size)
-                except ApiError as exc:
-                    _refused.remember(tenant, "bytes", exc, size=size)
-                    return exc
-                except Exception:
-                    return None  # Redis is away: the body goes uncounted
-            else:
+            if size is None:
                 scope[COUNT_BYTES_READ] = True  # its length is known once it is read
+    return None
+
+
+async def unread_request_count(*, principal: Principal, size: int | None) -> ApiError | None:
+    """Count a request whose body is still unread; return the 429 that refuses it, if one.
+
+    It takes one of its tenant's requests per minute, then, when `size` is known, its size
+    from the tenant's large-body bytes a minute. A refusal is remembered for a moment
+    (`_Refused`): the tenant's next requests are refused from memory, without asking Valkey.
+    Raises what counting raised when Redis is away: the request was not counted then (a
+    body's bytes that cannot be counted go uncounted). A WebSocket frame is counted here
+    too, before it is parsed (inference/ws.py).
+    """
+    tenant = principal.tenant_id
+    remembered = _refused.refusal(tenant, "requests") or (
+        _refused.refusal(tenant, "bytes", size=size) if size is not None else None
+    )
+    if remembered is not None:
+        return remembered
+    try:
+        await request_count(principal=principal)
+    except ApiError as exc:
+        _refused.remember(tenant, "requests", exc)
+        return exc
+    if size is not None:
+        try:
+            await body_bytes_count(principal=principal, size=size)
+        except ApiError as exc:
+            _refused.remember(tenant, "bytes", exc, size=size)
+            return exc
+        except Exception:
+            return None  # Redis is away: the body goes uncounted
     return None
 
 

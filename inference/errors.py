@@ -49,6 +49,7 @@ SHOULD_RETRY: dict[str, bool] = {
     "concurrency_limit_exceeded": True,
     "body_bytes_exceeded": True,
     "too_many_streams": True,
+    "too_many_frames": True,  # a socket flooded with frames was closed: send slower on a new one
     "queue_full": True,
     "deadline_unattainable": True,  # refused before it ran: the queue ahead may drain
     "model_unavailable": True,
@@ -96,6 +97,7 @@ SHOULD_RETRY: dict[str, bool] = {
     "chat_template_missing": False,
     "wrong_endpoint_for_model": False,
     "request_too_large": False,
+    "frame_too_large": False,
     "exceeds_queue_capacity": False,  # larger than its deployment's queue takes at all
     "file_too_large": False,
     "storage_limit_exceeded": False,  # the tenant's files fill their share: delete some first

@@ -10,10 +10,19 @@ Protocol (JSON text frames):
 - server → client, each tagged with the client's id:
   `started` (request id, model), `delta` (text, tokens), `finished` (finish reason, usage) or
   `error` (an OpenAI-shaped error: code, message, param). Every accepted request ends with
-  exactly one `finished` or `error`.
+  exactly one `finished` or `error`. A frame refused before it is read has no id to carry:
+  its `error` says which frame it answers (`frame`, counted from 1 on the socket).
 
-Closing the socket cancels every request still running on it; a cancelled request is
-billed for the tokens it produced, like any other.
+Every frame is handled as an HTTP request would be now, before it is parsed: its key is
+checked again (a revoked or expired key, a disabled tenant: the frame's error, then the socket
+closes with 4401 or 4403), and it counts against its tenant's requests per minute (a refused
+frame gets its 429 and the socket's next frame is read only once a retry could pass). An open
+socket's key is also checked every ROUNDHOUSE_WS_KEY_CHECK_SECONDS while it sends nothing.
+
+A frame over ROUNDHOUSE_WS_MAX_FRAME_BYTES closes the socket with 1009; so does, with 1008, a
+client whose unread frames pile up past the backlog's bounds (`_Inbox`): the frames waiting are
+dropped unread. Closing the socket, from either side, cancels every request still running on
+it; a cancelled request is billed for the tokens it produced, like any other.
 """
 
 from __future__ import annotations
@@ -22,15 +31,22 @@ import asyncio
 import contextlib
 import json
 import logging
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from config.json_body import BodyProblem, json_check, json_load, shown
+from dataplane.background import event_wait, loop_ok, spawn, supervise
 from dataplane.tracing import TraceContext, bind, trace_start
 from dataplane.types import Delta, Failed, Finished
 from inference import relay
 from inference.admission import request_ended, request_failure, request_id_new
+from inference.asgi import HOLD_MAX_SECONDS, unread_request_count
 from inference.auth import Principal, authenticate
 from inference.clients import dispatch_get
 from inference.errors import ApiError
@@ -45,6 +61,12 @@ KEY_PROTOCOL = "roundhouse.key."
 MAX_IN_FLIGHT = 64  # concurrent requests one socket may have running
 MAX_ID_CHARS = 128
 _ENDPOINTS = {"chat.completions": CHAT, "completions": COMPLETIONS}
+# A larger frame is parsed off the event loop: checking a frame's values takes about 1 ms per
+# 64 KiB at worst (a long array of small numbers), a 1.3 MB one 25 ms.
+INLINE_PARSE_CHARS = 64 * 1024
+FRAME_BYTES = "roundhouse.frame_bytes"  # in a received frame's message: its size, once known
+CLOSE_TOO_BIG = 1009  # a frame over the limit (RFC 6455: message too big)
+CLOSE_FLOODED = 1008  # too many frames waiting unread (RFC 6455: policy violation)
 
 
 def _client_id(message: dict[str, Any]) -> str | None:
@@ -57,6 +79,11 @@ def _client_id(message: dict[str, Any]) -> str | None:
     except BodyProblem:
         return None
     return value
+
+
+def _close_code(exc: ApiError) -> int:
+    """The close code of a key that does not let a socket in: 4401 or 4403, as HTTP's status."""
+    return 4401 if exc.status == 401 else 4403
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -77,60 +104,253 @@ def _authorization(scope: dict[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
+class _Unreadable(Exception):
+    """A frame that cannot be handled, the error it gets and the id it named, if one."""
+
+    def __init__(self, error: ApiError, client_id: str | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.client_id = client_id
+
+
+def _frame_read(text: str) -> tuple[str, dict[str, Any]]:
+    """Return a frame's id and message, or raise _Unreadable saying why it cannot be used.
+
+    A frame meets the limits of every JSON body (config.json_body), so that nothing past
+    this point meets a lone surrogate or a stack-deep value.
+    """
+    try:
+        message = json_load(text, what="The frame")
+    except BodyProblem as problem:
+        raise _Unreadable(body_problem(problem)) from None
+    if not isinstance(message, dict):
+        raise _Unreadable(ApiError(400, "invalid_message", "Send a JSON object."))
+    client_id = _client_id(message)
+    if client_id is None:
+        raise _Unreadable(
+            ApiError(
+                400,
+                "invalid_id",
+                f"Every message needs a string 'id' of 1 to {MAX_ID_CHARS} characters.",
+                param="id",
+            )
+        )
+    try:
+        json_check(message)
+    except BodyProblem as problem:
+        raise _Unreadable(body_problem(problem), client_id) from None
+    return client_id, message
+
+
+async def _frame_parse(text: str) -> tuple[str, dict[str, Any]]:
+    """Read a frame as `_frame_read` does; a large one off the event loop."""
+    if len(text) <= INLINE_PARSE_CHARS:
+        return _frame_read(text)
+    return await asyncio.to_thread(_frame_read, text)
+
+
+def _frame_bytes(message: dict[str, Any]) -> int:
+    """The size of a received frame in bytes, as its client sent it (UTF-8)."""
+    text = message.get("text")
+    if text is None:
+        return len(message.get("bytes") or b"")
+    if text.isascii() or len(text) > settings.ROUNDHOUSE_WS_MAX_FRAME_BYTES:
+        return len(text)  # a character is a byte, or it is over the limit anyway
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _unavailable() -> ApiError:
+    """The answer to a frame whose key or limits cannot be checked (the platform is at fault)."""
+    return ApiError(
+        503,
+        "service_unavailable",
+        "The platform cannot check this frame's key or limits right now; retry shortly.",
+        retry_after=1,
+    )
+
+
+class _Inbox:
+    """The messages a socket's server hands over, taken as they come; a bounded backlog waits.
+
+    Channels hands a consumer one message at a time, and uvicorn reads more of a socket only
+    while no message waits: a consumer holding a refused frame would see neither the frames
+    piling up behind it nor a hang-up queued after them, and would work through every one of
+    them after the flood stopped. The inbox takes each message at once instead: a hang-up goes
+    before the frames waiting (nobody would read their answers), and a frame over
+    ROUNDHOUSE_WS_MAX_FRAME_BYTES, or one past ROUNDHOUSE_WS_MAX_WAITING_FRAMES frames or twice
+    the frame limit in bytes waiting, drops every frame waiting unread and asks the consumer
+    to close the socket (`websocket.overflow`).
+    """
+
+    def __init__(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self._receive = receive
+        self._waiting: deque[dict[str, Any]] = deque()
+        self._bytes = 0
+        self._arrived = asyncio.Event()
+        # Set once the client hung up or overflowed: nothing it sends now is handled.
+        self.closing = asyncio.Event()
+
+    async def pump(self) -> None:
+        """Take the server's messages until the client hangs up."""
+        try:
+            while True:
+                message = await self._receive()
+                if message["type"] == "websocket.disconnect":
+                    self._drop()
+                    self._put(message)
+                    return
+                if message["type"] != "websocket.receive":
+                    self._put(message)
+                elif not self.closing.is_set():
+                    self._frame(message)
+        finally:
+            if not self.closing.is_set():  # the server failed us: end the consumer
+                self._drop()
+                self._put({"type": "websocket.disconnect", "code": 1011})
+
+    async def get(self) -> dict[str, Any]:
+        """The next message for the consumer, waiting for one."""
+        while not self._waiting:
+            self._arrived.clear()
+            await self._arrived.wait()
+        message = self._waiting.popleft()
+        self._bytes -= message.get(FRAME_BYTES, 0)
+        return message
+
+    def _frame(self, message: dict[str, Any]) -> None:
+        size = message[FRAME_BYTES] = _frame_bytes(message)
+        limit = settings.ROUNDHOUSE_WS_MAX_FRAME_BYTES
+        if size > limit:
+            error = ApiError(413, "frame_too_large", f"A frame may have at most {limit} bytes.")
+            self._overflow(error, code=CLOSE_TOO_BIG)
+            return
+        waiting = settings.ROUNDHOUSE_WS_MAX_WAITING_FRAMES
+        if len(self._waiting) >= waiting or self._bytes + size > 2 * limit:
+            error = ApiError(
+                429,
+                "too_many_frames",
+                f"More than {waiting} frames (or {2 * limit} bytes) were waiting to be read on "
+                "this socket: send no faster than its answers come.",
+            )
+            self._overflow(error, code=CLOSE_FLOODED)
+            return
+        self._bytes += size
+        self._put(message)
+
+    def _overflow(self, error: ApiError, *, code: int) -> None:
+        self._drop()
+        self._put({"type": "websocket.overflow", "error": error, "code": code})
+
+    def _drop(self) -> None:
+        """Forget the frames waiting: nothing is handled after this."""
+        self.closing.set()
+        self._waiting.clear()
+        self._bytes = 0
+
+    def _put(self, message: dict[str, Any]) -> None:
+        self._waiting.append(message)
+        self._arrived.set()
+
+
 class GenerationConsumer(AsyncWebsocketConsumer):
-    principal: Principal
+    authorization: str | None  # the key it connected with, checked again for every frame
+    principal: Principal  # as the key was last checked
     running: dict[str, asyncio.Task[None]]
     trace: TraceContext  # the socket's; each request runs in a span of its own
 
-    async def connect(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.authorization = None
         self.running = {}
-        self.trace = trace_start(_header(self.scope, b"traceparent"))
-        authorization, protocol = _authorization(self.scope)
+        self.frames = 0  # read so far, the one being handled included
+        self.ending: ApiError | None = None  # why the platform is closing the socket
+        self.inbox: _Inbox | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.inbox = _Inbox(receive)
+        pump = asyncio.create_task(self.inbox.pump())
         try:
-            self.principal = await authenticate(authorization, scope=Scope.INFERENCE)
+            await super().__call__(scope, self.inbox.get, send)
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Not Channels' own, which closes stale database connections around every message: a
+        # hop to the process's one thread-sensitive thread for each frame of every socket. The
+        # database calls made here run on config.db's threads, which do that themselves.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def connect(self) -> None:
+        self.trace = trace_start(_header(self.scope, b"traceparent"))
+        self.authorization, protocol = _authorization(self.scope)
+        try:
+            self.principal = await authenticate(self.authorization, scope=Scope.INFERENCE)
         except ApiError as exc:
             log.info("websocket refused: %s", exc.code)
-            await self.close(code=4401 if exc.status == 401 else 4403)
+            await self.close(code=_close_code(exc))
             return
         await self.accept(subprotocol=protocol)
+        self.loop = asyncio.get_running_loop()
+        _open.add(self)
+        _checker_ensure()
 
     async def disconnect(self, code: int) -> None:
+        _open.discard(self)
         # The client is gone: every request it still has running is cancelled (and billed).
         for task in list(self.running.values()):
             task.cancel()
         if self.running:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if text_data is None:
-            await self._error(None, ApiError(400, "invalid_json", "Send JSON text frames."))
+    async def end(self, exc: ApiError, *, code: int | None = None) -> None:
+        """Close the socket from this side, for `exc`: its key no longer lets it in (4401,
+        4403), or its client overflowed it (`code`).
+
+        Every request still running on it ends first with `exc` as its `error` (cancelled, and
+        billed for the tokens it produced); nothing it sends after this is handled.
+        """
+        if self.ending is not None:
+            return
+        self.ending = exc
+        _open.discard(self)
+        log.info("websocket closed: %s", exc.code)
+        tasks = list(self.running.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await self.close(code=code or _close_code(exc), reason=exc.code)
+
+    async def websocket_overflow(self, message: dict[str, Any]) -> None:
+        await self.end(message["error"], code=message["code"])
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        self.frames += 1
+        frame = self.frames
+        if self.ending is not None:
+            return
+        # As an HTTP request is, before anything reads it: its key as it stands now, then
+        # counted against its tenant's requests per minute.
+        principal = await self._principal_now(frame)
+        if principal is None or await self._refused(principal, message, frame):
+            return
+        raw = message.get("text")
+        if raw is None:
+            error = ApiError(400, "invalid_json", "Send JSON text frames.")
+            await self._error(None, error, frame=frame)
             return
         try:
-            # A frame meets the limits of every JSON body (config.json_body), so that
-            # nothing past this point meets a lone surrogate or a stack-deep value.
-            message = json_load(text_data, what="The frame")
-        except BodyProblem as problem:
-            await self._error(None, body_problem(problem))
+            client_id, request = await _frame_parse(raw)
+        except _Unreadable as exc:
+            await self._error(exc.client_id, exc.error, frame=frame)
             return
-        if not isinstance(message, dict):
-            await self._error(None, ApiError(400, "invalid_message", "Send a JSON object."))
-            return
-        client_id = _client_id(message)
-        if client_id is None:
-            error = ApiError(
-                400,
-                "invalid_id",
-                f"Every message needs a string 'id' of 1 to {MAX_ID_CHARS} characters.",
-                param="id",
-            )
-            await self._error(None, error)
-            return
-        try:
-            json_check(message)
-        except BodyProblem as problem:
-            await self._error(client_id, body_problem(problem))
-            return
-        kind = message.get("type")
+        kind = request.get("type")
         if kind == "cancel":
             task = self.running.get(client_id)
             if task is not None:
@@ -140,7 +360,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             error = ApiError(400, "invalid_type", "'type' is 'request' or 'cancel'.", param="type")
             await self._error(client_id, error)
             return
-        endpoint = message.get("endpoint", "chat.completions")
+        endpoint = request.get("endpoint", "chat.completions")
         if not isinstance(endpoint, str) or endpoint not in _ENDPOINTS:
             error = ApiError(
                 400, "invalid_endpoint", "Use chat.completions or completions.", param="endpoint"
@@ -158,11 +378,61 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             )
             await self._error(client_id, error)
             return
-        task = asyncio.create_task(self._generate(client_id, message))
+        if self.ending is not None:  # closed while this frame was read
+            return
+        task = asyncio.create_task(self._generate(client_id, request, principal))
         self.running[client_id] = task
         task.add_done_callback(lambda _: self.running.pop(client_id, None))
 
-    async def _generate(self, client_id: str, message: dict[str, Any]) -> None:
+    async def _principal_now(self, frame: int) -> Principal | None:
+        """The socket's principal as its key stands now; None if the frame was answered.
+
+        A key that no longer lets it in ends the socket (`end`), after the frame's error.
+        """
+        try:
+            principal = await authenticate(self.authorization, scope=Scope.INFERENCE)
+        except ApiError as exc:
+            await self._error(None, exc, frame=frame)
+            await self.end(exc)
+            return None
+        except Exception:
+            log.warning("could not check a websocket's key", exc_info=True)
+            await self._error(None, _unavailable(), frame=frame)
+            return None
+        self.principal = principal
+        return principal
+
+    async def _refused(self, principal: Principal, message: dict[str, Any], frame: int) -> bool:
+        """Count a frame against its tenant's limits, as an HTTP request's unread body is;
+        answer it and return True if it is refused.
+
+        A refused frame costs nothing more: it is not parsed, and the socket's next frame is
+        read once a retry could pass (at most HOLD_MAX_SECONDS later), so a socket flooding
+        frames slows itself, and its unread frames pile up until the inbox closes it.
+        """
+        try:
+            refusal = await unread_request_count(
+                principal=principal, size=message.get(FRAME_BYTES, 0)
+            )
+        except Exception:
+            log.warning("could not count a websocket frame", exc_info=True)
+            await self._error(None, _unavailable(), frame=frame)
+            return True
+        if refusal is None:
+            return False
+        await self._error(None, refusal, frame=frame)
+        wait = min(refusal.retry_after or 0.0, HOLD_MAX_SECONDS)
+        if wait > 0 and self.inbox is not None:
+            await event_wait(self.inbox.closing, wait)  # a hang-up ends the wait
+        return True
+
+    def _ended_by(self) -> ApiError:
+        """The error a request cancelled now ends with: why the socket closes, or a cancel."""
+        return self.ending or ApiError(499, "cancelled", "request cancelled")
+
+    async def _generate(
+        self, client_id: str, message: dict[str, Any], principal: Principal
+    ) -> None:
         try:
             endpoint = _ENDPOINTS.get(message.get("endpoint", "chat.completions"))
             body = message.get("body")
@@ -176,7 +446,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             if not isinstance(body, dict):
                 raise ApiError(400, "invalid_body", "'body' must be a JSON object.", param="body")
             parsed = generation_parse(
-                {**body, "stream": True}, endpoint=endpoint, tenant_id=self.principal.tenant_id
+                {**body, "stream": True}, endpoint=endpoint, tenant_id=principal.tenant_id
             )
             traceparent = message.get("traceparent")
             trace = trace_start(traceparent) if isinstance(traceparent, str) else self.trace.child()
@@ -184,12 +454,13 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             bind(request_id=request_id, trace_id=trace.trace_id)
             admission = asyncio.ensure_future(
                 generation_submit(
-                    principal=self.principal,
+                    principal=principal,
                     request=parsed,
                     request_id=request_id,
                     timeout=parsed.timeout,
                     priority=parsed.priority,
                     trace=trace,
+                    request_taken=True,  # its frame was counted when it was read
                 )
             )
             submitted = await asyncio.shield(admission)
@@ -202,7 +473,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(Exception):
                 relay.cancel_soon(dispatch_get(), await admission)
             with contextlib.suppress(Exception):
-                await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
+                await self._error(client_id, self._ended_by())
             return
         except BaseException as exc:
             # Admission settled whatever it had taken; the client still hears that it ended.
@@ -248,11 +519,12 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                     request_ended(submitted, event)
                     await self._error(client_id, request_failure(event))
         except asyncio.CancelledError:
-            # A cancel message or a closed socket: relay.events cancels the request itself.
+            # A cancel message or a closed socket (`end`: for its reason): relay.events cancels
+            # the request itself.
             await events_close(events)
             if not ended:
                 with contextlib.suppress(Exception):
-                    await self._error(client_id, ApiError(499, "cancelled", "request cancelled"))
+                    await self._error(client_id, self._ended_by())
         except BaseException as exc:
             # Closing the events cancels the request if it still runs; its end settles it.
             await events_close(events)
@@ -268,11 +540,69 @@ class GenerationConsumer(AsyncWebsocketConsumer):
         if not isinstance(exc, Exception):
             raise exc
 
-    async def _error(self, client_id: str | None, exc: ApiError) -> None:
-        await self._send({"type": "error", "id": client_id, **exc.body()})
+    async def _error(
+        self, client_id: str | None, exc: ApiError, *, frame: int | None = None
+    ) -> None:
+        """Send an error frame: for a request's id, or else for the `frame`-th frame read."""
+        message: dict[str, Any] = {"type": "error", "id": client_id, **exc.body()}
+        if client_id is None and frame is not None:
+            message["frame"] = frame
+        if exc.retry_after is not None:
+            message["retry_after_ms"] = int(exc.retry_after * 1000)
+        await self._send(message)
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(message, ensure_ascii=False))
+
+
+# The sockets open on this process, whose keys the checker checks again.
+_open: weakref.WeakSet[GenerationConsumer] = weakref.WeakSet()
+_checker: asyncio.Task[None] | None = None
+CHECKER = "websocket_keys"
+
+
+def _checker_ensure() -> None:
+    """Start this process's key checker in the running loop, unless one runs there already."""
+    global _checker
+    loop = asyncio.get_running_loop()
+    if _checker is None or _checker.done() or _checker.get_loop() is not loop:
+        _checker = spawn(supervise(CHECKER, _keys_check_forever), name=CHECKER, lasting=True)
+
+
+async def _keys_check_forever() -> None:
+    while True:
+        await asyncio.sleep(settings.ROUNDHOUSE_WS_KEY_CHECK_SECONDS)
+        await sockets_check()
+        loop_ok(CHECKER)
+
+
+async def sockets_check() -> int:
+    """Check the key of every socket open on this loop again; end those it no longer lets in.
+
+    For a socket that sends nothing: a frame checks its key itself. Each key is checked once
+    however many sockets use it, from the key cache (a revocation drops the key from it at
+    once; another change marks it stale, and the next check sees the reload). A key that
+    cannot be checked (the database is away past the cache's grace) leaves its sockets open
+    until a check can tell. Returns how many sockets were ended.
+    """
+    loop = asyncio.get_running_loop()
+    by_key: dict[str | None, list[GenerationConsumer]] = {}
+    for consumer in list(_open):
+        if consumer.loop is loop and consumer.ending is None:
+            by_key.setdefault(consumer.authorization, []).append(consumer)
+    ended = unchecked = 0
+    for authorization, consumers in by_key.items():
+        try:
+            await authenticate(authorization, scope=Scope.INFERENCE)
+        except ApiError as exc:
+            for consumer in consumers:
+                spawn(consumer.end(exc))
+            ended += len(consumers)
+        except Exception:
+            unchecked += 1
+    if unchecked:
+        log.warning("could not check %d keys of open websockets", unchecked)
+    return ended
 
 
 def _delta_message(client_id: str, delta: Delta) -> dict[str, Any]:

@@ -392,6 +392,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # A response whose client reads none of a chunk for this long is cut and its connection
 # closed (a stream's request is cancelled as on a disconnect); 0: never.
 ROUNDHOUSE_WRITE_TIMEOUT_SECONDS = env_float("ROUNDHOUSE_WRITE_TIMEOUT_SECONDS", 30.0)
+# WebSocket (/v1/ws): a larger frame closes its socket with 1009 (give the server the same
+# limit: uvicorn's --ws-max-size); past this many frames waiting unread on one socket (or twice
+# the frame limit in bytes) the socket is closed with 1008; an open socket's key is checked
+# again this often, so a revoked key or a disabled tenant closes it.
+ROUNDHOUSE_WS_MAX_FRAME_BYTES = env_int("ROUNDHOUSE_WS_MAX_FRAME_BYTES", MAX_REQUEST_BYTES)
+ROUNDHOUSE_WS_MAX_WAITING_FRAMES = env_int("ROUNDHOUSE_WS_MAX_WAITING_FRAMES", 256)
+ROUNDHOUSE_WS_KEY_CHECK_SECONDS = env_float("ROUNDHOUSE_WS_KEY_CHECK_SECONDS", 2.0)
 
 # Where registered model versions are stored, content-addressed and read-only.
 ROUNDHOUSE_ARTIFACT_ROOT = Path(

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import json
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from asgiref.testing import ApplicationCommunicator
 from channels.routing import URLRouter
+from django.conf import settings
 
+from billing.models import UsageRecord
 from inference.routing import websocket_urlpatterns
+from tenants.models import ApiKey, Tenant
+from tenants.services import api_key_issue, api_key_revoke, quota_update, tenant_create
 from tests.conftest import ALIAS
 
 
@@ -247,3 +256,208 @@ async def test_the_rendered_chat_template_comes_with_the_start_when_asked_for(st
     rendered = seen["text"][0]["prompt_text"]
     assert seen["text"][0]["type"] == "started" and "Hi" in rendered
     assert "prompt_text" not in seen["plain"][0]
+
+
+# An open socket is held to its key as it stands now, and every frame counts.
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """A tenant of a test's own (its limits and its key are the test's to change)."""
+
+    tenant: Tenant
+    key: ApiKey
+    token: str
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+async def _tenancy(blocker: Any, slug: str, **quota: Any) -> Tenancy:
+    def create() -> Tenancy:
+        with blocker.unblock():
+            tenant = tenant_create(slug=slug)
+            roomy = {"requests_per_minute": 100_000, "tokens_per_minute": 10_000_000}
+            quota_update(tenant=tenant, changes={**roomy, "max_concurrency": 100, **quota})
+            issued = api_key_issue(tenant=tenant, name="tests")
+        return Tenancy(tenant=tenant, key=issued.key, token=issued.token)
+
+    return await asyncio.to_thread(create)
+
+
+@pytest.fixture
+def control(django_db_blocker: Any) -> Any:
+    """Run a control-plane change (a service call) from an async test, as an operator would."""
+
+    async def run(change: Any, /, **kwargs: Any) -> Any:
+        def unblocked() -> Any:
+            with django_db_blocker.unblock():
+                return change(**kwargs)
+
+        return await asyncio.to_thread(unblocked)
+
+    return run
+
+
+def _tenant_disable(*, tenant: Tenant) -> None:
+    tenant.is_active = False
+    tenant.save(update_fields=["is_active"])
+
+
+async def _closing(socket: Any) -> tuple[list[dict[str, Any]], int, str]:
+    """Read until the server closes the socket; return what it sent, its close code and reason."""
+    messages: list[dict[str, Any]] = []
+    try:
+        while True:
+            messages.append(json.loads(await asyncio.wait_for(socket.recv(), 60)))
+    except websockets.ConnectionClosed as closed:
+        assert closed.rcvd is not None, "the client's side closed, not the server's"
+        return messages, closed.rcvd.code, closed.rcvd.reason
+
+
+async def _http_error(stack: Any, tenancy: Tenancy, body: dict[str, Any], code: str) -> Any:
+    """POST a completion until this frontend refuses it with `code` (the change has reached
+    it); return the error."""
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+        for _ in range(300):
+            answer = await client.post("/v1/completions", json=body, headers=tenancy.headers())
+            if answer.status_code >= 400 and answer.json()["error"]["code"] == code:
+                return answer.json()["error"]
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"HTTP never answered {code}")
+
+
+async def test_revoking_a_key_ends_its_sockets_requests_and_closes_them(
+    stack, control, usage_of, django_db_blocker
+):
+    own = await _tenancy(django_db_blocker, "ws-revoked")
+    headers = own.headers()
+    async with (
+        websockets.connect(_ws_url(stack), additional_headers=headers) as busy,
+        websockets.connect(_ws_url(stack), additional_headers=headers) as idle,
+    ):
+        await busy.send(_request("long", max_tokens=1000, ignore_eos=True))
+        seen: dict[str, list[dict[str, Any]]] = {"long": []}
+        while not any(m["type"] == "delta" for m in seen["long"]):
+            seen["long"].append(json.loads(await asyncio.wait_for(busy.recv(), 60)))
+        request_id = seen["long"][0]["request_id"]
+        await control(api_key_revoke, key=own.key)
+        # The running request ends with the reason, then the socket closes as at connect.
+        messages, code, reason = await _closing(busy)
+        assert [m["type"] for m in messages][-1:] == ["error"], messages[-3:]
+        assert messages[-1]["id"] == "long"
+        assert messages[-1]["error"]["code"] == "revoked_api_key"
+        assert (code, reason) == (4401, "revoked_api_key")
+        # A socket that sends nothing is closed too.
+        _, code, reason = await _closing(idle)
+        assert (code, reason) == (4401, "revoked_api_key")
+    [record] = await asyncio.to_thread(usage_of, request_id)
+    assert record.status == "cancelled" and 0 < record.completion_tokens < 1000
+    billed = await control(UsageRecord.objects.filter(tenant=own.tenant).count)
+    assert billed == 1
+
+
+async def test_a_frame_sent_after_its_key_is_revoked_runs_nothing(
+    stack, control, django_db_blocker
+):
+    own = await _tenancy(django_db_blocker, "ws-revoked-frame")
+    async with websockets.connect(_ws_url(stack), additional_headers=own.headers()) as socket:
+        await socket.send(_request("before", max_tokens=2))
+        assert (await _until_end(socket, {"before"}))["before"][-1]["type"] == "finished"
+        await control(api_key_revoke, key=own.key)
+        await _http_error(stack, own, {"model": ALIAS, "prompt": "x"}, "revoked_api_key")
+        with contextlib.suppress(websockets.ConnectionClosed):  # the check may close it first
+            await socket.send(_request("after", max_tokens=2))
+        messages, code, reason = await _closing(socket)
+    # The frame got HTTP's answer, unless the periodic check closed the socket first.
+    assert all(m["type"] == "error" for m in messages), messages
+    assert all(m["error"]["code"] == "revoked_api_key" for m in messages), messages
+    assert (code, reason) == (4401, "revoked_api_key")
+
+
+async def test_disabling_a_tenant_closes_its_sockets(stack, control, django_db_blocker):
+    own = await _tenancy(django_db_blocker, "ws-disabled")
+    headers = own.headers()
+    async with (
+        websockets.connect(_ws_url(stack), additional_headers=headers) as sending,
+        websockets.connect(_ws_url(stack), additional_headers=headers) as idle,
+    ):
+        await control(_tenant_disable, tenant=own.tenant)
+        await _http_error(stack, own, {"model": ALIAS, "prompt": "x"}, "tenant_disabled")
+        with contextlib.suppress(websockets.ConnectionClosed):  # the check may close it first
+            await sending.send(_request("after", max_tokens=2))
+        messages, code, reason = await _closing(sending)
+        assert all(m["error"]["code"] == "tenant_disabled" for m in messages), messages
+        assert (code, reason) == (4403, "tenant_disabled")
+        _, code, reason = await _closing(idle)
+        assert (code, reason) == (4403, "tenant_disabled")
+
+
+async def test_a_key_that_expires_while_its_socket_is_open_closes_it(stack, control):
+    tenant = await control(tenant_create, slug="ws-expiring")
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)
+    issued = await control(api_key_issue, tenant=tenant, name="tests", expires_at=soon)
+    headers = {"Authorization": f"Bearer {issued.token}"}
+    async with websockets.connect(_ws_url(stack), additional_headers=headers) as socket:
+        _, code, reason = await _closing(socket)
+    assert (code, reason) == (4401, "expired_api_key")
+
+
+async def test_a_quota_cut_reaches_an_open_socket_as_it_reaches_http(
+    stack, control, django_db_blocker
+):
+    own = await _tenancy(django_db_blocker, "ws-quota-cut", max_tokens_per_request=100)
+    body = {"model": ALIAS, "prompt": "The yard", "max_tokens": 8}
+    async with websockets.connect(_ws_url(stack), additional_headers=own.headers()) as socket:
+        await socket.send(_request("before", max_tokens=8))
+        assert (await _until_end(socket, {"before"}))["before"][-1]["type"] == "finished"
+        await control(quota_update, tenant=own.tenant, changes={"max_tokens_per_request": 4})
+        refused = await _http_error(stack, own, body, "max_tokens_exceeded")
+        await socket.send(_request("cut", max_tokens=8))
+        [error] = (await _until_end(socket, {"cut"}))["cut"]
+        assert error["error"] == refused  # the same status, code, field and message
+        await control(quota_update, tenant=own.tenant, changes={"monthly_budget": Decimal("0")})
+        broke = await _http_error(stack, own, {**body, "max_tokens": 4}, "budget_exceeded")
+        await socket.send(_request("broke", max_tokens=4))
+        [error] = (await _until_end(socket, {"broke"}))["broke"]
+        assert error["error"] == broke
+
+
+async def test_every_frame_counts_against_the_tenants_requests_per_minute(stack, django_db_blocker):
+    own = await _tenancy(django_db_blocker, "ws-counted", requests_per_minute=4)
+    async with websockets.connect(_ws_url(stack), additional_headers=own.headers()) as socket:
+        # Four frames that run nothing: a cancel of nothing, two that fail before admission.
+        await socket.send(json.dumps({"type": "cancel", "id": "nothing"}))
+        await socket.send("not json")
+        await socket.send(json.dumps({"type": "request", "id": "bad", "body": {"model": ALIAS}}))
+        await socket.send(json.dumps({"type": "cancel", "id": "nothing"}))
+        await socket.send(_request("over"))
+        answers = [json.loads(await asyncio.wait_for(socket.recv(), 60)) for _ in range(3)]
+    assert [a["error"]["code"] for a in answers] == [
+        "invalid_json",
+        "missing_required_parameter",
+        "rate_limit_exceeded",
+    ], answers
+    # Refused before it was read: it names the frame it answers, and when to retry.
+    assert answers[2]["id"] is None and answers[2]["frame"] == 5
+    assert answers[2]["retry_after_ms"] > 0
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+        body = {"model": ALIAS, "prompt": "x", "max_tokens": 1}
+        answer = await client.post("/v1/completions", json=body, headers=own.headers())
+    assert answer.status_code == 429 and answer.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+async def test_a_frame_over_the_limit_closes_the_socket_with_1009(stack, world):
+    limit = settings.ROUNDHOUSE_WS_MAX_FRAME_BYTES
+    headers = {"Authorization": f"Bearer {world.acme_key}"}
+    async with websockets.connect(_ws_url(stack), additional_headers=headers) as socket:
+        # A frame of exactly the limit is read (its prompt is then too long for the model).
+        frame = _request("full", prompt="")
+        await socket.send(
+            frame.replace('"prompt": ""', '"prompt": "' + "a" * (limit - len(frame)) + '"')
+        )
+        [answer] = (await _until_end(socket, {"full"}))["full"]
+        assert answer["type"] == "error" and answer["error"]["param"] == "prompt"
+        await socket.send("a" * (limit + 1))
+        messages, code, reason = await _closing(socket)
+    assert messages == [] and (code, reason) == (1009, "frame_too_large")

@@ -5,12 +5,15 @@ Hypothesis picks an endpoint, one field of an otherwise valid request and a host
 (huge, malformed ids, odd deadlines). Every answer must be a success or an OpenAI-shaped 4xx
 with a short message, never a 5xx, and come back before the client's deadline. Afterwards the
 fuzzing tenant's next normal requests are served in full: nothing it sent leaked a slot.
+WebSocket frame floods and keys revoked while their sockets are open are fuzzed too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +23,7 @@ import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tenants.services import api_key_issue, tenant_create
+from tenants.services import api_key_issue, api_key_revoke, tenant_create
 from tests.conftest import ALIAS
 
 TENANT = "zorg-hostile"
@@ -455,3 +458,151 @@ def test_after_the_fuzzing_the_tenant_is_served_in_full(fuzzing: Fuzzing) -> Non
     assert asyncio.run(both()) == [200] * CONCURRENCY
     readiness = httpx.get(f"{fuzzing.base_url}/readyz", timeout=DEADLINE)
     assert readiness.status_code == 200, readiness.text
+
+
+# Floods of frames and a key revoked while its sockets are open, each on a tenant of its own
+# with a few requests a minute, so that its frames are refused soon.
+FLOOD_RPM = 3
+FLOOD_FRAMES = 400
+_tenants = iter(range(1_000_000))
+_PAD = json.dumps([0] * 650_000)  # 1.3 MB of values for a frame to carry
+FLOOD_KINDS: dict[str, Callable[[int], str | bytes]] = {
+    "cancel": lambda i: json.dumps({"type": "cancel", "id": f"c{i}"}),
+    "large cancel": lambda i: '{"type":"cancel","id":"c' + str(i) + '","pad":' + _PAD + "}",
+    "not json": lambda i: "not json",
+    "binary": lambda i: b"\x00\x01",
+    "deep": lambda i: "[" * DEEP + "]" * DEEP,
+    "bad request": lambda i: _ws_request(json.dumps({"model": ALIAS})),
+    "request": lambda i: _ws_request(json.dumps(_chat())).replace('"id":"f"', f'"id":"r{i}"'),
+}
+
+
+def _flooder(blocker: Any, **quota: Any) -> tuple[str, Any]:
+    """A tenant of its own, allowed FLOOD_RPM requests a minute: (its key, its ApiKey)."""
+    with blocker.unblock():
+        tenant = tenant_create(slug=f"zorg-flood-{next(_tenants)}")
+        tenant.quota.requests_per_minute = FLOOD_RPM
+        tenant.quota.max_tokens_per_request = 8
+        for field, value in quota.items():
+            setattr(tenant.quota, field, value)
+        tenant.quota.save()
+        issued = api_key_issue(tenant=tenant, name="flood")
+    return issued.token, issued.key
+
+
+async def _flood(
+    url: str, key: str, frames: Iterator[str | bytes]
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Send every frame at once, reading as they go; return what came back and the close code
+    (None: the socket stayed open and quiet for DEADLINE seconds)."""
+    answers: list[dict[str, Any]] = []
+    headers = {"Authorization": f"Bearer {key}"}
+    async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
+
+        async def send_all() -> None:
+            with contextlib.suppress(websockets.ConnectionClosed):
+                for frame in frames:
+                    await ws.send(frame)
+
+        sending = asyncio.create_task(send_all())
+        try:
+            while True:
+                answers.append(json.loads(await asyncio.wait_for(ws.recv(), DEADLINE)))
+        except TimeoutError:
+            return answers, None
+        except websockets.ConnectionClosed as closed:
+            return answers, closed.rcvd.code if closed.rcvd is not None else None
+        finally:
+            sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
+
+
+@settings(max_examples=6, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kinds=st.lists(st.sampled_from(sorted(FLOOD_KINDS)), min_size=1, max_size=3))
+def test_a_frame_flood_counts_every_frame_and_closes_the_socket(
+    kinds: list[str], fuzzing: Fuzzing, django_db_blocker: Any
+) -> None:
+    key, _ = _flooder(django_db_blocker)
+    frames = (FLOOD_KINDS[kinds[i % len(kinds)]](i) for i in range(FLOOD_FRAMES))
+    url = fuzzing.base_url.replace("http://", "ws://") + "/v1/ws"
+    answers, code = asyncio.run(_flood(url, key, frames))
+    # More frames waited than a socket holds (sent in one burst, or piling up while refused
+    # frames held its reading): it was closed, and what waited was dropped unread.
+    assert code == 1008, (kinds, code, answers[-3:])
+    started = [a for a in answers if a["type"] == "started"]
+    assert len(started) <= FLOOD_RPM, (kinds, started)
+    for answer in answers:
+        if answer["type"] != "error":
+            continue
+        error = answer["error"]
+        assert error["code"] != "internal_error" and len(error["message"]) <= MAX_MESSAGE, answer
+    # Frames count whatever they hold: once they were refused, the tenant's HTTP requests find
+    # its bucket used. (A burst may fill the socket's backlog before any frame is refused.)
+    if any(a["type"] == "error" and a["error"]["code"] == "rate_limit_exceeded" for a in answers):
+        with httpx.Client(base_url=fuzzing.base_url, timeout=DEADLINE) as client:
+            refused = client.post(
+                "/v1/chat/completions", json=_chat(), headers={"Authorization": f"Bearer {key}"}
+            )
+        assert refused.status_code == 429, refused.text
+    # Another tenant's socket is served in full meanwhile.
+    served = asyncio.run(_ws_frames(url, fuzzing.key, [_ws_request(json.dumps(_chat()))]))
+    assert served[-1]["type"] == "finished", served
+
+
+REVOKED_WHILE = ["idle", "streaming", "sending requests", "held for its rate limit"]
+
+
+@pytest.mark.parametrize("doing", REVOKED_WHILE)
+def test_a_key_revoked_while_its_socket_is_open_closes_it_and_runs_nothing_more(
+    doing: str, fuzzing: Fuzzing, django_db_blocker: Any
+) -> None:
+    roomy = doing != "held for its rate limit"
+    key, api_key = _flooder(
+        django_db_blocker,
+        requests_per_minute=100_000 if roomy else 1,
+        max_tokens_per_request=1000,
+    )
+    url = fuzzing.base_url.replace("http://", "ws://") + "/v1/ws"
+
+    def revoke() -> None:
+        with django_db_blocker.unblock():
+            api_key_revoke(key=api_key)
+
+    async def scenario() -> tuple[list[dict[str, Any]], int, str, set[str]]:
+        headers = {"Authorization": f"Bearer {key}"}
+        seen: list[dict[str, Any]] = []
+        after: set[str] = set()  # request ids sent once HTTP refused the key
+        async with websockets.connect(url, additional_headers=headers) as ws:
+            if doing == "streaming":
+                body = {**_chat(), "max_tokens": 1000, "ignore_eos": True}
+                await ws.send(_ws_request(json.dumps(body)).replace('"id":"f"', '"id":"long"'))
+                while not seen or seen[-1]["type"] != "started":
+                    seen.append(json.loads(await asyncio.wait_for(ws.recv(), DEADLINE)))
+            if doing == "held for its rate limit":
+                for _ in range(3):  # one admitted, then refused, and the socket's reading held
+                    await ws.send(json.dumps({"type": "cancel", "id": "x"}))
+            await asyncio.to_thread(revoke)
+            async with httpx.AsyncClient(base_url=fuzzing.base_url, timeout=DEADLINE) as http:
+                while True:
+                    answer = await http.post("/v1/chat/completions", json=_chat(), headers=headers)
+                    if answer.status_code == 401:
+                        break
+                    await asyncio.sleep(0.05)
+            try:
+                if doing == "sending requests":
+                    for i in range(20):
+                        after.add(f"a{i}")
+                        frame = _ws_request(json.dumps(_chat())).replace('"id":"f"', f'"id":"a{i}"')
+                        await ws.send(frame)
+                while True:
+                    seen.append(json.loads(await asyncio.wait_for(ws.recv(), DEADLINE)))
+            except websockets.ConnectionClosed as closed:
+                assert closed.rcvd is not None
+                return seen, closed.rcvd.code, closed.rcvd.reason, after
+
+    seen, code, reason, after = asyncio.run(scenario())
+    assert (code, reason) == (4401, "revoked_api_key"), seen[-3:]
+    assert not [m for m in seen if m["type"] == "started" and m["id"] in after], seen
+    ends = [m for m in seen if m.get("id") == "long" and m["type"] in ("finished", "error")]
+    if doing == "streaming":  # its request ended once, cancelled with the reason
+        assert len(ends) == 1 and ends[0]["error"]["code"] == "revoked_api_key", seen

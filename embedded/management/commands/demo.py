@@ -208,7 +208,9 @@ class Command(BaseCommand):
         supervisor.start(
             "web",
             [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--no-access-log"],
+             "--port", str(port), "--no-access-log",
+             # The server refuses a WebSocket frame over the limit before reading it all.
+             "--ws-max-size", str(settings.ROUNDHOUSE_WS_MAX_FRAME_BYTES)],
         )  # fmt: skip
         # Metrics ports beside the API's: 9400 the chat worker, 9401 the ingester, 9402 the
         # encoder (a busy port only costs that process its metrics, with a warning).
