@@ -26,7 +26,7 @@ from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
 from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
 from inference.clients import dispatch_get, routing_get
-from inference.content_policy import policy_get
+from inference.content_policy import Policy, policy_get, served_version
 from inference.conversations_store import (
     MAX_ITEMS,
     TURN_STATUSES,
@@ -282,7 +282,7 @@ async def _replay(
                 deployment=original.deployment,
                 request_id=original.request_id,
                 tenant_id=tenant_id,
-                policy=await policy_get(tenant_id=tenant_id, model=parsed.chat.model),
+                policy=await policy_get(tenant_id=tenant_id, version=original.version),
                 follow=True,
                 deadline=original.deadline + _GRACE_SECONDS,
             )
@@ -304,7 +304,7 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, model=parsed.chat.model),
+        policy=await policy_get(tenant_id=tenant_id, version=original.version),
         tenant_id=tenant_id,
     )
     if parsed.chat.stream:
@@ -519,11 +519,16 @@ async def response_detail(
         dispatch_get(),
         kept,
         tenant_id=principal.tenant_id,
-        policy=await policy_get(tenant_id=principal.tenant_id, model=kept.requested_model),
+        policy=await _policy_of(kept, tenant_id=principal.tenant_id),
         follow=False,
         deadline=0.0,
     )
     return json_response(kept.body if builder is None else builder.body())
+
+
+async def _policy_of(kept: Kept, *, tenant_id: int) -> Policy | None:
+    """The policy a stored response's text is read under: its served version's."""
+    return await policy_get(tenant_id=tenant_id, version=served_version(kept.body["model"]))
 
 
 async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpResponseBase:
@@ -547,7 +552,7 @@ async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpR
         deployment=where.deployment,
         request_id=kept.request_id,
         tenant_id=tenant_id,
-        policy=await policy_get(tenant_id=tenant_id, model=kept.requested_model),
+        policy=await _policy_of(kept, tenant_id=tenant_id),
         follow=True,
         deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
     )

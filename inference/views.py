@@ -222,7 +222,7 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, model=parsed.model),
+        policy=await policy_get(tenant_id=tenant_id, version=original.version),
         tenant_id=tenant_id,
     )
     if parsed.stream:
@@ -353,7 +353,7 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
         deployment=where.deployment,
         request_id=rid,
         deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
-        policy=await policy_get(tenant_id=principal.tenant_id, model=model),
+        policy=await policy_get(tenant_id=principal.tenant_id, version=where.version_digest),
         tenant_id=principal.tenant_id,
         after=after,
         cursor=cursor,
