@@ -589,12 +589,13 @@ async def response_cancel(request: HttpRequest, request_id: str, response_id: st
     where = await dispatch.whereabouts(kept.request_id)
     if where is not None:
         await dispatch.cancel_by_id(where=where, request_id=kept.request_id)
-    # Its end (cancelled, or whatever came first) arrives within moments: answer with it.
+    # Its end (cancelled, or whatever came first) arrives within moments: answer with it,
+    # screened as a poll or a stream screens it (and so stored, if this call ends it).
     builder = await settle_from_stream(
         dispatch,
         kept,
         tenant_id=principal.tenant_id,
-        policy=None,
+        policy=await _policy_of(kept, tenant_id=principal.tenant_id),
         follow=True,
         deadline=time.time() + _CANCEL_WAIT_SECONDS,
     )
