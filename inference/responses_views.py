@@ -494,7 +494,7 @@ async def _whole(
     raise stream_ended()
 
 
-@api_endpoint("GET", "DELETE")
+@api_endpoint("GET", "DELETE", counted=True)
 async def response_detail(
     request: HttpRequest, request_id: str, response_id: str
 ) -> HttpResponseBase:
@@ -569,7 +569,7 @@ async def _stored_end(kept: Kept, *, after: int) -> AsyncIterator[bytes]:
         yield sse({"type": kind, "sequence_number": kept.last_sequence, "response": kept.body})
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def response_cancel(request: HttpRequest, request_id: str, response_id: str) -> HttpResponse:
     """Cancel a background response; one that has ended is answered as it is."""
     principal = await request_principal(request, Scope.INFERENCE)
@@ -602,7 +602,7 @@ async def response_cancel(request: HttpRequest, request_id: str, response_id: st
     return json_response(kept.body if builder is None else builder.body())
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def response_input_items(
     request: HttpRequest, request_id: str, response_id: str
 ) -> HttpResponse:

@@ -304,7 +304,7 @@ async def _sse_chunks(
             return
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def request_stream(request: HttpRequest, request_id: str, target: str) -> HttpResponseBase:
     """Stream one of the tenant's recent requests again, after the `Last-Event-ID` it saw.
 
@@ -381,7 +381,7 @@ async def _done_only() -> AsyncIterator[bytes]:
     yield DONE
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def request_cancel(request: HttpRequest, request_id: str, target: str) -> HttpResponse:
     """Cancel one of the caller's tenant's requests by id (the `x-request-id` it got)."""
     principal = await request_principal(request, Scope.INFERENCE)
@@ -422,7 +422,7 @@ async def _route_now(name: str) -> Route | None:
         return None
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.MODELS_READ)
     names = await model_names_get()
@@ -434,7 +434,7 @@ async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     return json_response({"object": "list", "data": data})
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
     principal = await request_principal(request, Scope.MODELS_READ)
     routing = await routing_get(name)
