@@ -50,6 +50,7 @@ from inference.endpoint import (
 from inference.errors import ApiError, invalid
 from inference.event_streams import builder_stream
 from inference.idempotency import Original, key_validate
+from inference.kept import kept_room_check
 from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
 from inference.response_events import ResponseBuilder, error_event, sse
@@ -122,6 +123,16 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
             )
             if replayed is not None:
                 return replayed
+        if parsed.store or conversation is not None:
+            # What it will keep must fit the tenant's storage bound, checked before any engine
+            # work; once admitted its end is kept whole (inference.kept).
+            await db_call(
+                _room_check,
+                tenant_id=principal.tenant_id,
+                input_items=parsed.input_items,
+                copies=int(parsed.store) + int(conversation is not None),
+                param="store" if parsed.store else "conversation",
+            )
         while True:
             try:
                 submitted = await generation_submit(
@@ -188,6 +199,15 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     for name, value in submitted.headers().items():
         response[name] = value
     return response
+
+
+def _room_check(
+    *, tenant_id: int, input_items: list[dict[str, Any]], copies: int, param: str
+) -> None:
+    """Refuse a response whose input alone, kept `copies` times (stored, and a conversation's
+    turn), would take the tenant past its storage bound."""
+    size = len(json.dumps(input_items).encode()) * copies
+    kept_room_check(tenant_id=tenant_id, size=size, param=param)
 
 
 async def _history(
