@@ -217,13 +217,14 @@ class BatchRun:
                     await _reservation_release(rid, tenant_id=principal.tenant_id)
                     where = None
                 if where is not None:
-                    model = str(line.body.get("model", ""))
                     events = relay.attach(
                         self.dispatch,
                         deployment=where.deployment,
                         request_id=rid,
                         deadline=deadline,
-                        policy=await policy_get(tenant_id=principal.tenant_id, model=model),
+                        policy=await policy_get(
+                            tenant_id=principal.tenant_id, version=where.version_digest
+                        ),
                         tenant_id=principal.tenant_id,
                     )
                     return _succeeded(await self._collect(line.body, rid, events))

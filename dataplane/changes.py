@@ -37,7 +37,16 @@ SOURCES = {
         "models_registry.Deployment",
         "billing.PriceBook",
     ),
-    POLICIES: ("safety.PolicyPack", "safety.PolicyAssignment"),
+    # A pack covers the models an alias routes to (safety.selectors.policy_load): a change of
+    # where an alias points changes which pack a version's requests run under.
+    POLICIES: (
+        "safety.PolicyPack",
+        "safety.PolicyAssignment",
+        "models_registry.Model",
+        "models_registry.ModelVersion",
+        "models_registry.Alias",
+        "models_registry.AliasSplit",
+    ),
 }
 
 

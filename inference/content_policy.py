@@ -38,8 +38,8 @@ _INLINE_CHARS = 4_000
 
 
 def _load(key: tuple[int, str]) -> Policy | None:
-    tenant_id, alias = key
-    return policy_load(tenant_id=tenant_id, alias=alias)
+    tenant_id, version = key
+    return policy_load(tenant_id=tenant_id, version=version)
 
 
 _policies: RefreshingCache[tuple[int, str], Policy | None] = RefreshingCache(
@@ -47,9 +47,19 @@ _policies: RefreshingCache[tuple[int, str], Policy | None] = RefreshingCache(
 )
 
 
-async def policy_get(*, tenant_id: int, model: str) -> Policy | None:
-    """Return the policy for a tenant calling a model name (its alias part), cached briefly."""
-    return await _policies.get((tenant_id, model.partition("@")[0]))
+async def policy_get(*, tenant_id: int, version: str) -> Policy | None:
+    """Return the policy of a tenant's request that a version serves, cached briefly.
+
+    `version`: the served version's id (`Route.version`, the part of a served name after
+    `@`, or a digest), never the name the client sent: an alias, its model's name and a
+    pinned version reach one model and get one policy (safety.selectors.policy_load).
+    """
+    return await _policies.get((tenant_id, version[:12]))
+
+
+def served_version(served_name: str) -> str:
+    """The version id of a served name (`model@version`, as responses name their model)."""
+    return served_name.partition("@")[2]
 
 
 def _record(

@@ -18,9 +18,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from inference.kept import kept_for
+from inference.kept import kept_for, kept_room_check
 from inference.models import Conversation, ConversationItem
 from privacy.crypto import content_open, content_seal
+from tenants.models import Tenant
 
 CONVERSATION_ID = re.compile(r"^conv_[0-9a-f]{32}$")
 # What an item's id may be: one a path can name (no slash), that PostgreSQL can compare (no
@@ -63,40 +64,62 @@ def _live(tenant_id: int, conversation_id: str) -> Any:
     )
 
 
+def _tenant_hold(tenant_id: int) -> None:
+    """Hold the tenant's row to the transaction's end (kept_room_check holds it too)."""
+    Tenant.objects.select_for_update().filter(pk=tenant_id).exists()
+
+
 def _touched(row: Conversation, retention_days: int) -> None:
     row.updated_at = timezone.now()
     row.expires_at = row.updated_at + kept_for(retention_days)
 
 
-def _append(row: Conversation, items: list[dict[str, Any]]) -> None:
-    """Add items after the conversation's last one (its row locked by the caller)."""
+def _sealed_items(items: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
+    """Each item's id and sealed text, as it is kept."""
+    return [(item["id"], _seal(item)) for item in items]
+
+
+def _append(row: Conversation, sealed: list[tuple[str, bytes]]) -> None:
+    """Add sealed items after the conversation's last one (its row locked by the caller)."""
     ConversationItem.objects.bulk_create(
         ConversationItem(
             conversation=row,
             position=row.next_position + offset,
-            item_id=item["id"],
-            sealed=_seal(item),
+            item_id=item_id,
+            sealed=text,
+            size=len(text),
         )
-        for offset, item in enumerate(items)
+        for offset, (item_id, text) in enumerate(sealed)
     )
-    row.next_position += len(items)
+    row.next_position += len(sealed)
+
+
+def _room_check(tenant_id: int, sealed: list[bytes], param: str | None) -> None:
+    kept_room_check(tenant_id=tenant_id, size=sum(len(s) for s in sealed), param=param)
 
 
 def conversation_create(
     *, tenant_id: int, items: list[dict[str, Any]], metadata: dict[str, str], retention_days: int
 ) -> dict[str, Any]:
-    """Start a conversation with its first items (ids unique among them)."""
+    """Start a conversation with its first items (ids unique among them).
+
+    Refused (400 storage_limit_exceeded) where it would take the tenant past its bound.
+    """
     now = timezone.now()
+    meta = _seal({"metadata": metadata})
+    sealed = _sealed_items(items)
     with transaction.atomic():
+        _room_check(tenant_id, [meta, *(s for _, s in sealed)], "items" if items else None)
         row = Conversation.objects.create(
             id=conversation_id_new(),
             tenant_id=tenant_id,
             created_at=now,
             updated_at=now,
             expires_at=now + kept_for(retention_days),
-            sealed=_seal({"metadata": metadata}),
+            sealed=meta,
+            size=len(meta),
         )
-        _append(row, items)
+        _append(row, sealed)
         row.save(update_fields=["next_position"])
     return _object(row)
 
@@ -110,14 +133,25 @@ def conversation_get(*, tenant_id: int, conversation_id: str) -> dict[str, Any] 
 def conversation_update(
     *, tenant_id: int, conversation_id: str, metadata: dict[str, str], retention_days: int
 ) -> dict[str, Any] | None:
-    """Replace a conversation's metadata; None when the tenant has no such conversation."""
+    """Replace a conversation's metadata; None when the tenant has no such conversation.
+
+    Metadata that grows it past the tenant's bound is refused (400 storage_limit_exceeded).
+    """
+    meta = _seal({"metadata": metadata})
+    if not _live(tenant_id, conversation_id).exists():
+        return None
     with transaction.atomic():
+        # The tenant's row first, then the conversation's, as every write that checks holds
+        # them: two such writes never wait on each other's second lock.
+        _tenant_hold(tenant_id)
         row = _live(tenant_id, conversation_id).select_for_update().first()
         if row is None:
             return None
-        row.sealed = _seal({"metadata": metadata})
+        if len(meta) > row.size:
+            kept_room_check(tenant_id=tenant_id, size=len(meta) - row.size, param="metadata")
+        row.sealed, row.size = meta, len(meta)
         _touched(row, retention_days)
-        row.save(update_fields=["sealed", "updated_at", "expires_at"])
+        row.save(update_fields=["sealed", "size", "updated_at", "expires_at"])
     return _object(row)
 
 
@@ -177,8 +211,15 @@ def conversation_items_add(
     *, tenant_id: int, conversation_id: str, items: list[dict[str, Any]], retention_days: int
 ) -> list[dict[str, Any]] | str:
     """Add items a client sent after the conversation's last one; what was added, or why
-    nothing was: "missing", "full" (past MAX_ITEMS) or an item id the conversation holds."""
+    nothing was: "missing", "full" (past MAX_ITEMS) or an item id the conversation holds.
+
+    Items that would take the tenant past its bound are refused (400 storage_limit_exceeded).
+    """
+    sealed = _sealed_items(items)
+    if not _live(tenant_id, conversation_id).exists():
+        return "missing"
     with transaction.atomic():
+        _tenant_hold(tenant_id)
         row = _live(tenant_id, conversation_id).select_for_update().first()
         if row is None:
             return "missing"
@@ -190,7 +231,8 @@ def conversation_items_add(
         taken = set(row.items.filter(item_id__in=wanted).values_list("item_id", flat=True))
         if taken:
             return min(taken)
-        _append(row, items)
+        _room_check(tenant_id, [s for _, s in sealed], "items")
+        _append(row, sealed)
         _touched(row, retention_days)
         row.save(update_fields=["next_position", "updated_at", "expires_at"])
     return items
@@ -209,7 +251,9 @@ def conversation_turn_add(
 
     The turn always goes in: an input item whose id the conversation holds already (a client
     sending an item it had added), or one an item's id may not be, gets a new id rather than
-    failing a finished response. A conversation that expired meanwhile is not brought back.
+    failing a finished response; and it goes in past the tenant's storage bound, which its
+    response was checked against when it was created. A conversation that expired meanwhile
+    is not brought back.
     """
     with transaction.atomic():
         row = (
@@ -230,7 +274,7 @@ def conversation_turn_add(
                 item = {**item, "id": f"item_{secrets.token_hex(12)}"}
             taken.add(item["id"])
             fresh.append(item)
-        _append(row, fresh)
+        _append(row, _sealed_items(fresh))
         _touched(row, row.tenant.retention_days)
         row.save(update_fields=["next_position", "updated_at", "expires_at"])
     return True

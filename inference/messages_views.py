@@ -213,7 +213,7 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, model=chat.model),
+        policy=await policy_get(tenant_id=tenant_id, version=original.version),
         tenant_id=tenant_id,
     )
     if chat.stream:

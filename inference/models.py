@@ -28,6 +28,9 @@ class StoredResponse(models.Model):
     # purge deletes it after, and reads never return it.
     expires_at = models.DateTimeField(db_index=True)
     sealed = models.BinaryField()
+    # The bytes it holds (its sealed text): the tenant's stored responses and conversations
+    # are bounded together (ROUNDHOUSE_TENANT_STORED_BYTES, inference.kept).
+    size = models.BigIntegerField(default=0)
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "created_at"])]
@@ -51,6 +54,7 @@ class Conversation(models.Model):
     expires_at = models.DateTimeField(db_index=True)
     next_position = models.IntegerField(default=0)
     sealed = models.BinaryField()
+    size = models.BigIntegerField(default=0)  # its sealed metadata's bytes; items count their own
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "created_at"])]
@@ -67,6 +71,7 @@ class ConversationItem(models.Model):
     position = models.IntegerField()
     item_id = models.CharField(max_length=64)
     sealed = models.BinaryField()
+    size = models.BigIntegerField(default=0)  # its sealed text's bytes
 
     class Meta:
         constraints = [

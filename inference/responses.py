@@ -82,7 +82,6 @@ class ResponsesRequest:
     input_items: list[dict[str, Any]]  # this turn's, with ids: what input_items lists
     store: bool
     background: bool
-    truncate: bool  # truncation "auto": drop the oldest turns while the prompt does not fit
     previous_response_id: str | None
     echo: dict[str, Any]  # the request's settings the response object repeats
 
@@ -542,7 +541,6 @@ def responses_parse(
         input_items=items,
         store=_flag(body, "store", True),
         background=_flag(body, "background", False),
-        truncate=truncation == "auto",
         previous_response_id=previous,
         echo={
             "instructions": instructions,

@@ -21,7 +21,7 @@ from config.db import db_call
 from dataplane.frontdoor import FrontDoor
 from dataplane.types import Delta, Event, Failed, Finished
 from inference.admission import request_failure
-from inference.content_policy import Policy, output_filtered, policy_get
+from inference.content_policy import Policy, output_filtered, policy_get, served_version
 from inference.response_events import ResponseBuilder
 from inference.responses_store import (
     TERMINAL_STATUSES,
@@ -194,7 +194,9 @@ async def orphans_finish(dispatch: FrontDoor, *, older_than: float = 60.0) -> in
     for tenant_id, kept in await db_call(responses_unfinished, older_than=older_than):
         try:
             # The tenant's safety policy reads the text as it read the client's stream.
-            policy = await policy_get(tenant_id=tenant_id, model=kept.requested_model)
+            policy = await policy_get(
+                tenant_id=tenant_id, version=served_version(kept.body["model"])
+            )
             builder = await settle_from_stream(
                 dispatch, kept, tenant_id=tenant_id, policy=policy, follow=False, deadline=0.0
             )

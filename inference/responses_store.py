@@ -97,6 +97,8 @@ def response_save(
     """Keep a response and its input items; False when its id is kept already (a replay).
 
     A background response is kept as it is accepted (queued) and ended by response_finish.
+    It is kept whole past the tenant's storage bound: its create was checked against the
+    bound before any engine work (inference.kept), and its end is what the tenant paid for.
     """
     created = dt.datetime.fromtimestamp(body["created_at"], tz=dt.UTC)
     sealed = _sealed(body, input_items, requested_model=requested_model)
@@ -111,6 +113,7 @@ def response_save(
                 created_at=created,
                 expires_at=created + kept_for(retention_days),
                 sealed=sealed,
+                size=len(sealed),
             )
     except IntegrityError:
         return False
@@ -152,7 +155,8 @@ def response_finish(
             requested_model=kept.requested_model,
             last_sequence=last_sequence,
         )
-        row.save(update_fields=["status", "sealed"])
+        row.size = len(row.sealed)
+        row.save(update_fields=["status", "sealed", "size"])
         conversation = body.get("conversation")
         if conversation and body["status"] in TURN_STATUSES:
             try:

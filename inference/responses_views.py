@@ -25,7 +25,7 @@ from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
 from inference.admission import VERSION_HEADER, Submitted, request_ended, request_failure
 from inference.clients import dispatch_get, routing_get
-from inference.content_policy import policy_get
+from inference.content_policy import Policy, policy_get, served_version
 from inference.conversations_store import (
     MAX_ITEMS,
     TURN_STATUSES,
@@ -49,6 +49,7 @@ from inference.endpoint import (
 from inference.errors import ApiError, invalid
 from inference.event_streams import builder_stream
 from inference.idempotency import Original, key_validate
+from inference.kept import kept_room_check
 from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
 from inference.preprocessing import preprocessed
@@ -121,6 +122,16 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
             )
             if replayed is not None:
                 return replayed
+        if parsed.store or conversation is not None:
+            # What it will keep must fit the tenant's storage bound, checked before any engine
+            # work; once admitted its end is kept whole (inference.kept).
+            await db_call(
+                _room_check,
+                tenant_id=principal.tenant_id,
+                input_items=parsed.input_items,
+                copies=int(parsed.store) + int(conversation is not None),
+                param="store" if parsed.store else "conversation",
+            )
         try:
             # With truncation "auto" submitting drops the oldest turns until the prompt fits.
             submitted = await generation_submit(
@@ -182,6 +193,15 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     for name, value in submitted.headers().items():
         response[name] = value
     return response
+
+
+def _room_check(
+    *, tenant_id: int, input_items: list[dict[str, Any]], copies: int, param: str
+) -> None:
+    """Refuse a response whose input alone, kept `copies` times (stored, and a conversation's
+    turn), would take the tenant past its storage bound."""
+    size = len(json.dumps(input_items).encode()) * copies
+    kept_room_check(tenant_id=tenant_id, size=size, param=param)
 
 
 async def _history(
@@ -268,7 +288,7 @@ async def _replay(
                 deployment=original.deployment,
                 request_id=original.request_id,
                 tenant_id=tenant_id,
-                policy=await policy_get(tenant_id=tenant_id, model=parsed.chat.model),
+                policy=await policy_get(tenant_id=tenant_id, version=original.version),
                 follow=True,
                 deadline=original.deadline + _GRACE_SECONDS,
             )
@@ -290,7 +310,7 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, model=parsed.chat.model),
+        policy=await policy_get(tenant_id=tenant_id, version=original.version),
         tenant_id=tenant_id,
     )
     if parsed.chat.stream:
@@ -480,7 +500,7 @@ async def _whole(
     raise stream_ended()
 
 
-@api_endpoint("GET", "DELETE")
+@api_endpoint("GET", "DELETE", counted=True)
 async def response_detail(
     request: HttpRequest, request_id: str, response_id: str
 ) -> HttpResponseBase:
@@ -505,11 +525,16 @@ async def response_detail(
         dispatch_get(),
         kept,
         tenant_id=principal.tenant_id,
-        policy=await policy_get(tenant_id=principal.tenant_id, model=kept.requested_model),
+        policy=await _policy_of(kept, tenant_id=principal.tenant_id),
         follow=False,
         deadline=0.0,
     )
     return json_response(kept.body if builder is None else builder.body())
+
+
+async def _policy_of(kept: Kept, *, tenant_id: int) -> Policy | None:
+    """The policy a stored response's text is read under: its served version's."""
+    return await policy_get(tenant_id=tenant_id, version=served_version(kept.body["model"]))
 
 
 async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpResponseBase:
@@ -533,7 +558,7 @@ async def _resumed(request: HttpRequest, kept: Kept, *, tenant_id: int) -> HttpR
         deployment=where.deployment,
         request_id=kept.request_id,
         tenant_id=tenant_id,
-        policy=await policy_get(tenant_id=tenant_id, model=kept.requested_model),
+        policy=await _policy_of(kept, tenant_id=tenant_id),
         follow=True,
         deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
     )
@@ -550,7 +575,7 @@ async def _stored_end(kept: Kept, *, after: int) -> AsyncIterator[bytes]:
         yield sse({"type": kind, "sequence_number": kept.last_sequence, "response": kept.body})
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def response_cancel(request: HttpRequest, request_id: str, response_id: str) -> HttpResponse:
     """Cancel a background response; one that has ended is answered as it is."""
     principal = await request_principal(request, Scope.INFERENCE)
@@ -570,19 +595,20 @@ async def response_cancel(request: HttpRequest, request_id: str, response_id: st
     where = await dispatch.whereabouts(kept.request_id)
     if where is not None:
         await dispatch.cancel_by_id(where=where, request_id=kept.request_id)
-    # Its end (cancelled, or whatever came first) arrives within moments: answer with it.
+    # Its end (cancelled, or whatever came first) arrives within moments: answer with it,
+    # screened as a poll or a stream screens it (and so stored, if this call ends it).
     builder = await settle_from_stream(
         dispatch,
         kept,
         tenant_id=principal.tenant_id,
-        policy=None,
+        policy=await _policy_of(kept, tenant_id=principal.tenant_id),
         follow=True,
         deadline=time.time() + _CANCEL_WAIT_SECONDS,
     )
     return json_response(kept.body if builder is None else builder.body())
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def response_input_items(
     request: HttpRequest, request_id: str, response_id: str
 ) -> HttpResponse:

@@ -280,7 +280,8 @@ async def _generation_admit(
         # The queue refused a request a moment ago: refuse before tokenising or touching
         # Redis, so a flood costs the platform almost nothing.
         raise queue_full_error(request.model, deployment=route.deployment)
-    policy = await policy_get(tenant_id=principal.tenant_id, model=request.model)
+    # The served version's policy: whatever name reached it (an alias, the model, pinned).
+    policy = await policy_get(tenant_id=principal.tenant_id, version=route.version)
     token_output_check(request, policy=policy)
     request = await input_screen(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id

@@ -226,7 +226,7 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, model=parsed.model),
+        policy=await policy_get(tenant_id=tenant_id, version=original.version),
         tenant_id=tenant_id,
     )
     if parsed.stream:
@@ -308,7 +308,7 @@ async def _sse_chunks(
             return
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def request_stream(request: HttpRequest, request_id: str, target: str) -> HttpResponseBase:
     """Stream one of the tenant's recent requests again, after the `Last-Event-ID` it saw.
 
@@ -357,7 +357,7 @@ async def request_stream(request: HttpRequest, request_id: str, target: str) -> 
         deployment=where.deployment,
         request_id=rid,
         deadline=time.time() + settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
-        policy=await policy_get(tenant_id=principal.tenant_id, model=model),
+        policy=await policy_get(tenant_id=principal.tenant_id, version=where.version_digest),
         tenant_id=principal.tenant_id,
         after=after,
         cursor=cursor,
@@ -385,7 +385,7 @@ async def _done_only() -> AsyncIterator[bytes]:
     yield DONE
 
 
-@api_endpoint("POST")
+@api_endpoint("POST", counted=True)
 async def request_cancel(request: HttpRequest, request_id: str, target: str) -> HttpResponse:
     """Cancel one of the caller's tenant's requests by id (the `x-request-id` it got)."""
     principal = await request_principal(request, Scope.INFERENCE)
@@ -426,7 +426,7 @@ async def _route_now(name: str) -> Route | None:
         return None
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.MODELS_READ)
     names = await model_names_get()
@@ -438,7 +438,7 @@ async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
     return json_response({"object": "list", "data": data})
 
 
-@api_endpoint("GET")
+@api_endpoint("GET", counted=True)
 async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
     principal = await request_principal(request, Scope.MODELS_READ)
     routing = await routing_get(name)

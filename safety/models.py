@@ -8,6 +8,7 @@ from safety.validators import (
     deny_patterns_validate,
     deny_terms_validate,
     pii_kinds_validate,
+    policy_name_validate,
     toxicity_threshold_validate,
 )
 from tenants.models import Tenant
@@ -53,8 +54,11 @@ class PolicyAssignment(models.Model):
     """The pack a tenant's requests use; one for an alias overrides the tenant's default."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="policy_assignments")
-    # The model name a client asks for; blank: every model without its own assignment.
-    alias = models.CharField(max_length=100, blank=True, default="")
+    # An alias or a model name: the pack covers that model, or the models the alias routes
+    # to, by whatever name a request reaches them. Blank: every model no name's pack covers.
+    alias = models.CharField(
+        max_length=100, blank=True, default="", validators=[policy_name_validate]
+    )
     pack = models.ForeignKey(PolicyPack, on_delete=models.PROTECT, related_name="assignments")
     updated_at = models.DateTimeField(auto_now=True)
 

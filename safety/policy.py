@@ -74,6 +74,9 @@ class Policy:
     apply_to_output: bool = True
     pack_id: int | None = None
     name: str = ""
+    # Packs that apply together (several names reach one model): each reads the text in turn,
+    # with its own checks, PII action and stages; this policy then has no detectors of its own.
+    parts: tuple[Policy, ...] = ()
 
     def redacts(self, finding: Finding, *, stream: bool = False) -> bool:
         """Return whether a finding is redacted (PII under a redact pack); others block."""
@@ -84,8 +87,11 @@ class Policy:
     def check_input(self, text: str) -> InputVerdict:
         """Check a request's text before admission.
 
-        Toxic and denied text blocks; PII blocks or is redacted as the pack says.
+        Toxic and denied text blocks; PII blocks or is redacted as the pack says. Packs applied
+        together pass the text on in turn: a block by any blocks, and each redacts what it finds.
         """
+        if self.parts:
+            return self._parts_check(text)
         if not self.apply_to_input:
             return InputVerdict("allow", text)
         findings = tuple(
@@ -97,9 +103,41 @@ class Policy:
             return InputVerdict("redact", redact(text, findings), findings)
         return InputVerdict("block", "", findings)
 
-    def output_filter(self) -> OutputFilter:
+    def _parts_check(self, text: str) -> InputVerdict:
+        found: list[Finding] = []
+        action = "allow"
+        for part in self.parts:
+            verdict = part.check_input(text)
+            found.extend(verdict.findings)
+            if verdict.action == "block":
+                return InputVerdict("block", "", tuple(found))
+            if verdict.action == "redact":
+                action, text = "redact", verdict.text
+        return InputVerdict(action, text, tuple(found))
+
+    def output_filter(self) -> OutputFilter | OutputFilters:
         """Return a filter for one generation's stream of text."""
+        if self.parts:
+            return OutputFilters([part.output_filter() for part in self.parts])
         return OutputFilter(self)
+
+
+def policy_combine(policies: Sequence[Policy]) -> Policy:
+    """Return one policy that applies every one of `policies` (one: that one).
+
+    Each keeps its own checks, PII action and stages: the input passes every pack that screens
+    input, the output streams through every pack that filters output, so the text a client
+    gets is what the strictest of them would let through, and more redacted where they differ.
+    """
+    if len(policies) == 1:
+        return policies[0]
+    return Policy(
+        detectors=(),
+        apply_to_input=any(p.apply_to_input for p in policies),
+        apply_to_output=any(p.apply_to_output for p in policies),
+        name=" + ".join(p.name for p in policies),
+        parts=tuple(policies),
+    )
 
 
 def policy_compile(pack: PolicyPack) -> Policy:
@@ -275,3 +313,45 @@ class OutputFilter:
         self._pending = waiting
         self._emitted = cursor
         return "".join(out)
+
+
+class OutputFilters:
+    """Filter a stream through several packs' filters in turn, as one filter.
+
+    Each filter reads what the one before it let through. A stop in any ends the stream: what
+    the filters after it hold back is checked and sent as at the stream's end.
+    """
+
+    def __init__(self, filters: Sequence[OutputFilter | OutputFilters]) -> None:
+        self._filters = list(filters)
+        self._done = False
+
+    @property
+    def redactions(self) -> list[Finding]:
+        return [r for f in self._filters for r in f.redactions]
+
+    @property
+    def stopped(self) -> Finding | None:
+        return next((f.stopped for f in self._filters if f.stopped is not None), None)
+
+    def feed(self, delta: str) -> OutputStep:
+        """Take the next piece of generated text; return what may be sent now."""
+        return self._through(delta, final=False)
+
+    def finish(self) -> OutputStep:
+        """End the stream: check what every filter holds back; return what may still be sent."""
+        return self._through("", final=True)
+
+    def _through(self, text: str, *, final: bool) -> OutputStep:
+        if self._done:
+            return OutputStep("")
+        stop: Finding | None = None
+        for screen in self._filters:
+            step = screen.feed(text) if text else OutputStep("")
+            text, stop = step.text, stop or step.stop
+            if final or stop is not None:
+                # The stream ends here: what this filter holds back goes on to the next now.
+                end = screen.finish()
+                text, stop = text + end.text, stop or end.stop
+        self._done = final or stop is not None
+        return OutputStep(text, stop)

@@ -20,6 +20,7 @@ from safety.models import (
     PolicyPack,
     Stage,
 )
+from safety.validators import policy_name_validate
 from tenants.models import Tenant
 from tenants.services import audit_record
 
@@ -119,6 +120,14 @@ def _alias_clean(alias: str) -> str:
     return alias
 
 
+def _covered_check(alias: str) -> None:
+    """Refuse an assignment to a name that covers no model (safety.validators)."""
+    try:
+        policy_name_validate(alias)
+    except ValidationError as exc:
+        raise ValidationError({"alias": exc.messages}) from None
+
+
 def _assignment_locked(*, tenant: Tenant, alias: str) -> PolicyAssignment | None:
     """Return a tenant's assignment for an alias, locked for the transaction, or None."""
     return (
@@ -137,8 +146,13 @@ def policy_assign(
     actor: User | None = None,
     reason: str = "",
 ) -> PolicyAssignment:
-    """Make a tenant's requests (to `alias`, or by default) use a pack."""
+    """Make a tenant's requests (to `alias`, or by default) use a pack.
+
+    `alias` names an alias or a model; the pack then covers that model (an alias: the models
+    it routes to) whatever name a request reaches it by (safety.selectors.policy_load).
+    """
     alias = _alias_clean(alias)
+    _covered_check(alias)
     with transaction.atomic():
         current = _assignment_locked(tenant=tenant, alias=alias)
         if current is not None and current.pack_id == pack.pk:

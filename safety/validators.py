@@ -7,6 +7,7 @@ from typing import Any
 import regex
 from django.core.exceptions import ValidationError
 
+from models_registry.models import Alias, Model
 from safety.detectors import PII_KINDS, deny_pattern_compile
 
 MAX_ENTRIES = 500  # per list: each term and pattern runs on every request of the tenant
@@ -53,3 +54,24 @@ def deny_patterns_validate(value: Any) -> None:
             problems.append(f"pattern {number} ({pattern!r}) {exc}")
     if problems:
         raise ValidationError(problems)
+
+
+def policy_name_validate(value: str) -> None:
+    """Check the name an assignment covers: blank (the tenant's default), an alias or a model.
+
+    A pack follows the model whatever name reaches it (safety.selectors.policy_load), so a
+    pinned version (`model@version`) names no more than its model would; a name that is
+    neither an alias nor a model would cover nothing.
+    """
+    if not value:
+        return
+    if "@" in value:
+        model = value.partition("@")[0]
+        raise ValidationError(
+            f"a pack covers every version of a model: assign it to {model!r} (or an alias), "
+            "not to a pinned version"
+        )
+    if "\x00" in value or not (
+        Alias.objects.filter(name=value).exists() or Model.objects.filter(name=value).exists()
+    ):
+        raise ValidationError(f"no alias or model is named {value!r}")

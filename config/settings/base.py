@@ -475,6 +475,10 @@ ROUNDHOUSE_MAX_FILE_LINES = env_int("ROUNDHOUSE_MAX_FILE_LINES", 50_000)
 # The bytes a tenant's files (uploads and batch results) may hold together in PostgreSQL; an
 # upload past it is refused (storage_limit_exceeded) until files are deleted or expire.
 ROUNDHOUSE_TENANT_FILE_BYTES = env_int("ROUNDHOUSE_TENANT_FILE_BYTES", 10 * 1024**3)
+# The bytes a tenant's stored responses and conversations (their items included) may hold
+# together in PostgreSQL; a write past it that the client asks for (a response to store, a
+# conversation, its items) is refused (storage_limit_exceeded) until some are deleted or expire.
+ROUNDHOUSE_TENANT_STORED_BYTES = env_int("ROUNDHOUSE_TENANT_STORED_BYTES", 1024**3)
 # A batch job works in steps of this many seconds (short, so a Celery worker's warm shutdown
 # is quick) and holds the batch's lease, renewed as it goes, which lapses this long after its
 # runner dies; then the next step takes the batch over.

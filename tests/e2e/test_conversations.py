@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import ALIAS, roomy_key
+from tenants.models import Tenant
+from tests.conftest import ALIAS, _free_port, _http_ok, _spawn, _wait_for, roomy_key
 
 
 @pytest.fixture
@@ -237,3 +239,93 @@ def test_every_call_counts_against_the_tenants_requests_per_minute(stack, django
         from inference.models import ConversationItem
 
         assert not ConversationItem.objects.filter(conversation_id=conversation.id).exists()
+
+
+STORED_BOUND = 64 * 1024  # the spawned frontend's ROUNDHOUSE_TENANT_STORED_BYTES
+
+
+@pytest.fixture
+def bounded_url(stack, tmp_path):
+    """A frontend of its own whose tenants may keep STORED_BOUND bytes of responses and
+    conversations (the shared one keeps the default)."""
+    port = _free_port()
+    frontend = _spawn(
+        "frontend-bounded",
+        ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        tmp_path,
+        {"ROUNDHOUSE_TENANT_STORED_BYTES": str(STORED_BOUND)},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_for(frontend, lambda: _http_ok(f"{url}/healthz"), timeout=120)
+        yield url
+    finally:
+        frontend.popen.terminate()
+        frontend.popen.wait(timeout=30)
+
+
+def _items(count: int, size: int) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": "x" * size} for _ in range(count)]
+
+
+def test_a_tenants_conversations_and_stored_responses_are_bounded_together(
+    bounded_url, django_db_blocker, usage_of
+):
+    with django_db_blocker.unblock():
+        key = roomy_key("stored-bound")
+        tenant_id = Tenant.objects.get(slug="stored-bound").pk
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=bounded_url, timeout=60) as client:
+        conversation = client.post("/v1/conversations", json={}, headers=auth).json()["id"]
+        added = [
+            client.post(
+                f"/v1/conversations/{conversation}/items",
+                json={"items": _items(20, 1500)},
+                headers=auth,
+            )
+            for _ in range(4)
+        ]
+        assert [a.status_code for a in added] == [200, 400, 400, 400]
+        error = added[1].json()["error"]
+        assert (error["code"], error["param"]) == ("storage_limit_exceeded", "items")
+        from inference.kept import kept_bytes
+
+        with django_db_blocker.unblock():
+            held = kept_bytes(tenant_id=tenant_id)
+        assert f"hold {held} bytes" in error["message"] and str(STORED_BOUND) in error["message"]
+        # A response to keep is refused before any engine work: admitted, it would be kept.
+        big = {"model": ALIAS, "input": "y" * 40_000, "max_output_tokens": 4}
+        for extra, param in (({}, "store"), ({"store": False, "conversation": conversation},
+                                               "conversation")):  # fmt: skip
+            stored = client.post("/v1/responses", json={**big, **extra}, headers=auth)
+            assert stored.status_code == 400, stored.text
+            error = stored.json()["error"]
+            assert (error["code"], error["param"]) == ("storage_limit_exceeded", param)
+        small = {**big, "input": "Hi", "store": False}
+        answered = client.post("/v1/responses", json=small, headers=auth)
+        assert answered.status_code == 200, answered.text  # one that keeps nothing is answered
+        assert usage_of(answered.headers["x-request-id"])
+        with django_db_blocker.unblock():
+            from billing.models import UsageRecord
+
+            assert not UsageRecord.objects.filter(
+                request_id=stored.headers["x-request-id"]
+            ).exists()
+        # Room comes back as what is kept goes; writes at once never take the tenant past it.
+        client.delete(f"/v1/conversations/{conversation}", headers=auth)
+        conversation = client.post("/v1/conversations", json={}, headers=auth).json()["id"]
+
+        def add(_: int) -> int:
+            with httpx.Client(base_url=bounded_url, timeout=60) as own:
+                return own.post(
+                    f"/v1/conversations/{conversation}/items",
+                    json={"items": _items(20, 1500)},
+                    headers=auth,
+                ).status_code
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            statuses = list(pool.map(add, range(6)))
+    # Twenty such items fit once in the bound, never twice.
+    assert sorted(statuses) == [200, 400, 400, 400, 400, 400], statuses
+    with django_db_blocker.unblock():
+        assert kept_bytes(tenant_id=tenant_id) <= STORED_BOUND

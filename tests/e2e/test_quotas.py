@@ -48,11 +48,6 @@ def test_responses_that_admit_nothing_still_carry_the_rate_limit_headers(client,
     listing = client.get("/v1/models", headers=auth)
     for response in (invalid, listing, unknown):
         assert all(name in response.headers for name in HEADERS), response.headers
-    # Looking takes nothing: the remaining count does not fall between two peeks. (An
-    # inference request, refused or not, takes a request: none is sent between them.)
-    again = client.get("/v1/models", headers=auth)
-    remaining = "x-ratelimit-remaining-requests"
-    assert int(again.headers[remaining]) >= int(listing.headers[remaining])
 
 
 def test_the_request_over_the_per_minute_limit_gets_429_with_retry_after(client, world):

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
-from tests.conftest import ALIAS, ENCODER, _free_port, _http_ok, _spawn, _wait_for
+from tests.conftest import ALIAS, ENCODER, _free_port, _http_ok, _spawn, _wait_for, roomy_key
 
 TOOL = {
     "type": "function",
@@ -799,3 +799,36 @@ def test_the_consoles_request_view_names_the_responses_api(sdk, world, usage_of,
         page = admin.get("/console/t/acme/requests").content.decode()
     row = next(line for line in page.splitlines() if record.request_id[:13] in line)
     assert "<td>responses</td>" in row
+
+
+def test_reads_of_responses_and_requests_count_against_the_requests_per_minute(
+    stack, django_db_blocker
+):
+    with django_db_blocker.unblock():
+        key = roomy_key("read-counted", requests_per_minute=2)
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        created = client.post(
+            "/v1/responses",
+            json={"model": ALIAS, "input": "Hi", "max_output_tokens": 2},
+            headers=auth,
+        )
+        assert created.status_code == 200, created.text
+        response_id, rid = created.json()["id"], created.headers["x-request-id"]
+        assert client.get(f"/v1/responses/{response_id}", headers=auth).status_code == 200
+        # The tenant's two requests this minute are spent: every keyed call now gets its 429,
+        # reads included, before it reads anything.
+        for method, path in (
+            ("GET", f"/v1/responses/{response_id}"),
+            ("GET", f"/v1/responses/{response_id}/input_items"),
+            ("POST", f"/v1/responses/{response_id}/cancel"),
+            ("DELETE", f"/v1/responses/{response_id}"),
+            ("GET", f"/v1/requests/{rid}/stream"),
+            ("POST", f"/v1/requests/{rid}/cancel"),
+            ("GET", "/v1/models"),
+            ("GET", f"/v1/models/{ALIAS}"),
+        ):
+            refused = client.request(method, path, headers=auth)
+            assert refused.status_code == 429, (method, path, refused.text)
+            assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+            assert int(refused.headers["Retry-After"]) >= 1

@@ -172,3 +172,143 @@ def test_token_level_output_is_refused_where_the_output_is_screened(client, djan
         served = _chat(client, input_only, "hello", **{field: value})
         assert served.status_code == 200, served.text
     assert served.json()["choices"][0]["token_ids"]
+
+
+# --- which pack a request runs under, and every path that answers its text -----------------
+
+EMAIL = "jane.doe@example.com"
+# The demo model's weights are random: a JSON schema whose first field is an enum of one
+# address makes it write that address, whatever it is asked.
+ADDRESSED: dict[str, Any] = {
+    "type": "object",
+    "properties": {"to": {"type": "string", "enum": [EMAIL]}},
+    "required": ["to"],
+    "additionalProperties": False,
+}
+# The same, then a letter it writes for as long as max_tokens lets it (`no_quotes` keeps it
+# from ending the string).
+LETTER: dict[str, Any] = {
+    **ADDRESSED,
+    "properties": {**ADDRESSED["properties"], "body": {"type": "string"}},
+    "required": ["to", "body"],
+}
+
+
+@pytest.fixture(scope="session")
+def no_ws(demo_model_dir) -> dict[str, int]:
+    """A logit_bias that keeps the random model off whitespace inside JSON."""
+    from models_registry.demo_model import whitespace_token_ids
+
+    return {str(i): -100 for i in whitespace_token_ids(demo_model_dir)}
+
+
+@pytest.fixture(scope="session")
+def no_quotes(demo_model_dir, no_ws) -> dict[str, int]:
+    """`no_ws`, and less strongly away from every token with a quote in it: inside a string,
+    where any other token may come, it never ends the string; where the grammar needs a
+    quote, a quote still beats whitespace."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(demo_model_dir / "tokenizer.json"))
+    quotes = [
+        token_id
+        for token_id in range(tokenizer.get_vocab_size())
+        if '"' in tokenizer.decode([token_id], skip_special_tokens=False)
+    ]
+    return {**no_ws, **{str(i): -50 for i in quotes}}
+
+
+def _alias_pack(slug: str, alias: str, **pack: Any) -> tuple[Any, str]:
+    """A tenant whose pack is assigned to one name only (not as its default)."""
+    tenant = tenant_create(slug=slug)
+    policy_assign(tenant=tenant, pack=policy_pack_save(name=f"{slug}-pack", **pack), alias=alias)
+    return tenant, api_key_issue(tenant=tenant, name="tests").token
+
+
+def _addressed(schema: dict[str, Any] = ADDRESSED) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "mail", "schema": schema}}
+
+
+def test_a_pack_on_an_alias_screens_every_name_that_reaches_its_model(
+    client, world, no_ws, django_db_blocker
+):
+    # tiny-chat routes to tiny-llama: the pack assigned to the alias is the model's, so its
+    # model name and a pinned version get the same input block, redaction and refusals.
+    with django_db_blocker.unblock():
+        _, key = _alias_pack(
+            "alias-packed", ALIAS, deny_terms=["falcon"], pii_kinds=["email"], pii_action="redact"
+        )
+    for model in (ALIAS, "tiny-llama", world.version.public_name):
+        blocked = _chat(client, key, "about the falcon", model=model)
+        assert blocked.status_code == 400, (model, blocked.text)
+        assert blocked.json()["error"]["code"] == "content_policy_violation"
+        refused = _chat(client, key, "hello", model=model, logprobs=True)
+        assert refused.status_code == 400, (model, refused.text)
+        assert refused.json()["error"]["param"] == "logprobs"
+        answered = _chat(
+            client, key, "write", model=model, response_format=_addressed(),
+            logit_bias=no_ws, max_tokens=40, temperature=0,
+        )  # fmt: skip
+        assert answered.status_code == 200, (model, answered.text)
+        content = answered.json()["choices"][0]["message"]["content"]
+        assert EMAIL not in content and "[REDACTED:email]" in content, (model, content)
+
+
+def test_a_resumed_stream_is_screened_by_the_pack_of_the_model_that_served_it(
+    client, no_ws, django_db_blocker
+):
+    with django_db_blocker.unblock():
+        _, key = _alias_pack("resume-packed", ALIAS, pii_kinds=["email"], pii_action="redact")
+    auth = {"Authorization": f"Bearer {key}"}
+    first = _chat(
+        client, key, "write", response_format=_addressed(), logit_bias=no_ws,
+        max_tokens=40, temperature=0, stream=True,
+    )  # fmt: skip
+    assert first.status_code == 200 and "[REDACTED:email]" in first.text, first.text
+    rid = first.headers["x-request-id"]
+    # Read again from its start on GET /v1/requests/{id}/stream (as after a lost connection).
+    again = client.get(f"/v1/requests/{rid}/stream", headers=auth)
+    assert again.status_code == 200, again.text
+    assert EMAIL not in again.text and "[REDACTED:email]" in again.text
+
+
+def test_cancelling_a_background_response_answers_and_keeps_only_the_screened_text(
+    stack, no_quotes, django_db_blocker
+):
+    with django_db_blocker.unblock():
+        _, key = _tenant_with_pack("cancel-packed", pii_kinds=["email"], pii_action="redact")
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        auth = {"Authorization": f"Bearer {key}"}
+        accepted = client.post(
+            "/v1/responses",
+            json={
+                "model": ALIAS,
+                "input": "Write a letter",
+                "background": True,
+                "max_output_tokens": 800,
+                "temperature": 0,
+                "ignore_eos": True,
+                "logit_bias": no_quotes,
+                "text": {"format": {"type": "json_schema", "name": "mail", "schema": LETTER}},
+            },
+            headers=auth,
+        )
+        assert accepted.status_code == 200, accepted.text
+        response_id = accepted.json()["id"]
+        deadline = time.monotonic() + 60
+        while True:  # polled (screened) until the address has been written, still running
+            polled = client.get(f"/v1/responses/{response_id}", headers=auth).json()
+            assert polled["status"] in ("queued", "in_progress"), polled
+            if "[REDACTED:email]" in json.dumps(polled["output"]):
+                break
+            assert time.monotonic() < deadline, polled
+            time.sleep(0.05)
+        cancelled = client.post(f"/v1/responses/{response_id}/cancel", headers=auth)
+        assert cancelled.status_code == 200, cancelled.text
+        kept = client.get(f"/v1/responses/{response_id}", headers=auth)
+    # The answer to the cancel, and the response kept, carry the text as the poll read it (the
+    # address is in the echoed schema, not in the output).
+    for body in (cancelled.json(), kept.json()):
+        output = json.dumps(body["output"])
+        assert body["status"] == "cancelled"
+        assert EMAIL not in output and "[REDACTED:email]" in output, output

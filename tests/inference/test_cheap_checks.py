@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import re
 import secrets
 import select
@@ -23,6 +24,7 @@ import httpx
 import psutil
 import pytest
 from django.conf import settings
+from django.urls import URLResolver, get_resolver
 
 from config.db import db_call
 from inference import auth
@@ -585,6 +587,37 @@ def test_the_endpoints_that_count_requests_are_read_from_their_views_marks():
         "/v1/batches",
         "/v1/batches/<str:batch_id>",
         "/v1/batches/<str:batch_id>/cancel",
+        "/v1/responses/<str:response_id>",
+        "/v1/responses/<str:response_id>/input_items",
+        "/v1/responses/<str:response_id>/cancel",
+        "/v1/requests/<str:target>/stream",
+        "/v1/requests/<str:target>/cancel",
+        "/v1/models",
+        "/v1/models/<path:name>",
         "/tokenize",
         "/detokenize",
     }
+
+
+def test_every_endpoint_that_takes_a_key_counts_its_requests():
+    # A read costs a frontend and PostgreSQL as a write does: any view that authenticates a
+    # key counts the request; only the keyless ones (health, metrics, the API's document) and
+    # the 404 of an unknown path do not.
+    keyed, uncounted = set(), set()
+
+    def walk(patterns: list[Any], prefix: str) -> None:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, prefix + str(pattern.pattern))
+                continue
+            view = getattr(pattern.callback, "__wrapped__", None)
+            if view is None or "request_principal(" not in inspect.getsource(view):
+                continue
+            path = "/" + prefix + str(pattern.pattern)
+            keyed.add(path)
+            if path not in counted_paths():
+                uncounted.add(path)
+
+    walk(get_resolver().url_patterns, "")
+    assert "/v1/responses/<str:response_id>" in keyed and "/tokenize" in keyed
+    assert uncounted == set()

@@ -12,12 +12,14 @@ from django.utils import timezone
 from inference.conversations_store import (
     MAX_ITEMS,
     conversation_create,
+    conversation_delete,
     conversation_get,
     conversation_item_get,
     conversation_items,
     conversation_items_add,
     conversation_items_page,
     conversation_turn_add,
+    conversation_update,
     conversations_purge,
 )
 from inference.models import Conversation, ConversationItem
@@ -216,3 +218,66 @@ def test_a_background_responses_end_is_kept_when_its_turn_cannot_go_in(world, mo
     assert response_finish(tenant_id=tenant.pk, response_id=body["id"], body=ended, last_sequence=3)
     kept = response_get(tenant_id=tenant.pk, response_id=body["id"])
     assert kept is not None and kept.body["status"] == "completed"
+
+
+def test_a_tenants_conversations_and_stored_responses_share_one_storage_bound(world, settings):
+    from inference.errors import ApiError
+    from inference.kept import kept_bytes, kept_room_check
+    from inference.models import StoredResponse
+    from inference.responses_store import response_save
+
+    tenant, other = tenant_create(slug="conv-bound"), tenant_create(slug="conv-bound-other")
+    conversation = conversation_create(
+        tenant_id=tenant.pk, items=[_message("a", "x" * 500)], metadata={}, retention_days=0
+    )["id"]
+    row = Conversation.objects.get(pk=conversation)
+    item = ConversationItem.objects.get(conversation=row)
+    # Each row keeps the bytes it holds: its sealed text.
+    assert (row.size, item.size) == (len(bytes(row.sealed)), len(bytes(item.sealed)))
+    body: dict[str, Any] = {"id": "resp_" + "5" * 32, "created_at": 1, "status": "completed"}
+    assert response_save(
+        tenant_id=tenant.pk, request_id="5" * 32, body=body, input_items=[], retention_days=0
+    )
+    stored = StoredResponse.objects.get(pk=body["id"])
+    assert stored.size == len(bytes(stored.sealed))
+    held = kept_bytes(tenant_id=tenant.pk)
+    assert held == row.size + item.size + stored.size
+    settings.ROUNDHOUSE_TENANT_STORED_BYTES = held + 100
+    with pytest.raises(ApiError) as refused:
+        conversation_items_add(
+            tenant_id=tenant.pk,
+            conversation_id=conversation,
+            items=[_message("b", "y" * 500)],
+            retention_days=0,
+        )
+    error = refused.value
+    assert (error.status, error.code, error.param) == (400, "storage_limit_exceeded", "items")
+    assert f"hold {held} bytes" in error.message
+    with pytest.raises(ApiError):
+        conversation_create(
+            tenant_id=tenant.pk, items=[_message("b", "y" * 500)], metadata={}, retention_days=0
+        )
+    with pytest.raises(ApiError) as grown:
+        conversation_update(
+            tenant_id=tenant.pk,
+            conversation_id=conversation,
+            metadata={"note": "z" * 400},
+            retention_days=0,
+        )
+    assert grown.value.param == "metadata"
+    assert kept_bytes(tenant_id=tenant.pk) == held  # nothing refused was written
+    # Another tenant's room is its own, and what fits still goes in.
+    conversation_create(
+        tenant_id=other.pk, items=[_message("b", "y" * 500)], metadata={}, retention_days=0
+    )
+    kept_room_check(tenant_id=tenant.pk, size=100, param="store")
+    # A response's turn goes in past it: the response was checked when it was created.
+    assert conversation_turn_add(
+        tenant_id=tenant.pk, conversation_id=conversation, items=[_message("t", "w" * 500)]
+    )
+    assert kept_bytes(tenant_id=tenant.pk) > settings.ROUNDHOUSE_TENANT_STORED_BYTES
+    with pytest.raises(ApiError):
+        kept_room_check(tenant_id=tenant.pk, size=1, param="store")
+    # Deleting makes room again.
+    conversation_delete(tenant_id=tenant.pk, conversation_id=conversation)
+    kept_room_check(tenant_id=tenant.pk, size=100, param="store")

@@ -119,3 +119,19 @@ def test_deleting_the_tenant_deletes_its_responses(world):
     summary = tenant_delete(tenant=tenant)
     assert not StoredResponse.objects.filter(tenant=tenant).exists()
     assert summary.retained_texts_deleted == 1
+
+
+def test_a_background_responses_end_keeps_its_new_size(world):
+    from inference.responses_store import response_finish
+
+    tenant = tenant_create(slug="resp-sized")
+    rid = uuid.uuid4().hex
+    body: dict[str, Any] = {"id": f"resp_{rid}", "created_at": int(time.time()), "status": "queued"}
+    assert response_save(
+        tenant_id=tenant.pk, request_id=rid, body=body, input_items=[], retention_days=0
+    )
+    queued = StoredResponse.objects.get(pk=body["id"]).size
+    ended = {**body, "status": "completed", "output": [{"text": "x" * 2000}]}
+    assert response_finish(tenant_id=tenant.pk, response_id=body["id"], body=ended, last_sequence=3)
+    row = StoredResponse.objects.get(pk=body["id"])
+    assert row.size == len(bytes(row.sealed)) > queued + 2000

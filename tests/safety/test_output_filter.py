@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from safety.detectors import PII_KINDS, DenyList, Finding, Pii, Toxicity
-from safety.policy import LOOKBEHIND, SCAN_STEP, Policy
+from safety.policy import LOOKBEHIND, SCAN_STEP, Policy, policy_combine
 from safety.sentences import LONGEST_SENTENCE
 
 REDACTING = Policy(
@@ -203,3 +203,31 @@ def test_a_pack_off_for_output_passes_text_through():
     policy = Policy(detectors=(DenyList(terms=["falcon"]),), apply_to_output=False)
     out = policy.output_filter()
     assert out.feed("falcon ").text == "falcon "
+
+
+PII_ONLY = Policy(detectors=(Pii(PII_KINDS),), pii_action="redact")
+DENY_ONLY = Policy(detectors=(DenyList(terms=["project falcon"]),))
+
+
+@given(sizes=st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=4))
+@settings(max_examples=50, deadline=None)
+def test_packs_applied_together_redact_as_one_pack_with_both_checks_would(sizes):
+    together = policy_combine([DENY_ONLY, PII_ONLY])
+    sent, stop, _ = _stream(together, _pieces(WITH_PII, sizes))
+    assert (sent, stop) == (REDACTED, None)
+
+
+def test_packs_applied_together_stop_where_either_would_and_send_nothing_after():
+    text = "Write to bob.smith@example.com about project falcon and more text after it."
+    for order in ([DENY_ONLY, PII_ONLY], [PII_ONLY, DENY_ONLY]):
+        sent, stop, _ = _stream(policy_combine(order), list(text))
+        assert stop is not None and stop.detector == "deny_list"
+        assert sent == "Write to [REDACTED:email] about "
+
+
+def test_a_pack_that_filters_no_output_lets_the_others_filter_it():
+    input_only = Policy(detectors=(DenyList(terms=["project falcon"]),), apply_to_output=False)
+    together = policy_combine([input_only, PII_ONLY])
+    assert together.apply_to_output and together.apply_to_input
+    sent, stop, _ = _stream(together, list("about project falcon: bob.smith@example.com"))
+    assert (sent, stop) == ("about project falcon: [REDACTED:email]", None)

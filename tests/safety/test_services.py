@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 from prometheus_client import REGISTRY
 
+from models_registry.models import Alias, AliasSplit, Model, ModelVersion
 from safety.detectors import Finding
 from safety.models import Intervention, PolicyAssignment, PolicyPack
 from safety.selectors import policy_load
@@ -37,35 +38,97 @@ def _counted(stage: str, detector: str, action: str) -> float:
     return REGISTRY.get_sample_value("roundhouse_safety_interventions_total", labels) or 0.0
 
 
+def _version(model_name: str) -> ModelVersion:
+    """A version of a model of its own (no deployment: a pack's cover is the registry's)."""
+    model, _ = Model.objects.get_or_create(name=model_name)
+    return ModelVersion.objects.create(
+        model=model, digest=uuid.uuid4().hex * 2, manifest={}, max_model_len=2048
+    )
+
+
 def test_a_tenant_without_a_pack_has_no_policy(world):
-    assert policy_load(tenant_id=world.acme.pk, alias="tiny-chat") is None
+    assert policy_load(tenant_id=world.acme.pk, version=world.version.version) is None
 
 
-def test_the_tenant_default_applies_to_every_alias(world):
+def test_the_tenant_default_applies_to_every_model(world):
     pack = _pack(deny_terms=["falcon"])
     policy_assign(tenant=world.acme, pack=pack)
-    policy = policy_load(tenant_id=world.acme.pk, alias="tiny-chat")
+    policy = policy_load(tenant_id=world.acme.pk, version=world.version.version)
     assert policy is not None and policy.pack_id == pack.pk
     assert policy.check_input("about falcon").action == "block"
-    assert policy_load(tenant_id=world.globex.pk, alias="tiny-chat") is None
+    other = policy_load(tenant_id=world.acme.pk, version=_version("other-model").digest)
+    assert other is not None and other.pack_id == pack.pk
+    assert policy_load(tenant_id=world.globex.pk, version=world.version.version) is None
 
 
-def test_an_alias_assignment_beats_the_tenant_default(world, django_assert_max_num_queries):
+def test_a_pack_on_an_alias_covers_its_model_by_every_name(world):
+    # tiny-chat routes to tiny-llama: `tiny-chat`, `tiny-llama` and `tiny-llama@<version>`
+    # are served by one version, so they run under one policy, found by that version.
+    pack = _pack(pii_kinds=["email"], pii_action="block")
+    policy_assign(tenant=world.globex, pack=pack, alias="tiny-chat")
+    for version in (world.version.version, world.version.digest):
+        policy = policy_load(tenant_id=world.globex.pk, version=version)
+        assert policy is not None and policy.pack_id == pack.pk
+    older = _version("tiny-llama")  # another version of the model: the same pack
+    assert policy_load(tenant_id=world.globex.pk, version=older.version) is not None
+    assert policy_load(tenant_id=world.globex.pk, version=_version("other-model").digest) is None
+
+
+def test_a_pack_on_a_model_covers_the_aliases_that_route_to_it(world):
+    pack = _pack(deny_terms=["falcon"])
+    policy_assign(tenant=world.globex, pack=pack, alias="tiny-llama")
+    policy = policy_load(tenant_id=world.globex.pk, version=world.version.version)
+    assert policy is not None and policy.pack_id == pack.pk
+
+
+def test_an_alias_split_brings_the_model_it_sends_to_under_the_aliases_pack(world):
+    canary = _version("canary-model")
+    alias = Alias.objects.get(name="tiny-chat")
+    AliasSplit.objects.create(alias=alias, version=canary, buckets=100)
+    policy_assign(tenant=world.globex, pack=_pack(deny_terms=["x"]), alias="tiny-chat")
+    assert policy_load(tenant_id=world.globex.pk, version=canary.version) is not None
+
+
+def test_every_pack_that_covers_a_model_applies_together(world, django_assert_max_num_queries):
+    denying = _pack(deny_terms=["falcon"])
+    redacting = _pack(pii_kinds=["email"], pii_action="redact", apply_to_output=False)
+    policy_assign(tenant=world.acme, pack=denying, alias="tiny-chat")
+    policy_assign(tenant=world.acme, pack=redacting, alias="tiny-llama")
+    with django_assert_max_num_queries(3):
+        policy = policy_load(tenant_id=world.acme.pk, version=world.version.version)
+    assert policy is not None and policy.apply_to_input and policy.apply_to_output
+    assert policy.check_input("about falcon").action == "block"
+    verdict = policy.check_input("mail bob@example.com")
+    assert (verdict.action, verdict.text) == ("redact", "mail [REDACTED:email]")
+    # The output: the deny list stops it; the PII pack reads input only, so it passes e-mail.
+    screen = policy.output_filter()
+    sent = screen.feed("write to bob@example.com. ").text + screen.finish().text
+    assert sent == "write to bob@example.com. "
+    screen = policy.output_filter()
+    sent = screen.feed("the falcon flies. ").text + screen.finish().text
+    assert screen.stopped is not None and "falcon" not in sent
+
+
+def test_a_named_pack_beats_the_tenant_default(world):
     default = _pack(deny_terms=["falcon"])
     strict = _pack(pii_kinds=["email"], pii_action="block")
     policy_assign(tenant=world.acme, pack=default)
     policy_assign(tenant=world.acme, pack=strict, alias="tiny-chat")
-    with django_assert_max_num_queries(1):
-        policy = policy_load(tenant_id=world.acme.pk, alias="tiny-chat")
+    policy = policy_load(tenant_id=world.acme.pk, version=world.version.version)
     assert policy is not None and policy.name == strict.name
-    other = policy_load(tenant_id=world.acme.pk, alias="other-model")
+    other = policy_load(tenant_id=world.acme.pk, version=_version("other-model").version)
     assert other is not None and other.name == default.name
 
 
-def test_an_alias_assignment_alone_leaves_other_aliases_unchecked(world):
-    policy_assign(tenant=world.globex, pack=_pack(deny_terms=["x"]), alias="tiny-chat")
-    assert policy_load(tenant_id=world.globex.pk, alias="tiny-chat") is not None
-    assert policy_load(tenant_id=world.globex.pk, alias="other-model") is None
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("tiny-llama@v1", "not to a pinned version"), ("no-such-model", "no alias or model")],
+)
+def test_a_pack_is_assigned_only_to_a_name_that_covers_a_model(world, name, says):
+    with pytest.raises(ValidationError) as refused:
+        policy_assign(tenant=world.acme, pack=_pack(), alias=name)
+    assert says in str(refused.value.message_dict["alias"])
+    assert not PolicyAssignment.objects.filter(tenant=world.acme, alias=name).exists()
 
 
 def test_assigning_a_pack_is_audited(world):
@@ -90,7 +153,7 @@ def test_unassigning_is_audited_and_removes_the_policy(world):
     pack = _pack()
     policy_assign(tenant=world.acme, pack=pack)
     policy_unassign(tenant=world.acme, actor=world.alice)
-    assert policy_load(tenant_id=world.acme.pk, alias="tiny-chat") is None
+    assert policy_load(tenant_id=world.acme.pk, version=world.version.version) is None
     event = AuditEvent.objects.filter(action="policy.unassign").latest("id")
     assert event.data == {"alias": "", "pack": pack.name}
 

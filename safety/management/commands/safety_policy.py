@@ -32,7 +32,9 @@ class Command(BaseCommand):
         assign = actions.add_parser("assign", help="make a tenant (or one alias of it) use a pack")
         assign.add_argument("tenant")
         assign.add_argument("pack")
-        assign.add_argument("--alias", default="", help="only requests to this model name")
+        assign.add_argument(
+            "--alias", default="", help="an alias or a model: its model, by whatever name"
+        )
         assign.add_argument("--reason", default="")
         unassign = actions.add_parser("unassign", help="remove a tenant's (alias's) pack")
         unassign.add_argument("tenant")
