@@ -26,8 +26,8 @@ from inference.endpoint import (
     client_timeout,
     json_response,
     request_clock,
-    request_json,
     request_principal,
+    request_read,
     request_trace,
     sse_response,
 )
@@ -90,16 +90,19 @@ def _effort_that_turns_thinking_off(tokenizer: Tokenizer) -> str:
 
 
 async def _chat_request(
-    body: dict[str, Any], principal: Principal, *, count: bool
-) -> tuple[GenerationRequest, Route | None]:
-    """The body's chat request; a body whose conversion depends on the template (a system
-    message inside `messages`, thinking turned off) is converted for the version it routes to,
-    which comes with it (None: not routed yet)."""
+    request: HttpRequest, principal: Principal, *, count: bool
+) -> tuple[dict[str, Any], GenerationRequest, Route | None]:
+    """The body, and its chat request; a body whose conversion depends on the template (a
+    system message inside `messages`, thinking turned off) is converted for the version it
+    routes to, which comes with it (None: not routed yet)."""
     tenant = principal.tenant_id
-    chat = messages_chat(body, count=count, tenant_id=tenant)  # checked before any lookup
+    # Checked before any lookup (a large body off the event loop).
+    body, chat = await request_read(
+        request, functools.partial(messages_chat, count=count, tenant_id=tenant)
+    )
     needs = needs_of(body)
     if not (needs.inline_system or needs.thinking_disabled):
-        return chat, None
+        return body, chat, None
     routing = await routing_get(chat.model)
     route = routing.pick(tenant_id=tenant, user=chat.user)
     digest = route.version_digest
@@ -116,18 +119,22 @@ async def _chat_request(
         if digest not in _thinking_off_effort:
             _thinking_off_effort[digest] = _effort_that_turns_thinking_off(tokenizer)
         effort = _thinking_off_effort[digest]
-    converted = messages_chat(
-        body, count=count, merge_inline_system=merge, disabled_effort=effort, tenant_id=tenant
+    convert = functools.partial(
+        messages_chat,
+        body,
+        count=count,
+        merge_inline_system=merge,
+        disabled_effort=effort,
+        tenant_id=tenant,
     )
-    return converted, route
+    return body, await preprocessed(tenant, convert), route
 
 
 @api_endpoint("POST", counted=True)
 async def messages_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
-    body = await request_json(request)
     key = key_validate(request.headers.get("Idempotency-Key"))
-    chat, _ = await _chat_request(body, principal, count=False)
+    body, chat, _ = await _chat_request(request, principal, count=False)
     clock = request_clock(request)
     tenant = principal.tenant_id
     with key_freed_on_failure(tenant_id=tenant, key=key, request_id=request_id):
@@ -229,7 +236,7 @@ async def messages_count_tokens(request: HttpRequest, request_id: str) -> HttpRe
     """The input tokens a Messages request would take: its conversation, system prompt and
     tools as the routed version's template writes them."""
     principal = await request_principal(request, Scope.INFERENCE)
-    chat, route = await _chat_request(await request_json(request), principal, count=True)
+    _, chat, route = await _chat_request(request, principal, count=True)
     if route is None:
         routing = await routing_get(chat.model)
         route = routing.pick(tenant_id=principal.tenant_id, user=chat.user)

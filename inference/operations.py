@@ -26,7 +26,7 @@ from dataplane.redis_client import ping_everywhere
 from inference.admission import VERSION_HEADER
 from inference.auth import Principal
 from inference.clients import dispatch_get, routing_get
-from inference.endpoint import api_endpoint, json_response, request_json, request_principal
+from inference.endpoint import api_endpoint, json_response, request_principal, request_read
 from inference.errors import ApiError, invalid
 from inference.params import TokenizeRequest, detokenize_parse, tokenize_parse
 from inference.preprocessing import preprocessed
@@ -156,7 +156,7 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     the deployment's and the tenant's `max_context_tokens`.
     """
     principal = await request_principal(request, Scope.INFERENCE)
-    parsed = tokenize_parse(await request_json(request))
+    _, parsed = await request_read(request, tokenize_parse)
     route, tokenizer = await _routed(principal, parsed.model)
     if _inline(parsed):
         tokens = _tokens(tokenizer, parsed)
@@ -178,7 +178,7 @@ async def tokenize(request: HttpRequest, request_id: str) -> HttpResponse:
 async def detokenize(request: HttpRequest, request_id: str) -> HttpResponse:
     """vLLM's /detokenize: the text of token ids (special tokens included), as `prompt`."""
     principal = await request_principal(request, Scope.INFERENCE)
-    parsed = detokenize_parse(await request_json(request))
+    _, parsed = await request_read(request, detokenize_parse)
     route, tokenizer = await _routed(principal, parsed.model)
     vocab = tokenizer.vocab_size
     for index, token in enumerate(parsed.tokens):

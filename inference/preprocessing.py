@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import threading
 from collections.abc import Callable
@@ -47,7 +48,10 @@ async def preprocessed(
     """Run a preparation step on the preprocessing threads, in one of its tenant's turns."""
     over = await _turns.take(tenant_id)
     try:
-        done = _pool().submit(functools.partial(fn, *args, **kwargs))
+        # In the caller's context, as asyncio.to_thread runs a call: whose request it is (the
+        # schemas it compiles are kept per tenant) and its log fields go with it.
+        context = contextvars.copy_context()
+        done = _pool().submit(context.run, functools.partial(fn, *args, **kwargs))
     except BaseException:
         over()
         raise

@@ -41,8 +41,8 @@ from inference.endpoint import (
     list_page,
     page_query,
     request_clock,
-    request_json,
     request_principal,
+    request_read,
     request_trace,
     sse_response,
 )
@@ -52,6 +52,7 @@ from inference.idempotency import Original, key_validate
 from inference.kept import kept_room_check
 from inference.key_replay import finished_check, key_freed_on_failure, replayed_or_claimed
 from inference.metrics import RequestClock
+from inference.params import GenerationRequest
 from inference.preprocessing import preprocessed
 from inference.response_events import ResponseBuilder, error_event, sse
 from inference.responses import (
@@ -92,16 +93,15 @@ def _not_found(response_id: str, param: str = "response_id") -> ApiError:
 @api_endpoint("POST", counted=True)
 async def responses_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
-    body = await request_json(request)
     response_id = f"resp_{request_id}"
-    history, conversation = await _history(
-        body,
-        tenant_id=principal.tenant_id,
-        parse=lambda: responses_parse(body, response_id=response_id, history=[]),
-    )
-    with compiled_for(principal.tenant_id):
-        parsed = responses_parse(
-            body, response_id=response_id, history=history, conversation=conversation
+    read = functools.partial(_create_read, response_id=response_id, tenant_id=principal.tenant_id)
+    # The body is checked before its history is looked up: a bad one costs no query.
+    body, parsed = await request_read(request, read)
+    history, conversation = await _history(body, tenant_id=principal.tenant_id)
+    if history or conversation is not None:
+        # Read again after the turns it follows (up to a conversation's 4,096 items).
+        parsed = await preprocessed(
+            principal.tenant_id, read, body, history=history, conversation=conversation
         )
     if parsed.background and not parsed.store:
         raise invalid("store", "A background response is stored: leave 'store' out or send true.")
@@ -204,18 +204,45 @@ def _room_check(
     kept_room_check(tenant_id=tenant_id, size=size, param=param)
 
 
+def _create_read(
+    body: dict[str, Any],
+    *,
+    response_id: str,
+    tenant_id: int,
+    history: list[Kept] | None = None,
+    conversation: list[dict[str, Any]] | None = None,
+) -> ResponsesRequest:
+    """A create's body read as the tenant's, after the turns it follows (if known yet)."""
+    with compiled_for(tenant_id):
+        return responses_parse(
+            body, response_id=response_id, history=history or [], conversation=conversation
+        )
+
+
+def _count_read(
+    body: dict[str, Any],
+    *,
+    tenant_id: int,
+    history: list[Kept] | None = None,
+    conversation: list[dict[str, Any]] | None = None,
+) -> GenerationRequest | None:
+    """A count's body read as the tenant's, after the turns it follows (if known yet); None
+    for a body that counts a history alone before its history is known (nothing to check)."""
+    if history is None and conversation is None and "input" not in body:
+        return None
+    with compiled_for(tenant_id):
+        return count_parse(body, history=history or [], conversation=conversation)
+
+
 async def _history(
-    body: dict[str, Any], *, tenant_id: int, parse: Callable[[], object]
+    body: dict[str, Any], *, tenant_id: int
 ) -> tuple[list[Kept], list[dict[str, Any]] | None]:
     """What a body's turn follows, oldest first: the stored turns its previous_response_id
     chains onto, or the items of the conversation it names (None: it names none). A missing
-    link or conversation is a 404 naming it. `parse` checks the body first: a bad one costs
-    no query."""
+    link or conversation is a 404 naming it."""
     previous, conversation = previous_id_read(body), conversation_id_read(body)
     if previous is None and conversation is None:
         return [], None
-    with compiled_for(tenant_id):
-        parse()
     if conversation is not None:
         items = await db_call(conversation_items, tenant_id=tenant_id, conversation_id=conversation)
         if items == "missing":
@@ -242,16 +269,13 @@ async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpR
     the context; without it a conversation past the context is counted whole.
     """
     principal = await request_principal(request, Scope.INFERENCE)
-    body = await request_json(request)
     tenant_id = principal.tenant_id
-    # A body that counts a history alone has nothing to check before the history is read.
-    history, conversation = await _history(
-        body,
-        tenant_id=tenant_id,
-        parse=lambda: count_parse(body, history=[]) if "input" in body else None,
-    )
-    with compiled_for(tenant_id):
-        chat = count_parse(body, history=history, conversation=conversation)
+    read = functools.partial(_count_read, tenant_id=tenant_id)
+    body, chat = await request_read(request, read)
+    history, conversation = await _history(body, tenant_id=tenant_id)
+    if chat is None or history or conversation is not None:
+        chat = await preprocessed(tenant_id, read, body, history=history, conversation=conversation)
+    assert chat is not None, "a count's body read after its history is a chat request"
     route = (await routing_get(chat.model)).pick(tenant_id=tenant_id, user=chat.user)
     task_check(route, embeddings=False, model=chat.model)
     await tokenizer_of(route)  # its first load off the event loop

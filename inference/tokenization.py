@@ -10,9 +10,10 @@ tokenizer runs.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ class Tokenizer(registry.Tokenizer):
 
     def encode_with(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Encode text as vLLM's /tokenize does: with the special tokens (BOS) or without."""
-        return list(self._fast.encode(text, add_special_tokens=add_special_tokens).ids)
+        return self.encode_ids(text, add_special_tokens=add_special_tokens)
 
     def token_strs(self, ids: list[int]) -> list[str]:
         """The vocabulary entry of each token id (vLLM's `return_token_strs`)."""
@@ -236,22 +237,21 @@ def turns_fitted(
 
     The Responses API's truncation "auto": as many of the newest turns as fit the context
     with the output's room (max_tokens, or one token) are kept, as dropping the oldest turn
-    one at a time would keep. A conversation that fits costs one render. Otherwise the cut is
-    found in a number of renders that grows with the log of the conversation's turns,
-    searching from the newest end: the span kept doubles until it does not fit, then the gap
-    halves, so no render is much larger than what is kept (a render whose text alone is
-    certainly too long is not tokenised). When not even the newest turn fits, only it is
-    kept: submitting it then says why. Past `seconds` the search stops with a 400: under a
-    bounded number of messages and renders that takes a conversation of extreme texts.
+    one at a time would keep. The cut is searched for from the newest end, each render's
+    token count guessing where the next should be (`_CutSearch`), so a conversation of
+    thousands of turns takes a handful of renders, none much longer than what is kept. When
+    not even the newest turn fits, only it is kept: submitting it then says why. Past
+    `seconds` the search stops with a 400: under a bounded number of messages and renders,
+    only a conversation of extreme texts takes that long.
     """
     messages = request.messages
     assert messages is not None, "only a chat's conversation is truncated"
-    deadline = time.monotonic() + seconds
     # A conversation longer than a prompt may be keeps at most the newest turns one may hold.
     starts = turn_starts(messages, most=MAX_MESSAGES)
-    need = request.max_tokens or 1
+    deadline = time.monotonic() + seconds
 
-    def fits(index: int) -> bool:
+    def counted(start: int) -> int | None:
+        """The prompt's tokens kept from `start` on; None: certainly past the context."""
         if time.monotonic() > deadline:
             raise ApiError(
                 400,
@@ -261,33 +261,88 @@ def turns_fitted(
                 param="truncation",
             )
         try:
-            prompts, _ = prompts_read(_kept(request, starts[index]), route, context=context)
+            prompts, _ = prompts_read(_kept(request, start), route, context=context)
         except ApiError as exc:
             if exc.code != "context_length_exceeded":
                 raise
-            return False
-        return len(prompts[0]) + need <= context
+            return None
+        return len(prompts[0])
 
-    if fits(0):
-        return request if starts[0] == _head(messages) else _kept(request, starts[0])
-    last = len(starts) - 1
-    if last == 0 or not fits(last):
-        return _kept(request, starts[last])
-    # From the newest end, the turns kept double until a span does not fit ...
-    fitting, too_long, step = last, 0, 1
-    while (probe := last - step) > too_long:
-        if not fits(probe):
-            too_long = probe
-            break
-        fitting, step = probe, step * 2
-    # ... then the gap between the longest span that fits and the shortest that does not halves.
-    while fitting - too_long > 1:
-        middle = (fitting + too_long) // 2
-        if fits(middle):
-            fitting = middle
+    kept = [_head(messages) + len(messages) - start for start in starts]
+    search = _CutSearch(kept, budget=context - (request.max_tokens or 1), counted=counted)
+    start = starts[search.cut(starts)]
+    return request if start == _head(messages) else _kept(request, start)
+
+
+class _CutSearch:
+    """Where to cut a conversation: the fewest turns dropped that leave it within a budget.
+
+    Candidates are indexed by turns dropped (0: none), so the messages kept fall as the index
+    rises and every candidate from the cut on fits. Each render's token count guesses the
+    next candidate, as if each kept message cost what those measured cost: from the newest
+    turn the guess jumps near the cut (at most eight times the span kept while nothing is
+    known not to fit, so no render is much longer than what is kept), then falls between
+    the longest span that fits and the shortest that does not, halving that gap instead
+    whenever a guess did not halve it. Turns of like sizes take three or four renders; none
+    take more than about twice the log of the turns.
+    """
+
+    REACH = 8  # how many times the span kept a guess may reach while nothing is too long
+
+    def __init__(
+        self, kept: list[int], *, budget: int, counted: Callable[[int], int | None]
+    ) -> None:
+        self._kept = kept  # messages kept at each candidate, falling
+        self._falling = [-k for k in kept]  # rising, for bisect
+        self._budget = budget
+        self._counted = counted
+        self._tokens: dict[int, int | None] = {}
+
+    def cut(self, starts: list[int]) -> int:
+        """The index of the first candidate that fits (the last one, if none does)."""
+        last = len(starts) - 1
+        if last == 0 or not self._fits(last, starts):
+            return last
+        fits, too_long = last, -1  # -1: nothing is known not to fit yet
+        halved, step = True, 1
+        while fits - too_long > 1:
+            if too_long < 0:
+                # Each guess that fits reaches further than the last (at least twice as far).
+                reach = self._index_keeping(self._kept[fits] * self.REACH)
+                probe = min(max(self._guess(fits, too_long), reach), fits - step)
+                step *= 2
+            elif halved:
+                probe = self._guess(fits, too_long)
+            else:
+                probe = (fits + too_long) // 2
+            probe = min(max(probe, too_long + 1), fits - 1)
+            gap = fits - too_long
+            if self._fits(probe, starts):
+                fits = probe
+            else:
+                too_long = probe
+            halved = fits - too_long <= gap // 2
+        return fits
+
+    def _fits(self, index: int, starts: list[int]) -> bool:
+        tokens = self._tokens[index] = self._counted(starts[index])
+        return tokens is not None and tokens <= self._budget
+
+    def _guess(self, fits: int, too_long: int) -> int:
+        """The candidate whose kept messages should cost the budget, between the two."""
+        kept, measured = self._kept[fits], self._tokens[fits] or 0
+        beyond = self._tokens.get(too_long) if too_long >= 0 else None
+        if beyond is None:
+            rate = measured / max(kept, 1)  # tokens a message, as those kept cost
         else:
-            too_long = middle
-    return _kept(request, starts[fitting])
+            rate = (beyond - measured) / max(self._kept[too_long] - kept, 1)
+        if rate <= 0:
+            return too_long + 1
+        return self._index_keeping(kept + (self._budget - measured) / rate)
+
+    def _index_keeping(self, messages: float) -> int:
+        """The first candidate that keeps at most `messages` messages."""
+        return bisect.bisect_left(self._falling, -messages)
 
 
 def _kept(request: GenerationRequest, start: int) -> GenerationRequest:

@@ -30,8 +30,8 @@ from inference.endpoint import (
     json_response,
     pieces_response,
     request_clock,
-    request_json,
     request_principal,
+    request_read,
     request_trace,
     sse_response,
 )
@@ -77,7 +77,7 @@ async def chat_completions_batch(request: HttpRequest, request_id: str) -> HttpR
 @api_endpoint("POST", counted=True)
 async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
-    parsed = embeddings_parse(await request_json(request))
+    _, parsed = await request_read(request, embeddings_parse)
     clock = request_clock(request)
     submitted = await embedding_submit(
         principal=principal,
@@ -112,11 +112,13 @@ async def _generate(
     request: HttpRequest, request_id: str, *, endpoint: str, batch: bool = False
 ) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
-    body = await request_json(request)
-    if batch:
-        parsed = chat_batch_parse(body, tenant_id=principal.tenant_id)
-    else:
-        parsed = generation_parse(body, endpoint=endpoint, tenant_id=principal.tenant_id)
+    tenant_id = principal.tenant_id
+    body, parsed = await request_read(
+        request,
+        functools.partial(chat_batch_parse, tenant_id=tenant_id)
+        if batch
+        else functools.partial(generation_parse, endpoint=endpoint, tenant_id=tenant_id),
+    )
     # The API a usage record (and an idempotency key's original) names.
     api = CHAT_BATCH if batch else parsed.endpoint
     key = key_validate(request.headers.get("Idempotency-Key"))

@@ -49,3 +49,23 @@ async def test_a_step_whose_caller_gave_up_keeps_its_tenants_turn_until_it_ends(
     assert not waiting.done()  # the abandoned step still runs, in the tenant's one turn
     release.set()
     assert await asyncio.wait_for(waiting, timeout=10) == "next"
+
+
+async def test_a_large_body_is_parsed_and_read_off_the_event_loop(rf):
+    """JSON of many small values costs the parser about a millisecond every 16 KiB: a large
+    body is parsed, and its fields read, on a preprocessing thread; a small one inline."""
+    from inference.endpoint import INLINE_BODY_BYTES, request_read
+
+    loop_thread = threading.get_ident()
+
+    def read(body: dict[str, object]) -> int:
+        return threading.get_ident()
+
+    messages = [{"role": "user", "content": "a"}] * 2000
+    large = rf.post("/v1/chat/completions", {"messages": messages}, content_type="application/json")
+    assert len(large.body) > INLINE_BODY_BYTES
+    body, read_on = await request_read(large, read)
+    assert body["messages"] == messages and read_on != loop_thread
+    small = rf.post("/v1/chat/completions", {"model": "m"}, content_type="application/json")
+    body, read_on = await request_read(small, read)
+    assert body == {"model": "m"} and read_on == loop_thread

@@ -279,3 +279,18 @@ def test_a_truncation_search_past_its_time_is_a_400_naming_truncation(model_dir,
         tokenization.turns_fitted(request, route, context=64, seconds=0)  # type: ignore[arg-type]
     assert refused.value.status == 400 and refused.value.param == "truncation"
     assert refused.value.code == "prompt_too_complex"
+
+
+def test_a_text_is_tokenised_as_a_single_encode_would_tokenise_it(model_dir):
+    """Texts go through the tokenizer's batch call, which lets go of the interpreter while it
+    works (a single encode holds it, and froze the event loop beside a long prompt): the ids
+    are the same, special tokens or not."""
+    tokenizer = Tokenizer(model_dir)
+    rng = random.Random(7)
+    texts = ["", " ", "<s>hi</s>", "def f():\n    return 'é😀\x00'\n" * 40]
+    texts += ["".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(200)) for _ in range(50)]
+    for text in texts:
+        for special in (False, True):
+            single = tokenizer._fast.encode(text, add_special_tokens=special).ids
+            assert tokenizer.encode_ids(text, add_special_tokens=special) == single
+    assert tokenizer.encode_inputs(texts) == [tokenizer._fast.encode(t).ids for t in texts]
