@@ -374,6 +374,10 @@ ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE = env_int(
     "ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE", 64 * 1024 * 1024
 )
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# How many database calls (a file's chunk read, a list, a batch read) one tenant's requests run
+# at once on a frontend, of its 4 database threads (at most 3): the rest of its calls wait
+# their turn, and the other threads stay free for the other tenants.
+ROUNDHOUSE_DB_CALLS_PER_TENANT = env_int("ROUNDHOUSE_DB_CALLS_PER_TENANT", 2)
 
 # Where registered model versions are stored, content-addressed and read-only.
 ROUNDHOUSE_ARTIFACT_ROOT = Path(
