@@ -14,6 +14,11 @@ refused, and so is a request with a body that needs a key and has no valid one, 
 to a counted path (`counted_paths`) past its tenant's requests per minute; the body is then read
 with the limit enforced chunk by chunk (a 413 the moment it is passed, nothing more read).
 Everything else (scopes, parsing, the other limits) is the views' work.
+
+A response goes out as fast as its client takes it and no faster: each send waits while the
+connection's buffer is full (uvicorn's flow control), so a streamed body is a chunk or two in
+memory however large it is. A client that takes nothing for ROUNDHOUSE_WRITE_TIMEOUT_SECONDS
+is cut off, and what its response held is let go.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import io
+import logging
 import tempfile
 import time
 import uuid
@@ -42,6 +48,7 @@ from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch
 from tenants.models import Scope
 
+log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 # vLLM's operational endpoints, at its paths (inference.operations); these two take a key.
 KEYED_OPERATION_PATHS = ("/tokenize", "/detokenize")
@@ -240,6 +247,28 @@ def is_api_path(path: str) -> bool:
 
 class _TooLarge(Exception):
     pass
+
+
+class ResponseCut(Exception):
+    """Raised by a streamed body that cannot go on (what it sends is gone): the connection is
+    cut short of the response's length, so its client sees it incomplete, not ended."""
+
+
+class _Stalled(Exception):
+    """A send waited past the write timeout: the client stopped taking the response."""
+
+
+def _abort(send: Any) -> None:
+    """Drop a response's connection at once, with whatever it still had buffered.
+
+    The transport is uvicorn's (the `send` it hands an application is a method of the
+    connection's request cycle). Closing it instead would wait for the buffer to drain, which
+    a client that stopped reading never lets happen. Under another server the application's
+    return ends the response as that server sees fit.
+    """
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if isinstance(transport, asyncio.Transport):
+        transport.abort()
 
 
 def body_limit(path: str) -> int:
@@ -452,6 +481,32 @@ class ApiHandler(ASGIHandler):
             return io.BytesIO(b"".join(chunks))
         body_file.seek(0)
         return body_file
+
+    async def send_response(self, response: Any, send: Any) -> None:
+        """Send a response as Django does, cutting off a client that stops taking it.
+
+        Each message waits for room in the connection's buffer; one that waits
+        ROUNDHOUSE_WRITE_TIMEOUT_SECONDS ends the response there and drops the connection.
+        A streamed body that raises ResponseCut drops it too.
+        """
+        timeout = float(settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS)
+
+        async def timed(message: Any) -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await send(message)
+            except TimeoutError:
+                raise _Stalled from None
+
+        try:
+            await super().send_response(response, timed)
+        except _Stalled:
+            log.warning("cut off the client of request %s: it took none of its response for "
+                        "%g s", response.get("x-request-id", "?"), timeout)  # fmt: skip
+            _abort(send)
+        except ResponseCut as exc:
+            log.warning("cut request %s short: %s", response.get("x-request-id", "?"), exc)
+            _abort(send)
 
     async def _refuse(self, error: ApiError, send: Any, path: str) -> None:
         """Answer a request whose body is left unread, and close its connection."""

@@ -374,6 +374,9 @@ ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE = env_int(
     "ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE", 64 * 1024 * 1024
 )
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# A client that takes none of a response's bytes for this long (its socket full, a send
+# waiting) is cut off, and whatever its response held is let go.
+ROUNDHOUSE_WRITE_TIMEOUT_SECONDS = env_float("ROUNDHOUSE_WRITE_TIMEOUT_SECONDS", 30.0)
 # How many database calls (a file's chunk read, a list, a batch read) one tenant's requests run
 # at once on a frontend, of its 4 database threads (at most 3): the rest of its calls wait
 # their turn, and the other threads stay free for the other tenants.
