@@ -455,7 +455,8 @@ ROUNDHOUSE_DEFAULT_QUOTA: dict[str, int | Decimal] = {
 ROUNDHOUSE_MAX_FILE_BYTES = env_int("ROUNDHOUSE_MAX_FILE_BYTES", 64 * 1024 * 1024)
 ROUNDHOUSE_MAX_FILE_LINES = env_int("ROUNDHOUSE_MAX_FILE_LINES", 50_000)
 # The bytes a tenant's files (uploads and batch results) may hold together in PostgreSQL; an
-# upload past it is refused (storage_limit_exceeded) until files are deleted or expire.
+# upload past it is refused (storage_limit_exceeded) until files are deleted or expire, and a
+# batch whose result files would pass it ends failed, its files holding the lines that fit.
 ROUNDHOUSE_TENANT_FILE_BYTES = env_int("ROUNDHOUSE_TENANT_FILE_BYTES", 10 * 1024**3)
 # A batch job works in steps of this many seconds (short, so a Celery worker's warm shutdown
 # is quick) and holds the batch's lease, renewed as it goes, which lapses this long after its
