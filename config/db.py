@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
@@ -70,12 +71,26 @@ class _Shares:
             semaphore = self._held[tenant_id] = asyncio.Semaphore(tenant_share())
         self._users[tenant_id] = self._users.get(tenant_id, 0) + 1
         try:
-            async with semaphore:
-                return await call()
-        finally:
-            self._users[tenant_id] -= 1
-            if not self._users[tenant_id]:
-                del self._users[tenant_id], self._held[tenant_id]
+            await semaphore.acquire()
+        except BaseException:
+            self._leave(tenant_id)  # it gave up waiting (its client went away)
+            raise
+        # The share is held until the call's thread is done, even if its caller stops
+        # waiting for it: a thread still busy with the tenant's work is still the tenant's.
+        running = asyncio.ensure_future(call())
+        running.add_done_callback(functools.partial(self._done, tenant_id, semaphore))
+        return await asyncio.shield(running)
+
+    def _done(self, tenant_id: int, semaphore: asyncio.Semaphore, running: asyncio.Future) -> None:
+        if not running.cancelled():
+            running.exception()  # seen here: the caller that would have seen it may be gone
+        semaphore.release()
+        self._leave(tenant_id)
+
+    def _leave(self, tenant_id: int) -> None:
+        self._users[tenant_id] -= 1
+        if not self._users[tenant_id]:
+            del self._users[tenant_id], self._held[tenant_id]
 
 
 _shares = _Shares()

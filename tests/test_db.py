@@ -66,3 +66,34 @@ def test_a_tenants_share_is_less_than_every_thread(settings):
         assert asyncio.run(scenario()) == "answered"
     finally:
         let_go.set()
+
+
+def test_a_call_its_caller_gave_up_on_keeps_the_tenants_share_until_its_thread_is_done(settings):
+    settings.ROUNDHOUSE_DB_CALLS_PER_TENANT = 2
+    let_go, entered = threading.Event(), threading.Event()
+    inside = threading.Semaphore(0)
+
+    def held() -> None:
+        inside.release()
+        let_go.wait(60)
+
+    async def scenario() -> bool:
+        gone = [asyncio.create_task(tenant_db_call(1, held)) for _ in range(2)]
+        for _ in range(2):
+            await asyncio.to_thread(inside.acquire, timeout=30)
+        for task in gone:
+            task.cancel()  # their clients went away; their threads still read
+        await asyncio.gather(*gone, return_exceptions=True)
+        after = asyncio.create_task(tenant_db_call(1, entered.set))
+        await asyncio.sleep(0.3)
+        started_early = entered.is_set()
+        let_go.set()
+        await asyncio.wait_for(after, timeout=30)
+        return started_early
+
+    try:
+        started_early = asyncio.run(scenario())
+    finally:
+        let_go.set()
+    assert not started_early, "the tenant's next call ran while its share's threads were busy"
+    assert entered.is_set()
