@@ -258,7 +258,7 @@ class _Stalled(Exception):
     """A send waited past the write timeout: the client stopped taking the response."""
 
 
-def _abort(send: Any) -> None:
+async def _abort(send: Any) -> None:
     """Drop a response's connection at once, with whatever it still had buffered.
 
     The transport is uvicorn's (the `send` it hands an application is a method of the
@@ -267,8 +267,12 @@ def _abort(send: Any) -> None:
     return ends the response as that server sees fit.
     """
     transport = getattr(getattr(send, "__self__", None), "transport", None)
-    if isinstance(transport, asyncio.Transport):
-        transport.abort()
+    abort = getattr(transport, "abort", None)  # asyncio's or uvloop's (not a subclass)
+    if callable(abort):
+        abort()
+        # Let the connection's loss reach uvicorn before the application returns, or it
+        # reports a response the application left incomplete (an error, for each cut).
+        await asyncio.sleep(0)
 
 
 def body_limit(path: str) -> int:
@@ -503,10 +507,10 @@ class ApiHandler(ASGIHandler):
         except _Stalled:
             log.warning("cut off the client of request %s: it took none of its response for "
                         "%g s", response.get("x-request-id", "?"), timeout)  # fmt: skip
-            _abort(send)
+            await _abort(send)
         except ResponseCut as exc:
             log.warning("cut request %s short: %s", response.get("x-request-id", "?"), exc)
-            _abort(send)
+            await _abort(send)
 
     async def _refuse(self, error: ApiError, send: Any, path: str) -> None:
         """Answer a request whose body is left unread, and close its connection."""

@@ -24,7 +24,8 @@ import pytest
 
 from tests.conftest import Process, _free_port, _http_ok, _spawn, _wait_for, roomy_key
 
-WRITE_TIMEOUT_SECONDS = 3
+# Long enough for a test to act on a stalled download before it is cut off.
+WRITE_TIMEOUT_SECONDS = 10
 MiB = 1024 * 1024
 
 
@@ -163,8 +164,38 @@ def test_a_reader_that_stops_reading_is_cut_off_after_the_write_timeout(frontend
         _wait_for(frontend.process, lambda: said in frontend.process.tail(400), timeout=120)
         # The rest never comes: the connection ends short of the file.
         assert early + _drain(sock) < big.size
+    # Cut on purpose, not a response the application forgot to finish.
+    assert "returned without completing response" not in frontend.process.tail(400)
     # The frontend serves on: the same file downloads whole to a client that reads it.
     assert _download(frontend, big) == big.digest
+
+
+def test_a_file_deleted_while_it_downloads_ends_the_download_short(
+    frontend, big, django_db_blocker
+):
+    from batches.services import file_create
+    from tenants.models import Tenant
+
+    # 12 MiB: more than the sockets between can hold.
+    content = (b'{"pad": "' + b"p" * 1000 + b'"}\n') * (12 * MiB // 1012)
+    with django_db_blocker.unblock():
+        tenant = Tenant.objects.get(slug="downloads")
+        doomed = file_create(tenant_id=tenant.pk, filename="doomed.jsonl", purpose="batch",
+                             content=content)  # fmt: skip
+    file = BigFile(big.key, doomed.id, len(content), "")
+    sock, headers, early = _stalled(frontend, file)
+    with sock:
+        deleted = httpx.delete(
+            f"{frontend.base_url}/v1/files/{doomed.id}",
+            headers={"Authorization": f"Bearer {big.key}"},
+            timeout=30,
+        )
+        assert deleted.status_code == 200, deleted.text
+        # Read on: what the sockets held comes, then the connection ends short of the file.
+        received = early + _drain(sock)
+    assert received < len(content)
+    said = f"cut request {headers['x-request-id']} short"
+    _wait_for(frontend.process, lambda: said in frontend.process.tail(400), timeout=60)
 
 
 def _until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
