@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
+
+import pytest
 
 from config.db import DB_THREADS, tenant_db_call
+
+# The threads check their connections before each call (an earlier test may have left one).
+pytestmark = pytest.mark.django_db
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.01)
 
 
 def test_a_tenants_calls_take_its_share_of_the_threads_and_leave_the_rest_to_others(settings):
@@ -27,8 +41,7 @@ def test_a_tenants_calls_take_its_share_of_the_threads_and_leave_the_rest_to_oth
 
     async def scenario() -> tuple[list[int], str]:
         hogs = [asyncio.create_task(tenant_db_call(1, slow, n)) for n in range(2 * DB_THREADS)]
-        while running < 2:
-            await asyncio.sleep(0.01)
+        await _until(lambda: running == 2, "two of the tenant's calls run")
         # The first tenant holds its share; another tenant's call is answered meanwhile.
         other = await asyncio.wait_for(tenant_db_call(2, str, "answered"), timeout=30)
         assert running == 2
