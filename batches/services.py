@@ -576,10 +576,10 @@ def _results_write(batch: Batch) -> tuple[File | None, File | None, dict[str, An
                     "code": "storage_limit_exceeded",
                     "message": (
                         f"The batch's output and error files stop before line "
-                        f"{line.index + 1}: with it, the tenant's files would hold more than "
-                        f"{limit} bytes. Its lines from there on ran (see request_counts) but "
-                        "are in neither file. Delete files (DELETE /v1/files/{file_id}) to make "
-                        "room for the next batch."
+                        f"{line.index + 1}: with its entry the tenant's files would hold more "
+                        f"than their limit of {limit} bytes. The lines from there on are "
+                        "counted in request_counts but are in neither file. Delete files "
+                        "(DELETE /v1/files/{file_id}) to make room for the next batch."
                     ),
                     "param": None,
                     "line": line.index + 1,
