@@ -24,8 +24,16 @@ class FilePurpose(models.TextChoices):
     BATCH_OUTPUT = "batch_output"  # a batch's output or error file, written by the platform
 
 
+# A file's bytes are kept in pieces of this size (the last one shorter): whoever reads or writes
+# a file holds a piece or two of it at a time, never the whole file.
+FILE_CHUNK_BYTES = 1024 * 1024
+
+
 class File(models.Model):
-    """A tenant's JSONL file, kept in PostgreSQL so every frontend and job host can read it."""
+    """A tenant's JSONL file, kept in PostgreSQL so every frontend and job host can read it.
+
+    Its bytes are its chunks (FileChunk), in order; `size` is their total.
+    """
 
     id = models.CharField(primary_key=True, max_length=40, default=file_id_new, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="files")
@@ -33,7 +41,6 @@ class File(models.Model):
     filename = models.CharField(max_length=255)
     size = models.PositiveBigIntegerField()
     lines = models.PositiveIntegerField()
-    content = models.BinaryField()
     created_at = models.DateTimeField(auto_now_add=True)
     # When the hourly purge deletes it (batches.services.files_purge): its `expires_after`, or
     # 30 days after its upload or its batch's end. Null: kept until deleted.
@@ -47,6 +54,21 @@ class File(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.filename})"
+
+
+class FileChunk(models.Model):
+    """One piece of a file's bytes: the `seq`th, of FILE_CHUNK_BYTES (the last one fewer)."""
+
+    # The unique (file, seq) index serves every lookup by file: no index of its own.
+    file = models.ForeignKey(File, on_delete=models.CASCADE, related_name="chunks", db_index=False)
+    seq = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["file", "seq"], name="file_chunk_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.file_id}#{self.seq}"
 
 
 class BatchStatus(models.TextChoices):

@@ -14,7 +14,9 @@ def _tenant_deleting(*, deletion: TenantDeletion, **_: Any) -> None:
     # receiver has run.
     by_model = Batch.objects.filter(tenant=deletion.tenant).delete()[1]
     deletion.batches_deleted = by_model.get(Batch._meta.label, 0)
-    deletion.files_deleted = File.objects.filter(tenant=deletion.tenant).delete()[0]
+    # Counted by model: the total would count each file's chunks too.
+    by_model = File.objects.filter(tenant=deletion.tenant).delete()[1]
+    deletion.files_deleted = by_model.get(File._meta.label, 0)
 
 
 def receivers_connect() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from django.db.models import QuerySet
 
-from batches.models import Batch, File
+from batches.models import Batch, File, FileChunk
 from config.json_body import shown
 from inference.errors import ApiError
 from tenants.models import Tenant
@@ -18,19 +20,28 @@ def _comparable(value: str) -> bool:
 def file_get(*, tenant: Tenant | int, file_id: str) -> File:
     found = None
     if _comparable(file_id):
-        found = File.objects.filter(tenant=tenant, pk=file_id).defer("content").first()
+        found = File.objects.filter(tenant=tenant, pk=file_id).first()
     if found is None:
         raise ApiError(404, "file_not_found", f"No file '{shown(file_id)}'.", param="file_id")
     return found
 
 
-def file_content(*, tenant: Tenant | int, file_id: str) -> tuple[File, bytes]:
-    found = None
-    if _comparable(file_id):
-        found = File.objects.filter(tenant=tenant, pk=file_id).first()
-    if found is None:
-        raise ApiError(404, "file_not_found", f"No file '{shown(file_id)}'.", param="file_id")
-    return found, bytes(found.content)
+def file_chunk(*, tenant: Tenant | int, file_id: str, seq: int) -> bytes | None:
+    """Return the `seq`th chunk of one of the tenant's files, or None past its end (or if gone)."""
+    data = (
+        FileChunk.objects.filter(file__tenant=tenant, file_id=file_id, seq=seq)
+        .values_list("data", flat=True)
+        .first()
+    )
+    return None if data is None else bytes(data)
+
+
+def file_pieces(*, tenant: Tenant | int, file_id: str) -> Iterator[bytes]:
+    """Yield a file's bytes a chunk at a time, one query each: it is never whole in memory."""
+    seq = 0
+    while (data := file_chunk(tenant=tenant, file_id=file_id, seq=seq)) is not None:
+        yield data
+        seq += 1
 
 
 def file_list(
@@ -42,7 +53,7 @@ def file_list(
     ascending: bool = False,
 ) -> tuple[list[File], bool]:
     """Return a page of files by upload time, after the file `after`; and whether more exist."""
-    files: QuerySet[File] = File.objects.filter(tenant=tenant).defer("content")
+    files: QuerySet[File] = File.objects.filter(tenant=tenant)
     if purpose:
         files = files.filter(purpose=purpose) if _comparable(purpose) else files.none()
     if after:

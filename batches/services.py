@@ -5,25 +5,30 @@ from __future__ import annotations
 import codecs
 import datetime as dt
 import hashlib
+import io
 import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import BinaryField, Count, Q, Sum
-from django.db.models.functions import Substr
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce, Length
 from django.utils import timezone
 
+from batches import jsonl, selectors
 from batches.models import (
     ENDED,
+    FILE_CHUNK_BYTES,
     Batch,
     BatchLine,
     BatchStatus,
     File,
+    FileChunk,
     FilePurpose,
     LineState,
 )
@@ -57,12 +62,17 @@ BATCH_FIELDS = frozenset(
 )
 
 
-def _file_lines(content: bytes) -> int:
+def _pieces(stream: IO[bytes]) -> Iterator[bytes]:
+    """Read a file object from its start, a chunk at a time."""
+    stream.seek(0)
+    return iter(lambda: stream.read(FILE_CHUNK_BYTES), b"")
+
+
+def _file_lines(stream: IO[bytes]) -> int:
     try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid("file", f"The file is not UTF-8 text (byte {exc.start}).") from exc
-    return sum(1 for line in text.splitlines() if line.strip())
+        return sum(1 for _ in jsonl.lines(_pieces(stream)))
+    except jsonl.NotText as exc:
+        raise invalid("file", f"The file is not UTF-8 text (byte {exc.at}).") from exc
 
 
 def expires_after_parse(raw: Any, field: str) -> int | None:
@@ -115,24 +125,28 @@ def file_create(
     tenant_id: int,
     filename: str,
     purpose: str,
-    content: bytes,
+    content: bytes | IO[bytes],
     expires_seconds: int | None = None,
 ) -> File:
     """Store an uploaded batch input file after checking its purpose, size and line count.
 
-    The tenant's files together stay within ROUNDHOUSE_TENANT_FILE_BYTES: PostgreSQL holds
-    them for every tenant, so one tenant's uploads cannot fill it for the others. The file
-    expires `expires_seconds` after its upload (30 days if not given).
+    `content` is the bytes or a seekable file object (an upload spooled to disk), read a chunk
+    at a time: once to check it, once to store it in chunks. The tenant's files together stay
+    within ROUNDHOUSE_TENANT_FILE_BYTES: PostgreSQL holds them for every tenant, so one
+    tenant's uploads cannot fill it for the others. The file expires `expires_seconds` after
+    its upload (30 days if not given).
     """
     if purpose != FilePurpose.BATCH:
         raise invalid("purpose", f"'purpose' must be 'batch' here, not {purpose!r}.")
+    stream = io.BytesIO(content) if isinstance(content, bytes) else content
+    size = stream.seek(0, io.SEEK_END)
     limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
-    if len(content) > limit:
+    if size > limit:
         raise ApiError(
-            413, "file_too_large", f"The file is {len(content)} bytes; the limit is {limit}.",
+            413, "file_too_large", f"The file is {size} bytes; the limit is {limit}.",
             param="file",
         )  # fmt: skip
-    lines = _file_lines(content)
+    lines = _file_lines(stream)
     if lines == 0:
         raise invalid("file", "The file is empty: send one JSON request per line.")
     if lines > settings.ROUNDHOUSE_MAX_FILE_LINES:
@@ -144,16 +158,18 @@ def file_create(
         )
     with transaction.atomic():
         _tenant_lock(tenant_id)
-        _room_check(tenant_id, len(content))
-        return File.objects.create(
+        _room_check(tenant_id, size)
+        file = File.objects.create(
             tenant_id=tenant_id,
             purpose=purpose,
             filename=filename.replace("\x00", "")[:255] or "upload.jsonl",
-            size=len(content),
+            size=size,
             lines=lines,
-            content=content,
             expires_at=timezone.now() + dt.timedelta(seconds=expires_seconds or EXPIRES_MOST),
         )
+        for seq, piece in enumerate(_pieces(stream)):
+            FileChunk.objects.create(file=file, seq=seq, data=piece)
+        return file
 
 
 def file_delete(*, tenant_id: int, file_id: str) -> str:
@@ -268,10 +284,7 @@ def batch_create(
     with transaction.atomic():
         # The file's row is held until the batch is in: a delete waits, then finds it in use.
         file = (
-            File.objects.select_for_update()
-            .filter(tenant_id=tenant_id, pk=input_file_id)
-            .defer("content")
-            .first()
+            File.objects.select_for_update().filter(tenant_id=tenant_id, pk=input_file_id).first()
         )
         if file is None:
             raise ApiError(
@@ -383,20 +396,18 @@ def _custom_id_of(raw: str) -> str:
     return value.encode("utf-8", "backslashreplace").decode()[:512].replace("\x00", "")
 
 
-# How much of an input file validation reads at a time: a line longer than this is read in
-# several pieces, one line of any length at most a piece more than it needs.
-_READ_BYTES = 1024 * 1024
+def _input_read(*, file: File, start: int) -> bytes | None:
+    """Return a file's bytes from `start` to the end of the chunk that holds it (nothing past
+    its end), one query; None if the file is gone (a chunk it should have is missing).
 
-
-def _input_read(*, file_id: str, start: int, size: int) -> bytes | None:
-    """Return bytes `start` to `start + size` of a file (fewer at its end); None if it is gone."""
-    part = (
-        File.objects.filter(pk=file_id)
-        .annotate(part=Substr("content", start + 1, size, output_field=BinaryField()))
-        .values_list("part", flat=True)
-        .first()
-    )
-    return None if part is None else bytes(part)
+    Validation goes on from where the last step stopped, anywhere in a chunk: each read is
+    the rest of one chunk, so no chunk is read twice in a step.
+    """
+    if start >= file.size:
+        return b""
+    seq, skip = divmod(start, FILE_CHUNK_BYTES)
+    data = selectors.file_chunk(tenant=file.tenant_id, file_id=file.id, seq=seq)
+    return None if data is None else data[skip:]
 
 
 @dataclass
@@ -419,7 +430,7 @@ def _lines_read(*, file: File, start: int, most: int, until: float | None) -> _R
     lines: list[str] = []
     text, at, end = "", start, start
     while True:
-        data = _input_read(file_id=file.id, start=at, size=_READ_BYTES)
+        data = _input_read(file=file, start=at)
         if data is None:
             return None
         at += len(data)
@@ -481,7 +492,7 @@ def batch_validate(*, batch: Batch, until: float | None = None) -> Batch:
     if status != BatchStatus.VALIDATING:
         batch.refresh_from_db()
         return batch
-    file = File.objects.filter(pk=batch.input_file_id).only("id", "size").first()
+    file = File.objects.filter(pk=batch.input_file_id).only("id", "tenant_id", "size").first()
     read = None
     if file is not None:
         most = settings.ROUNDHOUSE_BATCH_VALIDATE_LINES
@@ -557,14 +568,139 @@ def _entry(line: BatchLine) -> dict[str, Any]:
     }
 
 
-def _jsonl(entries: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in entries)
+class _Room:
+    """The bytes a tenant's files may still take, as result files are written into it."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def take(self, size: int) -> bool:
+        """Take `size` bytes if they fit; say whether they did."""
+        if size > self.left:
+            return False
+        self.left -= size
+        return True
+
+
+class _ResultFile:
+    """A batch's output or error file, written a chunk at a time as its entries come.
+
+    Its row is made with the first entry (a batch with no such entries has no such file), and
+    every FILE_CHUNK_BYTES written go to PostgreSQL as one chunk: the file is never whole in
+    memory, however many lines it has or however large one is.
+    """
+
+    def __init__(self, batch: Batch, kind: str) -> None:
+        self.batch, self.kind = batch, kind
+        self.file: File | None = None
+        self.held = bytearray()  # written, not yet a chunk
+        self.seq = 0
+
+    def write(self, data: bytes) -> None:
+        if self.file is None:
+            self.file = File.objects.create(
+                tenant_id=self.batch.tenant_id,
+                purpose=FilePurpose.BATCH_OUTPUT,
+                filename=f"{self.batch.id}_{self.kind}.jsonl",
+                size=0,
+                lines=0,
+                expires_at=timezone.now() + dt.timedelta(seconds=self.batch.output_expires_seconds),
+            )
+        self.file.size += len(data)
+        self.file.lines += 1
+        view = memoryview(data)
+        room = FILE_CHUNK_BYTES - len(self.held)
+        self.held += view[:room]
+        view = view[room:]
+        while len(self.held) == FILE_CHUNK_BYTES:
+            self._chunk(bytes(self.held))
+            self.held = bytearray(view[:FILE_CHUNK_BYTES])
+            view = view[FILE_CHUNK_BYTES:]
+
+    def close(self) -> File | None:
+        """Write what is left and the file's size and line count; return the file, if any."""
+        if self.file is None:
+            return None
+        if self.held:
+            self._chunk(bytes(self.held))
+            self.held = bytearray()
+        self.file.save(update_fields=["size", "lines"])
+        return self.file
+
+    def _chunk(self, data: bytes) -> None:
+        assert self.file is not None, "a chunk belongs to a file"
+        FileChunk.objects.create(file=self.file, seq=self.seq, data=data)
+        self.seq += 1
+
+
+# A page of lines read to write the result files holds about this many bytes of results (and
+# at least one line, however large).
+_PAGE_BYTES = 2 * FILE_CHUNK_BYTES
+_PAGE_LINES = 1000
+
+
+def _line_pages(batch: Batch) -> Iterator[list[BatchLine]]:
+    """Yield the batch's lines in order, a page of about _PAGE_BYTES of results at a time."""
+    after = -1
+    while True:
+        sizes = list(
+            batch.lines.filter(index__gt=after)
+            .order_by("index")
+            .annotate(held=Coalesce(Length("result"), 0) + Coalesce(Length("error"), 0))
+            .values_list("index", "held")[:_PAGE_LINES]
+        )
+        if not sizes:
+            return
+        last, total = sizes[0][0], 0
+        for index, held in sizes:
+            if total and total + held > _PAGE_BYTES:
+                break
+            last, total = index, total + held
+        page = batch.lines.filter(index__gt=after, index__lte=last).defer("body")
+        yield list(page.order_by("index"))
+        after = last
+
+
+def _results_write(batch: Batch) -> tuple[File | None, File | None, dict[str, Any] | None]:
+    """Write the output and error files in line order, within the tenant's storage bound.
+
+    Returns the two files (None where no line belongs in it) and, if they would take the
+    tenant's files past ROUNDHOUSE_TENANT_FILE_BYTES, the batch error saying where they stop:
+    both files then hold every line before the first that did not fit, and none after it.
+    Runs in the caller's transaction, which holds the tenant's row: no upload or other batch
+    of the tenant's takes the same room meanwhile.
+    """
+    limit = settings.ROUNDHOUSE_TENANT_FILE_BYTES
+    used = File.objects.filter(tenant_id=batch.tenant_id).aggregate(total=Sum("size"))["total"]
+    room = _Room(limit - (used or 0))
+    output, error = _ResultFile(batch, "output"), _ResultFile(batch, "error")
+    for page in _line_pages(batch):
+        for line in page:
+            entry = json.dumps(_entry(line), separators=(",", ":")).encode() + b"\n"
+            if not room.take(len(entry)):
+                written = output.close(), error.close()
+                return *written, {
+                    "code": "storage_limit_exceeded",
+                    "message": (
+                        f"The batch's output and error files stop before line "
+                        f"{line.index + 1}: with its entry the tenant's files would hold more "
+                        f"than their limit of {limit} bytes. The lines from there on are "
+                        "counted in request_counts but are in neither file. Delete files "
+                        "(DELETE /v1/files/{file_id}) to make room for the next batch."
+                    ),
+                    "param": None,
+                    "line": line.index + 1,
+                }
+            (output if line.state == LineState.SUCCEEDED else error).write(entry)
+    return output.close(), error.close(), None
 
 
 def batch_finalize(*, batch: Batch, status: str) -> Batch:
     """Write the output and error files (in line order) and end the batch with a status.
 
-    Lines still pending end as cancelled or expired with the batch.
+    Lines still pending end as cancelled or expired with the batch. The files count towards
+    the tenant's storage: a batch whose files would pass it ends failed, saying so (see
+    `_results_write`).
     """
     now = timezone.now()
     Batch.objects.filter(pk=batch.pk).update(status=BatchStatus.FINALIZING, finalizing_at=now)
@@ -586,21 +722,21 @@ def batch_finalize(*, batch: Batch, status: str) -> Batch:
         batch.lines.filter(state__in=[LineState.PENDING, LineState.SUBMITTED]).update(
             state=state, error={"code": code, "message": message}, ended_at=now
         )
-    done: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
-    for line in batch.lines.order_by("index").iterator(chunk_size=2000):
-        (done if line.state == LineState.SUCCEEDED else failed).append(_entry(line))
     with transaction.atomic():
-        if done:
-            batch.output_file = _result_file(batch, "output", done)
-        if failed:
-            batch.error_file = _result_file(batch, "error", failed)
+        _tenant_lock(batch.tenant_id)
+        batch.output_file, batch.error_file, cut = _results_write(batch)
+        fields = ["output_file", "error_file", "status"]
+        if cut is not None:
+            status = BatchStatus.FAILED
+            errors = Batch.objects.values_list("errors", flat=True).get(pk=batch.pk)
+            batch.errors = {"object": "list", "data": [*(errors or {}).get("data", []), cut]}
+            fields.append("errors")
         # Counted in the same commit as the status: a client that sees the batch ended sees
         # its final counts too.
         counts_refresh(batch=batch)
         batch.status = status
         setattr(batch, f"{status}_at", timezone.now())
-        batch.save(update_fields=["output_file", "error_file", "status", f"{status}_at"])
+        batch.save(update_fields=[*fields, f"{status}_at"])
     batch.refresh_from_db()
     return batch
 
@@ -610,16 +746,3 @@ def batch_fail(*, batch: Batch, message: str) -> Batch:
     error = {"code": "batch_failed", "message": message, "param": None, "line": None}
     Batch.objects.filter(pk=batch.pk).update(errors={"object": "list", "data": [error]})
     return batch_finalize(batch=batch, status=BatchStatus.FAILED)
-
-
-def _result_file(batch: Batch, kind: str, entries: list[dict[str, Any]]) -> File:
-    content = _jsonl(entries)
-    return File.objects.create(
-        tenant_id=batch.tenant_id,
-        purpose=FilePurpose.BATCH_OUTPUT,
-        filename=f"{batch.id}_{kind}.jsonl",
-        size=len(content),
-        lines=len(entries),
-        content=content,
-        expires_at=timezone.now() + dt.timedelta(seconds=batch.output_expires_seconds),
-    )

@@ -5,27 +5,32 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.http import HttpRequest, HttpResponse
+from django.core.files.uploadedfile import UploadedFile
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParserError
 
 from batches import scheduler, selectors, services
 from batches.models import Batch, File
-from config.db import db_call
+from config.db import tenant_db_call
 from config.http import content_disposition
+from inference.asgi import ResponseCut
 from inference.endpoint import (
     api_endpoint,
     json_response,
     limit_query,
     list_page,
     page_query,
+    request_clock,
     request_json,
     request_principal,
 )
 from inference.errors import ApiError, invalid, unrecognized
+from inference.metrics import RequestClock
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)
@@ -95,8 +100,12 @@ def _expires_after(form: Any) -> dict[str, Any] | None:
     return {"anchor": anchor, "seconds": seconds}
 
 
-def _upload(request: HttpRequest) -> tuple[str, str, bytes, int | None]:
-    """Return the (filename, purpose, content, expiry seconds) of an upload, or raise a 400/413."""
+def _upload(request: HttpRequest) -> tuple[str, str, UploadedFile, int | None]:
+    """Return the (filename, purpose, file, expiry seconds) of an upload, or raise a 400/413.
+
+    The file is as Django parsed it: in memory when small, else spooled to a temporary file;
+    it is read a chunk at a time from there on.
+    """
     limit = settings.ROUNDHOUSE_MAX_FILE_BYTES
     length = request.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > limit + _MULTIPART_SLACK:
@@ -126,26 +135,29 @@ def _upload(request: HttpRequest) -> tuple[str, str, bytes, int | None]:
     if upload.size is not None and upload.size > limit:
         raise ApiError(413, "file_too_large", f"The file exceeds {limit} bytes.", param="file")
     seconds = services.expires_after_parse(_expires_after(request.POST), "expires_after")
-    return upload.name or "upload.jsonl", purpose, upload.read(), seconds
+    return upload.name or "upload.jsonl", purpose, upload, seconds
 
 
 @api_endpoint("GET", "POST", counted=True)
 async def files(request: HttpRequest, request_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
+    tenant = principal.tenant_id
     if request.method == "POST":
-        filename, purpose, content, seconds = await asyncio.to_thread(_upload, request)
-        created = await db_call(
+        filename, purpose, upload, seconds = await asyncio.to_thread(_upload, request)
+        created = await tenant_db_call(
+            tenant,
             services.file_create,
-            tenant_id=principal.tenant_id,
+            tenant_id=tenant,
             filename=filename,
             purpose=purpose,
-            content=content,
+            content=upload,
             expires_seconds=seconds,
         )
         return json_response(file_object(created))
     # OpenAI's file lists hold up to 10,000 a page, and that many unless asked for fewer.
     limit, order, after = page_query(request, default=10_000, most=10_000)
-    page, more = await db_call(
+    page, more = await tenant_db_call(
+        tenant,
         selectors.file_list,
         tenant=principal.tenant_id,
         purpose=request.GET.get("purpose"),
@@ -159,26 +171,52 @@ async def files(request: HttpRequest, request_id: str) -> HttpResponse:
 @api_endpoint("GET", "DELETE", counted=True)
 async def file_detail(request: HttpRequest, request_id: str, file_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
+    tenant = principal.tenant_id
     if request.method == "DELETE":
-        deleted = await db_call(
-            services.file_delete, tenant_id=principal.tenant_id, file_id=file_id
+        deleted = await tenant_db_call(
+            tenant, services.file_delete, tenant_id=tenant, file_id=file_id
         )
         return json_response({"id": deleted, "object": "file", "deleted": True})
-    found = await db_call(selectors.file_get, tenant=principal.tenant_id, file_id=file_id)
+    found = await tenant_db_call(tenant, selectors.file_get, tenant=tenant, file_id=file_id)
     return json_response(file_object(found))
 
 
 @api_endpoint("GET", counted=True)
-async def file_content(request: HttpRequest, request_id: str, file_id: str) -> HttpResponse:
+async def file_content(
+    request: HttpRequest, request_id: str, file_id: str
+) -> HttpResponse | StreamingHttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
-    found, content = await db_call(
-        selectors.file_content, tenant=principal.tenant_id, file_id=file_id
+    tenant = principal.tenant_id
+    found = await tenant_db_call(tenant, selectors.file_get, tenant=tenant, file_id=file_id)
+    response = StreamingHttpResponse(
+        _file_pieces(tenant, found, request_clock(request)), content_type="application/jsonl"
     )
-    response = HttpResponse(content, content_type="application/jsonl")
+    response["Content-Length"] = str(found.size)
     response["Content-Disposition"] = content_disposition(found.filename)
     # A tenant's bytes under the API's origin: never let a browser sniff them into HTML.
     response["X-Content-Type-Options"] = "nosniff"
     return response
+
+
+async def _file_pieces(tenant_id: int, file: File, clock: RequestClock) -> AsyncIterator[bytes]:
+    """Yield a file's bytes a chunk at a time, each read when the client has taken the last.
+
+    Each chunk is one short database call within the tenant's share; the handler sends a
+    chunk only as fast as the client takes it, so a download holds a chunk or two however
+    large the file or slow its reader.
+    """
+    sent = seq = 0
+    try:
+        while sent < file.size:
+            data = await tenant_db_call(
+                tenant_id, selectors.file_chunk, tenant=tenant_id, file_id=file.id, seq=seq
+            )
+            if data is None:
+                raise ResponseCut(f"file {file.id} was deleted while it was being downloaded")
+            yield data
+            sent, seq = sent + len(data), seq + 1
+    finally:
+        clock.finish()  # a download ends when its last chunk is written, or it is cut
 
 
 def _start(batch_id: str) -> None:
@@ -198,7 +236,8 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
         for name in body:
             if name not in services.BATCH_FIELDS:
                 raise unrecognized(name)
-        batch = await db_call(
+        batch = await tenant_db_call(
+            principal.tenant_id,
             services.batch_create,
             tenant_id=principal.tenant_id,
             api_key_id=principal.key_id,
@@ -208,9 +247,10 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
             metadata=body.get("metadata"),
             output_expires_after=body.get("output_expires_after"),
         )
-        await db_call(_start, batch.id)
+        await tenant_db_call(principal.tenant_id, _start, batch.id)
         return json_response(batch_object(batch))
-    page, more = await db_call(
+    page, more = await tenant_db_call(
+        principal.tenant_id,
         selectors.batch_list,
         tenant=principal.tenant_id,
         after=request.GET.get("after"),
@@ -222,13 +262,15 @@ async def batches(request: HttpRequest, request_id: str) -> HttpResponse:
 @api_endpoint("GET", counted=True)
 async def batch_detail(request: HttpRequest, request_id: str, batch_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
-    batch = await db_call(selectors.batch_get, tenant=principal.tenant_id, batch_id=batch_id)
+    tenant = principal.tenant_id
+    batch = await tenant_db_call(tenant, selectors.batch_get, tenant=tenant, batch_id=batch_id)
     return json_response(batch_object(batch))
 
 
 @api_endpoint("POST", counted=True)
 async def batch_cancel(request: HttpRequest, request_id: str, batch_id: str) -> HttpResponse:
     principal = await request_principal(request, Scope.INFERENCE)
-    batch = await db_call(selectors.batch_get, tenant=principal.tenant_id, batch_id=batch_id)
-    batch = await db_call(services.batch_cancel, batch=batch)
+    tenant = principal.tenant_id
+    batch = await tenant_db_call(tenant, selectors.batch_get, tenant=tenant, batch_id=batch_id)
+    batch = await tenant_db_call(tenant, services.batch_cancel, batch=batch)
     return json_response(batch_object(batch))

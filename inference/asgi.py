@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import io
+import logging
 import tempfile
 import time
 import uuid
@@ -48,6 +49,7 @@ from inference.metrics import loop_lag_watch, write_timeouts
 from inference.turns import Counts, Turns
 from tenants.models import Scope
 
+log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 # vLLM's operational endpoints, at its paths (inference.operations); these two take a key.
 KEYED_OPERATION_PATHS = ("/tokenize", "/detokenize")
@@ -244,16 +246,27 @@ class _WriteWatch:
             self._timer = None
 
 
-def _connection_cut(send: Any) -> None:
-    """Close a stalled response's connection now, dropping what its server still buffers.
+class ResponseCut(Exception):
+    """Raised by a streamed body that cannot go on (what it sends is gone): the connection is
+    cut short of the response's length, so its client sees it incomplete, not ended."""
 
-    uvicorn's send is a method of the request's cycle, which holds the connection's transport;
-    a server that shows none closes the connection itself once the handler returns with the
-    response unfinished (after its buffer drains, or its client goes away).
+
+async def _connection_cut(send: Any) -> None:
+    """Close a response's connection now, dropping what its server still buffers.
+
+    uvicorn's send is a method of the request's cycle, which holds the connection's transport
+    (asyncio's or uvloop's: not a subclass of one another, so it is asked for `abort`).
+    Closing it instead would wait for the buffer to drain, which a client that stopped
+    reading never lets happen. A server that shows none closes the connection itself once
+    the handler returns with the response unfinished.
     """
     transport = getattr(getattr(send, "__self__", None), "transport", None)
-    if transport is not None:
-        transport.abort()
+    abort = getattr(transport, "abort", None)
+    if callable(abort):
+        abort()
+        # Let the connection's loss reach uvicorn before the application returns, or it
+        # reports a response the application left incomplete (an error, for each cut).
+        await asyncio.sleep(0)
 
 
 def body_limit(path: str) -> int:
@@ -521,9 +534,16 @@ class ApiHandler(ASGIHandler):
         return response
 
     async def _send(self, response: Any, send: Any) -> None:
-        """Send a response; a client that stops reading it has its connection cut."""
+        """Send a response; a client that stops reading it has its connection cut, and so
+        does a streamed body that cannot go on (ResponseCut)."""
         try:
             await self.send_response(response, send)
         except WriteTimeout:
             write_timeouts.inc()
-            _connection_cut(send)
+            seconds = settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS
+            log.warning("cut off the client of request %s: it took none of its response for "
+                        "%g s", response.get("x-request-id", "?"), seconds)  # fmt: skip
+            await _connection_cut(send)
+        except ResponseCut as exc:
+            log.warning("cut request %s short: %s", response.get("x-request-id", "?"), exc)
+            await _connection_cut(send)

@@ -399,6 +399,10 @@ ROUNDHOUSE_WRITE_TIMEOUT_SECONDS = env_float("ROUNDHOUSE_WRITE_TIMEOUT_SECONDS",
 ROUNDHOUSE_WS_MAX_FRAME_BYTES = env_int("ROUNDHOUSE_WS_MAX_FRAME_BYTES", MAX_REQUEST_BYTES)
 ROUNDHOUSE_WS_MAX_WAITING_FRAMES = env_int("ROUNDHOUSE_WS_MAX_WAITING_FRAMES", 256)
 ROUNDHOUSE_WS_KEY_CHECK_SECONDS = env_float("ROUNDHOUSE_WS_KEY_CHECK_SECONDS", 2.0)
+# How many database calls (a file's chunk read, a list, a batch read) one tenant's requests run
+# at once on a frontend, of its 4 database threads (at most 3): the rest of its calls wait
+# their turn, and the other threads stay free for the other tenants.
+ROUNDHOUSE_DB_CALLS_PER_TENANT = env_int("ROUNDHOUSE_DB_CALLS_PER_TENANT", 2)
 
 # Where registered model versions are stored, content-addressed and read-only.
 ROUNDHOUSE_ARTIFACT_ROOT = Path(
@@ -473,7 +477,8 @@ ROUNDHOUSE_DEFAULT_QUOTA: dict[str, int | Decimal] = {
 ROUNDHOUSE_MAX_FILE_BYTES = env_int("ROUNDHOUSE_MAX_FILE_BYTES", 64 * 1024 * 1024)
 ROUNDHOUSE_MAX_FILE_LINES = env_int("ROUNDHOUSE_MAX_FILE_LINES", 50_000)
 # The bytes a tenant's files (uploads and batch results) may hold together in PostgreSQL; an
-# upload past it is refused (storage_limit_exceeded) until files are deleted or expire.
+# upload past it is refused (storage_limit_exceeded) until files are deleted or expire, and a
+# batch whose result files would pass it ends failed, its files holding the lines that fit.
 ROUNDHOUSE_TENANT_FILE_BYTES = env_int("ROUNDHOUSE_TENANT_FILE_BYTES", 10 * 1024**3)
 # The bytes a tenant's stored responses and conversations (their items included) may hold
 # together in PostgreSQL; a write past it that the client asks for (a response to store, a

@@ -21,8 +21,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from batches import runner, scheduler, services, tasks
-from batches.models import Batch, BatchStatus, LineState
+from batches.models import Batch, BatchStatus, File, LineState
 from batches.runner import BatchRun, _reservation_release, batch_step
+from batches.selectors import file_pieces
 from batches.services import batch_cancel, batch_create, file_create, line_request_id
 from dataplane.frontdoor import FrontDoor, Refusal, Refused
 from dataplane.keys import batch_lease_key, batch_runner_key, ledger_key, whereabouts_key
@@ -56,6 +57,10 @@ def _line(custom_id: str) -> str:
             },
         }
     )
+
+
+def _content(file: File) -> bytes:
+    return b"".join(file_pieces(tenant=file.tenant_id, file_id=file.id))
 
 
 def _batch(world: Any, count: int, *, tenant: Tenant | None = None) -> Batch:
@@ -106,7 +111,7 @@ def test_it_fails_a_line_that_breaks_after_admission_and_gives_its_reservation_b
     assert admitted == [rid], "the failure was meant to come after admission"
     assert not _held(world.acme.pk, rid), "the failed line's reservation was not given back"
     assert batch.error_file is not None
-    (entry,) = [json.loads(x) for x in bytes(batch.error_file.content).splitlines()]
+    (entry,) = [json.loads(x) for x in _content(batch.error_file).splitlines()]
     assert entry["custom_id"] == "l0"
     assert entry["response"]["status_code"] == 500
     assert entry["response"]["body"]["error"]["code"] == "internal_error"
@@ -187,7 +192,7 @@ def test_a_batch_whose_steps_fail_after_validation_fails_every_line_left(
     assert (batch.status, batch.total, batch.completed, batch.failed) == ("failed", 3, 0, 3)
     _counts_add_up(batch)
     assert batch.error_file is not None
-    errors = [json.loads(x) for x in bytes(batch.error_file.content).splitlines()]
+    errors = [json.loads(x) for x in _content(batch.error_file).splitlines()]
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
         ("l0", "batch_failed"), ("l1", "batch_failed"), ("l2", "batch_failed"),
     ]  # fmt: skip

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+import tracemalloc
+from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db.models import Sum
 from django.test import override_settings
 from django.utils import timezone
 
-from batches.models import Batch, BatchLine, BatchStatus, File, LineState
+from batches import selectors, services
+from batches.models import (
+    FILE_CHUNK_BYTES,
+    Batch,
+    BatchLine,
+    BatchStatus,
+    File,
+    FileChunk,
+    LineState,
+)
+from batches.selectors import file_pieces
 from batches.services import (
     batch_cancel,
     batch_create,
@@ -26,7 +40,7 @@ from batches.services import (
 from batches.tasks import files_purge as files_purge_task
 from inference.errors import ApiError
 from tenants.models import ApiKey
-from tenants.services import tenant_create
+from tenants.services import api_key_issue, tenant_create
 
 pytestmark = pytest.mark.django_db
 
@@ -54,6 +68,10 @@ def _batch(world, lines: list[str], *, endpoint: str = "/v1/completions") -> Bat
         endpoint=endpoint,
         completion_window="24h",
     )
+
+
+def _content(file: File) -> bytes:
+    return b"".join(file_pieces(tenant=file.tenant_id, file_id=file.id))
 
 
 @override_settings(ROUNDHOUSE_MAX_FILE_BYTES=100)
@@ -127,8 +145,8 @@ def test_finalizing_a_cancelled_batch_writes_both_files_in_line_order(world):
     assert (batch.status, batch.completed, batch.failed) == ("cancelled", 1, 2)
     assert batch.cancelled_at is not None
     assert batch.output_file is not None and batch.error_file is not None
-    output = [json.loads(x) for x in bytes(batch.output_file.content).splitlines()]
-    errors = [json.loads(x) for x in bytes(batch.error_file.content).splitlines()]
+    output = [json.loads(x) for x in _content(batch.output_file).splitlines()]
+    errors = [json.loads(x) for x in _content(batch.error_file).splitlines()]
     assert [o["custom_id"] for o in output] == ["a"]
     assert output[0]["response"]["request_id"] == line_request_id(batch.id, 0)
     assert output[0]["response"]["body"] == {"text": "a\x00b"}
@@ -182,7 +200,7 @@ def test_validation_fails_a_poison_line_alone(world, raw, code, param):
     # The error file can be written: a finalized batch reads back every line.
     batch = batch_finalize(batch=batch, status=BatchStatus.CANCELLED)
     assert batch.error_file is not None
-    assert len(bytes(batch.error_file.content).splitlines()) == 2
+    assert len(_content(batch.error_file).splitlines()) == 2
 
 
 def test_metadata_with_a_lone_surrogate_is_refused(world):
@@ -313,7 +331,7 @@ def test_lines_are_the_same_however_the_file_is_cut_into_steps(world, monkeypatc
         raw = {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
         return json.dumps(raw, ensure_ascii=False)
 
-    monkeypatch.setattr(services, "_READ_BYTES", 5)
+    monkeypatch.setattr(services, "FILE_CHUNK_BYTES", 5)  # stored, and read, in 5-byte chunks
     text = (
         line("é") + "\r\n\r\n"
         + line("日本") + "\r"
@@ -465,3 +483,124 @@ def test_a_batchs_result_files_expire_as_its_output_expires_after_says(world):
     with pytest.raises(ApiError) as refused:
         create(60)
     assert refused.value.param == "output_expires_after.seconds"
+
+
+# --- a file's bytes in chunks; result files written in pieces, within the storage bound -------
+
+
+def _tenant_batch(slug: str, lines: list[str]) -> Batch:
+    """A validated batch of a tenant of its own (so its files are all the tenant holds)."""
+    tenant = tenant_create(slug=slug)
+    key = api_key_issue(tenant=tenant, name="batches").key
+    file = file_create(tenant_id=tenant.pk, filename="in.jsonl", purpose="batch",
+                       content=io.BytesIO(("\n".join(lines) + "\n").encode()))  # fmt: skip
+    batch = batch_create(tenant_id=tenant.pk, api_key_id=key.pk, input_file_id=file.id,
+                         endpoint="/v1/completions", completion_window="24h")  # fmt: skip
+    return batch_validate(batch=batch)
+
+
+def _answered(batch: Batch, *indexes: int, text: str) -> None:
+    """Mark lines succeeded with an answer holding `text`."""
+    result = {"status_code": 200, "body": {"object": "text_completion", "text": text}}
+    BatchLine.objects.filter(batch=batch, index__in=indexes).update(
+        state=LineState.SUCCEEDED, result=result
+    )
+
+
+def _chunk_sizes(file: File) -> list[int]:
+    rows = FileChunk.objects.filter(file=file).order_by("seq").values_list("seq", "data")
+    assert [seq for seq, _ in rows] == list(range(len(rows)))
+    return [len(data) for _, data in rows]
+
+
+def _stored(tenant_id: int) -> int:
+    return File.objects.filter(tenant_id=tenant_id).aggregate(total=Sum("size"))["total"] or 0
+
+
+def test_an_upload_is_stored_and_read_back_a_chunk_at_a_time(world, monkeypatch):
+    # Lines of 600 kB of two-byte characters: chunk edges fall inside lines and characters.
+    lines = [_line(f"l{i}", prompt="é" * 300_000) for i in range(6)]
+    content = ("\n".join(lines) + "\n").encode()
+    reads: list[int] = []
+    chunk_read = selectors.file_chunk
+
+    def counted(**kwargs: Any) -> bytes | None:
+        data = chunk_read(**kwargs)
+        reads.append(-1 if data is None else len(data))
+        return data
+
+    monkeypatch.setattr(selectors, "file_chunk", counted)
+    batch = _tenant_batch("files-in-chunks", lines)
+    file = File.objects.get(pk=batch.input_file_id)
+    assert (file.size, file.lines) == (len(content), 6)
+    whole, rest = divmod(len(content), FILE_CHUNK_BYTES)
+    assert _chunk_sizes(file) == [FILE_CHUNK_BYTES] * whole + [rest]
+    # Validation read it a chunk at a time, and every line came out whole.
+    assert reads == [FILE_CHUNK_BYTES] * whole + [rest]
+    assert (batch.total, batch.failed) == (6, 0)
+    assert [x.custom_id for x in batch.lines.order_by("index")] == [f"l{i}" for i in range(6)]
+    assert _content(file) == content
+
+
+def test_a_batchs_result_files_are_written_in_chunks_and_count_against_storage(world, settings):
+    batch = _tenant_batch("results-in-chunks", [_line(f"l{i}") for i in range(5)])
+    _answered(batch, 0, 1, 3, 4, text="y" * 700_000)
+    batch = batch_finalize(batch=batch, status=BatchStatus.CANCELLED)
+    assert (batch.status, batch.completed, batch.failed) == ("cancelled", 4, 1)
+    assert batch.output_file is not None and batch.error_file is not None
+    output = _content(batch.output_file)
+    assert [json.loads(x)["custom_id"] for x in output.splitlines()] == ["l0", "l1", "l3", "l4"]
+    assert (batch.output_file.size, batch.output_file.lines) == (len(output), 4)
+    whole, rest = divmod(len(output), FILE_CHUNK_BYTES)
+    assert _chunk_sizes(batch.output_file) == [FILE_CHUNK_BYTES] * whole + [rest]
+    # The result files count against the tenant's storage as its uploads do.
+    held = _stored(batch.tenant_id)
+    assert held == File.objects.get(pk=batch.input_file_id).size + len(output) + (
+        batch.error_file.size
+    )
+    settings.ROUNDHOUSE_TENANT_FILE_BYTES = held + 5
+    with pytest.raises(ApiError) as refused:
+        _upload(batch.tenant_id, b"{}\n{}\n")
+    assert refused.value.code == "storage_limit_exceeded"
+    assert f"hold {held} bytes" in refused.value.message
+
+
+def test_a_batchs_output_is_never_whole_in_the_workers_memory(world):
+    count, size = 48, 1024 * 1024
+    batch = _tenant_batch("results-in-memory", [_line(f"l{i}") for i in range(count)])
+    _answered(batch, *range(count), text="z" * size)
+    tracemalloc.start()
+    try:
+        batch = batch_finalize(batch=batch, status=BatchStatus.COMPLETED)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert batch.output_file is not None and batch.output_file.size > count * size
+    # Loosely: a page of lines and a chunk or two, not the 48 MiB file (once or several times).
+    assert peak < count * size / 2, f"finalizing peaked at {peak} bytes"
+
+
+def test_a_batch_whose_results_would_pass_the_tenants_storage_ends_failed_saying_so(
+    world, settings
+):
+    batch = _tenant_batch("results-past-room", [_line(f"l{i}") for i in range(4)])
+    _answered(batch, 0, 1, 2, 3, text="w" * 1000)
+    one = len(_entry(BatchLine.objects.get(batch=batch, index=0)))
+    # Room for the input and two answers, not three.
+    limit = settings.ROUNDHOUSE_TENANT_FILE_BYTES = _stored(batch.tenant_id) + 2 * one + one // 2
+    batch = batch_finalize(batch=batch, status=BatchStatus.COMPLETED)
+    assert batch.status == BatchStatus.FAILED and batch.failed_at is not None
+    assert batch.errors is not None
+    (error,) = batch.errors["data"]
+    assert (error["code"], error["line"]) == ("storage_limit_exceeded", 3)
+    assert "stop before line 3" in error["message"] and str(limit) in error["message"]
+    # Every line ran and is counted so; the output holds those before the cut, in order.
+    assert (batch.completed, batch.failed, batch.total) == (4, 0, 4)
+    assert batch.output_file is not None and batch.error_file is None
+    output = _content(batch.output_file)
+    assert [json.loads(x)["custom_id"] for x in output.splitlines()] == ["l0", "l1"]
+    assert _stored(batch.tenant_id) <= limit
+
+
+def _entry(line: BatchLine) -> bytes:
+    return json.dumps(services._entry(line), separators=(",", ":")).encode() + b"\n"

@@ -9,7 +9,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
-from batches.models import Batch, File
+from batches.models import Batch, File, FileChunk
+from batches.services import file_create
 from billing.invoices import adjustment_add, invoice_build, invoice_issue, invoices_build
 from billing.models import Adjustment, Invoice, UsageRecord
 from dataplane.redis_client import redis_sync_client
@@ -50,9 +51,7 @@ def initrode(world):
         completion="they are fine",
         retention_days=30,
     )
-    upload = File.objects.create(
-        tenant=tenant, purpose="batch", filename="in.jsonl", size=2, lines=1, content=b"{}"
-    )
+    upload = file_create(tenant_id=tenant.pk, filename="in.jsonl", purpose="batch", content=b"{}")
     Batch.objects.create(
         tenant=tenant,
         api_key=unbilled.key,
@@ -78,6 +77,7 @@ def test_it_removes_content_members_and_unused_keys_and_keeps_the_bills(initrode
     assert Membership.objects.filter(tenant=world.acme, user=world.bob).exists()
     assert not Batch.objects.filter(tenant=tenant).exists()
     assert not File.objects.filter(tenant=tenant).exists()
+    assert not FileChunk.objects.filter(file__tenant=tenant).exists()  # counted as no files
     assert not ApiKey.objects.filter(pk=unbilled.key.pk).exists()
     tenant.refresh_from_db()
     assert tenant.is_active is False and tenant.deleted_at is not None
