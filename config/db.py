@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
+
+from config.turns import Turns
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -54,46 +56,8 @@ def tenant_share() -> int:
     return max(1, min(int(settings.ROUNDHOUSE_DB_CALLS_PER_TENANT), DB_THREADS - 1))
 
 
-class _Shares:
-    """Each tenant's calls running now, at most its share; a tenant with none is forgotten.
-
-    Forgotten, its semaphore goes too: a process that runs one event loop after another (a
-    Celery task each) never finds one bound to a loop that has ended.
-    """
-
-    def __init__(self) -> None:
-        self._held: dict[int, asyncio.Semaphore] = {}
-        self._users: dict[int, int] = {}  # per tenant: its calls running or waiting
-
-    async def run(self, tenant_id: int, call: Callable[[], Awaitable[R]]) -> R:
-        semaphore = self._held.get(tenant_id)
-        if semaphore is None:
-            semaphore = self._held[tenant_id] = asyncio.Semaphore(tenant_share())
-        self._users[tenant_id] = self._users.get(tenant_id, 0) + 1
-        try:
-            await semaphore.acquire()
-        except BaseException:
-            self._leave(tenant_id)  # it gave up waiting (its client went away)
-            raise
-        # The share is held until the call's thread is done, even if its caller stops
-        # waiting for it: a thread still busy with the tenant's work is still the tenant's.
-        running = asyncio.ensure_future(call())
-        running.add_done_callback(functools.partial(self._done, tenant_id, semaphore))
-        return await asyncio.shield(running)
-
-    def _done(self, tenant_id: int, semaphore: asyncio.Semaphore, running: asyncio.Future) -> None:
-        if not running.cancelled():
-            running.exception()  # seen here: the caller that would have seen it may be gone
-        semaphore.release()
-        self._leave(tenant_id)
-
-    def _leave(self, tenant_id: int) -> None:
-        self._users[tenant_id] -= 1
-        if not self._users[tenant_id]:
-            del self._users[tenant_id], self._held[tenant_id]
-
-
-_shares = _Shares()
+# Each tenant's calls running now, at most its share of the threads.
+_shares = Turns(tenant_share)
 
 
 async def tenant_db_call(
@@ -104,4 +68,15 @@ async def tenant_db_call(
     Use it for every call a tenant's request drives: a tenant with many such calls at once
     waits for its own, never for another tenant's.
     """
-    return await _shares.run(tenant_id, lambda: db_call(fn, *args, **kwargs))
+    over = await _shares.take(tenant_id)
+    # The share is held until the call's thread is done, even if its caller stops waiting
+    # for it: a thread still busy with the tenant's work is still the tenant's.
+    running = asyncio.ensure_future(db_call(fn, *args, **kwargs))
+    running.add_done_callback(functools.partial(_done, over))
+    return await asyncio.shield(running)
+
+
+def _done(over: Callable[[], None], running: asyncio.Future[Any]) -> None:
+    if not running.cancelled():
+        running.exception()  # seen here: the caller that would have seen it may be gone
+    over()

@@ -42,11 +42,11 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import URLResolver, get_resolver, set_script_prefix
 
+from config.turns import Counts, Turns
 from inference.admission import body_bytes_count, request_count
 from inference.auth import Principal, credentials, key_check, scope_check
 from inference.errors import ApiError, should_retry
 from inference.metrics import loop_lag_watch, write_timeouts
-from inference.turns import Counts, Turns
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import ParamSpec, TypeVar
 
 from django.conf import settings
 
-from inference.turns import Turns
+from config.turns import Turns
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from config.turns import Turns
 from inference import asgi
 from inference.asgi import _large, _Refused
 from inference.errors import ApiError
-from inference.turns import Turns
 
 
 def test_which_bodies_are_large(settings):

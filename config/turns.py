@@ -1,9 +1,11 @@
 """Per-tenant turns: how many of one tenant's requests may hold a scarce resource at once.
 
-A frontend's event loop, its preprocessing threads and its body reads are shared by every
-tenant. A tenant that sends many expensive requests at once waits for its own turns, so its
-flood slows itself and not the others: each tenant holds at most its share of the resource,
-whatever it sends.
+A frontend's event loop, its preprocessing threads, its database threads and its body reads
+are shared by every tenant. A tenant that sends many expensive requests at once waits for its
+own turns, so its flood slows itself and not the others: each tenant holds at most its share
+of the resource, whatever it sends. A tenant with no turn held or awaited is forgotten, its
+semaphore too: a process that runs one event loop after another (a Celery task each) never
+finds one bound to a loop that has ended.
 """
 
 from __future__ import annotations
