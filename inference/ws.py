@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import weakref
@@ -52,6 +53,7 @@ from inference.clients import dispatch_get
 from inference.errors import ApiError
 from inference.openai_format import finished_usage
 from inference.params import CHAT, COMPLETIONS, body_problem, generation_parse
+from inference.preprocessing import preprocessed
 from inference.results import events_close
 from inference.submission import generation_submit
 from tenants.models import Scope
@@ -142,11 +144,12 @@ def _frame_read(text: str) -> tuple[str, dict[str, Any]]:
     return client_id, message
 
 
-async def _frame_parse(text: str) -> tuple[str, dict[str, Any]]:
-    """Read a frame as `_frame_read` does; a large one off the event loop."""
+async def _frame_parse(text: str, *, tenant_id: int) -> tuple[str, dict[str, Any]]:
+    """Read a frame as `_frame_read` does; a large one off the event loop, in its tenant's
+    turn of the preprocessing threads (as an HTTP body is)."""
     if len(text) <= INLINE_PARSE_CHARS:
         return _frame_read(text)
-    return await asyncio.to_thread(_frame_read, text)
+    return await preprocessed(tenant_id, _frame_read, text)
 
 
 def _frame_bytes(message: dict[str, Any]) -> int:
@@ -346,7 +349,7 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             await self._error(None, error, frame=frame)
             return
         try:
-            client_id, request = await _frame_parse(raw)
+            client_id, request = await _frame_parse(raw, tenant_id=principal.tenant_id)
         except _Unreadable as exc:
             await self._error(exc.client_id, exc.error, frame=frame)
             return
@@ -380,7 +383,9 @@ class GenerationConsumer(AsyncWebsocketConsumer):
             return
         if self.ending is not None:  # closed while this frame was read
             return
-        task = asyncio.create_task(self._generate(client_id, request, principal))
+        task = asyncio.create_task(
+            self._generate(client_id, request, principal, large=len(raw) > INLINE_PARSE_CHARS)
+        )
         self.running[client_id] = task
         task.add_done_callback(lambda _: self.running.pop(client_id, None))
 
@@ -431,8 +436,9 @@ class GenerationConsumer(AsyncWebsocketConsumer):
         return self.ending or ApiError(499, "cancelled", "request cancelled")
 
     async def _generate(
-        self, client_id: str, message: dict[str, Any], principal: Principal
+        self, client_id: str, message: dict[str, Any], principal: Principal, *, large: bool
     ) -> None:
+        """Run one request frame to its end; a large frame's body is read off the loop."""
         try:
             endpoint = _ENDPOINTS.get(message.get("endpoint", "chat.completions"))
             body = message.get("body")
@@ -445,9 +451,13 @@ class GenerationConsumer(AsyncWebsocketConsumer):
                 )
             if not isinstance(body, dict):
                 raise ApiError(400, "invalid_body", "'body' must be a JSON object.", param="body")
-            parsed = generation_parse(
-                {**body, "stream": True}, endpoint=endpoint, tenant_id=principal.tenant_id
+            read = functools.partial(
+                generation_parse,
+                {**body, "stream": True},
+                endpoint=endpoint,
+                tenant_id=principal.tenant_id,
             )
+            parsed = await preprocessed(principal.tenant_id, read) if large else read()
             traceparent = message.get("traceparent")
             trace = trace_start(traceparent) if isinstance(traceparent, str) else self.trace.child()
             request_id = request_id_new()
