@@ -10,7 +10,8 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -522,3 +523,118 @@ def test_promoting_for_everyone_clears_the_tenant_splits_of_the_new_primary(vers
     # Globex's split named what is everyone's primary now; acme's rollout still holds its own.
     assert _targets(alias) == {"acme": {canary.public_name: 10.0}}
     assert Rollout.objects.get(pk=scoped.pk).state == RolloutState.RUNNING
+
+
+def test_operators_scope_rollouts_and_splits_to_tenants_through_the_api(staff, versions, world):
+    _alias, _base, canary = versions
+    created = staff.post(
+        "/api/rollouts",
+        {"alias": "roll-chat", "canary": "roll@canary", "steps": [5, 100],
+         "tenants": ["acme", "globex"]},
+        format="json",
+    )  # fmt: skip
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert body["scoped"] is True and sorted(body["tenants"]) == ["acme", "globex"]
+    pk = body["id"]
+    alone = staff.post(
+        f"/api/rollouts/{pk}/rollback", {"tenants": ["acme"], "reason": "acme"}, format="json"
+    )
+    assert alone.status_code == 200, alone.content
+    assert alone.json()["state"] == "running" and alone.json()["tenants"] == ["globex"]
+    not_a_rollback = staff.post(f"/api/rollouts/{pk}/pause", {"tenants": ["globex"]}, format="json")
+    assert not_a_rollback.status_code == 400 and "tenants" in not_a_rollback.json()
+    unknown = staff.post(
+        "/api/rollouts",
+        {"alias": "roll-chat", "canary": "roll@canary", "tenants": ["nosuch"]},
+        format="json",
+    )
+    assert unknown.status_code == 400 and "nosuch" in unknown.json()["tenants"]
+    split = staff.put(
+        "/api/aliases/roll-chat/split",
+        {"version": "roll@canary", "percent": 100, "tenants": ["initech"], "reason": "first"},
+        format="json",
+    )
+    assert split.status_code == 200, split.content
+    assert split.json()["targets"] == {
+        "globex": [{"version": canary.public_name, "percent": 5.0}],
+        "initech": [{"version": canary.public_name, "percent": 100.0}],
+    }  # fmt: skip
+    assert split.json()["splits"] == []
+    held = staff.put(
+        "/api/aliases/roll-chat/split",
+        {"version": "roll@canary", "percent": 0, "tenants": ["globex"]},
+        format="json",
+    )
+    assert held.status_code == 400 and "rollout" in held.json()["tenants"][0]
+    bad = staff.put(
+        "/api/aliases/roll-chat/split",
+        {"version": "roll@canary", "percent": 1, "tenants": ["not a slug!"]},
+        format="json",
+    )
+    assert bad.status_code == 400 and "tenants" in bad.json()
+
+
+def test_the_cli_targets_tenants_and_rolls_one_back(versions, world, capsys):
+    alias, _base, canary = versions
+    call_command("split", "roll-chat", "roll@canary", "100", "--tenant", "initech")
+    call_command(
+        "rollout", "start", "roll-chat", "roll@canary", "--steps", "20,100",
+        "--tenant", "acme", "--tenant", "globex",
+    )  # fmt: skip
+    rollout = Rollout.objects.get(alias=alias, state=RolloutState.RUNNING)
+    call_command("rollout", "rollback", str(rollout.pk), "--tenant", "acme", "--reason", "acme")
+    call_command("rollout", "status", str(rollout.pk))
+    call_command("split", "roll-chat")
+    out = capsys.readouterr().out
+    assert f"rollout {rollout.pk} started: " in out and "for acme, globex" in out
+    assert "tenant_rollback at 20%: acme" in out
+    assert f"100% of initech's traffic -> {canary.public_name}" in out
+    assert f"20% of globex's traffic -> {canary.public_name}" in out
+    assert _targets(alias) == {
+        "globex": {canary.public_name: 20.0}, "initech": {canary.public_name: 100.0},
+    }  # fmt: skip
+    with pytest.raises(CommandError, match="no tenants"):
+        call_command("split", "roll-chat", "roll@canary", "5", "--tenant", "nosuch")
+
+
+def test_the_console_targets_a_tenant_and_rolls_one_back(staff_user, versions, world):
+    alias, _base, canary = versions
+    client = Client()
+    client.force_login(staff_user)
+    page = "/console/ops/aliases/roll-chat"
+    moved = client.post(
+        f"{page}/split",
+        {"tenant": "initech", "version": "roll@canary", "percent": "100", "reason": "first"},
+        follow=True,
+    )
+    assert "roll@" in moved.content.decode() and "of initech&#x27;s traffic" in (
+        moved.content.decode()
+    )
+    assert _targets(alias) == {"initech": {canary.public_name: 100.0}}
+    rollout = _start(alias, canary, tenants=[world.acme, world.globex])
+    shown = client.get(page).content.decode()
+    assert "Tenant targeting" in shown and 'data-tenant="initech"' in shown
+    assert "Roll back this tenant alone" in shown
+    back = client.post(
+        f"{page}/rollouts/{rollout.pk}/rollback", {"tenant": "acme", "reason": "acme"}, follow=True
+    )
+    assert "rollback of acme done" in back.content.decode()
+    removed = client.post(
+        f"{page}/split", {"tenant": "initech", "version": "roll@canary", "percent": "0"}
+    )
+    assert removed.status_code == 302
+    assert _targets(alias) == {"globex": {canary.public_name: 10.0}}
+    unknown = client.post(
+        f"{page}/split", {"tenant": "nosuch", "version": "roll@canary", "percent": "5"}, follow=True
+    )
+    assert "no tenant &#x27;nosuch&#x27;" in unknown.content.decode()
+    for hostile in ("a\x00b", "x" * 5000):  # a 400 from the form parser, or a message
+        back = client.post(
+            f"{page}/rollouts/{rollout.pk}/rollback", {"tenant": hostile, "reason": "r"}
+        )
+        split = client.post(
+            f"{page}/split", {"tenant": hostile, "version": "roll@canary", "percent": "5"}
+        )
+        assert back.status_code in (302, 400) and split.status_code in (302, 400)
+    assert _targets(alias) == {"globex": {canary.public_name: 10.0}}
