@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,11 @@ from models_registry.models import (
     DeploymentState,
     Model,
     ModelVersion,
+    Rollout,
+    RolloutState,
     Task,
 )
+from tenants.models import Tenant
 from tenants.services import audit_record
 
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 1.0}
@@ -319,8 +323,27 @@ def percent_buckets(percent: float, field: str) -> int:
     return round(percent * BUCKETS / 100)
 
 
-def _splits_of(alias: Alias) -> dict[str, float]:
-    return {s.version.public_name: s.percent for s in alias.splits.select_related("version__model")}
+def _splits_of(alias: Alias, tenant: Tenant | None = None) -> dict[str, float]:
+    """Each version's percent of the traffic the splits naming `tenant` (None: none) divide."""
+    splits = alias.splits.select_related("version__model").filter(tenant=tenant)
+    return {s.version.public_name: s.percent for s in splits}
+
+
+def _targeting_of(alias: Alias, tenants: Sequence[Tenant]) -> dict[str, dict[str, float]]:
+    return {t.slug: _splits_of(alias, t) for t in tenants}
+
+
+def targeting_tenants_check(tenants: Sequence[Tenant]) -> None:
+    """Refuse to target a deleted tenant."""
+    gone = Tenant.objects.filter(pk__in=[t.pk for t in tenants], deleted_at__isnull=False)
+    deleted = sorted(gone.values_list("slug", flat=True))
+    if deleted:
+        raise ValidationError({"tenants": f"deleted tenants cannot be targeted: {deleted}"})
+
+
+def alias_targeted_tenants(*, alias: Alias) -> list[Tenant]:
+    """Return the tenants the alias's splits name, by slug."""
+    return list(Tenant.objects.filter(alias_splits__alias=alias).distinct().order_by("slug"))
 
 
 def alias_split_set(
@@ -328,28 +351,54 @@ def alias_split_set(
     alias: Alias,
     version: ModelVersion,
     percent: float,
+    tenants: Sequence[Tenant] = (),
     actor: User | None = None,
     reason: str = "",
 ) -> Alias:
     """Send a share of an alias's traffic to another version (0 removes the split).
 
-    The alias's primary version takes whatever the splits leave.
+    With `tenants`, the share is of each named tenant's traffic alone, and those tenants
+    leave the splits that name no tenant (0 for a tenant removes its split of that version:
+    rolled back alone, others' targeting untouched). The primary takes whatever is left.
+    A tenant that an active rollout of the alias targets is the rollout's to move.
     """
     buckets = percent_buckets(percent, "percent")
-    if version.pk == alias.version_id:
+    if version.pk == alias.version_id and buckets:
         raise ValidationError({"version": f"{version.public_name} is the alias's primary"})
+    targeting_tenants_check(tenants)
+    scopes: list[Tenant | None] = list(dict.fromkeys(tenants)) or [None]
     with transaction.atomic():
         Alias.objects.select_for_update().get(pk=alias.pk)
-        before = _splits_of(alias)
-        others = sum(s.buckets for s in alias.splits.exclude(version=version))
-        if others + buckets > BUCKETS:
-            raise ValidationError({"percent": "the splits of an alias cannot pass 100%"})
-        if buckets == 0:
-            AliasSplit.objects.filter(alias=alias, version=version).delete()
-        else:
-            AliasSplit.objects.update_or_create(
-                alias=alias, version=version, defaults={"buckets": buckets}
+        if tenants:
+            active = [RolloutState.RUNNING, RolloutState.PAUSED]
+            held = Rollout.objects.filter(
+                alias=alias, state__in=active, tenants__in=tenants
+            ).values_list("pk", "tenants__slug")
+            if held:
+                named = ", ".join(f"{slug} (rollout {pk})" for pk, slug in held)
+                raise ValidationError(
+                    {"tenants": f"an active rollout of {alias.name} targets {named}: "
+                     "roll it back or promote it first"}
+                )  # fmt: skip
+        before = _targeting_of(alias, tenants) if tenants else _splits_of(alias)
+        for scope in scopes:
+            others = sum(
+                s.buckets for s in alias.splits.filter(tenant=scope).exclude(version=version)
             )
+            if others + buckets > BUCKETS:
+                whose = f" of {scope.slug}" if scope is not None else ""
+                raise ValidationError(
+                    {"percent": f"the splits{whose} of an alias cannot pass 100%"}
+                )
+            if buckets == 0:
+                AliasSplit.objects.filter(alias=alias, version=version, tenant=scope).delete()
+            else:
+                AliasSplit.objects.update_or_create(
+                    alias=alias, version=version, tenant=scope, defaults={"buckets": buckets}
+                )
+        data: dict[str, Any] = {"version": version.public_name, "percent": percent}
+        if tenants:
+            data["tenants"] = [t.slug for t in scopes if t is not None]
         audit_record(
             action="alias.split",
             target_type="alias",
@@ -357,8 +406,8 @@ def alias_split_set(
             actor=actor,
             reason=reason,
             before=before,
-            after=_splits_of(alias),
-            data={"version": version.public_name, "percent": percent},
+            after=_targeting_of(alias, tenants) if tenants else _splits_of(alias),
+            data=data,
         )
     return alias
 
