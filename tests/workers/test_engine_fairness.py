@@ -38,7 +38,7 @@ class _Observed(VllmEngine):
         self.preemptions: dict[str, int] = {}
         self.report_to(self)
 
-    async def generate(self, **kwargs: Any) -> AsyncIterator[Step]:  # type: ignore[override]
+    async def generate(self, **kwargs: Any) -> AsyncIterator[Step]:
         request_id = kwargs["request_id"]
         self.submitted.append(request_id)
         async for step in super().generate(**kwargs):
