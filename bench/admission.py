@@ -11,9 +11,12 @@ tenant may use busy), then offer ten times that as open-loop arrivals and report
 admitted requests relative to the TTFT at capacity.
 
     .venv/bin/python bench/admission.py [--flood 96] [--light-requests 30] [--overload-seconds 20]
+    .venv/bin/python bench/admission.py --neighbour-only   # Roundhouse's noisy neighbour alone
 
-Writes its section of docs/benchmarks.md, docs/img/admission.png and the raw results (every
-latency sample) to docs/bench-data/admission.json. Asserts nothing.
+Prints the tables, B's TTFT split into stages among them, and writes its section of
+docs/benchmarks.md, docs/img/admission.png and the raw results (every latency sample) to
+docs/bench-data/admission.json; `--neighbour-only` prints its tables and writes nothing.
+Asserts nothing.
 """
 
 from __future__ import annotations
@@ -240,16 +243,29 @@ def _stages(row: Neighbour) -> dict[str, dict[str, list[float]]]:
     return {"alone": ttft_stages(row.alone), "flooded": ttft_stages(row.flooded)}
 
 
+def _slowest(stages: dict[str, list[float]], share: float = 0.01) -> dict[str, float]:
+    """Each stage's mean over the slowest `share` of the requests (by their stages' sum)."""
+    count = len(next(iter(stages.values()), []))
+    if not count:
+        return {name: float("nan") for name in stages}
+    totals = [sum(stages[name][i] for name in stages) for i in range(count)]
+    slow = sorted(range(count), key=totals.__getitem__)[-max(1, round(count * share)) :]
+    return {name: sum(stages[name][i] for i in slow) / len(slow) for name in stages}
+
+
 def _stages_table(row: Neighbour) -> str:
     lines = [
-        "| stage of B's TTFT | alone p50 / p99 (ms) | under flood p50 / p99 (ms) |",
-        "| --- | ---: | ---: |",
+        "| stage of B's TTFT | alone p50 / p99 (ms) | under flood p50 / p99 (ms) "
+        "| under flood, slowest 1 % (ms, mean) |",
+        "| --- | ---: | ---: | ---: |",
     ]
+    slowest = _slowest(row.stages["flooded"])
     for name, meaning in TTFT_STAGES.items():
         alone, flooded = row.stages["alone"][name], row.stages["flooded"][name]
         lines.append(
             f"| {name} ({meaning}) | {percentile(alone, 0.5):.1f} / {percentile(alone, 0.99):.1f}"
-            f" | {percentile(flooded, 0.5):.1f} / {percentile(flooded, 0.99):.1f} |"
+            f" | {percentile(flooded, 0.5):.1f} / {percentile(flooded, 0.99):.1f}"
+            f" | {slowest[name]:.1f} |"
         )
     return "\n".join(lines)
 
@@ -493,6 +509,36 @@ def _plot(rows: list[Neighbour], overload: Overload, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _neighbour_only(args: argparse.Namespace) -> None:
+    """Roundhouse's noisy neighbour alone: its ratio and B's stages, printed."""
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
+    platform: Platform | None = None
+    try:
+        from models_registry.demo_model import demo_model_build
+
+        model_dir = demo_model_build(out_dir=work / "model")
+        os.sched_setaffinity(0, {1})
+        platform = prepare_roundhouse(
+            model_dir,
+            work,
+            tenants={"flood": {}, "light": {}},
+            max_num_seqs=MAX_NUM_SEQS,
+            max_queued=4 * args.flood,
+        )
+        with roundhouse_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
+            row = asyncio.run(_neighbour(target, args.flood, args.light_requests))
+            row.stages = _stages(row)
+    finally:
+        platform_stop(platform)
+        shutil.rmtree(work, ignore_errors=True)
+    spread = " · ".join(
+        f"p{round(q * 100)} {percentile(row.flooded_ms, q) / percentile(row.alone_ms, q):.2f}"
+        for q in (0.5, 0.9, 0.95, 0.99)
+    )
+    print("\n" + _neighbour_table([row]) + "\n\n" + _stages_table(row))
+    print(f"\nB's TTFT under the flood ÷ alone, by percentile: {spread}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--flood", type=int, default=64, help="tenant A's concurrent streams")
@@ -507,7 +553,16 @@ def main() -> None:
     parser.add_argument("--overload-seconds", type=float, default=20.0)
     parser.add_argument("--overload-factor", type=float, default=10.0)
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where to write results")
+    parser.add_argument(
+        "--neighbour-only",
+        action="store_true",
+        help="run Roundhouse's noisy neighbour alone (no vLLM reference, no overload), print "
+        "its tables and write nothing",
+    )
     args = parser.parse_args()
+    if args.neighbour_only:
+        _neighbour_only(args)
+        return
     work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
     platform: Platform | None = None
     rows: list[Neighbour] = []
@@ -534,15 +589,26 @@ def main() -> None:
         with roundhouse_stack(platform, work / "sy", engine_cpus="0", platform_cpus="1") as target:
             rows.append(asyncio.run(_neighbour(target, args.flood, args.light_requests)))
             rows[-1].stages = _stages(rows[-1])
+        from django.conf import settings
+
         from models_registry.models import Deployment
+        from workers.fairness import tenant_caps
         from workers.management.commands.run_worker import reserved_slots
 
         Deployment.objects.filter(name="tiny").update(max_queued=OVERLOAD_MAX_QUEUED)
         with roundhouse_stack(
             platform, work / "sy-overload", engine_cpus="0", platform_cpus="1"
         ) as target:
-            # One tenant may use the slots not reserved for tenants with nothing running.
+            # One tenant may use the slots not reserved for tenants with nothing running, up
+            # to its cap on one worker's sequences.
             streams = MAX_NUM_SEQS - reserved_slots(MAX_NUM_SEQS)
+            cap = tenant_caps(
+                max_num_seqs=MAX_NUM_SEQS,
+                kv_blocks_total=0,
+                seqs_share=settings.ROUNDHOUSE_TENANT_MAX_SEQS_SHARE,
+                kv_share=1,
+            )
+            streams = min(streams, cap.seqs or streams)
             progress(f"overload: measuring capacity for {args.capacity_seconds:.0f}s at least")
             capacity, baseline, service = asyncio.run(
                 _capacity(target, args.capacity_seconds, streams)
@@ -561,8 +627,9 @@ def main() -> None:
         platform_stop(platform)
         shutil.rmtree(work, ignore_errors=True)
     neighbour = _neighbour_table(rows)
+    stages = _stages_table(next(r for r in rows if r.target == "roundhouse"))
     overload_table = _overload_table(overload)
-    print("\n" + neighbour + "\n\n" + overload_table)
+    print("\n" + neighbour + "\n\n" + stages + "\n\n" + overload_table)
     _plot(rows, overload, plot_path(args.docs, "admission"))
     section_write(
         args.docs,
@@ -584,7 +651,7 @@ def main() -> None:
         + "\n\nWhere B's time goes on Roundhouse, from each request's usage record (admitted, "
         "started and first-token times, taken by the frontend and the worker) and the client's "
         "clock:\n\n"
-        + _stages_table(next(r for r in rows if r.target == "roundhouse"))
+        + stages
         + "\n\n**Overload.** Capacity is measured with every slot one tenant may use busy "
         f"({OVERLOAD_TOKENS}-token streams): slots ÷ mean request time over a closed loop at "
         "least six request times long, after its first round; then Poisson arrivals at "

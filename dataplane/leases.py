@@ -30,6 +30,7 @@ finishing do not care who holds a job.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +91,15 @@ class Leases:
         worker: str = "",
         affinity: bool = False,
         batch_every: int = 0,
+        room: Mapping[int, int] | None = None,
+        room_default: int | None = None,
     ) -> Claimed:
         """Take up to count jobs in fair order, leased for lease_seconds.
 
         Jobs of `skip_tenants` stay queued: a worker filling its reserved slots takes only
-        tenants that have nothing running on it.
+        tenants that have nothing running on it. `room` caps the jobs each tenant it names may
+        take, `room_default` those of any other tenant (None: no cap); a tenant with no room
+        left is passed over like a skipped one (a worker's per-tenant caps, workers/fairness.py).
 
         A `worker` takes the jobs handed to it first and holds what it claims in its name; with
         `affinity` it hands jobs whose prefix another live worker owns to that worker, within
@@ -105,6 +110,7 @@ class Leases:
         """
         now = time.time()
         skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
+        rooms = "," + ",".join(f"{t}:{max(n, 0)}" for t, n in sorted((room or {}).items())) + ","
         ok, expired = await self._claim(
             keys=list(deployment_keys(deployment)),
             args=[
@@ -117,6 +123,8 @@ class Leases:
                 PREFIX_LOAD_BOUND,
                 handoff_channel(deployment, ""),
                 batch_every,
+                rooms,
+                -1 if room_default is None else max(room_default, 0),
             ],
         )
         return Claimed(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dataplane.types import RankedLogprob, Sampling, Structured, TokenLogprob
+from workers.fairness import prefill_chunk_tokens
 from workers.tooling import Thinking, logprobs_shaped, ranked_shaped
 
 
@@ -88,6 +89,20 @@ class EngineSpec:
     # vLLM's reasoning parser of a reasoning model: a grammar starts after the thinking, and
     # thinking_token_budget can end it ("": the model does not reason).
     reasoning_parser: str = ""
+    # vLLM's scheduling policy: "priority" orders and preempts requests by the priority the
+    # worker gives each (workers/fairness.py); "fcfs" ignores it.
+    scheduling_policy: str = "priority"
+    # Tokens one engine step computes at most (vLLM's max_num_batched_tokens; 0: its default),
+    # and the longest prefill chunk a request takes from a step it shares (vLLM's
+    # long_prefill_token_threshold; 0: none; None: the budget over max_num_seqs where the
+    # engine raises it to the step's fair share, else none; see `prefill_chunk`).
+    max_num_batched_tokens: int = 0
+    prefill_chunk_tokens: int | None = None
+
+    @property
+    def priorities(self) -> bool:
+        """Whether the engine schedules by the priorities it is given."""
+        return self.scheduling_policy == "priority"
 
     @property
     def adapters_kept(self) -> int:
@@ -130,8 +145,12 @@ class Engine(Protocol):
         cache_salt: str = "",
         prompt_ranked: bool = True,
         thinking: Thinking | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[Step]:
         """Run one prompt; `cache_salt` keeps its cached prefix apart from other salts'.
+
+        `priority`: where the engine's scheduler puts the request (lower sooner; see
+        workers/fairness.py).
 
         `prompt_ranked`: shape the prompt's log probabilities as vLLM's `prompt_logprobs`
         field (`Step.prompt_ranked`); a stream has no such field, so it skips the work.
@@ -178,7 +197,9 @@ def _engine_environment() -> None:
 class EngineStats(Protocol):
     """Where an engine reports what it measures (the worker's metrics)."""
 
-    def finished(self, *, queued: float, prefill: float, decode: float) -> None: ...
+    def finished(
+        self, *, queued: float, prefill: float, decode: float, request_id: str, preemptions: int
+    ) -> None: ...
 
 
 class _Gauges:
@@ -207,7 +228,11 @@ def _gauge_logger(gauges: _Gauges) -> Any:
                 return
             for done in iteration_stats.finished_requests:
                 stats.finished(
-                    queued=done.queued_time, prefill=done.prefill_time, decode=done.decode_time
+                    queued=done.queued_time,
+                    prefill=done.prefill_time,
+                    decode=done.decode_time,
+                    request_id=done.request_id or "",
+                    preemptions=done.num_preemptions,
                 )
 
         def log_engine_initialized(self) -> None:
@@ -275,6 +300,7 @@ class VllmEngine:
             disable_log_stats=True,
             reasoning_parser=self.spec.reasoning_parser,
             **lora,
+            **_scheduling_args(self.spec),
             **self.spec.extra_args,
         )
         # vLLM's logging stat logger stays off; its Prometheus one and ours run.
@@ -295,6 +321,7 @@ class VllmEngine:
         cache_salt: str = "",
         prompt_ranked: bool = True,
         thinking: Thinking | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[Step]:
         from vllm.inputs import TokensPrompt
 
@@ -316,6 +343,9 @@ class VllmEngine:
             else:
                 params = sampling_params(sampling, salt=cache_salt if self._grammars_marked else "")
                 extra = {} if thinking is None else thinking.generate_kwargs()
+                if self.spec.priorities:
+                    # Passed only to a priority scheduler: older vLLMs refuse it otherwise.
+                    extra["priority"] = priority
                 outputs = self._llm.generate(prompt, params, request_id, lora_request=lora, **extra)
             async for output in outputs:
                 for step in steps.of(output):
@@ -380,6 +410,11 @@ class VllmEngine:
         """The share of KV-cache blocks in use at the last engine step (0..1), if known."""
         return self._gauges.kv_cache_usage
 
+    def kv_cache_blocks(self) -> tuple[int, int]:
+        """The KV cache's block size in tokens and its number of blocks (once started)."""
+        cache = self._llm.vllm_config.cache_config
+        return int(cache.block_size), int(cache.num_gpu_blocks or 0)
+
     def report_to(self, stats: EngineStats) -> None:
         """Send the engine's per-step and per-request measurements to `stats` from now on."""
         self._gauges.stats = stats
@@ -388,6 +423,46 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def _scheduling_args(spec: EngineSpec) -> dict[str, Any]:
+    """vLLM's scheduler arguments for a spec: its policy, its step budget, its prefill chunk.
+
+    Where its vLLM can, the engine raises the chunk to the step's budget over the requests it
+    holds (`adaptive_prefill_chunks`): a long prompt beside few others still takes most of
+    each step. A chunk left to the engine (None) is the budget over max_num_seqs there, so
+    every sequence the engine runs gets a part of each step; none on an older vLLM (which
+    would keep a long prompt to that chunk beside a single other request) or without a budget.
+    """
+    args: dict[str, Any] = {"scheduling_policy": spec.scheduling_policy}
+    budget = spec.max_num_batched_tokens
+    if budget:
+        args["max_num_batched_tokens"] = budget
+    adaptive = adaptive_prefill_chunks()
+    chunk = spec.prefill_chunk_tokens
+    if chunk is None:
+        chunk = 0
+        if adaptive and budget:
+            chunk = prefill_chunk_tokens(budget=budget, max_num_seqs=spec.max_num_seqs)
+    if chunk:
+        args["long_prefill_token_threshold"] = min(chunk, spec.max_model_len)
+        if adaptive:
+            args["long_prefill_token_threshold_adaptive"] = True
+    return args
+
+
+def adaptive_prefill_chunks() -> bool:
+    """Whether this process's vLLM raises a prefill chunk to the step's fair share.
+
+    The release the platform pins does; older ones apply a chunk as it is, even to a long
+    prompt beside a single other request.
+    """
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    fields = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    return "long_prefill_token_threshold_adaptive" in fields
 
 
 @functools.cache

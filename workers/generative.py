@@ -31,6 +31,7 @@ from dataplane.types import (
 from workers.adapters import AdapterError, Adapters
 from workers.engine import AdapterRef, Engine, Step
 from workers.failures import Failure
+from workers.fairness import engine_priority, kv_blocks
 from workers.outbox import Outbox
 from workers.runner import Worker
 from workers.tooling import ChoiceParsing, OutputParsing
@@ -175,6 +176,13 @@ class _Generation:
     @property
     def produced(self) -> int:
         return sum(choice.produced for choice in self.choices)
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens each of the run's sequences holds in the engine's KV cache so far (a run
+        carried on: its earlier tokens too, which the engine took as prompt)."""
+        lengths = [len(ids) for ids in self.job.inputs()]
+        n = self.job.sampling.n
+        return [lengths[i // n] + choice.produced for i, choice in enumerate(self.choices)]
 
     def step(self, step: Step, *, prompt: int = 0) -> None:
         """Take one engine step of one prompt's completion: its output goes out (the
@@ -327,22 +335,32 @@ async def _together(runs: list[Coroutine[Any, Any, None]]) -> None:
 class GenerativeWorker(Worker):
     """A worker whose engine streams tokens (vLLM), optionally applying LoRA adapters."""
 
-    def __init__(self, *, engine: Engine, adapters: Adapters | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        adapters: Adapters | None = None,
+        kv_block_size: int = 16,
+        **kwargs: Any,
+    ) -> None:
         # Routing by prefix pays only where the engine keeps the prefixes it has seen.
         kwargs.setdefault("prefix_routing", engine.prefix_caching)
         super().__init__(engine=engine, **kwargs)
         self.generator = engine
         self.adapters = adapters
+        self.kv_block_size = kv_block_size
+        self._runs: dict[str, _Generation] = {}
 
     async def _serve(self, job: Job) -> None:
         run = _Generation(job, self._outbox)
         if job.resumed is None:
             self._outbox.put(job, Started(at=run.started_at))
         failure = None
+        self._runs[job.request_id] = run
         try:
             if job.tools is not None or job.reasoning is not None:
                 run.use_parsing(self._parsing(job))
-            await self._generate(run)
+            await self._generate(run, priority=self._engine_priority(job))
         except BaseException as exc:
             if self._handing_on(job, exc) and run.keeps_ids:
                 # The drain ran out: another worker carries it on from what it produced.
@@ -351,7 +369,32 @@ class GenerativeWorker(Worker):
                 return
             # A cancel aborted the request inside vLLM; any failure bills what it produced.
             failure = self._failure(exc, job=job, engine="engine")
+        finally:
+            self._runs.pop(job.request_id, None)
         self._ended(job, *run.end(failure), failure)
+
+    def _engine_priority(self, job: Job) -> int:
+        """The engine priority of a job starting now: its class, then its tenant's share of
+        the sequences running here with it (workers/fairness.py)."""
+        tenant_seqs = all_seqs = 0
+        for other, _ in self.active.values():
+            all_seqs += other.choices
+            if other.tenant_id == job.tenant_id:
+                tenant_seqs += other.choices
+        return engine_priority(
+            priority_class=job.priority,
+            tenant_seqs=max(tenant_seqs, job.choices),
+            all_seqs=max(all_seqs, job.choices),
+            weight=job.weight,
+        )
+
+    def _kv_blocks(self, job: Job) -> int:
+        run = self._runs.get(job.request_id)
+        if run is not None:
+            tokens = run.kv_tokens()
+        else:  # claimed, not started yet: its prompts
+            tokens = [len(ids) for ids in job.inputs() for _ in range(job.sampling.n)]
+        return kv_blocks(tokens, block_size=self.kv_block_size)
 
     def _parsing(self, job: Job) -> OutputParsing:
         return OutputParsing(
@@ -362,21 +405,22 @@ class GenerativeWorker(Worker):
             reasoning=job.reasoning,
         )
 
-    async def _generate(self, run: _Generation) -> None:
+    async def _generate(self, run: _Generation, *, priority: int = 0) -> None:
         """Run the request on the engine, within its deadline (the engine aborts it then).
 
-        Several prompts run as one engine request each, at once.
+        Several prompts run as one engine request each, at once, all at `priority`.
         """
         job = run.job
         deadline = asyncio.get_running_loop().time() + (job.deadline - run.started_at)
         async with asyncio.timeout_at(deadline), self._adapter(job) as adapter:
             prompts = job.inputs()
             if len(prompts) == 1:
-                await self._prompt(run, 0, job.request_id, run.prompt_of(prompts[0]), adapter)
+                ids = run.prompt_of(prompts[0])
+                await self._prompt(run, 0, job.request_id, ids, adapter, priority)
                 return
             await _together(
                 [
-                    self._prompt(run, i, f"{job.request_id}-{i}", ids, adapter)
+                    self._prompt(run, i, f"{job.request_id}-{i}", ids, adapter, priority)
                     for i, ids in enumerate(prompts)
                 ]
             )
@@ -388,6 +432,7 @@ class GenerativeWorker(Worker):
         request_id: str,
         prompt_token_ids: list[int],
         adapter: AdapterRef | None,
+        priority: int,
     ) -> None:
         """Run one prompt's engine request; its steps go into the run."""
         thinking = None if run.parsing is None else run.parsing.thinking(prompt_token_ids)
@@ -398,6 +443,7 @@ class GenerativeWorker(Worker):
             adapter=adapter,
             cache_salt=run.job.prefix_salt,
             prompt_ranked=not run.job.stream,
+            priority=priority,
             **({"thinking": thinking} if thinking is not None else {}),
         ):
             run.step(step, prompt=prompt)

@@ -2,16 +2,26 @@
 (`dataplane.metrics.metrics_serve`, which labels vLLM's own `vllm:*` series with the deployment).
 
 The engine adapter reports each finished request's engine stages (`EngineStats`); the worker
-loop reports each request's platform-side timings when it ends; the dynamic batcher reports
-its batches.
+loop reports each request's platform-side timings when it ends, and with each heartbeat what
+each tenant holds on the worker; the dynamic batcher reports its batches.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterator, Mapping
 
+from django.conf import settings
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from billing.metrics import TenantLabels
 from dataplane.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, stage_seconds
 from dataplane.types import Job, UsageEvent
+
+log = logging.getLogger(__name__)
 
 platform_ttft = Histogram(
     "roundhouse_time_to_first_token_seconds",
@@ -45,11 +55,69 @@ batch_seconds = Histogram(
 )
 
 
-class WorkerMetrics:
-    """The series of one deployment's worker process, with its labels bound."""
+# Tenant ids to their slugs, for the `tenant` label (a database read, off the event loop).
+SlugsOf = Callable[[Collection[int]], Mapping[int, str]]
 
-    def __init__(self, *, deployment: str) -> None:
+
+class _TenantsHeld(Collector):
+    """Each tenant's KV-cache blocks on this process's workers, as their last heartbeat said.
+
+    Read when scraped, in the metrics server's thread: a tenant first seen then has its slug
+    looked up once. `tenant` is capped as every tenant label is (docs/metrics.md).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[dict[int, int], SlugsOf]] = {}
+        self._slugs: dict[int, str] = {}
+        self._labels: TenantLabels | None = None
+
+    def hold(self, deployment: str, blocks: dict[int, int], slugs_of: SlugsOf) -> None:
+        self._held[deployment] = (blocks, slugs_of)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "roundhouse_worker_tenant_kv_blocks",
+            "KV-cache blocks a tenant's sequences hold on this worker's engine.",
+            labels=["deployment", "tenant"],
+        )
+        with self._lock:
+            if self._labels is None:
+                self._labels = TenantLabels(settings.ROUNDHOUSE_METRICS_MAX_TENANTS)
+            for deployment, (blocks, slugs_of) in list(self._held.items()):
+                unknown = blocks.keys() - self._slugs.keys()
+                if unknown:
+                    try:
+                        self._slugs.update(slugs_of(unknown))
+                    except Exception:  # the database is away: those tenants wait a scrape
+                        log.warning("could not name tenants %s for the KV series", sorted(unknown))
+                sums: dict[str, int] = {}
+                for tenant, count in blocks.items():
+                    slug = self._slugs.get(tenant)
+                    if slug is not None:
+                        label = self._labels(slug)
+                        sums[label] = sums.get(label, 0) + count
+                for label, count in sorted(sums.items()):
+                    family.add_metric([deployment, label], count)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+tenants_held = _TenantsHeld()
+REGISTRY.register(tenants_held)
+
+
+class WorkerMetrics:
+    """The series of one deployment's worker process, with its labels bound.
+
+    `slugs_of` names tenants for the per-tenant series (None: that series stays empty).
+    """
+
+    def __init__(self, *, deployment: str, slugs_of: SlugsOf | None = None) -> None:
         self.deployment = deployment
+        self._slugs_of = slugs_of
         self._engine_queue = stage_seconds.labels(stage="engine_queue", deployment=deployment)
         self._prefill = stage_seconds.labels(stage="prefill", deployment=deployment)
         self._decode = stage_seconds.labels(stage="decode", deployment=deployment)
@@ -61,7 +129,16 @@ class WorkerMetrics:
 
     # --- engine (EngineStats) ----------------------------------------------------------
 
-    def finished(self, *, queued: float, prefill: float, decode: float) -> None:
+    def finished(
+        self,
+        *,
+        queued: float,
+        prefill: float,
+        decode: float,
+        request_id: str = "",
+        preemptions: int = 0,
+    ) -> None:
+        # Preemptions are vLLM's own series (vllm:num_preemptions); the request id labels none.
         self._engine_queue.observe(queued)
         self._prefill.observe(prefill)
         self._decode.observe(decode)
@@ -79,6 +156,15 @@ class WorkerMetrics:
             platform_ttft.labels(deployment=self.deployment, priority=job.priority).observe(
                 max(usage.first_token_at - job.enqueued_at, 0.0)
             )
+
+    def tenants_held(self, loads: Mapping[int, tuple[int, int]]) -> None:
+        """Note what each tenant holds on the worker now: (sequences, KV-cache blocks).
+
+        Tenants holding no blocks leave the series.
+        """
+        if self._slugs_of is not None:
+            blocks = {tenant: kv for tenant, (_, kv) in loads.items() if kv > 0}
+            tenants_held.hold(self.deployment, blocks, self._slugs_of)
 
     # --- the dynamic batcher -----------------------------------------------------------
 

@@ -41,6 +41,7 @@ from workers.failures import (
     failure_unended,
     failure_unstarted,
 )
+from workers.fairness import TenantCaps
 from workers.metrics import WorkerMetrics
 from workers.outbox import FLUSH_SHARES, STREAMS_PER_SHARE, Outbox
 
@@ -122,6 +123,7 @@ class Worker(abc.ABC):
         metrics: WorkerMetrics | None = None,
         prefix_routing: bool = False,
         batch_every: int = 0,
+        caps: TenantCaps | None = None,
     ) -> None:
         self.deployment = deployment
         self.metrics = metrics
@@ -141,6 +143,8 @@ class Worker(abc.ABC):
         self.prefix_routing = prefix_routing
         # Every batch_every-th job claimed while both classes wait is batch work (0: never).
         self.batch_every = batch_every
+        # What one tenant may hold here; its further jobs wait in the queue meanwhile.
+        self.caps = caps or TenantCaps()
         self.active: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         # Requests whose run the drain stopped when its time ran out (not a client's cancel),
         # and those of them to hand on to another worker.
@@ -283,6 +287,12 @@ class Worker(abc.ABC):
         if free <= 0:
             await _first_of(self._slot_free.wait(), self._draining.wait(), timeout=1.0)
             return
+        room = {
+            tenant: left
+            for tenant, (seqs, blocks) in self.tenant_loads().items()
+            if (left := self.caps.room(seqs=seqs, kv_blocks=blocks)) is not None
+        }
+        held_back = any(left == 0 for left in room.values())
         claimed = await self.leases.claim(
             deployment=self.deployment,
             count=free,
@@ -291,6 +301,8 @@ class Worker(abc.ABC):
             worker=self.worker_id,
             affinity=self.prefix_routing,
             batch_every=self.batch_every,
+            room=room,
+            room_default=self.caps.room(seqs=0, kv_blocks=0),
         )
         for job in claimed.expired:
             self._finish_unstarted(
@@ -303,13 +315,14 @@ class Worker(abc.ABC):
             return
         if not claimed.run:
             if not claimed.expired:
-                # A queued job wakes us; with only reserved slots open, so does a freed
-                # shared slot (the tenants skipped this time may then be served).
+                # A queued job wakes us; with only reserved slots open, or a tenant held back
+                # at its cap, so does a freed slot (the tenants passed over this time may then
+                # be served).
                 await _first_of(
                     self.leases.wait_for_work(deployment=self.deployment, timeout=0.5),
                     self._draining.wait(),
                     self._handed.wait(),
-                    *([self._slot_free.wait()] if skip else []),
+                    *([self._slot_free.wait()] if skip or held_back else []),
                     timeout=1.0,
                 )
             return
@@ -326,6 +339,18 @@ class Worker(abc.ABC):
             running = self.active.get(rid)
             if running is not None:
                 running[1].cancel()
+
+    def tenant_loads(self) -> dict[int, tuple[int, int]]:
+        """What each tenant holds on this worker: its sequences and KV-cache blocks."""
+        loads: dict[int, tuple[int, int]] = {}
+        for job, _ in list(self.active.values()):
+            seqs, blocks = loads.get(job.tenant_id, (0, 0))
+            loads[job.tenant_id] = (seqs + job.choices, blocks + self._kv_blocks(job))
+        return loads
+
+    def _kv_blocks(self, job: Job) -> int:
+        """The KV-cache blocks a running job holds (none, for an engine without a KV cache)."""
+        return 0
 
     async def _retire_due(self) -> bool:
         """Whether a retiring worker has seen its queue empty for the quiet period."""
@@ -500,6 +525,8 @@ class Worker(abc.ABC):
                 )
                 if retire:
                     self.retire()
+                if self.metrics is not None:
+                    self.metrics.tenants_held(self.tenant_loads())
                 await self.engine.health()
                 outage.ok()
                 loop_ok("heartbeat")

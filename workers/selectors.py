@@ -1,8 +1,14 @@
-"""Read what was measured about workers: deployments' throughput curves."""
+"""Read what was measured about workers (deployments' throughput curves) and what they label
+their series with."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+from django.db import close_old_connections
+
 from models_registry.models import Deployment
+from tenants.models import Tenant
 from workers.capacity import Curve, CurvePoint
 from workers.models import ThroughputPoint
 from workers.traffic_profile import Slo
@@ -60,3 +66,13 @@ def deployment_gpus_per_replica(*, deployment: Deployment) -> int:
 def deployment_slo(*, deployment: Deployment) -> Slo:
     """Return a deployment's latency objectives (TTFT and ITL p95), in seconds."""
     return Slo(ttft_p95=deployment.slo_ttft_p95_ms / 1000, itl_p95=deployment.slo_itl_p95_ms / 1000)
+
+
+def tenant_slugs(*, tenant_ids: Collection[int]) -> dict[int, str]:
+    """Return the slugs of these tenants (those that exist), for a worker's metric labels.
+
+    Called from the metrics server's thread: a connection that outlived the database's restart
+    is replaced first.
+    """
+    close_old_connections()
+    return dict(Tenant.objects.filter(id__in=list(tenant_ids)).values_list("id", "slug"))

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -108,9 +109,10 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
     # The version's engine arguments are part of what was registered and tested: where they
     # name a setting the deployment also has, the version's value wins.
     extra = version.engine_args
+    max_num_seqs = int(extra.pop("max_num_seqs", deployment.max_num_seqs))
     spec = EngineSpec(
         model_dir=model_dir,
-        max_num_seqs=int(extra.pop("max_num_seqs", deployment.max_num_seqs)),
+        max_num_seqs=max_num_seqs,
         max_model_len=deployment.context_length,
         kv_cache_bytes=deployment.kv_cache_bytes,
         enforce_eager=bool(extra.pop("enforce_eager", deployment.enforce_eager)),
@@ -121,6 +123,7 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
         max_lora_rank=deployment.max_lora_rank,
         engine_nice=settings.ROUNDHOUSE_ENGINE_NICE,
         reasoning_parser=version.reasoning_parser,
+        **_scheduling(extra, max_num_seqs=max_num_seqs),
     )
     encoder = None
     if version.model.task == Task.EMBEDDING:
@@ -138,6 +141,25 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
     return WorkerPlan(
         deployment=deployment.name, version=version.public_name, spec=spec, encoder=encoder
     )
+
+
+def _scheduling(extra: dict[str, Any], *, max_num_seqs: int) -> dict[str, Any]:
+    """The engine's scheduling settings: the platform's, unless the version's arguments
+    (taken out of `extra`) name their own.
+
+    The priority policy orders the engine by the priorities the worker gives (fairness
+    between tenants); the step budget is at least max_num_seqs, as vLLM requires; a prefill
+    chunk the platform leaves unset (0) is the engine's to derive (see EngineSpec).
+    """
+    budget = int(extra.pop("max_num_batched_tokens", settings.ROUNDHOUSE_ENGINE_MAX_BATCHED_TOKENS))
+    chunk = extra.pop("long_prefill_token_threshold", None)
+    if chunk is None:
+        chunk = settings.ROUNDHOUSE_ENGINE_PREFILL_CHUNK_TOKENS or None
+    return {
+        "scheduling_policy": str(extra.pop("scheduling_policy", "priority")),
+        "max_num_batched_tokens": max(budget, max_num_seqs),
+        "prefill_chunk_tokens": None if chunk is None else max(int(chunk), 0),
+    }
 
 
 def adapter_ref(*, deployment_name: str, digest: str) -> AdapterRef:

@@ -458,6 +458,16 @@ ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)
 # The share of a worker's engine slots kept for tenants with nothing running on it, so a light
 # tenant's request starts at once while another tenant's long requests fill the rest.
 ROUNDHOUSE_RESERVED_SLOTS = env_float("ROUNDHOUSE_RESERVED_SLOTS", 0.125)
+# Tokens one engine step computes at most (vLLM's max_num_batched_tokens), and the longest
+# prefill chunk a request takes from a step it shares (0: the budget over max_num_seqs, which
+# leaves room in every step for every sequence; see workers/fairness.py).
+ROUNDHOUSE_ENGINE_MAX_BATCHED_TOKENS = env_int("ROUNDHOUSE_ENGINE_MAX_BATCHED_TOKENS", 2048)
+ROUNDHOUSE_ENGINE_PREFILL_CHUNK_TOKENS = env_int("ROUNDHOUSE_ENGINE_PREFILL_CHUNK_TOKENS", 0)
+# The most of one worker's engine one tenant may hold: its sequences (a share of max_num_seqs)
+# and its KV-cache blocks (a share of the worker's). 1: no cap (for sequences, none beyond the
+# shared slots: the reserved ones already keep a tenant to 7/8 of a worker).
+ROUNDHOUSE_TENANT_MAX_SEQS_SHARE = env_float("ROUNDHOUSE_TENANT_MAX_SEQS_SHARE", 1.0)
+ROUNDHOUSE_TENANT_MAX_KV_SHARE = env_float("ROUNDHOUSE_TENANT_MAX_KV_SHARE", 0.75)
 # The least part of the jobs workers take that goes to batch-class work while interactive work
 # waits too (at most 0.5), so sustained interactive load slows batch work but never starves it.
 # 0: strict priority.

@@ -10,15 +10,32 @@
 -- it claims in the worker's name; with affinity (ARGV[6]) it hands keyed jobs to their owners
 -- (see prefix affinity in dataplane/leases.py; ARGV[7] is the load bound, ARGV[8] the prefix of
 -- the workers' handoff channels).
+--
+-- ARGV[10] (",<tenant>:<jobs>,...") caps how many jobs each tenant listed may take in this
+-- claim, ARGV[11] that of any other tenant (-1: no cap): a worker's per-tenant caps
+-- (workers/fairness.py). A tenant with no room left is passed over like a skipped one. Jobs
+-- handed to the worker count against their tenant's room but are always taken: they are held
+-- in its name already.
 local now, count, lease_until = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local skip = ARGV[4]  -- ",<tenant>,<tenant>,": tenants not to take jobs from this time
+local room, room_default = {}, tonumber(ARGV[11] or '-1')
+for t, n in string.gmatch(ARGV[10] or '', '(%d+):(%d+)') do room[t] = tonumber(n) end
+local function room_of(t)
+  local r = room[t]
+  if r == nil then r = room_default end
+  return r
+end
+local function room_take(t)
+  local r = room_of(t)
+  if r > 0 then room[t] = r - 1 end
+end
 local worker, affinity, bound = ARGV[5] or '', ARGV[6] == '1', tonumber(ARGV[7] or '0')
 local batch_every = tonumber(ARGV[9] or '0')
 local streak = 0
 if batch_every > 0 then streak = tonumber(redis.call('HGET', VTC, 'streak') or '0') end
 local streak_was = streak
 local scan = 0
-if skip ~= ',' then scan = 31 end
+if skip ~= ',' or next(room) ~= nil or room_default >= 0 then scan = 31 end
 local ok, expired = {}, {}
 
 -- Jobs handed to this worker were dispatched in fair order already: they go first, oldest first.
@@ -39,6 +56,7 @@ if worker ~= '' then
       local j = meta_parse(m)
       local payload = redis.call('HGET', JOBS, h.rid)
       redis.call('ZADD', LEASES, lease_until, h.rid)
+      room_take(j.tenant)
       if j.deadline <= now then
         -- Its deadline passed on the way: returned uncharged, like one that expired queued.
         charge(j.cls, j.tenant, -j.cost / j.weight)
@@ -100,7 +118,7 @@ while #ok < count and steps < count * 4 + 16 do
   for _, c in ipairs(order) do
     local heads = redis.call('ZRANGE', READY[c], 0, scan, 'WITHSCORES')
     for i = 1, #heads, 2 do
-      if not string.find(skip, ',' .. heads[i] .. ',', 1, true) then
+      if not string.find(skip, ',' .. heads[i] .. ',', 1, true) and room_of(heads[i]) ~= 0 then
         cls, tenant, counter = c, heads[i], tonumber(heads[i + 1])
         break
       end
@@ -135,6 +153,7 @@ while #ok < count and steps < count * 4 + 16 do
             streak = streak + 1
           end
         end
+        room_take(tenant)
         local key = affinity and redis.call('HGET', PREFIXES, rid)
         if key then holder = placed(key) end
         if holder == worker then

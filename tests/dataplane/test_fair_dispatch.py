@@ -387,3 +387,32 @@ async def test_reserved_slots_go_only_to_tenants_with_nothing_running():
     )
     assert claimed.run == []
     await client.aclose()
+
+
+async def test_a_tenant_without_room_is_passed_over_and_takes_no_more_than_its_room():
+    client = redis_client_new()
+    dispatch = roles(client, reply_ttl=60)
+    deployment = await _fresh_deployment(dispatch)
+    now = time.time()
+    flood = [_job(deployment, Spec(1, "interactive", 2, 8, False), 1, now) for _ in range(6)]
+    light = [_job(deployment, Spec(2, "interactive", 2, 8, False), 1, now) for _ in range(2)]
+    for job in [*flood, *light]:
+        await dispatch.front.enqueue(job)
+    # Tenant 1 is at its cap; any other tenant may take one more job.
+    claimed = await dispatch.leases.claim(
+        deployment=deployment, count=8, lease_seconds=30, room={1: 0}, room_default=1
+    )
+    assert [j.request_id for j in claimed.run] == [light[0].request_id]
+    # Room for two of tenant 1's, none capped for the others: tenant 1 stops at two.
+    claimed = await dispatch.leases.claim(
+        deployment=deployment, count=8, lease_seconds=30, room={1: 2}
+    )
+    taken = [j.request_id for j in claimed.run]
+    assert [rid for rid in taken if rid in {j.request_id for j in flood}] == [
+        flood[0].request_id,
+        flood[1].request_id,
+    ]
+    assert light[1].request_id in taken
+    claimed = await dispatch.leases.claim(deployment=deployment, count=8, lease_seconds=30)
+    assert [j.request_id for j in claimed.run] == [j.request_id for j in flood[2:]]
+    await client.aclose()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ALIAS, DEPLOYMENT
+from tests.conftest import ALIAS, DEPLOYMENT, roomy_key
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 FRONTEND_STAGES = ("auth", "preprocess", "admission", "relay")
@@ -314,3 +314,42 @@ def test_encoder_workers_report_their_batches(stack, world, encoder, client):
         assert _value(samples, "roundhouse_stage_seconds_count", stage=stage, **labels), stage
     frontend = _scrape(f"{stack.base_url}/metrics")
     assert _value(frontend, "roundhouse_stage_seconds_count", stage="relay", **labels) >= 1
+
+
+def test_a_worker_exports_the_kv_blocks_each_tenant_holds(stack, world, client, django_db_blocker):
+    with django_db_blocker.unblock():
+        key = roomy_key("kv-holder", max_tokens_per_request=1500)
+    body = {
+        "model": ALIAS,
+        "prompt": "Once upon a time, in a roundhouse far away,",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    with client.stream("POST", "/v1/completions", json=body, headers=headers) as streamed:
+        assert streamed.status_code == 200
+        # Seen at the worker's next heartbeat, under the tenant's slug; the stream runs on.
+        _until(
+            lambda: (
+                _value(
+                    _scrape(stack.worker_metrics_url),
+                    "roundhouse_worker_tenant_kv_blocks",
+                    deployment=DEPLOYMENT,
+                    tenant="kv-holder",
+                )
+                >= 1
+            )
+        )
+    # The client hung up: the request ends, and the tenant leaves the series.
+    _until(
+        lambda: (
+            not _labels_with(
+                _scrape(stack.worker_metrics_url), "roundhouse_worker_tenant_kv_blocks", "kv-holder"
+            )
+        )
+    )
+
+
+def _labels_with(samples: Samples, name: str, tenant: str) -> list[dict[str, str]]:
+    return [labels for labels in _labels(samples, name) if labels.get("tenant") == tenant]

@@ -123,6 +123,7 @@ class _Engine:
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
         prompt_ranked: bool = True,
+        priority: int = 0,
     ) -> AsyncIterator[Step]:
         for index in range(TOKENS):
             if self.fail is not None and self.fail[0] == index:

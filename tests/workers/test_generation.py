@@ -96,6 +96,7 @@ class _Engine:
         self.cancelled: list[str] = []
         self.ranked: list[bool] = []  # each call's prompt_ranked
         self.thinking: list[Any] = []  # each call's reasoning model's request
+        self.priorities: list[int] = []  # each call's engine priority
 
     async def generate(
         self,
@@ -107,8 +108,10 @@ class _Engine:
         cache_salt: str = "",
         prompt_ranked: bool = True,
         thinking: Any = None,
+        priority: int = 0,
     ) -> AsyncIterator[Step]:
         prompt = len(self.calls)
+        self.priorities.append(priority)
         self.calls.append((request_id, prompt_token_ids, sampling))
         self.ranked.append(prompt_ranked)
         self.thinking.append(thinking)

@@ -25,9 +25,11 @@ from workers.batcher import REFERENCE_LENGTH, CostModel, DynamicBatcher
 from workers.encoder import EncoderEngine, EncoderSpec
 from workers.encoder_worker import EncoderWorker
 from workers.engine import VllmEngine
+from workers.fairness import tenant_caps
 from workers.generative import GenerativeWorker
 from workers.metrics import WorkerMetrics
 from workers.runner import Worker, stream_interval_ms
+from workers.selectors import tenant_slugs
 from workers.services import (
     adapter_ref,
     deployment_report,
@@ -87,7 +89,10 @@ class Command(BaseCommand):
             raise CommandError(f"refusing to start: {exc}") from exc
         self.stdout.write(f"worker for {name} serving {plan.version} from {plan.spec.model_dir}")
         metrics_serve(options["metrics_port"], what="worker", deployment=plan.deployment)
-        metrics = WorkerMetrics(deployment=plan.deployment)
+        metrics = WorkerMetrics(
+            deployment=plan.deployment,
+            slugs_of=lambda ids: tenant_slugs(tenant_ids=ids),
+        )
         # uvloop: the worker relays every token, so event-loop overhead is on the hot path.
         if plan.encoder is not None:
             serve = self._serve_encoder(
@@ -187,9 +192,27 @@ class Command(BaseCommand):
                 ),
                 capacity=spec.adapters_kept,
             )
+        block_size, blocks = engine.kv_cache_blocks()
+        caps = tenant_caps(
+            max_num_seqs=spec.max_num_seqs,
+            kv_blocks_total=blocks,
+            seqs_share=settings.ROUNDHOUSE_TENANT_MAX_SEQS_SHARE,
+            kv_share=settings.ROUNDHOUSE_TENANT_MAX_KV_SHARE,
+        )
+        log.info(
+            "engine: %s scheduling, %d tokens a step; a tenant holds at most %s sequences and "
+            "%s of %d KV-cache blocks",
+            spec.scheduling_policy,
+            spec.max_num_batched_tokens,
+            caps.seqs or "any",
+            caps.kv_blocks or "any",
+            blocks,
+        )
         worker = GenerativeWorker(
             deployment=deployment,
             engine=engine,
+            kv_block_size=block_size,
+            caps=caps,
             client=client,
             reply_ttl=settings.ROUNDHOUSE_REPLY_TTL_SECONDS,
             worker_id=worker_id_new(),
