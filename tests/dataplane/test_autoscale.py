@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from dataplane.autoscale import Autoscaler, ScalingPolicy, replicas_needed
-from dataplane.redis_client import redis_client_new, redis_sync_client
+from dataplane.redis_client import pipeline_execute, redis_client_new, redis_sync_client
 from dataplane.snapshots import QueueSnapshot, queue_snapshot_sync
 from dataplane.types import Finished, Job, Status, usage_for
 from tests.dataplane.roles import Roles, roles
@@ -135,4 +135,5 @@ async def _finish(dispatch: Roles, jobs: list[Job]) -> None:
             terminal = Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1)
             usage = usage_for(job, status=Status.OK, finished_at=time.time())
             await dispatch.finisher.finalize_into(pipe, job=job, terminal=terminal, usage=usage)
-        await pipe.execute()
+        # As the worker runs it: a script this server has not seen yet runs by its text.
+        await pipeline_execute(pipe)
