@@ -8,8 +8,8 @@ a policy assigned reaches every frontend within milliseconds rather than at the 
 Bulk `QuerySet.update()` sends no signals: code that changes such state that way calls
 `change_publish` itself.
 
-A change that takes a model away from a tenant (a grant revoked, a model limited or given to
-a tenant) publishes ACCESS as well: frontends then drop their cached routes rather than mark
+A change of who may call a model (a grant made or revoked, a model limited, opened or given
+to a tenant) publishes ACCESS as well: frontends then drop their cached routes rather than mark
 them stale, so that no request is routed by what was cached before it, not even one served
 while its reload runs (as a revoked key is dropped, `dataplane.tenancy`).
 """

@@ -585,9 +585,9 @@ def _access_state(model: Model) -> dict[str, Any]:
     }
 
 
-def _access_narrowed() -> None:
+def _access_changed() -> None:
     """Tell every frontend to forget the routes it holds: none may serve a tenant a model it
-    no longer may call, not even once while its reload runs."""
+    no longer may call (nor refuse one it now may), not even once while its reload runs."""
     change_publish(ACCESS)
 
 
@@ -613,7 +613,7 @@ def model_owner_set(
             model.limited = False
         model.save(update_fields=["owner", "limited"])
         _model_access_check(model)
-        _access_narrowed()
+        _access_changed()
         audit_record(
             action="model.owner",
             target_type="model",
@@ -663,8 +663,7 @@ def model_limit_set(
         after = _access_state(model)
         if after == before:
             return model
-        if limited:
-            _access_narrowed()
+        _access_changed()
         audit_record(
             action="model.limit" if limited else "model.open",
             target_type="model",
@@ -704,6 +703,7 @@ def model_grant(
             model=model, tenant=tenant, defaults={"created_by": _who(actor)}
         )
         if created:
+            _access_changed()
             audit_record(
                 action="model.grant",
                 target_type="model",
@@ -725,7 +725,7 @@ def model_revoke(
         model = Model.objects.select_for_update().get(pk=model.pk)
         deleted, _ = ModelGrant.objects.filter(model=model, tenant=tenant).delete()
         if deleted:
-            _access_narrowed()
+            _access_changed()
             audit_record(
                 action="model.revoke",
                 target_type="model",

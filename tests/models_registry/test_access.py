@@ -255,8 +255,8 @@ def test_grants_revocations_limits_and_owners_are_audit_events(tmp_path, world, 
     assert events[2].tenant == world.globex
     assert events[4].before == {"owner": None, "limited": False, "grants": []}
     assert events[4].after == {"owner": "globex", "limited": False, "grants": []}
-    # Every change that takes a model from someone tells the frontends to drop their routes.
-    assert published.count("access") == 3  # limit, revoke, owner
+    # Every change of access tells the frontends to drop their routes at once.
+    assert published.count("access") == 5
 
 
 def test_a_tenants_console_list_shows_its_models_and_never_another_tenants(tmp_path, world):
