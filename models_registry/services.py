@@ -546,6 +546,18 @@ def alias_access_problems(alias: Alias) -> list[str]:
     return problems
 
 
+def alias_version_check(*, alias: Alias, version: ModelVersion, field: str) -> None:
+    """Refuse a version for an alias's traffic (a canary) that some of its callers may not use."""
+    wanted, allowed = version_audience(alias.version), version_audience(version)
+    if not audience_includes(allowed, wanted):
+        raise ValidationError(
+            {
+                field: f"{version.public_name} is open to {_audience_named(allowed)}, but "
+                f"{alias.name} to {_audience_named(wanted)}"
+            }
+        )
+
+
 def _alias_access_check(alias: Alias, *, field: str) -> None:
     problems = alias_access_problems(alias)
     if problems:

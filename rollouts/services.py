@@ -44,7 +44,12 @@ from models_registry.models import (
     default_steps,
 )
 from models_registry.selectors import deployment_for
-from models_registry.services import deployment_retire, deployment_serve, percent_buckets
+from models_registry.services import (
+    alias_version_check,
+    deployment_retire,
+    deployment_serve,
+    percent_buckets,
+)
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -150,6 +155,7 @@ def rollout_start(
         raise ValidationError({"canary": "the canary must do the same task as the alias"})
     if min_samples < 1 or breach_checks < 1:
         raise ValidationError({"min_samples": "min_samples and breach_checks must be ≥ 1"})
+    alias_version_check(alias=alias, version=canary, field="canary")
     deployment = deployment_for(canary)
     if deployment is None:
         raise ValidationError({"canary": f"{canary.public_name} has no deployment; create one"})

@@ -298,3 +298,13 @@ def test_the_migration_keeps_every_existing_model_and_key_open_as_before(world):
     assert not new.get_model("models_registry", "ModelGrant").objects.exists()
     key = new.get_model("tenants", "ApiKey").objects.get(pk=old_key.pk)
     assert key.allowed_models == []
+
+
+def test_a_canary_some_of_an_aliass_callers_may_not_use_is_refused(tmp_path, world):
+    from rollouts.services import rollout_start
+
+    alias = alias_set(name="canaried-chat", version=_model(tmp_path, "canaried"))
+    owned = _model(tmp_path, "acme-canary", owner=world.acme)
+    with pytest.raises(ValidationError, match="open to only acme, but canaried-chat to every"):
+        rollout_start(alias=alias, canary=owned)
+    assert not alias.splits.exists()
