@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -147,23 +147,33 @@ _FAILED = ("error", "worker_lost", "timeout")
 
 
 def version_failures(
-    *, version: ModelVersion, since: dt.datetime, until: dt.datetime
+    *,
+    version: ModelVersion,
+    since: dt.datetime,
+    until: dt.datetime,
+    tenant_ids: Collection[int] | None = None,
 ) -> tuple[int, int]:
     """(requests, failed requests) a version finished in a window, counted by the database:
     the cheap half of `version_slis`, for checks that run every few seconds."""
-    counted = _version_rows(version, since, until).aggregate(
+    counted = _version_rows(version, since, until, tenant_ids).aggregate(
         requests=Count("id"), errors=Count("id", filter=Q(status__in=_FAILED))
     )
     return counted["requests"], counted["errors"]
 
 
 def _version_rows(
-    version: ModelVersion, since: dt.datetime, until: dt.datetime | None
+    version: ModelVersion,
+    since: dt.datetime,
+    until: dt.datetime | None,
+    tenant_ids: Collection[int] | None = None,
 ) -> QuerySet[UsageRecord]:
-    """A version's usage records that finished in a window, cancelled requests left out."""
+    """A version's usage records that finished in a window, cancelled requests left out
+    (of the tenants named only, when `tenant_ids` is given: a canary scoped to them)."""
     rows = UsageRecord.objects.filter(model_version=version, finished_at__gte=since).exclude(
         status="cancelled"
     )
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
     return rows if until is None else rows.filter(finished_at__lt=until)
 
 
@@ -175,15 +185,19 @@ def _p95(values: list[float]) -> float | None:
 
 
 def version_slis(
-    *, version: ModelVersion, since: dt.datetime, until: dt.datetime | None = None
+    *,
+    version: ModelVersion,
+    since: dt.datetime,
+    until: dt.datetime | None = None,
+    tenant_ids: Collection[int] | None = None,
 ) -> Slis:
     """Return a version's request SLIs over a window, shadow copies included.
 
     Requests the client cancelled count for neither side. TTFT runs from admission to the
     first token, so time queued for a slow version counts; inter-token latency is a request's
-    mean gap between tokens.
+    mean gap between tokens. With `tenant_ids`, only those tenants' requests count.
     """
-    rows = _version_rows(version, since, until)
+    rows = _version_rows(version, since, until, tenant_ids)
     requests = errors = 0
     prompt = completion = 0
     ttfts: list[float] = []

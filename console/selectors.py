@@ -30,6 +30,8 @@ from tenants.models import AuditEvent, Membership, Tenant
 
 def tenant_get(*, slug: str) -> Tenant | None:
     """The tenant with this slug, with its quota, or None."""
+    if "\x00" in slug:
+        return None  # no slug holds one, and PostgreSQL cannot compare text that does
     return Tenant.objects.filter(slug=slug).select_related("quota").first()
 
 
@@ -122,18 +124,36 @@ def alias_get(*, name: str) -> Alias | None:
 
 
 def alias_split_list(*, alias: Alias) -> list[AliasSplit]:
-    """The alias's traffic splits, with their versions."""
-    return list(alias.splits.select_related("version__model"))
+    """The alias's traffic splits that name no tenant, with their versions."""
+    return list(alias.splits.filter(tenant__isnull=True).select_related("version__model"))
 
 
-def rollout_latest(*, alias: Alias) -> Rollout | None:
-    """The alias's most recent rollout, with its canary and baseline, or None."""
-    return (
+def alias_targeting_list(*, alias: Alias) -> list[dict[str, Any]]:
+    """The alias's tenant-targeted splits by tenant, each with the active rollout that holds
+    it (None: an operator's split)."""
+    active = Rollout.objects.filter(alias=alias, state__in=["running", "paused"], scoped=True)
+    held: dict[tuple[int | None, int], Rollout] = {
+        (tenant_id, rollout.canary_id): rollout
+        for rollout in active.prefetch_related("tenants")
+        for tenant_id in (t.pk for t in rollout.tenants.all())
+    }
+    splits = alias.splits.filter(tenant__isnull=False).select_related("version__model", "tenant")
+    return [
+        {"split": split, "rollout": held.get((split.tenant_id, split.version_id))}
+        for split in splits.order_by("tenant__slug", "id")
+    ]
+
+
+def rollout_shown_list(*, alias: Alias) -> list[Rollout]:
+    """The alias's active rollouts, oldest first, or else its most recent one (or none)."""
+    rollouts = (
         Rollout.objects.filter(alias=alias)
         .select_related("canary__model", "baseline__model")
-        .order_by("-id")
-        .first()
+        .prefetch_related("tenants")
     )
+    active = list(rollouts.filter(state__in=["running", "paused"]).order_by("id"))
+    latest = rollouts.order_by("-id").first()
+    return active or ([latest] if latest is not None else [])
 
 
 def rollout_get(*, alias_name: str, pk: int) -> Rollout | None:

@@ -595,12 +595,14 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
     alias = selectors.alias_get(name=name)
     if alias is None:
         raise Http404("no such alias")
-    rollout = selectors.rollout_latest(alias=alias)
+    rollouts = selectors.rollout_shown_list(alias=alias)
     since = timezone.now() - dt.timedelta(hours=1)
     splits = selectors.alias_split_list(alias=alias)
+    targeting = selectors.alias_targeting_list(alias=alias)
     versions = [alias.version] + [s.version for s in splits]
-    if rollout is not None and rollout.canary not in versions:
-        versions.append(rollout.canary)
+    for version in [row["split"].version for row in targeting] + [r.canary for r in rollouts]:
+        if version not in versions:
+            versions.append(version)
     comparison = [
         {"version": v.public_name, **version_slis(version=v, since=since).as_dict()}
         for v in versions
@@ -612,9 +614,16 @@ def canary(request: HttpRequest, name: str) -> HttpResponse:
         {
             **_nav(request),
             "alias": alias,
-            "rollout": rollout,
-            "decisions": selectors.rollout_decision_list(rollout=rollout) if rollout else [],
+            "rollouts": [
+                {
+                    "rollout": r,
+                    "tenants": [t.slug for t in r.tenants.all()],
+                    "decisions": selectors.rollout_decision_list(rollout=r),
+                }
+                for r in rollouts
+            ],
             "split": split,
+            "targeting": targeting,
             "candidates": [v for v in versions if v != alias.version],
             "comparison": comparison,
             "fallbacks": [a.name for a in selectors.alias_list() if a.pk != alias.pk],
@@ -630,19 +639,27 @@ def canary_split(request: HttpRequest, name: str) -> HttpResponse:
     if alias is None:
         raise Http404("no such alias")
     version = version_pinned(request.POST.get("version", ""))
+    slug = request.POST.get("tenant", "").strip()
+    tenant = selectors.tenant_get(slug=slug) if slug else None
     try:
         percent = float(request.POST.get("percent", ""))
         if version is None:
             raise ValidationError("choose a version")
+        if slug and tenant is None:
+            raise ValidationError(f"no tenant {slug!r}")
         alias_split_set(
             alias=alias,
             version=version,
             percent=percent,
+            tenants=[tenant] if tenant is not None else [],
             actor=_user(request),
             reason=request.POST.get("reason", ""),
         )
-        messages.success(request, f"{version.public_name} now gets {percent:g}% of {name}.")
-    except (ValueError, ValidationError) as exc:
+        whose = f"of {tenant.slug}'s traffic to {name}" if tenant is not None else f"of {name}"
+        messages.success(request, f"{version.public_name} now gets {percent:g}% {whose}.")
+    except ValidationError as exc:
+        messages.error(request, f"Split not changed: {'; '.join(exc.messages)}")
+    except ValueError as exc:
         messages.error(request, f"Split not changed: {exc}")
     return redirect("console:canary", name=name)
 
@@ -685,11 +702,25 @@ def canary_action(request: HttpRequest, name: str, pk: int, action: str) -> Http
     if not reason:
         messages.error(request, f"Say why you {action} (the reason goes in the audit log).")
         return redirect("console:canary", name=name)
+    slug = (request.POST.get("tenant") or "").strip()
+    tenant = selectors.tenant_get(slug=slug) if slug else None
+    if slug and tenant is None:
+        messages.error(request, f"No tenant {slug!r}.")
+        return redirect("console:canary", name=name)
     try:
-        rollout_act(rollout, action=action, actor=_user(request), reason=reason)
-        messages.success(request, f"Rollout {pk}: {action} done.")
+        rollout_act(
+            rollout,
+            action=action,
+            actor=_user(request),
+            reason=reason,
+            tenants=[tenant] if tenant is not None else [],
+        )
+        done = f"{action} of {tenant.slug}" if tenant is not None else action
+        messages.success(request, f"Rollout {pk}: {done} done.")
     except RolloutConflict as exc:
         messages.error(request, str(exc))
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
     return redirect("console:canary", name=name)
 
 

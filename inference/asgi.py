@@ -141,7 +141,7 @@ _holding = Counts()  # per tenant: its refusals held now
 _sleep = asyncio.sleep  # (tests wait on their own clock)
 
 
-async def _held(tenant_id: int, refusal: ApiError) -> ApiError:
+async def refusal_held(tenant_id: int, refusal: ApiError) -> ApiError:
     """Hold a tenant's 429 (requests per minute, large-body bytes) until a retry could pass.
 
     Its client would have to wait that long anyway, and the 429 says so (its Retry-After is
@@ -401,7 +401,7 @@ class ApiHandler(ASGIHandler):
         refusal = await refusal_before_body(scope)
         principal = scope.get(CHECKED_PRINCIPAL)
         if refusal is not None and refusal.code in HELD_CODES and principal is not None:
-            refusal = await _held(principal.tenant_id, refusal)
+            refusal = await refusal_held(principal.tenant_id, refusal)
         if refusal is not None or principal is None or not _large(scope):
             await self._handle(scope, receive, send, refusal)
             return

@@ -17,8 +17,15 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
-from inference.admission import ratelimit_headers, request_count, request_id_new
-from inference.asgi import CHECKED_PRINCIPAL, COUNTED, COUNTS_REQUESTS, TURN_OVER
+from inference.admission import ratelimit_headers, request_id_new
+from inference.asgi import (
+    CHECKED_PRINCIPAL,
+    COUNTED,
+    COUNTS_REQUESTS,
+    TURN_OVER,
+    refusal_held,
+    unread_request_count,
+)
 from inference.auth import Principal, authenticate, credentials, scope_check
 from inference.clients import quotas_get
 from inference.errors import ApiError, invalid
@@ -256,7 +263,11 @@ async def request_principal(request: HttpRequest, scope: str) -> Principal:
         )
     request.META[_PRINCIPAL] = principal
     if request.META.get(_COUNTED) and not scope_of.get(COUNTED):
-        await request_count(principal=principal)
+        # As the handler counts a body's request: a refusal is remembered a moment, so a flood
+        # of reads past the limit costs no round trip each, and held until a retry could pass.
+        refusal = await unread_request_count(principal=principal, size=None)
+        if refusal is not None:
+            raise await refusal_held(principal.tenant_id, refusal)
     clock = request.META.get(_CLOCK)
     if clock is not None:
         clock.lap("auth")

@@ -449,8 +449,9 @@ async def models_detail(request: HttpRequest, request_id: str, name: str) -> Htt
         **_card(name, int(time.time()), routing.primary, principal),
         "version": routing.primary.version,
     }
-    if routing.splits:
-        body["traffic"] = routing.weights  # version -> percent of the alias's traffic
+    if routing.splits_for(tenant_id=principal.tenant_id):
+        # Version -> percent of this tenant's traffic: another tenant's targeting stays unseen.
+        body["traffic"] = routing.weights_for(tenant_id=principal.tenant_id)
     return json_response(body)
 
 

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from models_registry.models import Model, ModelVersion
+from models_registry.models import BUCKETS, Model, ModelVersion
 
 if TYPE_CHECKING:
     from models_registry.selectors import Route, Routing
@@ -77,31 +77,33 @@ def routing_for_tenant(
 ) -> Routing | None:
     """Return the part of a name's routing a tenant's key may use; None where it may use none.
 
-    The primary decides: a tenant that may not use it may not call the name at all. A split or
-    canary version the tenant may not use sends its buckets to the primary for that tenant
-    (its traffic share, as /v1/models/{id} shows it, goes with them); a shadow version it may
-    not use gets no copy of its requests. An alias's fallback is a name of its own, checked
-    when a request goes there.
+    The primary decides: a tenant that may not use it may not call the name at all. What is
+    returned routes this tenant alone: its own splits (targeted at it, or the untargeted
+    ones), where a split or canary version it may not use sends its buckets to the primary
+    (its traffic share, as /v1/models/{id} shows it, goes with them), and no other tenant's
+    targeting. A shadow version it may not use gets no copy of its requests. An alias's
+    fallback is a name of its own, checked when a request goes there.
     """
     if not name_allowed(name, allowed) or not _admits(routing.primary, tenant_id):
         return None
-    if all(_admits(route, tenant_id) for _, route in routing.splits) and (
+    own = routing.splits_for(tenant_id=tenant_id)
+    if all(_admits(route, tenant_id) for _, route in own) and (
         routing.shadow is None or _admits(routing.shadow, tenant_id)
     ):
         return routing
     primary = routing.primary
-    splits = []
-    weights = dict(routing.weights)
-    for upper, route in routing.splits:
-        if not _admits(route, tenant_id):
-            share = weights.pop(route.version, 0.0)
-            weights[primary.version] = weights.get(primary.version, 0.0) + share
-            route = primary
-        splits.append((upper, route))
+    splits = tuple((upper, route if _admits(route, tenant_id) else primary) for upper, route in own)
+    weights: dict[str, float] = {}
+    lower = 0
+    for upper, route in splits:
+        weights[route.version] = weights.get(route.version, 0.0) + (upper - lower) * 100 / BUCKETS
+        lower = upper
+    weights[primary.version] = 100 - sum(v for k, v in weights.items() if k != primary.version)
     shadow = routing.shadow if routing.shadow and _admits(routing.shadow, tenant_id) else None
     return dataclasses.replace(
         routing,
-        splits=tuple(splits),
+        splits=splits,
+        targets={},
         shadow=shadow,
         shadow_buckets=routing.shadow_buckets if shadow is not None else 0,
         weights=weights,

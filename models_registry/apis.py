@@ -32,6 +32,7 @@ from models_registry.services import (
 )
 from tenants.apis import FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 from tenants.models import Tenant
+from tenants.selectors import tenants_by_slug
 
 
 def version_named(field: str, ref: str) -> ModelVersion:
@@ -42,6 +43,21 @@ def version_named(field: str, ref: str) -> ModelVersion:
             {field: f"no version {ref!r}: name one as model@label or model@<8+ id characters>"}
         )
     return version
+
+
+def tenants_named(field: str, slugs: list[str]) -> list[Tenant]:
+    """Return the tenants a body's field names by slug, in its order, else a 400 naming those
+    that do not exist."""
+    tenants, missing = tenants_by_slug(slugs=slugs)
+    if missing:
+        raise serializers.ValidationError({field: f"no tenants {missing}"})
+    return tenants
+
+
+TENANTS_HELP = (
+    "Slugs of the tenants this targets: only their traffic is split, each tenant's users "
+    "sticky as before; empty: every tenant not targeted otherwise."
+)
 
 
 def alias_named(name: str) -> Alias:
@@ -58,6 +74,13 @@ class ShareSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(required=False, default="", allow_blank=True)
 
 
+class SplitSerializer(ShareSerializer):
+    tenants = serializers.ListField(
+        child=serializers.SlugField(max_length=64), default=list, max_length=1000,
+        help_text=TENANTS_HELP,
+    )  # fmt: skip
+
+
 class ShareBodySerializer(serializers.Serializer[Any]):
     version = serializers.CharField()
     percent = serializers.FloatField()
@@ -68,20 +91,32 @@ class AliasSerializer(serializers.Serializer[Any]):
 
     name = serializers.CharField()
     primary = serializers.CharField()
-    splits = ShareBodySerializer(many=True)
+    splits = ShareBodySerializer(many=True, help_text="Every tenant not in `targets`.")
+    targets = serializers.DictField(
+        child=ShareBodySerializer(many=True),
+        help_text="Tenant slug -> the splits of that tenant's traffic alone.",
+    )
     shadow = ShareBodySerializer(allow_null=True)
     fallback = serializers.CharField(allow_null=True)
 
 
 def _alias_body(alias: Alias) -> dict[str, Any]:
     shadow = getattr(alias, "shadow", None)
+    splits = list(alias.splits.select_related("version__model", "tenant"))
+    targets: dict[str, list[dict[str, Any]]] = {}
+    for split in splits:
+        if split.tenant is not None:
+            share = {"version": split.version.public_name, "percent": split.percent}
+            targets.setdefault(split.tenant.slug, []).append(share)
     return {
         "name": alias.name,
         "primary": alias.version.public_name,
         "splits": [
             {"version": s.version.public_name, "percent": s.percent}
-            for s in alias.splits.select_related("version__model")
+            for s in splits
+            if s.tenant is None
         ],
+        "targets": targets,
         "shadow": {"version": shadow.version.public_name, "percent": shadow.buckets / 100}
         if shadow
         else None,
@@ -98,22 +133,24 @@ class AliasDetailApi(APIView):
 
 
 class AliasSplitApi(APIView):
-    """PUT a version's share of an alias (percent 0 removes it)."""
+    """PUT a version's share of an alias, or of named tenants' traffic (percent 0 removes it)."""
 
     @extend_schema(
-        request=ShareSerializer,
+        request=SplitSerializer,
         responses={200: AliasSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
     )
     def put(self, request: Request, name: str) -> Response:
         alias = alias_named(name)
-        given = ShareSerializer(data=request.data)
+        given = SplitSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         version = version_named("version", given.validated_data["version"] or "")
+        tenants = tenants_named("tenants", given.validated_data["tenants"])
         try:
             alias_split_set(
                 alias=alias,
                 version=version,
                 percent=given.validated_data["percent"],
+                tenants=tenants,
                 actor=request.user,  # type: ignore[arg-type]
                 reason=given.validated_data["reason"],
             )

@@ -183,17 +183,35 @@ BUCKETS = 10_000  # traffic is split in basis points: 1 bucket = 0.01 %
 
 
 class AliasSplit(models.Model):
-    """A share of an alias's traffic sent to another version, in buckets of 10,000."""
+    """A share of an alias's traffic sent to another version, in buckets of 10,000.
+
+    A split that names a tenant targets that tenant alone: a tenant named by any split of an
+    alias is routed by the splits that name it (the rest of its traffic on the primary), and
+    every other tenant by the splits that name none (docs/rollouts.md, "Tenant targeting").
+    """
 
     alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="splits")
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="splits")
+    # Null: every tenant the alias's tenant-targeted splits do not name.
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="alias_splits"
+    )
     buckets = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["alias", "version"], name="alias_split_unique"),
+            models.UniqueConstraint(
+                fields=["alias", "version"],
+                condition=models.Q(tenant__isnull=True),
+                name="alias_split_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["alias", "version", "tenant"],
+                condition=models.Q(tenant__isnull=False),
+                name="alias_split_tenant_unique",
+            ),
             models.CheckConstraint(
                 condition=models.Q(buckets__lte=BUCKETS), name="alias_split_buckets_max"
             ),
@@ -204,7 +222,8 @@ class AliasSplit(models.Model):
         return self.buckets * 100 / BUCKETS
 
     def __str__(self) -> str:
-        return f"{self.alias.name}: {self.percent:g}% -> {self.version}"
+        scope = f" for {self.tenant}" if self.tenant_id is not None else ""
+        return f"{self.alias.name}: {self.percent:g}% -> {self.version}{scope}"
 
 
 class AliasShadow(models.Model):
@@ -307,11 +326,21 @@ def default_guardrails() -> dict[str, float]:
 
 
 class Rollout(models.Model):
-    """A canary of one version against an alias's primary version, ramped step by step."""
+    """A canary of one version against an alias's primary version, ramped step by step.
+
+    A rollout scoped to tenants ramps the canary within those tenants' traffic alone (their
+    tenant-targeted splits), is judged on their requests, and reverts only their targeting.
+    An alias has at most one active rollout for every tenant (unscoped) and one per tenant.
+    """
 
     alias = models.ForeignKey(Alias, on_delete=models.PROTECT, related_name="rollouts")
     baseline = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
     canary = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    # The tenants a scoped rollout still targets: one rolled back alone leaves the set.
+    tenants = models.ManyToManyField(Tenant, blank=True, related_name="+")
+    # Set once at the start: a scoped rollout whose tenants all left is rolled back, never
+    # widened to every tenant, and the constraint below needs a column to read.
+    scoped = models.BooleanField(default=False)
     state = models.CharField(
         max_length=16, choices=RolloutState.choices, default=RolloutState.RUNNING
     )
@@ -339,7 +368,7 @@ class Rollout(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["alias"],
-                condition=models.Q(state__in=["running", "paused"]),
+                condition=models.Q(state__in=["running", "paused"], scoped=False),
                 name="rollout_one_active_per_alias",
             )
         ]

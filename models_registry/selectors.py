@@ -209,6 +209,9 @@ def bucket_of(*, alias: str, tenant_id: int, user: str | None) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % BUCKETS
 
 
+Splits = tuple[tuple[int, Route], ...]  # (upper bucket bound, route), from bucket 0 upward
+
+
 @dataclass(frozen=True)
 class Routing:
     """Where a model name sends requests: one route, or an alias's weighted split.
@@ -216,24 +219,52 @@ class Routing:
     Splits own bucket ranges from 0 upward in the order they were created and the primary
     version owns the rest, so when a canary's share grows the buckets it had stay with it:
     a user sees one version while the weights that cover its bucket do not change.
+
+    A tenant in `targets` is routed by its own splits alone (tenant targeting: a split or a
+    canary scoped to named tenants), every other tenant by `splits`. `routes_for` says which
+    versions a tenant can be sent to, for checks that must hold on every version it may get.
     """
 
     primary: Route
-    splits: tuple[tuple[int, Route], ...] = ()  # (upper bucket bound, route)
+    splits: Splits = ()
     shadow: Route | None = None
     shadow_buckets: int = 0
-    weights: dict[str, float] = field(default_factory=dict)  # version -> percent
+    weights: dict[str, float] = field(default_factory=dict)  # version -> percent, untargeted
     # The alias an interactive request goes to when this one's deployment cannot take it.
     fallback: str = ""
+    # Tenant id -> its own splits; an empty tuple keeps that tenant on the primary (its
+    # targeted version's workers are not ready), not on the untargeted splits.
+    targets: dict[int, Splits] = field(default_factory=dict)
+
+    def splits_for(self, *, tenant_id: int) -> Splits:
+        """Return the splits a tenant's requests are divided by."""
+        return self.targets.get(tenant_id, self.splits)
 
     def pick(self, *, tenant_id: int, user: str | None) -> Route:
-        if not self.splits:
+        splits = self.splits_for(tenant_id=tenant_id)
+        if not splits:
             return self.primary
         bucket = bucket_of(alias=self.primary.requested, tenant_id=tenant_id, user=user)
-        for upper, route in self.splits:
+        for upper, route in splits:
             if bucket < upper:
                 return route
         return self.primary
+
+    def routes_for(self, *, tenant_id: int) -> tuple[Route, ...]:
+        """Return every route a tenant's requests can take here, the primary first."""
+        return (self.primary, *(route for _, route in self.splits_for(tenant_id=tenant_id)))
+
+    def weights_for(self, *, tenant_id: int) -> dict[str, float]:
+        """Return each version's percent of a tenant's traffic (another's targeting unshown)."""
+        if tenant_id not in self.targets:
+            return dict(self.weights)
+        weights: dict[str, float] = {}
+        lower = 0
+        for upper, route in self.targets[tenant_id]:
+            weights[route.version] = (upper - lower) * 100 / BUCKETS
+            lower = upper
+        weights[self.primary.version] = 100 - sum(weights.values())
+        return weights
 
     def shadow_for(self, *, request_id: str) -> Route | None:
         """Return the shadow route when this request is among the copied fraction."""
@@ -248,16 +279,19 @@ def _alias_routing(alias: Alias, price_of: PriceOf) -> Routing | None:
     if primary_deployment is None:
         return None
     primary = _route(alias.name, alias.version, primary_deployment, price_of)
-    splits: list[tuple[int, Route]] = []
+    scopes: dict[int | None, list[tuple[int, Route]]] = {None: []}
+    uppers: dict[int | None, int] = {}
     weights: dict[str, float] = {}
-    upper = 0
     for split in alias.splits.select_related("version__model", "version__base"):
-        upper = min(upper + split.buckets, BUCKETS)
+        scope = split.tenant_id
+        scopes.setdefault(scope, [])
+        upper = uppers[scope] = min(uppers.get(scope, 0) + split.buckets, BUCKETS)
         deployment = deployment_for(split.version, ready_only=True)
         # A version whose workers are not ready takes no traffic: its buckets stay primary.
         if deployment is not None:
-            splits.append((upper, _route(alias.name, split.version, deployment, price_of)))
-            weights[split.version.version] = split.buckets * 100 / BUCKETS
+            scopes[scope].append((upper, _route(alias.name, split.version, deployment, price_of)))
+            if scope is None:
+                weights[split.version.version] = split.buckets * 100 / BUCKETS
     weights[alias.version.version] = 100 - sum(weights.values())
     shadow = getattr(alias, "shadow", None)
     shadow_route = None
@@ -265,13 +299,15 @@ def _alias_routing(alias: Alias, price_of: PriceOf) -> Routing | None:
         deployment = deployment_for(shadow.version, ready_only=True)
         if deployment is not None:
             shadow_route = _route(alias.name, shadow.version, deployment, price_of)
+    untargeted = scopes.pop(None)
     return Routing(
         primary=primary,
-        splits=tuple(splits),
+        splits=tuple(untargeted),
         shadow=shadow_route,
         shadow_buckets=shadow.buckets if shadow_route is not None and shadow else 0,
         weights=weights,
         fallback=alias.fallback.name if alias.fallback is not None else "",
+        targets={tenant: tuple(splits) for tenant, splits in scopes.items() if tenant is not None},
     )
 
 

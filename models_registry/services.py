@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from django.db.models import Q
 from dataplane.changes import ACCESS, ROUTES, change_publish
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import retire_request_sync
-from models_registry.access import Audience, audience_includes, version_audience
+from models_registry.access import Audience, audience_includes, audience_meet, version_audience
 from models_registry.manifest import (
     MANIFEST_SCHEMA,
     ArtifactError,
@@ -40,6 +41,8 @@ from models_registry.models import (
     Model,
     ModelGrant,
     ModelVersion,
+    Rollout,
+    RolloutState,
     Task,
 )
 from tenants.models import Tenant
@@ -359,8 +362,27 @@ def percent_buckets(percent: float, field: str) -> int:
     return round(percent * BUCKETS / 100)
 
 
-def _splits_of(alias: Alias) -> dict[str, float]:
-    return {s.version.public_name: s.percent for s in alias.splits.select_related("version__model")}
+def _splits_of(alias: Alias, tenant: Tenant | None = None) -> dict[str, float]:
+    """Each version's percent of the traffic the splits naming `tenant` (None: none) divide."""
+    splits = alias.splits.select_related("version__model").filter(tenant=tenant)
+    return {s.version.public_name: s.percent for s in splits}
+
+
+def _targeting_of(alias: Alias, tenants: Sequence[Tenant]) -> dict[str, dict[str, float]]:
+    return {t.slug: _splits_of(alias, t) for t in tenants}
+
+
+def targeting_tenants_check(tenants: Sequence[Tenant]) -> None:
+    """Refuse to target a deleted tenant."""
+    gone = Tenant.objects.filter(pk__in=[t.pk for t in tenants], deleted_at__isnull=False)
+    deleted = sorted(gone.values_list("slug", flat=True))
+    if deleted:
+        raise ValidationError({"tenants": f"deleted tenants cannot be targeted: {deleted}"})
+
+
+def alias_targeted_tenants(*, alias: Alias) -> list[Tenant]:
+    """Return the tenants the alias's splits name, by slug."""
+    return list(Tenant.objects.filter(alias_splits__alias=alias).distinct().order_by("slug"))
 
 
 def alias_split_set(
@@ -368,28 +390,54 @@ def alias_split_set(
     alias: Alias,
     version: ModelVersion,
     percent: float,
+    tenants: Sequence[Tenant] = (),
     actor: User | None = None,
     reason: str = "",
 ) -> Alias:
     """Send a share of an alias's traffic to another version (0 removes the split).
 
-    The alias's primary version takes whatever the splits leave.
+    With `tenants`, the share is of each named tenant's traffic alone, and those tenants
+    leave the splits that name no tenant (0 for a tenant removes its split of that version:
+    rolled back alone, others' targeting untouched). The primary takes whatever is left.
+    A tenant that an active rollout of the alias targets is the rollout's to move.
     """
     buckets = percent_buckets(percent, "percent")
-    if version.pk == alias.version_id:
+    if version.pk == alias.version_id and buckets:
         raise ValidationError({"version": f"{version.public_name} is the alias's primary"})
+    targeting_tenants_check(tenants)
+    scopes: list[Tenant | None] = list(dict.fromkeys(tenants)) or [None]
     with transaction.atomic():
         Alias.objects.select_for_update().get(pk=alias.pk)
-        before = _splits_of(alias)
-        others = sum(s.buckets for s in alias.splits.exclude(version=version))
-        if others + buckets > BUCKETS:
-            raise ValidationError({"percent": "the splits of an alias cannot pass 100%"})
-        if buckets == 0:
-            AliasSplit.objects.filter(alias=alias, version=version).delete()
-        else:
-            AliasSplit.objects.update_or_create(
-                alias=alias, version=version, defaults={"buckets": buckets}
+        if tenants:
+            active = [RolloutState.RUNNING, RolloutState.PAUSED]
+            held = Rollout.objects.filter(
+                alias=alias, state__in=active, tenants__in=tenants
+            ).values_list("pk", "tenants__slug")
+            if held:
+                named = ", ".join(f"{slug} (rollout {pk})" for pk, slug in held)
+                raise ValidationError(
+                    {"tenants": f"an active rollout of {alias.name} targets {named}: "
+                     "roll it back or promote it first"}
+                )  # fmt: skip
+        before = _targeting_of(alias, tenants) if tenants else _splits_of(alias)
+        for scope in scopes:
+            others = sum(
+                s.buckets for s in alias.splits.filter(tenant=scope).exclude(version=version)
             )
+            if others + buckets > BUCKETS:
+                whose = f" of {scope.slug}" if scope is not None else ""
+                raise ValidationError(
+                    {"percent": f"the splits{whose} of an alias cannot pass 100%"}
+                )
+            if buckets == 0:
+                AliasSplit.objects.filter(alias=alias, version=version, tenant=scope).delete()
+            else:
+                AliasSplit.objects.update_or_create(
+                    alias=alias, version=version, tenant=scope, defaults={"buckets": buckets}
+                )
+        data: dict[str, Any] = {"version": version.public_name, "percent": percent}
+        if tenants:
+            data["tenants"] = [t.slug for t in scopes if t is not None]
         _alias_access_check(alias, field="version")
         audit_record(
             action="alias.split",
@@ -398,8 +446,8 @@ def alias_split_set(
             actor=actor,
             reason=reason,
             before=before,
-            after=_splits_of(alias),
-            data={"version": version.public_name, "percent": percent},
+            after=_targeting_of(alias, tenants) if tenants else _splits_of(alias),
+            data=data,
         )
     return alias
 
@@ -513,28 +561,33 @@ def alias_access_problems(alias: Alias) -> list[str]:
     """Say where an alias would send a tenant that may call it to a version it may not use.
 
     Every version the alias routes to (its splits, its shadow) and its fallback's primary must
-    be open to every tenant its primary is open to; and so must this alias for every alias
-    that falls back to it. Routing enforces the same per request (routing_for_tenant); this
-    refuses the configuration that would need it.
+    be open to every tenant its primary is open to (a split targeted at a tenant: to that
+    tenant, if it may call the alias); and so must this alias for every alias that falls back
+    to it. Routing enforces the same per request (routing_for_tenant); this refuses the
+    configuration that would need it.
     """
     alias = Alias.objects.select_related(
         "version__model", "version__base__model", "fallback__version__model"
     ).get(pk=alias.pk)
     audience = version_audience(alias.version)
-    routed = [
-        (f"split {s.version.public_name}", s.version)
-        for s in alias.splits.select_related("version__model", "version__base__model")
+    routed: list[tuple[str, ModelVersion, Audience]] = [
+        (
+            f"split {s.version.public_name}" + (f" for {s.tenant}" if s.tenant else ""),
+            s.version,
+            audience_meet(audience, frozenset({s.tenant_id})) if s.tenant_id else audience,
+        )
+        for s in alias.splits.select_related("version__model", "version__base__model", "tenant")
     ]
     shadow = AliasShadow.objects.select_related("version__model").filter(alias=alias).first()
     if shadow is not None:
-        routed.append((f"shadow {shadow.version.public_name}", shadow.version))
+        routed.append((f"shadow {shadow.version.public_name}", shadow.version, audience))
     if alias.fallback is not None:
-        routed.append((f"fallback {alias.fallback.name}", alias.fallback.version))
+        routed.append((f"fallback {alias.fallback.name}", alias.fallback.version, audience))
     problems = [
         f"{alias.name}'s {role} is open to {_audience_named(version_audience(version))}, "
-        f"but {alias.name} to {_audience_named(audience)}"
-        for role, version in routed
-        if not audience_includes(version_audience(version), audience)
+        f"but {alias.name} to {_audience_named(needed)}"
+        for role, version, needed in routed
+        if not audience_includes(version_audience(version), needed)
     ]
     for other in Alias.objects.select_related("version__model").filter(fallback=alias):
         if not audience_includes(audience, version_audience(other.version)):
@@ -546,9 +599,14 @@ def alias_access_problems(alias: Alias) -> list[str]:
     return problems
 
 
-def alias_version_check(*, alias: Alias, version: ModelVersion, field: str) -> None:
-    """Refuse a version for an alias's traffic (a canary) that some of its callers may not use."""
+def alias_version_check(
+    *, alias: Alias, version: ModelVersion, field: str, tenants: Sequence[Tenant] = ()
+) -> None:
+    """Refuse a version for an alias's traffic (a canary, of `tenants`' traffic alone if any)
+    that some of the callers it would take may not use."""
     wanted, allowed = version_audience(alias.version), version_audience(version)
+    if tenants:
+        wanted = audience_meet(wanted, frozenset(t.pk for t in tenants))
     if not audience_includes(allowed, wanted):
         raise ValidationError(
             {

@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -17,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.selectors import version_slis
-from models_registry.apis import alias_named, version_named
+from models_registry.apis import TENANTS_HELP, alias_named, tenants_named, version_named
 from models_registry.models import Rollout, RolloutDecision
 from models_registry.selectors import version_pinned
 from rollouts.services import RolloutConflict, rollout_act, rollout_start
@@ -29,11 +30,15 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
+def _rollouts() -> QuerySet[Rollout]:
+    return Rollout.objects.select_related(
+        "alias", "canary__model", "baseline__model"
+    ).prefetch_related("tenants")
+
+
 def _rollout(pk: int) -> Rollout:
     try:
-        return Rollout.objects.select_related("alias", "canary__model", "baseline__model").get(
-            pk=pk
-        )
+        return _rollouts().get(pk=pk)
     except Rollout.DoesNotExist as exc:
         raise Http404(f"no rollout {pk}") from exc
 
@@ -52,13 +57,20 @@ class RolloutSerializer(serializers.ModelSerializer[Rollout]):
     baseline = serializers.CharField(source="baseline.public_name")
     canary = serializers.CharField(source="canary.public_name")
     percent = serializers.FloatField()
+    tenants: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        many=True,
+        read_only=True,
+        slug_field="slug",
+        help_text="The tenants a scoped rollout still targets (none: every tenant).",
+    )
 
     class Meta:
         model = Rollout
         fields = [
-            "id", "alias", "baseline", "canary", "state", "percent", "steps", "step_index",
-            "step_started_at", "min_samples", "min_step_seconds", "guardrails",
-            "short_window_seconds", "breach_checks", "breaches", "created_at", "finished_at",
+            "id", "alias", "baseline", "canary", "state", "percent", "scoped", "tenants",
+            "steps", "step_index", "step_started_at", "min_samples", "min_step_seconds",
+            "guardrails", "short_window_seconds", "breach_checks", "breaches", "created_at",
+            "finished_at",
         ]  # fmt: skip
 
 
@@ -78,6 +90,10 @@ class RolloutStartSerializer(serializers.Serializer[Any]):
     guardrails = serializers.DictField(child=serializers.FloatField(), required=False)
     short_window_seconds = serializers.IntegerField(min_value=1, default=300)
     breach_checks = serializers.IntegerField(min_value=1, default=2)
+    tenants = serializers.ListField(
+        child=serializers.SlugField(max_length=64), default=list, max_length=1000,
+        help_text=TENANTS_HELP,
+    )  # fmt: skip
     reason = serializers.CharField(required=False, default="", allow_blank=True)
 
 
@@ -86,8 +102,7 @@ class RolloutListApi(APIView):
 
     @extend_schema(responses={200: RolloutSerializer(many=True), 403: REFUSED})
     def get(self, request: Request) -> Response:
-        rollouts = Rollout.objects.select_related("alias", "canary__model", "baseline__model")
-        return Response(RolloutSerializer(rollouts[:100], many=True).data)
+        return Response(RolloutSerializer(_rollouts()[:100], many=True).data)
 
     @extend_schema(
         request=RolloutStartSerializer,
@@ -105,8 +120,15 @@ class RolloutListApi(APIView):
         data = dict(given.validated_data)
         alias = alias_named(data.pop("alias"))
         canary = version_named("canary", data.pop("canary"))
+        tenants = tenants_named("tenants", data.pop("tenants"))
         try:
-            rollout = rollout_start(alias=alias, canary=canary, actor=request.user, **data)  # type: ignore[arg-type]
+            rollout = rollout_start(
+                alias=alias,
+                canary=canary,
+                tenants=tenants,
+                actor=request.user,  # type: ignore[arg-type]
+                **data,
+            )
         except DjangoValidationError as exc:
             raise drf_validation_error(exc) from exc
         except RolloutConflict as exc:
@@ -124,10 +146,16 @@ class RolloutDetailApi(APIView):
 
 class RolloutActionSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(required=False, default="", allow_blank=True)
+    tenants = serializers.ListField(
+        child=serializers.SlugField(max_length=64), default=list, max_length=1000,
+        help_text="rollback only: these tenants of a scoped rollout go back to the primary "
+        "alone, the others carry on (all of them: the whole rollout is rolled back)",
+    )  # fmt: skip
 
 
 class RolloutActionApi(APIView):
-    """POST promote, pause, resume or rollback, with an optional reason."""
+    """POST promote, pause, resume or rollback, with an optional reason (and for a rollback,
+    optionally the tenants of a scoped rollout to roll back alone)."""
 
     @extend_schema(
         operation_id="rollouts_act",
@@ -155,11 +183,20 @@ class RolloutActionApi(APIView):
         given = RolloutActionSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         reason = given.validated_data["reason"]
+        tenants = tenants_named("tenants", given.validated_data["tenants"])
         try:
-            rollout = rollout_act(rollout, action=action, actor=request.user, reason=reason)  # type: ignore[arg-type]
+            rollout = rollout_act(
+                rollout,
+                action=action,
+                actor=request.user,  # type: ignore[arg-type]
+                reason=reason,
+                tenants=tenants,
+            )
+        except DjangoValidationError as exc:
+            raise drf_validation_error(exc) from exc
         except RolloutConflict as exc:
             raise Conflict(str(exc)) from exc
-        return Response(RolloutSerializer(rollout).data)
+        return Response(RolloutSerializer(_rollout(rollout.pk)).data)
 
 
 class SlisSerializer(serializers.Serializer[Any]):

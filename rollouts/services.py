@@ -15,6 +15,12 @@ counts each running canary's failed requests over the last minute, and one that 
 least ROUNDHOUSE_ROLLOUT_FAIL_FAST_ERROR_PCT of at least ..._MIN_REQUESTS, while its
 baseline failed less than half as often, is rolled back at once.
 
+A rollout scoped to tenants ramps the canary through those tenants' own splits (tenant
+targeting: every other tenant stays where it was), judges the canary on those tenants'
+requests alone against the baseline's, and its rollback, automatic or by hand, removes only
+its tenants' splits. One tenant can be rolled back alone while the rest carry on. Promoting
+it keeps its tenants on the canary (100 % of their traffic); the alias's primary is unchanged.
+
 Every decision is stored with the numbers it compared and written to the audit chain.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +39,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.selectors import Slis, version_failures, version_slis
+from dataplane.changes import ROUTES, change_publish
 from models_registry.models import (
+    BUCKETS,
     Alias,
     AliasSplit,
     Deployment,
@@ -49,12 +58,15 @@ from models_registry.services import (
     deployment_retire,
     deployment_serve,
     percent_buckets,
+    targeting_tenants_check,
 )
+from tenants.models import Tenant
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 
 GUARDRAILS = tuple(default_guardrails())
+ACTIVE = (RolloutState.RUNNING, RolloutState.PAUSED)
 
 
 class RolloutConflict(Exception):
@@ -91,12 +103,39 @@ def _guardrails_check(guardrails: dict[str, float] | None) -> dict[str, float]:
     return {k: float(v) for k, v in merged.items()}
 
 
+def _tenant_ids(rollout: Rollout) -> list[int] | None:
+    """The ids of the tenants a scoped rollout targets; None for one of every tenant."""
+    if not rollout.scoped:
+        return None
+    return sorted(rollout.tenants.values_list("pk", flat=True))
+
+
+def _tenant_slugs(rollout: Rollout) -> list[str]:
+    return sorted(rollout.tenants.values_list("slug", flat=True))
+
+
 def _split_set(rollout: Rollout, percent: float) -> None:
-    AliasSplit.objects.update_or_create(
-        alias=rollout.alias,
-        version=rollout.canary,
-        defaults={"buckets": percent_buckets(percent, "percent")},
-    )
+    """Give the canary its share of the traffic the rollout covers (each tenant's, if scoped)."""
+    buckets = percent_buckets(percent, "percent")
+    scopes: list[Tenant | None] = list(rollout.tenants.all()) if rollout.scoped else [None]
+    for tenant in scopes:
+        AliasSplit.objects.update_or_create(
+            alias=rollout.alias,
+            version=rollout.canary,
+            tenant=tenant,
+            defaults={"buckets": buckets},
+        )
+
+
+def _splits_remove(rollout: Rollout, tenant_ids: Sequence[int] | None = None) -> None:
+    """Remove the canary's splits the rollout made (of `tenant_ids` only, when given)."""
+    splits = AliasSplit.objects.filter(alias=rollout.alias, version=rollout.canary)
+    if tenant_ids is not None:
+        splits.filter(tenant_id__in=tenant_ids).delete()
+    elif rollout.scoped:
+        splits.filter(tenant__in=rollout.tenants.all()).delete()
+    else:
+        splits.filter(tenant__isnull=True).delete()
 
 
 def _decide(
@@ -116,6 +155,7 @@ def _decide(
         evidence=evidence,
         actor=actor,
     )
+    scope = {"tenants": _tenant_slugs(rollout)} if rollout.scoped else {}
     audit_record(
         action=f"rollout.{action}",
         target_type="rollout",
@@ -124,13 +164,21 @@ def _decide(
         reason=reason,
         before=before,
         after=_snapshot(rollout),
-        data={"alias": rollout.alias.name, "canary": rollout.canary.public_name, **evidence},
+        data={
+            "alias": rollout.alias.name,
+            "canary": rollout.canary.public_name,
+            **scope,
+            **evidence,
+        },
     )
     return decision
 
 
 def _snapshot(rollout: Rollout) -> dict[str, Any]:
-    return {"state": rollout.state, "percent": rollout.percent, "step": rollout.step_index}
+    snapshot = {"state": rollout.state, "percent": rollout.percent, "step": rollout.step_index}
+    if rollout.scoped:
+        snapshot["tenants"] = _tenant_slugs(rollout)
+    return snapshot
 
 
 def rollout_start(
@@ -143,28 +191,33 @@ def rollout_start(
     guardrails: dict[str, float] | None = None,
     short_window_seconds: int = 300,
     breach_checks: int = 2,
+    tenants: Sequence[Tenant] = (),
     actor: User | None = None,
     reason: str = "",
 ) -> Rollout:
-    """Start sending the first step's share of an alias's traffic to a canary version."""
+    """Start sending the first step's share of an alias's traffic to a canary version.
+
+    With `tenants`, the share is of those tenants' traffic alone (see the module's doc). A
+    tenant already targeted on the alias, by a split or another active rollout, is refused:
+    its traffic would not be the primary's to compare with.
+    """
     steps = _steps_check(steps if steps is not None else default_steps())
     guardrails = _guardrails_check(guardrails)
+    tenants = list(dict.fromkeys(tenants))
+    targeting_tenants_check(tenants)
     if canary.pk == alias.version_id:
         raise ValidationError({"canary": f"{canary.public_name} already serves {alias.name}"})
     if canary.model.task != alias.version.model.task:
         raise ValidationError({"canary": "the canary must do the same task as the alias"})
     if min_samples < 1 or breach_checks < 1:
         raise ValidationError({"min_samples": "min_samples and breach_checks must be ≥ 1"})
-    alias_version_check(alias=alias, version=canary, field="canary")
+    alias_version_check(alias=alias, version=canary, field="canary", tenants=tenants)
     deployment = deployment_for(canary)
     if deployment is None:
         raise ValidationError({"canary": f"{canary.public_name} has no deployment; create one"})
     with transaction.atomic():
         Alias.objects.select_for_update().get(pk=alias.pk)
-        if Rollout.objects.filter(
-            alias=alias, state__in=[RolloutState.RUNNING, RolloutState.PAUSED]
-        ).exists():
-            raise RolloutConflict(f"{alias.name} already has a rollout in progress")
+        _start_conflicts_check(alias, tenants)
         rollout = Rollout.objects.create(
             alias=alias,
             baseline=alias.version,
@@ -176,8 +229,10 @@ def rollout_start(
             guardrails=guardrails,
             short_window_seconds=short_window_seconds,
             breach_checks=breach_checks,
+            scoped=bool(tenants),
             created_by=actor,
         )
+        rollout.tenants.set(tenants)
         # A deployment retired by an earlier rollback serves again.
         deployment_serve(deployment=deployment)
         _split_set(rollout, rollout.percent)
@@ -190,6 +245,30 @@ def rollout_start(
             before={"state": None, "baseline": alias.version.public_name},
         )
     return rollout
+
+
+def _start_conflicts_check(alias: Alias, tenants: Sequence[Tenant]) -> None:
+    """Refuse a second rollout of the same traffic: of every tenant, or of a tenant named."""
+    active = Rollout.objects.filter(alias=alias, state__in=ACTIVE)
+    if not tenants:
+        if active.filter(scoped=False).exists():
+            raise RolloutConflict(f"{alias.name} already has a rollout in progress")
+        return
+    held = list(active.filter(tenants__in=tenants).values_list("pk", "tenants__slug"))
+    if held:
+        named = ", ".join(f"{slug} (rollout {pk})" for pk, slug in sorted(held))
+        raise RolloutConflict(f"{alias.name} already has a rollout in progress for {named}")
+    targeted = AliasSplit.objects.filter(alias=alias, tenant__in=tenants).select_related(
+        "tenant", "version__model"
+    )
+    if targeted:
+        named = ", ".join(f"{s.tenant} ({s.version.public_name} {s.percent:g}%)" for s in targeted)
+        raise ValidationError(
+            {
+                "tenants": f"{named} already have splits of {alias.name} of their own: remove "
+                "them first, so the canary is compared with the primary they would be on"
+            }
+        )
 
 
 def _window_verdicts(
@@ -222,12 +301,15 @@ def rollout_verdict(rollout: Rollout, *, now: dt.datetime | None = None) -> Verd
     now = now or timezone.now()
     since = rollout.step_started_at
     recent = max(since, now - dt.timedelta(seconds=rollout.short_window_seconds))
+    # A scoped canary is judged on its tenants' requests alone; the baseline on everyone's,
+    # since a tenant moved whole sends the baseline nothing to compare with.
+    tenants = _tenant_ids(rollout)
     long = {
-        "canary": version_slis(version=rollout.canary, since=since, until=now),
+        "canary": version_slis(version=rollout.canary, since=since, until=now, tenant_ids=tenants),
         "baseline": version_slis(version=rollout.baseline, since=since, until=now),
     }
     short = {
-        "canary": version_slis(version=rollout.canary, since=recent, until=now),
+        "canary": version_slis(version=rollout.canary, since=recent, until=now, tenant_ids=tenants),
         "baseline": version_slis(version=rollout.baseline, since=recent, until=now),
     }
     # Too few requests make percentiles noise: a window needs a quarter of the step's sample.
@@ -239,8 +321,9 @@ def rollout_verdict(rollout: Rollout, *, now: dt.datetime | None = None) -> Verd
         for name in GUARDRAILS
         if step_checks[name]["breached"] and recent_checks[name]["breached"]
     )
-    evidence = {
+    evidence: dict[str, Any] = {
         "percent": rollout.percent,
+        **({"tenants": _tenant_slugs(rollout)} if rollout.scoped else {}),
         "step": {k: v.as_dict() for k, v in long.items()},
         "recent": {k: v.as_dict() for k, v in short.items()},
         "checks": {"step": step_checks, "recent": recent_checks},
@@ -276,7 +359,7 @@ def _rollback(
     rollout: Rollout, *, reason: str, evidence: dict[str, Any], actor: User | None
 ) -> None:
     before = _snapshot(rollout)
-    AliasSplit.objects.filter(alias=rollout.alias, version=rollout.canary).delete()
+    _splits_remove(rollout)
     rollout.state = RolloutState.ROLLED_BACK
     rollout.finished_at = timezone.now()
     rollout.save()
@@ -287,14 +370,56 @@ def _rollback(
 
 
 def _retire_canary(rollout: Rollout, *, actor: User | None) -> None:
-    """Drain the canary's workers unless they serve something else (a base, an alias)."""
+    """Drain the canary's workers unless they serve something else (a base, an alias, a split).
+
+    A split left naming the canary (another tenant moved to it, another rollout's) still
+    sends it traffic: its workers stay.
+    """
     canary = rollout.canary
     if canary.base_id is not None:
         return  # an adapter: its base's workers go on serving the base
     if Alias.objects.filter(version=canary).exists():
         return
+    if AliasSplit.objects.filter(version=canary).exists():
+        return
     for deployment in Deployment.objects.filter(version=canary):
         deployment_retire(deployment=deployment, actor=actor)
+
+
+def _tenants_rollback(
+    rollout: Rollout,
+    *,
+    tenants: Sequence[Tenant],
+    reason: str,
+    evidence: dict[str, Any],
+    actor: User | None,
+) -> None:
+    """Take some of a scoped rollout's tenants back to the primary; the rest carry on.
+
+    The last tenant's going rolls the whole rollout back.
+    """
+    if not rollout.scoped:
+        raise ValidationError({"tenants": f"rollout {rollout.pk} is not scoped to tenants"})
+    targeted = set(rollout.tenants.values_list("pk", flat=True))
+    outside = sorted(t.slug for t in tenants if t.pk not in targeted)
+    if outside:
+        raise ValidationError({"tenants": f"rollout {rollout.pk} does not target {outside}"})
+    if targeted <= {t.pk for t in tenants}:
+        _rollback(rollout, reason=reason, evidence=evidence, actor=actor)
+        return
+    before = _snapshot(rollout)
+    _splits_remove(rollout, [t.pk for t in tenants])
+    rollout.tenants.remove(*tenants)
+    rollout.save(update_fields=["updated_at"])
+    evidence = {**evidence, "rolled_back_tenants": sorted(t.slug for t in tenants)}
+    _decide(
+        rollout,
+        action="tenant_rollback",
+        reason=reason,
+        evidence=evidence,
+        actor=actor,
+        before=before,
+    )
 
 
 def _promote(
@@ -302,9 +427,24 @@ def _promote(
 ) -> None:
     before = _snapshot(rollout)
     alias = rollout.alias
-    alias.version = rollout.canary
-    alias.save(update_fields=["version", "updated_at"])
-    AliasSplit.objects.filter(alias=alias, version=rollout.canary).delete()
+    if rollout.scoped:
+        # Its tenants stay on the canary, whole; everyone else stays where they were.
+        AliasSplit.objects.filter(
+            alias=alias, version=rollout.canary, tenant__in=rollout.tenants.all()
+        ).update(buckets=BUCKETS)
+        change_publish(ROUTES)  # update() sends no signal
+    else:
+        alias.version = rollout.canary
+        alias.save(update_fields=["version", "updated_at"])
+        # The canary is everyone's primary now: splits naming it, tenant-targeted ones too,
+        # would only keep their tenants out of the next rollout. A scoped rollout of the same
+        # version still running keeps its own.
+        running = Rollout.tenants.through.objects.filter(
+            rollout__alias=alias, rollout__state__in=ACTIVE, rollout__canary=rollout.canary
+        ).values_list("tenant_id", flat=True)
+        AliasSplit.objects.filter(alias=alias, version=rollout.canary).exclude(
+            tenant_id__in=list(running)
+        ).delete()
     rollout.step_index = len(rollout.steps) - 1
     rollout.state = RolloutState.PROMOTED
     rollout.finished_at = timezone.now()
@@ -390,7 +530,9 @@ def rollout_fail_fast_verdict(rollout: Rollout, *, now: dt.datetime) -> Verdict 
         rollout.created_at,
         now - dt.timedelta(seconds=settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_WINDOW_SECONDS),
     )
-    requests, errors = version_failures(version=rollout.canary, since=since, until=now)
+    requests, errors = version_failures(
+        version=rollout.canary, since=since, until=now, tenant_ids=_tenant_ids(rollout)
+    )
     least = settings.ROUNDHOUSE_ROLLOUT_FAIL_FAST_MIN_REQUESTS
     if least <= 0 or requests < least:
         return None
@@ -403,6 +545,7 @@ def rollout_fail_fast_verdict(rollout: Rollout, *, now: dt.datetime) -> Verdict 
         return None  # the baseline fails too: not the canary's doing
     evidence = {
         "percent": rollout.percent,
+        **({"tenants": _tenant_slugs(rollout)} if rollout.scoped else {}),
         "fail_fast": {
             "since": since.isoformat(),
             "canary": {"requests": requests, "errors": errors, "error_rate_pct": round(share, 3)},
@@ -444,15 +587,32 @@ def rollouts_fail_fast(*, now: dt.datetime | None = None) -> list[int]:
     return rolled
 
 
-def rollout_act(rollout: Rollout, *, action: str, actor: User | None, reason: str = "") -> Rollout:
-    """Promote, pause, resume or roll back a rollout by hand."""
+def rollout_act(
+    rollout: Rollout,
+    *,
+    action: str,
+    actor: User | None,
+    reason: str = "",
+    tenants: Sequence[Tenant] = (),
+) -> Rollout:
+    """Promote, pause, resume or roll back a rollout by hand.
+
+    A rollback with `tenants` takes only those tenants of a scoped rollout back to the
+    primary.
+    """
+    if tenants and action != "rollback":
+        raise ValidationError({"tenants": "only a rollback names tenants"})
     with transaction.atomic():
         rollout = _locked(rollout)
         if not rollout.is_active:
             raise RolloutConflict(f"rollout {rollout.pk} is {rollout.state}; nothing to {action}")
         evidence = {"manual": True, "percent": rollout.percent}
         reason = reason or f"{action} by {actor.get_username() if actor else 'an operator'}"
-        if action == "promote":
+        if tenants:
+            _tenants_rollback(
+                rollout, tenants=tenants, reason=reason, evidence=evidence, actor=actor
+            )
+        elif action == "promote":
             _promote(rollout, reason=reason, evidence=evidence, actor=actor)
         elif action == "rollback":
             _rollback(rollout, reason=reason, evidence=evidence, actor=actor)

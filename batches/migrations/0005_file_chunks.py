@@ -6,12 +6,12 @@ from django.db import migrations, models
 # Each file's bytes become chunks of 1 MiB (batches.models.FILE_CHUNK_BYTES), split and joined
 # inside PostgreSQL: the migration never holds a file in Python's memory. Reversible: going
 # back joins each file's chunks into its content again.
-CHUNK = 1024 * 1024
-TO_CHUNKS = f"""
+# 1048576 bytes: 1 MiB, written out (the SQL is a constant, not formatted).
+TO_CHUNKS = """
 INSERT INTO batches_filechunk (file_id, seq, data)
-SELECT f.id, s.seq, substring(f.content FROM s.seq * {CHUNK} + 1 FOR {CHUNK})
+SELECT f.id, s.seq, substring(f.content FROM s.seq * 1048576 + 1 FOR 1048576)
 FROM batches_file f
-CROSS JOIN LATERAL generate_series(0, (octet_length(f.content) - 1) / {CHUNK}) AS s(seq)
+CROSS JOIN LATERAL generate_series(0, (octet_length(f.content) - 1) / 1048576) AS s(seq)
 WHERE octet_length(f.content) > 0
 """
 TO_CONTENT = """

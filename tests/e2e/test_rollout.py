@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from models_registry.models import Alias, Deployment, DeploymentState, ModelVersion
-from tests.conftest import CONTEXT, Process, _free_port, _http_ok, _spawn, _wait_for
+from tests.conftest import CONTEXT, Process, _free_port, _http_ok, _spawn, _wait_for, roomy_key
 
 SLOW = "tiny-slow"
 LORA = "tiny-lora"
@@ -539,3 +539,146 @@ def test_a_healthy_canary_is_promoted_step_by_step(
     _route_settle(world.acme_key, stack.base_url, alias=LORA_ALIAS)
     _, served, _ = _greedy(stack.base_url, world.acme_key, LORA_ALIAS)
     assert served == canary.adapters["tiny-poet"].public_name
+
+
+# --- tenant targeting: a split or a canary of named tenants' traffic alone --------------------
+
+
+def _versions_seen(base_url: str, key: str, alias: str, users: list[str]) -> dict[str, str]:
+    """Return the version that served each user (x-roundhouse-model-version)."""
+    seen = {}
+    for user in users:
+        response = _chat(base_url, key, model=alias, user=user, max_tokens=1)
+        assert response.status_code == 200, response.text
+        seen[user] = response.headers["x-roundhouse-model-version"]
+    return seen
+
+
+def _traffic(base_url: str, key: str, alias: str) -> dict[str, float] | None:
+    response = httpx.get(
+        f"{base_url}/v1/models/{alias}", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    return response.json().get("traffic")
+
+
+def _routed_as(key: str, base_url: str, alias: str, users: list[str], wanted: set[str]) -> None:
+    """Wait until a frontend routes these users only to `wanted` versions (the change landed)."""
+    deadline = time.monotonic() + 30
+    while set(_versions_seen(base_url, key, alias, users).values()) != wanted:
+        assert time.monotonic() < deadline, f"{base_url} never routed {users} to {wanted}"
+        time.sleep(0.2)
+
+
+def test_a_tenant_moved_first_gets_the_new_version_on_every_frontend_and_rolls_back_alone(
+    canary, stack, world, django_db_blocker
+):
+    """Acme is moved whole to an adapter, globex half its users to another; a tenant not
+    targeted stays on the primary; acme's rollback leaves globex's users where they were."""
+    from models_registry.services import alias_set, alias_split_set
+
+    alias_name = "targeted-chat"
+    base, poet, sql = (
+        canary.lora_base, canary.adapters["tiny-poet"], canary.adapters["tiny-sql"]
+    )  # fmt: skip
+    with django_db_blocker.unblock():
+        bystander = roomy_key("targeting-bystander")
+        alias = alias_set(name=alias_name, version=base)
+        alias_split_set(alias=alias, version=poet, percent=100, tenants=[world.acme])
+        alias_split_set(alias=alias, version=sql, percent=50, tenants=[world.globex])
+    frontends = (stack.base_url, canary.other_frontend)
+    users = [f"targeted-{i}" for i in range(12)]
+    for base_url in frontends:
+        _routed_as(world.acme_key, base_url, alias_name, users, {poet.version})
+    globex = {url: _versions_seen(url, world.globex_key, alias_name, users) for url in frontends}
+    # Globex's split is sticky per user, the same on both frontends, and of its users alone.
+    assert globex[stack.base_url] == globex[canary.other_frontend]
+    assert set(globex[stack.base_url].values()) == {base.version, sql.version}
+    for base_url in frontends:
+        assert set(_versions_seen(base_url, bystander, alias_name, users).values()) == {
+            base.version
+        }
+    # Each tenant is told its own traffic; another's targeting does not show.
+    assert _traffic(stack.base_url, world.acme_key, alias_name) == {
+        poet.version: 100.0, base.version: 0.0,
+    }  # fmt: skip
+    assert _traffic(stack.base_url, world.globex_key, alias_name) == {
+        sql.version: 50.0, base.version: 50.0,
+    }  # fmt: skip
+    assert _traffic(stack.base_url, bystander, alias_name) is None
+
+    with django_db_blocker.unblock():
+        alias_split_set(alias=alias, version=poet, percent=0, tenants=[world.acme])
+    for base_url in frontends:
+        _routed_as(world.acme_key, base_url, alias_name, users, {base.version})
+        assert _versions_seen(base_url, world.globex_key, alias_name, users) == globex[base_url]
+
+
+def test_a_scoped_canary_that_fails_rolls_back_its_tenant_alone(
+    canary, stack, world, demo_model_dir, tmp_path, usage_of, django_db_blocker
+):
+    """Acme's canary (an adapter whose weights were damaged) fails outright; globex's canary
+    of a healthy adapter on the same alias runs on. The fail-fast check rolls back acme's,
+    which takes acme back to the primary and leaves globex's users where they were."""
+    from models_registry.models import Rollout
+    from models_registry.services import alias_set
+    from rollouts.services import rollout_act, rollout_start
+    from rollouts.tasks import rollouts_fail_fast
+
+    alias_name = "scoped-chat"
+    base, pirate = canary.lora_base, canary.adapters["tiny-pirate"]
+    broken = _damaged_adapter(
+        "tiny-broken-scoped", base, demo_model_dir, tmp_path, django_db_blocker
+    )
+    with django_db_blocker.unblock():
+        bystander = roomy_key("scoped-bystander")
+        alias = alias_set(name=alias_name, version=base)
+        acme_rollout = rollout_start(
+            alias=alias, canary=broken, steps=[50, 100], min_samples=200, tenants=[world.acme]
+        )
+        globex_rollout = rollout_start(
+            alias=alias, canary=pirate, steps=[50, 100], min_samples=200, tenants=[world.globex]
+        )
+    try:
+        users = [f"scoped-{i}" for i in range(12)]
+        _route_settle(world.globex_key, stack.base_url, alias=alias_name)
+        _routed_as(bystander, stack.base_url, alias_name, users, {base.version})
+        deadline = time.monotonic() + 30
+        while True:
+            globex = _versions_seen(stack.base_url, world.globex_key, alias_name, users)
+            if set(globex.values()) == {base.version, pirate.version}:
+                break
+            assert time.monotonic() < deadline, f"globex never reached its canary: {globex}"
+            time.sleep(0.2)
+        failed: list[str] = []
+        for i in range(200):
+            response = _chat(stack.base_url, world.acme_key, model=alias_name, user=f"sc-{i}")
+            if response.status_code == 503:
+                assert response.json()["error"]["code"] == "adapter_unavailable", response.text
+                failed.append(response.headers["x-request-id"])
+            else:
+                assert response.status_code == 200, response.text
+                assert response.headers["x-roundhouse-model-version"] == base.version
+            if len(failed) == 10:
+                break
+        assert len(failed) == 10, "acme's canary never took a request"
+        assert len(usage_of(*failed)) == 10
+        with django_db_blocker.unblock():
+            rolled = rollouts_fail_fast.apply().get()
+            assert acme_rollout.pk in rolled and globex_rollout.pk not in rolled
+            assert Rollout.objects.get(pk=acme_rollout.pk).state == "rolled_back"
+            assert Rollout.objects.get(pk=globex_rollout.pk).state == "running"
+            decision = Rollout.objects.get(pk=acme_rollout.pk).decisions.get(action="rollback")
+            assert decision.evidence["tenants"] == ["acme"]
+        _route_settle(world.acme_key, stack.base_url, alias=alias_name)
+        _routed_as(world.acme_key, stack.base_url, alias_name, users, {base.version})
+        assert _versions_seen(stack.base_url, world.globex_key, alias_name, users) == globex
+        assert set(_versions_seen(stack.base_url, bystander, alias_name, users).values()) == {
+            base.version
+        }
+    finally:
+        with django_db_blocker.unblock():
+            for rollout in (acme_rollout, globex_rollout):
+                rollout.refresh_from_db()
+                if rollout.is_active:
+                    rollout_act(rollout, action="rollback", actor=None, reason="test over")

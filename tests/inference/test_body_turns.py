@@ -84,18 +84,20 @@ async def test_a_throttled_tenants_429_is_held_until_a_retry_could_pass(monkeypa
 
     monkeypatch.setattr(asgi, "_sleep", sleep)
     release.set()
-    short = await asgi._held(5, ApiError(429, "rate_limit_exceeded", "x", retry_after=0.2))
-    long = await asgi._held(5, ApiError(429, "body_bytes_exceeded", "x", retry_after=30.0))
+    short = await asgi.refusal_held(5, ApiError(429, "rate_limit_exceeded", "x", retry_after=0.2))
+    long = await asgi.refusal_held(5, ApiError(429, "body_bytes_exceeded", "x", retry_after=30.0))
     assert slept == [0.2, asgi.HOLD_MAX_SECONDS]  # until a retry could pass, a second at most
     assert short.retry_after == 0.0 and long.retry_after == 30.0 - asgi.HOLD_MAX_SECONDS
     # At most HOLD_MAX_PER_TENANT of a tenant's refusals wait at once; the rest are answered.
     release.clear()
     waiting = [
-        asyncio.create_task(asgi._held(6, ApiError(429, "rate_limit_exceeded", "x", retry_after=1)))
+        asyncio.create_task(
+            asgi.refusal_held(6, ApiError(429, "rate_limit_exceeded", "x", retry_after=1))
+        )
         for _ in range(asgi.HOLD_MAX_PER_TENANT)
     ]
     await asyncio.sleep(0)  # they all begin to wait
-    at_once = await asgi._held(6, ApiError(429, "rate_limit_exceeded", "x", retry_after=1))
+    at_once = await asgi.refusal_held(6, ApiError(429, "rate_limit_exceeded", "x", retry_after=1))
     assert at_once.retry_after == 1  # not held
     assert not any(task.done() for task in waiting)
     release.set()

@@ -273,8 +273,8 @@ def test_a_tenants_console_list_shows_its_models_and_never_another_tenants(tmp_p
 
 # --- the migration -----------------------------------------------------------------------------
 
-BEFORE = [("models_registry", "0011_alias_fallback"), ("tenants", "0006_quota_large_body_bytes")]
-AFTER = [("models_registry", "0012_model_access"), ("tenants", "0007_apikey_allowed_models")]
+BEFORE = [("models_registry", "0012_tenant_targeting"), ("tenants", "0006_quota_large_body_bytes")]
+AFTER = [("models_registry", "0013_model_access"), ("tenants", "0007_apikey_allowed_models")]
 
 
 def _migrate(targets: list[tuple[str, str]]) -> Any:
@@ -308,3 +308,26 @@ def test_a_canary_some_of_an_aliass_callers_may_not_use_is_refused(tmp_path, wor
     with pytest.raises(ValidationError, match="open to only acme, but canaried-chat to every"):
         rollout_start(alias=alias, canary=owned)
     assert not alias.splits.exists()
+
+
+def test_a_split_targeted_at_a_tenant_may_send_it_alone_to_its_own_model(tmp_path, world):
+    open_version = _model(tmp_path, "targeted-open")
+    owned = _model(tmp_path, "acme-targeted", owner=world.acme)
+    alias = alias_set(name="targeted-chat", version=open_version)
+    with pytest.raises(ValidationError, match="only acme"):
+        alias_split_set(alias=alias, version=owned, percent=100, tenants=[world.globex])
+    alias_split_set(alias=alias, version=owned, percent=100, tenants=[world.acme])
+    acme, globex = _routing("targeted-chat", world.acme), _routing("targeted-chat", world.globex)
+    assert acme is not None
+    assert acme.pick(tenant_id=world.acme.pk, user=None).version == owned.version
+    assert globex is not None
+    assert globex.pick(tenant_id=world.globex.pk, user=None).version == open_version.version
+    # Given back to the platform and limited to globex (a revocation is never refused), acme's
+    # targeted share goes to the primary, and what globex gets names no other tenant's split.
+    model_owner_set(model=owned.model, owner=None)
+    model_limit_set(model=owned.model, limited=True, grants=[world.globex])
+    acme = _routing("targeted-chat", world.acme)
+    assert acme is not None
+    assert acme.pick(tenant_id=world.acme.pk, user=None).version == open_version.version
+    assert acme.weights_for(tenant_id=world.acme.pk) == {open_version.version: 100.0}
+    assert acme.targets == {}

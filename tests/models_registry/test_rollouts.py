@@ -9,11 +9,14 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
+from billing.services import price_current
 from models_registry.models import (
     Alias,
     AliasSplit,
@@ -22,9 +25,22 @@ from models_registry.models import (
     Rollout,
     RolloutState,
 )
-from models_registry.services import alias_set, deployment_create, model_version_register
-from rollouts.services import rollout_analyze, rollout_start, rollouts_fail_fast
-from tenants.models import AuditEvent
+from models_registry.selectors import routing_resolve
+from models_registry.services import (
+    alias_set,
+    alias_split_set,
+    deployment_create,
+    model_version_register,
+)
+from rollouts.services import (
+    RolloutConflict,
+    rollout_act,
+    rollout_analyze,
+    rollout_start,
+    rollout_verdict,
+    rollouts_fail_fast,
+)
+from tenants.models import AuditEvent, Tenant
 
 pytestmark = pytest.mark.django_db
 _ids = itertools.count()
@@ -52,8 +68,8 @@ def versions(tmp_path, world):
     return alias, made[0], made[1]
 
 
-def _served(world, version, *, n, at, ttft_ms=20.0, status="ok", itl_ms=10.0):
-    """Write n usage records of requests a version finished at a time."""
+def _served(world, version, *, n, at, ttft_ms=20.0, status="ok", itl_ms=10.0, tenant=None):
+    """Write n usage records of requests a version finished at a time (acme's by default)."""
     rows = []
     for _ in range(n):
         enqueued = at - dt.timedelta(milliseconds=ttft_ms + 15 * itl_ms)
@@ -61,7 +77,7 @@ def _served(world, version, *, n, at, ttft_ms=20.0, status="ok", itl_ms=10.0):
         rows.append(
             UsageRecord(
                 request_id=f"roll-{next(_ids)}",
-                tenant=world.acme,
+                tenant=tenant or world.acme,
                 model_version=version,
                 deployment="x",
                 endpoint="chat",
@@ -255,9 +271,14 @@ def test_one_breached_analysis_then_recovery_resets_the_count(versions, world):
 
 
 @pytest.fixture
-def staff() -> APIClient:
+def staff_user() -> User:
+    return User.objects.create_user("otto", is_staff=True)
+
+
+@pytest.fixture
+def staff(staff_user) -> APIClient:
     client = APIClient()
-    client.force_login(User.objects.create_user("otto", is_staff=True))
+    client.force_login(staff_user)
     return client
 
 
@@ -339,3 +360,281 @@ def test_a_versions_slis_are_served_to_operators(staff, versions, world):
     assert body["requests"] == 10 and body["ttft_p95_ms"] == pytest.approx(50, abs=1)
     assert staff.get("/api/versions/roll@nope/slis").status_code == 404
     assert staff.get("/api/versions/roll@canary/slis", {"minutes": "x"}).status_code == 400
+
+
+# --- canaries scoped to tenants --------------------------------------------------------------
+
+
+def _targets(alias):
+    """Each targeted tenant's splits of the alias: {slug: {version: percent}}."""
+    out: dict[str, dict[str, float]] = {}
+    for split in AliasSplit.objects.filter(alias=alias, tenant__isnull=False):
+        assert split.tenant is not None
+        out.setdefault(split.tenant.slug, {})[split.version.public_name] = split.percent
+    return out
+
+
+def test_a_scoped_canary_takes_a_share_of_its_tenants_traffic_alone(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, tenants=[world.acme])
+    assert rollout.scoped and list(rollout.tenants.all()) == [world.acme]
+    assert _targets(alias) == {"acme": {canary.public_name: 10.0}}
+    assert not AliasSplit.objects.filter(alias=alias, tenant__isnull=True).exists()
+    routing = routing_resolve(name="roll-chat", price_of=price_current)
+    assert routing is not None
+    globex = {routing.pick(tenant_id=world.globex.pk, user=f"u{i}").version for i in range(500)}
+    acme = {routing.pick(tenant_id=world.acme.pk, user=f"u{i}").version for i in range(500)}
+    assert globex == {base.version} and acme == {base.version, canary.version}
+    event = AuditEvent.objects.get(action="rollout.start", target_id=str(rollout.pk))
+    assert event.after is not None and event.after["tenants"] == ["acme"]
+    assert event.data["tenants"] == ["acme"]
+
+
+def test_a_scoped_canary_is_judged_on_its_tenants_requests_alone(versions, world):
+    """Globex's slow requests on the canary version (pinned by name) are not acme's canary."""
+    alias, base, canary = versions
+    rollout = _start(alias, canary, tenants=[world.acme], breach_checks=1)
+    now = rollout.step_started_at + dt.timedelta(minutes=1)
+    _served(world, base, n=30, at=now - dt.timedelta(seconds=10))
+    _served(world, canary, n=30, at=now - dt.timedelta(seconds=10), tenant=world.globex,
+            ttft_ms=900)  # fmt: skip
+    _served(world, canary, n=30, at=now - dt.timedelta(seconds=10))
+    verdict = rollout_verdict(rollout, now=now)
+    assert verdict.action == "advance" and not verdict.breached, verdict.reason
+    assert verdict.evidence["tenants"] == ["acme"]
+    assert verdict.evidence["step"]["canary"]["requests"] == 30
+    # Acme's own slow requests do breach it.
+    _served(world, canary, n=60, at=now - dt.timedelta(seconds=5), ttft_ms=900)
+    analysed = rollout_analyze(rollout, now=now + dt.timedelta(seconds=1))
+    assert analysed is not None, "not running"
+    assert analysed.action == "rollback", analysed.reason
+    assert "ttft_p95_ratio" in analysed.reason
+
+
+def test_a_scoped_canarys_rollback_reverts_only_its_targeting(versions, world):
+    alias, base, canary = versions
+    alias_split_set(alias=alias, version=canary, percent=100, tenants=[world.globex])
+    rollout = _start(alias, canary, tenants=[world.acme], breach_checks=1)
+    now = rollout.step_started_at + dt.timedelta(minutes=1)
+    _served(world, base, n=40, at=now - dt.timedelta(seconds=10))
+    _served(world, canary, n=40, at=now - dt.timedelta(seconds=10), status="error")
+    verdict = rollout_analyze(rollout, now=now)
+    assert verdict is not None and verdict.action == "rollback"
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK
+    assert _targets(alias) == {"globex": {canary.public_name: 100.0}}
+    # Globex is still sent to the canary: its workers stay.
+    assert Deployment.objects.get(name="roll-canary").state == DeploymentState.READY
+    event = AuditEvent.objects.get(action="rollout.rollback", target_id=str(rollout.pk))
+    assert event.data["tenants"] == ["acme"]
+
+
+def test_fail_fast_counts_only_a_scoped_canarys_tenants(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, tenants=[world.acme])
+    now = rollout.step_started_at + dt.timedelta(seconds=8)
+    _served(world, base, n=40, at=now - dt.timedelta(seconds=4))
+    _served(world, canary, n=20, at=now - dt.timedelta(seconds=3), status="error",
+            tenant=world.globex)  # fmt: skip
+    assert rollouts_fail_fast(now=now) == []
+    _served(world, canary, n=12, at=now - dt.timedelta(seconds=3), status="error")
+    assert rollouts_fail_fast(now=now) == [rollout.pk]
+    decision = Rollout.objects.get(pk=rollout.pk).decisions.get(action="rollback")
+    assert decision.evidence["fail_fast"]["canary"]["requests"] == 12
+    assert decision.evidence["tenants"] == ["acme"]
+    assert _targets(alias) == {}
+
+
+def test_one_tenant_of_a_scoped_canary_rolls_back_alone(versions, world):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, tenants=[world.acme, world.globex])
+    assert _targets(alias) == {
+        "acme": {canary.public_name: 10.0}, "globex": {canary.public_name: 10.0},
+    }  # fmt: skip
+    rollout_act(rollout, action="rollback", actor=None, reason="acme only", tenants=[world.acme])
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.RUNNING
+    assert list(rollout.tenants.all()) == [world.globex]
+    assert _targets(alias) == {"globex": {canary.public_name: 10.0}}
+    decision = rollout.decisions.latest("id")
+    assert decision.action == "tenant_rollback"
+    assert decision.evidence["rolled_back_tenants"] == ["acme"]
+    event = AuditEvent.objects.filter(action="rollout.tenant_rollback").latest("id")
+    assert event.before is not None and event.before["tenants"] == ["acme", "globex"]
+    assert event.after is not None and event.after["tenants"] == ["globex"]
+    # The rollout goes on for globex: its next step is globex's alone.
+    now = rollout.step_started_at + dt.timedelta(minutes=2)
+    _served(world, base, n=30, at=now - dt.timedelta(seconds=30))
+    _served(world, canary, n=30, at=now - dt.timedelta(seconds=30), tenant=world.globex)
+    verdict = rollout_analyze(rollout, now=now)
+    assert verdict is not None, "not running"
+    assert verdict.action == "advance", verdict.reason
+    assert _targets(alias) == {"globex": {canary.public_name: 50.0}}
+    with pytest.raises(ValidationError, match="does not target"):
+        rollout_act(rollout, action="rollback", actor=None, tenants=[world.acme])
+    # The last tenant's going rolls the whole rollout back.
+    rollout_act(rollout, action="rollback", actor=None, tenants=[world.globex])
+    rollout.refresh_from_db()
+    assert rollout.state == RolloutState.ROLLED_BACK and _targets(alias) == {}
+
+
+def test_a_promoted_scoped_canary_keeps_its_tenants_on_it_and_the_primary_for_others(
+    versions, world
+):
+    alias, base, canary = versions
+    rollout = _start(alias, canary, tenants=[world.acme], steps=[50, 100])
+    rollout_act(rollout, action="promote", actor=None, reason="acme is happy")
+    rollout.refresh_from_db()
+    alias.refresh_from_db()
+    assert rollout.state == RolloutState.PROMOTED
+    assert alias.version == base
+    assert _targets(alias) == {"acme": {canary.public_name: 100.0}}
+    assert Deployment.objects.get(name="roll-canary").state == DeploymentState.READY
+
+
+def test_scoped_rollouts_of_other_tenants_run_side_by_side(versions, world):
+    alias, _base, canary = versions
+    everyone = _start(alias, canary)
+    acme = _start(alias, canary, tenants=[world.acme])
+    globex = _start(alias, canary, tenants=[world.globex])
+    assert {everyone.state, acme.state, globex.state} == {RolloutState.RUNNING}
+    with pytest.raises(RolloutConflict, match="acme"):
+        _start(alias, canary, tenants=[world.acme])
+    with pytest.raises(RolloutConflict):
+        _start(alias, canary)
+    # A tenant a rollout holds is the rollout's to move.
+    with pytest.raises(ValidationError, match="rollout"):
+        alias_split_set(alias=alias, version=canary, percent=100, tenants=[world.acme])
+    # A tenant already split on its own cannot start a canary against the primary.
+    initech = Tenant.objects.get(slug="initech")
+    alias_split_set(alias=alias, version=canary, percent=100, tenants=[initech])
+    with pytest.raises(ValidationError, match="initech"):
+        _start(alias, canary, tenants=[initech])
+
+
+def test_promoting_for_everyone_clears_the_tenant_splits_of_the_new_primary(versions, world):
+    alias, _base, canary = versions
+    alias_split_set(alias=alias, version=canary, percent=100, tenants=[world.globex])
+    scoped = _start(alias, canary, tenants=[world.acme])
+    everyone = _start(alias, canary)
+    rollout_act(everyone, action="promote", actor=None)
+    alias.refresh_from_db()
+    assert alias.version == canary
+    # Globex's split named what is everyone's primary now; acme's rollout still holds its own.
+    assert _targets(alias) == {"acme": {canary.public_name: 10.0}}
+    assert Rollout.objects.get(pk=scoped.pk).state == RolloutState.RUNNING
+
+
+def test_operators_scope_rollouts_and_splits_to_tenants_through_the_api(staff, versions, world):
+    _alias, _base, canary = versions
+    created = staff.post(
+        "/api/rollouts",
+        {"alias": "roll-chat", "canary": "roll@canary", "steps": [5, 100],
+         "tenants": ["acme", "globex"]},
+        format="json",
+    )  # fmt: skip
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert body["scoped"] is True and sorted(body["tenants"]) == ["acme", "globex"]
+    pk = body["id"]
+    alone = staff.post(
+        f"/api/rollouts/{pk}/rollback", {"tenants": ["acme"], "reason": "acme"}, format="json"
+    )
+    assert alone.status_code == 200, alone.content
+    assert alone.json()["state"] == "running" and alone.json()["tenants"] == ["globex"]
+    not_a_rollback = staff.post(f"/api/rollouts/{pk}/pause", {"tenants": ["globex"]}, format="json")
+    assert not_a_rollback.status_code == 400 and "tenants" in not_a_rollback.json()
+    unknown = staff.post(
+        "/api/rollouts",
+        {"alias": "roll-chat", "canary": "roll@canary", "tenants": ["nosuch"]},
+        format="json",
+    )
+    assert unknown.status_code == 400 and "nosuch" in unknown.json()["tenants"]
+    split = staff.put(
+        "/api/aliases/roll-chat/split",
+        {"version": "roll@canary", "percent": 100, "tenants": ["initech"], "reason": "first"},
+        format="json",
+    )
+    assert split.status_code == 200, split.content
+    assert split.json()["targets"] == {
+        "globex": [{"version": canary.public_name, "percent": 5.0}],
+        "initech": [{"version": canary.public_name, "percent": 100.0}],
+    }  # fmt: skip
+    assert split.json()["splits"] == []
+    held = staff.put(
+        "/api/aliases/roll-chat/split",
+        {"version": "roll@canary", "percent": 0, "tenants": ["globex"]},
+        format="json",
+    )
+    assert held.status_code == 400 and "rollout" in held.json()["tenants"][0]
+    bad = staff.put(
+        "/api/aliases/roll-chat/split",
+        {"version": "roll@canary", "percent": 1, "tenants": ["not a slug!"]},
+        format="json",
+    )
+    assert bad.status_code == 400 and "tenants" in bad.json()
+
+
+def test_the_cli_targets_tenants_and_rolls_one_back(versions, world, capsys):
+    alias, _base, canary = versions
+    call_command("split", "roll-chat", "roll@canary", "100", "--tenant", "initech")
+    call_command(
+        "rollout", "start", "roll-chat", "roll@canary", "--steps", "20,100",
+        "--tenant", "acme", "--tenant", "globex",
+    )  # fmt: skip
+    rollout = Rollout.objects.get(alias=alias, state=RolloutState.RUNNING)
+    call_command("rollout", "rollback", str(rollout.pk), "--tenant", "acme", "--reason", "acme")
+    call_command("rollout", "status", str(rollout.pk))
+    call_command("split", "roll-chat")
+    out = capsys.readouterr().out
+    assert f"rollout {rollout.pk} started: " in out and "for acme, globex" in out
+    assert "tenant_rollback at 20%: acme" in out
+    assert f"100% of initech's traffic -> {canary.public_name}" in out
+    assert f"20% of globex's traffic -> {canary.public_name}" in out
+    assert _targets(alias) == {
+        "globex": {canary.public_name: 20.0}, "initech": {canary.public_name: 100.0},
+    }  # fmt: skip
+    with pytest.raises(CommandError, match="no tenants"):
+        call_command("split", "roll-chat", "roll@canary", "5", "--tenant", "nosuch")
+
+
+def test_the_console_targets_a_tenant_and_rolls_one_back(staff_user, versions, world):
+    alias, _base, canary = versions
+    client = Client()
+    client.force_login(staff_user)
+    page = "/console/ops/aliases/roll-chat"
+    moved = client.post(
+        f"{page}/split",
+        {"tenant": "initech", "version": "roll@canary", "percent": "100", "reason": "first"},
+        follow=True,
+    )
+    assert "roll@" in moved.content.decode() and "of initech&#x27;s traffic" in (
+        moved.content.decode()
+    )
+    assert _targets(alias) == {"initech": {canary.public_name: 100.0}}
+    rollout = _start(alias, canary, tenants=[world.acme, world.globex])
+    shown = client.get(page).content.decode()
+    assert "Tenant targeting" in shown and 'data-tenant="initech"' in shown
+    assert "Roll back this tenant alone" in shown
+    back = client.post(
+        f"{page}/rollouts/{rollout.pk}/rollback", {"tenant": "acme", "reason": "acme"}, follow=True
+    )
+    assert "rollback of acme done" in back.content.decode()
+    removed = client.post(
+        f"{page}/split", {"tenant": "initech", "version": "roll@canary", "percent": "0"}
+    )
+    assert removed.status_code == 302
+    assert _targets(alias) == {"globex": {canary.public_name: 10.0}}
+    unknown = client.post(
+        f"{page}/split", {"tenant": "nosuch", "version": "roll@canary", "percent": "5"}, follow=True
+    )
+    assert "no tenant &#x27;nosuch&#x27;" in unknown.content.decode()
+    for hostile in ("a\x00b", "x" * 5000):  # a 400 from the form parser, or a message
+        back = client.post(
+            f"{page}/rollouts/{rollout.pk}/rollback", {"tenant": hostile, "reason": "r"}
+        )
+        split = client.post(
+            f"{page}/split", {"tenant": hostile, "version": "roll@canary", "percent": "5"}
+        )
+        assert back.status_code in (302, 400) and split.status_code in (302, 400)
+    assert _targets(alias) == {"globex": {canary.public_name: 10.0}}

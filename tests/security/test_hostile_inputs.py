@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tenants.services import api_key_issue, api_key_revoke, tenant_create
-from tests.conftest import ALIAS
+from tests.conftest import ALIAS, ENCODER
 
 TENANT = "zorg-hostile"
 CONCURRENCY = 2  # small, so one leaked slot shows in the requests after the fuzzing
@@ -440,6 +442,83 @@ async def test_hostile_websocket_frames_get_error_frames_and_the_socket_still_se
         message = answer["error"]["message"] if "error" in answer else answer.get("message", "")
         assert len(str(message)) <= MAX_MESSAGE, (frame[:60], answer)
     assert answers[-1]["type"] == "finished", answers[-1]
+
+
+# Readers that stop reading: the answers each asks for, and how much of it is read. Their
+# sockets stay open until the module ends, past the check that the tenant is served in full.
+SLOW_BODIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", _chat()),
+    "stream": ("/v1/chat/completions", {**_chat(), "stream": True}),
+    "echoed logprobs": (
+        "/v1/completions",
+        {"model": ALIAS, "prompt": "word " * 400, "max_tokens": 4, "echo": True, "logprobs": 5},
+    ),
+    "responses stream": (
+        "/v1/responses",
+        {"model": ALIAS, "input": "hi", "max_output_tokens": 4, "stream": True, "store": False},
+    ),
+    "embeddings": ("/v1/embeddings", {"model": ENCODER, "input": ["word " * 20] * 256}),
+}
+_slow_sockets: list[socket.socket] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _slow_sockets_closed() -> Iterator[None]:
+    yield
+    for sock in _slow_sockets:
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def slow_reader(stack: Any, django_db_blocker: Any) -> str:
+    """A tenant of its own whose clients stop reading: a stream it does not read holds one of
+    its own slots until the write timeout cuts it, which is its own business."""
+    with django_db_blocker.unblock():
+        tenant = tenant_create(slug="zorg-slow-reader")
+        quota = tenant.quota
+        quota.max_concurrency = 1_000
+        quota.requests_per_minute = 100_000
+        quota.max_tokens_per_request = 8
+        quota.save()
+        return api_key_issue(tenant=tenant, name="slow").token
+
+
+@FUZZ
+@given(
+    kind=st.sampled_from(sorted(SLOW_BODIES)),
+    read=st.sampled_from([0, 1, 4096]),
+    copies=st.integers(min_value=1, max_value=4),
+)
+def test_readers_that_stop_reading_hold_no_slot_and_stall_nothing(
+    kind: str,
+    read: int,
+    copies: int,
+    slow_reader: str,
+    fuzzing: Fuzzing,
+    http: httpx.Client,
+    encoder: Any,
+) -> None:
+    """Sockets that ask for an answer and read none, or a little, of it: the frontend goes on
+    serving every other tenant (the fuzzing one, whose concurrency is two, too), and holds
+    what is unread until its write timeout cuts the connection."""
+    path, body = SLOW_BODIES[kind]
+    payload = json.dumps(body).encode()
+    address = urllib.parse.urlsplit(fuzzing.base_url)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {address.netloc}\r\n"
+        f"Authorization: Bearer {slow_reader}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    for _ in range(copies):
+        sock = socket.create_connection((address.hostname, address.port), timeout=DEADLINE)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(head + payload)
+        if read:
+            assert sock.recv(read)  # its answer began
+        _slow_sockets.append(sock)
+    served = http.post("/v1/chat/completions", json=_chat())
+    assert served.status_code == 200, served.text
+    assert httpx.get(f"{fuzzing.base_url}/healthz", timeout=DEADLINE).status_code == 200
 
 
 def test_after_the_fuzzing_the_tenant_is_served_in_full(fuzzing: Fuzzing) -> None:

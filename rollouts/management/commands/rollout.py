@@ -10,6 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from models_registry.models import Alias, Rollout
 from models_registry.selectors import version_pinned
 from rollouts.services import RolloutConflict, rollout_act, rollout_start, rollouts_analyze
+from tenants.models import Tenant
+from tenants.selectors import tenants_by_slug
 
 ACTIONS = ("promote", "pause", "resume", "rollback")
 
@@ -28,6 +30,12 @@ class Command(BaseCommand):
         start.add_argument("--short-window-seconds", type=int, default=300)
         start.add_argument("--breach-checks", type=int, default=2)
         start.add_argument("--guardrails", default="{}", help='JSON, e.g. {"ttft_p95_ratio": 2}')
+        start.add_argument(
+            "--tenant",
+            action="append",
+            default=[],
+            help="scope the canary to this tenant's traffic (repeat for more); others stay put",
+        )
         status = sub.add_parser("status", help="show rollouts and their last decisions")
         status.add_argument("id", type=int, nargs="?")
         sub.add_parser("analyze", help="run one analysis of every running rollout now")
@@ -35,6 +43,13 @@ class Command(BaseCommand):
             acting = sub.add_parser(action, help=f"{action} a rollout by hand")
             acting.add_argument("id", type=int)
             acting.add_argument("--reason", default="")
+            if action == "rollback":
+                acting.add_argument(
+                    "--tenant",
+                    action="append",
+                    default=[],
+                    help="roll back only this tenant of a scoped rollout (repeat for more)",
+                )
         for command in sub.choices.values():
             command.add_argument("--actor", default=None, help="username recorded in the audit")
 
@@ -55,8 +70,9 @@ class Command(BaseCommand):
                     action=command,
                     actor=actor,
                     reason=options["reason"],
+                    tenants=tenants_named(options.get("tenant", [])),
                 )
-                self.stdout.write(f"rollout {rollout.pk}: {rollout}")
+                self.stdout.write(f"rollout {rollout.pk}: {rollout}{_scope(rollout)}")
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         except RolloutConflict as exc:
@@ -89,18 +105,36 @@ class Command(BaseCommand):
             short_window_seconds=options["short_window_seconds"],
             breach_checks=options["breach_checks"],
             guardrails=guardrails,
+            tenants=tenants_named(options["tenant"]),
             actor=actor,
         )
-        self.stdout.write(f"rollout {rollout.pk} started: {rollout}")
+        self.stdout.write(f"rollout {rollout.pk} started: {rollout}{_scope(rollout)}")
 
     def _status(self, pk: int | None) -> None:
         rollouts = [self._rollout(pk)] if pk else list(Rollout.objects.all()[:20])
         if not rollouts:
             self.stdout.write("no rollouts")
         for rollout in rollouts:
-            self.stdout.write(f"rollout {rollout.pk}: {rollout} baseline {rollout.baseline}")
+            self.stdout.write(
+                f"rollout {rollout.pk}: {rollout} baseline {rollout.baseline}{_scope(rollout)}"
+            )
             for decision in rollout.decisions.order_by("-id")[:5]:
                 when = decision.created_at.strftime("%Y-%m-%d %H:%M:%S")
                 self.stdout.write(
                     f"  {when} {decision.action} at {decision.percent:g}%: {decision.reason}"
                 )
+
+
+def tenants_named(slugs: list[str]) -> list[Tenant]:
+    """Return the tenants named by slug, or fail naming those that do not exist."""
+    tenants, missing = tenants_by_slug(slugs=slugs)
+    if missing:
+        raise CommandError(f"no tenants {missing}")
+    return tenants
+
+
+def _scope(rollout: Rollout) -> str:
+    if not rollout.scoped:
+        return ""
+    slugs = sorted(rollout.tenants.values_list("slug", flat=True))
+    return f" for {', '.join(slugs) or 'no tenant left'}"

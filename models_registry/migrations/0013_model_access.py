@@ -13,7 +13,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('models_registry', '0011_alias_fallback'),
+        ('models_registry', '0012_tenant_targeting'),
         ('tenants', '0007_apikey_allowed_models'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
