@@ -36,6 +36,7 @@ urlpatterns = [
         views.conversation_remove,
         name="conversation_remove",
     ),
+    path("t/<slug:slug>/models", views.models, name="models"),
     path("t/<slug:slug>/usage", views.usage, name="usage"),
     path("t/<slug:slug>/invoices", views.invoices, name="invoices"),
     path("t/<slug:slug>/invoices/<int:pk>", views.invoice_detail, name="invoice"),
@@ -51,5 +52,11 @@ urlpatterns = [
     ),
     path("ops/audit", views.audit, name="audit"),
     path("ops/versions", views.versions, name="versions"),
+    path("ops/models", views.model_access, name="model_access"),
+    path(
+        "ops/models/<slug:name>/<slug:action>",
+        views.model_access_change,
+        name="model_access_change",
+    ),
     path("ops/tenants", views.tenants, name="tenants"),
 ]

@@ -41,8 +41,21 @@ from inference.conversations_store import (
     conversation_items,
 )
 from inference.responses_store import Kept, response_delete, response_get, response_opened
-from models_registry.selectors import version_pinned
-from models_registry.services import alias_fallback_set, alias_split_set
+from models_registry.models import Model
+from models_registry.selectors import (
+    model_access_get,
+    model_access_list,
+    model_list_for_tenant,
+    version_pinned,
+)
+from models_registry.services import (
+    alias_fallback_set,
+    alias_split_set,
+    model_grant,
+    model_limit_set,
+    model_owner_set,
+    model_revoke,
+)
 from rollouts.services import RolloutConflict, rollout_act
 from tenants.lockout import lockout_is_locked
 from tenants.models import ApiKey, Role, Scope, Tenant
@@ -177,6 +190,7 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "POST":
         name = (request.POST.get("name") or "").strip()[:200]
         scopes = request.POST.getlist("scopes") or [Scope.INFERENCE, Scope.MODELS_READ]
+        allowed = request.POST.getlist("allowed_models")
         days = _whole_number(request.POST.get("expires_in_days"), 1, MAX_KEY_DAYS)
         if not name:
             messages.error(request, "Give the key a name.")
@@ -190,6 +204,7 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
                     name=name,
                     scopes=scopes,
                     expires_at=expires,
+                    allowed_models=allowed,
                     actor=_user(request),
                 )
             except ValidationError as exc:
@@ -206,6 +221,38 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
             "page": page.get_page(request.GET.get("page")),
             "issued": issued,
             "scopes": Scope.choices,
+            "model_names": _callable_names(tenant),
+        },
+    )
+
+
+def _callable_names(tenant: Tenant) -> list[str]:
+    """The names a key of the tenant may be narrowed to: its models and their aliases."""
+    names: set[str] = set()
+    for row in model_list_for_tenant(tenant_id=tenant.pk):
+        names.add(row.model.name)
+        names.update(row.aliases)
+    return sorted(names)
+
+
+@login_required
+def models(request: HttpRequest, slug: str) -> HttpResponse:
+    """The models the tenant may call (its own adapters among them) and this month's use."""
+    tenant = _tenant(request, slug, Role.ADMIN)
+    rows = model_list_for_tenant(tenant_id=tenant.pk)
+    used = {
+        row.label: row
+        for row in usage_aggregate(tenant_id=tenant.pk, group="model", since=month_start())
+    }
+    callable_names = {row.model.name for row in rows}
+    return render(
+        request,
+        "console/models.html",
+        {
+            **_nav(request, tenant),
+            "rows": [{"m": row, "usage": used.get(row.model.name)} for row in rows],
+            # Used this month, but not callable now (its access was taken away since).
+            "former": [row for name, row in sorted(used.items()) if name not in callable_names],
         },
     )
 
@@ -707,3 +754,66 @@ def audit(request: HttpRequest) -> HttpResponse:
         "console/audit.html",
         {**_nav(request), "page": page, "action": action, "target": target},
     )
+
+
+@login_required
+def model_access(request: HttpRequest) -> HttpResponse:
+    """Every model and who may call it: owned by a tenant, limited to grants, or open."""
+    _staff(request)
+    return render(
+        request,
+        "console/model_access.html",
+        {
+            **_nav(request),
+            "rows": model_access_list(),
+            "tenants": selectors.tenant_list().filter(deleted_at__isnull=True),
+        },
+    )
+
+
+def _access_model(name: str) -> Model:
+    access = model_access_get(name=name)
+    if access is None:
+        raise Http404("no such model")
+    return access.model
+
+
+def _access_tenant(slug: str) -> Tenant | None:
+    return selectors.tenant_get(slug=slug) if slug else None
+
+
+@login_required
+@require_POST
+def model_access_change(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    """Grant, revoke, limit, open or give a model (each audited, with the reason given)."""
+    _staff(request)
+    if action not in ("grant", "revoke", "limit", "open", "owner"):
+        raise Http404("no such change")
+    model = _access_model(name)
+    reason = (request.POST.get("reason") or "").strip()
+    slug = request.POST.get("tenant", "")
+    tenant = _access_tenant(slug)
+    actor = _user(request)
+    try:
+        if action in ("grant", "revoke") and tenant is None:
+            raise ValidationError(f"no tenant {slug!r}")
+        if action == "grant" and tenant is not None:
+            model_grant(model=model, tenant=tenant, actor=actor, reason=reason)
+            messages.success(request, f"{tenant.slug} may call {model.name}.")
+        elif action == "revoke" and tenant is not None:
+            model_revoke(model=model, tenant=tenant, actor=actor, reason=reason)
+            messages.success(request, f"{tenant.slug} may no longer call {model.name}.")
+        elif action in ("limit", "open"):
+            limited = action == "limit"
+            model_limit_set(model=model, limited=limited, actor=actor, reason=reason)
+            shown = "its grants alone" if limited else "every tenant"
+            messages.success(request, f"{model.name} is open to {shown}.")
+        else:
+            if slug and tenant is None:
+                raise ValidationError(f"no tenant {slug!r}")
+            model_owner_set(model=model, owner=tenant, actor=actor, reason=reason)
+            shown = f"{tenant.slug}'s alone" if tenant else "platform-wide"
+            messages.success(request, f"{model.name} is {shown}.")
+    except ValidationError as exc:
+        messages.error(request, f"Access not changed: {'; '.join(exc.messages)}")
+    return redirect("console:model_access")

@@ -7,6 +7,11 @@ a policy assigned reaches every frontend within milliseconds rather than at the 
 
 Bulk `QuerySet.update()` sends no signals: code that changes such state that way calls
 `change_publish` itself.
+
+A change of who may call a model (a grant made or revoked, a model limited, opened or given
+to a tenant) publishes ACCESS as well: frontends then drop their cached routes rather than mark
+them stale, so that no request is routed by what was cached before it, not even one served
+while its reload runs (as a revoked key is dropped, `dataplane.tenancy`).
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ from dataplane.redis_client import control_sync_client
 log = logging.getLogger(__name__)
 
 KEYS, ROUTES, POLICIES = "keys", "routes", "policies"
+# Not a kind of cached state of its own: the routes, dropped at once (see above).
+ACCESS = "access"
 
 # The models each kind of cached state is built from ("app_label.ModelName").
 SOURCES = {
     KEYS: ("tenants.ApiKey", "tenants.Tenant", "tenants.Quota"),
     ROUTES: (
         "models_registry.Model",
+        "models_registry.ModelGrant",
         "models_registry.ModelVersion",
         "models_registry.Alias",
         "models_registry.AliasSplit",

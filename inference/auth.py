@@ -7,6 +7,7 @@ tenants and quotas mark the cached keys stale (`dataplane.changes`).
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from dataclasses import dataclass
 
@@ -39,6 +40,17 @@ class Principal:
     # The tenant's own large-body bytes a minute (None: the platform's setting; 0: no limit).
     large_body_bytes_per_minute: int | None = None
     retention_days: int = 0  # 0: the request's text is never stored
+    # The names the key is narrowed to (empty: every model its tenant may call).
+    allowed_models: frozenset[str] = frozenset()
+
+
+def unnarrowed(principal: Principal) -> Principal:
+    """The caller with its key's model list lifted: what its tenant may call, all of it.
+
+    For finding the version that served one of the key's admitted requests by its pinned
+    name (`model@version`), which a key narrowed to an alias does not name itself.
+    """
+    return dataclasses.replace(principal, allowed_models=frozenset())
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,7 @@ def _load(public_id: str) -> _Cached | None:
         response_cache_bill_percent=quota.response_cache_bill_percent,
         large_body_bytes_per_minute=quota.large_body_bytes_per_minute,
         retention_days=key.tenant.retention_days,
+        allowed_models=frozenset(key.allowed_models or ()),
     )
     expires = key.expires_at.timestamp() if key.expires_at else None
     return _Cached(key.secret_hash, principal, problem, expires)

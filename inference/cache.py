@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from config.db import db_call
 from dataplane.background import loop_ok, spawn, supervise
 from dataplane.breakers import breaker_message_read, breakers_held
+from dataplane.changes import ACCESS, ROUTES
 from dataplane.keys import BREAKERS_CHANNEL, CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 from dataplane.redis_client import control_client_new
 from inference.breaker import breaker_elsewhere, breakers_elsewhere_replace
@@ -70,11 +71,15 @@ class RefreshingCache(Generic[K, V]):
         self._reloading: dict[K, asyncio.Task[None]] = {}
         # Bumped by a change message: entries loaded (or whose load began) before it are stale.
         self._generation = 0
+        # Raised by `forget`: entries whose load began before it are never served or kept.
+        self._floor = 0
         _caches.setdefault(kind, []).append(self)
 
     async def get(self, key: K) -> V:
         _listener_ensure()
         entry = self._entries.get(key) or self._missing.get(key)
+        if entry is not None and entry.generation < self._floor:
+            entry = None
         if entry is not None:
             (self._missing if entry.value is None else self._entries).move_to_end(key)
         age = time.monotonic() - entry.loaded_at if entry else None
@@ -98,10 +103,18 @@ class RefreshingCache(Generic[K, V]):
         """Mark every entry stale: each is reloaded in the background on its next use."""
         self._generation += 1
 
+    def forget(self) -> None:
+        """Drop every entry, and any load already under way: the next use of each loads it."""
+        self._generation += 1
+        self._floor = self._generation
+        self._entries.clear()
+        self._missing.clear()
+
     async def _reload(self, key: K) -> V:
         generation = self._generation
         value = await db_call(self._load, key)
-        self._store(key, _Entry(value, time.monotonic(), generation))
+        if generation >= self._floor:
+            self._store(key, _Entry(value, time.monotonic(), generation))
         return value
 
     def _store(self, key: K, entry: _Entry[V]) -> None:
@@ -128,7 +141,14 @@ _listener: asyncio.Task[None] | None = None
 
 
 def change_received(kind: str) -> None:
-    """Mark the caches of a kind of control-plane state stale (a change message arrived)."""
+    """Mark the caches of a kind of control-plane state stale (a change message arrived).
+
+    A change of access (a model taken from a tenant) drops the cached routes instead.
+    """
+    if kind == ACCESS:
+        for cache in _caches.get(ROUTES, []):
+            cache.forget()
+        return
     for cache in _caches.get(kind, []):
         cache.invalidate()
 

@@ -15,10 +15,12 @@ from config.json_body import shown
 from dataplane.frontdoor import FrontDoor
 from dataplane.quotas import Quotas
 from dataplane.redis_client import redis_client_new
+from inference.auth import Principal
 from inference.cache import RefreshingCache
 from inference.errors import ApiError
 from inference.idempotency import Idempotency
 from inference.response_cache import ResponseCache
+from models_registry.access import routing_for_tenant
 from models_registry.selectors import Routing, model_names_list, routing_resolve
 
 _dispatch: FrontDoor | None = None
@@ -86,13 +88,28 @@ _model_names: RefreshingCache[None, list[tuple[str, int]]] = RefreshingCache(
 
 
 async def model_names_get() -> list[tuple[str, int]]:
-    """Return every name a client can call, with its created time, cached like routes."""
+    """Return every name any client can call, with its created time, cached like routes.
+
+    Which of them a caller may call is routing_get's to say.
+    """
     return await _model_names.get(None)
 
 
-async def routing_get(name: str) -> Routing:
-    """Return where a model name routes, cached briefly, or raise 404."""
+async def routing_get(name: str, *, principal: Principal) -> Routing:
+    """Return where a model name routes for a caller, cached briefly, or raise 404.
+
+    The one check of model access (models_registry.access): a name the caller's tenant may not
+    call, or its key is not narrowed to, is the 404 of a name that does not exist, word for
+    word; and a split or shadow version the tenant may not use is not in what it gets.
+    """
     routing = await _routings.get(name)
+    if routing is not None:
+        routing = routing_for_tenant(
+            routing,
+            name=name,
+            tenant_id=principal.tenant_id,
+            allowed=principal.allowed_models,
+        )
     if routing is None:
         if "@" in name:
             model, _, version = name.partition("@")

@@ -15,7 +15,8 @@ from typing import Any
 from django.http.response import HttpResponseBase
 
 from inference.admission import VERSION_HEADER, key_free
-from inference.clients import dispatch_get, idempotency_get
+from inference.auth import Principal
+from inference.clients import dispatch_get, idempotency_get, routing_get
 from inference.idempotency import Original, body_digest, key_in_use
 
 Replay = Callable[[Original], Awaitable[HttpResponseBase | None]]
@@ -23,7 +24,8 @@ Replay = Callable[[Original], Awaitable[HttpResponseBase | None]]
 
 async def replayed_or_claimed(
     *,
-    tenant_id: int,
+    principal: Principal,
+    model: str,
     key: str,
     endpoint: str,
     body: dict[str, Any],
@@ -33,10 +35,12 @@ async def replayed_or_claimed(
     """The first request's answer again, marked replayed; or None with the key claimed here.
 
     `replay` answers the first request again, or None when it failed: this request then runs
-    in its place.
+    in its place. A retry is a request for `model` like any other: one the key may not call
+    now (a grant revoked since, say) is routing's 404, not the first answer again.
     """
+    await routing_get(model, principal=principal)
     found = await idempotency_get().replayed_or_claimed(
-        tenant_id=tenant_id,
+        tenant_id=principal.tenant_id,
         key=key,
         digest=body_digest(endpoint=endpoint, body=body),
         replay=replay,

@@ -18,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from dataplane.types import Failed, Finished
 from inference import relay
 from inference.admission import VERSION_HEADER, request_ended
-from inference.auth import Principal
+from inference.auth import Principal, unnarrowed
 from inference.clients import dispatch_get, routing_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
@@ -103,7 +103,7 @@ async def _chat_request(
     needs = needs_of(body)
     if not (needs.inline_system or needs.thinking_disabled):
         return body, chat, None
-    routing = await routing_get(chat.model)
+    routing = await routing_get(chat.model, principal=principal)
     route = routing.pick(tenant_id=tenant, user=chat.user)
     digest = route.version_digest
     tokenizer = await tokenizer_of(route)
@@ -140,11 +140,12 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
     with key_freed_on_failure(tenant_id=tenant, key=key, request_id=request_id):
         if key is not None:
             replayed = await replayed_or_claimed(
-                tenant_id=tenant,
+                principal=principal,
+                model=chat.model,
                 key=key,
                 endpoint=MESSAGES,
                 body=body,
-                replay=lambda original: _replay(original, chat, body, clock, tenant_id=tenant),
+                replay=lambda original: _replay(original, chat, body, clock, principal=principal),
                 request_id=request_id,
             )
             if replayed is not None:
@@ -191,7 +192,7 @@ async def _replay(
     body: dict[str, Any],
     clock: RequestClock,
     *,
-    tenant_id: int,
+    principal: Principal,
 ) -> HttpResponseBase | None:
     """The message the key's first request answered, again from its reply stream (kept as
     long as the key), or None when that request failed (this one then runs in its place).
@@ -206,8 +207,8 @@ async def _replay(
     prompt_tokens = 0
     if chat.stream:
         with contextlib.suppress(ApiError):  # a version that routes nowhere now: not counted
-            route = (await routing_get(original.model)).primary
-            ids, _ = await preprocessed(tenant_id, prompts_read, chat, route)
+            route = (await routing_get(original.model, principal=unnarrowed(principal))).primary
+            ids, _ = await preprocessed(principal.tenant_id, prompts_read, chat, route)
             prompt_tokens = sum(len(prompt) for prompt in ids)
     builder = MessageBuilder(
         message_id=f"msg_{original.request_id}",
@@ -220,8 +221,8 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, version=original.version),
-        tenant_id=tenant_id,
+        policy=await policy_get(tenant_id=principal.tenant_id, version=original.version),
+        tenant_id=principal.tenant_id,
     )
     if chat.stream:
         return sse_response(builder_stream(events, builder, clock, name=builder.message_id))
@@ -238,7 +239,7 @@ async def messages_count_tokens(request: HttpRequest, request_id: str) -> HttpRe
     principal = await request_principal(request, Scope.INFERENCE)
     _, chat, route = await _chat_request(request, principal, count=True)
     if route is None:
-        routing = await routing_get(chat.model)
+        routing = await routing_get(chat.model, principal=principal)
         route = routing.pick(tenant_id=principal.tenant_id, user=chat.user)
     ids, _ = await preprocessed(principal.tenant_id, prompts_read, chat, route)
     count = sum(len(prompt) for prompt in ids)

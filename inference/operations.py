@@ -120,7 +120,7 @@ async def version(request: HttpRequest, request_id: str) -> HttpResponse:
 
 async def _routed(principal: Principal, model: str) -> tuple[Route, Tokenizer]:
     """The route a request for `model` takes, as a chat request's would, and its tokenizer."""
-    routing = await routing_get(model)
+    routing = await routing_get(model, principal=principal)
     route = routing.pick(tenant_id=principal.tenant_id, user=None)
     return route, await tokenizer_of(route)
 

@@ -111,7 +111,8 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     with key_freed_on_failure(tenant_id=principal.tenant_id, key=key, request_id=request_id):
         if key is not None:
             replayed = await replayed_or_claimed(
-                tenant_id=principal.tenant_id,
+                principal=principal,
+                model=chat.model,
                 key=key,
                 endpoint=RESPONSES,
                 body=body,
@@ -276,7 +277,8 @@ async def responses_input_tokens(request: HttpRequest, request_id: str) -> HttpR
     if chat is None or history or conversation is not None:
         chat = await preprocessed(tenant_id, read, body, history=history, conversation=conversation)
     assert chat is not None, "a count's body read after its history is a chat request"
-    route = (await routing_get(chat.model)).pick(tenant_id=tenant_id, user=chat.user)
+    routing = await routing_get(chat.model, principal=principal)
+    route = routing.pick(tenant_id=tenant_id, user=chat.user)
     task_check(route, embeddings=False, model=chat.model)
     await tokenizer_of(route)  # its first load off the event loop
     context = min(route.context_length, principal.max_context_tokens)

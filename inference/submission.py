@@ -151,13 +151,16 @@ def answer_shape(
     return shape
 
 
-async def _fallback_routing(fallback: str, refused: ApiError | None) -> Routing | None:
-    """Where an alias's fallback routes now, or None where it routes nowhere.
+async def _fallback_routing(
+    fallback: str, refused: ApiError | None, *, principal: Principal
+) -> Routing | None:
+    """Where an alias's fallback routes now for the caller, or None where it routes nowhere
+    (for it: a fallback its tenant or key may not call is not taken).
 
     A refusal that sent the request on stands when there is nowhere to send it: raised.
     """
     try:
-        return await routing_get(fallback)
+        return await routing_get(fallback, principal=principal)
     except ApiError:
         if refused is not None:
             raise refused from None
@@ -194,7 +197,7 @@ async def generation_submit(
     While the alias's circuit breaker is open (its recent requests failed; see
     inference/breaker.py), the fallback is asked first, `circuit_open` the reason.
     """
-    routing = await routing_get(request.model)
+    routing = await routing_get(request.model, principal=principal)
     if routing.fallback and priority == "interactive" and not request_taken:
         # Counted once, here, whichever model takes it (an attempt refused before admission
         # would not have counted it).
@@ -239,7 +242,7 @@ async def generation_submit(
                 if request.model == named:
                     return submitted
                 return replace(submitted, fallback_from=named, fallback_reason=reason)
-        onward = await _fallback_routing(routing.fallback, refused)
+        onward = await _fallback_routing(routing.fallback, refused, principal=principal)
         if onward is None:
             # Held by its breaker, but the fallback routes nowhere now: the alias is asked after
             # all, and nothing else.
@@ -582,7 +585,7 @@ async def embedding_submit(
     request_taken: bool = False,
 ) -> Submitted:
     """Admit an embeddings request and enqueue it for its encoder deployment's workers."""
-    routing = await routing_get(request.model)
+    routing = await routing_get(request.model, principal=principal)
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
     task_check(route, embeddings=True, model=request.model)
     route = await pool_route(route, priority=priority or request.priority)

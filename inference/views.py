@@ -20,7 +20,7 @@ from dataplane.replies import entry_id_parse
 from dataplane.types import Delta, Event, Failed, Finished
 from inference import relay
 from inference.admission import request_ended, request_failure
-from inference.auth import Principal
+from inference.auth import Principal, unnarrowed
 from inference.clients import dispatch_get, model_names_get, routing_get
 from inference.content_policy import policy_get
 from inference.endpoint import (
@@ -126,13 +126,12 @@ async def _generate(
     with key_freed_on_failure(tenant_id=principal.tenant_id, key=key, request_id=request_id):
         if key is not None:
             replayed = await replayed_or_claimed(
-                tenant_id=principal.tenant_id,
+                principal=principal,
+                model=parsed.model,
                 key=key,
                 endpoint=api,
                 body=body,
-                replay=lambda original: _replay(
-                    original, parsed, clock, tenant_id=principal.tenant_id
-                ),
+                replay=lambda original: _replay(original, parsed, clock, principal=principal),
                 request_id=request_id,
             )
             if replayed is not None:
@@ -195,7 +194,7 @@ def _formatter(
 
 
 async def _replay(
-    original: Original, parsed: GenerationRequest, clock: RequestClock, *, tenant_id: int
+    original: Original, parsed: GenerationRequest, clock: RequestClock, *, principal: Principal
 ) -> HttpResponseBase | None:
     """Return the original's response again, or None when the original failed.
 
@@ -210,7 +209,7 @@ async def _replay(
         # with the answering version's tokenizer; a version that routes nowhere now echoes
         # nothing and renders nothing.
         with contextlib.suppress(ApiError):
-            route = (await routing_get(original.model)).primary
+            route = (await routing_get(original.model, principal=unnarrowed(principal))).primary
             shape = await asyncio.to_thread(answer_shape, parsed, route)
     if original.thinking and parsed.continuous_usage:
         # The original's running usage counted its thinking; the replay has no job to ask.
@@ -228,8 +227,8 @@ async def _replay(
         deployment=original.deployment,
         request_id=original.request_id,
         deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, version=original.version),
-        tenant_id=tenant_id,
+        policy=await policy_get(tenant_id=principal.tenant_id, version=original.version),
+        tenant_id=principal.tenant_id,
     )
     if parsed.stream:
         return sse_response(_sse(events, parsed.include_usage, formatter, None, clock))
@@ -404,38 +403,40 @@ async def request_cancel(request: HttpRequest, request_id: str, target: str) -> 
     )
 
 
-def _card(name: str, created: int, route: Route | None, principal: Principal) -> dict[str, Any]:
+def _card(name: str, created: int, route: Route, principal: Principal) -> dict[str, Any]:
     """A model as vLLM's server lists it: `root`, the version that answers it now, and
     `max_model_len`, the context this tenant may use there (the version's and its own limit's
-    smaller; what /tokenize reports). Clients size their prompts from it."""
-    card: dict[str, Any] = {
+    smaller; what /tokenize reports). Clients size their prompts from it. `owned_by` names the
+    tenant a model was built for (only it sees the model), else the platform."""
+    return {
         "id": name,
         "object": "model",
         "created": created,
-        "owned_by": "roundhouse",
+        "owned_by": route.owner or "roundhouse",
+        "root": route.served_name,
+        "max_model_len": min(route.context_length, principal.max_context_tokens),
     }
-    if route is not None:
-        card["root"] = route.served_name
-        card["max_model_len"] = min(route.context_length, principal.max_context_tokens)
-    return card
 
 
-async def _route_now(name: str) -> Route | None:
-    """Where a listed name routes now; None where it routes nowhere at the moment."""
+async def _route_now(name: str, principal: Principal) -> Route | None:
+    """Where a name routes now for the caller; None where it routes nowhere, or nowhere the
+    caller may go (routing_get's 404)."""
     try:
-        return (await routing_get(name)).primary
+        return (await routing_get(name, principal=principal)).primary
     except ApiError:
         return None
 
 
 @api_endpoint("GET", counted=True)
 async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
+    """The names the key may call: each one routing_get takes for it, and no other."""
     principal = await request_principal(request, Scope.MODELS_READ)
     names = await model_names_get()
-    routes = await asyncio.gather(*(_route_now(name) for name, _ in names))
+    routes = await asyncio.gather(*(_route_now(name, principal) for name, _ in names))
     data = [
         _card(name, created, route, principal)
         for (name, created), route in zip(names, routes, strict=True)
+        if route is not None
     ]
     return json_response({"object": "list", "data": data})
 
@@ -443,7 +444,7 @@ async def models_list(request: HttpRequest, request_id: str) -> HttpResponse:
 @api_endpoint("GET", counted=True)
 async def models_detail(request: HttpRequest, request_id: str, name: str) -> HttpResponse:
     principal = await request_principal(request, Scope.MODELS_READ)
-    routing = await routing_get(name)
+    routing = await routing_get(name, principal=principal)
     body = {
         **_card(name, int(time.time()), routing.primary, principal),
         "version": routing.primary.version,

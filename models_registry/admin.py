@@ -10,7 +10,10 @@ from models_registry.models import Alias, Deployment, Model, ModelVersion
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "task", "created_at"]
+    list_display = ["name", "task", "owner", "limited", "created_at"]
+    # Who may call it changes through the audited services (console, CLI, API), which
+    # refuse an owner that would route a tenant where it may not go.
+    readonly_fields = ["owner", "limited"]
 
 
 @admin.register(ModelVersion)

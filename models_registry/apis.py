@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -18,9 +19,17 @@ from rest_framework.views import APIView
 
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import live_workers_sync
-from models_registry.models import Alias, Deployment, ModelVersion
-from models_registry.selectors import version_pinned
-from models_registry.services import alias_fallback_set, alias_shadow_set, alias_split_set
+from models_registry.models import Alias, Deployment, Model, ModelVersion
+from models_registry.selectors import model_access_get, version_pinned
+from models_registry.services import (
+    alias_fallback_set,
+    alias_shadow_set,
+    alias_split_set,
+    model_grant,
+    model_limit_set,
+    model_owner_set,
+    model_revoke,
+)
 from tenants.apis import FIELD_ERRORS, NOT_FOUND, REFUSED, drf_validation_error
 from tenants.models import Tenant
 from tenants.selectors import tenants_by_slug
@@ -235,3 +244,142 @@ class DeploymentListApi(APIView):
             for d in Deployment.objects.select_related("version__model").order_by("name")
         ]
         return Response(body)
+
+
+# --- who may call a model (docs/model-access.md) ---------------------------------------------
+
+
+class ModelAccessSerializer(serializers.Serializer[Any]):
+    """Who may call a model (built by _access_body)."""
+
+    model = serializers.CharField()
+    owner = serializers.CharField(allow_null=True, help_text="the tenant that alone may call it")
+    limited = serializers.BooleanField(help_text="platform-wide, but only for its grants")
+    grants = serializers.ListField(child=serializers.CharField())
+    adapter_on = serializers.ListField(child=serializers.CharField())
+    aliases = serializers.ListField(child=serializers.CharField())
+
+
+class ModelAccessChangeSerializer(serializers.Serializer[Any]):
+    owner = serializers.CharField(
+        required=False, allow_null=True, help_text="a tenant's slug; null: platform-wide"
+    )
+    limited = serializers.BooleanField(required=False)
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+class ReasonSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+def _access_body(name: str) -> dict[str, Any]:
+    access = model_access_get(name=name)
+    if access is None:
+        raise Http404(f"no model {name!r}")
+    return {
+        "model": access.model.name,
+        "owner": access.model.owner.slug if access.model.owner else None,
+        "limited": access.model.limited,
+        "grants": list(access.grants),
+        "adapter_on": list(access.bases),
+        "aliases": list(access.aliases),
+    }
+
+
+def _model_named(name: str) -> Model:
+    model = Model.objects.filter(name=name).first() if "\x00" not in name else None
+    if model is None:
+        raise Http404(f"no model {name!r}")
+    return model
+
+
+def _tenant_named(field: str, slug: str) -> Tenant:
+    tenant = Tenant.objects.filter(slug=slug).first() if "\x00" not in slug else None
+    if tenant is None:
+        raise serializers.ValidationError({field: f"no tenant {slug!r}"})
+    return tenant
+
+
+def _tenant_in_path(slug: str) -> Tenant:
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is None:
+        raise Http404(f"no tenant {slug!r}")
+    return tenant
+
+
+class ModelAccessApi(APIView):
+    """GET who may call a model; PATCH its owner or whether it is limited (audited)."""
+
+    @extend_schema(responses={200: ModelAccessSerializer, 403: REFUSED, 404: NOT_FOUND})
+    def get(self, request: Request, name: str) -> Response:
+        return Response(_access_body(name))
+
+    @extend_schema(
+        request=ModelAccessChangeSerializer,
+        responses={200: ModelAccessSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        model = _model_named(name)
+        given = ModelAccessChangeSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        data = given.validated_data
+        actor = request.user
+        try:
+            with transaction.atomic():
+                if "owner" in data:
+                    owner = _tenant_named("owner", data["owner"]) if data["owner"] else None
+                    model = model_owner_set(
+                        model=model,
+                        owner=owner,
+                        actor=actor,  # type: ignore[arg-type]
+                        reason=data["reason"],
+                    )
+                if "limited" in data:
+                    model_limit_set(
+                        model=model,
+                        limited=data["limited"],
+                        actor=actor,  # type: ignore[arg-type]
+                        reason=data["reason"],
+                    )
+        except DjangoValidationError as exc:
+            raise drf_validation_error(exc) from exc
+        return Response(_access_body(name))
+
+
+class ModelGrantApi(APIView):
+    """PUT a tenant's grant of a limited platform-wide model; DELETE it (both audited)."""
+
+    @extend_schema(
+        request=ReasonSerializer,
+        responses={200: ModelAccessSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
+    def put(self, request: Request, name: str, slug: str) -> Response:
+        model, tenant = _model_named(name), _tenant_in_path(slug)
+        given = ReasonSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        try:
+            model_grant(
+                model=model,
+                tenant=tenant,
+                actor=request.user,  # type: ignore[arg-type]
+                reason=given.validated_data["reason"],
+            )
+        except DjangoValidationError as exc:
+            raise drf_validation_error(exc) from exc
+        return Response(_access_body(name))
+
+    @extend_schema(
+        request=ReasonSerializer,
+        responses={200: ModelAccessSerializer, 403: REFUSED, 404: NOT_FOUND},
+    )
+    def delete(self, request: Request, name: str, slug: str) -> Response:
+        model, tenant = _model_named(name), _tenant_in_path(slug)
+        given = ReasonSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        model_revoke(
+            model=model,
+            tenant=tenant,
+            actor=request.user,  # type: ignore[arg-type]
+            reason=given.validated_data["reason"],
+        )
+        return Response(_access_body(name))

@@ -20,13 +20,54 @@ class Task(models.TextChoices):
 
 
 class Model(models.Model):
+    """A model clients call by name; who may call it is its access (docs/model-access.md).
+
+    Platform-wide (no owner): every tenant may call it, unless an operator limited it to the
+    tenants granted it (ModelGrant). Owned by a tenant: that tenant alone may, whatever the
+    grants say; its versions, the adapters on them and the aliases that route to them follow.
+    Changed only through the registry's services, which audit each change.
+    """
+
     name = models.SlugField(max_length=100, unique=True)
     task = models.CharField(max_length=16, choices=Task.choices, default=Task.CHAT)
     description = models.TextField(blank=True)
+    # PROTECT: a deleted tenant's row stays (tenant_delete), and so do the models built for it.
+    owner = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="owned_models"
+    )
+    # A platform-wide model open to every tenant (False) or only to the tenants granted it.
+    limited = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    @property
+    def access(self) -> str:
+        """How the console and the CLI name the model's access: owned, limited or open."""
+        if self.owner_id is not None:
+            return "owned"
+        return "limited" if self.limited else "open"
 
     def __str__(self) -> str:
         return self.name
+
+
+class ModelGrant(models.Model):
+    """A tenant that may call a limited platform-wide model."""
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="grants")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="model_grants")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "tenant"], name="model_grant_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} granted to {self.tenant.slug}"
 
 
 class ModelVersion(models.Model):

@@ -17,7 +17,15 @@ from typing import Any, Protocol
 from django.db import models
 
 from dataplane.pools import PoolSpec
-from models_registry.models import BUCKETS, Alias, Deployment, DeploymentState, ModelVersion
+from models_registry.access import audience_admits, version_audience
+from models_registry.models import (
+    BUCKETS,
+    Alias,
+    Deployment,
+    DeploymentState,
+    Model,
+    ModelVersion,
+)
 
 
 class Price(Protocol):
@@ -66,6 +74,10 @@ class Route:
     reasoning_parser: str = ""  # its vLLM reasoning parser (an adapter's: its base's)
     # Every pool (deployment) of the version, `deployment` first; one pool: no choice to make.
     pools: tuple[Pool, ...] = ()
+    # The tenants that may use the version (None: every tenant), and the slug of the tenant
+    # that owns its model ("": platform-wide); models_registry.access.
+    tenants: frozenset[int] | None = None
+    owner: str = ""
 
     @property
     def served_name(self) -> str:
@@ -182,6 +194,8 @@ def _route(
         tool_parser=(version.base or version).tool_parser,
         reasoning_parser=(version.base or version).reasoning_parser,
         pools=tuple(_pool(d) for d in deployments) if len(deployments) > 1 else (),
+        tenants=version_audience(version),
+        owner=version.model.owner.slug if version.model.owner is not None else "",
     )
 
 
@@ -349,3 +363,91 @@ def model_names_list() -> list[tuple[str, int]]:
         names.setdefault(model.name, int(model.created_at.timestamp()))
         names.setdefault(version.public_name, int(version.created_at.timestamp()))
     return sorted(names.items())
+
+
+# --- who may call which model (models_registry.access) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelAccess:
+    """A model, who may call it, and what routes to it: a row of the operators' access page."""
+
+    model: Model
+    grants: tuple[str, ...]  # the slugs of the tenants granted it (a limited model)
+    bases: tuple[str, ...]  # an adapter model's base versions (`model@version`)
+    aliases: tuple[str, ...]  # the aliases whose primary is one of its versions
+
+    @property
+    def shown(self) -> str:
+        """Who may call it, in words."""
+        if self.model.owner is not None:
+            return f"{self.model.owner.slug} alone"
+        if self.model.limited:
+            return f"granted: {', '.join(self.grants)}" if self.grants else "granted: nobody"
+        return "every tenant"
+
+
+def _model_access(model: Model) -> ModelAccess:
+    versions = list(model.versions.all())
+    return ModelAccess(
+        model=model,
+        grants=tuple(sorted(g.tenant.slug for g in model.grants.all())),
+        bases=tuple(sorted({v.base.public_name for v in versions if v.base is not None})),
+        aliases=tuple(sorted({a.name for v in versions for a in v.aliases.all()})),
+    )
+
+
+def _models() -> models.QuerySet[Model]:
+    return Model.objects.select_related("owner").prefetch_related(
+        "grants__tenant", "versions__base__model", "versions__aliases"
+    )
+
+
+def model_access_list() -> list[ModelAccess]:
+    """Return every model with who may call it (operators only: it names every tenant)."""
+    return [_model_access(model) for model in _models().order_by("name")]
+
+
+def model_access_get(*, name: str) -> ModelAccess | None:
+    """Return one model with who may call it (operators only), or None."""
+    if "\x00" in name:
+        return None
+    model = _models().filter(name=name).first()
+    return _model_access(model) if model is not None else None
+
+
+@dataclass(frozen=True)
+class TenantModel:
+    """A model a tenant may call, as its own console shows it."""
+
+    model: Model
+    access: str  # yours, granted or platform
+    bases: tuple[str, ...]  # an adapter's base versions
+    aliases: tuple[str, ...]  # the aliases the tenant may call that route to it
+
+
+def model_list_for_tenant(*, tenant_id: int) -> list[TenantModel]:
+    """Return the models a tenant may call (a version of), its own adapters among them.
+
+    No other tenant is named: neither an owner nor another grant.
+    """
+    found = []
+    for model in _models().order_by("name"):
+        versions = [
+            v for v in model.versions.all() if audience_admits(version_audience(v), tenant_id)
+        ]
+        if not versions:
+            continue
+        if model.owner_id is not None:
+            access = "yours"
+        else:
+            access = "granted" if model.limited else "platform"
+        found.append(
+            TenantModel(
+                model=model,
+                access=access,
+                bases=tuple(sorted({v.base.public_name for v in versions if v.base})),
+                aliases=tuple(sorted({a.name for v in versions for a in v.aliases.all()})),
+            )
+        )
+    return found

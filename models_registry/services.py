@@ -17,10 +17,12 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 
-from dataplane.changes import ROUTES, change_publish
+from dataplane.changes import ACCESS, ROUTES, change_publish
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import retire_request_sync
+from models_registry.access import Audience, audience_includes, audience_meet, version_audience
 from models_registry.manifest import (
     MANIFEST_SCHEMA,
     ArtifactError,
@@ -37,6 +39,7 @@ from models_registry.models import (
     Deployment,
     DeploymentState,
     Model,
+    ModelGrant,
     ModelVersion,
     Rollout,
     RolloutState,
@@ -165,9 +168,15 @@ def model_version_register(
     weights_uri: str = "",
     tool_parser: str = "",
     reasoning_parser: str = "",
+    owner: Tenant | None = None,
     actor: User | None = None,
 ) -> tuple[ModelVersion, bool]:
     """Register the files of a directory as a version; the same content twice is one version.
+
+    `owner`: the tenant the model is built for (its own fine-tune or adapter), which alone may
+    call it; None registers a platform-wide model. A model keeps the owner it was first
+    registered with (model_owner_set changes it), and an adapter on a tenant's model is that
+    tenant's (docs/model-access.md).
 
     With `base`, the directory is a LoRA adapter (PEFT layout) served by the base version's
     workers. The manifest (files and their hashes, tokenizer, engine arguments, sampling
@@ -237,6 +246,7 @@ def model_version_register(
         manifest["base"] = base.digest
         manifest["kind"] = "lora"
     digest = manifest_digest(manifest)
+    _owner_check(model_name=model_name, owner=owner, base=base)
     _label_check(model_name=model_name, label=label, digest=digest)
     existing = ModelVersion.objects.filter(digest=digest).first()
     if existing is not None:
@@ -250,7 +260,9 @@ def model_version_register(
         return existing, False
     _store(source_dir=source_dir, digest=digest)
     with transaction.atomic():
-        model, _ = Model.objects.get_or_create(name=model_name, defaults={"task": task})
+        model, _ = Model.objects.get_or_create(
+            name=model_name, defaults={"task": task, "owner": owner}
+        )
         version, created = ModelVersion.objects.get_or_create(
             digest=digest,
             defaults={
@@ -278,9 +290,35 @@ def model_version_register(
                     "weights_uri": weights_uri,
                     "tool_parser": tool_parser,
                     "reasoning_parser": reasoning_parser,
+                    "owner": owner.slug if owner else None,
                 },
             )
     return version, created
+
+
+def _owner_name(owner: Tenant | None) -> str:
+    return f"tenant {owner.slug}'s" if owner is not None else "platform-wide"
+
+
+def _owner_check(*, model_name: str, owner: Tenant | None, base: ModelVersion | None) -> None:
+    """Refuse a version whose owner is not its model's, or an adapter another tenant's base
+    would have to serve to a tenant that may not call it."""
+    model = Model.objects.select_related("owner").filter(name=model_name).first()
+    if model is not None and model.owner_id != (owner.pk if owner else None):
+        raise ValidationError(
+            {
+                "tenant": f"{model_name} is {_owner_name(model.owner)}; a new version of it "
+                f"is too (registered {_owner_name(owner)})"
+            }
+        )
+    base_owner = base.model.owner if base is not None else None
+    if base_owner is not None and (owner is None or owner.pk != base_owner.pk):
+        raise ValidationError(
+            {
+                "tenant": f"{base.public_name if base else ''} is {_owner_name(base_owner)}: "
+                f"an adapter on it is {base_owner.slug}'s too (register it for {base_owner.slug})"
+            }
+        )
 
 
 def model_version_verify(*, version: ModelVersion, directory: Path | None = None) -> Path:
@@ -304,6 +342,7 @@ def alias_set(
         current = Alias.objects.select_related("version__model").filter(name=name).first()
         before = {"version": current.version.public_name} if current else None
         alias, _ = Alias.objects.update_or_create(name=name, defaults={"version": version})
+        _alias_access_check(alias, field="version")
         audit_record(
             action="alias.set",
             target_type="alias",
@@ -399,6 +438,7 @@ def alias_split_set(
         data: dict[str, Any] = {"version": version.public_name, "percent": percent}
         if tenants:
             data["tenants"] = [t.slug for t in scopes if t is not None]
+        _alias_access_check(alias, field="version")
         audit_record(
             action="alias.split",
             target_type="alias",
@@ -439,6 +479,7 @@ def alias_shadow_set(
                 alias=alias, defaults={"version": version, "buckets": buckets}
             )
             after = {"version": version.public_name, "buckets": buckets}
+        _alias_access_check(alias, field="version")
         audit_record(
             action="alias.shadow",
             target_type="alias",
@@ -491,6 +532,7 @@ def alias_fallback_set(
         held = current.get(pk=alias.pk)
         before = {"fallback": held.fallback.name if held.fallback else None}
         Alias.objects.filter(pk=alias.pk).update(fallback=fallback)
+        _alias_access_check(alias, field="alias")
         change_publish(ROUTES)  # update() sends no signal
         audit_record(
             action="alias.fallback",
@@ -503,6 +545,267 @@ def alias_fallback_set(
         )
     alias.fallback = fallback
     return alias
+
+
+# --- who may call a model (models_registry.access, docs/model-access.md) ----------------------
+
+
+def _audience_named(audience: Audience) -> str:
+    if audience is None:
+        return "every tenant"
+    slugs = sorted(Tenant.objects.filter(pk__in=audience).values_list("slug", flat=True))
+    return f"only {', '.join(slugs)}" if slugs else "no tenant"
+
+
+def alias_access_problems(alias: Alias) -> list[str]:
+    """Say where an alias would send a tenant that may call it to a version it may not use.
+
+    Every version the alias routes to (its splits, its shadow) and its fallback's primary must
+    be open to every tenant its primary is open to (a split targeted at a tenant: to that
+    tenant, if it may call the alias); and so must this alias for every alias that falls back
+    to it. Routing enforces the same per request (routing_for_tenant); this refuses the
+    configuration that would need it.
+    """
+    alias = Alias.objects.select_related(
+        "version__model", "version__base__model", "fallback__version__model"
+    ).get(pk=alias.pk)
+    audience = version_audience(alias.version)
+    routed: list[tuple[str, ModelVersion, Audience]] = [
+        (
+            f"split {s.version.public_name}" + (f" for {s.tenant}" if s.tenant else ""),
+            s.version,
+            audience_meet(audience, frozenset({s.tenant_id})) if s.tenant_id else audience,
+        )
+        for s in alias.splits.select_related("version__model", "version__base__model", "tenant")
+    ]
+    shadow = AliasShadow.objects.select_related("version__model").filter(alias=alias).first()
+    if shadow is not None:
+        routed.append((f"shadow {shadow.version.public_name}", shadow.version, audience))
+    if alias.fallback is not None:
+        routed.append((f"fallback {alias.fallback.name}", alias.fallback.version, audience))
+    problems = [
+        f"{alias.name}'s {role} is open to {_audience_named(version_audience(version))}, "
+        f"but {alias.name} to {_audience_named(needed)}"
+        for role, version, needed in routed
+        if not audience_includes(version_audience(version), needed)
+    ]
+    for other in Alias.objects.select_related("version__model").filter(fallback=alias):
+        if not audience_includes(audience, version_audience(other.version)):
+            problems.append(
+                f"{other.name} falls back to {alias.name}, which is open to "
+                f"{_audience_named(audience)}, but {other.name} to "
+                f"{_audience_named(version_audience(other.version))}"
+            )
+    return problems
+
+
+def alias_version_check(
+    *, alias: Alias, version: ModelVersion, field: str, tenants: Sequence[Tenant] = ()
+) -> None:
+    """Refuse a version for an alias's traffic (a canary, of `tenants`' traffic alone if any)
+    that some of the callers it would take may not use."""
+    wanted, allowed = version_audience(alias.version), version_audience(version)
+    if tenants:
+        wanted = audience_meet(wanted, frozenset(t.pk for t in tenants))
+    if not audience_includes(allowed, wanted):
+        raise ValidationError(
+            {
+                field: f"{version.public_name} is open to {_audience_named(allowed)}, but "
+                f"{alias.name} to {_audience_named(wanted)}"
+            }
+        )
+
+
+def _alias_access_check(alias: Alias, *, field: str) -> None:
+    problems = alias_access_problems(alias)
+    if problems:
+        raise ValidationError({field: "; ".join(problems)})
+
+
+def _model_access_check(model: Model) -> None:
+    """Refuse an owner that would leave an alias or an adapter of the model's open to a tenant
+    that may not call it."""
+    problems = []
+    owner = model.owner_id
+    for adapter in ModelVersion.objects.select_related("model").filter(base__model=model):
+        if owner is not None and adapter.model.owner_id != owner:
+            problems.append(f"the adapter {adapter.public_name} is not {model.owner}'s")
+    for version in model.versions.select_related("base__model").filter(base__isnull=False):
+        assert version.base is not None
+        base_owner = version.base.model.owner_id
+        if base_owner is not None and owner != base_owner:
+            problems.append(f"{version.public_name} is an adapter on {version.base.public_name}")
+    touching = Alias.objects.filter(
+        Q(version__model=model)
+        | Q(version__base__model=model)
+        | Q(splits__version__model=model)
+        | Q(shadow__version__model=model)
+    ).distinct()
+    for alias in touching:
+        problems += alias_access_problems(alias)
+    if problems:
+        raise ValidationError({"tenant": "; ".join(problems)})
+
+
+def _access_state(model: Model) -> dict[str, Any]:
+    return {
+        "owner": model.owner.slug if model.owner else None,
+        "limited": model.limited,
+        "grants": sorted(model.grants.values_list("tenant__slug", flat=True)),
+    }
+
+
+def _access_changed() -> None:
+    """Tell every frontend to forget the routes it holds: none may serve a tenant a model it
+    no longer may call (nor refuse one it now may), not even once while its reload runs."""
+    change_publish(ACCESS)
+
+
+def model_owner_set(
+    *, model: Model, owner: Tenant | None, actor: User | None = None, reason: str = ""
+) -> Model:
+    """Give a model to a tenant (it alone may call it) or make it platform-wide (None).
+
+    A platform-wide model keeps being limited to its grants, if it was; a model given to a
+    tenant loses its grants (only its owner may call it). Refused where an alias or an adapter
+    would then route a tenant to a version it may not use.
+    """
+    with transaction.atomic():
+        model = (
+            Model.objects.select_for_update(of=("self",)).select_related("owner").get(pk=model.pk)
+        )
+        before = _access_state(model)
+        if model.owner_id == (owner.pk if owner else None):
+            return model
+        model.owner = owner
+        if owner is not None:
+            model.grants.all().delete()
+            model.limited = False
+        model.save(update_fields=["owner", "limited"])
+        _model_access_check(model)
+        _access_changed()
+        audit_record(
+            action="model.owner",
+            target_type="model",
+            target_id=model.name,
+            tenant=owner,
+            actor=actor,
+            reason=reason,
+            before=before,
+            after=_access_state(model),
+        )
+    return model
+
+
+def model_limit_set(
+    *,
+    model: Model,
+    limited: bool,
+    grants: list[Tenant] | None = None,
+    actor: User | None = None,
+    reason: str = "",
+) -> Model:
+    """Limit a platform-wide model to the tenants granted it (and grant `grants` at once), or
+    open it to every tenant again (its grants go: they mean nothing on an open model)."""
+    if grants and not limited:
+        raise ValidationError({"grants": "an open model takes no grants: every tenant may call it"})
+    with transaction.atomic():
+        model = (
+            Model.objects.select_for_update(of=("self",)).select_related("owner").get(pk=model.pk)
+        )
+        if model.owner is not None:
+            raise ValidationError(
+                {
+                    "model": f"{model.name} is {model.owner.slug}'s alone; make it "
+                    "platform-wide first"
+                }
+            )
+        before = _access_state(model)
+        model.limited = limited
+        model.save(update_fields=["limited"])
+        if limited:
+            for tenant in grants or []:
+                ModelGrant.objects.get_or_create(
+                    model=model, tenant=tenant, defaults={"created_by": _who(actor)}
+                )
+        else:
+            model.grants.all().delete()
+        after = _access_state(model)
+        if after == before:
+            return model
+        _access_changed()
+        audit_record(
+            action="model.limit" if limited else "model.open",
+            target_type="model",
+            target_id=model.name,
+            actor=actor,
+            reason=reason,
+            before=before,
+            after=after,
+        )
+    return model
+
+
+def _who(actor: User | None) -> User | None:
+    return actor if actor is not None and actor.pk else None
+
+
+def model_grant(
+    *, model: Model, tenant: Tenant, actor: User | None = None, reason: str = ""
+) -> bool:
+    """Let a tenant call a limited platform-wide model; False if it could already."""
+    with transaction.atomic():
+        model = (
+            Model.objects.select_for_update(of=("self",)).select_related("owner").get(pk=model.pk)
+        )
+        if model.owner is not None:
+            raise ValidationError(
+                {"model": f"{model.name} is {model.owner.slug}'s alone: it takes no grants"}
+            )
+        if not model.limited:
+            raise ValidationError(
+                {
+                    "model": f"{model.name} is open to every tenant: limit it to named tenants "
+                    "first (a grant would change nothing)"
+                }
+            )
+        _, created = ModelGrant.objects.get_or_create(
+            model=model, tenant=tenant, defaults={"created_by": _who(actor)}
+        )
+        if created:
+            _access_changed()
+            audit_record(
+                action="model.grant",
+                target_type="model",
+                target_id=model.name,
+                tenant=tenant,
+                actor=actor,
+                reason=reason,
+                data={"tenant": tenant.slug},
+            )
+    return created
+
+
+def model_revoke(
+    *, model: Model, tenant: Tenant, actor: User | None = None, reason: str = ""
+) -> bool:
+    """Stop a tenant calling a limited platform-wide model, on every frontend within seconds;
+    False if it had no grant (nothing changes)."""
+    with transaction.atomic():
+        model = Model.objects.select_for_update().get(pk=model.pk)
+        deleted, _ = ModelGrant.objects.filter(model=model, tenant=tenant).delete()
+        if deleted:
+            _access_changed()
+            audit_record(
+                action="model.revoke",
+                target_type="model",
+                target_id=model.name,
+                tenant=tenant,
+                actor=actor,
+                reason=reason,
+                data={"tenant": tenant.slug},
+            )
+    return bool(deleted)
 
 
 def deployment_retire(

@@ -15,4 +15,6 @@ urlpatterns = [
     path("aliases/<slug:name>/shadow", apis.AliasShadowApi.as_view()),
     path("aliases/<slug:name>/fallback", apis.AliasFallbackApi.as_view()),
     path("deployments", apis.DeploymentListApi.as_view()),
+    path("models/<slug:name>/access", apis.ModelAccessApi.as_view()),
+    path("models/<slug:name>/grants/<slug:slug>", apis.ModelGrantApi.as_view()),
 ]

@@ -54,6 +54,7 @@ from models_registry.models import (
 )
 from models_registry.selectors import deployment_for
 from models_registry.services import (
+    alias_version_check,
     deployment_retire,
     deployment_serve,
     percent_buckets,
@@ -210,6 +211,7 @@ def rollout_start(
         raise ValidationError({"canary": "the canary must do the same task as the alias"})
     if min_samples < 1 or breach_checks < 1:
         raise ValidationError({"min_samples": "min_samples and breach_checks must be ≥ 1"})
+    alias_version_check(alias=alias, version=canary, field="canary", tenants=tenants)
     deployment = deployment_for(canary)
     if deployment is None:
         raise ValidationError({"canary": f"{canary.public_name} has no deployment; create one"})

@@ -100,7 +100,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ["public_id", "name", "tenant", "created_at", "expires_at", "revoked_at"]
     list_filter = ["tenant"]
     # Keys are issued by the service (which shows the token once), never typed in here.
-    readonly_fields = ["public_id", "secret_hash", "created_at", "created_by"]
+    # Narrowed through its service (audited, applied on every frontend at once).
+    readonly_fields = ["public_id", "secret_hash", "allowed_models", "created_at", "created_by"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -15,8 +15,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tenants.models import Quota, Tenant
-from tenants.services import PRIVACY_FIELDS, QUOTA_FIELDS, quota_update, tenant_privacy_update
+from tenants.keys import public_id_of
+from tenants.models import ApiKey, Quota, Tenant
+from tenants.selectors import api_key_get
+from tenants.services import (
+    PRIVACY_FIELDS,
+    QUOTA_FIELDS,
+    api_key_models_set,
+    quota_update,
+    tenant_privacy_update,
+)
 
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
@@ -120,3 +128,55 @@ class TenantPrivacyApi(APIView):
         except DjangoValidationError as exc:
             raise drf_validation_error(exc) from exc
         return Response(TenantPrivacySerializer(tenant).data)
+
+
+class _Text(serializers.CharField):
+    """A string as sent: a number is not a name (DRF's CharField would take 7 as "7")."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class KeyModelsSerializer(serializers.Serializer[Any]):
+    key = serializers.CharField(read_only=True)
+    allowed_models = serializers.ListField(
+        child=_Text(allow_blank=True, trim_whitespace=False),
+        allow_empty=True,
+        help_text="aliases or model names; empty: every model the key's tenant may call",
+    )
+
+
+class KeyModelsApi(APIView):
+    """GET the models a tenant's key is narrowed to; PUT them (audited, applied at once)."""
+
+    @extend_schema(responses={200: KeyModelsSerializer, 403: REFUSED, 404: NOT_FOUND})
+    def get(self, request: Request, slug: str, public_id: str) -> Response:
+        key = _key(_tenant(slug), public_id)
+        return Response({"key": key.public_id, "allowed_models": key.allowed_models})
+
+    @extend_schema(
+        request=KeyModelsSerializer,
+        responses={200: KeyModelsSerializer, 400: FIELD_ERRORS, 403: REFUSED, 404: NOT_FOUND},
+    )
+    def put(self, request: Request, slug: str, public_id: str) -> Response:
+        key = _key(_tenant(slug), public_id)
+        given = KeyModelsSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        try:
+            key = api_key_models_set(
+                key=key,
+                models=given.validated_data["allowed_models"],
+                actor=request.user,  # type: ignore[arg-type]
+            )
+        except DjangoValidationError as exc:
+            raise drf_validation_error(exc) from exc
+        return Response({"key": key.public_id, "allowed_models": key.allowed_models})
+
+
+def _key(tenant: Tenant, public_id: str) -> ApiKey:
+    try:
+        return api_key_get(tenant=tenant, public_id=public_id_of(public_id))
+    except ApiKey.DoesNotExist as exc:
+        raise Http404(f"no key {public_id!r} in tenant {tenant.slug!r}") from exc

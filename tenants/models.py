@@ -70,6 +70,9 @@ class ApiKey(models.Model):
     public_id = models.CharField(max_length=16, unique=True)
     secret_hash = models.CharField(max_length=64)
     scopes = models.JSONField(default=list)
+    # The model names (aliases or models; a model covers its pinned versions) the key may
+    # call, among those its tenant may: empty, every one of them (docs/model-access.md).
+    allowed_models = models.JSONField(default=list, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )

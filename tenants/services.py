@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,19 +91,55 @@ class IssuedKey:
     token: str
 
 
+# The most model names one key may be narrowed to; a model or alias name's longest form.
+MAX_KEY_MODELS = 100
+_MODEL_NAME = re.compile(r"[-a-zA-Z0-9_]{1,100}")
+
+
+def key_models_clean(models: list[str] | None) -> list[str]:
+    """Return the model names a key is narrowed to, sorted and once each, or refuse them.
+
+    Each is an alias or a model's name as clients call it (a model covers its pinned
+    versions, so no `@version`). None or empty: the key is not narrowed.
+    """
+    if models is None:
+        return []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise ValidationError({"allowed_models": "a list of model or alias names"})
+    bad = [m for m in models if not _MODEL_NAME.fullmatch(m)]
+    if bad:
+        raise ValidationError(
+            {
+                "allowed_models": f"{bad[0][:120]!r} is not a model or alias name (letters, "
+                "digits, '-' and '_', at most 100; a model's name covers its versions)"
+            }
+        )
+    names = sorted(set(models))
+    if len(names) > MAX_KEY_MODELS:
+        raise ValidationError(
+            {"allowed_models": f"a key is narrowed to at most {MAX_KEY_MODELS} names"}
+        )
+    return names
+
+
 def api_key_issue(
     *,
     tenant: Tenant,
     name: str,
     scopes: list[str] | None = None,
     expires_at: dt.datetime | None = None,
+    allowed_models: list[str] | None = None,
     actor: User | None = None,
 ) -> IssuedKey:
-    """Issue a key for a tenant and return its token, which is not stored."""
+    """Issue a key for a tenant and return its token, which is not stored.
+
+    `allowed_models` narrows the key to those names among what its tenant may call.
+    """
     scopes = list(scopes) if scopes is not None else [Scope.INFERENCE, Scope.MODELS_READ]
     unknown = sorted(set(scopes) - set(Scope.values))
     if unknown:
         raise ValidationError({"scopes": f"unknown scopes: {', '.join(unknown)}"})
+    allowed_models = key_models_clean(allowed_models)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "expiry must be in the future"})
     if expires_at is not None and expires_at > timezone.now() + dt.timedelta(days=MAX_KEY_DAYS):
@@ -115,16 +152,20 @@ def api_key_issue(
             public_id=public_id,
             secret_hash=token_hash(token),
             scopes=scopes,
+            allowed_models=allowed_models,
             expires_at=expires_at,
             created_by=actor if actor and actor.pk else None,
         )
+        data: dict[str, Any] = {"name": name, "scopes": scopes}
+        if allowed_models:
+            data["allowed_models"] = allowed_models
         audit_record(
             action="api_key.issue",
             target_type="api_key",
             target_id=public_id,
             tenant=tenant,
             actor=actor,
-            data={"name": name, "scopes": scopes},
+            data=data,
         )
     return IssuedKey(key=key, token=token)
 
@@ -152,6 +193,7 @@ def api_key_rotate(
             tenant=key.tenant,
             name=key.name,
             scopes=list(key.scopes),
+            allowed_models=list(key.allowed_models),
             # A key that expires after the overlap passes its own expiry on to the successor.
             expires_at=key.expires_at if key.expires_at and key.expires_at > ends else None,
             actor=actor,
@@ -186,6 +228,36 @@ def api_key_revoke(*, key: ApiKey, actor: User | None = None) -> ApiKey:
             )
             public_id = key.public_id
             transaction.on_commit(lambda: key_revocation_publish(public_id=public_id))
+    return key
+
+
+def api_key_models_set(*, key: ApiKey, models: list[str], actor: User | None = None) -> ApiKey:
+    """Narrow a key to model names (empty: every model its tenant may call); audited.
+
+    Every frontend forgets the key at once, as it does a revoked one, so a narrowing holds
+    for its next request.
+    """
+    names = key_models_clean(models)
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().select_related("tenant").get(pk=key.pk)
+        if key.revoked_at is not None:
+            raise ValidationError({"key": "a revoked key calls nothing; issue a new one"})
+        before = list(key.allowed_models)
+        if before == names:
+            return key
+        key.allowed_models = names
+        key.save(update_fields=["allowed_models"])
+        audit_record(
+            action="api_key.models",
+            target_type="api_key",
+            target_id=key.public_id,
+            tenant=key.tenant,
+            actor=actor,
+            before={"allowed_models": before},
+            after={"allowed_models": names},
+        )
+        public_id = key.public_id
+        transaction.on_commit(lambda: key_revocation_publish(public_id=public_id))
     return key
 
 

@@ -322,7 +322,11 @@ MODEL: Schema = obj(
         "id": {"type": "string"},
         "object": {"const": "model"},
         "created": {"type": "integer"},
-        "owned_by": {"type": "string"},
+        "owned_by": {
+            "type": "string",
+            "description": "The tenant the model was built for (only its keys see it), or "
+            "roundhouse for a platform model.",
+        },
         "root": {
             "type": "string",
             "description": "The model pinned to the version that answers the name now.",
@@ -343,6 +347,8 @@ MODEL: Schema = obj(
     "object",
     "created",
     "owned_by",
+    "root",
+    "max_model_len",
 )
 
 REQUEST_STATUS: Schema = obj(

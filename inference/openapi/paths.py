@@ -199,9 +199,12 @@ def model_paths() -> dict[str, Schema]:
         },
         "/v1/models": {
             "get": {
-                "summary": "The models and aliases this platform serves",
+                "summary": "The models and aliases the key may call",
                 "responses": {
-                    "200": ok("Every model name.", json_content(list_of("Model"))),
+                    "200": ok(
+                        "Every name the key may call now, and no other.",
+                        json_content(list_of("Model")),
+                    ),
                     **errors(*AUTH_ERRORS),
                 },
             }

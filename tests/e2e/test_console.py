@@ -366,3 +366,102 @@ def test_the_console_scripts_run_under_its_content_security_policy(page, people,
     page.locator("tr", has_text="csp-key").locator("button.danger").click()
     expect(page.locator(".msg.success")).to_contain_text("revoked")
     assert dialogs == ["Revoke csp-key? Requests with it fail at once."]
+
+
+def _small_model(tmp_path: Path, name: str, *, adapter: bool = False) -> Path:
+    """A registrable directory of a few bytes (no worker serves it here)."""
+    source = tmp_path / name
+    source.mkdir()
+    (source / "config.json").write_text('{"max_position_embeddings": 256}')
+    (source / "weights.bin").write_text(name)
+    if adapter:
+        (source / "adapter_config.json").write_text('{"r": 8}')
+    return source
+
+
+def test_an_operator_limits_a_model_grants_it_and_revokes_it(
+    page, people, world, django_db_blocker, tmp_path
+):
+    from models_registry.models import Model
+    from models_registry.services import model_version_register
+    from tenants.models import AuditEvent
+
+    with django_db_blocker.unblock():
+        model_version_register(
+            model_name="console-shared", source_dir=_small_model(tmp_path, "console-shared")
+        )
+    _sign_in(page, "olga")
+    page.click("text=Model access")
+    row = page.locator("#model-console-shared")
+    expect(row.locator(".who-may")).to_have_text("every tenant")
+    row.locator("input[name=reason]").first.fill("a pilot for acme")
+    row.locator("text=Limit to grants").click()
+    expect(page.locator(".msg.success")).to_contain_text("open to its grants alone")
+    row.locator("form.grant select").select_option("acme")
+    row.locator("form.grant input[name=reason]").fill("acme signed the pilot")
+    row.locator("form.grant button").click()
+    expect(page.locator(".msg.success")).to_contain_text("acme may call console-shared")
+    expect(row.locator(".who-may")).to_contain_text("granted: acme")
+    _shot(page, "model-access")
+    row.locator("text=Revoke acme").click()
+    expect(page.locator(".msg.success")).to_contain_text("acme may no longer call")
+    expect(row.locator(".who-may")).to_contain_text("granted: nobody")
+    with django_db_blocker.unblock():
+        assert Model.objects.get(name="console-shared").limited
+        events = AuditEvent.objects.filter(target_type="model", target_id="console-shared")
+        assert [(e.action, e.actor and e.actor.username) for e in events] == [
+            ("model.limit", "olga"),
+            ("model.grant", "olga"),
+            ("model.revoke", "olga"),
+        ]
+    page.goto("/console/ops/audit?action=model.grant")
+    expect(page.locator("table")).to_contain_text("acme signed the pilot")
+
+
+def test_a_tenant_admin_sees_its_models_its_adapter_and_use_and_narrows_a_key(
+    page, people, world, django_db_blocker, tmp_path, stack, usage_of
+):
+    from models_registry.services import model_version_register
+
+    with django_db_blocker.unblock():
+        model_version_register(
+            model_name="acme-console-adapter",
+            source_dir=_small_model(tmp_path, "acme-console-adapter", adapter=True),
+            base=world.version,
+            owner=world.acme,
+        )
+        model_version_register(
+            model_name="globex-console-model",
+            source_dir=_small_model(tmp_path, "globex-console-model"),
+            owner=world.globex,
+        )
+    served = httpx.post(
+        f"{stack.base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {world.acme_key}"},
+        json={"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=60,
+    ).headers["x-request-id"]
+    assert len(usage_of(served)) == 1
+    _sign_in(page, "alice")
+    page.click("header >> text=Models")
+    table = page.locator("#models")
+    mine = page.locator("#model-acme-console-adapter")
+    expect(mine).to_contain_text("yours")
+    expect(mine).to_contain_text(f"adapter on {world.version.public_name}")
+    platform = page.locator("#model-tiny-llama")
+    expect(platform).to_contain_text("platform")
+    expect(platform).to_contain_text(ALIAS)
+    requests = int(platform.locator("td.num").first.inner_text())
+    assert requests >= 1  # this month's use of the model, the request above among it
+    expect(table).not_to_contain_text("globex-console-model")
+    _shot(page, "models")
+    page.click("text=API keys")
+    page.fill("input[name=name]", "chat-only")
+    page.check(f"input[name=allowed_models][value={ALIAS}]")
+    page.click("text=Create key")
+    token = page.locator("#secret").inner_text().strip()
+    expect(page.locator("tr", has_text="chat-only")).to_contain_text(ALIAS)
+    listed = httpx.get(
+        f"{stack.base_url}/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    assert [card["id"] for card in listed.json()["data"]] == [ALIAS]

@@ -203,7 +203,7 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
     from billing.models import Adjustment, Invoice, PriceBook, UsageRecord
     from inference.conversations_store import conversation_get, conversation_items
     from inference.models import StoredResponse
-    from models_registry.models import Alias, Rollout
+    from models_registry.models import Alias, Model, ModelGrant, Rollout
     from privacy.models import RetainedContent
     from tenants.models import ApiKey, Quota, Tenant
     from tenants.services import PRIVACY_FIELDS
@@ -216,7 +216,7 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
         "batch": (batch.status, batch.cancelling_at),
         "file": File.objects.filter(pk=acme.file_id).values_list("size", "filename").get(),
         "batches over the file": Batch.objects.filter(input_file_id=acme.file_id).count(),
-        "key": (key.name, key.revoked_at, key.expires_at),
+        "key": (key.name, key.revoked_at, key.expires_at, key.allowed_models),
         "acme keys": ApiKey.objects.filter(tenant=world.acme).count(),
         "invoice": (invoice.state, invoice.number, invoice.total),
         "acme invoices": Invoice.objects.filter(tenant=world.acme).count(),
@@ -235,6 +235,10 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
         "quota": model_to_dict(Quota.objects.get(tenant=world.acme)),
         "privacy": model_to_dict(Tenant.objects.get(pk=world.acme.pk), fields=PRIVACY_FIELDS),
         "alias": (alias.version_id, alias.splits.count()),
+        "platform model": (
+            Model.objects.filter(name="tiny-llama").values_list("owner_id", "limited").get(),
+            sorted(ModelGrant.objects.filter(model__name="tiny-llama").values_list("tenant_id")),
+        ),
         "rollouts": Rollout.objects.count(),
         "price books": PriceBook.objects.count(),
     }
@@ -457,11 +461,383 @@ async def test_a_tenant_cannot_cancel_or_read_another_tenants_request_while_it_s
     assert all(r.finished_at > attempted_at for r in records)
 
 
+# --- models: another tenant's model, its adapter, a platform model not granted --------------
+
+PROMPT = [{"role": "user", "content": "Say hi"}]
+# Every surface that names a model, as globex calls it: (method, path, body without "model").
+# A body of None is a GET whose path names the model.
+MODEL_SURFACES = [
+    pytest.param("POST", "/v1/chat/completions", {"messages": PROMPT, "max_tokens": 4}, {},
+                 id="chat"),
+    pytest.param("POST", "/v1/chat/completions",
+                 {"messages": PROMPT, "max_tokens": 4, "stream": True}, {}, id="chat-stream"),
+    pytest.param("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 4}, {},
+                 id="completions"),
+    pytest.param("POST", "/v1/chat/completions/batch",
+                 {"messages": [PROMPT, PROMPT], "max_tokens": 4}, {}, id="batch-chat"),
+    pytest.param("POST", "/v1/responses", {"input": "Say hi", "max_output_tokens": 4}, {},
+                 id="responses"),
+    pytest.param("POST", "/v1/responses/input_tokens", {"input": "Say hi"}, {},
+                 id="responses-input-tokens"),
+    pytest.param("POST", "/v1/messages", {"messages": PROMPT, "max_tokens": 4}, {},
+                 id="messages"),
+    pytest.param("POST", "/v1/messages/count_tokens", {"messages": PROMPT}, {},
+                 id="messages-count-tokens"),
+    pytest.param("POST", "/v1/embeddings", {"input": "Say hi"}, {}, id="embeddings"),
+    pytest.param("POST", "/tokenize", {"prompt": "Say hi"}, {}, id="tokenize"),
+    pytest.param("POST", "/detokenize", {"tokens": [1, 2]}, {}, id="detokenize"),
+    pytest.param("GET", "/v1/models/{model}", None, {}, id="model-card"),
+    # A retry's key: checked before anything could be replayed.
+    pytest.param("POST", "/v1/chat/completions", {"messages": PROMPT, "max_tokens": 4},
+                 {"Idempotency-Key": "{key}"}, id="chat-idempotency-key"),
+    pytest.param("POST", "/v1/messages", {"messages": PROMPT, "max_tokens": 4},
+                 {"Idempotency-Key": "{key}"}, id="messages-idempotency-key"),
+    pytest.param("POST", "/v1/responses", {"input": "Say hi", "max_output_tokens": 4},
+                 {"Idempotency-Key": "{key}"}, id="responses-idempotency-key"),
+]  # fmt: skip
+MODEL_KINDS = ["owned", "adapter", "not-granted"]
+UNKNOWN = "nope-"  # a forbidden name with this before it names nothing at all
+
+
+@pytest.fixture(scope="module")
+def acme_models(
+    stack: Stack,
+    world: World,
+    demo_model_dir: Any,
+    django_db_blocker: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[str, ...]]]:
+    """Acme's own model (with an alias), acme's adapter on a platform base, and a platform
+    model limited to acme: each routes for acme (a deployment, no worker), by every name."""
+    from models_registry.demo_adapter import demo_adapter_build
+    from models_registry.models import Alias, Deployment
+    from models_registry.services import (
+        alias_set,
+        deployment_create,
+        model_limit_set,
+        model_version_register,
+    )
+
+    with django_db_blocker.unblock():
+        owned, _ = model_version_register(
+            model_name="acme-llama", source_dir=demo_model_dir, owner=world.acme
+        )
+        base, _ = model_version_register(model_name="isolation-base", source_dir=demo_model_dir)
+        built = demo_adapter_build(
+            base_dir=demo_model_dir, out_dir=tmp_path_factory.mktemp("acme") / "pirate", seed=11
+        )
+        adapter, _ = model_version_register(
+            model_name="acme-pirate", source_dir=built, base=base, owner=world.acme
+        )
+        granted, _ = model_version_register(model_name="granted-llama", source_dir=demo_model_dir)
+        for name, version, loras in (
+            ("acme-llama", owned, 0),
+            ("isolation-base", base, 1),
+            ("granted-llama", granted, 0),
+        ):
+            deployment_create(name=name, version=version, max_loras=loras)
+        alias_set(name="acme-chat", version=owned)
+        model_limit_set(model=granted.model, limited=True, grants=[world.acme])
+    yield {
+        "owned": ("acme-llama", owned.public_name, "acme-chat"),
+        "adapter": ("acme-pirate", adapter.public_name),
+        "not-granted": ("granted-llama", granted.public_name),
+    }
+    with django_db_blocker.unblock():
+        Alias.objects.filter(name="acme-chat").delete()
+        Deployment.objects.filter(
+            name__in=["acme-llama", "isolation-base", "granted-llama"]
+        ).delete()
+
+
+def _model_call(
+    client: httpx.Client,
+    key: str,
+    name: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    headers: dict[str, str],
+) -> httpx.Response:
+    sent = {k: v.format(key=uuid.uuid4().hex) for k, v in headers.items()}
+    return client.request(
+        method,
+        path.format(model=name),
+        json={**body, "model": name} if body is not None else None,
+        headers={**_auth(key), **sent},
+    )
+
+
+def _same_as_unknown(forbidden: httpx.Response, unknown: httpx.Response) -> None:
+    """The answer for a forbidden name is, byte for byte, the one for a name naming nothing."""
+    assert forbidden.status_code == unknown.status_code == 404, forbidden.text
+    assert forbidden.content == unknown.content.replace(UNKNOWN.encode(), b""), forbidden.text
+    # What differs between any two requests: their ids, trace, time and the tenant's bucket.
+    varying = ("x-request-id", "traceparent", "date", "x-ratelimit-remaining", "x-ratelimit-reset")
+    assert forbidden.headers.keys() == unknown.headers.keys()
+    assert {k: v for k, v in forbidden.headers.items() if not k.startswith(varying)} == {
+        k: v for k, v in unknown.headers.items() if not k.startswith(varying)
+    }
+    error = forbidden.json()["error"]
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+
+
+def _billed(django_db_blocker: Any, client: httpx.Client, world: World, *rids: str) -> set[str]:
+    """The request ids among `rids` with a usage record, once a request of globex's sent after
+    them has its own (the ingester takes the usage stream in order)."""
+    from billing.models import UsageRecord
+
+    after = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": "Once", "max_tokens": 1},
+        headers=_auth(world.globex_key),
+    )
+    assert after.status_code == 200, after.text
+    with django_db_blocker.unblock():
+        _wait_for_usage(after.headers["x-request-id"])
+        return set(
+            UsageRecord.objects.filter(request_id__in=rids).values_list("request_id", flat=True)
+        )
+
+
+def _access_state(world: World) -> dict[str, Any]:
+    from billing.models import UsageRecord
+    from models_registry.models import Model, ModelGrant
+
+    return {
+        "models": sorted(Model.objects.values_list("name", "owner_id", "limited")),
+        "grants": sorted(ModelGrant.objects.values_list("model__name", "tenant__slug")),
+        "globex usage": UsageRecord.objects.filter(tenant=world.globex).count(),
+    }
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), MODEL_SURFACES)
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_model_globex_may_not_call_is_the_404_of_a_model_that_does_not_exist(
+    client: httpx.Client,
+    world: World,
+    acme: Objects,
+    acme_models: dict[str, tuple[str, ...]],
+    django_db_blocker: Any,
+    kind: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    headers: dict[str, str],
+) -> None:
+    with django_db_blocker.unblock():
+        before = (_acme_state(world, acme), _access_state(world))
+    refused = []
+    for name in acme_models[kind]:
+        call = (method, path, body, headers)
+        forbidden = _model_call(client, world.globex_key, name, *call)
+        unknown = _model_call(client, world.globex_key, UNKNOWN + name, *call)
+        _same_as_unknown(forbidden, unknown)
+        refused.append(forbidden.headers["x-request-id"])
+    assert not _billed(django_db_blocker, client, world, *refused)
+    with django_db_blocker.unblock():
+        after = (_acme_state(world, acme), _access_state(world))
+    assert after[0] == before[0]
+    assert after[1] == {**before[1], "globex usage": before[1]["globex usage"] + 1}
+
+
+def test_acme_calls_by_every_name_what_globex_cannot(
+    client: httpx.Client, world: World, acme_models: dict[str, tuple[str, ...]]
+) -> None:
+    """The control of the rows above: each name routes for its owner (or grantee)."""
+    listed_by = {
+        key: {card["id"] for card in client.get("/v1/models", headers=_auth(key)).json()["data"]}
+        for key in (world.acme_key, world.globex_key)
+    }
+    for name in (name for names in acme_models.values() for name in names):
+        counted = client.post(
+            "/tokenize", json={"model": name, "prompt": "Say hi"}, headers=_auth(world.acme_key)
+        )
+        assert counted.status_code == 200, (name, counted.text)
+        assert name in listed_by[world.acme_key]
+        assert name not in listed_by[world.globex_key]
+        card = client.get(f"/v1/models/{name}", headers=_auth(world.acme_key)).json()
+        assert card["owned_by"] == ("roundhouse" if name.startswith("granted") else "acme")
+
+
+async def test_a_websocket_request_for_a_model_globex_may_not_call_is_refused_as_unknown(
+    stack: Stack, world: World, acme_models: dict[str, tuple[str, ...]]
+) -> None:
+    async with websockets.connect(_ws_url(stack), additional_headers=_auth(world.globex_key)) as ws:
+        for name in (name for names in acme_models.values() for name in names):
+            answers = []
+            for model in (name, UNKNOWN + name):
+                body = {"model": model, "messages": PROMPT, "max_tokens": 4}
+                await ws.send(json.dumps({"type": "request", "id": "m", "body": body}))
+                answers.append(await asyncio.wait_for(ws.recv(), 30))
+            forbidden, unknown = (str(answer) for answer in answers)
+            assert forbidden == unknown.replace(UNKNOWN, ""), forbidden
+            assert json.loads(forbidden)["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_batch_line_for_a_model_globex_may_not_call_fails_as_an_unknown_ones_does(
+    client: httpx.Client,
+    world: World,
+    acme_models: dict[str, tuple[str, ...]],
+    django_db_blocker: Any,
+    kind: str,
+) -> None:
+    """The lines run through the batch runner in this process, against the real stores."""
+    from batches.models import Batch, BatchLine, File
+    from batches.runner import batch_step
+    from batches.services import batch_create
+    from tenants.models import ApiKey
+
+    names = [m for name in acme_models[kind] for m in (name, UNKNOWN + name)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": PROMPT, "max_tokens": 4},
+            }
+        )
+        for i, model in enumerate(names)
+    ]
+    uploaded = client.post(
+        "/v1/files",
+        files={"file": ("models.jsonl", "\n".join(lines).encode())},
+        data={"purpose": "batch"},
+        headers=_auth(world.globex_key),
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    file_id = uploaded.json()["id"]
+    with django_db_blocker.unblock():
+        batch = batch_create(
+            tenant_id=world.globex.pk,
+            api_key_id=ApiKey.objects.get(tenant=world.globex, name="tests").pk,
+            input_file_id=file_id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        try:
+            for _ in range(20):
+                if asyncio.run(batch_step(batch.id)):
+                    break
+            results: list[Any] = [
+                line.result
+                for line in BatchLine.objects.filter(batch_id=batch.id).order_by("index")
+            ]
+            rids = list(
+                BatchLine.objects.filter(batch_id=batch.id).values_list("request_id", flat=True)
+            )
+        finally:
+            ended = Batch.objects.get(pk=batch.id)
+            files = [file_id, ended.output_file_id, ended.error_file_id]
+            ended.delete()
+            File.objects.filter(pk__in=[f for f in files if f]).delete()
+    assert len(results) == len(names)
+    for forbidden, unknown in zip(results[::2], results[1::2], strict=True):
+        assert forbidden["status_code"] == 404
+        assert forbidden["body"]["error"]["code"] == "model_not_found"
+        assert json.dumps(forbidden) == json.dumps(unknown).replace(UNKNOWN, "")
+    assert not _billed(django_db_blocker, client, world, *rids)
+
+
+def test_a_revoked_grant_stops_calls_replays_and_cached_answers_on_a_running_frontend(
+    client: httpx.Client, stack: Stack, world: World, django_db_blocker: Any
+) -> None:
+    """The platform model is limited to acme, globex and a grantee with a response cache for
+    this test; the grantee's grant is revoked while the frontend runs. Within seconds (polled)
+    its requests are the 404 of an unknown model: a retry with the Idempotency-Key of an answer
+    it got before, and a request its cache holds the answer to, among them."""
+    from models_registry.models import Model
+    from models_registry.services import model_limit_set, model_revoke
+    from tenants.models import AuditEvent, Tenant
+    from tests.conftest import roomy_key
+
+    with django_db_blocker.unblock():
+        slug = f"grantee-{uuid.uuid4().hex[:6]}"
+        key = roomy_key(slug, response_cache_seconds=60)
+        grantee = Tenant.objects.get(slug=slug)
+        model = Model.objects.get(name=world.version.model.name)
+        model_limit_set(model=model, limited=True, grants=[world.acme, world.globex, grantee])
+    idempotency = f"grantee-{uuid.uuid4()}"
+    body = {
+        "model": ALIAS,
+        "messages": [{"role": "user", "content": f"Name {idempotency}"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    try:
+        first = client.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={**_auth(key), "Idempotency-Key": idempotency},
+        )
+        assert first.status_code == 200, first.text
+        again = client.post("/v1/chat/completions", json=body, headers=_auth(key))
+        assert again.headers["x-roundhouse-cache"] == "hit"
+        with django_db_blocker.unblock():
+            assert model_revoke(model=model, tenant=grantee, reason="contract ended")
+        deadline = time.monotonic() + 30
+        while (
+            client.post("/v1/chat/completions", json=body, headers=_auth(key)).status_code != 404
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        unknown = client.post(
+            "/v1/chat/completions", json={**body, "model": UNKNOWN + ALIAS}, headers=_auth(key)
+        )
+        cached = client.post("/v1/chat/completions", json=body, headers=_auth(key))
+        _same_as_unknown(cached, unknown)
+        replayed = client.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={**_auth(key), "Idempotency-Key": idempotency},
+        )
+        _same_as_unknown(replayed, unknown)
+        assert "Idempotent-Replayed" not in replayed.headers
+        listed = client.get("/v1/models", headers=_auth(key)).json()["data"]
+        assert not {ALIAS, model.name, world.version.public_name} & {c["id"] for c in listed}
+        counted = client.post(
+            "/tokenize", json={"model": ALIAS, "prompt": "hi"}, headers=_auth(key)
+        )
+        assert counted.status_code == 404
+        # Acme and globex keep their grants and their answers.
+        assert (
+            client.post(
+                "/tokenize", json={"model": ALIAS, "prompt": "hi"}, headers=_auth(world.acme_key)
+            ).status_code
+            == 200
+        )
+        refused = [r.headers["x-request-id"] for r in (cached, replayed, counted)]
+        assert not _billed(django_db_blocker, client, world, *refused)
+        with django_db_blocker.unblock():
+            event = AuditEvent.objects.filter(action="model.revoke").order_by("-id").first()
+            assert event is not None
+            assert (event.target_id, event.tenant, event.reason) == (
+                model.name,
+                grantee,
+                "contract ended",
+            )
+    finally:
+        with django_db_blocker.unblock():
+            model_limit_set(model=model, limited=False)
+        deadline = time.monotonic() + 30
+        while (
+            client.post(
+                "/tokenize", json={"model": ALIAS, "prompt": "hi"}, headers=_auth(key)
+            ).status_code
+            != 200
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+
+
 # --- console and finance API with globex's admin session ----------------------------------------
 
 GLOBEX_ADMIN_404 = [
     pytest.param(Call("GET", "/console/t/acme/"), id="console-overview"),
     pytest.param(Call("GET", "/console/t/acme/keys"), id="console-keys"),
+    pytest.param(Call("GET", "/console/t/acme/models"), id="console-models"),
     pytest.param(Call("POST", "/console/t/acme/keys", {"name": "planted"}),
                  id="console-issue-a-key"),
     pytest.param(Call("POST", "/console/t/acme/keys/{key_public_id}/revoke"),
@@ -553,7 +929,8 @@ def test_globex_admin_gets_404_for_every_acme_page_and_export(
 
 @pytest.mark.parametrize(
     "path",
-    ["/console/t/globex/keys", "/console/t/globex/requests", "/console/t/globex/responses",
+    ["/console/t/globex/keys", "/console/t/globex/models", "/console/t/globex/requests",
+     "/console/t/globex/responses",
      "/console/t/globex/conversations", "/console/t/globex/usage?group_by=key",
      "/console/t/globex/invoices", "/api/finance/invoices", "/api/finance/usage?group_by=key"],
 )  # fmt: skip
@@ -575,6 +952,7 @@ MEMBER_AND_FINANCE = [
     # (who, call, status): a member sees neither money nor keys; finance sees money, not keys.
     ("bob", Call("GET", "/console/t/acme/"), 200),
     ("bob", Call("GET", "/console/t/acme/keys"), 404),
+    ("bob", Call("GET", "/console/t/acme/models"), 404),
     ("bob", Call("POST", "/console/t/acme/keys", {"name": "planted"}), 404),
     ("bob", Call("POST", "/console/t/acme/keys/{key_public_id}/revoke"), 404),
     ("bob", Call("POST", "/console/t/acme/keys/{key_public_id}/rotate"), 404),
@@ -591,6 +969,7 @@ MEMBER_AND_FINANCE = [
     ("bob", Call("GET", "/api/finance/usage?tenant=acme&export=csv"), 404),
     ("bob", Call("GET", "/api/finance/budget?tenant=acme"), 404),
     ("fiona", Call("GET", "/console/t/acme/keys"), 404),
+    ("fiona", Call("GET", "/console/t/acme/models"), 404),
     ("fiona", Call("POST", "/console/t/acme/keys", {"name": "planted"}), 404),
     ("fiona", Call("POST", "/console/t/acme/keys/{key_public_id}/revoke"), 404),
     ("fiona", Call("POST", "/console/t/acme/keys/{key_public_id}/rotate"), 404),
@@ -602,6 +981,7 @@ MEMBER_AND_FINANCE = [
     ("fiona", Call("GET", "/api/finance/invoices/{invoice_pk}/pdf"), 200),
     ("fiona", Call("GET", "/api/finance/usage?tenant=acme&export=csv"), 200),
     ("alice", Call("GET", "/console/t/acme/keys"), 200),
+    ("alice", Call("GET", "/console/t/acme/models"), 200),
     ("alice", Call("GET", "/console/t/acme/requests"), 200),
     ("alice", Call("GET", "/console/t/acme/conversations/{conversation_id}"), 200),
     ("alice", Call("GET", "/console/t/acme/invoices/{invoice_pk}"), 200),
@@ -655,6 +1035,12 @@ STAFF_ONLY = [
     (Call("PUT", "/api/aliases/tiny-chat/shadow", {"version": "tiny-llama@x", "percent": 50}), 403),
     (Call("PUT", "/api/aliases/tiny-chat/fallback", {"alias": None}), 403),
     (Call("GET", "/api/deployments"), 403),
+    (Call("GET", "/api/models/tiny-llama/access"), 403),
+    (Call("PATCH", "/api/models/tiny-llama/access", {"limited": True}), 403),
+    (Call("PUT", "/api/models/tiny-llama/grants/globex"), 403),
+    (Call("DELETE", "/api/models/tiny-llama/grants/acme"), 403),
+    (Call("GET", "/api/tenants/acme/keys/{key_public_id}/models"), 403),
+    (Call("PUT", "/api/tenants/acme/keys/{key_public_id}/models", {"allowed_models": ["x"]}), 403),
     (Call("GET", "/api/versions/tiny-llama@x/slis"), 403),
     (Call("POST", "/api/finance/invoices/build", {"tenant": "acme", "month": "2001-02"}), 403),
     (Call("POST", "/api/finance/invoices/{invoice_pk}/issue"), 403),
@@ -670,6 +1056,9 @@ STAFF_ONLY = [
     (Call("GET", "/console/ops/audit"), 404),
     (Call("GET", "/console/ops/versions"), 404),
     (Call("GET", "/console/ops/tenants"), 404),
+    (Call("GET", "/console/ops/models"), 404),
+    (Call("POST", "/console/ops/models/tiny-llama/limit", {"reason": "planted"}), 404),
+    (Call("POST", "/console/ops/models/tiny-llama/owner", {"tenant": "globex"}), 404),
     (Call("GET", "/admin/tenants/apikey/{key_pk}/change/"), 302),
     (Call("GET", "/admin/billing/invoice/{invoice_pk}/change/"), 302),
     (Call("GET", "/admin/privacy/retainedcontent/{retained_pk}/change/"), 302),

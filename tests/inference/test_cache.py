@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from dataplane.changes import POLICIES, ROUTES, change_publish
+from dataplane.changes import ACCESS, POLICIES, ROUTES, change_publish
 from dataplane.keys import CONTROL_CHANGES_CHANNEL
 from dataplane.redis_client import control_sync_client
 from inference.cache import RefreshingCache, change_received, revocation_received
@@ -98,6 +98,34 @@ async def test_a_load_that_began_before_a_change_is_reloaded_after_it():
     release.set()
     assert await first == "k:v1"
     await _stale_then_fresh(cache, source)  # stale at first: its load began before the change
+
+
+async def test_a_change_of_access_drops_every_route_at_once_and_any_load_under_way():
+    """A tenant whose grant was revoked is never routed by what was cached before, not even
+    once while a reload runs (a mere change serves the stale entry meanwhile)."""
+    started, release = asyncio.Event(), asyncio.Event()
+    source = Source()
+    loop = asyncio.get_running_loop()
+    slow = ["k2"]
+
+    def load(key: str) -> str:
+        value = source.load(key)
+        if key in slow:
+            loop.call_soon_threadsafe(started.set)
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+        return value
+
+    cache = RefreshingCache(load, ttl=lambda: 3600.0, grace=60.0, kind=ROUTES)
+    assert await cache.get("k") == "k:v1"
+    loading = asyncio.create_task(cache.get("k2"))
+    await started.wait()
+    source.value = "v2"
+    change_received(ACCESS)  # lands while k2's old value is being read
+    release.set()
+    assert await loading == "k2:v1"  # its caller asked before the change
+    slow.clear()
+    assert await cache.get("k") == "k:v2"  # not the stale entry: loaded anew, inline
+    assert await cache.get("k2") == "k2:v2"  # the load under way was not kept
 
 
 async def test_a_revocation_drops_the_key_at_once():

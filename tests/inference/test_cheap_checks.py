@@ -524,8 +524,8 @@ async def test_a_request_larger_than_its_deployments_queue_is_a_400_before_admis
     principal = await db_call(auth.principal_of_key, public_id)
     routing_get = submission.routing_get
 
-    async def small_queue(name: str) -> Any:
-        routing = await routing_get(name)
+    async def small_queue(name: str, *, principal: Any) -> Any:
+        routing = await routing_get(name, principal=principal)
 
         class Small:
             fallback = ""

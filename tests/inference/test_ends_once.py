@@ -98,8 +98,8 @@ def lane(tenant: tuple[int, str], monkeypatch: pytest.MonkeyPatch) -> Lane:
     deployment = f"ends-{uuid.uuid4().hex[:8]}"
     real_routing_get = submission.routing_get
 
-    async def routing_get(name: str) -> Routing:
-        routing = await real_routing_get(name)
+    async def routing_get(name: str, *, principal: Any) -> Routing:
+        routing = await real_routing_get(name, principal=principal)
         return Routing(primary=dataclasses.replace(routing.primary, deployment=deployment))
 
     monkeypatch.setattr(submission, "routing_get", routing_get)

@@ -17,6 +17,7 @@ import pytest
 from django.conf import settings
 from prometheus_client import REGISTRY
 
+from billing.services import price_current
 from config.db import db_call
 from dataplane.breakers import breaker_message_read, breaker_share, breakers_held
 from dataplane.finish import Finisher
@@ -29,11 +30,12 @@ from inference import auth, relay, submission
 from inference import breaker as breakers
 from inference.admission import request_abandon, route_cost
 from inference.breaker import breakers_elsewhere_replace, breakers_reset
-from inference.clients import dispatch_get, routing_get
+from inference.clients import dispatch_get
 from inference.errors import ApiError
 from inference.params import CHAT, generation_parse
 from inference.submission import generation_submit
 from models_registry.models import Deployment
+from models_registry.selectors import routing_resolve
 from models_registry.services import alias_fallback_set, alias_set
 from tenants.keys import token_parse
 from tests.conftest import own_deployment, roomy_key
@@ -111,7 +113,9 @@ async def _held(tenant_id: int, request_id: str) -> dict[Any, Any]:
 
 
 async def _deployment(model: str) -> str:
-    return (await routing_get(model)).primary.deployment
+    routing = await db_call(routing_resolve, name=model, price_of=price_current)
+    assert routing is not None
+    return routing.primary.deployment
 
 
 async def test_an_alias_no_worker_serves_hands_the_request_to_its_fallback(aliases):

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
+from config.db import db_call
 from dataplane.leases import Leases
-from inference import submission
+from inference import auth, submission
 from inference.clients import dispatch_get
 from inference.errors import ApiError
 from models_registry.selectors import Route
+from tenants.keys import token_parse
 from tests.conftest import ALIAS
 from tests.jobs import job_new
 
@@ -29,7 +31,9 @@ async def _route(world, *, max_queued: int, max_queued_tokens: int) -> Route:
     await Leases(dispatch_get().redis).heartbeat(
         deployment=deployment, worker="w", ttl=60, slots=(0, 0)
     )
-    route = (await submission.routing_get(ALIAS)).pick(tenant_id=world.acme.pk, user=None)
+    principal = await db_call(auth.principal_of_key, token_parse(world.acme_key).public_id)  # type: ignore[union-attr]
+    routing = await submission.routing_get(ALIAS, principal=principal)
+    route = routing.pick(tenant_id=world.acme.pk, user=None)
     return dataclasses.replace(
         route,
         deployment=deployment,

@@ -38,6 +38,7 @@ PAGES = [
     "/console/",
     "/console/t/acme/",
     "/console/t/acme/keys",
+    "/console/t/acme/models",
     "/console/t/acme/requests",
     "/console/t/acme/responses",
     "/console/t/acme/usage",
@@ -47,12 +48,16 @@ PAGES = [
     "/console/ops/audit",
     "/console/ops/versions",
     "/console/ops/tenants",
+    "/console/ops/models",
 ]
 PARAMS = ["page", "group_by", "action", "target"]  # every query parameter the console reads
 FORMS = {
-    "/console/t/acme/keys": ["name", "scopes", "expires_in_days"],
+    "/console/t/acme/keys": ["name", "scopes", "expires_in_days", "allowed_models"],
     "/console/t/acme/keys/nosuchkey/rotate": ["overlap_hours"],
     "/console/ops/aliases/nosuchalias/split": ["version", "percent", "reason"],
+    # The platform model is open: a grant or a revoke of it changes nothing, whatever is sent.
+    "/console/ops/models/tiny-llama/grant": ["tenant", "reason"],
+    "/console/ops/models/tiny-llama/revoke": ["tenant", "reason"],
 }
 
 

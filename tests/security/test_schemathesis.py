@@ -267,6 +267,7 @@ def test_every_management_operation_refuses_callers_who_are_not_staff(
             name=ALIAS,
             id=invoice_id,
             ref=world.version.public_name,
+            public_id="rh-missing",
             action=action.definition["schema"]["enum"][0] if action else "",
         )
         for auth in (None, (OPERATOR[0], "wrong"), alice):

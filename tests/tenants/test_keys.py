@@ -73,3 +73,17 @@ def test_audit_events_cannot_be_changed(world):
         event.save()
     with pytest.raises(AppendOnlyError):
         event.delete()
+
+
+def test_a_key_narrowed_to_models_keeps_its_list_through_rotation_and_refuses_bad_names(world):
+    from tenants.services import api_key_models_set, api_key_rotate
+
+    issued = api_key_issue(tenant=world.acme, name="narrow", allowed_models=["tiny-chat"] * 2)
+    assert issued.key.allowed_models == ["tiny-chat"]
+    assert api_key_rotate(key=issued.key).key.allowed_models == ["tiny-chat"]
+    for bad in (["tiny-llama@v1"], [""], ["a" * 101], [f"m{i}" for i in range(101)]):
+        with pytest.raises(ValidationError, match="allowed_models"):
+            api_key_issue(tenant=world.acme, name="bad", allowed_models=bad)
+    api_key_revoke(key=issued.key)
+    with pytest.raises(ValidationError, match="revoked key"):
+        api_key_models_set(key=issued.key, models=[])

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from models_registry.models import Task
 from models_registry.selectors import version_pinned
 from models_registry.services import alias_set, model_version_register
+from tenants.models import Tenant
 
 
 def _json_object(raw: str) -> dict[str, Any]:
@@ -65,8 +66,19 @@ class Command(BaseCommand):
             default=None,
             help="register a LoRA adapter on this base version (model@version)",
         )
+        parser.add_argument(
+            "--tenant",
+            default=None,
+            help="the tenant the model or adapter is built for: it alone may call it "
+            "(default: platform-wide)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        owner = None
+        if options["tenant"]:
+            owner = Tenant.objects.filter(slug=options["tenant"]).first()
+            if owner is None:
+                raise CommandError(f"no tenant {options['tenant']!r}")
         base = None
         if options["base"]:
             base = version_pinned(options["base"])
@@ -86,11 +98,17 @@ class Command(BaseCommand):
                 weights_uri=options["weights_uri"],
                 tool_parser=options["tool_parser"],
                 reasoning_parser=options["reasoning_parser"],
+                owner=owner,
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         state = "registered" if created else "already registered"
-        self.stdout.write(f"{state} {version.public_name} ({len(version.manifest['files'])} files)")
+        files = len(version.manifest["files"])
+        whose = f", {owner.slug}'s alone" if owner is not None else ""
+        self.stdout.write(f"{state} {version.public_name} ({files} files{whose})")
         if options["alias"]:
-            alias_set(name=options["alias"], version=version)
+            try:
+                alias_set(name=options["alias"], version=version)
+            except ValidationError as exc:
+                raise CommandError("; ".join(exc.messages)) from exc
             self.stdout.write(f"alias {options['alias']} -> {version.public_name}")

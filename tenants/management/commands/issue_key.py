@@ -26,6 +26,13 @@ class Command(BaseCommand):
             help="grant this scope (repeatable; default: all)",
         )
         parser.add_argument("--expires-in-days", type=int, default=None, help="expire after N days")
+        parser.add_argument(
+            "--model",
+            action="append",
+            default=None,
+            help="narrow the key to this alias or model (repeatable; default: every model "
+            "its tenant may call)",
+        )
         parser.add_argument("--quiet", action="store_true", help="print only the token")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -39,7 +46,11 @@ class Command(BaseCommand):
         expires_at = timezone.now() + dt.timedelta(days=days) if days else None
         try:
             issued = api_key_issue(
-                tenant=tenant, name=options["name"], scopes=options["scope"], expires_at=expires_at
+                tenant=tenant,
+                name=options["name"],
+                scopes=options["scope"],
+                expires_at=expires_at,
+                allowed_models=options["model"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
