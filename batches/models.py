@@ -83,6 +83,7 @@ class BatchStatus(models.TextChoices):
 
 
 ENDED = (BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
+UNFINISHED = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 
 
 class Batch(models.Model):

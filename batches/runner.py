@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import json
 import logging
@@ -35,11 +36,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, LockNotOwnedError, RedisError
 
-from batches.models import Batch, BatchLine, BatchStatus, LineState
+from batches.models import UNFINISHED, Batch, BatchLine, BatchStatus, LineState
 from batches.services import (
     ENDPOINTS,
     batch_fail,
@@ -79,6 +81,7 @@ _RETRY_LATER = {
 }
 # How long the end of a step waits for submissions under way and the work they spawned.
 _SUBMIT_WAIT_SECONDS = 10.0
+_WAITING_LOOKED_AT = 8  # of the batches that may wait, the least recently stepped
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class BatchRun:
         self.submitting: set[asyncio.Future[Submitted]] = set()
         self.retry_at = 0.0  # monotonic: no new lines before this (after a "not now")
         self.lease_lost = False
+        self.began = timezone.now()
+        self.yield_after = time.monotonic() + settings.ROUNDHOUSE_BATCH_STEP_LEAST_SECONDS
 
     async def step(self) -> bool:
         """Advance the batch; return True once it has ended.
@@ -156,11 +161,30 @@ class BatchRun:
             if idle and not await db_call(_lines, batch=self.batch, state="pending", limit=1):
                 return await self._finish(BatchStatus.COMPLETED)
             await self._record(await self._wait_some(timeout=1.0))
+            if await self._others_waiting():
+                # Its lines keep running; the next step follows them, after the other's turn.
+                break
         if self.lease_lost:
             log.warning("batch %s: its lease lapsed mid-step; the next step goes on",
                         self.batch.id)  # fmt: skip
         # Time is up: the admitted lines keep running; the next step follows them.
         await self._abandon()
+        return False
+
+    async def _others_waiting(self) -> bool:
+        """Whether another tenant's batch waits for a turn this step holds up.
+
+        A step keeps its runner until its time is up while its lines run: with every runner
+        in such steps, another tenant's new batch waited for one to end (20 s). Past its
+        first ROUNDHOUSE_BATCH_STEP_LEAST_SECONDS a step ends early for a batch of another
+        tenant that no runner holds and that has not had a step since this one began.
+        """
+        if time.monotonic() < self.yield_after:
+            return False
+        waiting = await db_call(_waiting_elsewhere, batch=self.batch, since=self.began)
+        for batch_id in waiting:
+            if not await self.lock.redis.exists(batch_lease_key(batch_id)):
+                return True
         return False
 
     async def _lease_keep(self) -> None:
@@ -425,6 +449,17 @@ def _succeeded(body: bytes) -> Outcome:
 
 def _status(*, batch: Batch) -> str:
     return str(Batch.objects.values_list("status", flat=True).get(pk=batch.pk))
+
+
+def _waiting_elsewhere(*, batch: Batch, since: dt.datetime) -> list[str]:
+    """Other tenants' unfinished batches that have not had a step since `since` (a few)."""
+    return list(
+        Batch.objects.filter(status__in=UNFINISHED)
+        .exclude(tenant_id=batch.tenant_id)
+        .filter(Q(stepped_at__isnull=True) | Q(stepped_at__lt=since))
+        .order_by(F("stepped_at").asc(nulls_first=True))
+        .values_list("pk", flat=True)[:_WAITING_LOOKED_AT]
+    )
 
 
 def _lines(*, batch: Batch, state: str, limit: int | None) -> list[BatchLine]:

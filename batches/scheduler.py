@@ -32,13 +32,12 @@ from redis.exceptions import LockError, LockNotOwnedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.lock import Lock
 
-from batches.models import Batch, BatchStatus
+from batches.models import UNFINISHED, Batch
 from batches.runner import batch_step, batch_step_failed
 from dataplane.keys import batch_lease_key, batch_runner_key
 from dataplane.redis_client import redis_sync_client
 
 log = logging.getLogger(__name__)
-UNFINISHED = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 # Steps of a batch that may fail in a row before it ends failed: a step that fails that often
 # fails for the batch itself, not for a passing fault.
 STEP_ATTEMPTS = 5

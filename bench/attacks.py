@@ -38,8 +38,10 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,6 +67,14 @@ from bench.common import (  # noqa: E402
 )
 
 TARGET = 1.5
+# A new tenant's quota (ROUNDHOUSE_DEFAULT_QUOTA): what a tenant gets unless told otherwise.
+DEFAULT_QUOTA: dict[str, Any] = {
+    "requests_per_minute": 600,
+    "tokens_per_minute": 200_000,
+    "max_concurrency": 64,
+    "max_tokens_per_request": 1024,
+    "monthly_budget": Decimal("100"),
+}
 ENCODER = "minilm"
 WARMUP_SECONDS = 3.0  # an attack is under way this long before V measures
 Attack = Callable[
@@ -137,9 +147,11 @@ async def _truncation(ctx: dict[str, Any], stop: asyncio.Event, codes: Any) -> N
 
     async def one(session: aiohttp.ClientSession) -> None:
         url = f"{ctx['url']}/v1/responses"
-        async with session.post(url, json=body, headers=_auth(ctx["key"])) as response:
+        async with session.post(url, data=payload, headers=headers) as response:
             await _answered(response, codes)
 
+    payload = json.dumps(body).encode()  # once: the client's own work stays small
+    headers = {**_auth(ctx["key"]), "Content-Type": "application/json"}
     await _loop(4, stop, one)
 
 
@@ -151,31 +163,42 @@ def _raw_requests(
     method = "POST" if body else "GET"
     head = (
         f"{method} {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {key}\r\n"
+        "Connection: close\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
     sockets = []
     for _ in range(count):
         s = socket.create_connection((parts.hostname, parts.port))
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        if codes is not None:  # left unread: its buffer as small as a stalled client's
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            codes["socket left unread"] += 1
         s.sendall(head + body)
         sockets.append(s)
-        codes["socket left unread"] += 1
     return sockets
 
 
 async def _downloads(ctx: dict[str, Any], stop: asyncio.Event, codes: Any) -> None:
     path = f"/v1/files/{ctx['file_id']}/content"
     held = _raw_requests(ctx["url"], path, ctx["key"], 16, codes=codes)
+    done = threading.Event()
 
-    async def one(session: aiohttp.ClientSession) -> None:
-        async with session.get(f"{ctx['url']}{path}", headers=_auth(ctx["key"])) as response:
-            async for _ in response.content.iter_chunked(1 << 20):
-                pass
-            codes[f"{response.status} download"] += 1
+    def download() -> None:
+        # Read and drop, as a client on another machine would: the bytes are not looked at.
+        buffer = bytearray(1 << 20)
+        while not done.is_set():
+            (sock,) = _raw_requests(ctx["url"], path, ctx["key"], 1, codes=None)
+            with sock:
+                while sock.recv_into(buffer):
+                    pass
+            codes["download"] += 1
 
+    readers = [threading.Thread(target=download, daemon=True) for _ in range(8)]
+    for reader in readers:
+        reader.start()
     try:
-        await _loop(8, stop, one)
+        await stop.wait()
     finally:
+        done.set()
         for s in held:
             s.close()
 
@@ -185,6 +208,12 @@ async def _embeddings(ctx: dict[str, Any], stop: asyncio.Event, codes: Any) -> N
     body = json.dumps({"model": ENCODER, "input": words}).encode()
     held = _raw_requests(ctx["url"], "/v1/embeddings", ctx["key"], 24, body=body, codes=codes)
     try:
+        # Ready once every answer has begun: the encoder is done, and the frontend holds what
+        # the sockets do not read (the victim then measures the slow readers, not the encoder).
+        for sock in held:
+            sock.settimeout(600)
+            await asyncio.to_thread(sock.recv, 1)
+        ctx["ready"].set()
         await stop.wait()
     finally:
         for s in held:
@@ -235,9 +264,11 @@ async def _storage(ctx: dict[str, Any], stop: asyncio.Event, codes: Any) -> None
 
     async def one(session: aiohttp.ClientSession) -> None:
         url = f"{ctx['url']}/v1/conversations"
-        async with session.post(url, json=body, headers=_auth(ctx["key"])) as response:
+        async with session.post(url, data=payload, headers=headers) as response:
             await _answered(response, codes)
 
+    payload = json.dumps(body).encode()  # once: the client's own work stays small
+    headers = {**_auth(ctx["key"]), "Content-Type": "application/json"}
     await _loop(4, stop, one)
 
 
@@ -274,9 +305,15 @@ DESCRIBED = {
 }
 
 
+# Attacks that say themselves when they are under way (the others are at once).
+SAYS_READY = frozenset({"embeddings"})
+
+
 async def _attack(name: str, ctx: dict[str, Any], stop: Any) -> dict[str, int]:
     done = asyncio.Event()
     codes: collections.Counter[str] = collections.Counter()
+    if name not in SAYS_READY:
+        ctx["ready"].set()
     task = asyncio.create_task(ATTACKS[name](ctx, done, codes))
     while not stop.is_set() and not task.done():
         await asyncio.sleep(0.1)
@@ -297,14 +334,18 @@ def _under(
 ) -> tuple[Any, dict[str, int], float]:
     """V's measure under one attack; A's answers; the frontend's memory growth (MB)."""
     spawner = multiprocessing.get_context("spawn")
-    stop_attack, out = spawner.Event(), spawner.Queue()
-    attacker = spawner.Process(target=_attack_process, args=(name, ctx, stop_attack, out))
+    stop_attack, out, ready = spawner.Event(), spawner.Queue(), spawner.Event()
+    attacker = spawner.Process(
+        target=_attack_process, args=(name, {**ctx, "ready": ready}, stop_attack, out)
+    )
     before = frontend.memory_info().rss
     peak = before
     attacker.start()
     try:
-        deadline = time.monotonic() + WARMUP_SECONDS
-        while time.monotonic() < deadline:
+        deadline = None
+        while deadline is None or time.monotonic() < deadline:
+            if deadline is None and ready.wait(0.2):
+                deadline = time.monotonic() + WARMUP_SECONDS
             peak = max(peak, frontend.memory_info().rss)
             time.sleep(0.2)
         measured = measure()
@@ -457,11 +498,10 @@ def main() -> None:
 
         progress("building the tiny demo model")
         model_dir = demo_model_build(out_dir=work / "model")
-        # A has the default 600 requests a minute; V as much as it likes.
+        # A has a new tenant's default quota, as on the demo; V as much as it likes.
         platform = prepare_roundhouse(
-            model_dir, work, tenants={"attacker": {"requests_per_minute": 600}, "victim": {}},
-            max_num_seqs=8,
-        )  # fmt: skip
+            model_dir, work, tenants={"attacker": DEFAULT_QUOTA, "victim": {}}, max_num_seqs=8
+        )
         _register_encoder()
         os.sched_setaffinity(0, {1})
         with roundhouse_stack(platform, work / "rh", engine_cpus="0", platform_cpus="1") as target:
@@ -540,8 +580,9 @@ def main() -> None:
         "attacks",
         "## Attacks, one at a time\n\n"
         f"`bench/attacks.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, tiny "
-        "Llama demo model and all-MiniLM-L6-v2. Tenant A (600 requests a minute, the default) "
-        "runs each attack from a process of its own; tenant V sends "
+        "Llama demo model and all-MiniLM-L6-v2. Tenant A (a new tenant's default quota: 600 "
+        "requests and 200,000 tokens a minute, 64 at once) runs each attack from a process of "
+        "its own, its clients reading as little as they can; tenant V sends "
         f"{args.requests} short chats, each followed by a list of its files, alone and then "
         "under the attack (the batches attack: V's one-line batch, three times). The engine "
         "on core 0; frontend, ingester, encoder, Celery and clients on core 1. Ratio = V's "

@@ -283,6 +283,41 @@ def test_another_tenants_batch_gets_the_next_turn_while_one_tenant_runs_ten_larg
     assert queue.queued == [], "a runner kept going with nothing to run"
 
 
+def test_a_step_whose_lines_run_ends_early_for_another_tenants_waiting_batch(world, db, settings):
+    """A step keeps its runner while its lines run, until its time is up: with every runner
+    in such steps, another tenant's new batch waited for one to end. Past its first second a
+    step ends early for a batch of another tenant that no runner holds; its lines go on."""
+    settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 120.0
+    settings.ROUNDHOUSE_BATCH_STEP_LEAST_SECONDS = 0.2
+    heavy = _batch(world, 2)  # no worker serves its lines: none of them ends
+    light_tenant = _tenant("yield-light")
+    light: list[Batch] = []
+
+    async def both() -> bool | None:
+        step = asyncio.create_task(batch_step(heavy.id))
+        while not await asyncio.to_thread(
+            lambda: heavy.lines.filter(state=LineState.SUBMITTED).count() == 2
+        ):
+            await asyncio.sleep(0.05)
+        light.append(
+            await asyncio.to_thread(lambda: _batch_on(light_tenant, _failing_file(light_tenant, 1)))
+        )
+        # Without yielding the step would hold its runner for its whole 120 s.
+        return await asyncio.wait_for(step, timeout=60)
+
+    try:
+        assert asyncio.run(both()) is False  # ended early, the batch not finished
+        waiting = heavy.lines.filter(state__in=[LineState.SUBMITTED, LineState.PENDING])
+        assert waiting.count() == 2  # its lines are left for its next step
+    finally:
+        for batch in [heavy, *light]:
+            batch_cancel(batch=batch)
+        for index in range(2):
+            asyncio.run(
+                _reservation_release(line_request_id(heavy.id, index), tenant_id=world.acme.pk)
+            )
+
+
 def test_resuming_takes_over_a_lost_turn_and_never_doubles_a_runner(world, db, queue):
     tenant = _tenant("resumed-runner")
     _batch_on(tenant, _failing_file(tenant, 2 * settings.ROUNDHOUSE_BATCH_VALIDATE_LINES))
@@ -509,6 +544,8 @@ def test_a_step_that_raises_lets_its_submissions_reach_the_queue_first(
     """An error mid-step (here the database, on the loop's second round) is raised only once
     the submissions under way reached the queue: cut off, each would abandon its request."""
     settings.ROUNDHOUSE_BATCH_STEP_SECONDS = 60.0
+    # Other tests' batches left unfinished would end the step early, before its second round.
+    settings.ROUNDHOUSE_BATCH_STEP_LEAST_SECONDS = 60.0
     reached: list[str] = []
     abandoned: list[str] = []
     batch = _batch(world, 1)
