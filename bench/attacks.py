@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    Sent,
     percentile,
     platform_stop,
     plot_path,
@@ -63,6 +64,7 @@ from bench.common import (  # noqa: E402
     section_write,
     spawn,
     stop,
+    ttft_stages,
     wait_for,
 )
 
@@ -86,25 +88,47 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def _timed(session: aiohttp.ClientSession, method: str, url: str, **kw: Any) -> float:
-    started = time.perf_counter()
+async def _timed(
+    session: aiohttp.ClientSession, method: str, url: str, sent: list[Sent] | None = None, **kw: Any
+) -> float:
+    """Seconds one request took, read whole; with `sent`, what finds its usage record."""
+    at, started = time.time(), time.perf_counter()
     async with session.request(method, url, **kw) as response:
         await response.read()
-    return time.perf_counter() - started
+        rid = response.headers.get("x-request-id")
+    took = time.perf_counter() - started
+    if sent is not None and rid:
+        sent.append(Sent(request_id=rid, sent_at=at, ttft_ms=took * 1000))
+    return took
 
 
-async def _victim(base_url: str, model: str, key: str, n: int) -> tuple[list[float], list[float]]:
-    """V's chat latencies and file-list latencies, one request after another."""
+Measured = tuple[list[float], list[float], list[Sent]]
+
+
+async def _victim(base_url: str, model: str, key: str, n: int) -> Measured:
+    """V's chat and file-list latencies, one request after another, and its chats' ids."""
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    chats, reads = [], []
+    chats: list[float] = []
+    reads: list[float] = []
+    sent: list[Sent] = []
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(headers=_auth(key), timeout=timeout) as session:
         for _ in range(n):
-            chats.append(
-                await _timed(session, "POST", f"{base_url}/v1/chat/completions", json=body)
-            )
+            chat = f"{base_url}/v1/chat/completions"
+            chats.append(await _timed(session, "POST", chat, sent, json=body))
             reads.append(await _timed(session, "GET", f"{base_url}/v1/files?limit=10"))
-    return chats, reads
+    return chats, reads, sent
+
+
+def _stages(sent: list[Sent]) -> dict[str, float]:
+    """The median of each stage of V's chats: frontend, queue, engine (to the first token),
+    and the rest (the other tokens and the answer's way back)."""
+    split = ttft_stages(sent)
+    return {
+        ("rest" if name == "relay" else name): percentile(values, 0.5)
+        for name, values in split.items()
+        if values
+    }
 
 
 async def _answered(response: aiohttp.ClientResponse, codes: collections.Counter[str]) -> None:
@@ -520,7 +544,7 @@ def main() -> None:
             one = _jsonl(1, 8, valid=True).replace(b'"tiny"', json.dumps(model).encode())
             victim_file = asyncio.run(_upload(url, keys["victim"], one, "one.jsonl"))
 
-            def victim_requests() -> tuple[list[float], list[float]]:
+            def victim_requests() -> Measured:
                 return asyncio.run(_victim(url, model, keys["victim"], args.requests))
 
             def victim_batches() -> list[float]:
@@ -530,7 +554,8 @@ def main() -> None:
                 ]
 
             progress(f"V alone: {args.requests} chats and file lists, three one-line batches")
-            chats, reads = victim_requests()
+            chats, reads, sent = victim_requests()
+            stages_alone = _stages(sent)
             batch_alone = victim_batches()
             for name in chosen:
                 progress(f"V under {name}: {DESCRIBED[name]}")
@@ -538,10 +563,11 @@ def main() -> None:
                     under, codes, grew = _under(name, ctx, victim_batches, frontend)
                     rows[name] = {"victim": _ratios(batch_alone, under), "measure": "batch"}
                 else:
-                    (c, r), codes, grew = _under(name, ctx, victim_requests, frontend)
+                    (c, r, under_sent), codes, grew = _under(name, ctx, victim_requests, frontend)
                     rows[name] = {
                         "victim": _ratios(chats, c),
                         "reads": _ratios(reads, r),
+                        "stages": _stages(under_sent),
                         "measure": "chat",
                     }
                 rows[name].update(answers=codes, memory_growth_mb=grew)
@@ -571,6 +597,22 @@ def main() -> None:
             f"| {DESCRIBED[name]} | {measure} | {v['p50_ratio']:.2f} | {v['p99_ratio']:.2f} | "
             f"{reads_ratio} | {row['memory_growth_mb']:+.0f} MB | {answers} |"
         )
+    stage_names = list(stages_alone)
+    lines += [
+        "",
+        "Where V's chat spent its time (medians, ms): frontend (sent → admitted), queue "
+        "(admitted → the engine took it), engine (→ the first token), rest (the other tokens "
+        "and the way back).",
+        "",
+        "| | " + " | ".join(stage_names) + " |",
+        "|---" * (len(stage_names) + 1) + "|",
+        "| alone | " + " | ".join(f"{stages_alone[n]:.1f}" for n in stage_names) + " |",
+    ]
+    for name, row in rows.items():
+        if "stages" in row:
+            found = row["stages"]
+            cells = " | ".join(f"{found.get(n, float('nan')):.1f}" for n in stage_names)
+            lines.append(f"| {name} | {cells} |")
     table = "\n".join(lines)
     print("\n" + table)
     args.docs.mkdir(parents=True, exist_ok=True)
@@ -602,7 +644,7 @@ def main() -> None:
                 **{f"{n}_p99_ratio": r["victim"]["p99_ratio"] for n, r in rows.items()},
             },
             "targets": {f"{n}_p50_ratio": f"≤ {TARGET}" for n in rows},
-            "alone": alone,
+            "alone": {**alone, "stages_ms": stages_alone},
             "attacks": rows,
         },
     )
