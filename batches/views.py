@@ -18,6 +18,7 @@ from batches import scheduler, selectors, services
 from batches.models import Batch, File
 from config.db import tenant_db_call
 from config.http import content_disposition
+from config.turns import Turns
 from inference.asgi import ResponseCut
 from inference.endpoint import (
     api_endpoint,
@@ -203,9 +204,13 @@ async def _file_pieces(tenant_id: int, file: File, clock: RequestClock) -> Async
 
     Each chunk is one short database call within the tenant's share; the handler sends a
     chunk only as fast as the client takes it, so a download holds a chunk or two however
-    large the file or slow its reader.
+    large the file or slow its reader. A tenant's downloads go out
+    ROUNDHOUSE_DOWNLOADS_PER_TENANT at a time per frontend, its others waiting their turn
+    (their bodies wait, after the answer's head): a tenant pulling many large
+    files at once takes the frontend's time and bandwidth from every other tenant otherwise.
     """
     sent = seq = 0
+    over = await _downloads.take(tenant_id)
     try:
         while sent < file.size:
             data = await tenant_db_call(
@@ -216,7 +221,11 @@ async def _file_pieces(tenant_id: int, file: File, clock: RequestClock) -> Async
             yield data
             sent, seq = sent + len(data), seq + 1
     finally:
+        over()
         clock.finish()  # a download ends when its last chunk is written, or it is cut
+
+
+_downloads = Turns(lambda: int(settings.ROUNDHOUSE_DOWNLOADS_PER_TENANT))
 
 
 def _start(batch_id: str) -> None:

@@ -403,6 +403,8 @@ ROUNDHOUSE_WS_KEY_CHECK_SECONDS = env_float("ROUNDHOUSE_WS_KEY_CHECK_SECONDS", 2
 # at once on a frontend, of its 4 database threads (at most 3): the rest of its calls wait
 # their turn, and the other threads stay free for the other tenants.
 ROUNDHOUSE_DB_CALLS_PER_TENANT = env_int("ROUNDHOUSE_DB_CALLS_PER_TENANT", 2)
+# How many of one tenant's file downloads a frontend sends at once; its others wait their turn.
+ROUNDHOUSE_DOWNLOADS_PER_TENANT = env_int("ROUNDHOUSE_DOWNLOADS_PER_TENANT", 2)
 
 # Where registered model versions are stored, content-addressed and read-only.
 ROUNDHOUSE_ARTIFACT_ROOT = Path(

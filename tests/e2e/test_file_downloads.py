@@ -245,3 +245,34 @@ def test_one_tenants_parallel_downloads_take_its_share_of_the_database_and_spare
     # more than their tenant's share (2 of the frontend's 4 threads).
     assert listed.status_code == 200, listed.text
     assert max(seen) == 2, seen
+
+
+def test_a_tenants_downloads_go_out_a_few_at_a_time_and_others_go_on(
+    frontend, big, django_db_blocker
+):
+    """Its two stalled downloads hold the tenant's turns: its third gets its head and waits
+    for a turn, while another tenant's download goes out whole; the third then goes on."""
+    from batches.services import file_create
+    from tenants.models import Tenant
+
+    with django_db_blocker.unblock():
+        other_key = roomy_key("downloads-other")
+        other = Tenant.objects.get(slug="downloads-other")
+        content = (b'{"pad": "' + b"p" * 1000 + b'"}\n') * (MiB // 1012)
+        small = file_create(tenant_id=other.pk, filename="s.jsonl", purpose="batch",
+                            content=content)  # fmt: skip
+    theirs = BigFile(other_key, small.id, len(content), hashlib.sha256(content).hexdigest())
+    stalled = [_stalled(frontend, big) for _ in range(2)]
+    waiting, _, early = _stalled(frontend, big)  # the tenant's third: its head comes
+    try:
+        assert early == 0
+        assert _download(frontend, theirs) == theirs.digest  # the other tenant's goes on
+        waiting.settimeout(3)
+        with pytest.raises(TimeoutError):
+            waiting.recv(1)  # none of the third's body while the two hold the turns
+    finally:
+        for sock, _, _ in stalled:
+            sock.close()
+    with waiting:
+        waiting.settimeout(60)
+        assert waiting.recv(1)  # a turn came free: the third goes on
