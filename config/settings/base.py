@@ -294,8 +294,8 @@ REST_FRAMEWORK = {
     # JSON bodies meet the same limits as /v1's (depth, lone surrogates; see config/json_body).
     "DEFAULT_PARSER_CLASSES": [
         "config.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "config.parsers.FormParser",
+        "config.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }

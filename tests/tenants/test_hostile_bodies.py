@@ -56,6 +56,21 @@ def test_the_management_api_still_takes_a_normal_body(staff, world):
     assert response.status_code == 200 and response.json()["max_concurrency"] == 7
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/x-www-form-urlencoded", "&".join(["max_concurrency=1"] * 1001)),
+        ("multipart/form-data; boundary=b",
+         "".join('--b\r\nContent-Disposition: form-data; name="tenants"\r\n\r\n0\r\n'
+                 for _ in range(1001)) + "--b--\r\n"),
+    ],
+)  # fmt: skip
+def test_a_form_past_djangos_field_limit_gets_the_apis_json_400(staff, world, content_type, body):
+    response = staff.patch("/api/tenants/acme/quota", data=body, content_type=content_type)
+    assert response.status_code == 400, response.content[:300]
+    assert "fields" in response.json()["detail"]
+
+
 def test_a_key_expires_within_ten_years(world):
     with pytest.raises(ValidationError) as caught:
         api_key_issue(
