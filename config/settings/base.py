@@ -381,7 +381,7 @@ ROUNDHOUSE_LARGE_BODIES_PER_TENANT = env_int("ROUNDHOUSE_LARGE_BODIES_PER_TENANT
 # threads, at most that many of one tenant's at a time (the rest wait their turn), and a search
 # for where truncation cuts a conversation stops once it has run this long.
 ROUNDHOUSE_PREPROCESS_THREADS = env_int("ROUNDHOUSE_PREPROCESS_THREADS", 4)
-ROUNDHOUSE_PREPROCESS_PER_TENANT = env_int("ROUNDHOUSE_PREPROCESS_PER_TENANT", 2)
+ROUNDHOUSE_PREPROCESS_PER_TENANT = env_int("ROUNDHOUSE_PREPROCESS_PER_TENANT", 1)
 ROUNDHOUSE_PREPROCESS_SECONDS = env_float("ROUNDHOUSE_PREPROCESS_SECONDS", 10.0)
 # How many bytes of such bodies a tenant may send the inference endpoints a minute, counted from
 # Content-Length before a body is read (a token bucket; 0: no limit).
