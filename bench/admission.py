@@ -647,9 +647,9 @@ def main() -> None:
         "(in the flood's event loop, B's timings waited behind the parsing of A's stream "
         "events). Ratio = B's p99 TTFT under the flood "
         "÷ B's p99 TTFT alone (target for Roundhouse "
-        f"{TARGETS['neighbour_p99_ratio_roundhouse']}, ≤ 1.5 on a GPU). Each engine runs on core 0 (vLLM's "
-        "HTTP server with it); the load generator, and Roundhouse's frontend and ingester, on "
-        "core 1.\n\n"
+        f"{TARGETS['neighbour_p99_ratio_roundhouse']}, ≤ 1.5 on a GPU). Each engine runs on "
+        "core 0 (vLLM's HTTP server with it); the load generator, and Roundhouse's frontend "
+        "and ingester, on core 1.\n\n"
         + neighbour
         + "\n\nWhere B's time goes on Roundhouse, from each request's usage record (admitted, "
         "started and first-token times, taken by the frontend and the worker) and the client's "
