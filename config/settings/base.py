@@ -502,7 +502,7 @@ ROUNDHOUSE_TENANT_STORED_BYTES = env_int("ROUNDHOUSE_TENANT_STORED_BYTES", 1024*
 ROUNDHOUSE_BATCH_STEP_SECONDS = env_float("ROUNDHOUSE_BATCH_STEP_SECONDS", 20.0)
 ROUNDHOUSE_BATCH_LEASE_SECONDS = env_int("ROUNDHOUSE_BATCH_LEASE_SECONDS", 30)
 # The most lines of its input file one step of a batch validates (fewer once the step's time is
-# up): a file of 50,000 lines is read over ten steps, and other batches get steps in between.
+# up): a file of 50,000 lines is read over fifty steps, and other batches get steps in between.
 ROUNDHOUSE_BATCH_VALIDATE_LINES = env_int("ROUNDHOUSE_BATCH_VALIDATE_LINES", 1000)
 # A step that has run this long ends early for another tenant's batch waiting for a turn (its
 # lines keep running, and its next step follows them).
