@@ -182,10 +182,14 @@ class BatchRun:
         if time.monotonic() < self.yield_after:
             return False
         waiting = await db_call(_waiting_elsewhere, batch=self.batch, since=self.began)
-        for batch_id in waiting:
-            if not await self.lock.redis.exists(batch_lease_key(batch_id)):
-                return True
-        return False
+        if not waiting:
+            return False
+        # One round trip for the leases, as the scheduler reads them.
+        async with self.lock.redis.pipeline(transaction=False) as pipe:
+            for batch_id in waiting:
+                pipe.exists(batch_lease_key(batch_id))
+            leased = await pipe.execute()
+        return not all(leased)
 
     async def _lease_keep(self) -> None:
         """Renew the batch's lease while the step runs, a third of its length apart.
