@@ -73,7 +73,7 @@ CLUSTER_TESTS = tests/dataplane/test_cluster_scripts.py tests/dataplane/test_que
 	tests/dataplane/test_fair_dispatch.py tests/dataplane/test_replies.py \
 	tests/dataplane/test_quotas.py tests/e2e/test_api.py tests/e2e/test_stream_resume.py \
 	tests/e2e/test_idempotency.py tests/e2e/test_quotas.py tests/e2e/test_batches.py \
-	tests/e2e/test_billing.py tests/e2e/test_cluster_failover.py tests/inference/test_fallback.py
+	tests/e2e/test_billing.py tests/e2e/test_cluster_failover.py tests/inference/pipeline/test_fallback.py
 pytest-cluster: $(STAMP) $(ASSETS) system-tools
 	ROUNDHOUSE_TEST_CLUSTER=1 $(PY) -m pytest $(CLUSTER_TESTS) $(PYTEST_ARGS)
 

@@ -55,19 +55,21 @@ from dataplane.frontdoor import FrontDoor
 from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
 from dataplane.types import Event
-from inference import relay
-from inference.admission import Submitted, request_ended
-from inference.auth import Principal, principal_of_key
-from inference.clients import dispatch_get, quotas_get
-from inference.content_policy import policy_get
-from inference.errors import ApiError
-from inference.openai_format import Formatter, shape_of
-from inference.params import embeddings_parse, generation_parse
-from inference.responses import RESPONSES, batch_line_parse
-from inference.responses_views import responses_collect
-from inference.results import completion_collect, embeddings_collect
-from inference.structured import compiled_for
-from inference.submission import answer_shape, embedding_submit, generation_submit
+from inference.base.errors import ApiError
+from inference.body.parser import generation_parse
+from inference.body.tools import compiled_for
+from inference.chat.format import Formatter, answer_shape, shape_of
+from inference.embeddings.format import embeddings_collect
+from inference.embeddings.protocol import embeddings_parse
+from inference.pipeline import relay
+from inference.pipeline.admission import Submitted, request_ended
+from inference.pipeline.auth import Principal, principal_of_key
+from inference.pipeline.clients import dispatch_get, quotas_get
+from inference.pipeline.collect import completion_collect
+from inference.pipeline.safety import policy_get
+from inference.pipeline.submission import embedding_submit, generation_submit
+from inference.responses.protocol import RESPONSES, batch_line_parse
+from inference.responses.views import responses_collect
 
 log = logging.getLogger(__name__)
 # Refusals that mean "not now" (limits, a full or absent deployment): the line waits and retries.

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from batches.models import Batch, File, FileChunk
 from config.json_body import shown
-from inference.errors import ApiError
+from inference.base.errors import ApiError
 from tenants.models import Tenant
 
 

@@ -33,11 +33,13 @@ from batches.models import (
     LineState,
 )
 from config.json_body import BodyProblem, json_check, shown
-from inference.errors import ApiError, invalid, unrecognized
-from inference.openai_format import BYTES_FORMATS
-from inference.params import CHAT, COMPLETIONS, embeddings_parse, generation_parse
-from inference.responses import RESPONSES, batch_line_parse
-from inference.structured import compiled_for
+from inference.base.errors import ApiError, invalid, unrecognized
+from inference.body.fields import CHAT, COMPLETIONS
+from inference.body.parser import generation_parse
+from inference.body.tools import compiled_for
+from inference.embeddings.format import BYTES_FORMATS
+from inference.embeddings.protocol import embeddings_parse
+from inference.responses.protocol import RESPONSES, batch_line_parse
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,10 @@ from batches.models import Batch, File
 from config.db import tenant_db_call
 from config.http import content_disposition
 from config.turns import Turns
-from inference.asgi import ResponseCut
-from inference.endpoint import (
+from inference.base.errors import ApiError, invalid, unrecognized
+from inference.base.metrics import RequestClock
+from inference.edge.asgi import ResponseCut
+from inference.edge.endpoint import (
     api_endpoint,
     json_response,
     limit_query,
@@ -30,8 +32,6 @@ from inference.endpoint import (
     request_json,
     request_principal,
 )
-from inference.errors import ApiError, invalid, unrecognized
-from inference.metrics import RequestClock
 from tenants.models import Scope
 
 log = logging.getLogger(__name__)

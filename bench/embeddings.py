@@ -317,7 +317,7 @@ def _prepare(work: Path, max_batch_size: int) -> tuple[Any, dict[str, str], str,
     tenant = tenant_create(slug="bench")
     Quota.objects.filter(tenant=tenant).update(**UNLIMITED_QUOTA)
     issued = api_key_issue(tenant=tenant, name="bench")
-    from inference.tokenization import Tokenizer
+    from inference.pipeline.tokenization import Tokenizer
 
     direct = Direct(
         tenant_id=tenant.pk,

@@ -15,8 +15,8 @@ alternate which goes first.
 
 (2) The frontend's added time for a chat request carrying 20 tools (8 KB of JSON) over the
 same conversation without tools, measured in process on the frontend's own functions: the
-body's JSON decode, `inference.params.generation_parse` (validation, and each tool's schema
-compiled by xgrammar as the engine would), `inference.tokenization.prompt_ids` (the chat
+body's JSON decode, `inference.body.parser.generation_parse` (validation, and each tool's schema
+compiled by xgrammar as the engine would), `inference.pipeline.tokenization.prompt_ids` (the chat
 template rendered with the tools, then tokenised) and the job's tool list. p50 and p99 of many
 alternating runs of each body.
 
@@ -364,9 +364,10 @@ class FrontendTimes:
 def frontend_times(iterations: int) -> dict[str, FrontendTimes]:
     """Time the frontend's preprocessing of a plain chat and the same chat with 20 tools."""
     from billing.services import price_current
-    from inference.params import CHAT, body_parse, generation_parse
-    from inference.sampling import tools_build
-    from inference.tokenization import prompt_ids
+    from inference.body.fields import CHAT
+    from inference.body.parser import body_parse, generation_parse
+    from inference.pipeline.sampling import tools_build
+    from inference.pipeline.tokenization import prompt_ids
     from models_registry.selectors import route_resolve
 
     route = route_resolve(name="tiny", price_of=price_current)

@@ -14,9 +14,9 @@ django.setup()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-from inference.asgi import ApiHandler, is_api_path  # noqa: E402
-from inference.metrics import gc_pauses_observe  # noqa: E402
-from inference.routing import websocket_urlpatterns  # noqa: E402
+from inference.base.metrics import gc_pauses_observe  # noqa: E402
+from inference.edge.asgi import ApiHandler, is_api_path  # noqa: E402
+from inference.urls import websocket_urlpatterns  # noqa: E402
 
 _api = ApiHandler()
 _site = ASGIHandler()
@@ -36,7 +36,7 @@ async def http_application(scope: dict, receive: object, send: object) -> None:
 # Loading a tokenizer freezes again what it added (models_registry.tokenizer).
 from transformers import AutoTokenizer  # noqa: E402, F401
 
-from inference.structured import structured_ready  # noqa: E402
+from inference.body.tools import structured_ready  # noqa: E402
 
 structured_ready()  # the grammar compiler checks schemas before requests queue (xgrammar)
 gc.collect()

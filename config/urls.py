@@ -7,8 +7,9 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
-from inference import operations, scrape
 from inference import urls as inference_urls
+from inference.base import prometheus
+from inference.operations import views as operations
 from tenants import apis as tenants_apis
 
 urlpatterns = [
@@ -26,12 +27,12 @@ urlpatterns = [
     re_path(r"^api/(?P<path>[\s\S]*)$", tenants_apis.not_found),
     path("healthz", operations.healthz),
     path("readyz", operations.readyz),
-    # vLLM's own operational endpoints, at vLLM's paths (inference.operations).
+    # vLLM's own operational endpoints, at vLLM's paths (inference.operations.views).
     path("health", operations.health),
     path("ping", operations.ping),
     path("version", operations.version),
     path("tokenize", operations.tokenize),
     path("detokenize", operations.detokenize),
     path("", RedirectView.as_view(pattern_name="console:home"), name="root"),
-    path("metrics", scrape.metrics, name="metrics"),
+    path("metrics", prometheus.metrics, name="metrics"),
 ]

@@ -35,12 +35,15 @@ from billing.selectors import (
 from console import selectors
 from dataplane.redis_client import redis_sync_client
 from dataplane.snapshots import depth_sync, kv_cache_usage_sync, live_workers_sync, rate_sync
-from inference.conversations_store import (
+from inference.responses.store import (
+    Kept,
     conversation_delete,
     conversation_get,
     conversation_items,
+    response_delete,
+    response_get,
+    response_opened,
 )
-from inference.responses_store import Kept, response_delete, response_get, response_opened
 from models_registry.models import Model
 from models_registry.selectors import (
     model_access_get,

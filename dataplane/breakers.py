@@ -1,6 +1,6 @@
 """Circuit breakers shared between frontends: which alias and tenant breakers hold, until when.
 
-Each frontend keeps its own breakers (inference.breaker) and learns from the requests it
+Each frontend keeps its own breakers (inference.pipeline.breaker) and learns from the requests it
 relays. One that opens writes here until when it holds and tells the other frontends, which
 hold that tenant's requests for the alias too until then; one whose probe succeeds takes it
 back. A frontend that starts, or subscribes again after an outage, reads what holds now. The

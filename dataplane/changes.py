@@ -2,8 +2,9 @@
 
 Saving or deleting a model that keys, routes or safety policies are built from publishes
 that kind once its transaction commits; frontends mark their cached entries of the kind stale
-and reload them in the background (`inference.cache`). A canary rolled back, a quota raised or
-a policy assigned reaches every frontend within milliseconds rather than at the next TTL.
+and reload them in the background (`inference.pipeline.control_cache`). A canary rolled back,
+a quota raised or a policy assigned reaches every frontend within milliseconds rather than at
+the next TTL.
 
 Bulk `QuerySet.update()` sends no signals: code that changes such state that way calls
 `change_publish` itself.

@@ -1,7 +1,7 @@
 """What the data plane does when a tenant's keys stop working: frontends forget them now.
 
-A frontend caches the keys it has checked (inference.auth); a revocation published here makes
-every frontend drop the key at once, and the cache's TTL bounds how long a missed message
+A frontend caches the keys it has checked (inference.pipeline.auth); a revocation published
+here makes every frontend drop the key at once, and the cache's TTL bounds how long a missed message
 leaves it working. tenants publishes a revoked key itself (it sits above the data plane);
 `tenant_keys_forget` receives tenants' `tenant_deleted` signal with plain values, connected by
 InferenceConfig.ready, so this package imports no app.

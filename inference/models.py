@@ -29,7 +29,7 @@ class StoredResponse(models.Model):
     expires_at = models.DateTimeField(db_index=True)
     sealed = models.BinaryField()
     # The bytes it holds (its sealed text): the tenant's stored responses and conversations
-    # are bounded together (ROUNDHOUSE_TENANT_STORED_BYTES, inference.kept).
+    # are bounded together (ROUNDHOUSE_TENANT_STORED_BYTES, inference.responses.store).
     size = models.BigIntegerField(default=0)
 
     class Meta:

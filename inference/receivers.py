@@ -7,9 +7,13 @@ from typing import Any
 
 from dataplane.redis_client import redis_sync_client
 from dataplane.tenancy import tenant_keys_forget
-from inference.conversations_store import conversations_delete, conversations_expiry_shorten
-from inference.response_cache import tenant_answers_forget
-from inference.responses_store import responses_delete, responses_expiry_shorten
+from inference.pipeline.answer_cache import tenant_answers_forget
+from inference.responses.store import (
+    conversations_delete,
+    conversations_expiry_shorten,
+    responses_delete,
+    responses_expiry_shorten,
+)
 from tenants.models import Tenant
 from tenants.signals import TenantDeletion, retention_shortened, tenant_deleted, tenant_deleting
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference.conversations_store import conversations_purge
-from inference.responses_store import responses_purge as _responses_purge
+from inference.responses.store import conversations_purge
+from inference.responses.store import responses_purge as _responses_purge
 
 
 @shared_task
@@ -21,8 +21,8 @@ def responses_orphans_finish(older_than: float = 60.0) -> int:
     more than `older_than` seconds ago, whose request has ended)."""
     import asyncio
 
-    from inference.clients import dispatch_get
-    from inference.responses_background import orphans_finish
+    from inference.pipeline.clients import dispatch_get
+    from inference.responses.background import orphans_finish
 
     async def run() -> int:
         return await orphans_finish(dispatch_get(), older_than=older_than)

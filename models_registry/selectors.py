@@ -1,7 +1,7 @@
 """Read-only queries over the registry: what a model name routes to.
 
 A route carries the prices its requests pay, which billing decides (price books): the caller,
-above billing, passes its price function in (inference.clients passes billing's
+above billing, passes its price function in (inference.pipeline.clients passes billing's
 price_current), so the registry imports no app above it.
 """
 

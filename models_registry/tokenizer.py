@@ -1,6 +1,6 @@
 """A model version's tokenizer and chat template, loaded from its verified artifact directory.
 
-The frontend tokenises prompts with it (inference.tokenization turns its failures into the
+The frontend tokenises prompts with it (inference.pipeline.tokenization turns its failures into the
 API's errors) and a capacity measurement builds prompts of an exact length with it. Its
 failures are plain exceptions: what a client is told about them is the caller's business.
 """
@@ -219,7 +219,7 @@ def template_variables(template: str) -> frozenset[str]:
 def _content_text(content: Any) -> str:
     """A message's content as one string: text parts joined by newlines, None as "".
 
-    The API's parsing (inference.prompts) has already written each part as vLLM's server does;
+    The API's parsing (inference.body.inputs) has already written each part as vLLM's server does;
     what is left here is joining them.
     """
     if content is None:

@@ -1,4 +1,4 @@
-"""What tenants tells the apps above it, which it does not import (docs/design-notes.md, Layers).
+"""What tenants tells the apps above it, which it does not import (docs/design/layers.md).
 
 tenant_deleting: sent by tenant_delete inside its transaction, before the tenant's keys go,
     with `deletion`, a TenantDeletion. Each app deletes its own rows of the tenant there and

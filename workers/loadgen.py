@@ -1,6 +1,6 @@
 """Closed-loop load straight onto a deployment's queue, the way bench/embeddings.py drives it.
 
-Jobs are built as inference.submission builds a completion request's job, enqueued with
+Jobs are built as inference.pipeline.submission builds a completion request's job, enqueued with
 `FrontDoor.enqueue` and followed on their reply streams: no HTTP, no frontend, no quota. Nobody
 should pay for a measurement, so jobs are marked `shadow`: their usage records are kept at
 cost 0 and never invoiced, under the `user` tag the caller gives (`capacity:<run>`).

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 # The stream interval of a worker whose ROUNDHOUSE_STREAM_INTERVAL_MS is unset. A CPU engine
 # shares its cores with the relay, so gathering a stream's tokens buys it throughput; a GPU
 # host has cores to spare, and there relaying every engine step kept throughput at vLLM's
-# server's and its inter-token gaps as short (docs/design-notes.md, "Tail latency").
+# server's and its inter-token gaps as short (docs/design/tail-latency.md).
 CPU_STREAM_INTERVAL_MS = 20.0
 
 

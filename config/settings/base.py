@@ -439,8 +439,8 @@ ROUNDHOUSE_STREAM_INTERVAL_MS: float | None = (
     else None
 )
 # An alias whose recent requests mostly failed on the platform's side (engine errors, lost
-# workers) sends its interactive requests to its fallback for a while (inference/breaker.py).
-# A minimum of 0 requests turns the breakers off.
+# workers) sends its interactive requests to its fallback for a while
+# (inference/pipeline/breaker.py). A minimum of 0 requests turns the breakers off.
 ROUNDHOUSE_BREAKER_WINDOW_SECONDS = env_float("ROUNDHOUSE_BREAKER_WINDOW_SECONDS", 30.0)
 ROUNDHOUSE_BREAKER_MIN_REQUESTS = env_int("ROUNDHOUSE_BREAKER_MIN_REQUESTS", 10)
 ROUNDHOUSE_BREAKER_FAILURE_SHARE = env_float("ROUNDHOUSE_BREAKER_FAILURE_SHARE", 0.5)

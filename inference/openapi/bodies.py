@@ -1,22 +1,17 @@
 """The request bodies of the /v1 API, as its OpenAPI document describes them.
 
-Every body is built from its field table (inference.fields): each field's schema is the one
+Every body is built from its field table (inference.body.fields): each field's schema is the one
 its reader enforces. The batch views' bodies are batches.openapi's.
 """
 
 from __future__ import annotations
 
-from inference.fields import (
-    CHAT,
-    CHAT_BATCH_FIELDS,
-    COMPLETIONS,
-    EMBEDDING_FIELDS,
-    GENERATION_FIELDS,
-    Field,
-)
+from inference.body.fields import CHAT, COMPLETIONS, GENERATION_FIELDS, Field
+from inference.body.parser import EMBEDDINGS
+from inference.chat.protocol import CHAT_BATCH_FIELDS
+from inference.embeddings.protocol import EMBEDDING_FIELDS
 from inference.openapi.schema import Schema, obj
-from inference.operation_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
-from inference.params import EMBEDDINGS
+from inference.operations.protocol import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
 
 def request_schema(fields: dict[str, Field], endpoint: str, *required: str) -> Schema:

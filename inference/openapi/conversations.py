@@ -5,7 +5,7 @@ from __future__ import annotations
 from inference.openapi.paths import AUTH_ERRORS, errors, ok, path_parameter
 from inference.openapi.responses import ITEM
 from inference.openapi.schema import Schema, json_content, obj, ref
-from inference.responses import MAX_METADATA_KEYS, OUTPUT_LOGPROBS
+from inference.responses.protocol import MAX_METADATA_KEYS, OUTPUT_LOGPROBS
 
 _METADATA: Schema = {
     "type": ["object", "null"],

@@ -12,7 +12,6 @@ import functools
 
 import msgspec
 
-from inference.admission import CIRCUIT_OPEN, FALLBACK_REASONS
 from inference.openapi import bodies, objects
 from inference.openapi.conversations import SCHEMAS as CONVERSATIONS_SCHEMAS
 from inference.openapi.conversations import conversations_paths
@@ -23,6 +22,7 @@ from inference.openapi.paths import model_paths, operation_paths, request_paths,
 from inference.openapi.responses import SCHEMAS as RESPONSES_SCHEMAS
 from inference.openapi.responses import responses_paths
 from inference.openapi.schema import Schema
+from inference.pipeline.admission import CIRCUIT_OPEN, FALLBACK_REASONS
 
 
 def _merged(*sections: dict[str, Schema]) -> dict[str, Schema]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inference.errors import ANTHROPIC_TYPES
-from inference.messages import EFFORTS, MIN_THINKING_BUDGET, PASSED_TO_CHAT
+from inference.base.errors import ANTHROPIC_TYPES
+from inference.messages.protocol import EFFORTS, MIN_THINKING_BUDGET, PASSED_TO_CHAT
 from inference.openapi.paths import (
     _ERROR_DESCRIPTIONS,
     _RETRY_AFTER,

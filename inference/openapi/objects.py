@@ -5,7 +5,7 @@ Files and batches are batches.openapi's.
 
 from __future__ import annotations
 
-from inference.errors import ERROR_TYPES
+from inference.base.errors import ERROR_TYPES
 from inference.openapi.schema import Schema, obj, ref
 
 ERROR: Schema = obj(
@@ -362,7 +362,7 @@ REQUEST_STATUS: Schema = obj(
     "status",
 )
 
-# vLLM's /tokenize and /detokenize answers (inference.operations), field for field.
+# vLLM's /tokenize and /detokenize answers (inference.operations.views), field for field.
 TOKENIZE_RESPONSE: Schema = obj(
     {
         "count": {"type": "integer", "minimum": 0},

@@ -10,8 +10,8 @@ one event, and its `data` is JSON.
 
 from __future__ import annotations
 
-from inference.idempotency import MAX_KEY_LENGTH
 from inference.openapi.schema import ENTRY_ID, PATH_SEGMENT, Schema, json_content, obj, ref
+from inference.pipeline.idempotency import MAX_KEY_LENGTH
 
 REQUEST_ID_HEADER = {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
 VERSION_HEADER = {"x-roundhouse-model-version": {"$ref": "#/components/headers/ModelVersion"}}
@@ -288,7 +288,7 @@ def request_paths() -> dict[str, Schema]:
 
 
 def operation_paths() -> dict[str, Schema]:
-    """vLLM's operational endpoints, at vLLM's paths (outside /v1: inference.operations)."""
+    """vLLM's operational endpoints, at vLLM's paths (outside /v1: inference.operations.views)."""
     empty = {"headers": REQUEST_ID_HEADER}  # vLLM's /health answers with no body at all
     return {
         "/health": {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.fields import GENERATION_FIELDS, MAX_LOGPROBS
+from inference.body.fields import GENERATION_FIELDS, MAX_LOGPROBS
 from inference.openapi.paths import (
     _IDEMPOTENCY_KEY,
     _TIMEOUT_HEADER,
@@ -12,7 +12,7 @@ from inference.openapi.paths import (
     path_parameter,
 )
 from inference.openapi.schema import Schema, json_content, obj, ref
-from inference.responses import (
+from inference.responses.protocol import (
     COUNT_REFUSED_UNLESS,
     COUNTED,
     MAX_METADATA_KEYS,

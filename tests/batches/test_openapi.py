@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from batches.services import ENDPOINTS
-from inference.openapi import openapi_document
 from inference.openapi import parts as openapi_parts
+from inference.openapi.document import openapi_document
 from inference.openapi.parts import Part
 
 

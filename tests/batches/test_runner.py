@@ -30,7 +30,7 @@ from dataplane.keys import batch_lease_key, batch_runner_key, ledger_key, wherea
 from dataplane.quotas import month_of
 from dataplane.redis_client import redis_client_new, redis_sync_client
 from dataplane.snapshots import Depth, depth
-from inference import submission
+from inference.pipeline import submission
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS

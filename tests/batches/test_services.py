@@ -38,7 +38,7 @@ from batches.services import (
     window_parse,
 )
 from batches.tasks import files_purge as files_purge_task
-from inference.errors import ApiError
+from inference.base.errors import ApiError
 from tenants.models import ApiKey
 from tenants.services import api_key_issue, tenant_create
 

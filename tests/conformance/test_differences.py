@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.prompts import MAX_MESSAGES
-from inference.sampling import MAX_PROMPT_LOGPROBS
+from inference.body.inputs import MAX_MESSAGES
+from inference.pipeline.sampling import MAX_PROMPT_LOGPROBS
 from tests.conformance.cases import ASK, FUNCTIONS, HELLO, LONG, PATHS, THINK
 from tests.conformance.conftest import THINKING
 from tests.conftest import ACME_MAX_TOKENS, ALIAS

@@ -29,8 +29,8 @@ from dataplane.reaper import Reaper
 from dataplane.snapshots import QueueSnapshot
 from dataplane.types import Failed, Finished, Started, Status, usage_for
 from embedded.valkey_cluster import Cluster, primary_of
-from inference import idempotency
-from inference.idempotency import Idempotency, Original, record_key
+from inference.pipeline import idempotency
+from inference.pipeline.idempotency import Idempotency, Original, record_key
 from tests.dataplane.roles import roles
 from tests.jobs import job_new
 

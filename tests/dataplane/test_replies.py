@@ -18,7 +18,7 @@ from dataplane.keys import reply_key
 from dataplane.redis_client import cluster_of, redis_client_new
 from dataplane.replies import Follower, ReaderFailed
 from dataplane.types import Delta, Event, Failed, encode
-from inference import relay
+from inference.pipeline import relay
 from tests.dataplane.roles import Roles, roles
 
 

@@ -288,7 +288,7 @@ def test_a_tenants_conversations_and_stored_responses_are_bounded_together(
         assert [a.status_code for a in added] == [200, 400, 400, 400]
         error = added[1].json()["error"]
         assert (error["code"], error["param"]) == ("storage_limit_exceeded", "items")
-        from inference.kept import kept_bytes
+        from inference.responses.store import kept_bytes
 
         with django_db_blocker.unblock():
             held = kept_bytes(tenant_id=tenant_id)

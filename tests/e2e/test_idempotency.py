@@ -15,8 +15,8 @@ import pytest
 
 from dataplane.frontdoor import FrontDoor, Refusal, Refused
 from dataplane.redis_client import redis_client_new, redis_sync_client
-from inference.fields import COMPLETIONS
-from inference.idempotency import Idempotency, Original, body_digest, record_key
+from inference.body.fields import COMPLETIONS
+from inference.pipeline.idempotency import Idempotency, Original, body_digest, record_key
 from tests.conftest import ALIAS
 from tests.jobs import job_new
 

@@ -201,8 +201,8 @@ def _acme_state(world: World, acme: Objects) -> dict[str, Any]:
     """Everything of acme's (and the platform's) that a leaked call could have changed."""
     from batches.models import Batch, File
     from billing.models import Adjustment, Invoice, PriceBook, UsageRecord
-    from inference.conversations_store import conversation_get, conversation_items
     from inference.models import StoredResponse
+    from inference.responses.store import conversation_get, conversation_items
     from models_registry.models import Alias, Model, ModelGrant, Rollout
     from privacy.models import RetainedContent
     from tenants.models import ApiKey, Quota, Tenant

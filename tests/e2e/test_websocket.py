@@ -18,7 +18,7 @@ from channels.routing import URLRouter
 from django.conf import settings
 
 from billing.models import UsageRecord
-from inference.routing import websocket_urlpatterns
+from inference.urls import websocket_urlpatterns
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_issue, api_key_revoke, quota_update, tenant_create
 from tests.conftest import ALIAS

@@ -526,7 +526,7 @@ def test_per_deployment_objectives_split_the_rules_by_deployment(two_model_objec
 def test_example_objectives_are_bucket_boundaries():
     from vllm.v1.metrics.buckets import histogram_buckets
 
-    from inference.metrics import TTFT_BUCKETS
+    from inference.base.metrics import TTFT_BUCKETS
 
     ttft = {floatToGoString(b) for b in TTFT_BUCKETS}
     itl = {floatToGoString(b) for b in histogram_buckets("inter_token_latency")}

@@ -134,7 +134,7 @@ def _le_values(metric: str) -> set[str]:
 def test_latency_thresholds_are_bucket_boundaries_of_their_histograms():
     from vllm.v1.metrics.buckets import histogram_buckets
 
-    from inference.metrics import TTFT_BUCKETS
+    from inference.base.metrics import TTFT_BUCKETS
 
     ttft = {floatToGoString(b) for b in TTFT_BUCKETS}
     itl = {floatToGoString(b) for b in histogram_buckets("inter_token_latency")}

@@ -14,8 +14,8 @@ from batches.services import file_create
 from billing.invoices import adjustment_add, invoice_build, invoice_issue, invoices_build
 from billing.models import Adjustment, Invoice, UsageRecord
 from dataplane.redis_client import redis_sync_client
-from inference.auth import principal_of_key
-from inference.errors import ApiError
+from inference.base.errors import ApiError
+from inference.pipeline.auth import principal_of_key
 from privacy.models import RetainedContent
 from privacy.services import content_retain
 from tenants.keys import token_hash

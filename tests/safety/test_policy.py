@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from inference.errors import ApiError
+from inference.base.errors import ApiError
 from safety.detectors import PII_KINDS, DenyList, Finding, Pii, Toxicity
 from safety.policy import Policy, redact
 
@@ -88,8 +88,9 @@ def test_importing_safety_does_not_load_the_classifier():
 def test_a_redacted_message_reaches_a_template_that_loops_over_content_redacted(monkeypatch):
     import asyncio
 
-    from inference import content_policy
-    from inference.params import CHAT, generation_parse
+    from inference.body.fields import CHAT
+    from inference.body.parser import generation_parse
+    from inference.pipeline import safety as content_policy
     from models_registry.tokenizer import CONTENT_PARTS
 
     monkeypatch.setattr(content_policy, "_record", lambda *args: None)  # the audit's write
@@ -115,8 +116,8 @@ def test_a_redacted_message_reaches_a_template_that_loops_over_content_redacted(
 def test_each_conversation_of_a_batch_chat_is_screened_and_redacted_in_place(monkeypatch):
     import asyncio
 
-    from inference import content_policy
-    from inference.params import chat_batch_parse
+    from inference.chat.protocol import chat_batch_parse
+    from inference.pipeline import safety as content_policy
 
     monkeypatch.setattr(content_policy, "_record", lambda *args: None)  # the audit's write
     clean = [{"role": "user", "content": "Hello there"}]

@@ -43,7 +43,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from billing.invoices import invoice_build
-from inference.openapi import openapi_document
+from inference.openapi.document import openapi_document
 from models_registry.services import alias_set
 from tenants.services import api_key_issue, tenant_create
 from tests.conftest import ALIAS, ENCODER

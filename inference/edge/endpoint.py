@@ -1,0 +1,399 @@
+"""What every /v1 endpoint shares: the decorator that answers each failure as an OpenAI
+error, and what a view reads from its request (body, key, deadline, clock and trace)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import msgspec
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+
+from config.json_body import shown
+from dataplane.redis_client import UNREACHABLE
+from dataplane.tracing import TraceContext, bind, trace_start
+from inference.base.errors import ApiError, internal_error, invalid
+from inference.base.metrics import RequestClock, requests_total
+from inference.body.parser import GenerationRequest, body_parse
+from inference.edge.asgi import (
+    CHECKED_PRINCIPAL,
+    COUNTED,
+    COUNTS_REQUESTS,
+    TURN_OVER,
+    refusal_held,
+    unread_request_count,
+)
+from inference.pipeline.admission import Submitted, ratelimit_headers, request_id_new
+from inference.pipeline.auth import Principal, authenticate, credentials, scope_check
+from inference.pipeline.clients import quotas_get
+from inference.pipeline.preprocessing import preprocessed
+from inference.pipeline.replay import Replay, key_freed_on_failure, replayed_or_claimed
+from inference.pipeline.submission import generation_submit
+
+log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
+View = Callable[..., Awaitable[HttpResponseBase]]
+# Django's stubs type views as sync callables; URL patterns accept async ones at run time.
+Routable = Callable[..., Any]
+T = TypeVar("T")
+
+
+def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routable]:
+    """Give every response an x-request-id and turn every failure into an OpenAI error.
+
+    A `counted` endpoint's requests count against their tenant's requests per minute: before
+    the body is read (inference/edge/asgi.py finds such endpoints in the URL table by this mark),
+    or else when `request_principal` authenticates them.
+    """
+
+    def decorate(view: View) -> Routable:
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            request_id = request_id_new()
+            clock = RequestClock(endpoint=view.__name__)
+            trace = trace_start(request.headers.get("traceparent"))
+            request.META[_CLOCK] = clock
+            request.META[_TRACE] = trace
+            request.META[_COUNTED] = counted
+            bind(request_id=request_id, trace_id=trace.trace_id)
+            try:
+                if request.method not in methods:
+                    raise ApiError(
+                        405,
+                        "method_not_allowed",
+                        f"{request.method} is not allowed here; use {', '.join(methods)}.",
+                        headers={"Allow": ", ".join(methods)},
+                    )
+                response: HttpResponseBase = await view(request, request_id, *args, **kwargs)
+            except ApiError as exc:
+                response = exc.response(request.path)
+            except UNREACHABLE:
+                # The platform, not the client, is at fault, and retrying soon may work: a fast
+                # 503 rather than a 500 or a hang (connections time out in seconds).
+                log.warning("the queue store is unreachable (%s)", request.path)
+                response = ApiError(
+                    503,
+                    "service_unavailable",
+                    "The platform cannot reach its queue store right now; retry shortly.",
+                    retry_after=1,
+                ).response(request.path)
+            except (OperationalError, InterfaceError):
+                # PostgreSQL is down or restarting and this request needed what no cache held
+                # (a key, route or model list older than its TTL and grace): the same fast 503.
+                log.warning("the database is unreachable (%s)", request.path)
+                response = ApiError(
+                    503,
+                    "service_unavailable",
+                    "The platform cannot reach its database right now; retry shortly.",
+                    retry_after=1,
+                ).response(request.path)
+            except Exception:
+                log.exception("unhandled error in %s", request.path)
+                response = internal_error().response(request.path)
+            principal = request.META.get(_PRINCIPAL)
+            if principal is not None and "x-ratelimit-limit-requests" not in response:
+                # Every response to a known tenant says where its limits stand.
+                await _add_ratelimit_headers(response, principal)
+            if "x-request-id" not in response:
+                response["x-request-id"] = request_id
+            response["traceparent"] = trace.traceparent
+            requests_total.labels(endpoint=view.__name__, code=str(response.status_code)).inc()
+            if not isinstance(response, StreamingHttpResponse):
+                if clock.dispatched:
+                    clock.lap("relay")
+                clock.finish()  # a stream's ends when its last chunk is written
+            # A refusal is an answer, not a server fault: Django need not log each one (a flood
+            # of 503s would otherwise cost a log line apiece). Real faults are logged above.
+            response._has_been_logged = True  # type: ignore[attr-defined]
+            return response
+
+        setattr(wrapper, COUNTS_REQUESTS, counted)
+        return wrapper
+
+    return decorate
+
+
+def json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpResponse:
+    payload = body if isinstance(body, bytes) else _json.encode(body)
+    return HttpResponse(payload, status=status, content_type="application/json")
+
+
+def sse_response(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    """A stream of server-sent events, marked so that no proxy caches or buffers it."""
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def pieces_response(pieces: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:
+    """A whole answer sent a piece at a time, each made once the one before was handed on.
+
+    The connection holds one piece, not the answer, while its client reads (a client that
+    stops is cut after the write timeout, inference/edge/asgi.py), and a fast client's large answer
+    lets other requests run between its pieces.
+    """
+
+    async def taken() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+            await asyncio.sleep(0)  # the send did not wait: let others run before the next
+
+    return StreamingHttpResponse(taken(), content_type=content_type)
+
+
+async def request_body(request: HttpRequest) -> bytes:
+    """The request's body, or a 413 when it is larger than the API accepts."""
+    length = request.headers.get("Content-Length")
+    limit = settings.MAX_REQUEST_BYTES
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+    try:
+        body = request.body
+    except RequestDataTooBig as exc:
+        raise ApiError(
+            413, "request_too_large", f"The request body exceeds {limit} bytes."
+        ) from exc
+    if len(body) > limit:
+        raise ApiError(413, "request_too_large", f"The request body exceeds {limit} bytes.")
+    return body
+
+
+# Bodies longer than this are parsed, and their fields read, off the event loop: JSON of many
+# small values costs about a millisecond every 16 KiB (150 KB of 4,096 messages: 8 ms).
+INLINE_BODY_BYTES = 16 * 1024
+
+
+async def request_json(request: HttpRequest) -> dict[str, Any]:
+    """The request's body as a JSON object (see `body_parse`), or the 4xx saying why not."""
+    body, _ = await request_read(request, _nothing)
+    return body
+
+
+def _nothing(body: dict[str, Any]) -> None:
+    return None
+
+
+async def request_read(
+    request: HttpRequest, read: Callable[[dict[str, Any]], T]
+) -> tuple[dict[str, Any], T]:
+    """The request's body as a JSON object, and what `read` makes of it (its fields, read and
+    checked), or the 4xx saying why not.
+
+    A body over INLINE_BODY_BYTES is parsed and read on the preprocessing threads, in its
+    tenant's turn (inference.pipeline.preprocessing), so that a tenant's large or many-valued bodies
+    hold no other request's event loop. A large body's reading turn ends here, once it is
+    parsed (inference/edge/asgi.py, _turns).
+    """
+    try:
+        raw = await request_body(request)
+
+        def parsed() -> tuple[dict[str, Any], T]:
+            body = body_parse(raw)
+            return body, read(body)
+
+        if len(raw) <= INLINE_BODY_BYTES:
+            return parsed()
+        principal = request.META.get(_PRINCIPAL)
+        return await preprocessed(principal.tenant_id if principal else 0, parsed)
+    finally:
+        over = getattr(request, "scope", {}).get(TURN_OVER)
+        if over is not None:
+            over()
+
+
+def _timeout(raw: str | None) -> float | None:
+    """Return the client's own deadline in seconds (`x-request-timeout`), if it sent one."""
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ApiError(
+            400,
+            "invalid_value",
+            "x-request-timeout must be a positive number of seconds.",
+            param="x-request-timeout",
+        )
+    return seconds
+
+
+_PRINCIPAL = "roundhouse.principal"
+_CLOCK = "roundhouse.clock"
+_TRACE = "roundhouse.trace"
+_COUNTED = "roundhouse.counted_endpoint"
+
+
+def request_clock(request: HttpRequest) -> RequestClock:
+    clock: RequestClock = request.META[_CLOCK]
+    return clock
+
+
+def request_trace(request: HttpRequest) -> TraceContext:
+    trace: TraceContext = request.META[_TRACE]
+    return trace
+
+
+async def request_principal(request: HttpRequest, scope: str) -> Principal:
+    """Authenticate a request's API key for a scope; later headers name its limits.
+
+    A request to a counted endpoint (`api_endpoint(counted=True)`) takes its token from the
+    tenant's requests per minute here, before its body is parsed, so that it counts (or gets
+    its 429) whatever its body holds; unless the handler counted it before its body was read
+    (inference/edge/asgi.py).
+    """
+    scope_of = getattr(request, "scope", {})
+    checked = scope_of.get(CHECKED_PRINCIPAL)
+    if checked is not None:
+        principal = scope_check(checked, scope=scope)  # its key was checked before its body
+    else:
+        principal = await authenticate(
+            credentials(request.headers.get("Authorization"), request.headers.get("x-api-key")),
+            scope=scope,
+        )
+    request.META[_PRINCIPAL] = principal
+    if request.META.get(_COUNTED) and not scope_of.get(COUNTED):
+        # As the handler counts a body's request: a refusal is remembered a moment, so a flood
+        # of reads past the limit costs no round trip each, and held until a retry could pass.
+        refusal = await unread_request_count(principal=principal, size=None)
+        if refusal is not None:
+            raise await refusal_held(principal.tenant_id, refusal)
+    clock = request.META.get(_CLOCK)
+    if clock is not None:
+        clock.lap("auth")
+    return principal
+
+
+async def _add_ratelimit_headers(response: HttpResponseBase, principal: Principal) -> None:
+    try:
+        decision = await quotas_get().peek(tenant_id=principal.tenant_id, limits=principal.limits)
+    except Exception:
+        log.warning("could not read the rate-limit state of tenant %s", principal.tenant_slug)
+        return
+    for name, value in ratelimit_headers(principal.limits, decision).items():
+        response[name] = value
+
+
+def client_timeout(request: HttpRequest, body_timeout: float | None) -> float | None:
+    """The sooner of the `x-request-timeout` header and the body's `timeout`, if either."""
+    timeouts = [t for t in (_timeout(request.headers.get("x-request-timeout")), body_timeout) if t]
+    return min(timeouts, default=None)
+
+
+MAX_PAGE = 100  # the most objects one page of a list holds
+
+
+def list_page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """A page of a list as OpenAI's lists answer: its objects, the first and last ids."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def limit_query(request: HttpRequest, *, default: int = 20, most: int = MAX_PAGE) -> int:
+    """A list's `limit`: an integer from 1 to `most`, `default` when not given."""
+    raw = request.GET.get("limit")
+    if raw is None:
+        return default
+    # ASCII digits only, and few: "²" is a digit to str.isdigit, and int() refuses it, as it
+    # refuses a string of thousands of digits.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))) or not (
+        1 <= int(raw) <= most
+    ):
+        raise invalid("limit", f"'limit' must be an integer from 1 to {most}.")
+    return int(raw)
+
+
+def page_query(
+    request: HttpRequest, *, default: int = 20, most: int = MAX_PAGE
+) -> tuple[int, str, str | None]:
+    """A list's query as OpenAI's lists read it: `limit` (1 to 100, 20, unless the list says
+    otherwise), `order` (`asc` or `desc`, the default) and `after` (an object's id: the page
+    starts past it)."""
+    limit = limit_query(request, default=default, most=most)
+    order = request.GET.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("order", "'order' must be 'asc' or 'desc'.")
+    return limit, order, request.GET.get("after")
+
+
+@api_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
+async def not_found(request: HttpRequest, request_id: str, path: str = "") -> HttpResponse:
+    raise ApiError(404, "not_found", f"No endpoint {request.method} {shown(request.path)}.")
+
+
+async def generation_submitted(
+    request: HttpRequest,
+    *,
+    principal: Principal,
+    chat: GenerationRequest,
+    body: dict[str, Any],
+    request_id: str,
+    api: str,
+    key: str | None,
+    replay: Replay,
+    before: Callable[[], Awaitable[None]] | None = None,
+    refused: Callable[[ApiError], ApiError] | None = None,
+) -> Submitted | HttpResponseBase:
+    """A generation view's one call into the pipeline: the answer of a retried Idempotency-Key
+    again (a response, marked replayed), or the request submitted (routed, tokenised,
+    admitted and queued) with the key claimed for it.
+
+    Every API that generates (chat, completions, Responses, Messages) runs through here, so
+    the key's choreography is written once: a retry answers with its first request's answer,
+    or runs in its place when that failed; whatever refuses, fails or cancels the request
+    before it runs frees the key again. `api` names the endpoint its usage record and key's
+    original name; `before` runs the view's own last check once the key is claimed (the
+    Responses API's storage bound); `refused` renames a refusal into the API's own terms.
+    """
+    with key_freed_on_failure(tenant_id=principal.tenant_id, key=key, request_id=request_id):
+        if key is not None:
+            replayed = await replayed_or_claimed(
+                principal=principal,
+                model=chat.model,
+                key=key,
+                endpoint=api,
+                body=body,
+                replay=replay,
+                request_id=request_id,
+            )
+            if replayed is not None:
+                return replayed
+        if before is not None:
+            await before()
+        try:
+            return await generation_submit(
+                principal=principal,
+                request=chat,
+                request_id=request_id,
+                timeout=client_timeout(request, chat.timeout),
+                priority=chat.priority,
+                idempotency_key=key,
+                clock=request_clock(request),
+                trace=request_trace(request),
+                request_taken=True,
+                endpoint=api,
+            )
+        except ApiError as exc:
+            if refused is None:
+                raise
+            raise refused(exc) from None
+
+
+def submitted_headers(response: HttpResponseBase, submitted: Submitted) -> HttpResponseBase:
+    """A submitted request's answer, with the headers that name its limits and version."""
+    for name, value in submitted.headers().items():
+        response[name] = value
+    return response

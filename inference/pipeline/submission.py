@@ -1,0 +1,641 @@
+"""Submit a request: route it, tokenise it, build its job, admit it and enqueue it.
+
+A generation or embeddings request becomes a job here; its admission against its tenant's
+limits is in inference.pipeline.admission, the shared clients and route cache in
+inference.pipeline.clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import time
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+from django.conf import settings
+
+from dataplane.background import spawn
+from dataplane.frontdoor import Refusal
+from dataplane.quotas import Decision, Usage
+from dataplane.redis_client import until_reachable
+from dataplane.tracing import TraceContext
+from dataplane.types import (
+    Job,
+    Sampling,
+    encode,
+)
+from inference.base.errors import ApiError, invalid
+from inference.base.metrics import RequestClock, admission_decided, fallback_taken
+from inference.body.parser import EMBEDDINGS, EmbeddingRequest, GenerationRequest
+from inference.pipeline.admission import (
+    CIRCUIT_OPEN,
+    FALLBACK_REASONS,
+    Submitted,
+    admit,
+    queue_full_error,
+    ratelimit_headers,
+    refusal_error,
+    request_abandon,
+    request_count,
+    reservation_return,
+    route_cost,
+)
+from inference.pipeline.answer_cache import CacheLookup, cache_answer, cache_lookup
+from inference.pipeline.auth import Principal
+from inference.pipeline.breaker import breaker_admits
+from inference.pipeline.clients import answer_cache_get, dispatch_get, idempotency_get, routing_get
+from inference.pipeline.idempotency import KEY_TTL_SECONDS, Original
+from inference.pipeline.pools import pool_route
+from inference.pipeline.preprocessing import preprocessed
+from inference.pipeline.safety import input_screen, policy_get, token_output_check
+from inference.pipeline.sampling import reasoning_build, sampling_build, tools_build
+from inference.pipeline.tokenization import (
+    INLINE_TOKENIZE_CHARS,
+    input_ids,
+    input_too_long,
+    prepared_inline,
+    prompt_ids,
+    prompts_read,
+    tokenizer_of,
+    turns_fitted,
+)
+from models_registry.models import FALLBACK_HOPS, Task
+from models_registry.selectors import Route, Routing
+from models_registry.tokenizer import CONTENT_PARTS
+
+log = logging.getLogger(__name__)
+SHADOW_REPLY_TTL_SECONDS = 60
+
+# After a queue_full refusal this frontend refuses that deployment's requests of the class
+# refused (and of the batch class, after an interactive one) at once for a moment: 50 ms is
+# short next to a request's service time and long next to a flood's gaps.
+QUEUE_FULL_BACKOFF_SECONDS = 0.05
+# How long a refusal waits for its reservation to be given back before it is answered.
+GIVE_BACK_WAIT_SECONDS = 1.0
+_full_until: dict[tuple[str, str], float] = {}
+
+
+def queue_limits(route: Route, job: Job) -> tuple[int, int]:
+    """The queue's limits (jobs, reserved tokens) a job is admitted under.
+
+    Interactive work may fill the deployment's whole queue; batch work (batch lines, shadow
+    copies) only its `ROUNDHOUSE_BATCH_QUEUE_SHARE`, so under overload the batch class is
+    shed first and interactive requests still find room. A batch job that alone reserves
+    more than the share still gets in when no tokens wait ahead of it.
+    """
+    if job.priority == "interactive":
+        return route.max_queued, route.max_queued_tokens
+    share = settings.ROUNDHOUSE_BATCH_QUEUE_SHARE
+    return (
+        int(route.max_queued * share),
+        max(int(route.max_queued_tokens * share), job.reserved_tokens),
+    )
+
+
+def _queue_full_recently(deployment: str, priority: str) -> bool:
+    """Whether the queue refused this class a moment ago (an interactive refusal: any class)."""
+    interactive = _full_until.get((deployment, "interactive"), 0.0)
+    until = max(interactive, _full_until.get((deployment, priority), 0.0))
+    return until > time.monotonic()
+
+
+def _prompt_text(request: GenerationRequest) -> str:
+    """The prompt as retained: chat messages as JSON, a completion prompt as it came."""
+    if request.messages is not None:
+        # The messages as the client wrote them, without the parts form kept for rendering
+        # (a batch's conversations as an array of them).
+        shown = [
+            [{k: v for k, v in m.items() if k != CONTENT_PARTS} for m in chat]
+            for chat in request.chats()
+        ]
+        return json.dumps(shown if request.conversations else shown[0], ensure_ascii=False)
+    if len(request.prompts) > 1 or isinstance(request.prompt, list):
+        return json.dumps(list(request.prompts), ensure_ascii=False)
+    return request.prompt or ""
+
+
+async def _fallback_routing(
+    fallback: str, refused: ApiError | None, *, principal: Principal
+) -> Routing | None:
+    """Where an alias's fallback routes now for the caller, or None where it routes nowhere
+    (for it: a fallback its tenant or key may not call is not taken).
+
+    A refusal that sent the request on stands when there is nowhere to send it: raised.
+    """
+    try:
+        return await routing_get(fallback, principal=principal)
+    except ApiError:
+        if refused is not None:
+            raise refused from None
+        return None
+
+
+async def generation_submit(
+    *,
+    principal: Principal,
+    request: GenerationRequest,
+    request_id: str,
+    timeout: float | None = None,
+    priority: str = "interactive",
+    idempotency_key: str | None = None,
+    reply_ttl: int = 0,
+    clock: RequestClock | None = None,
+    trace: TraceContext | None = None,
+    request_taken: bool = False,
+    endpoint: str | None = None,
+) -> Submitted:
+    """Admit a request and enqueue it for its deployment's workers.
+
+    `endpoint` names the API the request came through on its usage record, where that is not
+    the request's own (the Responses API runs as chat).
+
+    Its deadline is the soonest of the client's timeout, the tenant's maximum and the
+    platform's maximum. `clock` times its preprocessing and admission; `trace` is the
+    caller's span, which the worker continues. `request_taken`: `request_count` counted it.
+
+    An interactive request that its alias's deployment cannot take (see FALLBACK_REASONS)
+    goes to the alias's fallback, and on down its chain: admitted there from the start (its
+    prompt rendered by the fallback's template, its reservation at the fallback's prices),
+    once what it reserved here has been given back. Batch work waits for its own model.
+    While the alias's circuit breaker is open (its recent requests failed; see
+    inference/pipeline/breaker.py), the fallback is asked first, `circuit_open` the reason.
+    """
+    routing = await routing_get(request.model, principal=principal)
+    if routing.fallback and priority == "interactive" and not request_taken:
+        # Counted once, here, whichever model takes it (an attempt refused before admission
+        # would not have counted it).
+        await request_count(principal=principal)
+        request_taken = True
+    named, reason = request.model, ""
+    tried = {named}  # each alias once, whatever a change made of the chain meanwhile
+    while True:
+        follow = (
+            bool(routing.fallback)
+            and priority == "interactive"
+            and routing.fallback not in tried
+            and len(tried) <= FALLBACK_HOPS
+        )
+        refused: ApiError | None = None
+        # The alias's breaker is open: its recent requests failed; the fallback is asked first.
+        held = follow and not breaker_admits(request.model, principal.tenant_id, request_id)
+        if not held:
+            try:
+                submitted = await _generation_admit(
+                    routing=routing,
+                    principal=principal,
+                    request=request,
+                    request_id=request_id,
+                    timeout=timeout,
+                    priority=priority,
+                    idempotency_key=idempotency_key,
+                    reply_ttl=reply_ttl,
+                    clock=clock,
+                    trace=trace,
+                    request_taken=request_taken,
+                    endpoint=endpoint,
+                    fallback_from=named if request.model != named else "",
+                )
+            except ApiError as exc:
+                if not follow or exc.code not in FALLBACK_REASONS:
+                    raise
+                refused = exc
+            else:
+                if routing.fallback:
+                    submitted = replace(submitted, breaker_alias=request.model)
+                if request.model == named:
+                    return submitted
+                return replace(submitted, fallback_from=named, fallback_reason=reason)
+        onward = await _fallback_routing(routing.fallback, refused, principal=principal)
+        if onward is None:
+            # Held by its breaker, but the fallback routes nowhere now: the alias is asked after
+            # all, and nothing else.
+            tried.add(routing.fallback)
+            continue
+        code = refused.code if refused is not None else CIRCUIT_OPEN
+        fallback_taken(model=request.model, fallback=routing.fallback, reason=code)
+        reason = code
+        tried.add(routing.fallback)
+        request = replace(request, model=routing.fallback)
+        routing = onward
+
+
+async def _generation_admit(
+    *,
+    routing: Routing,
+    principal: Principal,
+    request: GenerationRequest,
+    request_id: str,
+    timeout: float | None,
+    priority: str,
+    idempotency_key: str | None,
+    reply_ttl: int,
+    clock: RequestClock | None,
+    trace: TraceContext | None,
+    request_taken: bool,
+    endpoint: str | None,
+    fallback_from: str,
+) -> Submitted:
+    """One attempt of generation_submit, on one model's routing."""
+    route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
+    task_check(route, embeddings=False, model=request.model)
+    reasoning = reasoning_build(request, route)
+    route = await pool_route(route, priority=priority)
+    if clock is not None:
+        clock.deployment = route.deployment
+    if _queue_full_recently(route.deployment, priority):
+        # The queue refused a request a moment ago: refuse before tokenising or touching
+        # Redis, so a flood costs the platform almost nothing.
+        raise queue_full_error(request.model, deployment=route.deployment)
+    # The served version's policy: whatever name reached it (an alias, the model, pinned).
+    policy = await policy_get(tenant_id=principal.tenant_id, version=route.version)
+    token_output_check(request, policy=policy)
+    request = await input_screen(
+        request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
+    )
+    context = min(route.context_length, principal.max_context_tokens)
+    await tokenizer_of(route)  # its first load off the event loop
+    if request.truncate_turns:
+        request = await preprocessed(
+            principal.tenant_id,
+            turns_fitted,
+            request,
+            route,
+            context=context,
+            seconds=settings.ROUNDHOUSE_PREPROCESS_SECONDS,
+        )
+    if prepared_inline(request):
+        prompts, text = prompts_read(request, route, context=context)
+    else:
+        # Long prompts, many messages and templates with tools are prepared off the event
+        # loop, in their tenant's turn, so they stall no other stream.
+        prompts, text = await preprocessed(
+            principal.tenant_id, prompts_read, request, route, context=context
+        )
+    rendered = text if request.return_prompt_text else None
+    sampling = sampling_build(
+        request=request,
+        route=route,
+        principal=principal,
+        prompt_tokens=max(len(p) for p in prompts),
+    )
+    if idempotency_key is not None and request.answered_with_prompt_ids:
+        # A retry is answered from the reply stream alone, and this answer lists its prompts'
+        # token ids: they go in it too.
+        sampling = msgspec.structs.replace(sampling, prompt_ids_in_reply=True)
+    tools = tools_build(request, route)
+    now = time.time()
+    job = Job(
+        request_id=request_id,
+        tenant_id=principal.tenant_id,
+        api_key_id=principal.key_id,
+        deployment=route.deployment,
+        model_version=route.version_digest,
+        endpoint=endpoint or request.endpoint,
+        prompt_token_ids=[t for p in prompts for t in p],
+        input_lengths=[len(p) for p in prompts] if len(prompts) > 1 else [],
+        sampling=sampling,
+        tools=tools,
+        reasoning=reasoning,
+        priority=priority,
+        weight=principal.priority_weight,
+        enqueued_at=now,
+        deadline=_deadline(principal, now, timeout),
+        reply_ttl=KEY_TTL_SECONDS if idempotency_key is not None else reply_ttl,
+        adapter=route.adapter,
+        user=(request.user or "")[:64],
+        stream=request.stream,
+        trace_id=trace.trace_id if trace else "",
+        parent_span_id=trace.span_id if trace else "",
+        fallback_from=fallback_from,
+        cache_salt=request.cache_salt or "",
+    )
+    payload = _envelope(job)
+    cache = await cache_lookup(answer_cache_get(), principal, job)
+    if idempotency_key is not None:
+        # Bound before it is queued: a retry then knows which request to look for, whatever
+        # happens to this frontend from here (inference/pipeline/idempotency.py).
+        await idempotency_get().bind(
+            tenant_id=principal.tenant_id,
+            key=idempotency_key,
+            original=Original(
+                request_id=request_id,
+                deployment=route.deployment,
+                model=route.served_name,
+                version=route.version,
+                created=int(now),
+                deadline=job.deadline,
+                thinking=job.reasoning is not None,
+            ),
+        )
+    decision = await _job_submit(
+        principal=principal,
+        route=route,
+        job=job,
+        payload=payload,
+        model=request.model,
+        clock=clock,
+        cache=cache,
+        request_taken=request_taken,
+    )
+    try:
+        shadow = routing.shadow_for(request_id=request_id)
+        if shadow is not None and shadow.version_digest != route.version_digest:
+            spawn(_shadow_submit(request, job, shadow))
+        submitted = Submitted(
+            job=job,
+            route=route,
+            principal=principal,
+            decision=decision,
+            idempotency_key=idempotency_key,
+            cache=cache.use if cache is not None else None,
+            prompt_text=_prompt_text(request) if principal.retention_days > 0 else None,
+            policy=policy,
+            rendered_prompt=rendered,
+        )
+        if idempotency_key is not None:
+            await idempotency_get().queued(
+                tenant_id=principal.tenant_id, key=idempotency_key, request_id=request_id
+            )
+    except BaseException:
+        # Queued, but its caller will never follow it: it ends now, through the one path.
+        spawn(request_abandon(job))
+        raise
+    return submitted
+
+
+def _envelope(job: Job) -> bytes:
+    """Encode a job for the queue, or raise the 400 of input that cannot be encoded.
+
+    Done before admission, so such a request reserves nothing.
+    """
+    try:
+        return encode(job)
+    except (ValueError, OverflowError, msgspec.EncodeError):
+        texts = {"user": [job.user], "stop": job.sampling.stop, "bad_words": job.sampling.bad_words}
+        param = next((name for name, found in texts.items() if not _encodable(found)), "body")
+        message = f"'{param}' holds text that cannot be encoded as UTF-8 (a lone surrogate?)."
+        raise invalid(param, message) from None
+
+
+def _encodable(texts: list[str]) -> bool:
+    try:
+        for text in texts:
+            text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _job_submit(
+    *,
+    principal: Principal,
+    route: Route,
+    job: Job,
+    model: str,
+    clock: RequestClock | None,
+    cache: CacheLookup | None = None,
+    payload: bytes | None = None,
+    request_taken: bool = False,
+) -> Decision:
+    """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
+
+    A request found in its tenant's response cache is admitted the same way, then answered
+    from the cache instead of queued. `payload` is the job's encoding, if made already.
+    """
+    if clock is not None:
+        clock.lap("preprocess")
+    try:
+        _queue_fit_check(route, job, model=model)
+        reserve = Usage(
+            tokens=job.reserved_tokens,
+            cost_micros=route_cost(
+                route,
+                prompt=len(job.prompt_token_ids),
+                completion=job.sampling.max_tokens * job.choices,
+            ),
+        )
+        # This attempt's mark on its reservation: its give-backs undo it and nothing else
+        # (the same request id is admitted again by a fallback, or a batch's next step).
+        admission = secrets.token_hex(8)
+
+        def give_back() -> asyncio.Task[Any]:
+            return spawn(
+                until_reachable(
+                    lambda: reservation_return(job, admission=admission),
+                    "give back a reservation",
+                )
+            )
+
+        try:
+            decision = await admit(
+                principal=principal,
+                request_id=job.request_id,
+                reserve=reserve,
+                request_taken=request_taken,
+                admission=admission,
+            )
+        except ApiError:
+            raise  # refused: the script took nothing
+        except BaseException:
+            # Redis went away or the client did while the admission script was in flight: it
+            # may have run with its answer lost, and then it holds a reservation (a slot, the
+            # reserved cost charged to the month) that no end would ever settle. Giving it
+            # back is a no-op when it never ran; it goes on in the background until Redis is
+            # back (a minute at most), as the refusal is answered.
+            give_back()
+            raise
+        try:
+            if cache is not None and cache.answer is not None:
+                await cache_answer(dispatch_get(), job=job, use=cache.use, answer=cache.answer)
+            else:
+                await _enqueue(route=route, job=job, model=model, payload=payload)
+        except ApiError as exc:
+            # Admitted, then refused by the queue: nothing was queued, so the reservation goes
+            # back at once and the request leaves no usage record, like any other refusal.
+            released = give_back()
+            # Given back before the refusal is answered, so that the tenant's slot is free for
+            # a fallback's attempt. Waited for briefly: with Redis away it goes on trying in
+            # the background and the refusal is answered (a late give-back undoes this
+            # attempt's reservation only). A cancel of this request still lets it finish.
+            await asyncio.wait({released}, timeout=GIVE_BACK_WAIT_SECONDS)
+            raise exc.with_headers(ratelimit_headers(principal.limits, decision)) from None
+        except BaseException:
+            # Admitted, then anything else (any exception, a cancelled task): the job may or
+            # may not be queued. It ends through the one path that settles its reservation
+            # and leaves exactly one usage record.
+            spawn(request_abandon(job))
+            raise
+    except ApiError as exc:
+        admission_decided(deployment=route.deployment, reason=exc.code)
+        raise
+    finally:
+        if clock is not None:
+            clock.lap("admission")
+    admission_decided(deployment=route.deployment, reason="admitted")
+    return decision
+
+
+def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:
+    """Refuse a request that reserves more tokens than its deployment queues at all.
+
+    The queue refuses it as full whatever waits ahead of it, so a 503 queue_full would have
+    the client retry for ever: it is a 400 that names what to lower, before anything is
+    reserved.
+    """
+    limit = route.max_queued_tokens
+    if job.reserved_tokens <= limit:
+        return
+    prompt = len(job.prompt_token_ids)
+    if job.endpoint == EMBEDDINGS:
+        message = (
+            f"This request's input is {prompt} tokens, more than '{model}' queues at once "
+            f"({limit} tokens). Send fewer or shorter inputs."
+        )
+        raise ApiError(400, "exceeds_queue_capacity", message, param="input")
+    # Name n when max_tokens for one choice would fit: it is the choices that overflow.
+    param = "n" if job.choices > 1 and prompt + job.sampling.max_tokens <= limit else "max_tokens"
+    message = (
+        f"This request reserves {job.reserved_tokens} tokens ({prompt} in its prompts and "
+        f"max_tokens {job.sampling.max_tokens} for each of its {job.choices} choices), more "
+        f"than '{model}' queues at once ({limit} tokens). Lower max_tokens or n."
+    )
+    raise ApiError(400, "exceeds_queue_capacity", message, param=param)
+
+
+async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None = None) -> None:
+    """Queue an admitted job for its deployment's workers, or raise why the queue refused it."""
+    max_queued, max_queued_tokens = queue_limits(route, job)
+    refused = await dispatch_get().enqueue(
+        job, max_queued=max_queued, max_queued_tokens=max_queued_tokens, payload=payload
+    )
+    if refused is not None:
+        if refused.reason is Refusal.QUEUE_FULL:
+            key = (route.deployment, job.priority)
+            _full_until[key] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
+        raise refusal_error(refused, model=model, job=job)
+
+
+def _deadline(principal: Principal, now: float, timeout: float | None) -> float:
+    """The soonest of the client's timeout, the tenant's maximum and the platform's maximum."""
+    return now + min(
+        timeout or math.inf,
+        principal.max_request_seconds,
+        settings.ROUNDHOUSE_REQUEST_TIMEOUT_SECONDS,
+    )
+
+
+def task_check(route: Route, *, embeddings: bool, model: str) -> None:
+    """Refuse a request sent to an endpoint its model does not serve."""
+    if (route.task == Task.EMBEDDING) == embeddings:
+        return
+    if embeddings:
+        message = f"'{model}' is a {route.task} model; call /v1/chat/completions instead."
+    else:
+        message = f"'{model}' is an embedding model; call /v1/embeddings instead."
+    raise ApiError(400, "wrong_endpoint_for_model", message, param="model")
+
+
+async def embedding_submit(
+    *,
+    principal: Principal,
+    request: EmbeddingRequest,
+    request_id: str,
+    timeout: float | None = None,
+    priority: str | None = None,
+    reply_ttl: int = 0,
+    clock: RequestClock | None = None,
+    trace: TraceContext | None = None,
+    request_taken: bool = False,
+) -> Submitted:
+    """Admit an embeddings request and enqueue it for its encoder deployment's workers."""
+    routing = await routing_get(request.model, principal=principal)
+    route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
+    task_check(route, embeddings=True, model=request.model)
+    route = await pool_route(route, priority=priority or request.priority)
+    if clock is not None:
+        clock.deployment = route.deployment
+    if request.dimensions is not None and request.dimensions not in route.dimensions:
+        allowed = ", ".join(str(d) for d in route.dimensions)
+        raise invalid(
+            "dimensions",
+            f"'{request.model}' returns vectors of {allowed} dimensions, not {request.dimensions}.",
+        )
+    if _queue_full_recently(route.deployment, priority or request.priority):
+        raise queue_full_error(request.model, deployment=route.deployment)
+    context = min(route.context_length, principal.max_context_tokens)
+    await tokenizer_of(route)  # its first load off the event loop
+    if sum(len(i) for i in request.inputs) > INLINE_TOKENIZE_CHARS:
+        inputs = await preprocessed(principal.tenant_id, input_ids, request, route, context=context)
+    else:
+        inputs = input_ids(request, route, context=context)
+    for index, ids in enumerate(inputs):
+        if len(ids) > context:
+            raise input_too_long(index, str(len(ids)), context)
+    now = time.time()
+    job = Job(
+        request_id=request_id,
+        tenant_id=principal.tenant_id,
+        api_key_id=principal.key_id,
+        deployment=route.deployment,
+        model_version=route.version_digest,
+        endpoint=EMBEDDINGS,
+        prompt_token_ids=[t for ids in inputs for t in ids],
+        input_lengths=[len(ids) for ids in inputs],
+        use_activation=request.use_activation,
+        sampling=Sampling(max_tokens=0),
+        priority=priority or request.priority,
+        weight=principal.priority_weight,
+        enqueued_at=now,
+        deadline=_deadline(principal, now, timeout),
+        user=(request.user or "")[:64],
+        reply_ttl=reply_ttl,
+        trace_id=trace.trace_id if trace else "",
+        parent_span_id=trace.span_id if trace else "",
+    )
+    payload = _envelope(job)
+    decision = await _job_submit(
+        principal=principal,
+        route=route,
+        job=job,
+        payload=payload,
+        model=request.model,
+        clock=clock,
+        request_taken=request_taken,
+    )
+    return Submitted(job=job, route=route, principal=principal, decision=decision)
+
+
+async def _shadow_submit(request: GenerationRequest, job: Job, route: Route) -> None:
+    """Enqueue a copy of an accepted request for a candidate version.
+
+    The copy is tokenised with the candidate's tokenizer, runs at batch priority, reserves no
+    quota and is never billed; nobody reads its output. Its usage record (marked shadow) gives
+    the candidate's latencies and errors for comparison.
+    """
+    try:
+        prompts = await preprocessed(job.tenant_id, prompt_ids, request, route)
+        copy = msgspec.structs.replace(
+            job,
+            request_id=f"{job.request_id}-shadow",
+            deployment=route.deployment,
+            model_version=route.version_digest,
+            adapter=route.adapter,
+            prompt_token_ids=[t for p in prompts for t in p],
+            input_lengths=[len(p) for p in prompts] if len(prompts) > 1 else [],
+            priority="batch",
+            reply_ttl=SHADOW_REPLY_TTL_SECONDS,
+            shadow=True,
+        )
+        max_queued, max_queued_tokens = queue_limits(route, copy)
+        refused = await dispatch_get().enqueue(
+            copy, max_queued=max_queued, max_queued_tokens=max_queued_tokens
+        )
+        if refused is not None:
+            log.info("shadow copy of %s not queued: %s", job.request_id, refused.reason)
+    except Exception:
+        log.warning("shadow copy of %s failed", job.request_id, exc_info=True)
