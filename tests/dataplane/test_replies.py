@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -10,7 +11,7 @@ import pytest
 import redis.asyncio as aredis
 from django.test import AsyncClient
 from prometheus_client import REGISTRY
-from redis.exceptions import ResponseError
+from redis.exceptions import ResponseError, SlotNotCoveredError
 
 from dataplane import background, replies
 from dataplane.background import loops_failing
@@ -65,9 +66,17 @@ async def test_every_followed_stream_of_a_deployment_is_read_over_one_connection
     ]
     try:
         readers = [asyncio.create_task(_texts(f, 1)) for f in followers]
-        await asyncio.sleep(0.2)  # every reader is waiting now
+        key = reply_key(deployment, ids[0])
+        # The deployment's reader is waiting once it holds a connection (on a loaded machine
+        # that can take longer than any fixed sleep); then no follower opens another.
+        for _ in range(200):
+            with contextlib.suppress(SlotNotCoveredError):  # a cluster client not yet mapped
+                if _in_use(client, key) >= 1:
+                    break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
         # Twenty clients waiting for their streams hold one connection between them.
-        assert _in_use(client, reply_key(deployment, ids[0])) == 1
+        assert _in_use(client, key) == 1
         for rid in ids:
             await _write(client, deployment, rid, f"{rid}:1")
         assert await asyncio.gather(*readers) == [[f"{rid}:1"] for rid in ids]
