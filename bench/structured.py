@@ -366,7 +366,7 @@ def frontend_times(iterations: int) -> dict[str, FrontendTimes]:
     from billing.services import price_current
     from inference.body.fields import CHAT
     from inference.body.parser import body_parse, generation_parse
-    from inference.pipeline.sampling import tools_build
+    from inference.pipeline.submission import tools_build
     from inference.pipeline.tokenization import prompt_ids
     from models_registry.selectors import route_resolve
 

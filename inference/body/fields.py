@@ -352,7 +352,7 @@ TRUNCATION_SIDE = one_of(
 # Every field of OpenAI's and of vLLM's chat and completions bodies. A field in neither is
 # refused, as OpenAI's API refuses it (vLLM's server logs it and answers as if it were not
 # there): a client that asks for something is told when it does not happen.
-# tests/inference/body/test_params.py checks that every field of the installed vLLM's requests is
+# tests/inference/body/test_parser.py checks that every field of the installed vLLM's requests is
 # here.
 GENERATION_FIELDS: dict[str, Field] = {
     "model": honoured(MODEL),

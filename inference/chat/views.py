@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import logging
 import time
-from collections.abc import AsyncIterator
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
@@ -22,13 +20,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from config.db import db_call
 from config.json_body import shown
 from dataplane.replies import entry_id_parse
-from dataplane.types import Event
 from inference.base.errors import ApiError
 from inference.base.metrics import RequestClock
 from inference.body.fields import CHAT, COMPLETIONS
 from inference.body.parser import GenerationRequest, generation_parse
 from inference.chat.format import (
-    Formatter,
     answer_shape,
     done_only,
     formatter_for,
@@ -38,26 +34,25 @@ from inference.chat.format import (
 from inference.chat.protocol import CHAT_BATCH, chat_batch_parse
 from inference.edge.endpoint import (
     api_endpoint,
+    finished_check,
     generation_submitted,
+    idempotency_key,
     json_response,
     request_clock,
     request_principal,
     request_read,
     sse_response,
-    submitted_headers,
+    whole_replayed,
 )
 from inference.pipeline import relay
 from inference.pipeline.admission import Submitted, request_ended
 from inference.pipeline.auth import Principal, unnarrowed
 from inference.pipeline.clients import dispatch_get, routing_get
-from inference.pipeline.collect import OnEnd, completion_collect
-from inference.pipeline.idempotency import Original, key_validate
-from inference.pipeline.replay import finished_check
+from inference.pipeline.collect import completion_collect
+from inference.pipeline.idempotency import Original
 from inference.pipeline.safety import policy_get
 from models_registry.selectors import version_served_name
 from tenants.models import Scope
-
-log = logging.getLogger(__name__)
 
 
 @api_endpoint("POST", counted=True)
@@ -96,8 +91,8 @@ async def _generate(
         request_id=request_id,
         # The API a usage record (and an idempotency key's original) names.
         api=CHAT_BATCH if batch else parsed.endpoint,
-        key=key_validate(request.headers.get("Idempotency-Key")),
-        replay=lambda original: _replay(original, parsed, clock, principal=principal),
+        key=idempotency_key(request),
+        replay=functools.partial(_replay, parsed=parsed, clock=clock, principal=principal),
     )
     if not isinstance(submitted, Submitted):
         return submitted
@@ -119,9 +114,9 @@ async def _generate(
             sse_chunks(events, parsed.include_usage, formatter, on_end, clock, cursor=cursor)
         )
     else:
-        response = await _collect(events, formatter, on_end)
+        response = json_response(await completion_collect(events, formatter, on_end))
         clock.skip()
-    return submitted_headers(response, submitted)
+    return submitted.headed(response)
 
 
 async def _replay(
@@ -133,7 +128,6 @@ async def _replay(
     prompts' token ids (return_token_ids, echo) come from the reply stream, where the worker
     put them; a token-id prompt is echoed as the original's version's tokenizer writes it.
     """
-    dispatch = dispatch_get()
     shape = shape_of(parsed, decode=lambda ids: "")
     if parsed.echo or parsed.return_prompt_text:
         # An echo writes token ids back as text and return_prompt_text renders the template,
@@ -153,27 +147,11 @@ async def _replay(
         created=original.created,
         shape=shape,
     )
-    events = relay.attach(
-        dispatch,
-        deployment=original.deployment,
-        request_id=original.request_id,
-        deadline=original.deadline,
-        policy=await policy_get(tenant_id=principal.tenant_id, version=original.version),
-        tenant_id=principal.tenant_id,
-    )
+    events = await relay.original_events(original, tenant_id=principal.tenant_id)
     if parsed.stream:
         return sse_response(sse_chunks(events, parsed.include_usage, formatter, None, clock))
     await finished_check(original)
-    try:
-        return await _collect(events, formatter, on_end=None)
-    except ApiError:
-        return None
-
-
-async def _collect(
-    events: AsyncIterator[Event], formatter: Formatter, on_end: OnEnd
-) -> HttpResponse:
-    return json_response(await completion_collect(events, formatter, on_end))
+    return await whole_replayed(events, formatter)
 
 
 @api_endpoint("GET", counted=True)

@@ -1,5 +1,13 @@
 """What every /v1 endpoint shares: the decorator that answers each failure as an OpenAI
-error, and what a view reads from its request (body, key, deadline, clock and trace)."""
+error, what a view reads from its request (body, key, deadline, clock and trace), and a
+generating view's one call into the pipeline.
+
+That call is where an Idempotency-Key is honoured, for every API at once: a request with a key
+either answers a retry with its first request's answer (marked replayed) or claims the key and
+runs; if it is refused, fails or is cancelled before it is running, the key goes back, so that
+a retry runs again. A retry that asks for a whole answer while the first request is still
+running is told to come back (a stream follows it instead).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +27,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from config.json_body import shown
 from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
+from dataplane.types import Event
 from inference.base.errors import ApiError, internal_error, invalid
 from inference.base.metrics import RequestClock, requests_total
 from inference.body.parser import GenerationRequest, body_parse
@@ -29,11 +39,18 @@ from inference.edge.asgi import (
     refusal_held,
     unread_request_count,
 )
-from inference.pipeline.admission import Submitted, ratelimit_headers, request_id_new
+from inference.pipeline.admission import (
+    VERSION_HEADER,
+    Submitted,
+    key_free,
+    ratelimit_headers,
+    request_id_new,
+)
 from inference.pipeline.auth import Principal, authenticate, credentials, scope_check
-from inference.pipeline.clients import quotas_get
+from inference.pipeline.clients import dispatch_get, idempotency_get, quotas_get, routing_get
+from inference.pipeline.collect import Collector, completion_collect
+from inference.pipeline.idempotency import MAX_KEY_LENGTH, Original, body_digest, key_in_use
 from inference.pipeline.preprocessing import preprocessed
-from inference.pipeline.replay import Replay, key_freed_on_failure, replayed_or_claimed
 from inference.pipeline.submission import generation_submit
 
 log = logging.getLogger(__name__)
@@ -282,6 +299,21 @@ async def _add_ratelimit_headers(response: HttpResponseBase, principal: Principa
         response[name] = value
 
 
+def idempotency_key(request: HttpRequest) -> str | None:
+    """The request's Idempotency-Key header, or None; a 400 if it is malformed."""
+    raw = request.headers.get("Idempotency-Key")
+    if raw is None:
+        return None
+    if not 0 < len(raw) <= MAX_KEY_LENGTH or not raw.isprintable():
+        raise ApiError(
+            400,
+            "invalid_value",
+            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters.",
+            param="Idempotency-Key",
+        )
+    return raw
+
+
 def client_timeout(request: HttpRequest, body_timeout: float | None) -> float | None:
     """The sooner of the `x-request-timeout` header and the body's `timeout`, if either."""
     timeouts = [t for t in (_timeout(request.headers.get("x-request-timeout")), body_timeout) if t]
@@ -392,8 +424,73 @@ async def generation_submitted(
             raise refused(exc) from None
 
 
-def submitted_headers(response: HttpResponseBase, submitted: Submitted) -> HttpResponseBase:
-    """A submitted request's answer, with the headers that name its limits and version."""
-    for name, value in submitted.headers().items():
-        response[name] = value
+Replay = Callable[[Original], Awaitable[HttpResponseBase | None]]
+
+
+async def replayed_or_claimed(
+    *,
+    principal: Principal,
+    model: str,
+    key: str,
+    endpoint: str,
+    body: dict[str, Any],
+    replay: Replay,
+    request_id: str,
+) -> HttpResponseBase | None:
+    """The first request's answer again, marked replayed; or None with the key claimed here.
+
+    `replay` answers the first request again, or None when it failed: this request then runs
+    in its place. A retry is a request for `model` like any other: one the key may not call
+    now (a grant revoked since, say) is routing's 404, not the first answer again.
+    """
+    await routing_get(model, principal=principal)
+    found = await idempotency_get().replayed_or_claimed(
+        tenant_id=principal.tenant_id,
+        key=key,
+        digest=body_digest(endpoint=endpoint, body=body),
+        replay=replay,
+        request_id=request_id,
+    )
+    if found is None:
+        return None
+    original, replayed = found
+    return replayed_marked(replayed, original)
+
+
+@contextmanager
+def key_freed_on_failure(*, tenant_id: int, key: str | None, request_id: str) -> Iterator[None]:
+    """Free the key if what runs inside raises: refused, failed or cancelled, in the claim too
+    (its answer lost). Only while `request_id` holds it: a key a retry took over stays its."""
+    try:
+        yield
+    except BaseException:
+        if key is not None:
+            key_free(tenant_id=tenant_id, key=key, request_id=request_id)
+        raise
+
+
+async def whole_replayed(events: AsyncIterator[Event], collector: Collector) -> HttpResponse | None:
+    """A first request's whole answer again, collected from its reply stream; None when that
+    request failed (its retry then runs in its place)."""
+    try:
+        return json_response(await completion_collect(events, collector, on_end=None))
+    except ApiError:
+        return None
+
+
+async def finished_check(original: Original) -> None:
+    """Refuse (409) to answer a whole response for a first request that is still running."""
+    if not await dispatch_get().finished(
+        deployment=original.deployment, request_id=original.request_id
+    ):
+        raise key_in_use(
+            "The request with this Idempotency-Key is still running; retry when it has finished."
+        )
+
+
+def replayed_marked(response: HttpResponseBase, original: Original) -> HttpResponseBase:
+    """A replayed answer says so, and names the request that made it."""
+    response["Idempotent-Replayed"] = "true"
+    response["x-request-id"] = original.request_id
+    response[VERSION_HEADER] = original.version
     return response

@@ -14,7 +14,6 @@ from inference.edge.endpoint import (
     request_principal,
     request_read,
     request_trace,
-    submitted_headers,
 )
 from inference.embeddings.format import embeddings_collect
 from inference.embeddings.protocol import embeddings_parse
@@ -54,4 +53,4 @@ async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
     clock.finish()
     if answer.metadata is not None:
         response["metadata"] = answer.metadata
-    return submitted_headers(response, submitted)
+    return submitted.headed(response)

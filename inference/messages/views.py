@@ -22,13 +22,15 @@ from inference.base.metrics import RequestClock
 from inference.body.parser import GenerationRequest, template_kwargs_with_effort
 from inference.edge.endpoint import (
     api_endpoint,
+    finished_check,
     generation_submitted,
+    idempotency_key,
     json_response,
     request_clock,
     request_principal,
     request_read,
     sse_response,
-    submitted_headers,
+    whole_replayed,
 )
 from inference.messages.format import MessageBuilder
 from inference.messages.protocol import EFFORTS, MESSAGES, messages_chat, needs_of, thinking_shown
@@ -38,10 +40,8 @@ from inference.pipeline.auth import Principal, unnarrowed
 from inference.pipeline.clients import dispatch_get, routing_get
 from inference.pipeline.collect import completion_collect
 from inference.pipeline.event_streams import builder_stream
-from inference.pipeline.idempotency import Original, key_validate
+from inference.pipeline.idempotency import Original
 from inference.pipeline.preprocessing import preprocessed
-from inference.pipeline.replay import finished_check
-from inference.pipeline.safety import policy_get
 from inference.pipeline.tokenization import Tokenizer, prompts_read, tokenizer_of
 from models_registry.selectors import Route
 from tenants.models import Scope
@@ -133,7 +133,7 @@ async def _chat_request(
 @api_endpoint("POST", counted=True)
 async def messages_create(request: HttpRequest, request_id: str) -> HttpResponseBase:
     principal = await request_principal(request, Scope.INFERENCE)
-    key = key_validate(request.headers.get("Idempotency-Key"))
+    key = idempotency_key(request)
     body, chat, _ = await _chat_request(request, principal, count=False)
     clock = request_clock(request)
     submitted = await generation_submitted(
@@ -144,7 +144,7 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
         request_id=request_id,
         api=MESSAGES,
         key=key,
-        replay=lambda original: _replay(original, chat, body, clock, principal=principal),
+        replay=functools.partial(_replay, chat=chat, body=body, clock=clock, principal=principal),
     )
     if not isinstance(submitted, Submitted):
         return submitted
@@ -167,7 +167,7 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
         on_end = functools.partial(request_ended, submitted)
         response = json_response(await completion_collect(events, builder, on_end))
         clock.skip()
-    return submitted_headers(response, submitted)
+    return submitted.headed(response)
 
 
 async def _replay(
@@ -185,7 +185,6 @@ async def _replay(
     prompt's size a stream opens with is counted again with the answering version's
     tokenizer (the reply stream keeps the output, not the prompt).
     """
-    dispatch = dispatch_get()
     if not chat.stream:
         await finished_check(original)
     prompt_tokens = 0
@@ -200,20 +199,10 @@ async def _replay(
         prompt_tokens=prompt_tokens,
         thinking_shown=thinking_shown(body),
     )
-    events = relay.attach(
-        dispatch,
-        deployment=original.deployment,
-        request_id=original.request_id,
-        deadline=original.deadline,
-        policy=await policy_get(tenant_id=principal.tenant_id, version=original.version),
-        tenant_id=principal.tenant_id,
-    )
+    events = await relay.original_events(original, tenant_id=principal.tenant_id)
     if chat.stream:
         return sse_response(builder_stream(events, builder, clock, name=builder.message_id))
-    try:
-        return json_response(await completion_collect(events, builder, on_end=None))
-    except ApiError:
-        return None
+    return await whole_replayed(events, builder)
 
 
 @api_endpoint("POST", counted=True)

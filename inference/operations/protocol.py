@@ -20,7 +20,7 @@ from inference.body.tools import TOOLS
 from inference.body.types import boolean, boolean_or_none, string
 
 # Every field of vLLM's TokenizeCompletionRequest, TokenizeChatRequest and DetokenizeRequest;
-# a field in neither is refused, as on the other endpoints. tests/inference/body/test_params.py
+# a field in neither is refused, as on the other endpoints. tests/inference/body/test_parser.py
 # checks that these tables cover the installed vLLM's requests.
 TOKENIZE_FIELDS: dict[str, Field] = {
     "model": honoured(MODEL),

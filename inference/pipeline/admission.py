@@ -11,8 +11,10 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.conf import settings
+from django.http import HttpResponseBase
 
 from billing.selectors import tenant_month_spend_micros
 from config.db import db_call
@@ -46,6 +48,9 @@ CIRCUIT_OPEN = "circuit_open"
 
 def request_id_new() -> str:
     return uuid.uuid4().hex
+
+
+_Response = TypeVar("_Response", bound=HttpResponseBase)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,12 @@ class Submitted:
             headers[FALLBACK_FROM_HEADER] = self.fallback_from
             headers[FALLBACK_REASON_HEADER] = self.fallback_reason
         return headers | ratelimit_headers(self.principal.limits, self.decision)
+
+    def headed(self, response: _Response) -> _Response:
+        """Its answer, carrying its headers (headers())."""
+        for name, value in self.headers().items():
+            response[name] = value
+        return response
 
 
 def queue_full_error(model: str, *, deployment: str | None = None) -> ApiError:

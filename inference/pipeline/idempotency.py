@@ -68,20 +68,6 @@ def key_in_use(message: str) -> ApiError:
     return ApiError(409, "idempotency_key_in_use", message, param="Idempotency-Key", retry_after=1)
 
 
-def key_validate(raw: str | None) -> str | None:
-    """Return the Idempotency-Key header's value, or raise a 400 if it is malformed."""
-    if raw is None:
-        return None
-    if not 0 < len(raw) <= MAX_KEY_LENGTH or not raw.isprintable():
-        raise ApiError(
-            400,
-            "invalid_value",
-            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters.",
-            param="Idempotency-Key",
-        )
-    return raw
-
-
 def body_digest(*, endpoint: str, body: dict[str, Any]) -> str:
     """Return a digest of what a request asks for, independent of JSON key order."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

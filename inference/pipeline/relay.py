@@ -17,8 +17,9 @@ from dataplane.types import Delta, Event, Failed, Finished, Started
 from inference.pipeline.admission import Submitted, content_keep
 from inference.pipeline.answer_cache import CacheUse, Stored
 from inference.pipeline.breaker import breaker_ended
-from inference.pipeline.clients import answer_cache_get
-from inference.pipeline.safety import output_filtered
+from inference.pipeline.clients import answer_cache_get, dispatch_get
+from inference.pipeline.idempotency import Original
+from inference.pipeline.safety import output_filtered, policy_get
 from safety.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,20 @@ def _ended(submitted: Submitted, text: str, event: Event, *, fill: CacheUse | No
         spawn(answer_cache_get().put(fill.key, answer, seconds=fill.seconds))
     if submitted.prompt_text is not None:
         spawn(content_keep(submitted, text))
+
+
+async def original_events(original: Original, *, tenant_id: int) -> AsyncIterator[Event]:
+    """The events of an Idempotency-Key's first request, for its retry: from the start of its
+    reply stream (kept as long as the key), filtered by the tenant's policy as the first
+    request's own answer was."""
+    return attach(
+        dispatch_get(),
+        deployment=original.deployment,
+        request_id=original.request_id,
+        deadline=original.deadline,
+        policy=await policy_get(tenant_id=tenant_id, version=original.version),
+        tenant_id=tenant_id,
+    )
 
 
 async def attach(

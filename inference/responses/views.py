@@ -39,7 +39,9 @@ from inference.body.parser import GenerationRequest
 from inference.body.tools import compiled_for
 from inference.edge.endpoint import (
     api_endpoint,
+    finished_check,
     generation_submitted,
+    idempotency_key,
     json_response,
     list_page,
     page_query,
@@ -48,16 +50,14 @@ from inference.edge.endpoint import (
     request_principal,
     request_read,
     sse_response,
-    submitted_headers,
 )
 from inference.pipeline import relay
 from inference.pipeline.admission import VERSION_HEADER, Submitted, request_ended, request_failure
 from inference.pipeline.clients import dispatch_get, routing_get
 from inference.pipeline.collect import events_close, stream_ended
 from inference.pipeline.event_streams import builder_stream, sse
-from inference.pipeline.idempotency import Original, key_validate
+from inference.pipeline.idempotency import Original
 from inference.pipeline.preprocessing import preprocessed
-from inference.pipeline.replay import finished_check
 from inference.pipeline.safety import Policy, policy_get, served_version
 from inference.pipeline.submission import task_check
 from inference.pipeline.tokenization import prompts_read, tokenizer_of, turns_fitted
@@ -146,8 +146,10 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
         body=body,
         request_id=request_id,
         api=RESPONSES,
-        key=key_validate(request.headers.get("Idempotency-Key")),
-        replay=lambda original: _replay(original, parsed, clock, tenant_id=principal.tenant_id),
+        key=idempotency_key(request),
+        replay=functools.partial(
+            _replay, parsed=parsed, clock=clock, tenant_id=principal.tenant_id
+        ),
         before=room_check if parsed.store or conversation is not None else None,
         refused=chat_error_renamed,
     )
@@ -161,7 +163,7 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
     )
     response: HttpResponseBase
     if parsed.background:
-        return submitted_headers(await _background(builder, parsed, submitted), submitted)
+        return submitted.headed(await _background(builder, parsed, submitted))
     events = relay.events(dispatch_get(), submitted)
     if parsed.chat.stream:
         job = submitted.job
@@ -192,7 +194,7 @@ async def responses_create(request: HttpRequest, request_id: str) -> HttpRespons
         )
         response = json_response(body)
         clock.skip()
-    return submitted_headers(response, submitted)
+    return submitted.headed(response)
 
 
 def _room_check(
@@ -323,7 +325,6 @@ async def _replay(
         if not parsed.chat.stream:
             return json_response(kept.body)
     # Not stored (or a stream of a response that was not in the background): its events again.
-    dispatch = dispatch_get()
     if not parsed.chat.stream:
         await finished_check(original)
     builder = ResponseBuilder(
@@ -332,14 +333,7 @@ async def _replay(
         echo=parsed.echo,
         created_at=original.created,
     )
-    events = relay.attach(
-        dispatch,
-        deployment=original.deployment,
-        request_id=original.request_id,
-        deadline=original.deadline,
-        policy=await policy_get(tenant_id=tenant_id, version=original.version),
-        tenant_id=tenant_id,
-    )
+    events = await relay.original_events(original, tenant_id=tenant_id)
     if parsed.chat.stream:
         return sse_response(builder_stream(events, builder, clock, name=builder.response_id))
     try:

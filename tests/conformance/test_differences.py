@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from inference.body.inputs import MAX_MESSAGES
-from inference.pipeline.sampling import MAX_PROMPT_LOGPROBS
+from inference.pipeline.submission import MAX_PROMPT_LOGPROBS
 from tests.conformance.cases import ASK, FUNCTIONS, HELLO, LONG, PATHS, THINK
 from tests.conformance.conftest import THINKING
 from tests.conftest import ACME_MAX_TOKENS, ALIAS

@@ -10,7 +10,7 @@ from dataplane.types import Structured
 from inference.base.errors import ApiError
 from inference.body.fields import CHAT, COMPLETIONS
 from inference.body.parser import generation_parse
-from inference.pipeline.sampling import prompt_logprobs_asked
+from inference.pipeline.submission import prompt_logprobs_asked
 from models_registry.tokenizer import CONTENT_PARTS
 
 WEATHER = {

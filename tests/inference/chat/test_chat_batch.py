@@ -10,8 +10,8 @@ import pytest
 from inference.base.errors import ApiError
 from inference.chat.format import shape_of
 from inference.chat.protocol import CHAT_BATCH_FIELDS, chat_batch_parse
-from inference.pipeline.sampling import prompt_logprobs_asked
-from tests.inference.body.test_params import _pydantic_fields
+from inference.pipeline.submission import prompt_logprobs_asked
+from tests.inference.body.test_parser import _pydantic_fields
 
 HELLO = [{"role": "user", "content": "hello"}]
 TURNS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure:"}]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from dataplane.leases import Leases
-from inference.pipeline import pools
+from inference.pipeline import submission as pools
 from inference.pipeline.clients import dispatch_get
-from inference.pipeline.pools import pool_route
+from inference.pipeline.submission import pool_route
 from models_registry.selectors import Pool, Route
 
 
