@@ -37,6 +37,7 @@ from inference.body.types import (
     boolean_or_none,
     custom,
     integer,
+    kinds_read,
     number,
     one_of,
     string,
@@ -574,6 +575,20 @@ def _same(value: Any, unused: Any) -> bool:
     if isinstance(value, int | float) and isinstance(unused, int | float):
         return value == unused
     return type(value) is type(unused) and value == unused
+
+
+def fields_read(
+    body: dict[str, Any], fields: dict[str, Field], names: tuple[str, ...]
+) -> dict[str, Any]:
+    """The values of the named fields of `body`, each read through its declaration, in the
+    order named: a parser reads a body's fields in a few such passes, its rules between
+    fields checked between them."""
+    kinds = []
+    for name in names:
+        kind = fields[name].kind
+        assert kind is not None, f"{name} has no kind"
+        kinds.append((name, kind))
+    return kinds_read(body, kinds)
 
 
 def unsupported_refuse(

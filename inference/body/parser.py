@@ -17,6 +17,7 @@ from inference.body.fields import (
     MAX_BEAMS,
     MAX_CHOICES,
     SERVICE_TIERS,
+    fields_read,
     unsupported_refuse,
 )
 from inference.body.inputs import MODEL
@@ -173,98 +174,116 @@ def generation_parse(
         return _fields_read(body, endpoint=endpoint)
 
 
+# The fields a chat or completions request keeps as the body sends them, under the same
+# name, in the order they are read (after the fields the rules between fields look at).
+_AS_SENT = (
+    "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_tokens",
+    "presence_penalty", "frequency_penalty", "stream", "user", "timeout", "repetition_penalty",
+    "repetition_detection", "min_p", "stop_token_ids", "bad_words", "logit_bias",
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+)  # fmt: skip
+# Read after tools and structured output: the engine's options, and the template's.
+_OPTIONS = (
+    "cache_salt", "allowed_token_ids", "add_special_tokens", "chat_template_kwargs",
+    "reasoning_effort", "documents", "return_tokens_as_token_ids", "truncate_prompt_tokens",
+    "truncation_side", "return_token_ids", "return_prompt_text", "use_beam_search",
+    "length_penalty", "include_reasoning", "thinking_token_budget",
+)  # fmt: skip
+# Of those, what shapes a chat's template or answer alone: a completion does not read them.
+_CHAT_OPTIONS = frozenset(
+    ("chat_template_kwargs", "reasoning_effort", "documents", "return_prompt_text",
+     "include_reasoning")
+)  # fmt: skip
+_COMPLETION_OPTIONS = tuple(name for name in _OPTIONS if name not in _CHAT_OPTIONS)
+
+
 def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
-    """Read a body's fields, then check the rules between them."""
+    """Read a body's fields through their declarations, then check the rules between them.
+
+    The fields are read in passes, each rule between fields checked as soon as the fields
+    it looks at are read, so a body wrong in several ways is refused for the first of them.
+    """
     model = MODEL.read(body, "model")
     unsupported_refuse(body, GENERATION_FIELDS, endpoint=endpoint)
     chat = endpoint == CHAT
-
-    def read(name: str) -> Any:
-        return GENERATION_FIELDS[name].read(body, name)
-
-    max_tokens = read("max_tokens")
-    if chat:
-        max_tokens = read("max_completion_tokens") or max_tokens
-    prompts: tuple[str | list[int], ...] = () if chat else read("prompt")
-    add_generation_prompt = read("add_generation_prompt") if chat else True
-    continue_final_message = read("continue_final_message") if chat else False
+    shape = fields_read(
+        body,
+        GENERATION_FIELDS,
+        ("max_tokens", "max_completion_tokens", "add_generation_prompt", "continue_final_message")
+        if chat
+        else ("max_tokens", "prompt"),
+    )
+    max_tokens = (
+        (shape["max_completion_tokens"] or shape["max_tokens"]) if chat else shape["max_tokens"]
+    )
+    prompts: tuple[str | list[int], ...] = () if chat else shape["prompt"]
+    add_generation_prompt = shape["add_generation_prompt"] if chat else True
+    continue_final_message = shape["continue_final_message"] if chat else False
     if add_generation_prompt and continue_final_message:
         raise invalid(
             "continue_final_message",
             "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true.",
         )
-    n = read("n")
+    n = GENERATION_FIELDS["n"].read(body, "n")
     if n * max(len(prompts), 1) > MAX_CHOICES:
         # Every choice reserves max_tokens: one request answers at most OpenAI's n limit.
         message = f"n × prompts is at most {MAX_CHOICES}, got {n} × {len(prompts)}."
         raise invalid("n", message)
-    tier = read("service_tier")
-    prompt_logprobs = read("prompt_logprobs")
-    if prompt_logprobs and read("stream"):
+    flow = fields_read(body, GENERATION_FIELDS, ("service_tier", "prompt_logprobs"))
+    if flow["prompt_logprobs"] and GENERATION_FIELDS["stream"].read(body, "stream"):
         # As vLLM's server: a stream's chunks have no place for them (0 asks for nothing).
         raise invalid("prompt_logprobs", "'prompt_logprobs' are not available when streaming.")
-    echo = read("echo")
-    stream_options = read("stream_options")
+    echo, stream_options = fields_read(body, GENERATION_FIELDS, ("echo", "stream_options")).values()
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
     logprob_token_ids = _logprob_token_ids(body, logprobs, chat=chat, echo=echo)
+    messages = GENERATION_FIELDS["messages"].read(body, "messages") if chat else None
+    sent = fields_read(body, GENERATION_FIELDS, _AS_SENT)
+    structured = _structured(body)
+    tools = tools_parse(body) if chat else None
+    sent["stop_token_ids"] = tuple(sent["stop_token_ids"])
+    sent["bad_words"] = tuple(sent["bad_words"])
+    options = fields_read(body, GENERATION_FIELDS, _OPTIONS if chat else _COMPLETION_OPTIONS)
+    tier = flow["service_tier"]
     request = GenerationRequest(
         endpoint=endpoint,
         model=model,
-        messages=read("messages") if chat else None,
+        messages=messages,
         prompt=prompts[0] if len(prompts) == 1 else None,
         prompts=prompts,
         max_tokens=max_tokens,
-        temperature=read("temperature"),
-        top_p=read("top_p"),
-        top_k=read("top_k"),
-        seed=read("seed"),
-        stop=read("stop"),
-        ignore_eos=read("ignore_eos"),
-        min_tokens=read("min_tokens"),
-        presence_penalty=read("presence_penalty"),
-        frequency_penalty=read("frequency_penalty"),
-        stream=read("stream"),
+        **sent,
         include_usage=stream_options[0],
         continuous_usage=stream_options[1],
-        user=read("user"),
         priority=SERVICE_TIERS[tier] if tier is not None else "interactive",
-        timeout=read("timeout"),
         n=n,
-        repetition_penalty=read("repetition_penalty"),
-        repetition_detection=read("repetition_detection"),
-        min_p=read("min_p"),
-        stop_token_ids=tuple(read("stop_token_ids")),
-        bad_words=tuple(read("bad_words")),
-        logit_bias=read("logit_bias"),
-        skip_special_tokens=read("skip_special_tokens"),
-        spaces_between_special_tokens=read("spaces_between_special_tokens"),
-        include_stop_str_in_output=read("include_stop_str_in_output"),
         logprobs=logprobs,
         logprob_token_ids=logprob_token_ids,
         echo=echo,
-        structured=_structured(body),
-        tools=tools_parse(body) if chat else None,
+        structured=structured,
+        tools=tools,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
-        cache_salt=read("cache_salt"),
-        allowed_token_ids=_tuple_or_none(read("allowed_token_ids")),
-        add_special_tokens=read("add_special_tokens"),
+        cache_salt=options["cache_salt"],
+        allowed_token_ids=_tuple_or_none(options["allowed_token_ids"]),
+        add_special_tokens=options["add_special_tokens"],
         chat_template_kwargs=(
-            template_kwargs_with_effort(read("chat_template_kwargs"), read("reasoning_effort"))
+            template_kwargs_with_effort(
+                options["chat_template_kwargs"], options["reasoning_effort"]
+            )
             if chat
             else None
         ),
-        documents=_tuple_or_none(read("documents")) if chat else None,
-        tokens_as_ids=read("return_tokens_as_token_ids"),
-        truncate_prompt_tokens=read("truncate_prompt_tokens"),
-        truncation_side=read("truncation_side"),
-        return_token_ids=read("return_token_ids"),
-        return_prompt_text=bool(read("return_prompt_text")) if chat else False,
-        prompt_logprobs=prompt_logprobs,
-        beam_search=bool(read("use_beam_search")),
-        length_penalty=read("length_penalty"),
-        include_reasoning=read("include_reasoning") if chat else True,
-        thinking_token_budget=_budget(read("thinking_token_budget")),
+        documents=_tuple_or_none(options["documents"]) if chat else None,
+        tokens_as_ids=options["return_tokens_as_token_ids"],
+        truncate_prompt_tokens=options["truncate_prompt_tokens"],
+        truncation_side=options["truncation_side"],
+        return_token_ids=options["return_token_ids"],
+        return_prompt_text=bool(options["return_prompt_text"]) if chat else False,
+        prompt_logprobs=flow["prompt_logprobs"],
+        beam_search=bool(options["use_beam_search"]),
+        length_penalty=options["length_penalty"],
+        include_reasoning=options["include_reasoning"] if chat else True,
+        thinking_token_budget=_budget(options["thinking_token_budget"]),
     )
     _beam_search_check(request, body)
     return request

@@ -32,6 +32,12 @@ class Kind:
     read: Reader
 
 
+def kinds_read(body: dict[str, Any], kinds: list[tuple[str, Kind]]) -> dict[str, Any]:
+    """Each named field's value in `body`, read by its kind in the order given (the first
+    wrong one is the 400)."""
+    return {name: kind.read(body, name) for name, kind in kinds}
+
+
 def type_error(name: str, expected: str, value: Any) -> ApiError:
     return invalid(
         name,
