@@ -226,10 +226,12 @@ def wait_for(
     raise SystemExit(f"{what} not ready after 600s")
 
 
-def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(
+    args: list[str], log: Path, env: dict[str, str], *, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         args,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
