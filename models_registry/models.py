@@ -262,7 +262,10 @@ class Deployment(models.Model):
     # Reserved tokens (prompt + max_tokens) allowed to wait; beyond it requests get queue_full.
     max_queued_tokens = models.PositiveIntegerField(default=1_000_000)
     max_model_len = models.PositiveIntegerField(default=2048)
+    # 0: sized from the GPU's memory, the fraction of it vLLM may take being
+    # gpu_memory_utilization (models_registry/engine_defaults.py).
     kv_cache_bytes = models.PositiveBigIntegerField(default=256 << 20)
+    gpu_memory_utilization = models.FloatField(default=0.9)
     enforce_eager = models.BooleanField(default=False)
     dtype = models.CharField(max_length=16, default="float32")
     # vLLM's automatic prefix caching: prompts sharing a prefix reuse its KV-cache blocks, and

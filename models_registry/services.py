@@ -846,6 +846,7 @@ def deployment_create(
     max_queued_tokens: int = 1_000_000,
     max_model_len: int | None = None,
     kv_cache_bytes: int = 256 << 20,
+    gpu_memory_utilization: float = 0.9,
     enforce_eager: bool = False,
     dtype: str = "float32",
     prefix_caching: bool = True,
@@ -874,8 +875,12 @@ def deployment_create(
         raise ValidationError({"max_queued": "must not be negative"})
     if max_queued_tokens < 1:
         raise ValidationError({"max_queued_tokens": "must be at least 1"})
-    if kv_cache_bytes < 1 << 20:
-        raise ValidationError({"kv_cache_bytes": "must be at least 1 MiB"})
+    if kv_cache_bytes != 0 and kv_cache_bytes < 1 << 20:
+        raise ValidationError(
+            {"kv_cache_bytes": "must be at least 1 MiB, or 0 to size it from the GPU's memory"}
+        )
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValidationError({"gpu_memory_utilization": "must be above 0 and at most 1"})
     if max_lora_rank not in LORA_RANKS:
         raise ValidationError(
             {"max_lora_rank": f"must be one of {', '.join(map(str, LORA_RANKS))}"}
@@ -902,6 +907,7 @@ def deployment_create(
             max_queued_tokens=max_queued_tokens,
             max_model_len=context,
             kv_cache_bytes=kv_cache_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             dtype=dtype,
             prefix_caching=prefix_caching,

@@ -75,10 +75,11 @@ class EngineSpec:
     model_dir: Path
     max_num_seqs: int
     max_model_len: int
-    kv_cache_bytes: int
+    kv_cache_bytes: int  # 0: sized from the GPU's memory by gpu_memory_utilization
     enforce_eager: bool
     dtype: str
     extra_args: dict[str, Any]
+    gpu_memory_utilization: float = 0.9
     max_loras: int = 0  # adapters in one batch; 0: the engine serves no LoRA adapters
     max_lora_rank: int = 8
     served_name: str = ""  # the `model_name` label of vLLM's series
@@ -292,8 +293,10 @@ class VllmEngine:
             dtype=self.spec.dtype,  # type: ignore[arg-type]
             max_model_len=self.spec.max_model_len,
             max_num_seqs=self.spec.max_num_seqs,
-            # Sized explicitly: left alone, vLLM on CPU claims most of the machine's memory.
-            kv_cache_memory_bytes=self.spec.kv_cache_bytes,
+            # Sized explicitly on a CPU (left alone, vLLM there claims most of the machine's
+            # memory); on a GPU, 0 leaves it to the share of the GPU's memory vLLM may take.
+            kv_cache_memory_bytes=self.spec.kv_cache_bytes or None,
+            gpu_memory_utilization=self.spec.gpu_memory_utilization,
             enforce_eager=self.spec.enforce_eager,
             enable_prefix_caching=self.spec.prefix_caching,
             served_model_name=[self.spec.served_name] if self.spec.served_name else None,

@@ -115,6 +115,7 @@ def worker_plan(*, deployment_name: str, progress: ProgressCallback | None = Non
         max_num_seqs=max_num_seqs,
         max_model_len=deployment.context_length,
         kv_cache_bytes=deployment.kv_cache_bytes,
+        gpu_memory_utilization=deployment.gpu_memory_utilization,
         enforce_eager=bool(extra.pop("enforce_eager", deployment.enforce_eager)),
         dtype=str(extra.pop("dtype", deployment.dtype)),
         prefix_caching=bool(extra.pop("enable_prefix_caching", deployment.prefix_caching)),

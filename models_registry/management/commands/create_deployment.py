@@ -6,6 +6,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from models_registry.engine_defaults import accelerator_detected, accelerator_for, engine_defaults
 from models_registry.models import ModelVersion
 from models_registry.selectors import version_pinned
 from models_registry.services import deployment_create
@@ -17,7 +18,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="deployment name, e.g. tiny-chat")
         parser.add_argument("version", help="model@version (or a bare model name for its newest)")
-        parser.add_argument("--max-num-seqs", type=int, default=64, help="max concurrent sequences")
+        parser.add_argument(
+            "--max-num-seqs",
+            type=int,
+            default=None,
+            help="max concurrent sequences (default: 64 on a CPU; on a GPU 1024 with 70 GiB or "
+            "more, else 256)",
+        )
         parser.add_argument(
             "--max-queued",
             type=int,
@@ -32,10 +39,24 @@ class Command(BaseCommand):
         )
         parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
         parser.add_argument(
-            "--kv-cache-mib", type=int, default=256, help="KV cache size per worker in MiB"
+            "--kv-cache-mib",
+            type=int,
+            default=None,
+            help="KV cache size per worker in MiB (default: 256 on a CPU; on a GPU 0, which sizes "
+            "it from the GPU's memory)",
+        )
+        parser.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            default=None,
+            help="the share of a GPU's memory the engine may take (default: 0.9)",
         )
         parser.add_argument("--enforce-eager", action="store_true", help="skip graph compilation")
-        parser.add_argument("--dtype", default="float32", help="engine dtype")
+        parser.add_argument(
+            "--dtype",
+            default=None,
+            help="engine dtype (default: float32 on a CPU; auto, the model's own, on a GPU)",
+        )
         parser.add_argument(
             "--no-prefix-caching",
             dest="prefix_caching",
@@ -94,17 +115,19 @@ class Command(BaseCommand):
         if options["if_missing"] and version.deployments.filter(name=name).exists():
             self.stdout.write(f"deployment {name} exists")
             return
+        engine = _engine_settings(options)
         try:
             deployment = deployment_create(
                 name=name,
                 version=version,
-                max_num_seqs=options["max_num_seqs"],
+                max_num_seqs=engine["max_num_seqs"],
                 max_queued=options["max_queued"],
                 max_queued_tokens=options["max_queued_tokens"],
                 max_model_len=options["max_model_len"],
-                kv_cache_bytes=options["kv_cache_mib"] << 20,
+                kv_cache_bytes=engine["kv_cache_bytes"],
+                gpu_memory_utilization=engine["gpu_memory_utilization"],
                 enforce_eager=options["enforce_eager"],
-                dtype=options["dtype"],
+                dtype=engine["dtype"],
                 prefix_caching=options["prefix_caching"],
                 max_loras=options["max_loras"],
                 max_lora_rank=options["max_lora_rank"],
@@ -120,4 +143,30 @@ class Command(BaseCommand):
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
-        self.stdout.write(f"created deployment {deployment}")
+        self.stdout.write(
+            f"created deployment {deployment} (dtype {deployment.dtype}, "
+            f"{deployment.max_num_seqs} sequences, KV cache "
+            + (
+                f"{deployment.kv_cache_bytes >> 20} MiB)"
+                if deployment.kv_cache_bytes
+                else f"{deployment.gpu_memory_utilization:.0%} of the GPU's memory)"
+            )
+        )
+
+
+def _engine_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """The engine settings the options give, each left out shaped by what the deployment runs
+    on: the `--accelerator` named, else this machine's (models_registry/engine_defaults.py)."""
+    named = {
+        "max_num_seqs": options["max_num_seqs"],
+        "kv_cache_bytes": None
+        if options["kv_cache_mib"] is None
+        else options["kv_cache_mib"] << 20,
+        "gpu_memory_utilization": options["gpu_memory_utilization"],
+        "dtype": options["dtype"],
+    }
+    if all(value is not None for value in named.values()):
+        return named
+    accelerator = accelerator_for(options["accelerator"] or "", accelerator_detected())
+    defaults = vars(engine_defaults(accelerator))
+    return {key: defaults[key] if value is None else value for key, value in named.items()}
