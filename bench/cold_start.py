@@ -1,0 +1,203 @@
+"""Cold start: from a worker's start to its first token, with its weights cached and not.
+
+A frontend and the usage ingester run on the tiny demo model's deployment; then, round after
+round, a worker is started and a streamed chat sent to it the moment it serves (a deployment
+with no worker alive refuses a request at once rather than queue it):
+
+- cold: the worker's weights cache is an empty folder, so it fetches the version's files
+  first (from the model store, checking every file's hash), then loads the engine;
+- warm: the same cache again, the files already there and checked.
+
+Each round records the seconds from the worker's start to its log's `ready: serving` and to
+the waiting request's first token, and writes its section of docs/benchmarks.md. The image's
+own start (container to ready) is not measured here: the repository has no image yet.
+
+    .venv/bin/python bench/cold_start.py [--rounds 3] [--docs docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    accelerator,
+    cpu_features,
+    free_port,
+    http_ok,
+    machine_line,
+    platform_stop,
+    prepare_roundhouse,
+    progress,
+    results_write,
+    section_write,
+    spawn,
+    stop,
+    vllm_version,
+    wait_for,
+)
+
+CACHES = ("cold", "warm")
+
+
+@dataclass
+class Starts:
+    model_bytes: int = 0
+    ready: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CACHES})
+    first_token: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CACHES})
+
+
+def _first_token(base_url: str, key: str, started: float, out: list[float]) -> None:
+    """Send one streamed chat now; put the seconds from `started` to its first text in `out`."""
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    request = urllib.request.Request(
+        f"{base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for line in response:
+            if line.startswith(b"data: {") and b'"content":"' in line:
+                out.append(time.monotonic() - started)
+                break
+        response.read()
+
+
+def _round(
+    base_url: str, key: str, env: dict[str, str], work: Path, cache: str
+) -> tuple[float, float]:
+    """Start one worker and return (seconds to ready, seconds to the first token)."""
+    log = work / f"worker-{cache}-{time.time_ns()}.log"
+    firsts: list[float] = []
+    started = time.monotonic()
+    worker = spawn([sys.executable, "manage.py", "run_worker", "--deployment", "tiny"], log, env)
+    try:
+        wait_for(lambda: b"ready: serving" in log.read_bytes(), worker, "worker", log)
+        ready = time.monotonic() - started
+        # Sent as soon as the worker serves (before, with no worker alive, it is refused).
+        _first_token(base_url, key, started, firsts)
+    finally:
+        stop([worker])
+    if not firsts:
+        raise RuntimeError(f"no first token from the {cache} worker (log: {log})")
+    return ready, firsts[0]
+
+
+def run(args: argparse.Namespace, work: Path) -> Starts:
+    from models_registry.demo_model import demo_model_build
+
+    progress("building the tiny demo model")
+    model_dir = demo_model_build(out_dir=work / "model")
+    starts = Starts(model_bytes=sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file()))
+    platform = None
+    try:
+        platform = prepare_roundhouse(model_dir, work, tenants={"bench": {}}, max_num_seqs=4)
+        key = platform.tokens["bench"]
+        port = free_port()
+        env = dict(platform.env)
+        web_log, ingest_log = work / "web.log", work / "ingester.log"
+        frontend = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
+                    "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+        web = spawn(frontend, web_log, env)
+        ingester = spawn([sys.executable, "manage.py", "run_ingester"], ingest_log, env)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: http_ok(f"{base_url}/healthz"), web, "frontend", web_log)
+            for round_ in range(args.rounds):
+                cache_dir = work / f"weights-{round_}"
+                shutil.rmtree(cache_dir, ignore_errors=True)
+                worker_env = {**env, "ROUNDHOUSE_WEIGHTS_CACHE_DIR": str(cache_dir)}
+                for cache in CACHES:
+                    progress(f"round {round_ + 1}/{args.rounds}: a {cache} worker")
+                    ready, first = _round(base_url, key, worker_env, work, cache)
+                    starts.ready[cache].append(ready)
+                    starts.first_token[cache].append(first)
+        finally:
+            stop([web, ingester])
+    finally:
+        platform_stop(platform)
+    return starts
+
+
+def _machine() -> str:
+    gpu = accelerator()
+    return machine_line(gpu=gpu, vllm=vllm_version(), cores=os.cpu_count(), cpu=cpu_features())
+
+
+def report(starts: Starts, docs: Path, rounds: int) -> None:
+    rows = []
+    for cache in CACHES:
+        ready, first = starts.ready[cache], starts.first_token[cache]
+        rows.append(
+            f"| {cache} | {statistics.median(ready):.1f} ({min(ready):.1f}–{max(ready):.1f}) | "
+            f"{statistics.median(first):.1f} ({min(first):.1f}–{max(first):.1f}) |"
+        )
+    cold, warm = (statistics.median(starts.first_token[c]) for c in CACHES)
+    text = "\n".join(
+        [
+            "## Cold start: a worker's start to its first token",
+            "",
+            f"`bench/cold_start.py`, {rounds} rounds on {_machine()}: "
+            "a worker of the tiny demo model started, and a streamed chat sent the moment it "
+            "serves; cold with an empty weights cache (the version's files fetched and their "
+            "hashes checked first), warm with them cached. Seconds from the worker's start, "
+            "median (min–max). The container image's own start is not measured: there is no "
+            "image yet.",
+            "",
+            "| weights | to `ready: serving` | to the first token |",
+            "| --- | --- | --- |",
+            *rows,
+            "",
+            f"Warm ÷ cold, to the first token: {warm / cold:.2f}. The tiny model's files are "
+            f"{starts.model_bytes / 2**20:.0f} MiB, so fetching them costs little here: for a "
+            "model of many gigabytes the cold rows grow by its download and hash time, and the "
+            "engine's load by its weights.",
+        ]
+    )
+    print(text)
+    section_write(docs, "cold_start", text)
+    results_write(
+        docs,
+        "cold_start",
+        {
+            "section": "cold_start",
+            "summary": {
+                "cold_first_token_s": cold,
+                "warm_first_token_s": warm,
+                "cold_ready_s": statistics.median(starts.ready["cold"]),
+                "warm_ready_s": statistics.median(starts.ready["warm"]),
+            },
+            "rounds": {"ready": starts.ready, "first_token": starts.first_token},
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
+        starts = run(args, Path(tmp))
+    report(starts, args.docs, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
