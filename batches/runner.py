@@ -58,7 +58,7 @@ from dataplane.types import Event
 from inference.base.errors import ApiError
 from inference.body.parser import generation_parse
 from inference.body.tools import compiled_for
-from inference.chat.format import Formatter, answer_shape, shape_of
+from inference.chat.format import answer_shape, formatter_for, shape_of
 from inference.embeddings.format import embeddings_collect
 from inference.embeddings.protocol import embeddings_parse
 from inference.pipeline import relay
@@ -360,12 +360,12 @@ class BatchRun:
                 tenant_id=self.batch.tenant_id,
             )
         parsed = generation_parse(body, endpoint=self.kind, tenant_id=self.batch.tenant_id)
-        formatter = Formatter(
+        formatter = formatter_for(
             endpoint=self.kind,
             request_id=rid,
             model=served,
+            version=submitted.route.version if submitted else None,
             created=int(time.time()),
-            fingerprint=f"rh-{submitted.route.version}" if submitted else "rh",
             shape=answer_shape(
                 parsed, submitted.route, submitted.job, rendered=submitted.rendered_prompt
             )

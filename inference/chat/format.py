@@ -625,18 +625,21 @@ def formatter_for(
     endpoint: str,
     request_id: str,
     model: str,
-    version: str,
+    version: str | None,
     created: int,
     shape: Shape | None = None,
 ) -> Formatter:
-    """The response builder of a request; a replay builds the same one from its record."""
+    """The response builder of a request; a replay builds the same one from its record.
+
+    Its `system_fingerprint` names the answering version; None: a version not known (a batch
+    line resumed by another runner)."""
     return Formatter(
         endpoint=endpoint,
         request_id=request_id,
         model=model,
         created=created,
         shape=shape,
-        fingerprint=f"rh-{version}",
+        fingerprint="rh" if version is None else f"rh-{version}",
     )
 
 
