@@ -18,7 +18,6 @@ own start (container to ready) is not measured here: the repository has no image
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -34,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
     accelerator,
+    chat_request,
     cpu_features,
-    free_port,
-    http_ok,
+    frontend_beside,
     machine_line,
     platform_stop,
     prepare_roundhouse,
@@ -61,16 +60,8 @@ class Starts:
 
 def _first_token(base_url: str, key: str, started: float, out: list[float]) -> None:
     """Send one streamed chat now; put the seconds from `started` to its first text in `out`."""
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "Say hello."}],
-        "max_tokens": 4,
-        "stream": True,
-    }
-    request = urllib.request.Request(
-        f"{base_url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    request = chat_request(
+        base_url, key, model="tiny", content="Say hello.", max_tokens=4, stream=True
     )
     with urllib.request.urlopen(request, timeout=600) as response:
         for line in response:
@@ -110,27 +101,21 @@ def run(args: argparse.Namespace, work: Path) -> Starts:
     try:
         platform = prepare_roundhouse(model_dir, work, tenants={"bench": {}}, max_num_seqs=4)
         key = platform.tokens["bench"]
-        port = free_port()
         env = dict(platform.env)
-        web_log, ingest_log = work / "web.log", work / "ingester.log"
-        frontend = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
-                    "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
-        web = spawn(frontend, web_log, env)
-        ingester = spawn([sys.executable, "manage.py", "run_ingester"], ingest_log, env)
-        base_url = f"http://127.0.0.1:{port}"
+        ingester = spawn([sys.executable, "manage.py", "run_ingester"], work / "ingester.log", env)
         try:
-            wait_for(lambda: http_ok(f"{base_url}/healthz"), web, "frontend", web_log)
-            for round_ in range(args.rounds):
-                cache_dir = work / f"weights-{round_}"
-                shutil.rmtree(cache_dir, ignore_errors=True)
-                worker_env = {**env, "ROUNDHOUSE_WEIGHTS_CACHE_DIR": str(cache_dir)}
-                for cache in CACHES:
-                    progress(f"round {round_ + 1}/{args.rounds}: a {cache} worker")
-                    ready, first = _round(base_url, key, worker_env, work, cache)
-                    starts.ready[cache].append(ready)
-                    starts.first_token[cache].append(first)
+            with frontend_beside(platform, work, env={}, name="frontend") as (base_url, _):
+                for round_ in range(args.rounds):
+                    cache_dir = work / f"weights-{round_}"
+                    shutil.rmtree(cache_dir, ignore_errors=True)
+                    worker_env = {**env, "ROUNDHOUSE_WEIGHTS_CACHE_DIR": str(cache_dir)}
+                    for cache in CACHES:
+                        progress(f"round {round_ + 1}/{args.rounds}: a {cache} worker")
+                        ready, first = _round(base_url, key, worker_env, work, cache)
+                        starts.ready[cache].append(ready)
+                        starts.first_token[cache].append(first)
         finally:
-            stop([web, ingester])
+            stop([ingester])
     finally:
         platform_stop(platform)
     return starts

@@ -208,6 +208,23 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def chat_request(
+    base_url: str, key: str, *, model: str, content: str, max_tokens: int, stream: bool
+) -> urllib.request.Request:
+    """One chat completion request to a target's /v1, for urllib.request.urlopen."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    return urllib.request.Request(
+        f"{base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+
+
 def wait_for(
     check: Callable[[], bool], popen: subprocess.Popen[bytes], what: str, log: Path
 ) -> None:

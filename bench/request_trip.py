@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    chat_request,
     free_port,
     http_ok,
     platform_stop,
@@ -56,7 +57,7 @@ from bench.common import (  # noqa: E402
 )
 
 KINDS = ("whole", "streamed")
-PROMPT = [{"role": "user", "content": "Name three colours."}]
+PROMPT = "Name three colours."
 MAX_TOKENS = 8
 SKIPPED = ("bench", "tests", ".venv", "node_modules")
 
@@ -161,11 +162,8 @@ class Trip:
 
 
 def _post(base_url: str, key: str, *, stream: bool) -> None:
-    body = {"model": "tiny", "messages": PROMPT, "max_tokens": MAX_TOKENS, "stream": stream}
-    request = urllib.request.Request(
-        f"{base_url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    request = chat_request(
+        base_url, key, model="tiny", content=PROMPT, max_tokens=MAX_TOKENS, stream=stream
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         response.read()

@@ -34,7 +34,11 @@ class Kind:
 
 def kinds_read(body: dict[str, Any], kinds: list[tuple[str, Kind]]) -> dict[str, Any]:
     """Each named field's value in `body`, read by its kind in the order given (the first
-    wrong one is the 400)."""
+    wrong one is the 400).
+
+    The loop stands here, beside the readers it calls, so a pass of fields is read in one go
+    rather than by a hop out of the field table and back per field (measured: a chat body's
+    read then enters this file once per pass, bench/request_trip.py)."""
     return {name: kind.read(body, name) for name, kind in kinds}
 
 
