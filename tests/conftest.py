@@ -373,6 +373,11 @@ def usage_of(django_db_blocker: Any) -> Any:
     return wait
 
 
+# The image's tests build a container image first (minutes from nothing): `make pytest-image`
+# runs them on their own, after the suite.
+collect_ignore = [] if os.environ.get("ROUNDHOUSE_TEST_IMAGE") else ["image"]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the tests marked run_last after all others (after pytest-django's own ordering)."""

@@ -196,7 +196,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+# The image collects static files at build time into a folder of its own (read-only at run time).
+STATIC_ROOT = Path(env_str("ROUNDHOUSE_STATIC_ROOT", str(DATA_DIR / "static")))
 # `make install` copies the npm packages the console uses (Chart.js, htmx) into static/vendor.
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Shared by every frontend: sign-in lockout counters live here.

@@ -50,6 +50,12 @@ def everything_on() -> dict[str, Any]:
     return values
 
 
+def pinned(reference: str, key: str) -> str:
+    """REFERENCE with the digest the chart's default values pin for KEY, if they pin one."""
+    digest = yaml.safe_load((CHART / "values.yaml").read_text())[key]["digest"]
+    return f"{reference}@{digest}" if digest else reference
+
+
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Render the chart as `helm install` would and return every object."""
     with helm.Chart.load(CHART) as chart:
@@ -222,7 +228,7 @@ def test_two_models_run_one_gpu_worker_and_one_cpu_worker(two_model_objects):
 
     chat = workers["sy-roundhouse-worker-chat"]["spec"]
     (container,) = chat["containers"]
-    assert container["image"] == "registry.example.com/roundhouse-cuda:0.1.0"
+    assert container["image"] == pinned("registry.example.com/roundhouse:0.1.0-cuda", "gpuImage")
     assert container["command"] == [
         "python", "manage.py", "run_worker", "--deployment", "llama-chat",
         "--drain-seconds", "570",
@@ -242,7 +248,7 @@ def test_two_models_run_one_gpu_worker_and_one_cpu_worker(two_model_objects):
 
     embed = workers["sy-roundhouse-worker-embed"]["spec"]
     (container,) = embed["containers"]
-    assert container["image"] == "registry.example.com/roundhouse:0.1.0"
+    assert container["image"] == pinned("registry.example.com/roundhouse:0.1.0", "image")
     assert container["command"][4] == "minilm"
     assert "nvidia.com/gpu" not in str(container["resources"])
     assert "tolerations" not in embed
@@ -663,7 +669,8 @@ def test_a_prefetch_list_runs_a_warm_pool_daemonset_on_the_worker_nodes():
     objects = render(values)
     (daemonset,) = by_kind(objects, "DaemonSet").values()
     spec = daemonset["spec"]["template"]["spec"]
-    (fetch,) = spec["initContainers"]
+    owner, fetch = spec["initContainers"]
+    assert owner["name"] == "weights-cache-owner"
     assert fetch["command"] == [
         "python", "manage.py", "fetch_weights", "llama@v2", "llama@v3",
     ]  # fmt: skip
@@ -715,3 +722,52 @@ def test_each_pool_of_a_version_gets_its_nodes_its_resource_and_its_grace():
     frontend = deployments["sy-roundhouse-frontend"]["spec"]["template"]
     (spread,) = frontend["spec"]["topologySpreadConstraints"]
     assert selects(spread["labelSelector"], frontend["metadata"]["labels"])
+
+
+def test_every_pod_runs_the_pinned_image_as_its_user_on_a_read_only_root(two_model_objects):
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["digest"], "make image writes the digest it built into values.yaml"
+    default = render(SECRETS)
+    images = {
+        container["image"]
+        for pod in pods(default).values()
+        for container in pod["spec"]["containers"]
+    }
+    assert images == {f"ghcr.io/example/roundhouse:0.1.0@{values['image']['digest']}"}
+    for name, pod in pods(two_model_objects).items():
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["runAsUser"] == 10001, name
+        for container in spec["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
+            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name
+            mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+            assert "/tmp" in mounts, name  # the one place a process writes
+
+
+def test_a_gpu_worker_runs_the_cuda_build_and_an_override_drops_the_default_digest():
+    digests = {"image": "sha256:" + "a" * 64, "gpuImage": "sha256:" + "b" * 64}
+    values = two_models()
+    values["image"] = {"repository": "r.example/roundhouse", "digest": digests["image"]}
+    values["gpuImage"] = {"repository": "r.example/roundhouse", "digest": digests["gpuImage"]}
+    workers = {n: p["spec"] for n, p in pods(render({**values})).items() if "worker" in n}
+    (chat,) = workers["sy-roundhouse-worker-chat"]["containers"]
+    (embed,) = workers["sy-roundhouse-worker-embed"]["containers"]
+    assert chat["image"] == f"r.example/roundhouse:0.1.0-cuda@{digests['gpuImage']}"
+    assert embed["image"] == f"r.example/roundhouse:0.1.0@{digests['image']}"
+
+    values["modelDeployments"][0]["image"] = {"repository": "r.example/own", "tag": "7"}
+    workers = {n: p["spec"] for n, p in pods(render(values)).items() if "worker" in n}
+    (chat,) = workers["sy-roundhouse-worker-chat"]["containers"]
+    assert chat["image"] == "r.example/own:7"
+
+
+def test_only_the_weights_cache_owner_runs_as_root_and_only_to_chown(two_model_objects):
+    for name, pod in pods(two_model_objects).items():
+        for init in pod["spec"].get("initContainers", []):
+            if init["securityContext"].get("runAsUser") != 0:
+                continue
+            assert init["name"] == "weights-cache-owner", name
+            assert init["command"] == ["chown", "10001:10001", "/var/cache/roundhouse/weights"]
+            assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+            assert [m["name"] for m in init["volumeMounts"]] == ["weights-cache"]

@@ -61,9 +61,30 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- default (include "roundhouse.componentName" (dict "root" . "component" "artifacts")) .Values.artifacts.existingClaim -}}
 {{- end -}}
 
-{{/* repository:tag of an image dict, the tag defaulting to the chart's appVersion. */}}
+{{/* repository:tag of an image dict, the tag defaulting to the chart's appVersion, and
+     @digest when the dict pins one (make image writes it): the runtime pulls by digest. */}}
 {{- define "roundhouse.image" -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag | toString) -}}
+{{- with .image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* The image dict of a worker: (dict "root" $ "model" $model "gpus" $gpus). Its entry's image,
+     then workerDefaults.image, over the CUDA build for GPU workers or the platform's image.
+     An override naming a repository or tag does not inherit the base's digest. */}}
+{{- define "roundhouse.workerImage" -}}
+{{- $values := .root.Values -}}
+{{- $base := deepCopy $values.image -}}
+{{- if gt .gpus 0 -}}
+{{- $base = merge (deepCopy $values.gpuImage) (dict "pullPolicy" $values.image.pullPolicy) -}}
+{{- if not $base.tag -}}
+{{- $_ := set $base "tag" (printf "%s-cuda" .root.Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+{{- $override := merge (deepCopy (default dict .model.image)) (deepCopy (default dict $values.workerDefaults.image)) -}}
+{{- if or $override.repository $override.tag -}}
+{{- $_ := set $base "digest" "" -}}
+{{- end -}}
+{{- toYaml (merge $override $base) -}}
 {{- end -}}
 
 {{/* Pod annotations: config checksums (pods roll when settings change) and scrape hints.
@@ -183,6 +204,30 @@ matcher as a whole selector (`braces`); both are empty when no deployment has it
   hostPath:
     path: {{ .Values.weightsCache.hostPath }}
     type: DirectoryOrCreate
+{{- end -}}
+
+{{/* The init container that hands the node's weights cache to the image's user: a hostPath is
+     created root-owned. The only container of the chart that runs as root, with CAP_CHOWN
+     alone. (dict "root" $ "image" $imageDict) */}}
+{{- define "roundhouse.weightsCacheOwner" -}}
+{{- $pod := default dict .root.Values.podSecurityContext -}}
+- name: weights-cache-owner
+  image: {{ include "roundhouse.image" (dict "root" .root "image" .image) }}
+  imagePullPolicy: {{ .image.pullPolicy }}
+  command:
+    - chown
+    - {{ printf "%v:%v" (default 10001 $pod.runAsUser) (default 10001 $pod.runAsGroup) | quote }}
+    - {{ .root.Values.weightsCache.hostPath | quote }}
+  securityContext:
+    runAsUser: 0
+    runAsNonRoot: false
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+      add: [CHOWN]
+  volumeMounts:
+    {{- include "roundhouse.weightsCacheMount" .root | nindent 4 }}
 {{- end -}}
 
 {{- define "roundhouse.weightsCacheMount" -}}
