@@ -235,6 +235,11 @@ def report(starts: Starts, docs: Path, rounds: int) -> None:
                 "warm_first_token_s": warm,
                 "cold_ready_s": statistics.median(starts.ready["cold"]),
                 "warm_ready_s": statistics.median(starts.ready["warm"]),
+                **{
+                    f"image_{key}_ready_s": statistics.median(starts.image[kind]["ready"])
+                    for key, kind in zip(("first_start", "restart"), IMAGE_STARTS, strict=True)
+                    if kind in starts.image
+                },
             },
             "rounds": {"ready": starts.ready, "first_token": starts.first_token},
             "image": starts.image,
