@@ -423,6 +423,10 @@ ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES = env_int("ROUNDHOUSE_WEIGHTS_CACHE_MAX_BYTES
 # the key); these bound staleness only when such a message is lost.
 ROUNDHOUSE_KEY_CACHE_SECONDS = env_float("ROUNDHOUSE_KEY_CACHE_SECONDS", 30.0)
 ROUNDHOUSE_ROUTE_CACHE_SECONDS = env_float("ROUNDHOUSE_ROUTE_CACHE_SECONDS", 30.0)
+# A stream that has sent nothing for this long (queued, or in a long prefill) sends a keep-alive:
+# an SSE comment, Anthropic's `ping` event on /v1/messages; so that a proxy's idle timeout does
+# not cut it. 0: never.
+ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = env_float("ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS", 10.0)
 # A claimed job whose lease is not renewed for this long is reclaimed.
 ROUNDHOUSE_LEASE_SECONDS = env_float("ROUNDHOUSE_LEASE_SECONDS", 5.0)
 # Longest a request may take end to end before the frontend cancels it.

@@ -50,6 +50,10 @@ write_timeouts = Counter(
     "roundhouse_write_timeouts",
     "Responses cut because their client read none of a message within the write timeout.",
 )
+stream_keepalives = Counter(
+    "roundhouse_stream_keepalives",
+    "Keep-alives sent on streams that had nothing else to send (queued, or in a long prefill).",
+)
 
 
 # Pauses of a process: short ones matter (a stream's next token waits behind them).

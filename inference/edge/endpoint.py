@@ -12,9 +12,10 @@ running is told to come back (a stream follows it instead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -29,7 +30,7 @@ from dataplane.redis_client import UNREACHABLE
 from dataplane.tracing import TraceContext, bind, trace_start
 from dataplane.types import Event
 from inference.base.errors import ApiError, internal_error, invalid
-from inference.base.metrics import RequestClock, requests_total
+from inference.base.metrics import RequestClock, requests_total, stream_keepalives
 from inference.body.parser import GenerationRequest, body_parse
 from inference.edge.asgi import (
     CHECKED_PRINCIPAL,
@@ -141,12 +142,83 @@ def json_response(body: bytes | dict[str, Any], status: int = 200) -> HttpRespon
     return HttpResponse(payload, status=status, content_type="application/json")
 
 
-def sse_response(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
-    """A stream of server-sent events, marked so that no proxy caches or buffers it."""
+# What a stream sends when it has had nothing to send for a while: an SSE comment, which every
+# client's parser skips. /v1/messages sends Anthropic's `ping` event instead.
+SSE_KEEPALIVE = b": keep-alive\n\n"
+
+
+def sse_response(
+    chunks: AsyncIterator[bytes], *, keepalive: bytes = SSE_KEEPALIVE
+) -> StreamingHttpResponse:
+    """A stream of server-sent events, marked so that no proxy caches or buffers it, that sends
+    `keepalive` after ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS without an event."""
+    seconds = float(settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS)
+    if seconds > 0:
+        chunks = kept_alive(chunks, keepalive=keepalive, seconds=seconds)
     response = StreamingHttpResponse(chunks, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+async def kept_alive(
+    chunks: AsyncIterator[bytes], *, keepalive: bytes, seconds: float
+) -> AsyncGenerator[bytes, None]:
+    """Yield CHUNKS as they come, and KEEPALIVE each time SECONDS pass without one.
+
+    A queued request or a long prefill sends nothing, and a proxy or load balancer with an
+    idle timeout (60 s is common) would cut the stream; the client would retry into a longer
+    queue. The chunks are made in a task of their own, one ahead at most (the queue holds one),
+    and one timer per stream (not one per chunk) puts a keep-alive in the queue when the stream
+    has been silent for SECONDS and nothing waits there. Whatever ends this stream (its end, a
+    disconnect, a write timeout) ends that task, which closes the generator: its request is
+    cancelled there as before.
+    """
+    loop = asyncio.get_running_loop()
+    ahead: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=1)
+    last = loop.time()  # when the stream last sent something
+    timer: asyncio.TimerHandle | None = None
+
+    async def make() -> None:
+        try:
+            async for chunk in chunks:
+                await ahead.put(chunk)
+        except Exception as exc:  # raised again where the stream is sent
+            await ahead.put(exc)
+            return
+        finally:
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
+        await ahead.put(None)
+
+    def silent() -> None:
+        nonlocal timer
+        now = loop.time()
+        if now - last >= seconds and ahead.empty():
+            ahead.put_nowait(keepalive)
+            stream_keepalives.inc()
+        # Next when this silence would reach the period again; a chunk waiting for a slow
+        # reader (the queue full) needs none: look again a period on.
+        timer = loop.call_at(max(last + seconds, now + seconds / 2), silent)
+
+    maker = asyncio.create_task(make())
+    timer = loop.call_at(last + seconds, silent)
+    try:
+        while True:
+            item = await ahead.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            last = loop.time()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        maker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await maker
 
 
 def pieces_response(pieces: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:

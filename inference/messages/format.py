@@ -14,6 +14,8 @@ from dataplane.types import Delta, Failed, Finished, ToolCallDelta
 from inference.base.errors import ApiError
 
 _json = msgspec.json.Encoder()
+# What a Messages stream sends when it has had nothing to send for a while, as Anthropic's does.
+PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 
 def usage_of(finished: Finished | Failed) -> dict[str, int]:

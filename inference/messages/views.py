@@ -32,7 +32,7 @@ from inference.edge.endpoint import (
     sse_response,
     whole_replayed,
 )
-from inference.messages.format import MessageBuilder
+from inference.messages.format import PING, MessageBuilder
 from inference.messages.protocol import EFFORTS, MESSAGES, messages_chat, needs_of, thinking_shown
 from inference.pipeline import relay
 from inference.pipeline.admission import VERSION_HEADER, Submitted, request_ended
@@ -162,7 +162,7 @@ async def messages_create(request: HttpRequest, request_id: str) -> HttpResponse
             request_ended(submitted, event)
 
         stream = builder_stream(events, builder, clock, name=builder.message_id, at_end=settled)
-        response = sse_response(stream)
+        response = sse_response(stream, keepalive=PING)
     else:
         on_end = functools.partial(request_ended, submitted)
         response = json_response(await completion_collect(events, builder, on_end))
@@ -201,7 +201,8 @@ async def _replay(
     )
     events = await relay.original_events(original, tenant_id=principal.tenant_id)
     if chat.stream:
-        return sse_response(builder_stream(events, builder, clock, name=builder.message_id))
+        stream = builder_stream(events, builder, clock, name=builder.message_id)
+        return sse_response(stream, keepalive=PING)
     return await whole_replayed(events, builder)
 
 

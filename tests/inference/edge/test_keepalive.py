@@ -1,0 +1,114 @@
+"""A stream with nothing to send sends keep-alives (inference/edge/endpoint.kept_alive).
+
+The logic, with the stream's maker a generator that waits; tests/e2e/test_keepalive.py runs a
+queued stream through a relay that cuts idle connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator
+
+import pytest
+from django.http import StreamingHttpResponse
+
+from inference.base.metrics import stream_keepalives
+from inference.edge.endpoint import SSE_KEEPALIVE, kept_alive, sse_response
+from inference.messages.format import PING
+
+# The gap a slow stream leaves is many keep-alive periods long, so that the test reads what
+# happens in it, not how long anything took.
+PERIOD = 0.02
+GAP = 0.3
+
+
+class _Made:
+    """A stream's chunks: `pauses[i]` seconds before chunk i; whether it was closed."""
+
+    def __init__(self, *pauses: float, fail: Exception | None = None) -> None:
+        self.pauses = pauses
+        self.fail = fail
+        self.closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            for index, pause in enumerate(self.pauses):
+                await asyncio.sleep(pause)
+                yield b"data: %d\n\n" % index
+            if self.fail is not None:
+                raise self.fail
+        finally:
+            self.closed = True
+
+
+async def _all(stream: AsyncIterable[bytes]) -> list[bytes]:
+    return [chunk async for chunk in stream]
+
+
+def _sent(response: StreamingHttpResponse) -> AsyncIterable[bytes]:
+    content = response.streaming_content
+    assert isinstance(content, AsyncIterable)  # an async stream, as the views make
+    return content
+
+
+async def test_a_stream_that_waits_sends_keepalives_in_the_gap_and_then_its_events():
+    made = _Made(0, GAP, 0)
+    before = stream_keepalives._value.get()
+    sent = await _all(kept_alive(made.chunks(), keepalive=SSE_KEEPALIVE, seconds=PERIOD))
+    events = [chunk for chunk in sent if chunk != SSE_KEEPALIVE]
+    assert events == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]
+    pings = sent.index(b"data: 1\n\n") - 1
+    assert pings >= 2  # several periods passed in the gap, each with its keep-alive
+    assert sent[1 : 1 + pings] == [SSE_KEEPALIVE] * pings
+    assert stream_keepalives._value.get() - before == pings
+    assert made.closed
+
+
+async def test_a_stream_that_never_waits_sends_no_keepalive():
+    made = _Made(0, 0, 0, 0)
+    sent = await _all(kept_alive(made.chunks(), keepalive=SSE_KEEPALIVE, seconds=GAP))
+    assert sent == [b"data: %d\n\n" % i for i in range(4)]
+
+
+async def test_what_the_stream_raises_is_raised_where_it_is_sent():
+    made = _Made(0, fail=RuntimeError("the relay failed"))
+    stream = kept_alive(made.chunks(), keepalive=SSE_KEEPALIVE, seconds=PERIOD)
+    assert await anext(stream) == b"data: 0\n\n"
+    with pytest.raises(RuntimeError, match="the relay failed"):
+        await anext(stream)
+    assert made.closed
+
+
+async def test_a_client_that_leaves_closes_the_stream_while_it_waits():
+    made = _Made(0, 60)
+    stream = kept_alive(made.chunks(), keepalive=PING, seconds=PERIOD)
+    assert await anext(stream) == b"data: 0\n\n"
+    assert await anext(stream) == PING  # waiting for chunk 1, a minute away
+    await stream.aclose()  # the disconnect
+    assert made.closed  # its generator closed: the request is cancelled there
+
+
+async def test_a_cancelled_send_closes_the_stream_too():
+    made = _Made(0, 60)
+    stream = kept_alive(made.chunks(), keepalive=SSE_KEEPALIVE, seconds=60)
+    assert await anext(stream) == b"data: 0\n\n"
+    waiting = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(PERIOD)
+    waiting.cancel()  # the write timeout cancels the task that sends the response
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await stream.aclose()
+    assert made.closed
+
+
+async def test_the_setting_turns_keepalives_off(settings):
+    settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = 0
+    sent = await _all(_sent(sse_response(_Made(GAP).chunks())))
+    assert sent == [b"data: 0\n\n"]  # sent as made: nothing in the gap
+    settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = PERIOD
+    sent = await _all(_sent(sse_response(_Made(GAP).chunks())))
+    assert sent[0] == SSE_KEEPALIVE and sent[-1] == b"data: 0\n\n"
+
+
+def test_anthropics_ping_is_an_sse_event_named_ping():
+    assert PING == b'event: ping\ndata: {"type": "ping"}\n\n'
