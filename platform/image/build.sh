@@ -26,8 +26,10 @@ MMDEBSTRAP_OPTIONS=(--variant=minbase --include=$BASE_PACKAGES
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright')
 export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
 # What the image is built from (as .containerignore leaves it): the repository less its tests,
-# benchmarks, manual and the chart, which names the image and so cannot be part of it.
-SOURCES=(. ':!tests' ':!bench' ':!docs' ':!platform/helm' ':!platform/grafana' ':!platform/prometheus')
+# benchmarks, manual, the chart (which names the image, so cannot be part of it) and the host's
+# own tools for the image (running it, pinning its digest).
+SOURCES=(. ':!tests' ':!bench' ':!docs' ':!platform/helm' ':!platform/grafana' ':!platform/prometheus'
+  ':!platform/image/run.sh' ':!platform/image/pin.py')
 # Fixed file times and creation time, those of the last commit that changed a source: the same
 # inputs give the same layers, and committing the pinned digest does not change the image.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct -- "${SOURCES[@]}")}

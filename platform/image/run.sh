@@ -20,7 +20,16 @@ export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATI
 user=$(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$IMAGE")
 container=$(buildah from --quiet --pull-never "$IMAGE")
 root=$(buildah mount "$container")
+# Whatever still runs inside when the command is done (a daemon it left behind) goes with it.
+leftovers_kill() {
+  local proc
+  for proc in /proc/[0-9]*; do
+    [ "$(readlink "$proc/root" 2>/dev/null)" = "$root" ] && kill -KILL "${proc#/proc/}" 2>/dev/null
+  done
+  return 0
+}
 cleanup() {
+  leftovers_kill
   umount "$root/run" 2>/dev/null || true
   umount "$root" 2>/dev/null || true
   buildah rm "$container" >/dev/null || true
@@ -44,7 +53,16 @@ while IFS='=' read -r name _; do env_args+=(--env "$name=${!name}"); done \
   < <(env | grep -E '^ROUNDHOUSE_[A-Z_]+=' | grep -vE '^ROUNDHOUSE_(DATA_DIR|STATIC_ROOT)=' || true)
 buildah run --volume "$(realpath "$SCRATCH")":/tmp:rw "${env_args[@]}" "$container" -- "$@" &
 child=$!
-trap 'kill -TERM $child 2>/dev/null || true' INT TERM
+# buildah run answers a signal by killing the command outright, leaving what it started (the
+# demo's database, its engines) running: the signal goes to the command itself instead, which
+# stops its own processes and exits. It is three levels down: buildah run, its chroot runtime,
+# its exec helper, the command.
+stop() {
+  local pid=$child
+  for _ in 1 2 3; do pid=$(pgrep -P "$pid" | head -1) || return 0; done
+  kill -TERM "$pid" 2>/dev/null || true
+}
+trap stop INT TERM
 status=0
 wait $child || status=$?
 # A signal interrupts the first wait; the second waits for the command to finish stopping.
