@@ -20,11 +20,14 @@ export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATI
 user=$(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$IMAGE")
 container=$(buildah from --quiet --pull-never "$IMAGE")
 root=$(buildah mount "$container")
-# Whatever still runs inside when the command is done (a daemon it left behind) goes with it.
+# Whatever still runs inside when the command is done (a daemon it left behind) goes with it:
+# every process in the container's mount namespace.
+namespace=""
 leftovers_kill() {
   local proc
+  [ -n "$namespace" ] || return 0
   for proc in /proc/[0-9]*; do
-    [ "$(readlink "$proc/root" 2>/dev/null)" = "$root" ] && kill -KILL "${proc#/proc/}" 2>/dev/null
+    [ "$(readlink "$proc/ns/mnt" 2>/dev/null)" = "$namespace" ] && kill -KILL "${proc#/proc/}" 2>/dev/null
   done
   return 0
 }
@@ -51,18 +54,34 @@ chmod 1777 "$SCRATCH"
 env_args=()
 while IFS='=' read -r name _; do env_args+=(--env "$name=${!name}"); done \
   < <(env | grep -E '^ROUNDHOUSE_[A-Z_]+=' | grep -vE '^ROUNDHOUSE_(DATA_DIR|STATIC_ROOT)=' || true)
-buildah run --volume "$(realpath "$SCRATCH")":/tmp:rw "${env_args[@]}" "$container" -- "$@" &
-child=$!
 # buildah run answers a signal by killing the command outright, leaving what it started (the
-# demo's database, its engines) running: the signal goes to the command itself instead, which
-# stops its own processes and exits. It is three levels down: buildah run, its chroot runtime,
-# its exec helper, the command.
-stop() {
+# demo's database, its engines) running. So it runs in a session of its own (a terminal's
+# Ctrl-C does not reach it), and a signal goes to the command itself, which stops its own
+# processes and exits. The command is three levels down: buildah run, its chroot runtime, its
+# exec helper, the command.
+setsid buildah run --volume "$(realpath "$SCRATCH")":/tmp:rw "${env_args[@]}" "$container" -- "$@" &
+child=$!
+command_pid() {
   local pid=$child
-  for _ in 1 2 3; do pid=$(pgrep -P "$pid" | head -1) || return 0; done
-  kill -TERM "$pid" 2>/dev/null || true
+  for _ in 1 2 3; do pid=$(pgrep -P "$pid" | head -1) || return 1; done
+  echo "$pid"
+}
+stop() {
+  local pid
+  pid=$(command_pid) && kill -TERM "$pid" 2>/dev/null
+  return 0
 }
 trap stop INT TERM
+for _ in $(seq 100); do
+  if pid=$(command_pid); then
+    namespace=$(readlink "/proc/$pid/ns/mnt" 2>/dev/null || true)
+    # Only a namespace of the container's own: never this host's.
+    [ "$namespace" = "$(readlink /proc/$$/ns/mnt)" ] && namespace=""
+    break
+  fi
+  kill -0 $child 2>/dev/null || break
+  sleep 0.1
+done
 status=0
 wait $child || status=$?
 # A signal interrupts the first wait; the second waits for the command to finish stopping.
