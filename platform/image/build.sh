@@ -123,5 +123,4 @@ fi
 digest=$(cat $OUT/digest-$EXTRA)
 key=$([ "$EXTRA" = cpu ] && echo image || echo gpuImage)
 $PYTHON platform/image/pin.py platform/helm/roundhouse/values.yaml "$key" "$digest"
-echo "$IMAGE" > $OUT/image-$EXTRA
 step "done: $IMAGE $digest (chart values: $key.digest)"
