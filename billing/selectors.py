@@ -138,6 +138,8 @@ class Slis:
     ttft_p95_ms: float | None
     itl_p95_ms: float | None
     cost_per_1k: float | None  # money per 1,000 tokens (prompt + completion) at its prices
+    # Serving cost: seconds on the engine (started → finished) per 1,000 tokens.
+    engine_seconds_per_1k: float | None
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -200,16 +202,19 @@ def version_slis(
     rows = _version_rows(version, since, until, tenant_ids)
     requests = errors = 0
     prompt = completion = 0
+    engine_seconds = 0.0
     ttfts: list[float] = []
     itls: list[float] = []
     for row in rows.only(
-        "status", "prompt_tokens", "completion_tokens", "enqueued_at", "first_token_at",
-        "finished_at",
+        "status", "prompt_tokens", "completion_tokens", "enqueued_at", "started_at",
+        "first_token_at", "finished_at",
     ).iterator():  # fmt: skip
         requests += 1
         errors += row.status in _FAILED
         prompt += row.prompt_tokens
         completion += row.completion_tokens
+        if row.started_at is not None:
+            engine_seconds += max(0.0, (row.finished_at - row.started_at).total_seconds())
         if row.first_token_at is not None:
             ttfts.append((row.first_token_at - row.enqueued_at).total_seconds() * 1000)
             if row.completion_tokens > 1:
@@ -225,7 +230,123 @@ def version_slis(
         ttft_p95_ms=_p95(ttfts),
         itl_p95_ms=_p95(itls),
         cost_per_1k=float(round(cost * 1000 / tokens, 6)) if tokens else None,
+        engine_seconds_per_1k=round(engine_seconds * 1000 / tokens, 6) if tokens else None,
     )
+
+
+@dataclass(frozen=True)
+class ServingCost:
+    """What a version's requests cost to serve over a window, in engine time."""
+
+    requests: int
+    tokens: int  # prompt + completion
+    engine_seconds: float  # Σ (finished - started): each request's time on the engine
+
+    @property
+    def per_1k(self) -> float | None:
+        """Engine-seconds per 1,000 tokens; None without tokens."""
+        return round(self.engine_seconds * 1000 / self.tokens, 6) if self.tokens else None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "engine_seconds": round(self.engine_seconds, 3),
+            "engine_seconds_per_1k": self.per_1k,
+        }
+
+
+def version_serving_cost(
+    *,
+    version: ModelVersion,
+    since: dt.datetime,
+    until: dt.datetime,
+    tenant_ids: Collection[int] | None = None,
+) -> ServingCost:
+    """Return a version's engine time and tokens over a window, summed by the database.
+
+    Requests that never reached an engine (no `started_at`) count as requests, not as time.
+    """
+    summed = _version_rows(version, since, until, tenant_ids).aggregate(
+        requests=Count("id"),
+        prompt=Sum("prompt_tokens"),
+        completion=Sum("completion_tokens"),
+        engine=Sum(
+            ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField()),
+            filter=Q(started_at__isnull=False),
+        ),
+    )
+    engine = summed["engine"] or dt.timedelta(0)
+    return ServingCost(
+        requests=summed["requests"],
+        tokens=(summed["prompt"] or 0) + (summed["completion"] or 0),
+        engine_seconds=max(0.0, engine.total_seconds()),
+    )
+
+
+@dataclass(frozen=True)
+class SloWindow:
+    """Good and bad events of each SLO's SLI over one window (the burn-rate alerts' SLIs).
+
+    - availability: requests, and those the platform failed (error, worker_lost, timeout);
+    - ttft: interactive requests that got a first token, and those later than the objective;
+    - itl: inter-token gaps (completion tokens - 1 of a request), and the gaps of requests
+      whose mean gap was longer than the objective (a request's gaps are not stored apart).
+    """
+
+    seconds: float
+    requests: int = 0
+    failed: int = 0
+    ttft_events: int = 0
+    ttft_slow: int = 0
+    itl_events: int = 0
+    itl_slow: int = 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def version_slo_windows(
+    *,
+    version: ModelVersion,
+    until: dt.datetime,
+    windows: Collection[float],
+    ttft_ms: float,
+    itl_ms: float,
+    tenant_ids: Collection[int] | None = None,
+) -> list[SloWindow]:
+    """Return a version's SLI events over each of `windows` (seconds) before `until`.
+
+    One query over the longest window; rows are bucketed here. Cancelled requests count for
+    no SLI, as in `version_slis`.
+    """
+    ordered = [float(seconds) for seconds in windows]
+    since = until - dt.timedelta(seconds=max(ordered))
+    fields = ("requests", "failed", "ttft_events", "ttft_slow", "itl_events", "itl_slow")
+    counts = [dict.fromkeys(fields, 0) for _ in ordered]
+    ttft = dt.timedelta(milliseconds=ttft_ms)
+    rows = _version_rows(version, since, until, tenant_ids).values_list(
+        "status", "priority", "completion_tokens", "enqueued_at", "first_token_at", "finished_at"
+    )
+    for status, priority, completion, enqueued, first, finished in rows.iterator():
+        age = (until - finished).total_seconds()
+        gaps = slow_itl = 0
+        if first is not None and completion > 1:
+            gaps = completion - 1
+            slow_itl = (finished - first).total_seconds() * 1000 / gaps > itl_ms
+        for seconds, count in zip(ordered, counts, strict=True):
+            if age > seconds:
+                continue
+            count["requests"] += 1
+            count["failed"] += status in _FAILED
+            if first is not None and priority == "interactive":
+                count["ttft_events"] += 1
+                count["ttft_slow"] += first - enqueued > ttft
+            count["itl_events"] += gaps
+            count["itl_slow"] += gaps if slow_itl else 0
+    return [
+        SloWindow(seconds=seconds, **count) for seconds, count in zip(ordered, counts, strict=True)
+    ]
 
 
 class _Percentile(Aggregate):

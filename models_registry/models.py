@@ -319,12 +319,15 @@ def default_steps() -> list[float]:
 
 def default_guardrails() -> dict[str, float]:
     return {
-        # The canary's error rate may exceed the baseline's by this many percentage points.
-        "error_rate_points": 2.0,
-        # Ratios canary ÷ baseline that count as a breach.
-        "ttft_p95_ratio": 1.5,
-        "itl_p95_ratio": 1.5,
-        "cost_per_1k_ratio": 1.2,
+        # An SLO's error budget burning this many times faster than it may (the SLIs of the
+        # burn-rate alerts, docs/metrics.md), over both windows, is a breach...
+        "burn_rate": 6.0,
+        # ...when it also burns this many times faster than the baseline's over each window:
+        # both versions burning is the platform's trouble, not the canary's.
+        "burn_vs_baseline": 2.0,
+        # Serving cost guard: the canary's engine-seconds per 1k tokens over the step, as a
+        # multiple of the baseline's, above which it is held at its step.
+        "engine_seconds_per_1k_ratio": 1.5,
     }
 
 
@@ -354,11 +357,15 @@ class Rollout(models.Model):
     min_samples = models.PositiveIntegerField(default=200)
     min_step_seconds = models.PositiveIntegerField(default=300)
     guardrails = models.JSONField(default=default_guardrails)
-    # A breach must hold in the step so far and in this recent window, for this many
-    # analyses in a row: a short blip moves neither.
-    short_window_seconds = models.PositiveIntegerField(default=300)
-    breach_checks = models.PositiveIntegerField(default=2)
+    # The burn-rate windows, sliding with every analysis: a breach must burn over both, for
+    # `breach_checks` analyses in a row. A short window no longer than the analysis period
+    # lets one noisy window count in at most two analyses.
+    short_window_seconds = models.PositiveIntegerField(default=10)
+    long_window_seconds = models.PositiveIntegerField(default=60)
+    breach_checks = models.PositiveIntegerField(default=3)
     breaches = models.PositiveIntegerField(default=0)
+    # Held at its step by the serving-cost guard (a decision is stored when this changes).
+    cost_held = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )

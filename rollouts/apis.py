@@ -69,8 +69,8 @@ class RolloutSerializer(serializers.ModelSerializer[Rollout]):
         fields = [
             "id", "alias", "baseline", "canary", "state", "percent", "scoped", "tenants",
             "steps", "step_index", "step_started_at", "min_samples", "min_step_seconds",
-            "guardrails", "short_window_seconds", "breach_checks", "breaches", "created_at",
-            "finished_at",
+            "guardrails", "short_window_seconds", "long_window_seconds", "breach_checks",
+            "breaches", "cost_held", "created_at", "finished_at",
         ]  # fmt: skip
 
 
@@ -88,8 +88,9 @@ class RolloutStartSerializer(serializers.Serializer[Any]):
     min_samples = serializers.IntegerField(min_value=1, default=200)
     min_step_seconds = serializers.IntegerField(min_value=0, default=300)
     guardrails = serializers.DictField(child=serializers.FloatField(), required=False)
-    short_window_seconds = serializers.IntegerField(min_value=1, default=300)
-    breach_checks = serializers.IntegerField(min_value=1, default=2)
+    short_window_seconds = serializers.IntegerField(min_value=1, default=10)
+    long_window_seconds = serializers.IntegerField(min_value=1, default=60)
+    breach_checks = serializers.IntegerField(min_value=1, default=3)
     tenants = serializers.ListField(
         child=serializers.SlugField(max_length=64), default=list, max_length=1000,
         help_text=TENANTS_HELP,
@@ -208,6 +209,7 @@ class SlisSerializer(serializers.Serializer[Any]):
     ttft_p95_ms = serializers.FloatField(allow_null=True)
     itl_p95_ms = serializers.FloatField(allow_null=True)
     cost_per_1k = serializers.FloatField(allow_null=True)
+    engine_seconds_per_1k = serializers.FloatField(allow_null=True)
 
 
 class VersionSlisApi(APIView):

@@ -1,14 +1,25 @@
 """Canary rollouts: ramp a version's share of an alias, compare it, promote or roll back.
 
-A rollout moves through its steps (percent of the alias's traffic). Each analysis compares
-the canary's SLIs with the baseline's over the current step, and over a short recent window:
+A rollout moves through its steps (percent of the alias's traffic). Every analysis (every
+10 s by default) judges the canary on the SLIs the burn-rate alerts page on — availability,
+time to first token and inter-token latency against the objectives of the deployment serving
+it — over two windows that slide with each analysis (10 s and 60 s by default):
 
-- a guardrail is breached when the canary is worse than the baseline by more than the
-  policy allows in **both** windows (the step so far and the recent window), so a blip that
-  has already passed, or a slow start that has recovered, does not count;
-- a breach must be seen in `breach_checks` analyses in a row before it rolls back;
+- an SLO burns when the canary spends its error budget at least `burn_rate` times as fast
+  as it may, and `burn_vs_baseline` times as fast as the baseline (both versions burning is
+  the platform's trouble), over a window;
+- it rolls back when the SLO burns over the short window in `breach_checks` analyses in a
+  row (3), and over the long window at the last of them. The short window is no longer than
+  the analysis period, so one noisy stretch counts in two analyses at most; the long window
+  keeps a few late requests in a quiet short window from counting as a trend. A real breach
+  rolls back about 30 s after its requests reach the records. An analysis with no canary
+  request in its short window neither adds to the count nor clears it;
+- the serving-cost guard compares engine-seconds per 1k tokens over the step: a canary that
+  costs more than `engine_seconds_per_1k_ratio` times the baseline's is held at its step,
+  neither advanced nor promoted, until it is cheaper again or an operator acts;
 - a step advances once both versions have `min_samples` requests in it, it has lasted
-  `min_step_seconds` and nothing is breached. Leaving the last step below 100 % promotes.
+  `min_step_seconds` and nothing is breached or held. Leaving the last step below 100 %
+  promotes.
 
 A canary that fails outright does not wait for that: every few seconds `rollouts_fail_fast`
 counts each running canary's failed requests over the last minute, and one that failed at
@@ -38,7 +49,12 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from billing.selectors import Slis, version_failures, version_slis
+from billing.selectors import (
+    SloWindow,
+    version_failures,
+    version_serving_cost,
+    version_slo_windows,
+)
 from dataplane.changes import ROUTES, change_publish
 from models_registry.models import (
     BUCKETS,
@@ -189,8 +205,9 @@ def rollout_start(
     min_samples: int = 200,
     min_step_seconds: int = 300,
     guardrails: dict[str, float] | None = None,
-    short_window_seconds: int = 300,
-    breach_checks: int = 2,
+    short_window_seconds: int = 10,
+    long_window_seconds: int = 60,
+    breach_checks: int = 3,
     tenants: Sequence[Tenant] = (),
     actor: User | None = None,
     reason: str = "",
@@ -211,6 +228,10 @@ def rollout_start(
         raise ValidationError({"canary": "the canary must do the same task as the alias"})
     if min_samples < 1 or breach_checks < 1:
         raise ValidationError({"min_samples": "min_samples and breach_checks must be ≥ 1"})
+    if not 1 <= short_window_seconds <= long_window_seconds:
+        raise ValidationError(
+            {"long_window_seconds": "the long window must be at least the short one (≥ 1 s)"}
+        )
     alias_version_check(alias=alias, version=canary, field="canary", tenants=tenants)
     deployment = deployment_for(canary)
     if deployment is None:
@@ -228,6 +249,7 @@ def rollout_start(
             min_step_seconds=min_step_seconds,
             guardrails=guardrails,
             short_window_seconds=short_window_seconds,
+            long_window_seconds=long_window_seconds,
             breach_checks=breach_checks,
             scoped=bool(tenants),
             created_by=actor,
@@ -271,79 +293,204 @@ def _start_conflicts_check(alias: Alias, tenants: Sequence[Tenant]) -> None:
         )
 
 
-def _window_verdicts(
-    rollout: Rollout, canary: Slis, baseline: Slis, *, floor: int
-) -> dict[str, dict[str, Any]]:
-    """Compare one window; return each guardrail's numbers and whether it is breached."""
-    limits = rollout.guardrails
-    out: dict[str, dict[str, Any]] = {}
-    enough = canary.requests >= floor and baseline.requests >= floor
+# A p95 latency objective leaves 5 % of events over its threshold: the latency SLOs' budget.
+LATENCY_BUDGET = 0.05
+SLOS = ("availability", "ttft", "itl")
 
-    def ratio(name: str, c: float | None, b: float | None) -> None:
-        breached = enough and c is not None and b is not None and b > 0 and c / b > limits[name]
-        out[name] = {"canary": c, "baseline": b, "limit": limits[name], "breached": breached}
 
-    points = canary.error_rate_pct - baseline.error_rate_pct
-    out["error_rate_points"] = {
-        "canary": canary.error_rate_pct,
-        "baseline": baseline.error_rate_pct,
-        "limit": limits["error_rate_points"],
-        "breached": enough and points > limits["error_rate_points"],
+def _guardrails(rollout: Rollout) -> dict[str, float]:
+    """The rollout's guardrails over the defaults (a rollout stored before a guardrail existed
+    gets its default; names no longer known are ignored)."""
+    stored = {k: float(v) for k, v in rollout.guardrails.items() if k in GUARDRAILS}
+    return {**default_guardrails(), **stored}
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """The SLOs a canary is held to: those of the deployment serving it."""
+
+    ttft_ms: float
+    itl_ms: float
+    availability: float
+
+    @classmethod
+    def of(cls, version: ModelVersion) -> Objectives:
+        deployment = deployment_for(version)
+        if deployment is None:
+            defaults = Deployment()
+            return cls(defaults.slo_ttft_p95_ms, defaults.slo_itl_p95_ms, 0.999)
+        return cls(
+            float(deployment.slo_ttft_p95_ms),
+            float(deployment.slo_itl_p95_ms),
+            float(deployment.slo_availability),
+        )
+
+    def budgets(self) -> dict[str, float]:
+        return {
+            "availability": max(1e-6, 1 - self.availability),
+            "ttft": LATENCY_BUDGET,
+            "itl": LATENCY_BUDGET,
+        }
+
+
+def _burns(window: SloWindow, budgets: dict[str, float]) -> dict[str, tuple[int, float]]:
+    """(events, burn rate) of each SLO over a window: the bad share over the budget."""
+    counted = {
+        "availability": (window.requests, window.failed),
+        "ttft": (window.ttft_events, window.ttft_slow),
+        "itl": (window.itl_events, window.itl_slow),
     }
-    ratio("ttft_p95_ratio", canary.ttft_p95_ms, baseline.ttft_p95_ms)
-    ratio("itl_p95_ratio", canary.itl_p95_ms, baseline.itl_p95_ms)
-    ratio("cost_per_1k_ratio", canary.cost_per_1k, baseline.cost_per_1k)
-    return out
+    return {
+        slo: (events, round(bad / events / budgets[slo], 3) if events else 0.0)
+        for slo, (events, bad) in counted.items()
+    }
+
+
+def _burn_checks(
+    rollout: Rollout, *, now: dt.datetime, objectives: Objectives, limits: dict[str, float]
+) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], bool]:
+    """Compare the canary's error-budget burn with the limit and the baseline's, per SLO.
+
+    Returns the evidence, the SLOs breached over the short window, those breached over both,
+    and whether the short window held any canary request at all (without one an analysis has
+    no new evidence).
+    """
+    windows = (rollout.short_window_seconds, rollout.long_window_seconds)
+
+    def windows_of(version: ModelVersion, tenant_ids: list[int] | None) -> list[SloWindow]:
+        return version_slo_windows(
+            version=version,
+            until=now,
+            windows=windows,
+            ttft_ms=objectives.ttft_ms,
+            itl_ms=objectives.itl_ms,
+            tenant_ids=tenant_ids,
+        )
+
+    canary = windows_of(rollout.canary, _tenant_ids(rollout))
+    baseline = windows_of(rollout.baseline, None)
+    budgets = objectives.budgets()
+    least = settings.ROUNDHOUSE_ROLLOUT_BURN_MIN_EVENTS
+    checks: dict[str, Any] = {}
+    burning, breached = [], []
+    for slo in SLOS:
+        check: dict[str, Any] = {"budget": budgets[slo]}
+        hits = []
+        for name, c_window, b_window, floor in (
+            ("short", canary[0], baseline[0], 1),
+            ("long", canary[1], baseline[1], least),
+        ):
+            c_events, c_burn = _burns(c_window, budgets)[slo]
+            b_events, b_burn = _burns(b_window, budgets)[slo]
+            hit = (
+                c_events >= floor
+                and c_burn >= limits["burn_rate"]
+                and c_burn >= limits["burn_vs_baseline"] * b_burn
+            )
+            check[name] = {
+                "canary": {"events": c_events, "burn": c_burn},
+                "baseline": {"events": b_events, "burn": b_burn},
+                "breached": hit,
+            }
+            hits.append(hit)
+        check["breached"] = all(hits)
+        checks[slo] = check
+        if hits[0]:
+            burning.append(slo)
+        if check["breached"]:
+            breached.append(slo)
+    evidence = {
+        "objectives": {
+            "ttft_ms": objectives.ttft_ms,
+            "itl_ms": objectives.itl_ms,
+            "availability": objectives.availability,
+        },
+        "windows": {"short": windows[0], "long": windows[1]},
+        "limits": {"burn_rate": limits["burn_rate"], "vs_baseline": limits["burn_vs_baseline"]},
+        "slos": checks,
+        "canary": {"short": canary[0].as_dict(), "long": canary[1].as_dict()},
+        "baseline": {"short": baseline[0].as_dict(), "long": baseline[1].as_dict()},
+    }
+    return evidence, tuple(burning), tuple(breached), canary[0].requests > 0
 
 
 def rollout_verdict(rollout: Rollout, *, now: dt.datetime | None = None) -> Verdict:
-    """Judge a running rollout from its usage records, without changing anything."""
+    """Judge a running rollout from its usage records, without changing anything.
+
+    Rollback: an SLO's budget burns past the limit, and past the baseline's, over both sliding
+    windows, in `breach_checks` analyses in a row. Hold: a breach not yet seen often enough,
+    the serving-cost guard, or a step short of its samples or time. Otherwise advance, or
+    promote from the last step below 100 %.
+    """
     now = now or timezone.now()
     since = rollout.step_started_at
-    recent = max(since, now - dt.timedelta(seconds=rollout.short_window_seconds))
+    limits = _guardrails(rollout)
     # A scoped canary is judged on its tenants' requests alone; the baseline on everyone's,
     # since a tenant moved whole sends the baseline nothing to compare with.
     tenants = _tenant_ids(rollout)
-    long = {
-        "canary": version_slis(version=rollout.canary, since=since, until=now, tenant_ids=tenants),
-        "baseline": version_slis(version=rollout.baseline, since=since, until=now),
-    }
-    short = {
-        "canary": version_slis(version=rollout.canary, since=recent, until=now, tenant_ids=tenants),
-        "baseline": version_slis(version=rollout.baseline, since=recent, until=now),
-    }
-    # Too few requests make percentiles noise: a window needs a quarter of the step's sample.
-    floor = max(5, rollout.min_samples // 4)
-    step_checks = _window_verdicts(rollout, long["canary"], long["baseline"], floor=floor)
-    recent_checks = _window_verdicts(rollout, short["canary"], short["baseline"], floor=floor)
-    breached = tuple(
-        name
-        for name in GUARDRAILS
-        if step_checks[name]["breached"] and recent_checks[name]["breached"]
+    burn, burning, breached, evidenced = _burn_checks(
+        rollout, now=now, objectives=Objectives.of(rollout.canary), limits=limits
     )
+    step = {
+        "canary": version_serving_cost(
+            version=rollout.canary, since=since, until=now, tenant_ids=tenants
+        ),
+        "baseline": version_serving_cost(version=rollout.baseline, since=since, until=now),
+    }
+    # The cost guard needs a quarter of the step's sample on each side before it judges.
+    floor = max(5, rollout.min_samples // 4)
+    c_cost, b_cost = step["canary"].per_1k, step["baseline"].per_1k
+    cost_limit = limits["engine_seconds_per_1k_ratio"]
+    cost_ratio = round(c_cost / b_cost, 3) if c_cost is not None and b_cost else None
+    costly = (
+        step["canary"].requests >= floor
+        and step["baseline"].requests >= floor
+        and cost_ratio is not None
+        and cost_ratio > cost_limit
+    )
+    # Without a canary request in the short window an analysis neither adds to nor clears
+    # the breaches counted so far.
+    in_a_row = rollout.breaches + 1 if burning else (rollout.breaches if not evidenced else 0)
     evidence: dict[str, Any] = {
         "percent": rollout.percent,
         **({"tenants": _tenant_slugs(rollout)} if rollout.scoped else {}),
-        "step": {k: v.as_dict() for k, v in long.items()},
-        "recent": {k: v.as_dict() for k, v in short.items()},
-        "checks": {"step": step_checks, "recent": recent_checks},
+        "burn": burn,
+        "step": {k: v.as_dict() for k, v in step.items()},
+        "cost": {
+            "canary": c_cost,
+            "baseline": b_cost,
+            "ratio": cost_ratio,
+            "limit": cost_limit,
+            "breached": costly,
+        },
+        "burning": list(burning),
         "breached": list(breached),
-        "breaches_in_a_row": rollout.breaches + (1 if breached else 0),
+        "breaches_in_a_row": in_a_row,
     }
-    if breached:
-        if rollout.breaches + 1 >= rollout.breach_checks:
-            return Verdict("rollback", f"guardrails breached: {', '.join(breached)}", evidence)
+    if burning:
+        named = ", ".join(f"{slo} burn {burn['slos'][slo]['short']['canary']['burn']:g}×"
+                          for slo in burning)  # fmt: skip
+        if breached and in_a_row >= rollout.breach_checks:
+            return Verdict("rollback", f"error budget burning: {named}", evidence, breached)
+        long = "over the long window too" if breached else "not yet over the long window"
         return Verdict(
             "hold",
-            f"guardrails breached ({', '.join(breached)}), "
-            f"{rollout.breaches + 1} of {rollout.breach_checks} analyses in a row",
+            f"error budget burning ({named}; {long}), {in_a_row} of {rollout.breach_checks} "
+            "analyses in a row",
             evidence,
-            breached,
+            burning,
+        )
+    if costly:
+        return Verdict(
+            "hold",
+            f"serving cost {c_cost:g} engine-s per 1k tokens, {cost_ratio:g}× the baseline's "
+            f"{b_cost:g} (limit {cost_limit:g}×): held at {rollout.percent:g}%",
+            evidence,
         )
     waiting = []
-    for side, slis in long.items():
-        if slis.requests < rollout.min_samples:
-            waiting.append(f"{side} {slis.requests}/{rollout.min_samples} requests")
+    for side, cost in step.items():
+        if cost.requests < rollout.min_samples:
+            waiting.append(f"{side} {cost.requests}/{rollout.min_samples} requests")
     held = (now - since).total_seconds()
     if held < rollout.min_step_seconds:
         waiting.append(f"step held {held:.0f}/{rollout.min_step_seconds}s")
@@ -476,6 +623,7 @@ def rollout_analyze(rollout: Rollout, *, now: dt.datetime | None = None) -> Verd
             rollout.step_index += 1
             rollout.step_started_at = now or timezone.now()
             rollout.breaches = 0
+            rollout.cost_held = False
             rollout.save()
             _split_set(rollout, rollout.percent)
             _decide(
@@ -487,12 +635,16 @@ def rollout_analyze(rollout: Rollout, *, now: dt.datetime | None = None) -> Verd
                 before=before,
             )
         else:
-            breaches = len(verdict.breached) and rollout.breaches + 1
-            if breaches or rollout.breaches:
-                # A breach (or the end of one) is a decision worth keeping; a plain wait is not.
+            breaches = verdict.evidence["breaches_in_a_row"]
+            cost_held = verdict.evidence["cost"]["breached"]
+            changed = breaches != rollout.breaches or cost_held != rollout.cost_held
+            if changed or verdict.breached:
+                # A breach, the end of one, or the cost guard holding or letting go is a
+                # decision worth keeping; a plain wait is not.
                 before = _snapshot(rollout)
                 rollout.breaches = breaches
-                rollout.save(update_fields=["breaches", "updated_at"])
+                rollout.cost_held = cost_held
+                rollout.save(update_fields=["breaches", "cost_held", "updated_at"])
                 _decide(
                     rollout,
                     action="hold",
@@ -562,7 +714,7 @@ def rollout_fail_fast_verdict(rollout: Rollout, *, now: dt.datetime) -> Verdict 
         f"failing fast: the canary failed {errors} of its last {requests} requests "
         f"({share:.0f} %; the baseline {base_share:.0f} % of {base_requests})"
     )
-    return Verdict("rollback", reason, evidence, ("error_rate_points",))
+    return Verdict("rollback", reason, evidence, ("availability",))
 
 
 def rollouts_fail_fast(*, now: dt.datetime | None = None) -> list[int]:

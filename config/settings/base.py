@@ -240,7 +240,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "rollouts-analyze": {
         "task": "rollouts.tasks.rollouts_analyze",
-        "schedule": env_float("ROUNDHOUSE_ROLLOUT_ANALYSIS_SECONDS", 30.0),
+        "schedule": env_float("ROUNDHOUSE_ROLLOUT_ANALYSIS_SECONDS", 10.0),
     },
     "rollouts-fail-fast": {
         "task": "rollouts.tasks.rollouts_fail_fast",
@@ -459,6 +459,9 @@ ROUNDHOUSE_ROLLOUT_FAIL_FAST_MIN_REQUESTS = env_int("ROUNDHOUSE_ROLLOUT_FAIL_FAS
 ROUNDHOUSE_ROLLOUT_FAIL_FAST_WINDOW_SECONDS = env_float(
     "ROUNDHOUSE_ROLLOUT_FAIL_FAST_WINDOW_SECONDS", 60.0
 )
+# The canary's events an SLO needs in a rollout's long window before its burn can breach (the
+# short window needs one): fewer make a burn rate noise.
+ROUNDHOUSE_ROLLOUT_BURN_MIN_EVENTS = env_int("ROUNDHOUSE_ROLLOUT_BURN_MIN_EVENTS", 5)
 # How many nice steps below the worker's event loop its engine's processes run (0: the same):
 # the loop's work (claims, token relay, aborts) is short and waits on nothing else.
 ROUNDHOUSE_ENGINE_NICE = env_int("ROUNDHOUSE_ENGINE_NICE", 19)

@@ -304,12 +304,19 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
     from rollouts.tasks import rollouts_analyze
 
     with django_db_blocker.unblock():
+        # The TTFT objective both versions are judged against: the baseline's first tokens,
+        # eight at a time on its batching engine, come well inside it; the canary's, queued
+        # behind one sequence at a time, mostly later. The windows cover a round of load
+        # each, since this test analyses after each round rather than every 10 s.
+        Deployment.objects.filter(name=SLOW).update(slo_ttft_p95_ms=1000)
         rollout = rollout_start(
             alias=canary.alias,
             canary=canary.version,
             steps=[50, 100],
             min_samples=8,
             min_step_seconds=0,
+            short_window_seconds=60,
+            long_window_seconds=120,
             breach_checks=2,
         )
     _route_settle(world.acme_key, stack.base_url)
@@ -340,7 +347,7 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
             assert started.wait(60)
         with django_db_blocker.unblock():
             rollout.refresh_from_db()
-            evidence = rollout_verdict(rollout).evidence["checks"]  # what the analysis sees
+            evidence = rollout_verdict(rollout).evidence["burn"]  # what the analysis sees
             done = rollouts_analyze.apply().get()
         assert rollout.pk in done, f"rollout {rollout.pk} was not analysed: {done}, {evidence}"
         verdicts.append(done[rollout.pk])
@@ -352,9 +359,9 @@ def test_a_slower_canary_rolls_back_on_its_own_and_drains_without_dropping_strea
         rollout.refresh_from_db()
         assert rollout.state == "rolled_back"
         evidence = rollout.decisions.get(action="rollback").evidence
-        assert "ttft_p95_ratio" in evidence["breached"]
-        ttft = evidence["checks"]["step"]["ttft_p95_ratio"]
-        assert ttft["canary"] > ttft["limit"] * ttft["baseline"]
+        assert "ttft" in evidence["breached"]
+        ttft = evidence["burn"]["slos"]["ttft"]
+        assert ttft["long"]["canary"]["burn"] >= 2 * ttft["long"]["baseline"]["burn"]
         assert not Alias.objects.get(pk=canary.alias.pk).splits.exists()
     # After the rollback every user is on the baseline again...
     _route_settle(world.acme_key, stack.base_url)
@@ -503,10 +510,12 @@ def test_a_healthy_canary_is_promoted_step_by_step(
 ):
     """An adapter on the same engine as the baseline: no worse, so it ramps to 100 %.
 
-    The latency guardrails are far looser than the defaults here: with ~10 requests per side
-    a p95 is close to the maximum, one slow request on a busy machine made it 4 times the
-    baseline's (a clean-clone run held the ramp so), and this test is about the ramp, not the
-    thresholds (the rollback tests in this module are about those).
+    The guardrails are far looser than the defaults here: with ~10 requests per side one
+    slow request on a busy machine is a burn rate (under the p95 ratios of old, one made the
+    canary's 4 times the baseline's and a clean-clone run held the ramp so). Latency burns at
+    most 20 times its budget (every request late, of a 5 % budget), so only failures could
+    stop this ramp, and this test is about the ramp, not the thresholds (the rollback tests
+    in this module are about those).
     """
     from rollouts.services import rollout_start
     from rollouts.tasks import rollouts_analyze
@@ -519,7 +528,7 @@ def test_a_healthy_canary_is_promoted_step_by_step(
             steps=[25, 50, 100],
             min_samples=6,
             min_step_seconds=0,
-            guardrails={"ttft_p95_ratio": 50.0, "itl_p95_ratio": 50.0},
+            guardrails={"burn_rate": 25.0, "engine_seconds_per_1k_ratio": 10.0},
         )
     actions = []
     for round_ in range(2):

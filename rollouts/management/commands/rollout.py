@@ -27,9 +27,10 @@ class Command(BaseCommand):
         start.add_argument("--steps", default="1,5,25,50,100", help="percent per step")
         start.add_argument("--min-samples", type=int, default=200)
         start.add_argument("--min-step-seconds", type=int, default=300)
-        start.add_argument("--short-window-seconds", type=int, default=300)
-        start.add_argument("--breach-checks", type=int, default=2)
-        start.add_argument("--guardrails", default="{}", help='JSON, e.g. {"ttft_p95_ratio": 2}')
+        start.add_argument("--short-window-seconds", type=int, default=10)
+        start.add_argument("--long-window-seconds", type=int, default=60)
+        start.add_argument("--breach-checks", type=int, default=3)
+        start.add_argument("--guardrails", default="{}", help='JSON, e.g. {"burn_rate": 10}')
         start.add_argument(
             "--tenant",
             action="append",
@@ -103,6 +104,7 @@ class Command(BaseCommand):
             min_samples=options["min_samples"],
             min_step_seconds=options["min_step_seconds"],
             short_window_seconds=options["short_window_seconds"],
+            long_window_seconds=options["long_window_seconds"],
             breach_checks=options["breach_checks"],
             guardrails=guardrails,
             tenants=tenants_named(options["tenant"]),
