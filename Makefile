@@ -129,6 +129,7 @@ bench: $(STAMP)
 	$(PY) bench/cold_start.py
 	$(PY) bench/attacks.py
 	$(PY) bench/batch_shedding.py
+	$(PY) bench/canary.py
 	-$(PY) bench/soak.py  # exits 1 when a bound fails; the summary still runs
 	$(PY) bench/summary.py
 
