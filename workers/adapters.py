@@ -49,6 +49,10 @@ class Adapters:
         finally:
             self._in_use[digest] -= 1
 
+    def forget(self) -> None:
+        """Forget every loaded adapter: the engine that held them is gone."""
+        self._loaded.clear()
+
     async def _get(self, digest: str) -> AdapterRef:
         if digest in self._loaded:
             self._loaded.move_to_end(digest)

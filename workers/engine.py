@@ -16,11 +16,13 @@ import functools
 import hashlib
 import json
 import os
+import re
+import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from dataplane.types import RankedLogprob, Sampling, Structured, TokenLogprob
 from workers.fairness import prefill_chunk_tokens
@@ -126,6 +128,38 @@ class Monitored(Protocol):
     async def health(self) -> None: ...
 
     def kv_cache_usage(self) -> float | None: ...
+
+
+# What an engine's death says when memory ran out: the kernel's OOM killer sends SIGKILL (a
+# process's exit code -9, or 137 from a shell), and torch and CUDA name it in their errors.
+_OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY", re.I)
+_KILLED = frozenset({-signal.SIGKILL, 128 + signal.SIGKILL})
+
+
+def engine_death_reason(exit_codes: Iterable[int | None], error: BaseException | None) -> str:
+    """Why an engine died: `oom` (killed for memory, or out of it), else `crash`.
+
+    `exit_codes` are those of the engine's processes that ended; `error` what the engine
+    raised, its causes included.
+    """
+    if any(code in _KILLED for code in exit_codes):
+        return "oom"
+    while error is not None:
+        if _OUT_OF_MEMORY.search(f"{type(error).__name__}: {error}"):
+            return "oom"
+        error = error.__cause__ or error.__context__
+    return "crash"
+
+
+@runtime_checkable
+class Restartable(Protocol):
+    """An engine the worker can start again in place once it died."""
+
+    def death(self, error: BaseException) -> str | None:
+        """Why the engine died (`engine_death_reason`), if `error` says it did; else None."""
+        ...
+
+    async def restart(self) -> None: ...
 
 
 class Engine(Protocol):
@@ -408,6 +442,23 @@ class VllmEngine:
 
     async def health(self) -> None:
         await self._llm.check_health()
+
+    def death(self, error: BaseException) -> str | None:
+        """Why the engine core died, if `error` is vLLM's word that it did."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if not isinstance(error, EngineDeadError):
+            return None
+        resources = getattr(getattr(self._llm, "engine_core", None), "resources", None)
+        manager = getattr(resources, "engine_manager", None)
+        finished = getattr(manager, "finished_procs", None)
+        codes = finished().values() if callable(finished) else ()
+        return engine_death_reason(codes, error)
+
+    async def restart(self) -> None:
+        """Start a new engine core with the same spec; the dead one's resources are freed."""
+        self.shutdown()
+        await self.start()
 
     def kv_cache_usage(self) -> float | None:
         """The share of KV-cache blocks in use at the last engine step (0..1), if known."""

@@ -351,6 +351,10 @@ class GenerativeWorker(Worker):
         self.kv_block_size = kv_block_size
         self._runs: dict[str, _Generation] = {}
 
+    async def _engine_restarted(self) -> None:
+        if self.adapters is not None:
+            self.adapters.forget()
+
     async def _serve(self, job: Job) -> None:
         run = _Generation(job, self._outbox)
         if job.resumed is None:

@@ -2,8 +2,10 @@
 (`dataplane.metrics.metrics_serve`, which labels vLLM's own `vllm:*` series with the deployment).
 
 The engine adapter reports each finished request's engine stages (`EngineStats`); the worker
-loop reports each request's platform-side timings when it ends, and with each heartbeat what
-each tenant holds on the worker; the dynamic batcher reports its batches.
+loop reports each request's platform-side timings and engine time when it ends, the seconds its
+engine ran nothing, each restart of a dead engine, and with each heartbeat what each tenant
+holds on the worker; the dynamic batcher reports its batches. The series a zone's loss or a
+zone's cost shows in carry the worker's zone (ROUNDHOUSE_ZONE).
 """
 
 from __future__ import annotations
@@ -34,6 +36,29 @@ requests_ended = Counter(
 )
 generated_tokens = Counter(
     "roundhouse_generated_tokens", "Completion tokens produced.", ["deployment"]
+)
+# A request's time on the engine (finished - started, the worker's clock) and its tokens, per
+# version: their ratio is the serving cost the canary analysis compares (docs/metrics.md).
+engine_seconds = Counter(
+    "roundhouse_engine_seconds",
+    "Seconds requests ran on a worker's engine: finished minus started, per version.",
+    ["deployment", "version", "zone"],
+)
+served_tokens = Counter(
+    "roundhouse_served_tokens",
+    "Prompt and completion tokens of the requests a worker's engine ran, per version.",
+    ["deployment", "version", "zone"],
+)
+idle_seconds = Counter(
+    "roundhouse_worker_idle_seconds",
+    "Seconds a worker's engine had no request running.",
+    ["deployment", "zone"],
+)
+ENGINE_DEATHS = ("crash", "oom")  # workers.engine.engine_death_reason
+engine_restarts = Counter(
+    "roundhouse_engine_restarts",
+    "Engines a worker found dead and started again, by why they died (crash, oom).",
+    ["deployment", "zone", "reason"],
 )
 batch_size = Histogram(
     "roundhouse_encoder_batch_size",
@@ -126,6 +151,11 @@ class WorkerMetrics:
         self._batch_size = batch_size.labels(deployment=deployment)
         self._batch_fill = batch_fill.labels(deployment=deployment)
         self._batch_seconds = batch_seconds.labels(deployment=deployment)
+        self.zone = settings.ROUNDHOUSE_ZONE
+        self._idle = idle_seconds.labels(deployment=deployment, zone=self.zone)
+        # At 0 from the start: the first restart is then an increase, which alerts can see.
+        for reason in ENGINE_DEATHS:
+            engine_restarts.labels(deployment=deployment, zone=self.zone, reason=reason)
 
     # --- engine (EngineStats) ----------------------------------------------------------
 
@@ -152,10 +182,29 @@ class WorkerMetrics:
             self._generated.inc(usage.completion_tokens)
         if usage.started_at is not None:
             self._platform_queue.observe(max(usage.started_at - job.enqueued_at, 0.0))
+            self._served(usage, started_at=usage.started_at)
         if usage.first_token_at is not None:
             platform_ttft.labels(deployment=self.deployment, priority=job.priority).observe(
                 max(usage.first_token_at - job.enqueued_at, 0.0)
             )
+
+    def _served(self, usage: UsageEvent, *, started_at: float) -> None:
+        """Count a started request's engine seconds and tokens against its version.
+
+        The same sums as the usage records' Σ(finished_at - started_at) and Σ tokens, shadow
+        copies included: a run handed on from another worker counts from its first start.
+        """
+        labels = {"deployment": self.deployment, "version": usage.model_version, "zone": self.zone}
+        engine_seconds.labels(**labels).inc(max(usage.finished_at - started_at, 0.0))
+        served_tokens.labels(**labels).inc(usage.prompt_tokens + usage.completion_tokens)
+
+    def idle(self, seconds: float) -> None:
+        """Count seconds the engine had nothing running."""
+        self._idle.inc(seconds)
+
+    def engine_restarted(self, reason: str) -> None:
+        """Count an engine found dead and started again (`crash` or `oom`)."""
+        engine_restarts.labels(deployment=self.deployment, zone=self.zone, reason=reason).inc()
 
     def tenants_held(self, loads: Mapping[int, tuple[int, int]]) -> None:
         """Note what each tenant holds on the worker now: (sequences, KV-cache blocks).

@@ -33,7 +33,7 @@ from dataplane.types import (
     usage_for,
 )
 from dataplane.usage import UsageStream
-from workers.engine import Monitored
+from workers.engine import Monitored, Restartable
 from workers.failures import (
     Failure,
     failure_of,
@@ -97,6 +97,21 @@ class _RateMeter:
                 sample if self.per_second is None else 0.7 * self.per_second + 0.3 * sample
             )
         self._tokens, self._since, self._busy_throughout = 0, time.monotonic(), True
+
+
+class _IdleClock:
+    """Seconds the engine has had nothing running, told to `count` as they pass."""
+
+    def __init__(self, count: Callable[[float], None]) -> None:
+        self._count = count
+        self._since: float | None = time.monotonic()  # a new worker runs nothing yet
+
+    def running(self, requests: int) -> None:
+        """Note how many requests run now; count the idle time up to here."""
+        now = time.monotonic()
+        if self._since is not None:
+            self._count(now - self._since)
+        self._since = now if requests == 0 else None
 
 
 class Worker(abc.ABC):
@@ -164,6 +179,9 @@ class Worker(abc.ABC):
         self._last_work = time.monotonic()
         self._recent_cancels: dict[str, float] = {}
         self.served = 0
+        self._idle = _IdleClock(metrics.idle if metrics is not None else lambda _: None)
+        # Set while a dead engine starts again: the worker claims nothing meanwhile.
+        self._restarting = False
 
     def drain(self) -> None:
         """Stop claiming new jobs; in-flight ones finish (see run)."""
@@ -253,8 +271,11 @@ class Worker(abc.ABC):
             log.info("returned %d jobs handed to this worker to the queue", returned)
 
     def _slots(self) -> tuple[int, int]:
-        """The slots this worker fills (shared, reserved); none once it drains."""
-        return (0, 0) if self._draining.is_set() else (self.capacity, self.reserved)
+        """The slots this worker fills (shared, reserved); none once it drains or while its
+        engine restarts."""
+        if self._draining.is_set() or self._restarting:
+            return (0, 0)
+        return (self.capacity, self.reserved)
 
     async def _claim_loop(self) -> None:
         outage = Outage("claiming jobs", log)
@@ -278,7 +299,9 @@ class Worker(abc.ABC):
         self._handed.clear()
         free = self.capacity - len(self.active)
         skip: frozenset[int] = frozenset()
-        if free <= 0:
+        if self._restarting:
+            free = 0
+        elif free <= 0:
             # Every shared slot is taken: the reserved ones go only to tenants that have
             # nothing running here, so a newcomer starts at the next engine step rather
             # than after the next long request ends.
@@ -330,6 +353,7 @@ class Worker(abc.ABC):
             task = asyncio.create_task(self._serve_traced(job), name=job.request_id)
             task.add_done_callback(functools.partial(self._served, job))
             self.active[job.request_id] = (job, task)
+        self._idle.running(len(self.active))
         # Checked after starting, off the first token's path: a request cancelled while
         # queued is aborted here before it has produced much.
         cancelled = await self.leases.cancelled(
@@ -379,6 +403,7 @@ class Worker(abc.ABC):
         """Record a served job's end and free its slot; then let a stopping process stop."""
         self._outbox.put(job, terminal, usage, urgent=True)
         self.active.pop(job.request_id, None)
+        self._idle.running(len(self.active))
         self._rate.add(job.reserved_tokens)
         self.served += 1
         self._slot_free.set()
@@ -394,6 +419,7 @@ class Worker(abc.ABC):
         if job.request_id not in self.active:
             return
         self.active.pop(job.request_id, None)
+        self._idle.running(len(self.active))
         stopped = job.request_id in self._stopped and task.cancelled()
         self._finish_unstarted(job, failure_stopped() if stopped else failure_unended(job, task))
         self._slot_free.set()
@@ -527,7 +553,8 @@ class Worker(abc.ABC):
                     self.retire()
                 if self.metrics is not None:
                     self.metrics.tenants_held(self.tenant_loads())
-                await self.engine.health()
+                self._idle.running(len(self.active))
+                await self._engine_check()
                 outage.ok()
                 loop_ok("heartbeat")
             except asyncio.CancelledError:
@@ -540,6 +567,43 @@ class Worker(abc.ABC):
             cutoff = time.monotonic() - 60
             self._recent_cancels = {r: t for r, t in self._recent_cancels.items() if t > cutoff}
             await asyncio.sleep(pause)
+
+    async def _engine_check(self) -> None:
+        """Check the engine's health; start a dead one again, counting why it died.
+
+        Its running requests fail with the engine (engine_error), and the worker claims
+        nothing until the new engine is up: a dead engine would fail every job it took.
+        """
+        try:
+            await self.engine.health()
+        except Exception as exc:
+            engine = self.engine
+            if not isinstance(engine, Restartable):
+                raise
+            reason = engine.death(exc)
+            if reason is None:
+                raise
+            log.error("the engine died (%s); starting it again", reason, exc_info=exc)
+            if self.metrics is not None:
+                self.metrics.engine_restarted(reason)
+            self._restarting = True
+            try:
+                with contextlib.suppress(Exception):  # no slots: nothing more is handed here
+                    await self.leases.heartbeat(
+                        deployment=self.deployment,
+                        worker=self.worker_id,
+                        ttl=self.lease_seconds,
+                        slots=self._slots(),
+                    )
+                await engine.restart()
+                await self._engine_restarted()
+            finally:
+                self._restarting = False
+            log.info("the engine is up again")
+
+    async def _engine_restarted(self) -> None:
+        """Forget what the dead engine held (a subclass's loaded adapters, say)."""
+        return None
 
     async def _cancel_listener(self) -> None:
         while not self._closing.is_set():
@@ -604,6 +668,7 @@ class Worker(abc.ABC):
         """Keep a stopped run's job, with what it produced, for _hand_on_all; free its slot."""
         self._handed_on.append(msgspec.structs.replace(job, resumed=resumed))
         self.active.pop(job.request_id, None)
+        self._idle.running(len(self.active))
         self._slot_free.set()
 
     async def _hand_on_all(self) -> None:

@@ -12,7 +12,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 # The frontend's long-lived loops count their failures in the data plane's series, and a
 # request's stages are one series that the frontend and the workers both observe.
@@ -54,6 +54,39 @@ stream_keepalives = Counter(
     "roundhouse_stream_keepalives",
     "Keep-alives sent on streams that had nothing else to send (queued, or in a long prefill).",
 )
+
+# How a streamed request's relay ended: `completed` (its terminal event said why it finished),
+# or how it was cut. Bounded: every failure code maps to one of these (`stream_outcome`).
+STREAM_OUTCOMES = (
+    "completed", "error", "worker_lost", "timeout", "relay_failed", "rejected", "cancelled",
+    "client_gone",
+)  # fmt: skip
+streams_ended = Counter(
+    "roundhouse_streams_ended",
+    "Streamed requests (SSE and WebSocket) whose relay to their client ended, by how.",
+    ["deployment", "outcome"],
+)
+_STREAM_FAILURES = {
+    "engine_error": "error",
+    "worker_lost": "worker_lost",
+    "timeout": "timeout",
+    "deadline_exceeded": "timeout",
+    "deadline_unattainable": "timeout",
+    "relay_failed": "relay_failed",
+    "cancelled": "cancelled",
+}
+
+
+def stream_outcome(failure_code: str | None) -> str:
+    """The outcome of a stream that ended with a terminal event: `completed` (None), or its
+    failure code's outcome (a code of the request's own, such as invalid_request: `rejected`)."""
+    if failure_code is None:
+        return "completed"
+    return _STREAM_FAILURES.get(failure_code, "rejected")
+
+
+def stream_ended(*, deployment: str, outcome: str) -> None:
+    streams_ended.labels(deployment=deployment, outcome=outcome).inc()
 
 
 # Pauses of a process: short ones matter (a stream's next token waits behind them).
@@ -134,6 +167,21 @@ breaker_transitions = Counter(
     "closed again, in this frontend.",
     ["model", "state"],
 )
+
+# The worst state of an alias's breakers (one per tenant) in this frontend's processes: 0
+# closed, 1 half-open, 2 open. Per alias, never per tenant: the aliases are the registry's few.
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+breaker_state = Gauge(
+    "roundhouse_breaker_state",
+    "The worst state of an alias's circuit breakers in this frontend: 0 closed, 1 half-open, "
+    "2 open.",
+    ["model"],
+    multiprocess_mode="livemax",
+)
+
+
+def breaker_observed(*, model: str, state: str) -> None:
+    breaker_state.labels(model=model).set(BREAKER_STATES[state])
 
 
 prompt_renders = Counter(

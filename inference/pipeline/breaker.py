@@ -49,7 +49,7 @@ from dataplane.background import spawn
 from dataplane.breakers import breaker_share
 from dataplane.redis_client import control_client_new
 from dataplane.types import Event, Failed, Finished
-from inference.base.metrics import breaker_changed
+from inference.base.metrics import breaker_changed, breaker_observed
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,12 @@ class AliasBreakers:
             holding |= {tenant for tenant, until in self.elsewhere.items() if until > now}
         return len(holding) >= self.min_tenants
 
+    @property
+    def worst(self) -> str:
+        """The worst state of its tenants' breakers: open, half_open or closed."""
+        states = {self.tenants[t].state for t in self._tripped if t in self.tenants}
+        return "open" if "open" in states else "half_open" if "half_open" in states else "closed"
+
     def admits(self, tenant_id: int, request_id: str) -> bool:
         own = self.tenants.get(tenant_id)
         if own is not None and own.state != "closed":
@@ -223,6 +229,16 @@ def _alias_breakers(alias: str) -> AliasBreakers:
     return found
 
 
+def breakers_observe() -> None:
+    """Set each alias's breaker state gauge to the worst state of its tenants' breakers here.
+
+    Run every second by the process's change listener: an open breaker turns half-open with
+    time alone, with no request to say so.
+    """
+    for alias, breakers in list(_breakers.items()):
+        breaker_observed(model=alias, state=breakers.worst)
+
+
 def breaker_admits(alias: str, tenant_id: int, request_id: str) -> bool:
     """Whether a tenant's interactive request for `alias` goes to it rather than to its
     fallback."""
@@ -248,6 +264,7 @@ def breaker_ended(alias: str, tenant_id: int, request_id: str, event: Event) -> 
         spawn(_told(alias, tenant_id, until))
     if state:
         breaker_changed(model=alias, state=state)
+        breakers_observe()
         if state == "closed":
             log.info("breaker of %s for tenant %s closed: its probe succeeded", alias, tenant_id)
         else:

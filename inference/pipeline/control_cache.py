@@ -23,7 +23,11 @@ from dataplane.breakers import breaker_message_read, breakers_held
 from dataplane.changes import ACCESS, ROUTES
 from dataplane.keys import BREAKERS_CHANNEL, CONTROL_CHANGES_CHANNEL, KEY_REVOCATIONS_CHANNEL
 from dataplane.redis_client import control_client_new
-from inference.pipeline.breaker import breaker_elsewhere, breakers_elsewhere_replace
+from inference.pipeline.breaker import (
+    breaker_elsewhere,
+    breakers_elsewhere_replace,
+    breakers_observe,
+)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -183,6 +187,7 @@ async def _listen() -> None:
         breakers_elsewhere_replace(await breakers_held(client))
         while True:
             message = await pubsub.get_message(timeout=1.0)
+            breakers_observe()
             if message is None:
                 continue
             channel, data = (

@@ -14,6 +14,7 @@ from dataplane.frontdoor import FrontDoor, Whereabouts
 from dataplane.redis_client import UNREACHABLE, Outage
 from dataplane.replies import ReaderFailed
 from dataplane.types import Delta, Event, Failed, Finished, Started
+from inference.base.metrics import stream_ended, stream_outcome
 from inference.pipeline.admission import Submitted, content_keep
 from inference.pipeline.answer_cache import CacheUse, Stored
 from inference.pipeline.breaker import breaker_ended
@@ -57,9 +58,13 @@ async def events(
 
     If the consumer stops early (client disconnect), or the relay fails, the request is
     cancelled so the worker aborts it in the engine: its client got its terminal event.
+
+    A streamed request's relay counts how it ended (`roundhouse_streams_ended_total`): every
+    surface, SSE and WebSocket, relays its own requests here.
     """
     job = submitted.job
     finished = False
+    outcome = ""  # how it ended, once it did; "" when the consumer stopped early
     # A cacheable answer the tenant's cache lacks is kept as it streams, stored if it ends well;
     # a tenant that retains its text keeps what the request produced, however it ended.
     fill = submitted.cache if submitted.cache is not None and not submitted.cache.hit else None
@@ -89,9 +94,12 @@ async def events(
     try:
         async for event in followed:
             if isinstance(event, Failed) and event.code == RELAY_FAILED:
+                outcome = "relay_failed"
                 yield event  # `finished` stays False: the request is cancelled below
                 return
             finished = isinstance(event, Finished | Failed)
+            if finished:
+                outcome = stream_outcome(event.code if isinstance(event, Failed) else None)
             if finished and submitted.breaker_alias:
                 breaker_ended(submitted.breaker_alias, job.tenant_id, job.request_id, event)
             if keep:
@@ -102,11 +110,17 @@ async def events(
             yield event
         if not finished:
             finished = True
+            outcome = "timeout"
             cancel_soon(dispatch, submitted)
             yield _timed_out(prompt_tokens=len(job.prompt_token_ids))
+    except Exception:
+        outcome = outcome or "error"
+        raise
     finally:
         if not finished:
             cancel_soon(dispatch, submitted)
+        if job.stream:
+            stream_ended(deployment=job.deployment, outcome=outcome or "client_gone")
 
 
 def _ended(submitted: Submitted, text: str, event: Event, *, fill: CacheUse | None) -> None:

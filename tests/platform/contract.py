@@ -24,7 +24,7 @@ TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "
 # Series Prometheus itself writes.
 BUILTIN_SERIES = frozenset({"up"})
 # Labels whose values the contract enumerates: a matcher may only name those values.
-ENUM_LABELS = frozenset({"reason", "status", "objective", "kind", "priority", "stage"})
+ENUM_LABELS = frozenset({"reason", "status", "outcome", "objective", "kind", "priority", "stage"})
 
 
 @dataclass(frozen=True)

@@ -151,3 +151,19 @@ def test_the_stage_breakdown_is_stacked_per_deployment(dashboard):
         # one repeated row per deployment: the panels below it, until the next row, repeat too
         assert panel["gridPos"]["y"] == row["gridPos"]["y"] + 1
         assert all(re.search(r'deployment="\$deployment"', t["expr"]) for t in panel["targets"])
+
+
+# The recorded SLIs that have no objective to burn (docs/metrics.md, "Service level indicators").
+SLI_GROUPS = (
+    "roundhouse-sli-streams",
+    "roundhouse-sli-serving-cost",
+    "roundhouse-sli-workers",
+    "roundhouse-sli-breakers",
+)
+
+
+def test_it_draws_every_sli_from_its_recorded_series(dashboard):
+    text = "\n".join(expr for _, expr in expressions(dashboard))
+    recorded = [r["record"] for r in rules_load() if "record" in r and r["group"] in SLI_GROUPS]
+    assert "deployment:roundhouse_stream_completion:ratio_rate5m" in recorded
+    assert [name for name in recorded if name not in text] == []

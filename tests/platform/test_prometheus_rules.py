@@ -194,6 +194,23 @@ def test_promtool_unit_tests_pass():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_every_sli_alert_is_tested_firing_and_staying_silent():
+    """Each alert on the SLIs has a promtool case where it fires and one where it does not."""
+    sli_alerts = {r["alert"] for r in rules_load() if r["group"] == "roundhouse-sli-alerts"}
+    assert sli_alerts
+    cases = [
+        case
+        for group in yaml.safe_load((PROMETHEUS_DIR / "tests" / "slis.test.yml").read_text())[
+            "tests"
+        ]
+        for case in group.get("alert_rule_test", [])
+    ]
+    fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
+    silent = {c["alertname"] for c in cases if not c.get("exp_alerts")}
+    assert sli_alerts <= fires
+    assert sli_alerts <= silent
+
+
 @needs_promtool
 @pytest.mark.parametrize(
     ("original", "mutant"),
@@ -218,3 +235,32 @@ def test_the_unit_tests_catch_a_broken_burn_rate_alert(tmp_path, original, mutan
     )
     assert result.returncode != 0
     assert "RoundhouseTTFTBudgetBurn" in result.stdout + result.stderr
+
+
+@needs_promtool
+@pytest.mark.parametrize(
+    ("path", "original", "mutant", "named"),
+    [
+        # Without the zero branch a deployment none of whose streams completes has no ratio,
+        # and the page that matters most never fires.
+        (
+            "recording-rules.yml",
+            '0 * sum by (deployment) (rate(roundhouse_streams_ended_total{outcome=~"completed|error|worker_lost|timeout|relay_failed"}[5m]))',  # noqa: E501
+            'sum by (deployment) (rate(roundhouse_streams_ended_total{outcome="completed"}[5m]))',
+            "RoundhouseStreamsCut",
+        ),
+        # Client cuts counted as the platform's: a healthy deployment pages.
+        ("recording-rules.yml", "completed|error|worker_lost", "completed|client_gone|error", ""),
+        ("alert-rules.yml", '{reason="oom"}[15m])) > 0', '{reason="oom"}[15m])) > 1', ""),
+        ("alert-rules.yml", "[2m]) >= 2", "[2m]) >= 1", "RoundhouseBreakerOpen"),
+    ],
+)
+def test_the_unit_tests_catch_a_broken_sli_rule(tmp_path, path, original, mutant, named):
+    shutil.copytree(PROMETHEUS_DIR, tmp_path / "prometheus")
+    rules = tmp_path / "prometheus" / path
+    text = rules.read_text()
+    assert original in text
+    rules.write_text(text.replace(original, mutant))
+    result = _promtool("test", "rules", "slis.test.yml", cwd=tmp_path / "prometheus" / "tests")
+    assert result.returncode != 0
+    assert named in result.stdout + result.stderr

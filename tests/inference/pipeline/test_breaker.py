@@ -6,11 +6,18 @@ from __future__ import annotations
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from dataplane.breakers import breaker_message_read
 from dataplane.types import Failed, Finished
 from inference.pipeline import breaker as breakers
-from inference.pipeline.breaker import Breaker, breaker_admits, breaker_ended, breakers_reset
+from inference.pipeline.breaker import (
+    Breaker,
+    breaker_admits,
+    breaker_ended,
+    breakers_observe,
+    breakers_reset,
+)
 
 
 class Clock:
@@ -238,3 +245,27 @@ def test_opening_again_after_a_failed_probe_is_told_as_an_opening(fresh):
     clock.now += 15
     assert alias.admits(A, "probe2")
     assert alias.ended(A, "probe2", failed=False)[2] is True  # closed: told
+
+
+def _gauge(alias: str) -> float | None:
+    return REGISTRY.get_sample_value("roundhouse_breaker_state", {"model": alias})
+
+
+def test_the_state_gauge_follows_the_worst_of_the_aliass_breakers(fresh):
+    clock = Clock()
+    breakers._alias_breakers("gauged").make = lambda: Breaker(
+        window=30, min_requests=2, failure_share=1.0, open_seconds=15, clock=clock
+    )
+    ok = Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+    breaker_ended("gauged", B, "b1", ok)
+    breakers_observe()
+    assert _gauge("gauged") == 0  # closed
+    breaker_ended("gauged", A, "a1", _failed("engine_error"))
+    breaker_ended("gauged", A, "a2", _failed("engine_error"))
+    assert _gauge("gauged") == 2  # A's opened; B's is closed: the worst is shown
+    clock.now += 15
+    breakers_observe()  # no request came: time alone turned it half-open
+    assert _gauge("gauged") == 1
+    assert breaker_admits("gauged", A, "probe")
+    breaker_ended("gauged", A, "probe", ok)
+    assert _gauge("gauged") == 0
