@@ -244,4 +244,9 @@ class Ingester:
                 await asyncio.sleep(outage.failed(exc))
         outage.ok()
         self.ingested += result.recorded
-        usage_recorded(result.tenant_tokens, recorded=result.recorded, labels=self.tenant_labels)
+        usage_recorded(
+            result.tenant_tokens,
+            recorded=result.recorded,
+            labels=self.tenant_labels,
+            billed=result.version_billed,
+        )

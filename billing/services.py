@@ -188,6 +188,9 @@ class IngestResult:
     costs: dict[str, Decimal]  # request id -> cost, for every event not refused
     # tenant slug -> (prompt, completion) tokens of the records this call wrote (not replays)
     tenant_tokens: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # (deployment, short version) -> (list-price cost, prompt + completion tokens) of the billed
+    # records this call wrote: shadow copies bill nothing and count in neither
+    version_billed: dict[tuple[str, str], tuple[Decimal, int]] = field(default_factory=dict)
 
 
 def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
@@ -274,13 +277,27 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
     new = _copy_in(rows)
     recorded = len(new)
     tokens: dict[str, tuple[int, int]] = {}
+    billed: dict[tuple[str, str], tuple[Decimal, int]] = {}
     for event in events:
         if event.request_id in new:
             new.discard(event.request_id)  # a request repeated within the batch counts once
             slug = tenants[event.tenant_id]
             prompt, completion = tokens.get(slug, (0, 0))
             tokens[slug] = (prompt + event.prompt_tokens, completion + event.completion_tokens)
-    return IngestResult(recorded=recorded, refused=refused, costs=costs, tenant_tokens=tokens)
+            if not event.shadow:
+                key = (event.deployment, versions[event.model_version].version)
+                cost, used = billed.get(key, (Decimal(0), 0))
+                billed[key] = (
+                    cost + costs[event.request_id],
+                    used + event.prompt_tokens + event.completion_tokens,
+                )
+    return IngestResult(
+        recorded=recorded,
+        refused=refused,
+        costs=costs,
+        tenant_tokens=tokens,
+        version_billed=billed,
+    )
 
 
 _COLUMNS = (

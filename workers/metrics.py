@@ -194,7 +194,9 @@ class WorkerMetrics:
         The same sums as the usage records' Σ(finished_at - started_at) and Σ tokens, shadow
         copies included: a run handed on from another worker counts from its first start.
         """
-        labels = {"deployment": self.deployment, "version": usage.model_version, "zone": self.zone}
+        # The short version id clients pin (`name@version`), as the billing series carry it.
+        version = usage.model_version[:12]
+        labels = {"deployment": self.deployment, "version": version, "zone": self.zone}
         engine_seconds.labels(**labels).inc(max(usage.finished_at - started_at, 0.0))
         served_tokens.labels(**labels).inc(usage.prompt_tokens + usage.completion_tokens)
 

@@ -572,7 +572,8 @@ class Worker(abc.ABC):
         """Check the engine's health; start a dead one again, counting why it died.
 
         Its running requests fail with the engine (engine_error), and the worker claims
-        nothing until the new engine is up: a dead engine would fail every job it took.
+        nothing until the new engine is up: a dead engine would fail every job it took. One
+        that does not start again drains the worker, whose process then leaves.
         """
         try:
             await self.engine.health()
@@ -597,6 +598,11 @@ class Worker(abc.ABC):
                     )
                 await engine.restart()
                 await self._engine_restarted()
+            except Exception:
+                # Nothing to serve with: leave, and let the orchestrator start the process anew.
+                log.exception("the engine did not start again; draining the worker")
+                self.drain()
+                raise
             finally:
                 self._restarting = False
             log.info("the engine is up again")

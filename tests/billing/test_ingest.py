@@ -5,7 +5,9 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from prometheus_client import REGISTRY
 
+from billing.metrics import TenantLabels, usage_recorded
 from billing.models import UsageRecord
 from billing.services import usage_ingest
 from dataplane.types import Status, UsageEvent
@@ -68,3 +70,28 @@ def test_an_event_of_an_unknown_tenant_is_refused_without_blocking_the_batch(wor
     result = usage_ingest(events=[orphan, good])
     assert result.recorded == 1 and result.refused == [orphan]
     assert UsageRecord.objects.filter(request_id=good.request_id).exists()
+
+
+def _billed(name: str, version: str) -> float:
+    labels = {"deployment": "tiny-chat", "version": version}
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_versions_list_price_cost_and_tokens_are_counted_once_shadows_not(world):
+    version = world.version.version
+    cost, tokens = (
+        _billed("roundhouse_billed_cost_total", version),
+        _billed("roundhouse_billed_tokens_total", version),
+    )
+    billed, shadow = _event(world), _event(world, shadow=True)
+    for batch in ([billed, shadow, billed], [billed]):  # the second is a replay
+        result = usage_ingest(events=batch)
+        usage_recorded(
+            result.tenant_tokens,
+            recorded=result.recorded,
+            labels=TenantLabels(10),
+            billed=result.version_billed,
+        )
+    # 1k input at 0.5 + 2k output at 1.5 per 1k, once.
+    assert _billed("roundhouse_billed_cost_total", version) == pytest.approx(cost + 3.5)
+    assert _billed("roundhouse_billed_tokens_total", version) == tokens + 3000

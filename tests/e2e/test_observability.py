@@ -106,6 +106,14 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
         >= 2
     )
     assert _value(frontend, "roundhouse_requests_total", endpoint="chat_completions", code="200")
+    # The streamed request ended with its finish reason: one completed stream (the other
+    # request was not streamed and is not counted).
+    assert (
+        _value(
+            frontend, "roundhouse_streams_ended_total", deployment=DEPLOYMENT, outcome="completed"
+        )
+        >= 1
+    )
     # The platform's shared state, read from Redis at scrape time.
     for priority in ("interactive", "batch"):
         series = frozenset({("deployment", DEPLOYMENT), ("priority", priority)})
@@ -157,12 +165,25 @@ def test_every_process_exports_its_series_with_the_right_labels(stack, world, cl
     )
     assert _value(worker, "roundhouse_worker_requests_total", status="ok", **engine) >= 2
     assert _value(worker, "roundhouse_generated_tokens_total", **engine) >= 24 + 1
+    # The SLIs' worker series: engine time and tokens per version, idle time, and the
+    # restart counts, there at 0 before any engine died.
+    assert _value(worker, "roundhouse_engine_seconds_total", **engine) > 0
+    assert _value(worker, "roundhouse_served_tokens_total", **engine) > 24 + 1
+    (served,) = _labels(worker, "roundhouse_served_tokens_total")
+    assert world.version.digest.startswith(served["version"]) and "zone" in served, served
+    assert _value(worker, "roundhouse_worker_idle_seconds_total", **engine) > 0
+    for reason in ("crash", "oom"):
+        assert ("roundhouse_engine_restarts_total", reason) in {
+            (n, dict(ls).get("reason")) for n, ls in worker
+        }, reason
 
     ingester = _scrape(stack.ingester_metrics_url)
     assert (
         _value(ingester, "roundhouse_tenant_tokens_total", tenant="acme", kind="completion") >= 25
     )
     assert _value(ingester, "roundhouse_usage_ingested_total") >= 2
+    assert _value(ingester, "roundhouse_billed_tokens_total", deployment=DEPLOYMENT) > 24 + 1
+    assert _value(ingester, "roundhouse_billed_cost_total", deployment=DEPLOYMENT) > 0
 
 
 def _stage_parts(*scrapes: Samples) -> dict[str, float]:

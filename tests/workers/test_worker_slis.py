@@ -53,9 +53,10 @@ def test_the_idle_clock_counts_only_the_time_nothing_ran(monkeypatch):
 class _Engine:
     """An engine that can die: its health check then raises until it is started again."""
 
-    def __init__(self, *, exit_code: int | None = None) -> None:
+    def __init__(self, *, exit_code: int | None = None, starts: bool = True) -> None:
         self.dead = False
         self.exit_code = exit_code
+        self.starts = starts
         self.restarts = 0
 
     async def health(self) -> None:
@@ -72,6 +73,8 @@ class _Engine:
 
     async def restart(self) -> None:
         self.restarts += 1
+        if not self.starts:
+            raise RuntimeError("no memory left to load the model")
         self.dead = False
 
 
@@ -156,6 +159,18 @@ async def test_a_dead_engine_is_started_again_and_counted_with_its_reason(redis,
     finally:
         worker.drain()
         await asyncio.wait_for(running, 20)
+
+
+async def test_an_engine_that_does_not_start_again_drains_its_worker(redis):
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    engine = _Engine(exit_code=1, starts=False)
+    worker = _worker(redis, engine, deployment)
+    running = asyncio.create_task(worker.run())
+    engine.dead = True
+    await asyncio.wait_for(running, 20)  # it left by itself
+    assert engine.restarts == 1
+    labels = {"deployment": deployment, "zone": "", "reason": "crash"}
+    assert _value("roundhouse_engine_restarts_total", **labels) == 1
 
 
 async def test_a_failed_health_check_of_a_live_engine_restarts_nothing(redis):
