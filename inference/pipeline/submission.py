@@ -167,11 +167,14 @@ async def generation_submit(
     trace: TraceContext | None = None,
     request_taken: bool = False,
     endpoint: str | None = None,
+    capping: bool = False,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
 
     `endpoint` names the API the request came through on its usage record, where that is not
-    the request's own (the Responses API runs as chat).
+    the request's own (the Responses API runs as chat). `capping`: its answer carries response
+    headers, so a tenant that caps output may have its max_tokens capped
+    (inference/pipeline/capping.py); a WebSocket frame or a batch line has no place to say so.
 
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
     platform's maximum. `clock` times its preprocessing and admission; `trace` is the
@@ -218,6 +221,7 @@ async def generation_submit(
                     request_taken=request_taken,
                     endpoint=endpoint,
                     fallback_from=named if request.model != named else "",
+                    capping=capping and principal.output_capping,
                 )
             except ApiError as exc:
                 if not follow or exc.code not in FALLBACK_REASONS:
@@ -258,6 +262,7 @@ async def _generation_admit(
     request_taken: bool,
     endpoint: str | None,
     fallback_from: str,
+    capping: bool,
 ) -> Submitted:
     """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
@@ -360,6 +365,7 @@ async def _generation_admit(
         clock=clock,
         cache=cache,
         request_taken=request_taken,
+        capping=capping,
     )
     if job.max_tokens_requested:
         # Capped: its answer is not the one its request asks for, so it fills no cache.
@@ -423,13 +429,14 @@ async def _job_submit(
     cache: CacheLookup | None = None,
     payload: bytes | None = None,
     request_taken: bool = False,
+    capping: bool = False,
 ) -> tuple[Decision, Job]:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
 
     A request found in its tenant's response cache is admitted the same way, then answered
     from the cache instead of queued. `payload` is the job's encoding, if made already.
-    Returns the decision and the job as queued: capped, for a tenant that caps output and a
-    request that would finish late (inference/pipeline/capping.py).
+    Returns the decision and the job as queued: with `capping`, capped when it would finish
+    late (inference/pipeline/capping.py).
     """
     if clock is not None:
         clock.lap("preprocess")
@@ -482,7 +489,7 @@ async def _job_submit(
                     job=job,
                     model=model,
                     payload=payload,
-                    capping=principal.output_capping,
+                    capping=capping,
                 )
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes

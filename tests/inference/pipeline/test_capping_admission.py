@@ -72,7 +72,9 @@ async def _live() -> str:
     return deployment
 
 
-async def _submit(principal: Any, *, timeout: float, max_tokens: int = ASKED) -> Any:
+async def _submit(
+    principal: Any, *, timeout: float, max_tokens: int = ASKED, capping: bool = True
+) -> Any:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "hello"}],
@@ -83,6 +85,7 @@ async def _submit(principal: Any, *, timeout: float, max_tokens: int = ASKED) ->
         request=generation_parse(body, endpoint=CHAT),
         request_id=uuid.uuid4().hex,
         timeout=timeout,
+        capping=capping,
     )
 
 
@@ -116,6 +119,17 @@ async def test_a_tenant_that_does_not_cap_output_runs_as_asked(keys):
     try:
         assert submitted.job.sampling.max_tokens == ASKED
         assert submitted.job.max_tokens_requested == 0
+        assert CAPPED_HEADER not in submitted.headers()
+    finally:
+        await request_abandon(submitted.job)
+
+
+async def test_a_request_whose_answer_has_no_headers_is_not_capped(keys):
+    """A WebSocket frame or a batch line could not say so: it runs as asked."""
+    await _live()
+    submitted = await _submit(await _principal(keys["caps"]), timeout=10.0, capping=False)
+    try:
+        assert submitted.job.sampling.max_tokens == ASKED
         assert CAPPED_HEADER not in submitted.headers()
     finally:
         await request_abandon(submitted.job)
