@@ -11,7 +11,8 @@ ends with finish_reason `length`, as any answer that reaches its max_tokens does
 
 A cap cannot shorten the wait: a request whose wait alone passes its deadline is refused
 `deadline_unattainable` as for every tenant, and goes to its alias's fallback where it has one.
-When no cap at or above the floor fits, the request runs as asked, as for every tenant.
+When no cap at or above the floor fits, the request runs as asked, as for every tenant. Only
+an answer with headers to say so is capped (HTTP; not a WebSocket frame nor a batch line).
 """
 
 from __future__ import annotations
