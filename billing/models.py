@@ -44,6 +44,9 @@ class UsageRecord(models.Model):
     # The alias the client named, when it could not take the request and its fallback answered
     # (the model version is the fallback's); empty otherwise.
     fallback_from = models.CharField(max_length=100, blank=True, default="")
+    # The max_tokens admission capped the request to, below the client's, so that it finished
+    # before its deadline (its tenant opted in to output capping); null: not capped.
+    capped_max_tokens = models.PositiveIntegerField(null=True, blank=True)
     # The price book in force when the request was admitted; null: the version's own price.
     price_book = models.ForeignKey(
         "billing.PriceBook", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -264,6 +264,7 @@ def usage_ingest(*, events: list[UsageEvent]) -> IngestResult:
                 event.shadow,
                 event.response_cache,
                 event.fallback_from,
+                event.capped_max_tokens or None,
                 event.user,
                 event.priority,
                 price.book.pk if price.book else None,
@@ -304,7 +305,7 @@ _COLUMNS = (
     "request_id", "tenant_id", "api_key_id", "model_version_id", "deployment", "endpoint",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens",
     "cached_tokens", "cache_created_tokens", "reasoning_tokens", "trace_id", "cost",
-    "cached_cost", "shadow", "response_cache", "fallback_from", "user",
+    "cached_cost", "shadow", "response_cache", "fallback_from", "capped_max_tokens", "user",
     "priority", "price_book_id",
     "enqueued_at", "started_at", "first_token_at", "finished_at", "ingested_at",
 )  # fmt: skip

@@ -95,12 +95,16 @@ class Refusal(enum.Enum):
     DEADLINE_UNATTAINABLE = "deadline_unattainable"
     # A retry with the request's Idempotency-Key took its place (FrontDoor.shut_out).
     SHUT_OUT = "shut_out"
+    # It would start before its deadline but not finish by it; only when asked (`finish_by`).
+    FINISHES_LATE = "finishes_late"
 
 
 @dataclass(frozen=True)
 class Refused:
     reason: Refusal
     estimated_wait_ms: int = 0
+    # FINISHES_LATE: the seconds one reserved token takes at one slot's share of the rate.
+    seconds_per_token: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,7 @@ class FrontDoor:
         max_queued: int = 1 << 30,
         max_queued_tokens: int = 1 << 50,
         payload: bytes | None = None,
+        finish_by: bool = False,
     ) -> Refused | None:
         """Queue a job for its deployment's workers; None when queued, else why not.
 
@@ -175,6 +180,10 @@ class FrontDoor:
         reserved tokens already wait, or when the backlog ahead of the job
         cannot drain before its deadline at the deployment's measured rate. `payload` is the
         job already encoded, when the caller encoded it (a frontend does, before admission).
+
+        With `finish_by`, a job that would start before its deadline but, at one slot's share
+        of the measured rate, not serve its reserved tokens by then is not queued either
+        (`Refusal.FINISHES_LATE`): its caller may cap its max_tokens (inference.pipeline.capping).
         """
         on_cluster = cluster_of(self.redis) is not None
         if on_cluster:
@@ -210,6 +219,7 @@ class FrontDoor:
                     WAKE_CAP,
                     ledger_hour(job.enqueued_at),
                     prefix_key(job),
+                    "1" if finish_by else "0",
                 ],
             )
             if not on_cluster:
@@ -236,6 +246,11 @@ class FrontDoor:
             return Refused(Refusal.DEADLINE_UNATTAINABLE, estimated_wait_ms=wait_ms)
         if code == -4:
             return Refused(Refusal.SHUT_OUT)
+        if code == -6:
+            per_token = int(outcome[2]) / 1_000_000
+            return Refused(
+                Refusal.FINISHES_LATE, estimated_wait_ms=wait_ms, seconds_per_token=per_token
+            )
         return None
 
     async def whereabouts(self, request_id: str) -> Whereabouts | None:

@@ -167,6 +167,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     # The client's cache_salt: its requests share cached prompt prefixes only with requests
     # of the same tenant and salt (see prefix_salt).
     cache_salt: str = ""
+    # The max_tokens the client asked for, when admission capped `sampling.max_tokens` below
+    # it so that the request finishes before its deadline (its tenant opted in); 0: not capped.
+    max_tokens_requested: int = 0
 
     def inputs(self) -> list[list[int]]:
         """The token ids of each input of an embeddings request or of a completions request
@@ -432,6 +435,7 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     response_cache: bool = False
     bill_percent: int = 100
     fallback_from: str = ""  # the alias the client named, when its fallback answered
+    capped_max_tokens: int = 0  # the max_tokens admission capped the request to; 0: none
 
 
 job_encoder = msgspec.msgpack.Encoder()
@@ -488,4 +492,5 @@ def usage_for(
         reasoning_tokens=reasoning_tokens,
         trace_id=job.trace_id,
         fallback_from=job.fallback_from,
+        capped_max_tokens=job.sampling.max_tokens if job.max_tokens_requested else 0,
     )

@@ -115,6 +115,10 @@ class Quota(models.Model):
     # The bytes of request bodies of 1 MiB or more it may send the inference endpoints a
     # minute; unset: the platform's ROUNDHOUSE_LARGE_BODY_BYTES_PER_MINUTE; 0: no limit.
     large_body_bytes_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+    # Output capping (opt-in): a request that would finish after its deadline runs with the
+    # max_tokens that fits before it, and says so, instead of being cut at the deadline
+    # (inference/pipeline/capping.py).
+    output_capping = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -273,6 +273,7 @@ QUOTA_FIELDS = (
     "response_cache_seconds",
     "response_cache_bill_percent",
     "large_body_bytes_per_minute",
+    "output_capping",
 )
 
 

@@ -524,6 +524,9 @@ ROUNDHOUSE_BATCH_IN_FLIGHT = env_int("ROUNDHOUSE_BATCH_IN_FLIGHT", 64)
 # The part of each deployment's queue (its max_queued jobs and max_queued_tokens) that batch
 # work may fill; interactive work may fill all of it, so overload sheds the batch class first.
 ROUNDHOUSE_BATCH_QUEUE_SHARE = env_float("ROUNDHOUSE_BATCH_QUEUE_SHARE", 0.5)
+# Output capping (a tenant's quota opts in): the smallest max_tokens a request that would finish
+# after its deadline is capped to; when not even that fits, it runs as asked.
+ROUNDHOUSE_CAPPED_MAX_TOKENS_FLOOR = env_int("ROUNDHOUSE_CAPPED_MAX_TOKENS_FLOOR", 16)
 # Encoder workers: how long arrivals must pause before a partial batch runs (at most the
 # queue delay derived from the deployment's SLO). 0: whenever the engine is free.
 ROUNDHOUSE_BATCHER_QUIET_MS = env_float("ROUNDHOUSE_BATCHER_QUIET_MS", 0.0)

@@ -1,6 +1,7 @@
 -- Admit a job to its tenant's queue, unless no worker serves the deployment, the queue is full,
 -- or the backlog the job would wait behind cannot drain before its deadline. A request id
--- already queued, running or ended is not queued again (-5).
+-- already queued, running or ended is not queued again (-5). Asked to (ARGV[14]), it also
+-- refuses a job that would start in time but finish late (-6), for the frontend to cap.
 local payload, now = ARGV[1], tonumber(ARGV[2])
 local max_n, max_tok = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rid, tenant, cls, cost = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
@@ -40,6 +41,16 @@ if rate > 0 then
   if cls ~= 'interactive' then ahead = ahead + depth_of('tok:interactive') end
   local wait = ahead / rate
   if now + wait > deadline then return {-3, math.ceil(wait * 1000)} end
+  -- ARGV[14] '1' (a tenant that caps output): also its own tokens must be served before the
+  -- deadline, at one slot's share of the rate. If not, nothing is queued (-6): the frontend
+  -- caps max_tokens from the wait and the seconds a token takes (in microseconds) and asks again.
+  if ARGV[14] == '1' then
+    local shared_slots, reserved_slots = live_slots(now)
+    local per_token = math.max(shared_slots + reserved_slots, 1) / rate
+    if now + wait + cost * per_token > deadline then
+      return {-6, math.ceil(wait * 1000), math.ceil(per_token * 1000000)}
+    end
+  end
 end
 
 local seq = redis.call('HINCRBY', VTC, 'seq', 1)

@@ -46,6 +46,12 @@ fallbacks = Counter(
     "Interactive requests an alias could not take that went to its fallback, and why.",
     ["model", "fallback", "reason"],
 )
+max_tokens_caps = Counter(
+    "roundhouse_max_tokens_capped",
+    "Admitted requests whose max_tokens was capped to finish before their deadline (their "
+    "tenant opted in to output capping).",
+    ["deployment"],
+)
 write_timeouts = Counter(
     "roundhouse_write_timeouts",
     "Responses cut because their client read none of a message within the write timeout.",
@@ -204,6 +210,10 @@ def prompt_rendered() -> None:
 
 def breaker_changed(*, model: str, state: str) -> None:
     breaker_transitions.labels(model=model, state=state).inc()
+
+
+def max_tokens_capped(*, deployment: str) -> None:
+    max_tokens_caps.labels(deployment=deployment).inc()
 
 
 def fallback_taken(*, model: str, fallback: str, reason: str) -> None:

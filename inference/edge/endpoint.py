@@ -489,6 +489,7 @@ async def generation_submitted(
                 trace=request_trace(request),
                 request_taken=True,
                 endpoint=api,
+                capping=True,  # its response's headers say so
             )
         except ApiError as exc:
             if refused is None:

@@ -27,6 +27,7 @@ from inference.base.errors import ApiError, should_retry
 from inference.base.metrics import admission_decided
 from inference.pipeline.answer_cache import CacheUse
 from inference.pipeline.auth import Principal
+from inference.pipeline.capping import CAPPED_HEADER
 from inference.pipeline.clients import dispatch_get, idempotency_get, quotas_get
 from inference.pipeline.idempotency import key_in_use
 from models_registry.selectors import Route
@@ -80,13 +81,16 @@ class Submitted:
         return self.cache.bill_percent if self.cache is not None and self.cache.hit else 100
 
     def headers(self) -> dict[str, str]:
-        """The headers its response carries: the version, the cache's use and the rate limits."""
+        """The headers its response carries: the version, the cache's use, a fallback or a cap
+        that degraded it, and the rate limits."""
         headers = {VERSION_HEADER: self.route.version}
         if self.cache is not None:
             headers["x-roundhouse-cache"] = "hit" if self.cache.hit else "miss"
         if self.fallback_from:
             headers[FALLBACK_FROM_HEADER] = self.fallback_from
             headers[FALLBACK_REASON_HEADER] = self.fallback_reason
+        if self.job.max_tokens_requested:
+            headers[CAPPED_HEADER] = str(self.job.sampling.max_tokens)
         return headers | ratelimit_headers(self.principal.limits, self.decision)
 
     def headed(self, response: _Response) -> _Response:

@@ -40,6 +40,8 @@ class Principal:
     # The tenant's own large-body bytes a minute (None: the platform's setting; 0: no limit).
     large_body_bytes_per_minute: int | None = None
     retention_days: int = 0  # 0: the request's text is never stored
+    # A request that would finish after its deadline runs capped (inference/pipeline/capping.py).
+    output_capping: bool = False
     # The names the key is narrowed to (empty: every model its tenant may call).
     allowed_models: frozenset[str] = frozenset()
 
@@ -94,6 +96,7 @@ def _load(public_id: str) -> _Cached | None:
         response_cache_bill_percent=quota.response_cache_bill_percent,
         large_body_bytes_per_minute=quota.large_body_bytes_per_minute,
         retention_days=key.tenant.retention_days,
+        output_capping=quota.output_capping,
         allowed_models=frozenset(key.allowed_models or ()),
     )
     expires = key.expires_at.timestamp() if key.expires_at else None

@@ -44,7 +44,12 @@ from dataplane.types import (
     encode,
 )
 from inference.base.errors import ApiError, invalid
-from inference.base.metrics import RequestClock, admission_decided, fallback_taken
+from inference.base.metrics import (
+    RequestClock,
+    admission_decided,
+    fallback_taken,
+    max_tokens_capped,
+)
 from inference.body.fields import CHAT
 from inference.body.parser import EMBEDDINGS, EmbeddingRequest, GenerationRequest
 from inference.pipeline.admission import (
@@ -63,6 +68,7 @@ from inference.pipeline.admission import (
 from inference.pipeline.answer_cache import CacheLookup, cache_answer, cache_lookup
 from inference.pipeline.auth import Principal
 from inference.pipeline.breaker import breaker_admits
+from inference.pipeline.capping import job_capped, max_tokens_fitting
 from inference.pipeline.clients import answer_cache_get, dispatch_get, idempotency_get, routing_get
 from inference.pipeline.idempotency import KEY_TTL_SECONDS, Original
 from inference.pipeline.preprocessing import preprocessed
@@ -161,11 +167,14 @@ async def generation_submit(
     trace: TraceContext | None = None,
     request_taken: bool = False,
     endpoint: str | None = None,
+    capping: bool = False,
 ) -> Submitted:
     """Admit a request and enqueue it for its deployment's workers.
 
     `endpoint` names the API the request came through on its usage record, where that is not
-    the request's own (the Responses API runs as chat).
+    the request's own (the Responses API runs as chat). `capping`: its answer carries response
+    headers, so a tenant that caps output may have its max_tokens capped
+    (inference/pipeline/capping.py); a WebSocket frame or a batch line has no place to say so.
 
     Its deadline is the soonest of the client's timeout, the tenant's maximum and the
     platform's maximum. `clock` times its preprocessing and admission; `trace` is the
@@ -212,6 +221,7 @@ async def generation_submit(
                     request_taken=request_taken,
                     endpoint=endpoint,
                     fallback_from=named if request.model != named else "",
+                    capping=capping and principal.output_capping,
                 )
             except ApiError as exc:
                 if not follow or exc.code not in FALLBACK_REASONS:
@@ -252,6 +262,7 @@ async def _generation_admit(
     request_taken: bool,
     endpoint: str | None,
     fallback_from: str,
+    capping: bool,
 ) -> Submitted:
     """One attempt of generation_submit, on one model's routing."""
     route = routing.pick(tenant_id=principal.tenant_id, user=request.user)
@@ -345,7 +356,7 @@ async def _generation_admit(
                 thinking=job.reasoning is not None,
             ),
         )
-    decision = await _job_submit(
+    decision, job = await _job_submit(
         principal=principal,
         route=route,
         job=job,
@@ -354,7 +365,11 @@ async def _generation_admit(
         clock=clock,
         cache=cache,
         request_taken=request_taken,
+        capping=capping,
     )
+    if job.max_tokens_requested:
+        # Capped: its answer is not the one its request asks for, so it fills no cache.
+        cache = None
     try:
         shadow = routing.shadow_for(request_id=request_id)
         if shadow is not None and shadow.version_digest != route.version_digest:
@@ -414,11 +429,14 @@ async def _job_submit(
     cache: CacheLookup | None = None,
     payload: bytes | None = None,
     request_taken: bool = False,
-) -> Decision:
+    capping: bool = False,
+) -> tuple[Decision, Job]:
     """Reserve a built job's share of its tenant's limits and queue it, or raise why not.
 
     A request found in its tenant's response cache is admitted the same way, then answered
     from the cache instead of queued. `payload` is the job's encoding, if made already.
+    Returns the decision and the job as queued: with `capping`, capped when it would finish
+    late (inference/pipeline/capping.py).
     """
     if clock is not None:
         clock.lap("preprocess")
@@ -466,7 +484,13 @@ async def _job_submit(
             if cache is not None and cache.answer is not None:
                 await cache_answer(dispatch_get(), job=job, use=cache.use, answer=cache.answer)
             else:
-                await _enqueue(route=route, job=job, model=model, payload=payload)
+                job = await _enqueue(
+                    route=route,
+                    job=job,
+                    model=model,
+                    payload=payload,
+                    capping=capping,
+                )
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes
             # back at once and the request leaves no usage record, like any other refusal.
@@ -490,7 +514,9 @@ async def _job_submit(
         if clock is not None:
             clock.lap("admission")
     admission_decided(deployment=route.deployment, reason="admitted")
-    return decision
+    if job.max_tokens_requested:
+        max_tokens_capped(deployment=route.deployment)
+    return decision, job
 
 
 def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:
@@ -520,17 +546,46 @@ def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:
     raise ApiError(400, "exceeds_queue_capacity", message, param=param)
 
 
-async def _enqueue(*, route: Route, job: Job, model: str, payload: bytes | None = None) -> None:
-    """Queue an admitted job for its deployment's workers, or raise why the queue refused it."""
+async def _enqueue(
+    *, route: Route, job: Job, model: str, payload: bytes | None = None, capping: bool = False
+) -> Job:
+    """Queue an admitted job for its deployment's workers, or raise why the queue refused it.
+
+    With `capping` (its tenant opted in), a generation that would finish after its deadline
+    is queued with the max_tokens that fits, when one at or above the floor does, and as it
+    is otherwise (inference/pipeline/capping.py). Returns the job as queued.
+    """
     max_queued, max_queued_tokens = queue_limits(route, job)
+    finish_by = capping and not job.input_lengths and not job.shadow
     refused = await dispatch_get().enqueue(
-        job, max_queued=max_queued, max_queued_tokens=max_queued_tokens, payload=payload
+        job,
+        max_queued=max_queued,
+        max_queued_tokens=max_queued_tokens,
+        payload=payload,
+        finish_by=finish_by,
     )
+    if refused is not None and refused.reason is Refusal.FINISHES_LATE:
+        cap = max_tokens_fitting(
+            seconds_left=job.deadline - time.time(),
+            wait_seconds=refused.estimated_wait_ms / 1000,
+            seconds_per_token=refused.seconds_per_token,
+            prompt_tokens=len(job.prompt_token_ids),
+            choices=job.choices,
+            floor=max(settings.ROUNDHOUSE_CAPPED_MAX_TOKENS_FLOOR, job.sampling.min_tokens),
+        )
+        if cap is not None and cap < job.sampling.max_tokens:
+            job, payload = job_capped(job, cap), None
+        # Asked once more without the finish check: the queue may have moved meanwhile, and
+        # the request is then refused, or queued, as any other tenant's would be.
+        refused = await dispatch_get().enqueue(
+            job, max_queued=max_queued, max_queued_tokens=max_queued_tokens, payload=payload
+        )
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
             key = (route.deployment, job.priority)
             _full_until[key] = time.monotonic() + QUEUE_FULL_BACKOFF_SECONDS
         raise refusal_error(refused, model=model, job=job)
+    return job
 
 
 def _deadline(principal: Principal, now: float, timeout: float | None) -> float:
@@ -611,7 +666,7 @@ async def embedding_submit(
         parent_span_id=trace.span_id if trace else "",
     )
     payload = _envelope(job)
-    decision = await _job_submit(
+    decision, job = await _job_submit(
         principal=principal,
         route=route,
         job=job,

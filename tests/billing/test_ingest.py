@@ -58,6 +58,13 @@ def test_a_record_says_which_alias_the_client_named_when_a_fallback_answered(wor
     assert UsageRecord.objects.get(request_id=plain.request_id).fallback_from == ""
 
 
+def test_a_record_says_what_max_tokens_admission_capped_the_request_to(world):
+    capped, plain = _event(world, capped_max_tokens=120), _event(world)
+    usage_ingest(events=[capped, plain])
+    assert UsageRecord.objects.get(request_id=capped.request_id).capped_max_tokens == 120
+    assert UsageRecord.objects.get(request_id=plain.request_id).capped_max_tokens is None
+
+
 def test_cancelled_requests_are_recorded_with_the_tokens_they_produced(world):
     event = _event(world, status=Status.CANCELLED, completion_tokens=7)
     usage_ingest(events=[event])

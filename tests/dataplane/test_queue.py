@@ -276,6 +276,36 @@ async def test_a_deadline_the_backlog_cannot_meet_is_refused_with_an_estimate(di
     assert await dispatch.front.enqueue(job_new(deployment, timeout=10.0)) is None
 
 
+async def test_a_job_that_would_finish_late_is_refused_only_when_asked(dispatch):
+    """A tenant that caps output asks for the finish check; the refusal carries what the cap
+    is computed from (inference/pipeline/capping.py)."""
+    deployment = await _served_deployment(dispatch)
+    # Two slots share 22 reserved tokens a second: one job's token takes 1/11 s.
+    await dispatch.leases.heartbeat(
+        deployment=deployment, worker="w", ttl=60, slots=(2, 0), tokens_per_second=22
+    )
+    late = job_new(deployment, max_tokens=30, timeout=2.0)  # 33 tokens: 3 s
+    refused = await dispatch.front.enqueue(late, finish_by=True)
+    assert refused is not None and refused.reason is Refusal.FINISHES_LATE
+    assert refused.estimated_wait_ms == 0
+    assert refused.seconds_per_token == pytest.approx(1 / 11, abs=1e-6)
+    assert await dispatch.depth(deployment) == Depth(requests=0, tokens=0)
+    # Unasked, it is queued as any other tenant's would be.
+    assert await dispatch.front.enqueue(late) is None
+    # One that finishes in time (11 tokens: 1 s) is queued when asked too.
+    in_time = job_new(deployment, tenant=2, timeout=2.0)
+    assert await dispatch.front.enqueue(in_time, finish_by=True) is None
+
+
+async def test_a_wait_past_the_deadline_is_refused_as_unattainable_when_asked_too(dispatch):
+    deployment = await _served_deployment(dispatch)
+    await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)
+    for _ in range(3):
+        assert await dispatch.front.enqueue(job_new(deployment)) is None
+    refused = await dispatch.front.enqueue(job_new(deployment, timeout=2.0), finish_by=True)
+    assert refused is not None and refused.reason is Refusal.DEADLINE_UNATTAINABLE
+
+
 async def test_another_tenants_backlog_delays_only_by_its_fair_share(dispatch):
     deployment = await _served_deployment(dispatch)
     await dispatch.leases.heartbeat(deployment=deployment, worker="w", ttl=60, tokens_per_second=11)

@@ -34,6 +34,20 @@ def test_an_invalid_value_names_the_field(staff, world):
     assert response.status_code == 400 and "max_concurrency" in response.json()
 
 
+def test_staff_opt_a_tenant_in_to_output_capping(staff, world):
+    assert staff.get("/api/tenants/globex/quota").json()["output_capping"] is False
+    response = staff.patch("/api/tenants/globex/quota", {"output_capping": True}, format="json")
+    assert response.status_code == 200, response.content
+    assert Quota.objects.get(tenant=world.globex).output_capping is True
+    event = AuditEvent.objects.filter(action="quota.update").latest("id")
+    assert event.data["output_capping"] == {"from": "False", "to": "True"}
+
+
+def test_an_output_capping_that_is_not_a_boolean_names_the_field(staff, world):
+    response = staff.patch("/api/tenants/globex/quota", {"output_capping": "some"}, format="json")
+    assert response.status_code == 400 and "output_capping" in response.json()
+
+
 def test_an_unknown_tenant_is_404(staff, world):
     assert staff.get("/api/tenants/nobody/quota").status_code == 404
 
