@@ -1,7 +1,11 @@
-"""Output capping: a shorter answer instead of one cut at its deadline, for tenants that opt in.
+"""Output capping: a shorter answer instead of a 429 or one cut at its deadline, for tenants
+that opt in.
 
-A tenant whose quota sets `output_capping` asks admission to check its requests' finish, not
-only their start: the enqueue script estimates the wait behind the backlog (as for every
+A tenant whose quota sets `output_capping` gets two things. A request its tokens per minute
+would refuse (429 `tokens_per_minute_exceeded`, to be retried after the window frees what it
+reserves) runs now with the max_tokens whose reservation fits what the window has left, when
+that is at or above the floor. And admission checks its requests' finish, not only their
+start: the enqueue script estimates the wait behind the backlog (as for every
 request) and the time the request's own reserved tokens take at one slot's share of the
 deployment's measured rate (dataplane/lua/enqueue.lua). A request that would start in time
 but finish late runs with the largest max_tokens that fits, never below a floor
@@ -46,6 +50,15 @@ def max_tokens_fitting(
         return None
     tokens = math.floor((seconds_left - wait_seconds) / seconds_per_token)
     fitting = (tokens - prompt_tokens) // max(choices, 1)
+    return fitting if fitting >= max(floor, 1) else None
+
+
+def max_tokens_within(
+    *, tokens_left: int, prompt_tokens: int, choices: int, floor: int
+) -> int | None:
+    """Return the largest max_tokens whose reservation (prompt + each choice's max_tokens)
+    fits the tokens a tenant's tokens per minute have left; None below floor."""
+    fitting = (tokens_left - prompt_tokens) // max(choices, 1)
     return fitting if fitting >= max(floor, 1) else None
 
 

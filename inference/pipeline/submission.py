@@ -68,7 +68,7 @@ from inference.pipeline.admission import (
 from inference.pipeline.answer_cache import CacheLookup, cache_answer, cache_lookup
 from inference.pipeline.auth import Principal
 from inference.pipeline.breaker import breaker_admits
-from inference.pipeline.capping import job_capped, max_tokens_fitting
+from inference.pipeline.capping import job_capped, max_tokens_fitting, max_tokens_within
 from inference.pipeline.clients import answer_cache_get, dispatch_get, idempotency_get, routing_get
 from inference.pipeline.idempotency import KEY_TTL_SECONDS, Original
 from inference.pipeline.preprocessing import preprocessed
@@ -435,21 +435,14 @@ async def _job_submit(
 
     A request found in its tenant's response cache is admitted the same way, then answered
     from the cache instead of queued. `payload` is the job's encoding, if made already.
-    Returns the decision and the job as queued: with `capping`, capped when it would finish
-    late (inference/pipeline/capping.py).
+    Returns the decision and the job as queued: with `capping`, capped when its tenant's
+    tokens per minute would refuse it or it would finish late (inference/pipeline/capping.py).
     """
     if clock is not None:
         clock.lap("preprocess")
     try:
         _queue_fit_check(route, job, model=model)
-        reserve = Usage(
-            tokens=job.reserved_tokens,
-            cost_micros=route_cost(
-                route,
-                prompt=len(job.prompt_token_ids),
-                completion=job.sampling.max_tokens * job.choices,
-            ),
-        )
+        reserve = _reservation(route, job)
         # This attempt's mark on its reservation: its give-backs undo it and nothing else
         # (the same request id is admitted again by a fallback, or a batch's next step).
         admission = secrets.token_hex(8)
@@ -463,13 +456,28 @@ async def _job_submit(
             )
 
         try:
-            decision = await admit(
-                principal=principal,
-                request_id=job.request_id,
-                reserve=reserve,
-                request_taken=request_taken,
-                admission=admission,
-            )
+            try:
+                decision = await admit(
+                    principal=principal,
+                    request_id=job.request_id,
+                    reserve=reserve,
+                    request_taken=request_taken,
+                    admission=admission,
+                )
+            except ApiError as refusal:
+                # Refused: the script took nothing. A tenant that caps its output gets what its
+                # tokens per minute have left now rather than a 429 to wait out.
+                capped = _tokens_capped(refusal, job) if capping else None
+                if capped is None:
+                    raise
+                job, payload = capped, None
+                decision = await admit(
+                    principal=principal,
+                    request_id=job.request_id,
+                    reserve=_reservation(route, job),
+                    request_taken=request_taken,
+                    admission=admission,
+                )
         except ApiError:
             raise  # refused: the script took nothing
         except BaseException:
@@ -517,6 +525,36 @@ async def _job_submit(
     if job.max_tokens_requested:
         max_tokens_capped(deployment=route.deployment)
     return decision, job
+
+
+def _reservation(route: Route, job: Job) -> Usage:
+    """What admission reserves for a job: its tokens, and their cost at the route's price."""
+    return Usage(
+        tokens=job.reserved_tokens,
+        cost_micros=route_cost(
+            route,
+            prompt=len(job.prompt_token_ids),
+            completion=job.sampling.max_tokens * job.choices,
+        ),
+    )
+
+
+def _tokens_capped(refusal: ApiError, job: Job) -> Job | None:
+    """The job capped to what its tenant's tokens per minute have left, when its refusal was
+    for them and a cap at or above the floor fits; else None (inference/pipeline/capping.py)."""
+    if refusal.code != "tokens_per_minute_exceeded" or job.input_lengths or job.shadow:
+        return None
+    try:
+        left = int(refusal.headers.get("x-ratelimit-remaining-tokens", ""))
+    except ValueError:
+        return None
+    cap = max_tokens_within(
+        tokens_left=left,
+        prompt_tokens=len(job.prompt_token_ids),
+        choices=job.choices,
+        floor=max(settings.ROUNDHOUSE_CAPPED_MAX_TOKENS_FLOOR, job.sampling.min_tokens),
+    )
+    return None if cap is None or cap >= job.sampling.max_tokens else job_capped(job, cap)
 
 
 def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:

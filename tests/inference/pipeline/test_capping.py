@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataplane.types import Status, usage_for
-from inference.pipeline.capping import job_capped, max_tokens_fitting
+from inference.pipeline.capping import job_capped, max_tokens_fitting, max_tokens_within
 from tests.jobs import job_new
 
 
@@ -53,6 +53,13 @@ def test_it_caps_at_nothing_when_the_wait_alone_passes_the_deadline():
 
 def test_it_caps_at_nothing_without_a_measured_rate():
     assert _fitting(seconds_per_token=0.0) is None
+
+
+def test_within_a_tokens_per_minute_it_fits_what_is_left_after_the_prompt():
+    assert max_tokens_within(tokens_left=300, prompt_tokens=20, choices=1, floor=16) == 280
+    assert max_tokens_within(tokens_left=300, prompt_tokens=20, choices=3, floor=16) == 93
+    assert max_tokens_within(tokens_left=30, prompt_tokens=20, choices=1, floor=16) is None
+    assert max_tokens_within(tokens_left=10, prompt_tokens=20, choices=1, floor=16) is None
 
 
 def test_a_capped_job_runs_with_the_cap_and_its_usage_record_names_it():

@@ -45,9 +45,13 @@ def keys(world: Any, demo_model_dir: Any, django_db_blocker: Any) -> dict[str, s
         version = own_deployment(f"{MODEL}-d", MODEL, Decimal("0.67"), demo_model_dir)
         alias_set(name=MODEL, version=version)
         roomy = {"max_tokens_per_request": ASKED}
+        # A tokens-per-minute window of 300: a request asking 1,000 tokens never fits it.
+        tight = {**roomy, "tokens_per_minute": 300}
         return {
             "caps": roomy_key("cap-caps", output_capping=True, **roomy),
             "runs": roomy_key("cap-runs", **roomy),
+            "tight-caps": roomy_key("cap-tight-caps", output_capping=True, **tight),
+            "tight-runs": roomy_key("cap-tight-runs", **tight),
         }
 
 
@@ -168,3 +172,27 @@ async def test_a_wait_past_the_deadline_is_refused_whether_or_not_the_tenant_cap
         assert (refused.value.status, refused.value.code) == (503, "deadline_unattainable")
     finally:
         await request_abandon(ahead.job)
+
+
+async def test_a_tenant_that_caps_output_gets_what_its_tokens_per_minute_have_left(keys):
+    """Instead of a 429 to wait out: the reservation (prompt + max_tokens) shrinks to fit."""
+    await _live()
+    submitted = await _submit(await _principal(keys["tight-caps"]), timeout=60.0)
+    try:
+        job = submitted.job
+        assert job.sampling.max_tokens == 300 - len(job.prompt_token_ids)
+        assert job.max_tokens_requested == ASKED
+        assert submitted.headers()[CAPPED_HEADER] == str(job.sampling.max_tokens)
+        # The window is spent now: the next request has nothing above the floor left.
+        with pytest.raises(ApiError) as refused:
+            await _submit(await _principal(keys["tight-caps"]), timeout=60.0)
+        assert (refused.value.status, refused.value.code) == (429, "tokens_per_minute_exceeded")
+    finally:
+        await request_abandon(submitted.job)
+
+
+async def test_a_tenant_that_does_not_cap_output_keeps_its_429(keys):
+    await _live()
+    with pytest.raises(ApiError) as refused:
+        await _submit(await _principal(keys["tight-runs"]), timeout=60.0)
+    assert (refused.value.status, refused.value.code) == (429, "tokens_per_minute_exceeded")
