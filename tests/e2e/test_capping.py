@@ -32,9 +32,14 @@ CAPPED = "x-roundhouse-max-tokens-capped"
 def keys(stack: Any, world: Any, django_db_blocker: Any) -> dict[str, str]:
     """Keys of a tenant that caps output and of one that does not."""
     with django_db_blocker.unblock():
+        # 150 tokens a minute: a request reserving its prompt and 200 tokens never fits.
         return {
             "caps": roomy_key("cap-e2e-caps", output_capping=True),
             "runs": roomy_key("cap-e2e-runs"),
+            "tight-caps": roomy_key(
+                "cap-e2e-tight-caps", output_capping=True, tokens_per_minute=150
+            ),
+            "tight-runs": roomy_key("cap-e2e-tight-runs", tokens_per_minute=150),
         }
 
 
@@ -130,3 +135,22 @@ def test_a_capped_stream_and_completion_say_so_the_same_way(slow, client, keys, 
     assert chunks[-1]["usage"]["completion_tokens"] == cap < ASKED
     (record,) = usage_of(request_id)
     assert record.capped_max_tokens == cap
+
+
+def test_a_tenant_that_caps_output_gets_an_answer_instead_of_a_tokens_429(client, keys, usage_of):
+    response = _chat(client, keys["tight-caps"])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    cap = int(response.headers[CAPPED])
+    # At most what the window had left after the prompt (the reservation is 150 tokens); less
+    # when this module's slower estimate caps its finish too.
+    assert 16 <= cap <= 150 - body["usage"]["prompt_tokens"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == cap
+    (record,) = usage_of(response.headers["x-request-id"])
+    assert (record.status, record.capped_max_tokens, record.completion_tokens) == ("ok", cap, cap)
+    # Another tenant with the same window keeps today's 429.
+    refused = _chat(client, keys["tight-runs"])
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "tokens_per_minute_exceeded"
+    assert CAPPED not in refused.headers
