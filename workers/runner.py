@@ -395,7 +395,12 @@ class Worker(abc.ABC):
         """How a run that raised ends: as failure_of says, unless the drain stopped it."""
         if self._handing_on(job, exc):
             return failure_stopped()
-        return failure_of(exc, job=job, engine=engine)
+        failure = failure_of(exc, job=job, engine=engine)
+        if isinstance(self.engine, Restartable) and self.engine.death(exc) is not None:
+            # The engine is dead: claim nothing more into it from now on, rather than until
+            # the next heartbeat finds it so and starts it again.
+            self._restarting = True
+        return failure
 
     def _ended(
         self, job: Job, terminal: Event, usage: UsageEvent, failure: Failure | None = None
@@ -539,6 +544,10 @@ class Worker(abc.ABC):
         while not self._closing.is_set():
             pause = interval
             try:
+                if self._restarting:
+                    # A dead engine, seen by a request's end: out of the live set and started
+                    # again (below) before this worker says it serves.
+                    await self._engine_check()
                 self._rate.tick(busy=len(self.active) >= self.capacity)
                 retire = await self.leases.heartbeat(
                     deployment=self.deployment,
@@ -589,13 +598,12 @@ class Worker(abc.ABC):
                 self.metrics.engine_restarted(reason)
             self._restarting = True
             try:
-                with contextlib.suppress(Exception):  # no slots: nothing more is handed here
-                    await self.leases.heartbeat(
-                        deployment=self.deployment,
-                        worker=self.worker_id,
-                        ttl=self.lease_seconds,
-                        slots=self._slots(),
-                    )
+                # Out of the live set while the engine starts (seconds here, minutes for a large
+                # model on a GPU): a deployment with no other worker then refuses at once, and
+                # an alias with a fallback sends its requests there, instead of queueing them
+                # behind the restart. The first heartbeat after it brings the worker back.
+                with contextlib.suppress(Exception):
+                    await self.leases.leave(deployment=self.deployment, worker=self.worker_id)
                 await engine.restart()
                 await self._engine_restarted()
             except Exception:
@@ -606,6 +614,8 @@ class Worker(abc.ABC):
             finally:
                 self._restarting = False
             log.info("the engine is up again")
+        else:
+            self._restarting = False  # a request's end said dead, but the engine answers
 
     async def _engine_restarted(self) -> None:
         """Forget what the dead engine held (a subclass's loaded adapters, say)."""

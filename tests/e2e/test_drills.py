@@ -2,7 +2,8 @@
 
 A deployment of its own (`drill-d`) serves the alias `drill-chat`, whose fallback is the
 session's chat alias. A frontend of this module's own trips its breakers sooner than the
-defaults (3 failed requests of a tenant, open for 2 s), so the drill takes seconds:
+defaults (3 failed requests of a tenant, where the defaults want 10), and holds them open for
+20 s, longer than the engine takes to start again here, so the test sees them hold:
 
 - the engine core inside a live worker is killed under streams of two tenants: each stream
   ends `worker_lost` and is billed once; both tenants' breakers count those ends and open, so
@@ -46,7 +47,7 @@ DEPLOYMENT = "drill-d"
 RESTARTED = "drill-restart-d"
 BREAKER_ENV = {
     "ROUNDHOUSE_BREAKER_MIN_REQUESTS": "3",
-    "ROUNDHOUSE_BREAKER_OPEN_SECONDS": "2",
+    "ROUNDHOUSE_BREAKER_OPEN_SECONDS": "20",
     "ROUNDHOUSE_BREAKER_MIN_TENANTS": "2",
 }
 
@@ -79,7 +80,13 @@ def drill(
         base_url = f"http://127.0.0.1:{port}"
         _wait_for(frontend, lambda: _http_ok(f"{base_url}/healthz"), timeout=120)
         _wait_for(worker, lambda: "ready: serving" in worker.tail(400), timeout=600)
-        yield {"version": version, "keys": keys, "worker": worker, "base_url": base_url}
+        yield {
+            "version": version,
+            "keys": keys,
+            "worker": worker,
+            "frontend": frontend,
+            "base_url": base_url,
+        }
     finally:
         for process in (worker, frontend):
             if process.popen.poll() is None:
@@ -185,6 +192,28 @@ def test_an_engine_that_dies_under_two_tenants_sends_them_to_the_fallback_and_ba
     core = _engine_core(worker)
     killed.set()
     core.kill()
+    # The breakers counted those ends: both tenants' opened, so the deployment is failing for
+    # more than one tenant and every tenant's requests, a third's too, go to the fallback:
+    # held by the breakers, or refused by admission while the worker, out of the live set,
+    # starts its engine again.
+    frontend = drill["frontend"]
+    deadline = time.monotonic() + 60
+    while f"breakers of {NAMED} hold for 2 tenants" not in frontend.log.read_text():
+        assert time.monotonic() < deadline, frontend.tail(60)
+        time.sleep(0.1)
+    assert frontend.log.read_text().count(f"breaker of {NAMED} for tenant") >= 2
+    for slug in ("drill-a", "drill-b", "drill-c"):
+        response = _chat(base_url, keys[slug])
+        assert response.status_code == 200, response.text
+        assert response.headers.get("x-roundhouse-fallback-from") == NAMED, (
+            slug,
+            dict(response.headers),
+        )
+        assert response.headers["x-roundhouse-fallback-reason"] in (
+            "circuit_open",
+            "model_unavailable",
+        )
+        assert response.headers["x-roundhouse-model-version"] == world.version.version
     for thread in threads:
         thread.join(120)
         assert not thread.is_alive(), "a stream was left hanging by the engine's death"
@@ -201,17 +230,6 @@ def test_an_engine_that_dies_under_two_tenants_sends_them_to_the_fallback_and_ba
         record = records[stream["request_id"]]
         assert record.status == ("worker_lost" if "error" in stream else "ok")
         assert record.prompt_tokens > 0  # what it made, if anything, is billed too
-    # The breakers counted those ends: both tenants' opened, so the deployment is failing for
-    # more than one tenant and every tenant's requests, a third's too, go to the fallback.
-    for slug in ("drill-a", "drill-b", "drill-c"):
-        response = _chat(base_url, keys[slug])
-        assert response.status_code == 200, response.text
-        assert response.headers.get("x-roundhouse-fallback-from") == NAMED, (
-            slug,
-            dict(response.headers),
-        )
-        assert response.headers["x-roundhouse-fallback-reason"] == "circuit_open"
-        assert response.headers["x-roundhouse-model-version"] == world.version.version
     # The worker lived through it: it starts its engine again, and each tenant's breaker, once
     # open long enough, sends a probe that the alias answers and closes; the alias then serves
     # every tenant itself (the third's requests go on with fewer than two breakers holding).

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
+from dataplane.keys import heartbeats_key
 from dataplane.redis_client import redis_client_new
 from dataplane.types import Job, Status, usage_for
 from tests.jobs import job_new
@@ -28,6 +29,13 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def _until_async(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        assert time.monotonic() < deadline, "never came true"
         await asyncio.sleep(0.02)
 
 
@@ -53,11 +61,18 @@ def test_the_idle_clock_counts_only_the_time_nothing_ran(monkeypatch):
 class _Engine:
     """An engine that can die: its health check then raises until it is started again."""
 
-    def __init__(self, *, exit_code: int | None = None, starts: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        exit_code: int | None = None,
+        starts: bool = True,
+        hold: asyncio.Event | None = None,
+    ) -> None:
         self.dead = False
         self.exit_code = exit_code
         self.starts = starts
         self.restarts = 0
+        self.hold = hold  # a restart waits for it: the engine takes its time to start
 
     async def health(self) -> None:
         if self.dead:
@@ -73,6 +88,8 @@ class _Engine:
 
     async def restart(self) -> None:
         self.restarts += 1
+        if self.hold is not None:
+            await self.hold.wait()
         if not self.starts:
             raise RuntimeError("no memory left to load the model")
         self.dead = False
@@ -157,6 +174,34 @@ async def test_a_dead_engine_is_started_again_and_counted_with_its_reason(redis,
         assert _value("roundhouse_engine_restarts_total", **labels, reason="crash") == 0
         assert worker._slots() == (1, 0)  # claiming again
     finally:
+        worker.drain()
+        await asyncio.wait_for(running, 20)
+
+
+async def test_a_worker_is_out_of_the_live_set_while_its_engine_starts_again(redis):
+    """So that a deployment with no other worker refuses at once (and an alias falls back)
+    instead of queueing requests behind the restart."""
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    started = asyncio.Event()
+    engine = _Engine(exit_code=-9, hold=started)
+    worker = _worker(redis, engine, deployment)
+    running = asyncio.create_task(worker.run())
+
+    async def live() -> bool:
+        return await redis.zscore(heartbeats_key(deployment), worker.worker_id) is not None
+
+    try:
+        await _until_async(live)
+        engine.dead = True
+        await _until(lambda: engine.restarts == 1)
+        assert not await live() and worker._slots() == (0, 0)
+        await asyncio.sleep(1.0)  # a lease's worth of heartbeats would have come meanwhile
+        assert not await live()
+        started.set()
+        await _until_async(live)
+        assert worker._slots() == (1, 0)
+    finally:
+        started.set()
         worker.drain()
         await asyncio.wait_for(running, 20)
 
