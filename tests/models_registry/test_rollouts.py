@@ -156,7 +156,7 @@ def _every_10s(rollout, world, base, canary, *, seconds, canary_fields=None, sta
 
 
 def test_a_slower_canary_is_rolled_back_after_three_burning_analyses(versions, world):
-    """Every canary request later than the TTFT objective (2 s): 20× the budget, from the
+    """Every canary request later than the TTFT objective (2 s): 20 times the budget, from the
     first analysis; the third in a row rolls back, 30 s after the breach began."""
     alias, base, canary = versions
     rollout = _start(alias, canary, min_samples=1000)
@@ -245,7 +245,7 @@ def test_a_real_breach_rolls_back_within_a_minute_and_a_noisy_window_does_not(ve
 
 def test_an_analysis_without_canary_requests_keeps_the_count(versions, world):
     """A quiet short window is no evidence either way: the breaches counted so far stand."""
-    alias, base, canary = versions
+    alias, _base, canary = versions
     rollout = _start(alias, canary, min_samples=1000)
     start = rollout.step_started_at
     now = start + dt.timedelta(seconds=10)
