@@ -102,9 +102,8 @@ class Load:
                 except httpx.HTTPError:
                     status, version = 0, ""
                 with self.lock:
-                    self.answers.append(
-                        (time.monotonic(), version, status, time.monotonic() - sent)
-                    )
+                    done = time.monotonic()
+                    self.answers.append((done - self.started, version, status, done - sent))
 
 
 def _plot(

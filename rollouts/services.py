@@ -5,9 +5,10 @@ A rollout moves through its steps (percent of the alias's traffic). Every analys
 time to first token and inter-token latency against the objectives of the deployment serving
 it — over two windows that slide with each analysis (10 s and 60 s by default):
 
-- an SLO burns when the canary spends its error budget at least `burn_rate` times as fast
-  as it may, and `burn_vs_baseline` times as fast as the baseline (both versions burning is
-  the platform's trouble), over a window;
+- an SLO burns over the short window when the canary spends its error budget at least
+  `burn_rate` times as fast as it may, and `burn_vs_baseline` times as fast as the baseline
+  (both versions burning is the platform's trouble); over the long window, when it spends it
+  at least `burn_rate` times as fast over at least a few events;
 - it rolls back when the SLO burns over the short window in `breach_checks` analyses in a
   row (3), and over the long window at the last of them. The short window is no longer than
   the analysis period, so one noisy stretch counts in two analyses at most; the long window
@@ -382,10 +383,12 @@ def _burn_checks(
         ):
             c_events, c_burn = _burns(c_window, budgets)[slo]
             b_events, b_burn = _burns(b_window, budgets)[slo]
+            # The baseline is compared over the short windows, each analysis's own evidence;
+            # the long window only makes sure the burn is more than a few requests.
             hit = (
                 c_events >= floor
                 and c_burn >= limits["burn_rate"]
-                and c_burn >= limits["burn_vs_baseline"] * b_burn
+                and (name == "long" or c_burn >= limits["burn_vs_baseline"] * b_burn)
             )
             check[name] = {
                 "canary": {"events": c_events, "burn": c_burn},

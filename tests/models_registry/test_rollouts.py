@@ -250,7 +250,8 @@ def test_an_analysis_without_canary_requests_keeps_the_count(versions, world):
     start = rollout.step_started_at
     now = start + dt.timedelta(seconds=10)
     _served(world, canary, n=5, at=now - dt.timedelta(seconds=3), ttft_ms=2500)
-    assert rollout_analyze(rollout, now=now).breached == ("ttft",)
+    first = rollout_analyze(rollout, now=now)
+    assert first is not None and first.breached == ("ttft",)
     quiet = rollout_analyze(rollout, now=now + dt.timedelta(seconds=10))
     assert quiet is not None and quiet.action == "hold" and not quiet.breached
     rollout.refresh_from_db()
@@ -268,8 +269,8 @@ def test_a_canary_that_costs_twice_per_token_is_held_back(versions, world):
         _served(world, base, n=30, at=now - dt.timedelta(seconds=30), ttft_ms=20, itl_ms=10)
         _served(world, canary, n=30, at=now - dt.timedelta(seconds=30), ttft_ms=40, itl_ms=20)
         verdict = rollout_analyze(rollout, now=now)
-        assert verdict is not None and verdict.action == "hold", verdict.reason
-        assert not verdict.breached
+        assert verdict is not None
+        assert verdict.action == "hold" and not verdict.breached, verdict.reason
         assert "serving cost" in verdict.reason
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.RUNNING and rollout.percent == 10 and rollout.cost_held
