@@ -2,7 +2,7 @@
 
 On this machine: one frontend, the usage ingester, and two workers of the demo model: the
 alias `drill-chat`'s (its own version) and its fallback `tiny-chat`'s. Two tenants stream
-64-token chats from `drill-chat`, `--rate` (4) a second each, whether or not earlier ones
+64-token chats from `drill-chat`, `--rate` (1) a second each, whether or not earlier ones
 ended (open loop: closed-loop clients would stop sending while theirs wait). After a warm-up
 the engine core inside the alias's worker is killed (SIGKILL, as the kernel's OOM killer
 would): the worker ends the streams it held `worker_lost`, claims nothing while it starts its
@@ -18,7 +18,7 @@ shipped:
 
 Writes its section of docs/benchmarks.md, docs/img/breaker.png and docs/bench-data/breaker.json.
 
-    .venv/bin/python bench/breaker.py [--rate 4] [--warmup 15]
+    .venv/bin/python bench/breaker.py [--rate 1] [--warmup 15]
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from bench.common import (  # noqa: E402
 )
 
 ALIAS, FALLBACK = "drill-chat", "tiny-chat"
+SENDING: list[threading.Thread] = []  # every request's thread
 
 
 @dataclass
@@ -125,7 +126,9 @@ def _arrivals(
     (a closed loop would stop sending while its requests wait out an outage)."""
     next_at = time.monotonic()
     while not stopping.is_set():
-        threading.Thread(target=_one, args=(base_url, tenant, key, answers), daemon=True).start()
+        thread = threading.Thread(target=_one, args=(base_url, tenant, key, answers), daemon=True)
+        thread.start()
+        SENDING.append(thread)
         next_at += 1 / rate
         time.sleep(max(0.0, next_at - time.monotonic()))
 
@@ -151,7 +154,7 @@ def _engine_up_at(log: Path) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rate", type=float, default=4.0, help="requests a second per tenant")
+    parser.add_argument("--rate", type=float, default=1.0, help="requests a second per tenant")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds before the kill")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs")
     args = parser.parse_args()
@@ -232,7 +235,7 @@ def main() -> None:
             for thread in threads:
                 thread.join(10)
             deadline = time.time() + 150
-            while threading.active_count() > 1 and time.time() < deadline:
+            while any(t.is_alive() for t in SENDING) and time.time() < deadline:
                 time.sleep(0.5)  # the last requests end
             from billing.models import UsageRecord
 
