@@ -308,15 +308,43 @@ def _report(
             "billed_twice": twice,
         },
     )
+    section_write(
+        args.docs,
+        "breaker",
+        _section(
+            rate=args.rate,
+            warmup=args.warmup,
+            to_elsewhere=to_elsewhere,
+            how=how,
+            to_up=to_up,
+            to_closed=to_closed,
+            usage=f"{missing} / {twice} of {len(admitted)}",
+            outcomes=dict(outcomes),
+        ),
+    )
+    progress(f"wrote {args.docs / 'benchmarks.md'} and {plot}")
+
+
+def _section(
+    *,
+    rate: float,
+    warmup: float,
+    to_elsewhere: float | None,
+    how: str,
+    to_up: float | None,
+    to_closed: float | None,
+    usage: str,
+    outcomes: dict[str, int],
+) -> str:
+    """The drill's section of docs/benchmarks.md."""
     rows = "\n".join(f"| {name} | {n} |" for name, n in sorted(outcomes.items()))
-    usage = f"{missing} / {twice} of {len(admitted)}"
     text = f"""
 ## Breaker drill
 
 `bench/breaker.py`: one frontend, the usage ingester and two workers of the demo model on this
 machine, the alias `drill-chat`'s and its fallback `tiny-chat`'s. Two tenants stream 64-token
-chats from `drill-chat`, {args.rate:g} a second each (open loop); after
-{args.warmup:g} s the engine core inside the alias's worker is killed (SIGKILL). Breakers and
+chats from `drill-chat`, {rate:g} a second each (open loop); after
+{warmup:g} s the engine core inside the alias's worker is killed (SIGKILL). Breakers and
 admission as shipped (a tenant's breaker opens at half of at least 10 requests failed in 30 s,
 for 15 s; two tenants' breakers holding send every tenant on).
 
@@ -334,14 +362,13 @@ for 15 s; two tenants' breakers holding send every tenant on).
 ![Breaker drill timeline](img/breaker.png)
 
 `worker_lost` are the streams the engine held when it died: each ends once, with an error
-event, and is billed for what it made. While the worker starts its engine again it reports no
-free slot, so admission refuses the alias's requests at once as it would for a deployment with
-no live worker, and an alias with a fallback sends them there (`model_unavailable` or
+event, and is billed for what it made. While the worker starts its engine again it is out of
+the live set, so admission refuses the alias's requests at once as it does for a deployment
+with no live worker, and an alias with a fallback sends them there (`model_unavailable` or
 `deadline_unattainable` above); the breakers open only where the alias's own workers keep
 taking requests and failing them.
 """
-    section_write(args.docs, "breaker", text)
-    progress(f"wrote {args.docs / 'benchmarks.md'} and {plot}")
+    return text
 
 
 def _plot(
