@@ -27,7 +27,6 @@ import argparse
 import collections
 import datetime as dt
 import json
-import re
 import sys
 import tempfile
 import threading
@@ -40,11 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-import psutil  # noqa: E402
 
 from bench.common import (  # noqa: E402
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
+    engine_core,
     platform_stop,
     plot_path,
     prepare_roundhouse,
@@ -133,16 +132,6 @@ def _arrivals(
         time.sleep(max(0.0, next_at - time.monotonic()))
 
 
-def _engine_core(worker_pid: int, log: Path) -> psutil.Process:
-    """The worker's engine core (its log lines name it: "(EngineCore pid=N)")."""
-    pids = re.findall(r"\(EngineCore pid=(\d+)\)", log.read_text(errors="replace"))
-    children = {c.pid: c for c in psutil.Process(worker_pid).children(recursive=True)}
-    live = [int(pid) for pid in pids if int(pid) in children]
-    if not live:
-        raise SystemExit("the alias's worker has no engine process")
-    return children[live[-1]]
-
-
 def _engine_up_at(log: Path) -> float | None:
     """When the worker said its engine was up again (wall clock), from its JSON log."""
     for line in log.read_text(errors="replace").splitlines():
@@ -215,7 +204,9 @@ def main() -> None:
             for thread in threads:
                 thread.start()
             time.sleep(args.warmup)
-            core = _engine_core(drill_worker.pid, log)
+            core = engine_core(drill_worker.pid, log)
+            if core is None:
+                raise SystemExit("the alias's worker has no engine process")
             killed_at = time.time()
             core.kill()
             progress("killed the alias's engine core")

@@ -256,6 +256,15 @@ def spawn(
     )
 
 
+def engine_core(worker_pid: int, log: Path) -> psutil.Process | None:
+    """A worker's engine core, the child process vLLM runs its engine in (the worker's log
+    names it, "(EngineCore pid=N)"), or None while it has none."""
+    pids = re.findall(r"\(EngineCore pid=(\d+)\)", log.read_text(errors="replace"))
+    children = {c.pid: c for c in psutil.Process(worker_pid).children(recursive=True)}
+    live = [int(pid) for pid in pids if int(pid) in children]
+    return children[live[-1]] if live else None
+
+
 def stop(popens: list[subprocess.Popen[bytes]]) -> None:
     for popen in popens:
         if popen.poll() is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -31,6 +30,7 @@ import httpx
 import psutil
 import pytest
 
+from bench.common import engine_core
 from tests.conftest import (
     ALIAS,
     Process,
@@ -96,16 +96,6 @@ def drill(
                 process.popen.wait(timeout=30)
             except Exception:
                 os.killpg(process.popen.pid, signal.SIGKILL)
-
-
-def _engine_core(worker: Process) -> psutil.Process:
-    """The worker's engine core: the child process vLLM runs its engine in (its log lines
-    name it, "(EngineCore pid=N)")."""
-    pids = re.findall(r"\(EngineCore pid=(\d+)\)", worker.log.read_text(errors="replace"))
-    children = {c.pid: c for c in psutil.Process(worker.popen.pid).children(recursive=True)}
-    live = [int(pid) for pid in pids if int(pid) in children]
-    assert live, f"the worker has no engine process:\n{worker.tail()}"
-    return children[live[-1]]
 
 
 def _stream(base_url: str, key: str, out: dict[str, Any], started: threading.Event) -> None:
@@ -189,7 +179,8 @@ def test_an_engine_that_dies_under_two_tenants_sends_them_to_the_fallback_and_ba
     while min(running("drill-a"), running("drill-b")) < 3:
         assert time.monotonic() < deadline, (streams, worker.tail())
         time.sleep(0.02)
-    core = _engine_core(worker)
+    core = engine_core(worker.popen.pid, worker.log)
+    assert core is not None, f"the worker has no engine process:\n{worker.tail()}"
     killed.set()
     core.kill()
     # The breakers counted those ends: both tenants' opened, so the deployment is failing for
