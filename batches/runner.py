@@ -50,7 +50,7 @@ from batches.services import (
     counts_refresh,
 )
 from config.db import db_call
-from dataplane.background import settle
+from dataplane.background import event_wait, settle
 from dataplane.frontdoor import FrontDoor
 from dataplane.keys import batch_lease_key
 from dataplane.quotas import Usage
@@ -83,6 +83,8 @@ _RETRY_LATER = {
 }
 # How long the end of a step waits for submissions under way and the work they spawned.
 _SUBMIT_WAIT_SECONDS = 10.0
+# How long a step's lease keeper gets to finish a renewal under way once the step ends.
+_KEEPER_STOP_SECONDS = 5.0
 _WAITING_LOOKED_AT = 8  # of the batches that may wait, the least recently stepped
 
 
@@ -107,6 +109,7 @@ class BatchRun:
         self.submitting: set[asyncio.Future[Submitted]] = set()
         self.retry_at = 0.0  # monotonic: no new lines before this (after a "not now")
         self.lease_lost = False
+        self.stepped = asyncio.Event()  # set when the step ends: its lease keeper stops
         self.began = timezone.now()
         self.yield_after = time.monotonic() + settings.ROUNDHOUSE_BATCH_STEP_LEAST_SECONDS
 
@@ -130,9 +133,14 @@ class BatchRun:
                             exc_info=True)  # fmt: skip
             raise
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            # Told to stop rather than cancelled: a cancel landing inside a Redis command
+            # came out as a connection error, and the keeper renewed the lease for ever.
+            self.stepped.set()
+            await asyncio.wait([keeper], timeout=_KEEPER_STOP_SECONDS)
+            if not keeper.done():
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
 
     async def _advance(self) -> bool:
         if self.batch.status == BatchStatus.VALIDATING:
@@ -202,14 +210,15 @@ class BatchRun:
         stops taking lines and ends as if its time were up.
         """
         assert self.lock.timeout is not None, "a batch's lease has a length"
-        while True:
-            await asyncio.sleep(self.lock.timeout / 3)
+        while not await event_wait(self.stepped, self.lock.timeout / 3):
             try:
                 await self.lock.reacquire()
             except LockNotOwnedError:
                 self.lease_lost = True
                 return
             except RedisError:
+                if self.stepped.is_set():
+                    return  # the step ended meanwhile: nothing left to renew
                 # Redis unreachable for a moment: the lease may still hold; try again.
                 log.warning("batch %s: could not renew its lease", self.batch.id, exc_info=True)
 
