@@ -142,6 +142,15 @@ class RefreshingCache(Generic[K, V]):
 
 _caches: dict[str, list[RefreshingCache[Any, Any]]] = {}
 _listener: asyncio.Task[None] | None = None
+# Called with a key's public id once its revocation (or narrowing) message arrives, after the
+# caches forgot it: an open socket is checked again then, not at its next periodic check.
+_revocation_hooks: list[Callable[[str], None]] = []
+
+
+def revocation_hook_add(hook: Callable[[str], None]) -> None:
+    """Call `hook(public_id)` on this process's loop whenever a key is revoked (once per hook)."""
+    if hook not in _revocation_hooks:
+        _revocation_hooks.append(hook)
 
 
 def change_received(kind: str) -> None:
@@ -161,6 +170,11 @@ def revocation_received(public_id: str) -> None:
     """Forget a revoked key at once: it must not be served even while a reload runs."""
     for cache in _caches.get("keys", []):
         cache.drop(public_id)
+    for hook in _revocation_hooks:
+        try:
+            hook(public_id)
+        except Exception:
+            log.warning("a revocation hook failed for %s", public_id, exc_info=True)
 
 
 def _listener_ensure() -> None:

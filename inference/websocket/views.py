@@ -55,6 +55,7 @@ from inference.pipeline.admission import request_ended, request_failure, request
 from inference.pipeline.auth import Principal, authenticate
 from inference.pipeline.clients import dispatch_get
 from inference.pipeline.collect import events_close
+from inference.pipeline.control_cache import revocation_hook_add
 from inference.pipeline.preprocessing import preprocessed
 from inference.pipeline.submission import generation_submit
 from inference.websocket.format import close_code, delta_message
@@ -485,17 +486,32 @@ _checker: asyncio.Task[None] | None = None
 CHECKER = "websocket_keys"
 
 
+# Set when a key's revocation reaches this process: the checker runs at once.
+_revoked = asyncio.Event()
+
+
 def _checker_ensure() -> None:
     """Start this process's key checker in the running loop, unless one runs there already."""
-    global _checker
+    global _checker, _revoked
     loop = asyncio.get_running_loop()
     if _checker is None or _checker.done() or _checker.get_loop() is not loop:
+        _revoked = asyncio.Event()
+        revocation_hook_add(_revocation_heard)
         _checker = spawn(supervise(CHECKER, _keys_check_forever), name=CHECKER, lasting=True)
+
+
+def _revocation_heard(public_id: str) -> None:
+    """A key was revoked: check the open sockets now, not at the next periodic check."""
+    if _checker is not None and not _checker.done():
+        with contextlib.suppress(RuntimeError):
+            if _checker.get_loop() is asyncio.get_running_loop():
+                _revoked.set()
 
 
 async def _keys_check_forever() -> None:
     while True:
-        await asyncio.sleep(settings.ROUNDHOUSE_WS_KEY_CHECK_SECONDS)
+        await event_wait(_revoked, settings.ROUNDHOUSE_WS_KEY_CHECK_SECONDS)
+        _revoked.clear()
         await sockets_check()
         loop_ok(CHECKER)
 

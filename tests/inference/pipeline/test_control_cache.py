@@ -7,6 +7,7 @@ import pytest
 from dataplane.changes import ACCESS, POLICIES, ROUTES, change_publish
 from dataplane.keys import CONTROL_CHANGES_CHANNEL
 from dataplane.redis_client import control_sync_client
+from inference.pipeline import control_cache
 from inference.pipeline.control_cache import RefreshingCache, change_received, revocation_received
 from models_registry.models import Alias
 
@@ -135,6 +136,31 @@ async def test_a_revocation_drops_the_key_at_once():
     source.value = "revoked"
     revocation_received("pub123")
     assert await cache.get("pub123") == "pub123:revoked"
+
+
+async def test_a_revocation_calls_the_hooks_after_the_caches_forgot_the_key():
+    source = Source()
+    cache = RefreshingCache(source.load, ttl=lambda: 3600.0, grace=60.0, kind="keys")
+    await cache.get("pub9")
+    source.value = "revoked"
+    heard: list[str] = []
+
+    def hook(public_id: str) -> None:
+        heard.append(public_id)
+
+    def broken(public_id: str) -> None:
+        raise RuntimeError("one hook failing stops none of the others")
+
+    control_cache.revocation_hook_add(broken)
+    control_cache.revocation_hook_add(hook)
+    control_cache.revocation_hook_add(hook)  # added once
+    try:
+        revocation_received("pub9")
+        assert heard == ["pub9"]
+        assert await cache.get("pub9") == "pub9:revoked"
+    finally:
+        control_cache._revocation_hooks.remove(broken)
+        control_cache._revocation_hooks.remove(hook)
 
 
 def test_saving_a_route_source_publishes_a_change_once_the_transaction_commits(
