@@ -136,6 +136,13 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_M
 _KILLED = frozenset({-signal.SIGKILL, 128 + signal.SIGKILL})
 
 
+def engine_died(error: BaseException) -> bool:
+    """Whether `error` is vLLM's word that its engine core is gone, not one request's failure."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return isinstance(error, EngineDeadError)
+
+
 def engine_death_reason(exit_codes: Iterable[int | None], error: BaseException | None) -> str:
     """Why an engine died: `oom` (killed for memory, or out of it), else `crash`.
 
@@ -445,9 +452,7 @@ class VllmEngine:
 
     def death(self, error: BaseException) -> str | None:
         """Why the engine core died, if `error` is vLLM's word that it did."""
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        if not isinstance(error, EngineDeadError):
+        if not engine_died(error):
             return None
         resources = getattr(getattr(self._llm, "engine_core", None), "resources", None)
         manager = getattr(resources, "engine_manager", None)

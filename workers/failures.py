@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dataplane.types import Failed, Job, Status
 from workers.adapters import AdapterError
 from workers.batcher import DeadlineUnattainable
-from workers.engine import RequestRefused
+from workers.engine import RequestRefused, engine_died
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ def failure_of(exc: BaseException, *, job: Job, engine: str) -> Failure:
     if isinstance(exc, AdapterError):
         log.warning("request %s: %s", job.request_id, exc)
         return Failure(Status.ERROR, "adapter_unavailable", str(exc))
-    if _engine_died(exc):
+    # Every request the engine held ends so, as when their worker dies: the request did
+    # nothing wrong and its client may retry, and breakers and SLIs count it as the platform's.
+    if engine_died(exc):
         log.error("request %s: the %s died under it", job.request_id, engine, exc_info=exc)
         return Failure(
             Status.WORKER_LOST,
@@ -76,17 +78,6 @@ def failure_of(exc: BaseException, *, job: Job, engine: str) -> Failure:
     return Failure(
         Status.ERROR, "engine_error", f"the {engine} failed: {type(exc).__name__}", fatal
     )
-
-
-def _engine_died(exc: BaseException) -> bool:
-    """Whether `exc` is vLLM's word that its engine core is gone, not one request's failure.
-
-    Every request the engine held ends so, as when their worker dies: the request did
-    nothing wrong and its client may retry, and breakers and SLIs count it as the platform's.
-    """
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    return isinstance(exc, EngineDeadError)
 
 
 def failure_stopped() -> Failure:
