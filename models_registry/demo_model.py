@@ -1,14 +1,26 @@
-"""Build a tiny, deterministic Llama-architecture chat model from local data only."""
+"""Build a tiny, deterministic Llama-architecture chat model from local data only.
+
+The model is trained for a few minutes on synthetic conversations (demo_conversations,
+demo_training) so that it answers briefly, calls tools and writes JSON that closes. The result
+is cached under the data directory, keyed by the builder's source and the seed, so a machine
+pays for the training once.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import sysconfig
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models_registry.demo_training import demo_model_train
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -143,24 +155,66 @@ NUM_LAYERS = 2
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
 MAX_POSITION_EMBEDDINGS = 2048
+# The builder's own modules: a change to any of them is a new model, so a new cache entry.
+BUILDER_MODULES = ("demo_model.py", "demo_conversations.py", "demo_training.py")
 
 
 def demo_model_build(*, out_dir: Path, seed: int = 0) -> Path:
-    """Build the demo model into out_dir atomically and return out_dir."""
+    """Build the demo model into out_dir atomically and return out_dir.
+
+    A model built before on this machine from the same builder source and seed is copied from
+    the cache; otherwise it is built, trained and added to the cache.
+    """
     out_dir = Path(out_dir).resolve()
     if out_dir.exists():
         msg = f"{out_dir} already exists"
         raise FileExistsError(msg)
+    cached = demo_model_cache_dir(seed=seed)
+    if not (cached / "config.json").exists():
+        try:
+            _build_atomically(cached, lambda target: _write_model_files(target, seed=seed))
+        except PermissionError:
+            # A read-only data directory (an image's): build without keeping a copy.
+            _build_atomically(out_dir, lambda target: _write_model_files(target, seed=seed))
+            return out_dir
+    _build_atomically(out_dir, lambda target: shutil.copytree(cached, target, dirs_exist_ok=True))
+    return out_dir
+
+
+def demo_model_cache_dir(*, seed: int) -> Path:
+    """Return where the model built from this source and seed is cached (it may not exist).
+
+    ROUNDHOUSE_DEMO_MODEL_CACHE names the folder (the test session points it at the checkout's
+    own, since it gives each session a fresh data directory); otherwise it is under the data
+    directory.
+    """
+    digest = hashlib.sha256(f"seed={seed}\n".encode())
+    here = Path(__file__).resolve().parent
+    for name in BUILDER_MODULES:
+        digest.update((here / name).read_bytes())
+    root = os.environ.get("ROUNDHOUSE_DEMO_MODEL_CACHE")
+    if root is None:
+        data_dir = Path(os.environ.get("ROUNDHOUSE_DATA_DIR", here.parent / ".data"))
+        root = str(data_dir / "cache" / "demo-model")
+    return Path(root) / digest.hexdigest()[:16]
+
+
+def _build_atomically(out_dir: Path, write: Callable[[Path], object]) -> None:
+    """Write into a temporary sibling of out_dir, then rename it into place."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write_model_files(tmp_dir, seed=seed)
+        write(tmp_dir)
         _make_readable(tmp_dir)
         tmp_dir.rename(out_dir)
+    except OSError:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        # Another process filled the same cache entry first: theirs is as good as ours.
+        if not (out_dir / "config.json").exists():
+            raise
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
-    return out_dir
 
 
 def _make_readable(target: Path) -> None:
@@ -174,8 +228,9 @@ def _make_readable(target: Path) -> None:
 def _write_model_files(target: Path, *, seed: int) -> None:
     """Write tokenizer, weights, config and generation config into target."""
     tokenizer = _train_tokenizer(_corpus_paths())
-    _wrap_tokenizer(tokenizer).save_pretrained(str(target))
-    _save_model(target, seed=seed, token_ids=_special_token_ids(tokenizer))
+    hf_tokenizer = _wrap_tokenizer(tokenizer)
+    hf_tokenizer.save_pretrained(str(target))
+    _save_model(target, seed=seed, token_ids=_special_token_ids(tokenizer), tokenizer=hf_tokenizer)
 
 
 def _corpus_paths() -> list[Path]:
@@ -252,8 +307,14 @@ def _special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
     return ids
 
 
-def _save_model(target: Path, *, seed: int, token_ids: dict[str, int]) -> None:
-    """Randomly initialise the Llama model from seed and save it to target."""
+def _save_model(
+    target: Path,
+    *,
+    seed: int,
+    token_ids: dict[str, int],
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Initialise the Llama model from seed, train it and save it to target."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -275,6 +336,7 @@ def _save_model(target: Path, *, seed: int, token_ids: dict[str, int]) -> None:
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float()
+    demo_model_train(model=model, tokenizer=tokenizer, seed=seed)
     model.generation_config = GenerationConfig(
         bos_token_id=token_ids[BOS_TOKEN],
         eos_token_id=eos_ids,
@@ -286,9 +348,9 @@ def _save_model(target: Path, *, seed: int, token_ids: dict[str, int]) -> None:
 def whitespace_token_ids(model_dir: Path) -> list[int]:
     """The demo tokenizer's tokens that are only whitespace (not its special tokens).
 
-    The demo model's weights are random: under a JSON grammar its likeliest token is
-    whitespace forever, so demos, tests and benchmarks of structured output bias these away
-    (`logit_bias` -100) to reach a complete object.
+    The conformance cases and bench/structured.py bias these away (`logit_bias` -100), from
+    when the demo model's weights were random and under a JSON grammar its likeliest token
+    was whitespace forever.
     """
     from tokenizers import Tokenizer
 

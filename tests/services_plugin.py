@@ -21,6 +21,8 @@ import pytest
 from embedded.servers import ServiceConfig, services_start, services_stop
 from embedded.valkey_cluster import Cluster, cluster_start, cluster_stop
 
+CHECKOUT = Path(__file__).resolve().parent.parent
+
 SERVICES_HOST = "127.0.0.7"
 CLUSTER_HOSTS = ("127.0.0.8", "127.0.0.9", "127.0.0.10")
 
@@ -53,6 +55,9 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
             os.environ["CONTROL_REDIS_URL"] = endpoints.redis_url
             os.environ["REDIS_URL"] = cluster.url
             os.environ["REDIS_CLUSTER"] = "1"
+        # The trained demo model outlives the session: keep it where `make demo` keeps it.
+        kept = Path(os.environ.get("ROUNDHOUSE_DATA_DIR", CHECKOUT / ".data"))
+        os.environ.setdefault("ROUNDHOUSE_DEMO_MODEL_CACHE", str(kept / "cache" / "demo-model"))
         os.environ["ROUNDHOUSE_DATA_DIR"] = str(_root)
         os.environ["ROUNDHOUSE_ARTIFACT_ROOT"] = str(_root / "artifacts")
     return (yield)

@@ -2,8 +2,7 @@
 
 `with_structured_output` and `bind_tools` are how LangChain users ask for JSON and tool calls;
 every field LangChain sends must be one the platform honours (an unknown one is refused). The
-demo model's weights are random, so requests push the tokenizer's whitespace tokens away
-with `logit_bias` (see tests/e2e/test_openai_sdk_tools.py).
+demo model was trained to close what a grammar opens, so no request needs a `logit_bias`.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from models_registry.demo_model import whitespace_token_ids
 from tests.conftest import ALIAS
 
 
@@ -32,8 +30,7 @@ class GetTime(BaseModel):
 
 
 @pytest.fixture
-def chat(stack, world, demo_model_dir) -> ChatOpenAI:
-    no_ws = {token_id: -100 for token_id in whitespace_token_ids(demo_model_dir)}
+def chat(stack, world) -> ChatOpenAI:
     return ChatOpenAI(
         model=ALIAS,
         base_url=f"{stack.base_url}/v1",
@@ -41,7 +38,6 @@ def chat(stack, world, demo_model_dir) -> ChatOpenAI:
         max_retries=0,
         temperature=0,
         max_completion_tokens=64,
-        logit_bias=no_ws,
     )
 
 

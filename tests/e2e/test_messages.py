@@ -3,8 +3,9 @@
 A message whole and streamed, a stop sequence, a tool round trip in the history, streamed
 tool_use blocks, count_tokens, exact usage records, errors in Anthropic's shape (the SDK's own
 exception classes), the key as `x-api-key` or as a bearer token, and a refusal of what is not
-built. The demo model's weights are random: the tests check shapes, counts and what the
-request asked for, not what the model says.
+built. The demo model is tiny: the tests check shapes, counts and what the request asked
+for, and of what it says only the formats it was trained to write (a forced call's input
+that follows the tool's schema, a short answer that ends the turn).
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ def test_a_message_is_answered_and_billed_exactly(sdk, usage_of):
     assert message.type == "message" and message.role == "assistant"
     assert message.id == f"msg_{raw.headers['x-request-id']}"
     assert [block.type for block in message.content] == ["text"]
-    assert message.stop_reason == "max_tokens" and message.stop_sequence is None
-    assert message.usage.output_tokens == 6
+    # The demo model greets back and ends its turn before max_tokens.
+    assert message.stop_reason == "end_turn" and message.stop_sequence is None
+    assert 0 < message.usage.output_tokens < 6
     (record,) = usage_of(raw.headers["x-request-id"])
     assert record.endpoint == "messages"
-    assert record.completion_tokens == 6
+    assert record.completion_tokens == message.usage.output_tokens
     usage = message.usage
     prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
     assert record.prompt_tokens == prompt
@@ -161,6 +163,35 @@ def test_a_tool_round_trip_in_the_history_reaches_the_template(sdk, stack, world
         + (answer.usage.cache_creation_input_tokens)
         == counted.input_tokens
     )
+
+
+def test_a_forced_tool_is_used_and_its_result_answered_in_a_turn_that_ends(sdk):
+    # strict: as on vLLM's server, only a strict tool's schema constrains a forced call.
+    strict = {**WEATHER, "strict": True}
+    used = _ask(
+        sdk,
+        max_tokens=64,
+        tools=[strict],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    )
+    assert used.stop_reason == "tool_use"
+    [block] = [b for b in used.content if b.type == "tool_use"]
+    assert block.name == "get_weather"
+    assert isinstance(block.input, dict) and isinstance(block.input["city"], str)
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": "Sunny, 21C"}
+    answered = _ask(
+        sdk,
+        max_tokens=64,
+        tools=[strict],
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": used.content},
+            {"role": "user", "content": [result]},
+        ],
+    )
+    assert answered.stop_reason == "end_turn"
+    assert [b.type for b in answered.content] == ["text"] and answered.content[0].text.strip()
 
 
 def test_a_forced_tool_streams_as_a_tool_use_block(sdk):

@@ -1,9 +1,8 @@
 """The official openai SDK with tools, structured output, logprobs, choices and cached tokens.
 
 What a client team writes against vLLM's own server, run unchanged against Roundhouse. The
-demo model's weights are random: under a JSON grammar its likeliest token is whitespace
-forever, so the structured requests push the tokenizer's whitespace tokens away with
-`logit_bias` (what any client can send) to reach a complete object in a few dozen tokens.
+demo model was trained to close what a grammar opens, so the structured requests reach a
+complete object in a few dozen tokens as a client sends them, with no `logit_bias`.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
 from tests.conftest import ALIAS
 
 
@@ -49,19 +47,13 @@ def sdk(stack, world):
     return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
 
 
-@pytest.fixture
-def no_ws(whitespace_ids) -> dict[str, int]:  # noqa: F811 (the fixture imported above)
-    """A logit_bias that keeps the random model off whitespace inside JSON."""
-    return {str(token_id): -100 for token_id in whitespace_ids}
-
-
 def _arguments(call: Any) -> BaseModel:
     """A tool call's arguments, parsed as JSON and validated against its tool's schema."""
     assert call.type == "function" and call.id
     return ARGUMENTS[call.function.name].model_validate(json.loads(call.function.arguments))
 
 
-def test_named_tool_call(sdk, no_ws):
+def test_named_tool_call(sdk):
     completion = sdk.chat.completions.create(
         model=ALIAS,
         messages=ASK,
@@ -69,7 +61,6 @@ def test_named_tool_call(sdk, no_ws):
         tool_choice=NAMED,
         temperature=0,
         max_tokens=64,
-        logit_bias=no_ws,
     )
     [choice] = completion.choices
     [call] = choice.message.tool_calls
@@ -79,7 +70,7 @@ def test_named_tool_call(sdk, no_ws):
     assert choice.finish_reason == "stop"  # a named function keeps the engine's reason
 
 
-def test_required_tool_choice(sdk, no_ws):
+def test_required_tool_choice(sdk):
     completion = sdk.chat.completions.create(
         model=ALIAS,
         messages=ASK,
@@ -88,7 +79,6 @@ def test_required_tool_choice(sdk, no_ws):
         parallel_tool_calls=False,
         temperature=0,
         max_tokens=64,
-        logit_bias=no_ws,
     )
     [choice] = completion.choices
     [call] = choice.message.tool_calls
@@ -97,7 +87,7 @@ def test_required_tool_choice(sdk, no_ws):
     assert choice.finish_reason == "tool_calls"
 
 
-def test_streamed_tool_call_reassembled_by_the_sdk(sdk, no_ws):
+def test_streamed_tool_call_reassembled_by_the_sdk(sdk):
     events = []
     with sdk.chat.completions.stream(
         model=ALIAS,
@@ -106,7 +96,6 @@ def test_streamed_tool_call_reassembled_by_the_sdk(sdk, no_ws):
         tool_choice=NAMED,
         temperature=0,
         max_tokens=64,
-        logit_bias=no_ws,
         stream_options={"include_usage": True},
     ) as stream:
         events = list(stream)
@@ -122,7 +111,7 @@ def test_streamed_tool_call_reassembled_by_the_sdk(sdk, no_ws):
     assert final.usage is not None and final.usage.completion_tokens > 0
 
 
-def test_conversation_with_a_tool_result(sdk, no_ws):
+def test_conversation_with_a_tool_result(sdk):
     """An assistant's tool call and the tool's answer in the history reach the prompt."""
     called = [
         *ASK,
@@ -155,20 +144,18 @@ def test_conversation_with_a_tool_result(sdk, no_ws):
         tool_choice=NAMED,
         temperature=0,
         max_tokens=64,
-        logit_bias=no_ws,
     )
     [call] = follow_up.choices[0].message.tool_calls
     assert isinstance(_arguments(call), GetTime)
 
 
-def test_parse_into_a_pydantic_model(sdk, no_ws):
+def test_parse_into_a_pydantic_model(sdk):
     completion = sdk.chat.completions.parse(
         model=ALIAS,
         messages=[{"role": "user", "content": "Is a queue a list?"}],
         response_format=Verdict,
         temperature=0,
         max_tokens=32,
-        logit_bias=no_ws,
     )
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "stop"
@@ -176,16 +163,13 @@ def test_parse_into_a_pydantic_model(sdk, no_ws):
     assert message.parsed == Verdict.model_validate_json(message.content)
 
 
-def test_json_object(sdk, no_ws):
+def test_json_object(sdk):
     completion = sdk.chat.completions.create(
         model=ALIAS,
         messages=[{"role": "user", "content": "hello"}],
         response_format={"type": "json_object"},
-        # Greedy, the random model writes one endless key; this seed closes the object.
-        temperature=1,
-        seed=0,
+        temperature=0,
         max_tokens=64,
-        logit_bias=no_ws,
     )
     [choice] = completion.choices
     assert choice.finish_reason == "stop"

@@ -12,7 +12,7 @@ from models_registry.demo_model import demo_model_build
 
 
 class Command(BaseCommand):
-    help = "Build the tiny demo chat model (Llama architecture, random weights, local tokenizer)."
+    help = "Build the tiny demo chat model (Llama architecture, trained on the CPU, local data)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -21,7 +21,9 @@ class Command(BaseCommand):
             default=None,
             help="output directory (default: DATA_DIR/models/tiny-llama)",
         )
-        parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+        parser.add_argument(
+            "--seed", type=int, default=0, help="seed of the weights and the training data"
+        )
         parser.add_argument("--force", action="store_true", help="rebuild even if present")
 
     def handle(self, *args: Any, **options: Any) -> None:
