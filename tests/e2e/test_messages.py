@@ -194,6 +194,35 @@ def test_a_forced_tool_is_used_and_its_result_answered_in_a_turn_that_ends(sdk):
     assert [b.type for b in answered.content] == ["text"] and answered.content[0].text.strip()
 
 
+def test_tool_choice_any_gets_a_call_that_fits_the_tools_schema(sdk):
+    # Strict, as the SDK's users mark a tool whose schema must hold (see above).
+    weather = {
+        **WEATHER,
+        "strict": True,
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    }
+    for temperature in (0.0, 0.7):
+        answer = _ask(
+            sdk,
+            max_tokens=64,
+            tools=[weather],
+            tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": "What is the weather in Lyon?"}],
+            extra_body={"temperature": temperature},
+        )
+        assert answer.stop_reason == "tool_use", answer
+        [call] = [block for block in answer.content if block.type == "tool_use"]
+        assert call.name == "get_weather"
+        assert isinstance(call.input, dict), call
+        assert isinstance(call.input.get("city"), str) and call.input.get("unit") in ("c", "f"), (
+            call
+        )
+
+
 def test_a_forced_tool_streams_as_a_tool_use_block(sdk):
     with sdk.messages.stream(
         model=ALIAS,

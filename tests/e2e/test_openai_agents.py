@@ -1,4 +1,5 @@
-"""OpenAI's Agents SDK against Roundhouse: an agent calls a tool, reads its result and ends.
+"""OpenAI's Agents SDK against Roundhouse: an agent calls a tool, reads its result and ends,
+over Chat Completions and over the Responses API.
 
 The agent is forced to call its tool first (`tool_choice: "required"`); the SDK then resets the
 choice, so the next turn, with the tool's result in the history, is the model's own: the
@@ -12,6 +13,7 @@ from agents import (
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
@@ -21,10 +23,12 @@ from openai import AsyncOpenAI
 from tests.conftest import ALIAS
 
 
-@pytest.fixture
-def model(stack, world) -> OpenAIChatCompletionsModel:
+@pytest.fixture(params=["chat_completions", "responses"])
+def model(request, stack, world) -> OpenAIChatCompletionsModel | OpenAIResponsesModel:
     set_tracing_disabled(True)  # nothing leaves the machine
     client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
+    if request.param == "responses":
+        return OpenAIResponsesModel(model=ALIAS, openai_client=client)
     return OpenAIChatCompletionsModel(model=ALIAS, openai_client=client)
 
 
