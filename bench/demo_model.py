@@ -13,7 +13,7 @@ for `response_format` json_schema that schema; for json_object vLLM's `json_obje
 - json_object: finishes with `stop` and is a JSON object (90 %);
 - plain chat: finishes with `stop` before 64 tokens (90 %).
 
-    .venv/bin/python bench/demo_model.py [--model DIR] [--prompts 100]
+    .venv/bin/python bench/demo_model.py [--model DIR] [--prompts 100] [--scenario NAME ...]
 
 Without --model it builds the demo model (from the cache when present). Prints the table;
 asserts nothing.
@@ -339,6 +339,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--show-failures", action="store_true")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(SCENARIOS),
+        help="run only this scenario (repeatable); all of them by default",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -363,6 +369,8 @@ def main() -> None:
     )
     rows = []
     for name, (make, target) in SCENARIOS.items():
+        if args.scenario and name not in args.scenario:
+            continue
         for temperature in TEMPERATURES:
             cases = make(args.prompts)
             passed, failures = scenario_run(llm, cases, temperature=temperature)

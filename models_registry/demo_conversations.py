@@ -110,12 +110,12 @@ def conversations_generate(*, count: int, seed: int) -> list[Conversation]:
     """Return count conversations drawn from seed, every kind mixed in fixed proportions."""
     rng = random.Random(seed)
     kinds = (
-        (_plain, 20),
-        (_hermes_call, 22),
-        (_after_tool_result, 12),
-        (_json_answer, 20),
-        (_required_array, 13),
-        (_named_arguments, 13),
+        (_plain, 19),
+        (_hermes_call, 19),
+        (_after_tool_result, 11),
+        (_json_answer, 22),
+        (_required_array, 19),
+        (_named_arguments, 10),
     )
     makers = [maker for maker, weight in kinds for _ in range(weight)]
     return [rng.choice(makers)(rng) for _ in range(count)]
@@ -228,9 +228,10 @@ def _request(rng: random.Random, tool: dict[str, Any], arguments: dict[str, Any]
 
 
 def _calls(
-    rng: random.Random, tools: list[dict[str, Any]]
+    rng: random.Random, tools: list[dict[str, Any]], *, two: float = 0.08
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    count = 2 if rng.random() < 0.08 else 1
+    """Return one call, or two with probability two, each with arguments for its schema."""
+    count = 2 if rng.random() < two else 1
     chosen = [rng.choice(tools) for _ in range(count)]
     return [(tool, _arguments(rng, tool["function"]["parameters"])) for tool in chosen]
 
@@ -318,13 +319,17 @@ def _json_answer(rng: random.Random) -> Conversation:
         else:
             content, messages = question, [{"role": "system", "content": ask}]
     else:
-        schema = _object_schema(rng, depth=0, low=1, high=4)
+        schema = _object_schema(rng, depth=0, low=1, high=5)
         value = _arguments(rng, schema)
         messages = _opening(rng)
-        if roll < 0.8:
+        if roll < 0.6:
             content = f"{ask} Fields: {', '.join(value)}." if value else ask
-        else:
+        elif roll < 0.72:
             content = f"{ask} Schema: {json.dumps(schema)}"
+        else:
+            # A json_schema grammar forces fields the prompt never names: after any value the
+            # next key or the closing brace must stay likelier than whitespace.
+            content = f"{_json_topic(rng)[0]} {ask}"
     messages += [
         {"role": "user", "content": content},
         {"role": "assistant", "content": json.dumps(value)},
@@ -354,8 +359,10 @@ def _json_topic(rng: random.Random) -> tuple[str, dict[str, Any]]:
 
 
 def _required_array(rng: random.Random) -> Conversation:
+    # The grammar lets the array go on after its first call: where one call answers, the
+    # model must close it, so a second call is rare here.
     tools = _tools(rng)
-    calls = _calls(rng, tools)
+    calls = _calls(rng, tools, two=0.02)
     array = [{"name": tool["function"]["name"], "parameters": args} for tool, args in calls]
     messages = [
         *_opening(rng),
