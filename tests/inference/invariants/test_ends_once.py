@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -56,6 +57,10 @@ from workers.generative import GenerativeWorker
 pytestmark = pytest.mark.django_db
 
 TOKENS = 4
+
+
+# Far past what a scenario takes (a second or two): only a hang reaches it.
+SCENARIO_SECONDS = 120
 
 
 class Boom(BaseException):
@@ -454,7 +459,26 @@ def test_every_admitted_request_ends_exactly_once_whatever_raises(
     assume(kind is not asyncio.CancelledError or stage in ("relay", "engine"))
     if how == "websocket" and stage == "idempotency queued":
         how = "sse"
-    asyncio.run(_scenario(lane, monkeypatch, stage, kind, how))
+    asyncio.run(_bounded(_scenario(lane, monkeypatch, stage, kind, how)))
+
+
+async def _bounded(scenario: Coroutine[Any, Any, None]) -> None:
+    """Run a scenario, failing with every task's stack if it has not ended in time.
+
+    pytest-timeout's alarm raises wherever the loop happens to be, and code that turns a
+    failure into an error event may take it for the injected one: a scenario that hung then
+    stalled the whole session instead of failing.
+    """
+    task = asyncio.ensure_future(scenario)
+    done, _ = await asyncio.wait([task], timeout=SCENARIO_SECONDS)
+    if not done:
+        stacks = io.StringIO()
+        for other in asyncio.all_tasks():
+            if other is not asyncio.current_task():
+                other.print_stack(file=stacks)
+        task.cancel()
+        pytest.fail(f"the scenario did not end in {SCENARIO_SECONDS} s:\n{stacks.getvalue()}")
+    task.result()
 
 
 def _raise_at_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
