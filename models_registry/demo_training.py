@@ -133,7 +133,7 @@ def demo_model_train(
 
     torch.manual_seed(seed)
     torch.set_num_threads(THREADS)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # nosec B311: shuffling training data, seeded to be repeatable
     examples = examples_render(
         conversations=conversations_generate(count=CONVERSATIONS, seed=seed),
         tokenizer=tokenizer,
