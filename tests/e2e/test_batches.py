@@ -594,7 +594,8 @@ def test_a_batch_of_responses_api_lines_answers_responses_and_stores_them(sdk, w
     output = {e["custom_id"]: e["response"] for e in _entries(sdk, batch.output_file_id)}
     kept, not_kept = output["kept"]["body"], output["not-kept"]["body"]
     assert kept["object"] == not_kept["object"] == "response"
-    assert kept["output_text"] and kept["usage"]["output_tokens"] == 6
+    # The trained model may end its answer before max_output_tokens.
+    assert kept["output_text"] and 0 < kept["usage"]["output_tokens"] <= 6
     # A stored line's response is there to fetch (and chain on) like any other.
     assert sdk.responses.retrieve(kept["id"]).output_text == kept["output_text"]
     with pytest.raises(openai.NotFoundError):
@@ -603,6 +604,8 @@ def test_a_batch_of_responses_api_lines_answers_responses_and_stores_them(sdk, w
     assert chained["error"]["param"] == "body.previous_response_id"
     records = usage_of(output["kept"]["request_id"], output["not-kept"]["request_id"])
     assert {r.priority for r in records} == {"batch"}
+    tokens = {r.request_id: r.completion_tokens for r in records}
+    assert tokens[output["kept"]["request_id"]] == kept["usage"]["output_tokens"]
 
 
 def test_files_go_a_page_at_a_time_are_deleted_and_expire_as_the_sdk_asks(stack, django_db_blocker):
