@@ -7,11 +7,10 @@ same engine settings, in two scenarios: `response_format` json_schema, and two t
 `tool_choice` "required", beside a control: the same chat with neither, which shows what any
 stream costs through the platform, so the scenarios' ratios read against it. All run at
 concurrency 1, 8 and 32, and we report aggregate output tokens/s and the ratio
-Roundhouse ÷ vLLM. The demo model's weights are random: under a JSON grammar its greedy choice
-is whitespace forever, so every request pushes the tokenizer's whitespace-only tokens away
-(logit_bias -100), and sets ignore_eos and max_tokens, so every stream on both sides is the
-same number of tokens. Both servers run side by side from one process tree; the rounds
-alternate which goes first.
+Roundhouse ÷ vLLM. Every request sets ignore_eos and max_tokens, so every stream on both sides
+is the same number of tokens, and pushes the tokenizer's whitespace-only tokens away
+(logit_bias -100), so that no stream fills up with whitespace inside the JSON. Both servers run
+side by side from one process tree; the rounds alternate which goes first.
 
 (2) The frontend's added time for a chat request carrying 20 tools (8 KB of JSON) over the
 same conversation without tools, measured in process on the frontend's own functions: the

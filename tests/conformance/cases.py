@@ -6,10 +6,10 @@ Add a case by adding a line: a unique name, the endpoint ("chat", "completions" 
 without `model`, and `stream=True` to send it as a stream (with `include_usage`). Keep answers
 deterministic (temperature 0, or a seed) and short (max_tokens of a few tokens).
 
-The demo model's weights are random. Two things follow: under a JSON grammar its greedy choice
-is whitespace forever, so structured and tool cases carry `logit_bias: NO_WS` (the tokenizer's
-whitespace tokens pushed away, expanded by the test); and the ids below (" head", "QUOT", ...)
-are what it says greedily to "hello", so stop and bias cases have something to act on.
+The demo model is trained to close JSON and tool calls, so structured and tool cases finish
+with `stop` inside their max_tokens, as a real model's would; and the ids below (" How",
+" can", ...) are what it says greedily to their prompts, so stop and bias cases have something
+to act on.
 """
 
 from __future__ import annotations
@@ -27,13 +27,9 @@ PATHS = {
 }
 
 # Token ids of the demo tokenizer (models_registry.demo_model builds it deterministically).
-HEAD, QUOT = 2755, 3568  # greedy chat answer to "hello": " headQUOT headQUOT ..."
-ENSURE, MIS = 2754, 3165  # greedy completion of "def main(args):": " ensuremismis..."
+HOW, CAN = 3979, 646  # greedy chat answer to "hello": "Hello! How can I help?"
+PRI, OR = 2319, 273  # greedy completion of "def main(args):": 'ge", "prior": "gy"}'
 IM_START, IM_END, EOS = 2, 3, 1  # <|im_start|>; <|im_end|> and <|end_of_text|> end a generation
-
-# In a logit_bias: the test replaces this key with every whitespace-only token of the tokenizer.
-WHITESPACE = "whitespace"
-NO_WS = {WHITESPACE: -100}
 
 HELLO = [{"role": "user", "content": "hello"}]
 DOCUMENTS = [
@@ -54,7 +50,7 @@ G = {"temperature": 0, "max_tokens": 8}  # greedy
 REPEATS = {"max_pattern_size": 8, "min_count": 3}
 S = {"temperature": 0.9, "seed": 7, "max_tokens": 8}  # sampled with a seed
 RUNNING = {"include_usage": True, "continuous_usage_stats": True}  # usage on every chunk
-GS = {"temperature": 0, "max_tokens": 24, "logit_bias": NO_WS}  # greedy, structured
+GS = {"temperature": 0, "max_tokens": 64}  # greedy, structured: room to close the object
 # A reasoning model's thinking, opened by the template and closed by the engine after 4 tokens.
 THINK = {
     "chat_template_kwargs": {"enable_thinking": True},
@@ -143,19 +139,19 @@ CASES = [
     Case("chat-min-p", CHAT, {**S, "temperature": 1.0, "min_p": 0.9, "messages": HELLO}),
     Case("chat-presence-frequency", CHAT, {**G, "max_tokens": 16, "presence_penalty": 1.5, "frequency_penalty": 1.0, "messages": HELLO}),
     Case("chat-repetition-penalty", CHAT, {**G, "max_tokens": 16, "repetition_penalty": 1.5, "messages": HELLO}),
-    Case("chat-logit-bias", CHAT, {**G, "logit_bias": {str(MIS): 50}, "messages": HELLO}),
-    Case("chat-stop", CHAT, {**G, "stop": ["QUOT"], "messages": HELLO}),
-    Case("chat-stop-stream", CHAT, {**G, "stop": ["QUOT"], "messages": HELLO}, stream=True),
-    Case("chat-stop-included", CHAT, {**G, "stop": ["QUOT"], "include_stop_str_in_output": True, "messages": HELLO}),
-    Case("chat-stop-included-stream", CHAT, {**G, "stop": ["QUOT"], "include_stop_str_in_output": True, "messages": HELLO}, stream=True),
-    Case("chat-stop-token-ids", CHAT, {**G, "stop_token_ids": [QUOT], "messages": HELLO}),
-    Case("chat-bad-words", CHAT, {**G, "bad_words": [" head"], "messages": HELLO}),
+    Case("chat-logit-bias", CHAT, {**G, "logit_bias": {str(OR): 50}, "messages": HELLO}),
+    Case("chat-stop", CHAT, {**G, "stop": [" can"], "messages": HELLO}),
+    Case("chat-stop-stream", CHAT, {**G, "stop": [" can"], "messages": HELLO}, stream=True),
+    Case("chat-stop-included", CHAT, {**G, "stop": [" can"], "include_stop_str_in_output": True, "messages": HELLO}),
+    Case("chat-stop-included-stream", CHAT, {**G, "stop": [" can"], "include_stop_str_in_output": True, "messages": HELLO}, stream=True),
+    Case("chat-stop-token-ids", CHAT, {**G, "stop_token_ids": [CAN], "messages": HELLO}),
+    Case("chat-bad-words", CHAT, {**G, "bad_words": ["help"], "messages": HELLO}),
     Case("chat-repetition-detection", CHAT, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "messages": HELLO}),
     Case("chat-repetition-detection-stream", CHAT, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "messages": HELLO}, stream=True),
     Case("chat-repetition-detection-forced", CHAT, {**G, "max_tokens": 32, "logit_bias": {"300": 100}, "repetition_detection": {"max_pattern_size": 2, "min_count": 4}, "messages": HELLO}),
     Case("chat-repetition-detection-off", CHAT, {**G, "repetition_detection": {"max_pattern_size": 0, "min_count": 0}, "messages": HELLO}),
-    Case("chat-allowed-token-ids", CHAT, {**G, "allowed_token_ids": [MIS, ENSURE, QUOT], "messages": HELLO}),
-    Case("chat-allowed-token-ids-stream", CHAT, {**G, "allowed_token_ids": [MIS, ENSURE], "messages": HELLO}, stream=True),
+    Case("chat-allowed-token-ids", CHAT, {**G, "allowed_token_ids": [OR, PRI, CAN], "messages": HELLO}),
+    Case("chat-allowed-token-ids-stream", CHAT, {**G, "allowed_token_ids": [OR, PRI], "messages": HELLO}, stream=True),
     Case("chat-add-special-tokens", CHAT, {**G, "add_special_tokens": True, "messages": HELLO}),
     Case("chat-template-kwargs", CHAT, {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": HELLO}),
     Case("chat-template-kwargs-stream", CHAT, {**G, "chat_template_kwargs": {"enable_thinking": False}, "messages": TURNS}, stream=True),
@@ -185,9 +181,9 @@ CASES = [
     Case("chat-n2", CHAT, {**S, "n": 2, "messages": HELLO}),
     Case("chat-n3-stream", CHAT, {**S, "n": 3, "messages": HELLO}, stream=True),
     # vLLM's logprob_token_ids: each position lists the sampled token and exactly these.
-    Case("chat-logprob-token-ids", CHAT, {**G, "logprobs": True, "logprob_token_ids": [HEAD, QUOT, IM_END], "messages": HELLO}),
-    Case("chat-logprob-token-ids-stream", CHAT, {**G, "logprobs": True, "logprob_token_ids": [MIS, IM_END], "messages": HELLO}, stream=True),
-    Case("chat-logprob-token-ids-n2", CHAT, {**S, "n": 2, "logprobs": True, "top_logprobs": 0, "logprob_token_ids": [HEAD, QUOT], "messages": HELLO}),
+    Case("chat-logprob-token-ids", CHAT, {**G, "logprobs": True, "logprob_token_ids": [HOW, CAN, IM_END], "messages": HELLO}),
+    Case("chat-logprob-token-ids-stream", CHAT, {**G, "logprobs": True, "logprob_token_ids": [OR, IM_END], "messages": HELLO}, stream=True),
+    Case("chat-logprob-token-ids-n2", CHAT, {**S, "n": 2, "logprobs": True, "top_logprobs": 0, "logprob_token_ids": [HOW, CAN], "messages": HELLO}),
     Case("chat-n2-logprobs", CHAT, {**S, "n": 2, "logprobs": True, "top_logprobs": 2, "messages": HELLO}),
     # --- chat: structured output --------------------------------------------------------------
     Case("chat-json-object", CHAT, {**GS, "response_format": {"type": "json_object"}, "messages": HELLO}),
@@ -214,7 +210,7 @@ CASES = [
     Case("chat-tools-named", CHAT, {**GS, "max_tokens": 64, "tools": TOOLS, "tool_choice": NAMED, "messages": ASK}),
     Case("chat-tools-named-stream", CHAT, {**GS, "max_tokens": 64, "tools": TOOLS, "tool_choice": NAMED, "messages": ASK}, stream=True),
     Case("chat-tools-named-loose", CHAT, {**GS, "max_tokens": 64, "tools": [LOOSE], "tool_choice": {"type": "function", "function": {"name": "get_news"}}, "messages": ASK}),
-    Case("chat-tools-required-n2", CHAT, {**GS, **S, "max_tokens": 64, "n": 2, "logit_bias": NO_WS, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "messages": ASK}),
+    Case("chat-tools-required-n2", CHAT, {**GS, **S, "max_tokens": 64, "n": 2, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "messages": ASK}),
     Case("chat-tools-history", CHAT, {**G, "tools": TOOLS, "messages": CALLED}),
     Case("chat-tools-history-stream", CHAT, {**G, "tools": TOOLS, "messages": CALLED}, stream=True),
     Case("chat-tools-history-named", CHAT, {**GS, "max_tokens": 64, "tools": TOOLS, "tool_choice": NAMED, "messages": CALLED}),
@@ -239,10 +235,10 @@ CASES = [
     Case("cmpl-seed-stream", COMPLETIONS, {**S, "prompt": PROMPT}, stream=True),
     Case("cmpl-long-prompt", COMPLETIONS, {**G, "prompt": LONG_PROMPT}),
     Case("cmpl-long-prompt-stream", COMPLETIONS, {**G, "prompt": LONG_PROMPT}, stream=True),
-    Case("cmpl-token-ids", COMPLETIONS, {**G, "prompt": [ENSURE, MIS, HEAD]}),
+    Case("cmpl-token-ids", COMPLETIONS, {**G, "prompt": [PRI, OR, HOW]}),
     Case("cmpl-list", COMPLETIONS, {**G, "prompt": [PROMPT, "hello", "import os"]}),
     Case("cmpl-list-stream", COMPLETIONS, {**G, "prompt": [PROMPT, "hello"]}, stream=True),
-    Case("cmpl-list-token-ids", COMPLETIONS, {**G, "prompt": [[ENSURE, MIS], [HEAD, QUOT, HEAD]]}),
+    Case("cmpl-list-token-ids", COMPLETIONS, {**G, "prompt": [[PRI, OR], [HOW, CAN, HOW]]}),
     Case("cmpl-n2", COMPLETIONS, {**S, "n": 2, "prompt": PROMPT}),
     Case("cmpl-n2-list-stream", COMPLETIONS, {**S, "n": 2, "prompt": [PROMPT, "hello"]}, stream=True),
     Case("cmpl-logprobs", COMPLETIONS, {**G, "logprobs": 3, "prompt": PROMPT}),
@@ -251,27 +247,27 @@ CASES = [
     Case("cmpl-echo", COMPLETIONS, {**G, "echo": True, "prompt": PROMPT}),
     Case("cmpl-echo-logprobs", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "prompt": PROMPT}),
     Case("cmpl-echo-logprobs-stream", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "prompt": PROMPT}, stream=True),
-    Case("cmpl-logprob-token-ids", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [ENSURE, MIS, EOS], "prompt": PROMPT}),
-    Case("cmpl-logprob-token-ids-stream", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [MIS], "prompt": PROMPT}, stream=True),
-    Case("cmpl-echo-logprob-token-ids", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "logprob_token_ids": [ENSURE, HEAD], "prompt": PROMPT}),
+    Case("cmpl-logprob-token-ids", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [PRI, OR, EOS], "prompt": PROMPT}),
+    Case("cmpl-logprob-token-ids-stream", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [OR], "prompt": PROMPT}, stream=True),
+    Case("cmpl-echo-logprob-token-ids", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "logprob_token_ids": [PRI, HOW], "prompt": PROMPT}),
     Case("cmpl-list-logprobs-n2", COMPLETIONS, {**S, "n": 2, "logprobs": 1, "prompt": [PROMPT, "hello"]}),
-    Case("cmpl-stop", COMPLETIONS, {**G, "stop": ["mis"], "prompt": PROMPT}),
-    Case("cmpl-stop-included", COMPLETIONS, {**G, "stop": ["mis"], "include_stop_str_in_output": True, "prompt": PROMPT}),
-    Case("cmpl-stop-token-ids", COMPLETIONS, {**G, "stop_token_ids": [MIS], "prompt": PROMPT}),
-    Case("cmpl-bad-words", COMPLETIONS, {**G, "bad_words": ["mis"], "prompt": PROMPT}),
+    Case("cmpl-stop", COMPLETIONS, {**G, "stop": ["pri"], "prompt": PROMPT}),
+    Case("cmpl-stop-included", COMPLETIONS, {**G, "stop": ["pri"], "include_stop_str_in_output": True, "prompt": PROMPT}),
+    Case("cmpl-stop-token-ids", COMPLETIONS, {**G, "stop_token_ids": [OR], "prompt": PROMPT}),
+    Case("cmpl-bad-words", COMPLETIONS, {**G, "bad_words": ["pri"], "prompt": PROMPT}),
     Case("cmpl-repetition-detection", COMPLETIONS, {**G, "max_tokens": 64, "repetition_detection": {**REPEATS, "min_pattern_size": 2}, "prompt": PROMPT}),
     Case("cmpl-repetition-detection-stream", COMPLETIONS, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "prompt": PROMPT}, stream=True),
-    Case("cmpl-allowed-token-ids", COMPLETIONS, {**S, "allowed_token_ids": [HEAD, QUOT, EOS], "prompt": PROMPT}),
+    Case("cmpl-allowed-token-ids", COMPLETIONS, {**S, "allowed_token_ids": [HOW, CAN, EOS], "prompt": PROMPT}),
     Case("cmpl-no-special-tokens", COMPLETIONS, {**G, "add_special_tokens": False, "prompt": PROMPT}),
     Case("cmpl-no-special-tokens-stream", COMPLETIONS, {**G, "add_special_tokens": False, "prompt": PROMPT}, stream=True),
-    Case("cmpl-special-tokens-token-ids", COMPLETIONS, {**G, "add_special_tokens": True, "prompt": [ENSURE, MIS, HEAD]}),
+    Case("cmpl-special-tokens-token-ids", COMPLETIONS, {**G, "add_special_tokens": True, "prompt": [PRI, OR, HOW]}),
     Case("cmpl-logprobs-token-ids", COMPLETIONS, {**G, "logprobs": 2, "return_tokens_as_token_ids": True, "prompt": PROMPT}),
     Case("cmpl-echo-logprobs-token-ids-stream", COMPLETIONS, {**G, "echo": True, "logprobs": 1, "return_tokens_as_token_ids": True, "prompt": PROMPT}, stream=True),
     Case("cmpl-cache-salt", COMPLETIONS, {**G, "cache_salt": "team-a", "prompt": LONG_PROMPT}),
     Case("cmpl-return-token-ids", COMPLETIONS, {**G, "return_token_ids": True, "prompt": PROMPT}),
     Case("cmpl-token-ids-stream", COMPLETIONS, {**G, "return_token_ids": True, "prompt": PROMPT}, stream=True),
     Case("cmpl-token-ids-prompts-n", COMPLETIONS, {**S, "n": 2, "return_token_ids": True, "prompt": [PROMPT, "hello there, world"]}),
-    Case("cmpl-token-ids-prompts-n-stream", COMPLETIONS, {**S, "n": 2, "return_token_ids": True, "prompt": [[ENSURE, MIS], [ENSURE, MIS, HEAD]]}, stream=True),
+    Case("cmpl-token-ids-prompts-n-stream", COMPLETIONS, {**S, "n": 2, "return_token_ids": True, "prompt": [[PRI, OR], [PRI, OR, HOW]]}, stream=True),
     Case("cmpl-token-ids-echo-truncated", COMPLETIONS, {**G, "return_token_ids": True, "echo": True, "truncate_prompt_tokens": 3, "prompt": PROMPT}),
     Case("chat-token-ids", CHAT, {**G, "return_token_ids": True, "messages": TURNS}),
     Case("chat-token-ids-stream", CHAT, {**G, "return_token_ids": True, "messages": TURNS}, stream=True),
@@ -283,8 +279,8 @@ CASES = [
     Case("cmpl-truncate", COMPLETIONS, {**G, "truncate_prompt_tokens": 3, "prompt": PROMPT}),
     Case("cmpl-truncate-left", COMPLETIONS, {**G, "truncate_prompt_tokens": 3, "truncation_side": "left", "prompt": PROMPT}),
     Case("cmpl-truncate-right-stream", COMPLETIONS, {**G, "truncate_prompt_tokens": 3, "truncation_side": "right", "prompt": PROMPT}, stream=True),
-    Case("cmpl-truncate-token-ids", COMPLETIONS, {**G, "truncate_prompt_tokens": 2, "prompt": [ENSURE, MIS, HEAD]}),
-    Case("cmpl-truncate-token-ids-left", COMPLETIONS, {**G, "truncate_prompt_tokens": 2, "truncation_side": "left", "prompt": [ENSURE, MIS, HEAD]}),
+    Case("cmpl-truncate-token-ids", COMPLETIONS, {**G, "truncate_prompt_tokens": 2, "prompt": [PRI, OR, HOW]}),
+    Case("cmpl-truncate-token-ids-left", COMPLETIONS, {**G, "truncate_prompt_tokens": 2, "truncation_side": "left", "prompt": [PRI, OR, HOW]}),
     Case("cmpl-truncate-to-context", COMPLETIONS, {**G, "truncate_prompt_tokens": -1, "truncation_side": "left", "prompt": LONG_PROMPT * 4}),
     Case("cmpl-truncate-prompts", COMPLETIONS, {**G, "truncate_prompt_tokens": 4, "prompt": [PROMPT, "hello there, world"]}),
     Case("cmpl-truncate-echo", COMPLETIONS, {**G, "truncate_prompt_tokens": 3, "echo": True, "prompt": PROMPT}),
@@ -292,7 +288,7 @@ CASES = [
     Case("chat-truncate", CHAT, {**G, "truncate_prompt_tokens": 6, "messages": TURNS}),
     Case("chat-truncate-left-stream", CHAT, {**G, "truncate_prompt_tokens": 6, "truncation_side": "left", "messages": TURNS}, stream=True),
     Case("chat-truncate-special", CHAT, {**G, "truncate_prompt_tokens": 4, "add_special_tokens": True, "messages": HELLO}),
-    Case("cmpl-logit-bias", COMPLETIONS, {**G, "logit_bias": {str(HEAD): 50}, "prompt": PROMPT}),
+    Case("cmpl-logit-bias", COMPLETIONS, {**G, "logit_bias": {str(HOW): 50}, "prompt": PROMPT}),
     Case("cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 3, "logit_bias": {str(EOS): 100}, "prompt": PROMPT}),
     Case("cmpl-ignore-eos", COMPLETIONS, {**G, "ignore_eos": True, "logit_bias": {str(EOS): 100}, "prompt": PROMPT}),
     Case("cmpl-special-kept", COMPLETIONS, {**G, "logit_bias": {str(IM_START): 100}, "skip_special_tokens": False, "prompt": PROMPT}),
@@ -328,9 +324,9 @@ CASES = [
     Case("bad-chat-top-logprobs-alone", CHAT, {**G, "top_logprobs": 3, "messages": HELLO}),
     Case("bad-chat-top-logprobs-21", CHAT, {**G, "logprobs": True, "top_logprobs": 21, "messages": HELLO}),
     Case("bad-cmpl-logprobs-21", COMPLETIONS, {**G, "logprobs": 21, "prompt": PROMPT}),
-    Case("bad-chat-logprob-token-ids-alone", CHAT, {**G, "logprob_token_ids": [HEAD], "messages": HELLO}),
-    Case("bad-cmpl-logprob-token-ids-alone", COMPLETIONS, {**G, "logprob_token_ids": [HEAD], "prompt": PROMPT}),
-    Case("bad-cmpl-logprob-token-ids-vocab", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [HEAD, 999999], "prompt": PROMPT}),
+    Case("bad-chat-logprob-token-ids-alone", CHAT, {**G, "logprob_token_ids": [HOW], "messages": HELLO}),
+    Case("bad-cmpl-logprob-token-ids-alone", COMPLETIONS, {**G, "logprob_token_ids": [HOW], "prompt": PROMPT}),
+    Case("bad-cmpl-logprob-token-ids-vocab", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [HOW, 999999], "prompt": PROMPT}),
     Case("bad-chat-logprob-token-ids-129", CHAT, {**G, "logprobs": True, "logprob_token_ids": list(range(129)), "messages": HELLO}),
     Case("bad-chat-reasoning-effort", CHAT, {**G, "reasoning_effort": "extreme", "messages": HELLO}),
     Case("bad-chat-reasoning-effort-number", CHAT, {**G, "reasoning_effort": 3, "messages": HELLO}),
@@ -347,12 +343,12 @@ CASES = [
     Case("bad-cmpl-empty-list", COMPLETIONS, {**G, "prompt": []}),
     Case("bad-cmpl-empty-prompt", COMPLETIONS, {**G, "prompt": ""}),
     Case("bad-chat-allowed-token-ids-empty", CHAT, {**G, "allowed_token_ids": [], "messages": HELLO}),
-    Case("bad-cmpl-allowed-token-ids-vocab", COMPLETIONS, {**G, "allowed_token_ids": [HEAD, 999999], "prompt": PROMPT}),
+    Case("bad-cmpl-allowed-token-ids-vocab", COMPLETIONS, {**G, "allowed_token_ids": [HOW, 999999], "prompt": PROMPT}),
     Case("bad-chat-template-kwargs-template", CHAT, {**G, "chat_template_kwargs": {"chat_template": "{{ 'x' }}"}, "messages": HELLO}),
     Case("bad-chat-cache-salt-empty", CHAT, {**G, "cache_salt": "", "messages": HELLO}),
     Case("bad-chat-cache-salt-slash", CHAT, {**G, "cache_salt": "a/b", "messages": HELLO}),
     Case("bad-cmpl-cache-salt-long", COMPLETIONS, {**G, "cache_salt": "x" * 129, "prompt": PROMPT}),
-    Case("bad-cmpl-mixed-prompts", COMPLETIONS, {**G, "prompt": [PROMPT, [ENSURE, MIS, HEAD]]}),
+    Case("bad-cmpl-mixed-prompts", COMPLETIONS, {**G, "prompt": [PROMPT, [PRI, OR, HOW]]}),
     Case("bad-cmpl-truncate-over-context", COMPLETIONS, {**G, "truncate_prompt_tokens": 4096, "prompt": PROMPT}),
     Case("bad-chat-truncate-below-minus-one", CHAT, {**G, "truncate_prompt_tokens": -2, "messages": HELLO}),
     Case("bad-cmpl-truncation-side", COMPLETIONS, {**G, "truncate_prompt_tokens": 2, "truncation_side": "middle", "prompt": PROMPT}),
@@ -362,7 +358,7 @@ CASES = [
     Case("cmpl-prompt-logprobs-zero", COMPLETIONS, {**G, "prompt_logprobs": 0, "prompt": PROMPT}),
     Case("cmpl-prompt-logprobs-echo", COMPLETIONS, {**G, "prompt_logprobs": 1, "echo": True, "logprobs": 3, "prompt": PROMPT}),
     Case("cmpl-prompt-logprobs-prompts-n", COMPLETIONS, {**S, "n": 2, "prompt_logprobs": 1, "prompt": ["hello", PROMPT]}),
-    Case("cmpl-prompt-logprobs-token-ids", COMPLETIONS, {**G, "prompt_logprobs": 3, "prompt": [ENSURE, MIS, HEAD]}),
+    Case("cmpl-prompt-logprobs-token-ids", COMPLETIONS, {**G, "prompt_logprobs": 3, "prompt": [PRI, OR, HOW]}),
     Case("cmpl-prompt-logprobs-truncated", COMPLETIONS, {**G, "prompt_logprobs": 1, "truncate_prompt_tokens": 3, "prompt": PROMPT}),
     Case("cmpl-prompt-logprobs-zero-stream", COMPLETIONS, {**G, "prompt_logprobs": 0, "prompt": PROMPT}, stream=True),
     Case("chat-prompt-logprobs", CHAT, {**G, "prompt_logprobs": 2, "messages": HELLO}),
@@ -427,8 +423,8 @@ CASES = [
     Case("batch-logprobs", BATCH, {**G, "logprobs": True, "top_logprobs": 2, "messages": [HELLO, TURNS]}),
     Case("batch-echo", BATCH, {**G, "echo": True, "add_generation_prompt": False, "continue_final_message": True, "messages": [[*HELLO, {"role": "assistant", "content": "hi"}], TURNS]}),
     Case("batch-token-ids", BATCH, {**G, "return_token_ids": True, "messages": [HELLO, TURNS]}),
-    Case("batch-stop", BATCH, {**G, "stop": ["QUOT"], "stop_token_ids": [HEAD], "messages": [HELLO, TURNS]}),
-    Case("batch-min-tokens", BATCH, {**G, "min_tokens": 6, "ignore_eos": True, "bad_words": [" head"], "messages": [HELLO, TURNS]}),
+    Case("batch-stop", BATCH, {**G, "stop": [" can"], "stop_token_ids": [HOW], "messages": [HELLO, TURNS]}),
+    Case("batch-min-tokens", BATCH, {**G, "min_tokens": 6, "ignore_eos": True, "bad_words": ["help"], "messages": [HELLO, TURNS]}),
     Case("batch-json-schema", BATCH, {**GS, "response_format": STRICT, "messages": [HELLO, TURNS]}),
     Case("batch-choice", BATCH, {**G, "structured_outputs": {"choice": CHOICES}, "messages": [HELLO, TURNS]}),
     Case("batch-documents", BATCH, {**G, "documents": DOCUMENTS, "messages": [HELLO, TURNS]}),

@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import pytest
 
-from models_registry.demo_model import whitespace_token_ids
 from models_registry.models import Deployment
 from tests.conftest import (
     ALIAS,
@@ -168,12 +167,6 @@ def targets(
         httpx.Client(base_url=vllm_server.base_url, timeout=120) as vllm,
     ):
         yield Targets(platform=platform, vllm=vllm)
-
-
-@pytest.fixture(scope="session")
-def whitespace_ids(demo_model_dir: Path) -> list[int]:
-    """The demo tokenizer's tokens that are only whitespace (not its special tokens)."""
-    return whitespace_token_ids(demo_model_dir)
 
 
 # A reasoning model: the demo model registered again with vLLM's qwen3 reasoning parser (which

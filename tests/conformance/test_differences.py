@@ -166,11 +166,10 @@ def test_prompt_logprobs_past_the_bound_are_refused(targets: Any) -> None:
     assert len(one.json()["choices"][0]["prompt_logprobs"]) == one.json()["usage"]["prompt_tokens"]
 
 
-def test_legacy_functions_are_tools(targets: Any, whitespace_ids: list[int]) -> None:
+def test_legacy_functions_are_tools(targets: Any) -> None:
     body = {
         **BODY,
         "max_tokens": 64,
-        "logit_bias": {str(token): -100 for token in whitespace_ids},
         "messages": ASK,
         "functions": FUNCTIONS,
         "function_call": {"name": "get_time"},

@@ -15,21 +15,16 @@ import httpx
 import pytest
 
 from tests.conformance.answers import Answer, answer_of, differences, stream_answer_of
-from tests.conformance.cases import BATCH, CASES, CHAT, PATHS, WHITESPACE, Case
+from tests.conformance.cases import BATCH, CASES, CHAT, PATHS, Case
 from tests.conformance.conftest import THINKING
 from tests.conftest import ALIAS
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
 
-def request_body(case: Case, whitespace_ids: list[int]) -> dict[str, Any]:
-    """The case's body as sent: the model, stream options, and the whitespace bias expanded."""
+def request_body(case: Case) -> dict[str, Any]:
+    """The case's body as sent: the model and stream options added."""
     body: dict[str, Any] = {"model": THINKING if case.thinking else ALIAS, **case.body}
-    bias = body.get("logit_bias")
-    if isinstance(bias, dict) and WHITESPACE in bias:
-        weight = bias[WHITESPACE]
-        rest = {key: value for key, value in bias.items() if key != WHITESPACE}
-        body["logit_bias"] = {**{str(i): weight for i in whitespace_ids}, **rest}
     if case.stream:
         body["stream"] = True
         body.setdefault("stream_options", {"include_usage": True})
@@ -49,19 +44,17 @@ THINKING_CASES = [case for case in CASES if case.thinking]
 
 
 @pytest.mark.parametrize("case", PLAIN, ids=[case.name for case in PLAIN])
-def test_it_answers_as_vllm_does(case: Case, targets: Any, whitespace_ids: list[int]) -> None:
-    _compared(case, targets, whitespace_ids)
+def test_it_answers_as_vllm_does(case: Case, targets: Any) -> None:
+    _compared(case, targets)
 
 
 @pytest.mark.parametrize("case", THINKING_CASES, ids=[case.name for case in THINKING_CASES])
-def test_a_reasoning_model_answers_as_vllm_does(
-    case: Case, thinking_targets: Any, whitespace_ids: list[int]
-) -> None:
-    _compared(case, thinking_targets, whitespace_ids)
+def test_a_reasoning_model_answers_as_vllm_does(case: Case, thinking_targets: Any) -> None:
+    _compared(case, thinking_targets)
 
 
-def _compared(case: Case, targets: Any, whitespace_ids: list[int]) -> None:
-    body = request_body(case, whitespace_ids)
+def _compared(case: Case, targets: Any) -> None:
+    body = request_body(case)
     ours, theirs = send(targets.platform, case, body), send(targets.vllm, case, body)
     _batch_details_row(case, ours, theirs)
     found = differences(ours, theirs)

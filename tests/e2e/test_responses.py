@@ -2,9 +2,8 @@
 
 Create (whole and streamed), retrieve, chain turns with previous_response_id, a function tool
 round trip, json_schema output, delete, input items a page at a time, and another tenant's
-ids answered as absent. The demo model's weights are random: a forced tool choice and a JSON
-schema keep its output parseable (its whitespace tokens pushed away with vLLM's
-`logit_bias` extra, which vLLM's own Responses server takes too).
+ids answered as absent. The demo model is trained to close JSON and tool calls, so a forced
+tool choice or a JSON schema ends on its own, well inside max_output_tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from tests.conformance.conftest import whitespace_ids  # noqa: F401 (a fixture)
 from tests.conftest import ALIAS, ENCODER, _free_port, _http_ok, _spawn, _wait_for, roomy_key
 
 TOOL = {
@@ -56,12 +54,6 @@ VERDICT: Any = {
 @pytest.fixture
 def sdk(stack, world):
     return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=world.acme_key, max_retries=0)
-
-
-@pytest.fixture
-def no_ws(whitespace_ids) -> dict[str, int]:  # noqa: F811 (the fixture imported above)
-    """A logit_bias that keeps the random model off whitespace inside JSON."""
-    return {str(token_id): -100 for token_id in whitespace_ids}
 
 
 @pytest.fixture
@@ -163,7 +155,7 @@ def test_three_chained_turns_carry_the_history(sdk):
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
 
 
-def test_a_function_tool_round_trip(sdk, no_ws):
+def test_a_function_tool_round_trip(sdk):
     called = sdk.responses.create(
         model=ALIAS,
         input="What time is it in Paris?",
@@ -171,7 +163,6 @@ def test_a_function_tool_round_trip(sdk, no_ws):
         tool_choice={"type": "function", "name": "get_time"},
         max_output_tokens=48,
         temperature=0,
-        extra_body={"logit_bias": no_ws},  # vLLM's extra, as its own server takes it
     )
     [call] = [item for item in called.output if item.type == "function_call"]
     assert call.name == "get_time" and call.call_id
@@ -188,14 +179,13 @@ def test_a_function_tool_round_trip(sdk, no_ws):
     assert answered.usage.input_tokens > called.usage.input_tokens
 
 
-def test_a_json_schema_format_is_kept(sdk, no_ws):
+def test_a_json_schema_format_is_kept(sdk):
     response = sdk.responses.create(
         model=ALIAS,
         input="Rate it.",
         text=VERDICT,
         max_output_tokens=24,
         temperature=0,
-        extra_body={"logit_bias": no_ws},
     )
     assert json.loads(response.output_text)["answer"] in ("yes", "no")
     assert response.status == "completed"
@@ -207,30 +197,26 @@ class Verdict(BaseModel):
     score: int = Field(ge=0, le=9)
 
 
-def test_the_sdks_parse_gives_the_answer_as_a_pydantic_model(sdk, no_ws):
+def test_the_sdks_parse_gives_the_answer_as_a_pydantic_model(sdk):
     response = sdk.responses.parse(
         model=ALIAS,
         input="Is a queue a list?",
         text_format=Verdict,
         max_output_tokens=32,
         temperature=0,
-        extra_body={"logit_bias": no_ws},
     )
     assert response.status == "completed"
     assert isinstance(response.output_parsed, Verdict)
     assert response.output_parsed == Verdict.model_validate_json(response.output_text)
 
 
-def test_a_json_object_format_gives_a_json_object(sdk, no_ws):
+def test_a_json_object_format_gives_a_json_object(sdk):
     response = sdk.responses.create(
         model=ALIAS,
         input="hello",
         text={"format": {"type": "json_object"}},
-        # As on chat (the same prompt): greedy, the random model writes one endless key; this
-        # seed closes the object.
-        temperature=1,
+        temperature=0,
         max_output_tokens=64,
-        extra_body={"logit_bias": no_ws, "seed": 0},
     )
     assert response.status == "completed"
     assert isinstance(json.loads(response.output_text), dict)
@@ -351,7 +337,7 @@ def test_bad_input_is_a_400_naming_the_field(stack, world, fields, param):
     assert response.json()["error"]["param"] == param
 
 
-def test_a_streamed_function_call_sends_its_arguments_in_pieces(sdk, no_ws):
+def test_a_streamed_function_call_sends_its_arguments_in_pieces(sdk):
     events = list(
         sdk.responses.create(
             model=ALIAS,
@@ -361,7 +347,6 @@ def test_a_streamed_function_call_sends_its_arguments_in_pieces(sdk, no_ws):
             max_output_tokens=48,
             temperature=0,
             stream=True,
-            extra_body={"logit_bias": no_ws},
         )
     )
     kinds = [event.type for event in events]
@@ -545,7 +530,7 @@ def test_plain_text_is_chats_text(sdk, seed):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_function_calls_are_chats_calls(sdk, no_ws, stream):
+def test_function_calls_are_chats_calls(sdk, stream):
     chat = sdk.chat.completions.create(
         model=ALIAS,
         messages=[{"role": "user", "content": "What time is it in Paris?"}],
@@ -558,7 +543,6 @@ def test_function_calls_are_chats_calls(sdk, no_ws, stream):
         tool_choice="required",
         max_tokens=48,
         temperature=0,
-        logit_bias=no_ws,
     )
     request = {
         "model": ALIAS,
@@ -567,7 +551,6 @@ def test_function_calls_are_chats_calls(sdk, no_ws, stream):
         "tool_choice": "required",
         "max_output_tokens": 48,
         "temperature": 0,
-        "extra_body": {"logit_bias": no_ws},
     }
     if stream:
         response = list(sdk.responses.create(stream=True, **request))[-1].response
@@ -625,7 +608,8 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(sdk)
     assert refused.value.code == "context_length_exceeded"
     assert refused.value.param == "input"
     response = _ask(sdk, input=turns, instructions="Be brief.", truncation="auto")
-    assert response.status == "incomplete" and response.truncation == "auto"
+    # Answered, whether the model finished within 8 tokens or not: what matters is the cut.
+    assert response.status in ("completed", "incomplete") and response.truncation == "auto"
     assert 0 < response.usage.input_tokens + 8 <= 2048  # it fits the tiny model's context
     # What was kept is the newest part: the instructions, then the turns up to the question.
     assert response.usage.input_tokens > 500
@@ -719,7 +703,7 @@ def test_an_embedding_model_has_no_responses_to_count(stack, world, encoder):
     assert (error["code"], error["param"]) == ("wrong_endpoint_for_model", "model")
 
 
-def test_a_background_response_that_ends_on_its_own_is_completed(sdk, no_ws):
+def test_a_background_response_that_ends_on_its_own_is_completed(sdk):
     accepted = sdk.responses.create(
         model=ALIAS,
         input="Rate it.",
@@ -727,7 +711,6 @@ def test_a_background_response_that_ends_on_its_own_is_completed(sdk, no_ws):
         temperature=0,
         max_output_tokens=48,
         text=VERDICT,
-        extra_body={"logit_bias": no_ws},
     )
     done = _until(sdk, accepted.id, "completed", "incomplete", "failed")
     assert done.status == "completed" and done.completed_at is not None

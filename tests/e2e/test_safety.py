@@ -177,8 +177,8 @@ def test_token_level_output_is_refused_where_the_output_is_screened(client, djan
 # --- which pack a request runs under, and every path that answers its text -----------------
 
 EMAIL = "jane.doe@example.com"
-# The demo model's weights are random: a JSON schema whose first field is an enum of one
-# address makes it write that address, whatever it is asked.
+# A JSON schema whose first field is an enum of one address makes the model write that
+# address, whatever it is asked.
 ADDRESSED: dict[str, Any] = {
     "type": "object",
     "properties": {"to": {"type": "string", "enum": [EMAIL]}},
@@ -195,19 +195,14 @@ LETTER: dict[str, Any] = {
 
 
 @pytest.fixture(scope="session")
-def no_ws(demo_model_dir) -> dict[str, int]:
-    """A logit_bias that keeps the random model off whitespace inside JSON."""
-    from models_registry.demo_model import whitespace_token_ids
-
-    return {str(i): -100 for i in whitespace_token_ids(demo_model_dir)}
-
-
-@pytest.fixture(scope="session")
-def no_quotes(demo_model_dir, no_ws) -> dict[str, int]:
-    """`no_ws`, and less strongly away from every token with a quote in it: inside a string,
-    where any other token may come, it never ends the string; where the grammar needs a
-    quote, a quote still beats whitespace."""
+def no_quotes(demo_model_dir) -> dict[str, int]:
+    """A logit_bias away from every token with a quote in it: inside a string, where any
+    other token may come, the model never ends the string. And further away from whitespace:
+    where the grammar needs a quote it also allows whitespace, which would otherwise beat the
+    pushed-away quote there forever."""
     from tokenizers import Tokenizer
+
+    from models_registry.demo_model import whitespace_token_ids
 
     tokenizer = Tokenizer.from_file(str(demo_model_dir / "tokenizer.json"))
     quotes = [
@@ -215,7 +210,8 @@ def no_quotes(demo_model_dir, no_ws) -> dict[str, int]:
         for token_id in range(tokenizer.get_vocab_size())
         if '"' in tokenizer.decode([token_id], skip_special_tokens=False)
     ]
-    return {**no_ws, **{str(i): -50 for i in quotes}}
+    spaces = {str(i): -100 for i in whitespace_token_ids(demo_model_dir)}
+    return {**spaces, **{str(i): -50 for i in quotes}}
 
 
 def _alias_pack(slug: str, alias: str, **pack: Any) -> tuple[Any, str]:
@@ -230,7 +226,7 @@ def _addressed(schema: dict[str, Any] = ADDRESSED) -> dict[str, Any]:
 
 
 def test_a_pack_on_an_alias_screens_every_name_that_reaches_its_model(
-    client, world, no_ws, django_db_blocker
+    client, world, django_db_blocker
 ):
     # tiny-chat routes to tiny-llama: the pack assigned to the alias is the model's, so its
     # model name and a pinned version get the same input block, redaction and refusals.
@@ -251,7 +247,7 @@ def test_a_pack_on_an_alias_screens_every_name_that_reaches_its_model(
             continue
         answered = _chat(
             client, key, "write", model=model, response_format=_addressed(),
-            logit_bias=no_ws, max_tokens=40, temperature=0,
+            max_tokens=40, temperature=0,
         )  # fmt: skip
         assert answered.status_code == 200, (model, answered.text)
         content = answered.json()["choices"][0]["message"]["content"]
@@ -259,14 +255,14 @@ def test_a_pack_on_an_alias_screens_every_name_that_reaches_its_model(
 
 
 def test_a_resumed_stream_is_screened_by_the_pack_of_the_model_that_served_it(
-    client, no_ws, django_db_blocker
+    client, django_db_blocker
 ):
     with django_db_blocker.unblock():
         _, key = _alias_pack("resume-packed", ALIAS, pii_kinds=["email"], pii_action="redact")
     auth = {"Authorization": f"Bearer {key}"}
     first = _chat(
-        client, key, "write", response_format=_addressed(), logit_bias=no_ws,
-        max_tokens=40, temperature=0, stream=True,
+        client, key, "write", response_format=_addressed(), max_tokens=40, temperature=0,
+        stream=True,
     )  # fmt: skip
     assert first.status_code == 200 and "[REDACTED:email]" in first.text, first.text
     rid = first.headers["x-request-id"]
