@@ -46,7 +46,7 @@ TURNS = [
 PROMPT = "def main(args):"
 LONG_PROMPT = "import os\nimport sys\n" * 120
 G = {"temperature": 0, "max_tokens": 8}  # greedy
-# A greedy answer of the random demo model falls into a loop: this ends it (vLLM's option).
+# With its end token ignored, the greedy answer falls into a loop: this ends it (vLLM's option).
 REPEATS = {"max_pattern_size": 8, "min_count": 3}
 S = {"temperature": 0.9, "seed": 7, "max_tokens": 8}  # sampled with a seed
 RUNNING = {"include_usage": True, "continuous_usage_stats": True}  # usage on every chunk
@@ -146,8 +146,8 @@ CASES = [
     Case("chat-stop-included-stream", CHAT, {**G, "stop": [" can"], "include_stop_str_in_output": True, "messages": HELLO}, stream=True),
     Case("chat-stop-token-ids", CHAT, {**G, "stop_token_ids": [CAN], "messages": HELLO}),
     Case("chat-bad-words", CHAT, {**G, "bad_words": ["help"], "messages": HELLO}),
-    Case("chat-repetition-detection", CHAT, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "messages": HELLO}),
-    Case("chat-repetition-detection-stream", CHAT, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "messages": HELLO}, stream=True),
+    Case("chat-repetition-detection", CHAT, {**G, "max_tokens": 64, "ignore_eos": True, "repetition_detection": REPEATS, "messages": HELLO}),
+    Case("chat-repetition-detection-stream", CHAT, {**G, "max_tokens": 64, "ignore_eos": True, "repetition_detection": REPEATS, "messages": HELLO}, stream=True),
     Case("chat-repetition-detection-forced", CHAT, {**G, "max_tokens": 32, "logit_bias": {"300": 100}, "repetition_detection": {"max_pattern_size": 2, "min_count": 4}, "messages": HELLO}),
     Case("chat-repetition-detection-off", CHAT, {**G, "repetition_detection": {"max_pattern_size": 0, "min_count": 0}, "messages": HELLO}),
     Case("chat-allowed-token-ids", CHAT, {**G, "allowed_token_ids": [OR, PRI, CAN], "messages": HELLO}),
@@ -255,8 +255,8 @@ CASES = [
     Case("cmpl-stop-included", COMPLETIONS, {**G, "stop": ["pri"], "include_stop_str_in_output": True, "prompt": PROMPT}),
     Case("cmpl-stop-token-ids", COMPLETIONS, {**G, "stop_token_ids": [OR], "prompt": PROMPT}),
     Case("cmpl-bad-words", COMPLETIONS, {**G, "bad_words": ["pri"], "prompt": PROMPT}),
-    Case("cmpl-repetition-detection", COMPLETIONS, {**G, "max_tokens": 64, "repetition_detection": {**REPEATS, "min_pattern_size": 2}, "prompt": PROMPT}),
-    Case("cmpl-repetition-detection-stream", COMPLETIONS, {**G, "max_tokens": 64, "repetition_detection": REPEATS, "prompt": PROMPT}, stream=True),
+    Case("cmpl-repetition-detection", COMPLETIONS, {**G, "max_tokens": 64, "ignore_eos": True, "repetition_detection": {**REPEATS, "min_pattern_size": 2}, "prompt": PROMPT}),
+    Case("cmpl-repetition-detection-stream", COMPLETIONS, {**G, "max_tokens": 64, "ignore_eos": True, "repetition_detection": REPEATS, "prompt": PROMPT}, stream=True),
     Case("cmpl-allowed-token-ids", COMPLETIONS, {**S, "allowed_token_ids": [HOW, CAN, EOS], "prompt": PROMPT}),
     Case("cmpl-no-special-tokens", COMPLETIONS, {**G, "add_special_tokens": False, "prompt": PROMPT}),
     Case("cmpl-no-special-tokens-stream", COMPLETIONS, {**G, "add_special_tokens": False, "prompt": PROMPT}, stream=True),
