@@ -183,7 +183,12 @@ async def kept_alive(
         try:
             async for chunk in chunks:
                 await ahead.put(chunk)
-        except Exception as exc:  # raised again where the stream is sent
+        except BaseException as exc:  # raised again where the stream is sent
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # the stream ended and stopped its maker (below)
+            # Whatever else ended the chunks, a BaseException too, reaches the stream: a maker
+            # that died with it silently left the stream sending keep-alives for ever.
             await ahead.put(exc)
             return
         finally:

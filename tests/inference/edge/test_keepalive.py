@@ -25,7 +25,7 @@ GAP = 0.3
 class _Made:
     """A stream's chunks: `pauses[i]` seconds before chunk i; whether it was closed."""
 
-    def __init__(self, *pauses: float, fail: Exception | None = None) -> None:
+    def __init__(self, *pauses: float, fail: BaseException | None = None) -> None:
         self.pauses = pauses
         self.fail = fail
         self.closed = False
@@ -76,6 +76,25 @@ async def test_what_the_stream_raises_is_raised_where_it_is_sent():
     assert await anext(stream) == b"data: 0\n\n"
     with pytest.raises(RuntimeError, match="the relay failed"):
         await anext(stream)
+    assert made.closed
+
+
+class _NotAnException(BaseException):
+    """What no `except Exception` catches (a SystemExit, a KeyboardInterrupt, a cancel)."""
+
+
+@pytest.mark.parametrize(
+    "failure", [_NotAnException("interrupted"), asyncio.CancelledError("the relay stopped")]
+)
+async def test_what_is_not_an_exception_is_raised_where_it_is_sent_too(failure):
+    # A maker that died of it once left the stream sending keep-alives for ever.
+    made = _Made(0, fail=failure)
+    stream = kept_alive(made.chunks(), keepalive=SSE_KEEPALIVE, seconds=PERIOD)
+    assert await anext(stream) == b"data: 0\n\n"
+    with pytest.raises(type(failure)):
+        async with asyncio.timeout(GAP * 10):  # not a keep-alive after another
+            while True:
+                assert await anext(stream) == SSE_KEEPALIVE
     assert made.closed
 
 
