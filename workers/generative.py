@@ -278,7 +278,9 @@ class _Generation:
         """Every choice's thinking tokens (None: the request is not a reasoning model's)."""
         if self.job.reasoning is None:
             return None
-        return sum(c.parsing.reasoning_tokens() for c in self.choices if c.parsing is not None)
+        return sum(
+            c.parsing.reasoning_tokens(whole=True) for c in self.choices if c.parsing is not None
+        )
 
     def end(self, failure: Failure | None) -> tuple[Event, UsageEvent]:
         """The request's terminal event and usage; a failure bills what it produced."""

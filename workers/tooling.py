@@ -234,10 +234,10 @@ class OutputParsing:
         """
         if self.request.tool_choice == "none" and self.reasoning is None:
             return
-        self._shaper = self._parser()
+        self._shaper = self.new_parser()
         self.request = self._shaper.adjust_request(self.request)
 
-    def _parser(self) -> Any:
+    def new_parser(self) -> Any:
         kwargs = {"chat_template_kwargs": self.template_kwargs} if self.reasoning else {}
         return self.parser_class(
             self.tokenizer, self.request.tools, model_config=self.model_config, **kwargs
@@ -265,7 +265,7 @@ class OutputParsing:
         )
 
     def choice(self) -> ChoiceParsing:
-        return ChoiceParsing(self, self._parser())
+        return ChoiceParsing(self, self.new_parser())
 
     @property
     def named(self) -> bool:
@@ -341,8 +341,17 @@ class ChoiceParsing:
             text=message.content or "", tool_calls=calls, reasoning=message.reasoning or ""
         )
 
-    def reasoning_tokens(self) -> int:
-        """How many of the choice's tokens were thinking, as vLLM's server counts them."""
+    def reasoning_tokens(self, *, whole: bool = False) -> int:
+        """How many of the choice's tokens were thinking, as vLLM's server counts them.
+
+        A stream's parser counts as it was fed, and vLLM's engine hands over several tokens at
+        once when its reader falls behind, which can drop one from that count (a step holding
+        the last thought and the end token counts neither). `whole` counts the output in one
+        pass instead, as vLLM's whole answer does: the same tokens, the same count, whatever
+        the engine's grouping — what the usage record bills.
+        """
+        if whole and self.calling.stream and self.token_ids:
+            return int(self.calling.new_parser().count_reasoning_tokens(tuple(self.token_ids)))
         return int(self.parser.count_reasoning_tokens(tuple(self.token_ids)))
 
     def _whole(self, prompt_token_ids: list[int]) -> Parsed:

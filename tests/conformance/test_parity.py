@@ -9,6 +9,7 @@ answers' `prompt_tokens_details` are compared (`cached_tokens`, and on chat the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -58,6 +59,14 @@ def _compared(case: Case, targets: Any) -> None:
     ours, theirs = send(targets.platform, case, body), send(targets.vllm, case, body)
     _batch_details_row(case, ours, theirs)
     found = differences(ours, theirs)
+    for _ in range(2):
+        if not (found and case.stream and _thinking_counts_only(ours, theirs)):
+            break
+        # vLLM's streaming parser counts a thought fewer when its engine hands two tokens over
+        # at once (its reader fell behind on a busy machine); the platform bills the one-pass
+        # count. Sent again, vLLM's server counts as it does when it keeps up.
+        ours, theirs = send(targets.platform, case, body), send(targets.vllm, case, body)
+        found = differences(ours, theirs)
     if not found and ours.status == 200:
         again, vllm_again = send(targets.platform, case, body), send(targets.vllm, case, body)
         _batch_details_row(case, again, vllm_again)
@@ -66,6 +75,20 @@ def _compared(case: Case, targets: Any) -> None:
                 f"prompt_tokens_details of a repeat {again.cache} vs vLLM's {vllm_again.cache}"
             )
     assert not found, f"{case.name}: " + "; ".join(found)
+
+
+def _thinking_counts_only(ours: Answer, theirs: Answer) -> bool:
+    """Whether the answers differ in their thinking-token counts and nothing else."""
+
+    def uncounted(answer: Answer) -> Answer:
+        usage = None if answer.usage is None else {**answer.usage, "reasoning_tokens": 0}
+        choices = {
+            index: replace(choice, running=choice.running and (*choice.running[:2], None))
+            for index, choice in answer.choices.items()
+        }
+        return replace(answer, usage=usage, choices=choices)
+
+    return not differences(uncounted(ours), uncounted(theirs))
 
 
 def _beam_cache_row(case: Case, ours: Answer, theirs: Answer) -> bool:

@@ -977,3 +977,31 @@ async def test_a_request_to_a_model_that_does_not_reason_has_no_thinking_count(t
     end = events[-1]
     assert isinstance(end, Finished) and end.reasoning_tokens is None
     assert "".join(e.text for e in events if isinstance(e, Delta)) == THOUGHT
+
+
+async def test_the_billed_thinking_count_is_the_same_however_tokens_were_grouped(tokenizer):
+    # vLLM's streaming parser counts one thought fewer when the last one arrives in the same
+    # step as the end token (the engine groups steps when its reader falls behind).
+    thought = tokenizer.encode("Here it is.", add_special_tokens=False)
+    end_token = tokenizer.eos_token_id
+
+    def steps(groups: list[list[int]]) -> list[Step]:
+        return [
+            Step(
+                text=tokenizer.decode(group, skip_special_tokens=True),
+                tokens=len(group),
+                finish_reason="stop" if i == len(groups) - 1 else None,
+                prompt_tokens=3,
+                token_ids=tuple(group),
+            )
+            for i, group in enumerate(groups)
+        ]
+
+    one_by_one = [[token] for token in [*thought, end_token]]
+    grouped = [[token] for token in thought[:-1]] + [[thought[-1], end_token]]
+    counts = []
+    for groups in (one_by_one, grouped):
+        events = await _served(_Engine({0: steps(groups)}, tokenizer), _thinking_job(stream=True))
+        assert isinstance(events[-1], Finished)
+        counts.append(events[-1].reasoning_tokens)
+    assert counts == [len(thought), len(thought)]
