@@ -48,10 +48,17 @@ from workers.outbox import FLUSH_SHARES, STREAMS_PER_SHARE, Outbox
 log = logging.getLogger(__name__)
 
 # The stream interval of a worker whose ROUNDHOUSE_STREAM_INTERVAL_MS is unset. A CPU engine
-# shares its cores with the relay, so gathering a stream's tokens buys it throughput; a GPU
-# host has cores to spare, and there relaying every engine step kept throughput at vLLM's
-# server's and its inter-token gaps as short (docs/design/tail-latency.md).
+# shares its cores with the relay, so once its batch is large gathering a stream's tokens buys
+# it throughput; a GPU host has cores to spare, and there relaying every engine step kept
+# throughput at vLLM's server's and its inter-token gaps as short
+# (docs/design/streaming-granularity.md).
 CPU_STREAM_INTERVAL_MS = 20.0
+# Up to this many running streams (ROUNDHOUSE_STREAM_FLOW_STREAMS) a worker writes every engine
+# step's tokens as soon as it has them, whatever its interval: a stream's tokens flow as vLLM's
+# server sends them. Beyond it the interval applies. Either way a relay that falls behind
+# gathers on its own: tokens join while a write is in flight, and a frontend merges the entries
+# it reads at once into one chunk.
+FLOW_STREAMS = 8
 
 
 def stream_interval_ms(configured: float | None, *, on_accelerator: bool) -> float:
@@ -134,6 +141,7 @@ class Worker(abc.ABC):
         reserved: int = 0,
         drain_seconds: float = 30.0,
         stream_interval: float = 0.0,
+        flow_streams: int = FLOW_STREAMS,
         retire_quiet_seconds: float = 5.0,
         metrics: WorkerMetrics | None = None,
         prefix_routing: bool = False,
@@ -154,6 +162,7 @@ class Worker(abc.ABC):
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
         self.stream_interval = stream_interval
+        self.flow_streams = flow_streams
         # Hand jobs whose prompt prefix another worker owns to that worker (dataplane.leases)
         self.prefix_routing = prefix_routing
         # Every batch_every-th job claimed while both classes wait is batch work (0: never).
@@ -485,13 +494,17 @@ class Worker(abc.ABC):
                 return
 
     def _interval(self) -> float:
-        """Return how long deltas may gather: longer as more streams share the machine.
+        """Return how long deltas may gather: not at all while few streams run, then longer
+        as more streams share the machine.
 
         Relaying costs CPU per event and the engine's step time grows with the batch, so
         with 32 streams an event every 80 ms carries about as many tokens per event as one
         every 20 ms does with 8 (up to four times the configured interval).
         """
-        return self.stream_interval * min(max(len(self.active) / 8, 1.0), 4.0)
+        streams = len(self.active)
+        if streams <= self.flow_streams:
+            return 0.0
+        return self.stream_interval * min(max(streams / max(self.flow_streams, 8), 1.0), 4.0)
 
     async def _flush_once(
         self, *, urgent_only: bool = False, share: tuple[int, int] | None = None

@@ -443,6 +443,10 @@ ROUNDHOUSE_STREAM_INTERVAL_MS: float | None = (
     if os.environ.get("ROUNDHOUSE_STREAM_INTERVAL_MS", "").strip()
     else None
 )
+# Up to this many running streams a worker writes each engine step's tokens as soon as it has
+# them, whatever the stream interval (tokens flow as vLLM's server sends them); past it the
+# interval above applies. 0: the interval applies at every load (the behaviour before).
+ROUNDHOUSE_STREAM_FLOW_STREAMS = env_int("ROUNDHOUSE_STREAM_FLOW_STREAMS", 8)
 # An alias whose recent requests mostly failed on the platform's side (engine errors, lost
 # workers) sends its interactive requests to its fallback for a while
 # (inference/pipeline/breaker.py). A minimum of 0 requests turns the breakers off.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from workers.runner import CPU_STREAM_INTERVAL_MS, stream_interval_ms
+from workers.runner import CPU_STREAM_INTERVAL_MS, FLOW_STREAMS, Worker, stream_interval_ms
 
 
 @pytest.mark.parametrize(
@@ -33,3 +35,28 @@ def test_setting_unset_is_none_and_zero_is_kept(monkeypatch: pytest.MonkeyPatch)
     finally:
         monkeypatch.undo()
         importlib.reload(base)
+
+
+@pytest.mark.parametrize(
+    ("streams", "flow", "expected"),
+    [
+        (1, FLOW_STREAMS, 0.0),  # few streams: every step's tokens go at once
+        (FLOW_STREAMS, FLOW_STREAMS, 0.0),
+        (16, 8, 0.04),  # past them the interval, stretched with the batch
+        (64, 8, 0.08),  # at most four times
+        (4, 0, 0.02),  # flowing turned off: the interval at any load, as before
+        (32, 0, 0.08),
+    ],
+)
+def test_tokens_flow_until_the_batch_outgrows_the_relay(
+    streams: int, flow: int, expected: float
+) -> None:
+    worker = SimpleNamespace(
+        active=dict.fromkeys(range(streams)), stream_interval=0.02, flow_streams=flow
+    )
+    assert Worker._interval(worker) == pytest.approx(expected)  # type: ignore[arg-type]
+
+
+def test_an_interval_of_zero_flows_at_any_load() -> None:
+    worker = SimpleNamespace(active=dict.fromkeys(range(64)), stream_interval=0.0, flow_streams=0)
+    assert Worker._interval(worker) == 0.0  # type: ignore[arg-type]

@@ -182,7 +182,11 @@ class Command(BaseCommand):
         interval_ms = stream_interval_ms(
             settings.ROUNDHOUSE_STREAM_INTERVAL_MS, on_accelerator=engine.on_accelerator
         )
-        log.info("stream interval %g ms", interval_ms)
+        log.info(
+            "stream interval %g ms past %d streams",
+            interval_ms,
+            settings.ROUNDHOUSE_STREAM_FLOW_STREAMS,
+        )
         adapters = None
         if spec.max_loras:
             adapters = Adapters(
@@ -221,6 +225,7 @@ class Command(BaseCommand):
             lease_seconds=lease_seconds(),
             drain_seconds=drain_seconds,
             stream_interval=interval_ms / 1000,
+            flow_streams=settings.ROUNDHOUSE_STREAM_FLOW_STREAMS,
             adapters=adapters,
             metrics=metrics,
             batch_every=batch_every(settings.ROUNDHOUSE_BATCH_MIN_SHARE),
