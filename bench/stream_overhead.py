@@ -649,7 +649,8 @@ def _publish(
     interval = (
         f"`ROUNDHOUSE_STREAM_INTERVAL_MS={args.stream_interval_ms:g}`"
         if args.stream_interval_ms is not None
-        else "the worker's default stream interval (every engine step on a GPU, 20 ms on CPU)"
+        else "the worker's default stream interval (every engine step on a GPU; on CPU every "
+        "step up to 8 streams, 20 ms past them)"
     )
     processes = getattr(args, "api_processes", 1)
     if processes > 1:
@@ -691,9 +692,11 @@ def _publish(
         )
         + "; per level, the round whose throughput ratio is the median is "
         "shown. ITL is the gap between consecutive chunks that carry text, as `vllm bench serve` "
-        "counts it: vLLM's server sends a chunk per token, Roundhouse's worker gathers a "
-        "stream's tokens for `ROUNDHOUSE_STREAM_INTERVAL_MS` into one event (the first token "
-        "and the end at once), so its gaps are fewer and longer. The 1-minute load average "
+        "counts it: vLLM's server sends a chunk per token; Roundhouse's worker sends each "
+        "engine step's tokens while it runs at most `ROUNDHOUSE_STREAM_FLOW_STREAMS` streams "
+        "and past that gathers a stream's tokens for `ROUNDHOUSE_STREAM_INTERVAL_MS` into one "
+        "event (the first token and the end at once), so its gaps there are fewer and longer. "
+        "The 1-minute load average "
         f"before each level ran from {min(loads):.1f} to {max(loads):.1f}. Rounds run again "
         f"because vLLM's own figures moved by more than {DRIFT:.0%}: {rerun_text}\n\n"
         + table
