@@ -902,17 +902,23 @@ def _thinking_job(*, stream: bool, include: bool = True, **kw: Any) -> Job:
 
 def _real_steps(tokenizer: Any, text: str) -> list[Step]:
     """A step per token of `text` as the demo tokenizer encodes it, the last one stopping."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    last = len(ids) - 1
+    return _grouped_steps(
+        tokenizer, [[t] for t in tokenizer.encode(text, add_special_tokens=False)]
+    )
+
+
+def _grouped_steps(tokenizer: Any, groups: list[list[int]]) -> list[Step]:
+    """A step per group of token ids (as the engine hands over several when its reader lags),
+    the last one stopping."""
     return [
         Step(
-            text=tokenizer.decode([token]),
-            tokens=1,
-            finish_reason="stop" if i == last else None,
+            text=tokenizer.decode(group, skip_special_tokens=True),
+            tokens=len(group),
+            finish_reason="stop" if i == len(groups) - 1 else None,
             prompt_tokens=3,
-            token_ids=(token,),
+            token_ids=tuple(group),
         )
-        for i, token in enumerate(ids)
+        for i, group in enumerate(groups)
     ]
 
 
@@ -984,24 +990,13 @@ async def test_the_billed_thinking_count_is_the_same_however_tokens_were_grouped
     # step as the end token (the engine groups steps when its reader falls behind).
     thought = tokenizer.encode("Here it is.", add_special_tokens=False)
     end_token = tokenizer.eos_token_id
-
-    def steps(groups: list[list[int]]) -> list[Step]:
-        return [
-            Step(
-                text=tokenizer.decode(group, skip_special_tokens=True),
-                tokens=len(group),
-                finish_reason="stop" if i == len(groups) - 1 else None,
-                prompt_tokens=3,
-                token_ids=tuple(group),
-            )
-            for i, group in enumerate(groups)
-        ]
-
     one_by_one = [[token] for token in [*thought, end_token]]
     grouped = [[token] for token in thought[:-1]] + [[thought[-1], end_token]]
     counts = []
     for groups in (one_by_one, grouped):
-        events = await _served(_Engine({0: steps(groups)}, tokenizer), _thinking_job(stream=True))
+        events = await _served(
+            _Engine({0: _grouped_steps(tokenizer, groups)}, tokenizer), _thinking_job(stream=True)
+        )
         assert isinstance(events[-1], Finished)
         counts.append(events[-1].reasoning_tokens)
     assert counts == [len(thought), len(thought)]
