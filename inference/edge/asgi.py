@@ -68,6 +68,13 @@ TURN_OVER = "roundhouse.turn_over"  # in a large body's scope: ends its reading 
 COUNTS_REQUESTS = "counts_requests"
 COUNTED = "roundhouse.counted"
 COUNT_BYTES_READ = "roundhouse.count_bytes_read"
+# A small body's count is not waited for before the body is read: it goes on while the body is
+# parsed and tokenised, and the request's admission waits for its answer (a round trip less
+# before the engine sees the request). Its task is in the scope under COUNTING; a request
+# that ends without admission answers the count's 429 if it refused (inference/edge/endpoint.py).
+# Larger bodies are still counted before a byte of them is read.
+COUNTING = "roundhouse.counting"
+COUNTED_BESIDE_BYTES = 16 * 1024
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
@@ -327,6 +334,13 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
                 scope_check(principal, scope=Scope.INFERENCE)
             except ApiError as exc:
                 return exc
+            if size is not None and size <= COUNTED_BESIDE_BYTES:
+                remembered = _refusal_remembered(principal.tenant_id, size)
+                if remembered is not None:
+                    return remembered
+                scope[COUNTING] = _count_beside(principal, size)
+                scope[COUNTED] = True
+                return None
             try:
                 refusal = await unread_request_count(principal=principal, size=size)
             except Exception:
@@ -337,6 +351,30 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
             if size is None:
                 scope[COUNT_BYTES_READ] = True  # its length is known once it is read
     return None
+
+
+def _count_beside(principal: Principal, size: int) -> asyncio.Task[ApiError | None]:
+    """Count a small body's request while it is read and parsed (COUNTING): a task whose
+    answer is its 429, held as a refusal before the body would be, or None."""
+
+    async def count() -> ApiError | None:
+        refusal = await unread_request_count(principal=principal, size=size)
+        if refusal is not None and refusal.code in HELD_CODES:
+            refusal = await refusal_held(principal.tenant_id, refusal)
+        return refusal
+
+    task = asyncio.ensure_future(count())
+    # Its request may end without asking (the client went away): a failure is not logged as
+    # never retrieved; the request was then answered, or counted again, by its view.
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task
+
+
+def _refusal_remembered(tenant_id: int, size: int | None) -> ApiError | None:
+    """The refusal this frontend remembers for the tenant's requests now (`_Refused`)."""
+    return _refused.refusal(tenant_id, "requests") or (
+        _refused.refusal(tenant_id, "bytes", size=size) if size is not None else None
+    )
 
 
 async def unread_request_count(*, principal: Principal, size: int | None) -> ApiError | None:
@@ -350,9 +388,7 @@ async def unread_request_count(*, principal: Principal, size: int | None) -> Api
     too, before it is parsed (inference/websocket/views.py).
     """
     tenant = principal.tenant_id
-    remembered = _refused.refusal(tenant, "requests") or (
-        _refused.refusal(tenant, "bytes", size=size) if size is not None else None
-    )
+    remembered = _refusal_remembered(tenant, size)
     if remembered is not None:
         return remembered
     try:
