@@ -1,0 +1,509 @@
+"""The platform's own time per request: this checkout's frontend beside a base commit's.
+
+One Roundhouse stack on the tiny demo model (embedded PostgreSQL and Valkey, a worker hosting
+the engine, the usage ingester) and vLLM's own OpenAI server with the same engine settings,
+both engines pinned to core 0; beside the stack's frontend (this checkout's code), with
+`--base REV`, a second frontend running that commit's code from a git worktree, on the same
+servers and served by the same worker. Every frontend, the datastores and the load generator
+share core 1. A change to the frontend is measured against the code before it in one run, on
+one engine: what differs between the two Roundhouse targets is the frontend's code alone (the
+base must share this checkout's data plane and worker: `dataplane/` and `workers/` unchanged).
+
+Two measures, in rounds:
+
+- one at a time: streamed chats of 16 tokens (ignore_eos), to every target in turn request by
+  request (the order shuffled each time, a pause after each), time to first token at the
+  client; for each Roundhouse target its split by stage from the usage records (frontend:
+  sent → job built; queue: job built → started, the quota and queue scripts and a worker's
+  claim; relay: first token → client), and the TTFT it adds over vLLM's server;
+- closed loop: one-token chats at concurrency 32 to each Roundhouse frontend in turn for
+  `--seconds`: requests/s, and the frontend process's CPU seconds over the wall time, so
+  requests/s per frontend core.
+
+    .venv/bin/python bench/platform_time.py [--base REV] [--rounds 3] [--requests 200]
+
+Writes its section of docs/benchmarks.md, docs/img/platform_time.png and every sample to
+docs/bench-data/platform_time.json. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    Platform,
+    Sent,
+    Target,
+    cpu_features,
+    free_port,
+    http_ok,
+    percentile,
+    platform_stop,
+    plot_path,
+    prepare_roundhouse,
+    progress,
+    results_write,
+    roundhouse_stack,
+    section_write,
+    services_pid,
+    spawn,
+    stop,
+    ttft_stages,
+    vllm_server,
+    wait_for,
+)
+
+MAX_NUM_SEQS = 64
+PROMPT = "Once upon a time, in a roundhouse far away,"
+TOKENS = 16
+CONCURRENCY = 32
+ENGINE_CPUS = "0"
+PLATFORM_CPUS = "1"
+PAUSE_SECONDS = 0.03
+ORDER = random.Random(20261206)
+STAGES = ("frontend", "queue", "relay")
+# What issue 60 asks at one stream (medians).
+STAGES_TARGET_MS = 2.0
+ADDED_TARGET_MS = 2.0
+
+
+@dataclass
+class Samples:
+    """One target's figures, pooled over the rounds."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
+    stages_ms: dict[str, list[float]] = field(default_factory=dict)
+    rps: list[float] = field(default_factory=list)
+    frontend_cores: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    def per_core(self) -> list[float]:
+        return [r / c for r, c in zip(self.rps, self.frontend_cores, strict=True) if c > 0]
+
+
+# ------------------------------------------------------------------------------------- load
+
+
+def _body(target: Target, max_tokens: int, stream: bool) -> dict[str, object]:
+    return {
+        "model": target.model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": stream,
+    }
+
+
+def _headers(target: Target) -> dict[str, str]:
+    return {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
+
+
+async def _streamed(session: aiohttp.ClientSession, target: Target) -> Sent:
+    """Stream one chat; return its request id, when it was sent and its TTFT."""
+    sent_at = time.time()
+    started = time.perf_counter()
+    ttft = -1.0
+    request_id = ""
+    async with session.post(
+        f"{target.base_url}/v1/chat/completions",
+        json=_body(target, TOKENS, stream=True),
+        headers=_headers(target),
+    ) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {(await response.read())[:300]!r}")
+        request_id = response.headers.get("x-request-id", "")
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if ttft >= 0 or not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[6:]).get("choices") or []
+            if choices and (choices[0].get("delta") or {}).get("content"):
+                ttft = (time.perf_counter() - started) * 1000
+    return Sent(request_id, sent_at, ttft)
+
+
+async def _plain(session: aiohttp.ClientSession, target: Target) -> None:
+    async with session.post(
+        f"{target.base_url}/v1/chat/completions",
+        json=_body(target, 1, stream=False),
+        headers=_headers(target),
+    ) as response:
+        payload = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {payload[:300]!r}")
+
+
+def _session(limit: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit), timeout=aiohttp.ClientTimeout(total=120)
+    )
+
+
+async def _one_at_a_time(targets: list[Target], requests: int, into: dict[str, Samples]) -> None:
+    """Streamed chats one at a time, to every target in turn in a shuffled order."""
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(_session(2)) for _ in targets]
+        pairs = list(zip(sessions, targets, strict=True))
+        for session, target in pairs:
+            for _ in range(5):  # warm connections and caches on each path
+                await _streamed(session, target)
+        for done in range(requests):
+            for session, target in ORDER.sample(pairs, len(pairs)):
+                samples = into[target.name]
+                try:
+                    sent = await _streamed(session, target)
+                except Exception as exc:
+                    samples.errors += 1
+                    progress(f"{target.name}: request failed: {exc}")
+                else:
+                    samples.ttft_ms.append(sent.ttft_ms)
+                    samples.sent.append(sent)
+                await asyncio.sleep(PAUSE_SECONDS)
+            if (done + 1) % 50 == 0:
+                progress(f"one at a time: {done + 1}/{requests} requests to each target")
+
+
+async def _closed_loop(
+    target: Target, seconds: float, frontend: psutil.Process
+) -> tuple[float, float, int]:
+    """One-token chats at CONCURRENCY for `seconds`: (requests/s, frontend cores, errors)."""
+    async with _session(CONCURRENCY) as session:
+        await asyncio.gather(*(_plain(session, target) for _ in range(CONCURRENCY)))
+        done = errors = 0
+
+        async def client(deadline: float) -> None:
+            nonlocal done, errors
+            while time.perf_counter() < deadline:
+                try:
+                    await _plain(session, target)
+                    done += 1
+                except Exception as exc:
+                    errors += 1
+                    if errors <= 3:
+                        progress(f"{target.name}: request failed: {exc}")
+
+        cpu_before = sum(frontend.cpu_times()[:2])
+        started = time.perf_counter()
+        await asyncio.gather(*(client(started + seconds) for _ in range(CONCURRENCY)))
+        wall = time.perf_counter() - started
+        cpu = sum(frontend.cpu_times()[:2]) - cpu_before
+    return done / wall, cpu / wall, errors
+
+
+# ----------------------------------------------------------------------------------- targets
+
+
+@contextlib.contextmanager
+def _worktree(rev: str, work: Path) -> Iterator[Path]:
+    """The base commit's code, checked out beside this one; refused when its data plane or
+    worker differs from this checkout's (its frontend would speak another queue protocol)."""
+    changed = subprocess.run(
+        ["git", "-C", str(ROOT), "diff", "--quiet", rev, "--", "dataplane", "workers"],
+        check=False,
+    )
+    if changed.returncode != 0:
+        raise SystemExit(f"{rev} has another data plane or worker than this checkout")
+    tree = work / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree),
+                    rev], check=True, capture_output=True)  # fmt: skip
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       check=False, capture_output=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _frontend_at(
+    platform: Platform, tree: Path, work: Path, name: str
+) -> Iterator[tuple[str, psutil.Process]]:
+    """A frontend serving `tree`'s code on the platform's servers, pinned to the platform core."""
+    port = free_port()
+    log = work / f"{name}.log"
+    args = ["taskset", "-c", PLATFORM_CPUS, sys.executable, "-m", "uvicorn",
+            "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+            "--no-access-log", "--log-level", "warning"]  # fmt: skip
+    env = {**platform.env, "PYTHONPATH": str(tree)}
+    web = spawn(args, log, env, cwd=tree)
+    try:
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), web, name, log)
+        yield f"http://127.0.0.1:{port}", psutil.Process(web.pid)
+    finally:
+        stop([web])
+
+
+def _pin(pid: int | None) -> None:
+    if pid is None:
+        return
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_affinity([int(PLATFORM_CPUS)])
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
+    from models_registry.demo_model import demo_model_build
+
+    progress("building the tiny demo model")
+    model_dir = demo_model_build(out_dir=work / "model")
+    platform: Platform | None = None
+    names = ["vllm", "now", *(["base"] if args.base else [])]
+    samples = {name: Samples() for name in names}
+    try:
+        platform = prepare_roundhouse(
+            model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
+        )
+        for service in ("postgres", "valkey"):
+            _pin(services_pid(platform.services, service))
+        with contextlib.ExitStack() as stack:
+            progress("starting vLLM's OpenAI server")
+            engine = stack.enter_context(
+                vllm_server(model_dir, work, max_num_seqs=MAX_NUM_SEQS, cpus=ENGINE_CPUS)
+            )
+            engine.name = "vllm"
+            progress("starting Roundhouse")
+            now = stack.enter_context(
+                roundhouse_stack(
+                    platform, work / "rh", engine_cpus=ENGINE_CPUS, platform_cpus=PLATFORM_CPUS
+                )
+            )
+            now.name = "now"
+            frontends = {"now": now.processes["frontend"]}
+            targets = [engine, now]
+            if args.base:
+                tree = stack.enter_context(_worktree(args.base, work))
+                progress(f"starting a frontend at {args.base} beside it")
+                url, process = stack.enter_context(_frontend_at(platform, tree, work, "base"))
+                targets.append(
+                    Target(name="base", base_url=url, model="tiny", api_keys=platform.tokens)
+                )
+                frontends["base"] = process
+            # The load generator shares the platform core, as in the other benchmarks.
+            psutil.Process().cpu_affinity([int(PLATFORM_CPUS)])
+            for round_ in range(1, args.rounds + 1):
+                progress(f"round {round_}/{args.rounds}: {args.requests} streamed chats each")
+                asyncio.run(_one_at_a_time(targets, args.requests, samples))
+                order = [t for t in targets if t.name in frontends]
+                for target in order if round_ % 2 else order[::-1]:
+                    rps, cores, errors = asyncio.run(
+                        _closed_loop(target, args.seconds, frontends[target.name])
+                    )
+                    found = samples[target.name]
+                    found.rps.append(rps)
+                    found.frontend_cores.append(cores)
+                    found.errors += errors
+                    progress(
+                        f"{target.name}: {rps:,.0f} req/s at concurrency {CONCURRENCY}, "
+                        f"frontend {cores:.2f} cores, {rps / max(cores, 1e-9):,.0f} req/s per core"
+                    )
+        for name in frontends:
+            # Read once every usage record is in: every round's requests at once.
+            samples[name].stages_ms = ttft_stages(samples[name].sent, wait_s=30)
+    finally:
+        platform_stop(platform)
+    return samples
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def _p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _summary(samples: dict[str, Samples]) -> dict[str, dict[str, float]]:
+    vllm_ttft = _p50(samples["vllm"].ttft_ms)
+    out: dict[str, dict[str, float]] = {"vllm": {"ttft_p50_ms": vllm_ttft}}
+    for name, found in samples.items():
+        if name == "vllm":
+            continue
+        stages = {s: _p50(found.stages_ms.get(s, [])) for s in STAGES}
+        out[name] = {
+            "ttft_p50_ms": _p50(found.ttft_ms),
+            "ttft_p99_ms": percentile(found.ttft_ms, 0.99),
+            "ttft_added_p50_ms": _p50(found.ttft_ms) - vllm_ttft,
+            **{f"{s}_p50_ms": v for s, v in stages.items()},
+            "stages_p50_ms": sum(stages.values()),
+            "engine_p50_ms": _p50(found.stages_ms.get("engine", [])),
+            "rps": _p50(found.rps),
+            "frontend_cores": _p50(found.frontend_cores),
+            "rps_per_core": _p50(found.per_core()),
+            "errors": found.errors,
+        }
+    return out
+
+
+def _table(summary: dict[str, dict[str, float]], base: str | None) -> str:
+    names = ["now", *(["base"] if base else [])]
+    label = {"now": "this checkout", "base": f"base `{base}`"}
+    rows = [
+        ("frontend: sent → job built", "frontend_p50_ms", "{:.2f} ms"),
+        ("queue: job built → started", "queue_p50_ms", "{:.2f} ms"),
+        ("relay: first token → client", "relay_p50_ms", "{:.2f} ms"),
+        (f"**platform stages** (target ≤ {STAGES_TARGET_MS:g} ms)", "stages_p50_ms", "{:.2f} ms"),
+        ("engine: started → first token", "engine_p50_ms", "{:.2f} ms"),
+        ("TTFT at the client", "ttft_p50_ms", "{:.2f} ms"),
+        (
+            f"**TTFT added over vLLM's server** (target ≤ {ADDED_TARGET_MS:g} ms)",
+            "ttft_added_p50_ms",
+            "{:+.2f} ms",
+        ),
+        ("requests/s at concurrency 32 (one-token chats)", "rps", "{:,.0f}"),
+        ("frontend cores used meanwhile", "frontend_cores", "{:.2f}"),
+        ("**requests/s per frontend core**", "rps_per_core", "{:,.0f}"),
+    ]
+    head = "| p50 | " + " | ".join(label[n] for n in names)
+    head += " | now ÷ base |" if base else " |"
+    lines = [head, "| --- |" + " ---: |" * (len(names) + (1 if base else 0))]
+    for title, key, fmt in rows:
+        cells = [fmt.format(summary[n][key]) for n in names]
+        if base:
+            before = summary["base"][key]
+            cells.append(f"{summary['now'][key] / before:.2f}" if before else "")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    lines.append(f"| vLLM's own server: TTFT | {summary['vllm']['ttft_p50_ms']:.2f} ms |"
+                 + " |" * (len(names) - 1 + (1 if base else 0)))  # fmt: skip
+    return "\n".join(lines)
+
+
+def _plot(samples: dict[str, Samples], path: Path, base: str | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("now", "base") if n in samples]
+    label = {"now": "this checkout", "base": f"base {base}"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = [0.0] * len(names)
+    for stage in STAGES:
+        values = [_p50(samples[n].stages_ms.get(stage, [])) for n in names]
+        left.bar([label[n] for n in names], values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    left.axhline(STAGES_TARGET_MS, color="black", linestyle="--", linewidth=1, label="target")
+    left.set(ylabel="ms (p50 of each stage)", title="The platform's stages at one stream")
+    left.legend(fontsize=8)
+    right.bar([label[n] for n in names], [_p50(samples[n].per_core()) for n in names])
+    right.set(ylabel="requests/s per frontend core", title="One-token chats, concurrency 32")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _headline(summary: dict[str, dict[str, float]], base: str | None) -> list[dict[str, object]]:
+    now = summary["now"]
+    rows: list[dict[str, object]] = [
+        {
+            "measure": "Platform stages at one stream (frontend + queue + relay), p50 (ms)",
+            "value": now["stages_p50_ms"],
+            "target": f"≤ {STAGES_TARGET_MS:g}",
+        },
+        {
+            "measure": "TTFT added over vLLM's server at one stream, p50 (ms)",
+            "value": now["ttft_added_p50_ms"],
+            "target": f"≤ {ADDED_TARGET_MS:g}",
+        },
+        {"measure": "Frontend requests/s per core (concurrency 32)", "value": now["rps_per_core"]},
+    ]
+    if base:
+        before = summary["base"]
+        rows += [
+            {
+                "measure": f"Platform stages at one stream, this checkout ÷ `{base}`",
+                "value": now["stages_p50_ms"] / before["stages_p50_ms"],
+            },
+            {
+                "measure": f"Frontend requests/s per core, this checkout ÷ `{base}`",
+                "value": now["rps_per_core"] / before["rps_per_core"],
+            },
+        ]
+    return rows
+
+
+def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
+    summary = _summary(samples)
+    print(_table(summary, args.base))
+    plot = plot_path(args.docs, "platform_time")
+    _plot(samples, plot, args.base)
+    beside = (
+        f" beside a frontend at commit `{args.base}` (a worktree, the same servers and worker)"
+        if args.base
+        else ""
+    )
+    text = (
+        "## The platform's own time per request\n\n"
+        f"`bench/platform_time.py`, {time.strftime('%Y-%m-%d')}, {psutil.cpu_count()} CPU "
+        f"cores ({cpu_features()}), tiny Llama demo model, {args.rounds} rounds. This "
+        f"checkout's frontend{beside}, and vLLM's own OpenAI server with the same engine "
+        "settings; both engines on core 0, frontends, datastores and the load generator on "
+        f"core 1. One at a time: {args.requests} streamed chats of {TOKENS} tokens to each "
+        "target per round, in a shuffled order; the stages come from the usage records and "
+        "the client's clock. Closed loop: one-token chats at concurrency 32 to each frontend "
+        f"in turn for {args.seconds:g} s a round; requests/s ÷ the frontend process's CPU "
+        "(cores). Medians over the rounds.\n\n"
+        + _table(summary, args.base)
+        + f"\n\n![the platform's stages and requests per core]({plot.parent.name}/{plot.name})\n"
+    )
+    section_write(args.docs, "platform_time", text)
+    results_write(
+        args.docs,
+        "platform_time",
+        {
+            "section": "platform_time",
+            "headline": _headline(summary, args.base),
+            "base": args.base,
+            "rounds": args.rounds,
+            "requests": args.requests,
+            "seconds": args.seconds,
+            "summary": summary,
+            "samples": {
+                name: {
+                    "ttft_ms": found.ttft_ms,
+                    "stages_ms": found.stages_ms,
+                    "rps": found.rps,
+                    "frontend_cores": found.frontend_cores,
+                }
+                for name, found in samples.items()
+            },
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", help="a commit whose frontend is measured beside this one")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200, help="streamed chats per round")
+    parser.add_argument("--seconds", type=float, default=8.0, help="closed loop, per round")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="roundhouse-bench-"))
+    try:
+        report(run(args, work), args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
