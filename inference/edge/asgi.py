@@ -340,6 +340,9 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
                     return remembered
                 scope[COUNTING] = _count_beside(principal, size)
                 scope[COUNTED] = True
+                # One turn of the loop: the count's command is written before the body is
+                # read and parsed, which take the loop without yielding for a small body.
+                await asyncio.sleep(0)
                 return None
             try:
                 refusal = await unread_request_count(principal=principal, size=size)
@@ -358,7 +361,9 @@ def _count_beside(principal: Principal, size: int) -> asyncio.Task[ApiError | No
     answer is its 429, held as a refusal before the body would be, or None."""
 
     async def count() -> ApiError | None:
-        refusal = await unread_request_count(principal=principal, size=size)
+        # Sent at once, on its own: gathered with the turn's other calls it would wait for
+        # the event loop's next turn, which the body's parsing holds.
+        refusal = await unread_request_count(principal=principal, size=size, at_once=True)
         if refusal is not None and refusal.code in HELD_CODES:
             refusal = await refusal_held(principal.tenant_id, refusal)
         return refusal
@@ -377,7 +382,9 @@ def _refusal_remembered(tenant_id: int, size: int | None) -> ApiError | None:
     )
 
 
-async def unread_request_count(*, principal: Principal, size: int | None) -> ApiError | None:
+async def unread_request_count(
+    *, principal: Principal, size: int | None, at_once: bool = False
+) -> ApiError | None:
     """Count a request whose body is still unread; return the 429 that refuses it, if one.
 
     It takes one of its tenant's requests per minute, then, when `size` is known, its size
@@ -392,7 +399,7 @@ async def unread_request_count(*, principal: Principal, size: int | None) -> Api
     if remembered is not None:
         return remembered
     try:
-        await request_count(principal=principal)
+        await request_count(principal=principal, at_once=at_once)
     except ApiError as exc:
         _refused.remember(tenant, "requests", exc)
         return exc

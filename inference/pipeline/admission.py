@@ -159,7 +159,7 @@ _REJECTIONS = {
 }
 
 
-async def request_count(*, principal: Principal) -> Decision:
+async def request_count(*, principal: Principal, at_once: bool = False) -> Decision:
     """Count a request against its tenant's requests per minute, or raise the 429.
 
     Called as soon as an API request's key is known, before its body is parsed or tokenised:
@@ -167,7 +167,7 @@ async def request_count(*, principal: Principal) -> Decision:
     so a flood of bad requests throttles its own tenant only.
     """
     decision = await quotas_get().take_request(
-        tenant_id=principal.tenant_id, limits=principal.limits
+        tenant_id=principal.tenant_id, limits=principal.limits, at_once=at_once
     )
     if not decision.admitted:
         raise _limit_error(principal, decision)

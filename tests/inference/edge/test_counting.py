@@ -59,7 +59,9 @@ def count(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     async def key_check(token: Any) -> Principal:
         return PRINCIPAL
 
-    async def unread_request_count(*, principal: Principal, size: int | None) -> Any:
+    async def unread_request_count(
+        *, principal: Principal, size: int | None, at_once: bool = False
+    ) -> Any:
         state["counted"] += 1
         await state["answer"].wait()
         return state["refusal"]
