@@ -135,21 +135,14 @@ class Quotas:
             reset_tokens_ms=reset_tokens,
         )
 
-    async def take_request(
-        self, *, tenant_id: int, limits: Limits, at_once: bool = False
-    ) -> Decision:
-        """Count one request against the tenant's requests per minute, or refuse it.
-
-        `at_once` sends it now, on its own, rather than with the turn's other calls: the
-        caller goes on with other work while it is out.
-        """
+    async def take_request(self, *, tenant_id: int, limits: Limits) -> Decision:
+        """Count one request against the tenant's requests per minute, or refuse it."""
         now = time.time()
-        keys = list(quota_keys(tenant_id, "", month_of(now))[:2])
-        args = [int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute]
-        if at_once:
-            result = await self._take_request(keys=keys, args=args)
-        else:
-            result = await self._turns.script(self._take_request, keys=keys, args=args)
+        result = await self._turns.script(
+            self._take_request,
+            keys=list(quota_keys(tenant_id, "", month_of(now))[:2]),
+            args=[int(now * 1000), limits.requests_per_minute, limits.tokens_per_minute],
+        )
         status, remaining_requests, remaining_tokens, reset_requests, reset_tokens = (
             int(v) for v in result
         )

@@ -74,7 +74,7 @@ async def chat_completions_batch(request: HttpRequest, request_id: str) -> HttpR
 async def _generate(
     request: HttpRequest, request_id: str, *, endpoint: str, batch: bool = False
 ) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE, count_beside=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     tenant_id = principal.tenant_id
     body, parsed = await request_read(
         request,

@@ -68,13 +68,6 @@ TURN_OVER = "roundhouse.turn_over"  # in a large body's scope: ends its reading 
 COUNTS_REQUESTS = "counts_requests"
 COUNTED = "roundhouse.counted"
 COUNT_BYTES_READ = "roundhouse.count_bytes_read"
-# A small body's count is not waited for before the body is read: it goes on while the body is
-# parsed and tokenised, and the request's admission waits for its answer (a round trip less
-# before the engine sees the request). Its task is in the scope under COUNTING; a request
-# that ends without admission answers the count's 429 if it refused (inference/edge/endpoint.py).
-# Larger bodies are still counted before a byte of them is read.
-COUNTING = "roundhouse.counting"
-COUNTED_BESIDE_BYTES = 16 * 1024
 MULTIPART_SLACK = 64 * 1024  # a multipart form's own bytes around the file it carries
 
 
@@ -334,16 +327,6 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
                 scope_check(principal, scope=Scope.INFERENCE)
             except ApiError as exc:
                 return exc
-            if size is not None and size <= COUNTED_BESIDE_BYTES:
-                remembered = _refusal_remembered(principal.tenant_id, size)
-                if remembered is not None:
-                    return remembered
-                scope[COUNTING] = _count_beside(principal, size)
-                scope[COUNTED] = True
-                # One turn of the loop: the count's command is written before the body is
-                # read and parsed, which take the loop without yielding for a small body.
-                await asyncio.sleep(0)
-                return None
             try:
                 refusal = await unread_request_count(principal=principal, size=size)
             except Exception:
@@ -356,35 +339,7 @@ async def refusal_before_body(scope: Any) -> ApiError | None:
     return None
 
 
-def _count_beside(principal: Principal, size: int) -> asyncio.Task[ApiError | None]:
-    """Count a small body's request while it is read and parsed (COUNTING): a task whose
-    answer is its 429, held as a refusal before the body would be, or None."""
-
-    async def count() -> ApiError | None:
-        # Sent at once, on its own: gathered with the turn's other calls it would wait for
-        # the event loop's next turn, which the body's parsing holds.
-        refusal = await unread_request_count(principal=principal, size=size, at_once=True)
-        if refusal is not None and refusal.code in HELD_CODES:
-            refusal = await refusal_held(principal.tenant_id, refusal)
-        return refusal
-
-    task = asyncio.ensure_future(count())
-    # Its request may end without asking (the client went away): a failure is not logged as
-    # never retrieved; the request was then answered, or counted again, by its view.
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
-    return task
-
-
-def _refusal_remembered(tenant_id: int, size: int | None) -> ApiError | None:
-    """The refusal this frontend remembers for the tenant's requests now (`_Refused`)."""
-    return _refused.refusal(tenant_id, "requests") or (
-        _refused.refusal(tenant_id, "bytes", size=size) if size is not None else None
-    )
-
-
-async def unread_request_count(
-    *, principal: Principal, size: int | None, at_once: bool = False
-) -> ApiError | None:
+async def unread_request_count(*, principal: Principal, size: int | None) -> ApiError | None:
     """Count a request whose body is still unread; return the 429 that refuses it, if one.
 
     It takes one of its tenant's requests per minute, then, when `size` is known, its size
@@ -395,11 +350,13 @@ async def unread_request_count(
     too, before it is parsed (inference/websocket/views.py).
     """
     tenant = principal.tenant_id
-    remembered = _refusal_remembered(tenant, size)
+    remembered = _refused.refusal(tenant, "requests") or (
+        _refused.refusal(tenant, "bytes", size=size) if size is not None else None
+    )
     if remembered is not None:
         return remembered
     try:
-        await request_count(principal=principal, at_once=at_once)
+        await request_count(principal=principal)
     except ApiError as exc:
         _refused.remember(tenant, "requests", exc)
         return exc

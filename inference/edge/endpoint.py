@@ -35,7 +35,6 @@ from inference.body.parser import GenerationRequest, body_parse
 from inference.edge.asgi import (
     CHECKED_PRINCIPAL,
     COUNTED,
-    COUNTING,
     COUNTS_REQUESTS,
     TURN_OVER,
     refusal_held,
@@ -44,9 +43,6 @@ from inference.edge.asgi import (
 from inference.pipeline.admission import (
     VERSION_HEADER,
     Submitted,
-    count_pending_refusal,
-    count_pending_set,
-    count_pending_settle,
     key_free,
     ratelimit_headers,
     request_id_new,
@@ -118,11 +114,6 @@ def api_endpoint(*methods: str, counted: bool = False) -> Callable[[View], Routa
             except Exception:
                 log.exception("unhandled error in %s", request.path)
                 response = internal_error().response(request.path)
-            # Its count still in flight: the view answered before admission (a refusal, a
-            # replay). A count that refused is the answer, as before the body was read.
-            refusal = await count_pending_refusal()
-            if refusal is not None:
-                response = refusal.response(request.path)
             principal = request.META.get(_PRINCIPAL)
             if principal is not None and "x-ratelimit-limit-requests" not in response:
                 # Every response to a known tenant says where its limits stand.
@@ -345,17 +336,13 @@ def request_trace(request: HttpRequest) -> TraceContext:
     return trace
 
 
-async def request_principal(
-    request: HttpRequest, scope: str, *, count_beside: bool = False
-) -> Principal:
+async def request_principal(request: HttpRequest, scope: str) -> Principal:
     """Authenticate a request's API key for a scope; later headers name its limits.
 
     A request to a counted endpoint (`api_endpoint(counted=True)`) takes its token from the
     tenant's requests per minute here, before its body is parsed, so that it counts (or gets
     its 429) whatever its body holds; unless the handler counted it before its body was read
-    (inference/edge/asgi.py). A small body's count the handler started may still be in
-    flight: with `count_beside` (a view that admits what it serves) it goes on while the
-    body is parsed and tokenised, and admission waits for it; else it is waited for here.
+    (inference/edge/asgi.py).
     """
     scope_of = getattr(request, "scope", {})
     checked = scope_of.get(CHECKED_PRINCIPAL)
@@ -367,11 +354,6 @@ async def request_principal(
             scope=scope,
         )
     request.META[_PRINCIPAL] = principal
-    counting = scope_of.get(COUNTING)
-    if counting is not None:
-        count_pending_set(counting)
-        if not count_beside:
-            await count_pending_settle(principal)
     if request.META.get(_COUNTED) and not scope_of.get(COUNTED):
         # As the handler counts a body's request: a refusal is remembered a moment, so a flood
         # of reads past the limit costs no round trip each, and held until a retry could pass.

@@ -26,7 +26,7 @@ from tenants.models import Scope
 
 @api_endpoint("POST", counted=True)
 async def embeddings(request: HttpRequest, request_id: str) -> HttpResponseBase:
-    principal = await request_principal(request, Scope.INFERENCE, count_beside=True)
+    principal = await request_principal(request, Scope.INFERENCE)
     _, parsed = await request_read(request, embeddings_parse)
     clock = request_clock(request)
     submitted = await embedding_submit(

@@ -7,8 +7,6 @@ when it ends; a refusal is a 429 whose x-ratelimit-* headers say which limit and
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
 import math
 import uuid
@@ -159,7 +157,7 @@ _REJECTIONS = {
 }
 
 
-async def request_count(*, principal: Principal, at_once: bool = False) -> Decision:
+async def request_count(*, principal: Principal) -> Decision:
     """Count a request against its tenant's requests per minute, or raise the 429.
 
     Called as soon as an API request's key is known, before its body is parsed or tokenised:
@@ -167,60 +165,11 @@ async def request_count(*, principal: Principal, at_once: bool = False) -> Decis
     so a flood of bad requests throttles its own tenant only.
     """
     decision = await quotas_get().take_request(
-        tenant_id=principal.tenant_id, limits=principal.limits, at_once=at_once
+        tenant_id=principal.tenant_id, limits=principal.limits
     )
     if not decision.admitted:
         raise _limit_error(principal, decision)
     return decision
-
-
-# A request's count against its tenant's requests per minute while it is still in flight: the
-# frontend's handler starts it before a small body is read, and the request's body is parsed
-# and tokenised meanwhile. Its answer, the 429 that refuses the request or None, is awaited
-# before anything is reserved (`count_pending_settle`), or by the endpoint once its view has
-# answered without admission (`count_pending_refusal`): a refused count is the answer then,
-# as if the request had been refused before its body was read.
-_count_pending: contextvars.ContextVar[asyncio.Future[ApiError | None] | None] = (
-    contextvars.ContextVar("count_pending", default=None)
-)
-
-
-def count_pending_set(count: asyncio.Future[ApiError | None] | None) -> None:
-    """Leave this request's count in flight until admission (None: none is)."""
-    _count_pending.set(count)
-
-
-async def count_pending_settle(principal: Principal) -> None:
-    """Wait for this request's count still in flight, if one is; raise the 429 it answered.
-
-    A count that failed (Valkey away) did not count the request: it is counted here, and what
-    that raises is raised.
-    """
-    count = _count_pending.get()
-    if count is None:
-        return
-    _count_pending.set(None)
-    try:
-        # Shielded: a cancelled request's count still lands, as one counted before its body.
-        refusal = await asyncio.shield(count)
-    except Exception:
-        await request_count(principal=principal)
-        return
-    if refusal is not None:
-        raise refusal
-
-
-async def count_pending_refusal() -> ApiError | None:
-    """The 429 of this request's count still in flight, if it answered one; None otherwise
-    (no count in flight, it admitted the request, or it failed)."""
-    try:
-        count = _count_pending.get()
-        if count is None:
-            return None
-        _count_pending.set(None)
-        return await asyncio.shield(count)
-    except Exception:
-        return None
 
 
 async def body_bytes_count(*, principal: Principal, size: int, read: bool = False) -> None:

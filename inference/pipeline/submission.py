@@ -57,7 +57,6 @@ from inference.pipeline.admission import (
     FALLBACK_REASONS,
     Submitted,
     admit,
-    count_pending_settle,
     queue_full_error,
     ratelimit_headers,
     refusal_error,
@@ -279,9 +278,6 @@ async def _generation_admit(
     # The served version's policy: whatever name reached it (an alias, the model, pinned).
     policy = await policy_get(tenant_id=principal.tenant_id, version=route.version)
     token_output_check(request, policy=policy)
-    if policy is not None and policy.apply_to_input:
-        # Screening records what it finds: only a request its count let through is screened.
-        await count_pending_settle(principal)
     request = await input_screen(
         request, policy=policy, tenant_id=principal.tenant_id, request_id=request_id
     )
@@ -444,8 +440,6 @@ async def _job_submit(
     """
     if clock is not None:
         clock.lap("preprocess")
-    # Counted while the body was parsed and tokenised: its 429 comes before any other refusal.
-    await count_pending_settle(principal)
     try:
         _queue_fit_check(route, job, model=model)
         reserve = _reservation(route, job)
