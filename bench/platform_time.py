@@ -1,13 +1,13 @@
-"""The platform's own time per request: this checkout's frontend beside a base commit's.
+"""The platform's own time per request: this checkout beside a base commit, on one machine.
 
-One Roundhouse stack on the tiny demo model (embedded PostgreSQL and Valkey, a worker hosting
-the engine, the usage ingester) and vLLM's own OpenAI server with the same engine settings,
-both engines pinned to core 0; beside the stack's frontend (this checkout's code), with
-`--base REV`, a second frontend running that commit's code from a git worktree, on the same
-servers and served by the same worker. Every frontend, the datastores and the load generator
-share core 1. A change to the frontend is measured against the code before it in one run, on
-one engine: what differs between the two Roundhouse targets is the frontend's code alone (the
-base must share this checkout's data plane and worker: `dataplane/` and `workers/` unchanged).
+One Roundhouse stack on the tiny demo model (embedded PostgreSQL and Valkey, a frontend and a
+worker hosting the engine, the usage ingester) and vLLM's own OpenAI server with the same
+engine settings. With `--base REV`, a second frontend and worker run that commit's code from a
+git worktree, on the same servers, serving a deployment of their own of the same model
+(registered under another name): the whole request path, before and after, measured in one
+run. Every engine is pinned to core 0; the frontends, the datastores and the load generator
+share core 1. The base must keep this checkout's database schema and usage records (its
+migrations and `dataplane/types.py` unchanged): the ingester and PostgreSQL serve both.
 
 Two measures, in rounds:
 
@@ -16,7 +16,7 @@ Two measures, in rounds:
   client; for each Roundhouse target its split by stage from the usage records (frontend:
   sent → job built; queue: job built → started, the quota and queue scripts and a worker's
   claim; relay: first token → client), and the TTFT it adds over vLLM's server;
-- closed loop: one-token chats at concurrency 32 to each Roundhouse frontend in turn for
+- closed loop: one-token chats at concurrency 32 to each Roundhouse target in turn for
   `--seconds`: requests/s, and the frontend process's CPU seconds over the wall time, so
   requests/s per frontend core.
 
@@ -81,6 +81,9 @@ PLATFORM_CPUS = "1"
 PAUSE_SECONDS = 0.03
 ORDER = random.Random(20261206)
 STAGES = ("frontend", "queue", "relay")
+# What the base's frontend and worker share with this checkout's ingester and database.
+SHARED = ("dataplane/types.py", "*/migrations/*")
+BASE_MODEL = "tiny-base"  # the base's own deployment, and the name its requests call
 # What issue 60 asks at one stream (medians).
 STAGES_TARGET_MS = 2.0
 ADDED_TARGET_MS = 2.0
@@ -216,14 +219,13 @@ async def _closed_loop(
 
 @contextlib.contextmanager
 def _worktree(rev: str, work: Path) -> Iterator[Path]:
-    """The base commit's code, checked out beside this one; refused when its data plane or
-    worker differs from this checkout's (its frontend would speak another queue protocol)."""
+    """The base commit's code, checked out beside this one; refused when its schema or usage
+    records differ from this checkout's, which the shared database and ingester keep."""
     changed = subprocess.run(
-        ["git", "-C", str(ROOT), "diff", "--quiet", rev, "--", "dataplane", "workers"],
-        check=False,
+        ["git", "-C", str(ROOT), "diff", "--quiet", rev, "--", *SHARED], check=False
     )
     if changed.returncode != 0:
-        raise SystemExit(f"{rev} has another data plane or worker than this checkout")
+        raise SystemExit(f"{rev} has another schema or usage record than this checkout")
     tree = work / "base"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree),
                     rev], check=True, capture_output=True)  # fmt: skip
@@ -235,22 +237,55 @@ def _worktree(rev: str, work: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _frontend_at(
-    platform: Platform, tree: Path, work: Path, name: str
-) -> Iterator[tuple[str, psutil.Process]]:
-    """A frontend serving `tree`'s code on the platform's servers, pinned to the platform core."""
+def _base_stack(platform: Platform, tree: Path, work: Path) -> Iterator[Target]:
+    """A frontend and a worker running `tree`'s code on the platform's servers, the worker
+    serving the base's own deployment (engine on the engine core, frontend on the other)."""
     port = free_port()
-    log = work / f"{name}.log"
-    args = ["taskset", "-c", PLATFORM_CPUS, sys.executable, "-m", "uvicorn",
-            "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-            "--no-access-log", "--log-level", "warning"]  # fmt: skip
-    env = {**platform.env, "PYTHONPATH": str(tree)}
-    web = spawn(args, log, env, cwd=tree)
+    env = {**platform.env, "PYTHONPATH": str(tree), "VLLM_CPU_OMP_THREADS_BIND": ENGINE_CPUS}
+    worker_log, web_log = work / "base-worker.log", work / "base-web.log"
+    worker_args = ["manage.py", "run_worker", "--deployment", BASE_MODEL]
+    worker = spawn(["taskset", "-c", ENGINE_CPUS, sys.executable, *worker_args], worker_log, env,
+                   cwd=tree)  # fmt: skip
+    web_args = ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
+                str(port), "--no-access-log", "--log-level", "warning"]  # fmt: skip
+    web = spawn(["taskset", "-c", PLATFORM_CPUS, sys.executable, *web_args], web_log, env,
+                cwd=tree)  # fmt: skip
     try:
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), web, name, log)
-        yield f"http://127.0.0.1:{port}", psutil.Process(web.pid)
+        wait_for(lambda: b"ready: serving" in worker_log.read_bytes(), worker, "base worker",
+                 worker_log)  # fmt: skip
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), web, "base", web_log)
+        yield Target(
+            name="base",
+            base_url=f"http://127.0.0.1:{port}",
+            model=BASE_MODEL,
+            api_keys=platform.tokens,
+            processes={"frontend": psutil.Process(web.pid)},
+        )
     finally:
-        stop([web])
+        stop([web, worker])
+
+
+def _base_deployment(model_dir: Path) -> None:
+    """The base's own version and deployment of the demo model: another name and price make
+    another version, served by the base's worker only."""
+    from decimal import Decimal
+
+    from bench.common import DTYPE, KV_CACHE_BYTES, MAX_MODEL_LEN
+    from models_registry.services import deployment_create, model_version_register
+
+    version, _ = model_version_register(
+        model_name=BASE_MODEL, source_dir=model_dir, price_input_per_1k=Decimal("0.0001")
+    )
+    deployment_create(
+        name=BASE_MODEL,
+        version=version,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_queued=256,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        enforce_eager=True,
+        dtype=DTYPE,
+    )
 
 
 def _pin(pid: int | None) -> None:
@@ -276,6 +311,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
         )
         for service in ("postgres", "valkey"):
             _pin(services_pid(platform.services, service))
+        if args.base:
+            _base_deployment(model_dir)  # before the ingester starts: it reads them once
         with contextlib.ExitStack() as stack:
             progress("starting vLLM's OpenAI server")
             engine = stack.enter_context(
@@ -293,12 +330,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
             targets = [engine, now]
             if args.base:
                 tree = stack.enter_context(_worktree(args.base, work))
-                progress(f"starting a frontend at {args.base} beside it")
-                url, process = stack.enter_context(_frontend_at(platform, tree, work, "base"))
-                targets.append(
-                    Target(name="base", base_url=url, model="tiny", api_keys=platform.tokens)
-                )
-                frontends["base"] = process
+                progress(f"starting a frontend and a worker at {args.base} beside it")
+                base = stack.enter_context(_base_stack(platform, tree, work))
+                targets.append(base)
+                frontends["base"] = base.processes["frontend"]
             # The load generator shares the platform core, as in the other benchmarks.
             psutil.Process().cpu_affinity([int(PLATFORM_CPUS)])
             for round_ in range(1, args.rounds + 1):
@@ -447,7 +482,8 @@ def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
     plot = plot_path(args.docs, "platform_time")
     _plot(samples, plot, args.base)
     beside = (
-        f" beside a frontend at commit `{args.base}` (a worktree, the same servers and worker)"
+        f" beside a frontend and a worker at commit `{args.base}` (a worktree, the same "
+        "servers, a deployment of its own of the same model)"
         if args.base
         else ""
     )
@@ -455,8 +491,8 @@ def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
         "## The platform's own time per request\n\n"
         f"`bench/platform_time.py`, {time.strftime('%Y-%m-%d')}, {psutil.cpu_count()} CPU "
         f"cores ({cpu_features()}), tiny Llama demo model, {args.rounds} rounds. This "
-        f"checkout's frontend{beside}, and vLLM's own OpenAI server with the same engine "
-        "settings; both engines on core 0, frontends, datastores and the load generator on "
+        f"checkout's frontend and worker{beside}, and vLLM's own OpenAI server with the same "
+        "engine settings; the engines on core 0, frontends, datastores and the load generator on "
         f"core 1. One at a time: {args.requests} streamed chats of {TOKENS} tokens to each "
         "target per round, in a shuffled order; the stages come from the usage records and "
         "the client's clock. Closed loop: one-token chats at concurrency 32 to each frontend "

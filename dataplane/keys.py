@@ -109,6 +109,11 @@ def reply_wake_key(deployment: str, reader: str) -> str:
     return f"{tag(deployment)}:wake:{reader}"
 
 
+def worker_wake_key(deployment: str, worker: str) -> str:
+    """List: wakes one worker's blocking pop of the wake list, beside the deployment's own."""
+    return f"{tag(deployment)}:wake:w:{worker}"
+
+
 def cancel_key(deployment: str, request_id: str) -> str:
     """String: set when a request is cancelled."""
     return f"{tag(deployment)}:cancel:{request_id}"

@@ -2,6 +2,9 @@
 
 A worker claims jobs in the fair order dataplane.frontdoor describes (lua/claim.lua), waits on
 the deployment's wake list when there are none, and checks which of its jobs were cancelled.
+An idle worker sends its next claim behind its blocking pop of the wake list, in one round trip
+(`wait_then_claim`): Valkey runs the claim the moment a job's enqueue wakes the pop, before the
+worker itself has woken, so a job reaches an idle worker's engine a round trip sooner.
 
 Leases. A claimed job moves to a sorted set scored by its lease's end; its worker renews the
 lease with each heartbeat and the reaper (dataplane.reaper) takes back jobs whose lease lapsed.
@@ -45,12 +48,15 @@ from dataplane.keys import (
     handoff_channel,
     heartbeats_key,
     retire_key,
+    worker_wake_key,
 )
-from dataplane.redis_client import ScriptArg
+from dataplane.redis_client import ScriptArg, cluster_of, pipeline_execute, script_into
 from dataplane.types import Job, encode, job_decoder
 
 # A replica takes a job for its prefix only while it holds at most this many times the mean load.
 PREFIX_LOAD_BOUND = 1.25
+# A worker's own wake list outlives the worker by this much at most.
+WAKE_TTL_SECONDS = 60
 
 
 def batch_every(share: float) -> int:
@@ -108,29 +114,92 @@ class Leases:
         Interactive work goes before batch work; with `batch_every` > 0 (see `batch_every`),
         every batch_every-th job taken while both classes wait is a batch one instead.
         """
-        now = time.time()
-        skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
-        rooms = "," + ",".join(f"{t}:{max(n, 0)}" for t, n in sorted((room or {}).items())) + ","
-        ok, expired = await self._claim(
-            keys=list(deployment_keys(deployment)),
-            args=[
-                now,
-                count,
-                now + lease_seconds,
-                skip,
-                worker,
-                "1" if affinity and worker else "0",
-                PREFIX_LOAD_BOUND,
-                handoff_channel(deployment, ""),
-                batch_every,
-                rooms,
-                -1 if room_default is None else max(room_default, 0),
-            ],
+        keys, args = self._claim_call(
+            deployment=deployment,
+            now=time.time(),
+            count=count,
+            lease_seconds=lease_seconds,
+            skip_tenants=skip_tenants,
+            worker=worker,
+            affinity=affinity,
+            batch_every=batch_every,
+            room=room,
+            room_default=room_default,
         )
+        ok, expired = await self._claim(keys=keys, args=args)
         return Claimed(
             run=[job_decoder.decode(p) for p in ok],
             expired=[job_decoder.decode(p) for p in expired],
         )
+
+    @staticmethod
+    def _claim_call(
+        *,
+        deployment: str,
+        now: float,
+        count: int,
+        lease_seconds: float,
+        skip_tenants: frozenset[int] = frozenset(),
+        worker: str = "",
+        affinity: bool = False,
+        batch_every: int = 0,
+        room: Mapping[int, int] | None = None,
+        room_default: int | None = None,
+    ) -> tuple[list[str], list[ScriptArg]]:
+        """The claim script's keys and arguments (see `claim`)."""
+        skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
+        rooms = "," + ",".join(f"{t}:{max(n, 0)}" for t, n in sorted((room or {}).items())) + ","
+        return list(deployment_keys(deployment)), [
+            now,
+            count,
+            now + lease_seconds,
+            skip,
+            worker,
+            "1" if affinity and worker else "0",
+            PREFIX_LOAD_BOUND,
+            handoff_channel(deployment, ""),
+            batch_every,
+            rooms,
+            -1 if room_default is None else max(room_default, 0),
+        ]
+
+    def pipelined(self) -> bool:
+        """Whether `wait_then_claim` is one round trip: not on a cluster, whose client sends
+        a blocking pop on its own."""
+        return cluster_of(self.redis) is None
+
+    async def wait_then_claim(
+        self, *, deployment: str, timeout: float, worker: str, **claim: Any
+    ) -> Claimed:
+        """Block until a job is queued, the worker is woken (`wake`) or `timeout` seconds
+        pass, then claim as `claim` does, with the arguments `claim` takes.
+
+        The claim is pipelined behind the pop on one connection, so Valkey runs it as soon as
+        the pop returns. Its clock is the one of the send, up to `timeout` old when it runs:
+        a lease ends that much early, and a job whose deadline passed meanwhile is started
+        rather than expired (its run ends at once, on its deadline). Not on a cluster
+        (`pipelined`).
+        """
+        now = time.time()
+        call = self._claim_call(deployment=deployment, worker=worker, now=now, **claim)
+        keys = deployment_keys(deployment)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.blpop([keys.wake, worker_wake_key(deployment, worker)], timeout=timeout)
+            script_into(pipe, self._claim, keys=call[0], args=call[1])
+            _, (ok, expired) = await pipeline_execute(pipe)
+        return Claimed(
+            run=[job_decoder.decode(p) for p in ok],
+            expired=[job_decoder.decode(p) for p in expired],
+        )
+
+    async def wake(self, *, deployment: str, worker: str) -> None:
+        """Make the worker's pending `wait_then_claim` pop return now, and its claim run."""
+        key = worker_wake_key(deployment, worker)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, "1")
+            pipe.ltrim(key, 0, 0)  # one token wakes it: more would only wake it again
+            pipe.expire(key, WAKE_TTL_SECONDS)
+            await pipe.execute()
 
     async def wait_for_work(self, *, deployment: str, timeout: float) -> None:
         """Block until a job is queued for the deployment or timeout seconds pass."""

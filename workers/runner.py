@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import redis.asyncio as aredis
@@ -20,7 +21,7 @@ import redis.asyncio as aredis
 from dataplane.background import event_wait, loop_failed, loop_ok, supervise
 from dataplane.finish import Finisher
 from dataplane.keys import cancel_channel, handoff_channel
-from dataplane.leases import Leases
+from dataplane.leases import Claimed, Leases
 from dataplane.redis_client import UNREACHABLE, Outage, ShardedSubscriber, pipeline_execute
 from dataplane.snapshots import depth
 from dataplane.tracing import bind
@@ -191,6 +192,8 @@ class Worker(abc.ABC):
         self._idle = _IdleClock(metrics.idle if metrics is not None else lambda _: None)
         # Set while a dead engine starts again: the worker claims nothing meanwhile.
         self._restarting = False
+        # The last claim found nothing: the next one waits for work first, in its round trip.
+        self._idle_claims = False
 
     def drain(self) -> None:
         """Stop claiming new jobs; in-flight ones finish (see run)."""
@@ -325,17 +328,23 @@ class Worker(abc.ABC):
             if (left := self.caps.room(seqs=seqs, kv_blocks=blocks)) is not None
         }
         held_back = any(left == 0 for left in room.values())
-        claimed = await self.leases.claim(
-            deployment=self.deployment,
-            count=free,
-            lease_seconds=self.lease_seconds,
-            skip_tenants=skip,
-            worker=self.worker_id,
-            affinity=self.prefix_routing,
-            batch_every=self.batch_every,
-            room=room,
-            room_default=self.caps.room(seqs=0, kv_blocks=0),
-        )
+        claim: dict[str, Any] = {
+            "count": free,
+            "lease_seconds": self.lease_seconds,
+            "skip_tenants": skip,
+            "worker": self.worker_id,
+            "affinity": self.prefix_routing,
+            "batch_every": self.batch_every,
+            "room": room,
+            "room_default": self.caps.room(seqs=0, kv_blocks=0),
+        }
+        # Idle (the last claim found nothing): wait for work and claim in one round trip.
+        waited = self._idle_claims and self.leases.pipelined()
+        if waited:
+            claimed = await self._waited_claim(wake_on_slot=bool(skip) or held_back, **claim)
+        else:
+            claimed = await self.leases.claim(deployment=self.deployment, **claim)
+        self._idle_claims = not claimed.run and not claimed.expired
         for job in claimed.expired:
             self._finish_unstarted(
                 job, failure_unstarted("deadline_exceeded", Status.TIMEOUT), charged=False
@@ -346,10 +355,11 @@ class Worker(abc.ABC):
             self.drain()
             return
         if not claimed.run:
-            if not claimed.expired:
+            if not claimed.expired and not self.leases.pipelined():
                 # A queued job wakes us; with only reserved slots open, or a tenant held back
                 # at its cap, so does a freed slot (the tenants passed over this time may then
-                # be served).
+                # be served). Where the wait and the claim go in one round trip, the next
+                # round waits (`_waited_claim`).
                 await _first_of(
                     self.leases.wait_for_work(deployment=self.deployment, timeout=0.5),
                     self._draining.wait(),
@@ -372,6 +382,32 @@ class Worker(abc.ABC):
             running = self.active.get(rid)
             if running is not None:
                 running[1].cancel()
+
+    async def _waited_claim(self, *, wake_on_slot: bool, **claim: Any) -> Claimed:
+        """Wait for a queued job and claim, in one round trip (`Leases.wait_then_claim`).
+
+        What would end an idle worker's wait early (a drain, a job handed here, with
+        `wake_on_slot` a freed slot) wakes the pending pop instead, so that its claim runs
+        and its answer is read: a claim cut off half-way would hold the jobs it leased, unrun,
+        until their leases lapsed.
+        """
+        pending = asyncio.ensure_future(
+            self.leases.wait_then_claim(deployment=self.deployment, timeout=0.5, **claim)
+        )
+        events = [self._draining.wait(), self._handed.wait()]
+        if wake_on_slot:
+            events.append(self._slot_free.wait())
+        woken = [asyncio.ensure_future(event) for event in events]
+        try:
+            await asyncio.wait([pending, *woken], return_when=asyncio.FIRST_COMPLETED)
+            if not pending.done():
+                with contextlib.suppress(*UNREACHABLE):
+                    await self.leases.wake(deployment=self.deployment, worker=self.worker_id)
+            return await pending
+        finally:
+            for task in woken:
+                task.cancel()
+            pending.cancel()  # only when this task was cancelled: its shutdown
 
     def tenant_loads(self) -> dict[int, tuple[int, int]]:
         """What each tenant holds on this worker: its sequences and KV-cache blocks."""
