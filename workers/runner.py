@@ -338,10 +338,10 @@ class Worker(abc.ABC):
             "room": room,
             "room_default": self.caps.room(seqs=0, kv_blocks=0),
         }
-        # Idle (the last claim found nothing): wait for work and claim in one round trip.
-        waited = self._idle_claims and self.leases.pipelined()
-        if waited:
-            claimed = await self._waited_claim(wake_on_slot=bool(skip) or held_back, **claim)
+        # Idle (nothing running, and the last claim found nothing): wait for work and claim
+        # in one round trip.
+        if self._idle_claims and self._claims_waited():
+            claimed = await self._waited_claim(**claim)
         else:
             claimed = await self.leases.claim(deployment=self.deployment, **claim)
         self._idle_claims = not claimed.run and not claimed.expired
@@ -355,11 +355,10 @@ class Worker(abc.ABC):
             self.drain()
             return
         if not claimed.run:
-            if not claimed.expired and not self.leases.pipelined():
+            if not claimed.expired and not self._claims_waited():
                 # A queued job wakes us; with only reserved slots open, or a tenant held back
                 # at its cap, so does a freed slot (the tenants passed over this time may then
-                # be served). Where the wait and the claim go in one round trip, the next
-                # round waits (`_waited_claim`).
+                # be served). An idle worker's next round waits instead (`_waited_claim`).
                 await _first_of(
                     self.leases.wait_for_work(deployment=self.deployment, timeout=0.5),
                     self._draining.wait(),
@@ -383,20 +382,28 @@ class Worker(abc.ABC):
             if running is not None:
                 running[1].cancel()
 
-    async def _waited_claim(self, *, wake_on_slot: bool, **claim: Any) -> Claimed:
+    def _claims_waited(self) -> bool:
+        """Whether an empty claim's next round waits and claims in one round trip.
+
+        Only with nothing running here: a busy worker's engine is mid-step anyway, and the
+        moment it takes to wake and claim gathers the jobs queued meanwhile into one claim,
+        where a claim run by each enqueue's wake would take them one at a time (measured at
+        concurrency 32 on the development machine: 8 % fewer requests a second).
+        """
+        return not self.active and self.leases.pipelined()
+
+    async def _waited_claim(self, **claim: Any) -> Claimed:
         """Wait for a queued job and claim, in one round trip (`Leases.wait_then_claim`).
 
-        What would end an idle worker's wait early (a drain, a job handed here, with
-        `wake_on_slot` a freed slot) wakes the pending pop instead, so that its claim runs
-        and its answer is read: a claim cut off half-way would hold the jobs it leased, unrun,
-        until their leases lapsed.
+        What would end an idle worker's wait early (a drain, a job handed here) wakes the
+        pending pop instead, so that its claim runs and its answer is read: a claim cut off
+        half-way would hold the jobs it leased, unrun, until their leases lapsed. (Nothing
+        runs here, so no slot frees meanwhile.)
         """
         pending = asyncio.ensure_future(
             self.leases.wait_then_claim(deployment=self.deployment, timeout=0.5, **claim)
         )
         events = [self._draining.wait(), self._handed.wait()]
-        if wake_on_slot:
-            events.append(self._slot_free.wait())
         woken = [asyncio.ensure_future(event) for event in events]
         try:
             await asyncio.wait([pending, *woken], return_when=asyncio.FIRST_COMPLETED)

@@ -385,3 +385,50 @@ async def test_a_handed_on_job_cancelled_while_queued_bills_what_it_had_produced
     assert (record.status, record.completion_tokens) == (Status.CANCELLED, 3)
     terminal = await _terminal(dispatch, job)
     assert isinstance(terminal, Failed) and terminal.completion_tokens == 3
+
+
+async def test_an_idle_workers_claim_runs_the_moment_a_job_is_queued(dispatch):
+    """The claim goes behind the blocking pop in one round trip: the enqueue's wake runs it."""
+    deployment = await _served_deployment(dispatch)
+    waiting = asyncio.create_task(
+        dispatch.leases.wait_then_claim(
+            deployment=deployment, timeout=20, worker="w", count=4, lease_seconds=5
+        )
+    )
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # nothing queued: it waits
+    job = job_new(deployment)
+    assert await dispatch.front.enqueue(job) is None
+    claimed = await asyncio.wait_for(waiting, timeout=10)  # long before the pop's timeout
+    assert [j.request_id for j in claimed.run] == [job.request_id]
+    leases = f"sy:{{{deployment}}}:leases"
+    assert await dispatch.redis.zscore(leases, job.request_id) is not None  # leased to it
+    assert (await dispatch.depth(deployment)).requests == 0
+
+
+async def test_a_woken_idle_worker_runs_its_claim_and_reads_its_answer(dispatch):
+    """A drain, a job handed here or a freed slot wakes the pending pop rather than cutting it
+    off: its claim runs, and what it leased reaches the worker."""
+    deployment = await _served_deployment(dispatch)
+    waiting = asyncio.create_task(
+        dispatch.leases.wait_then_claim(
+            deployment=deployment, timeout=20, worker="w", count=4, lease_seconds=5
+        )
+    )
+    await asyncio.sleep(0.2)
+    await dispatch.leases.wake(deployment=deployment, worker="w")
+    claimed = await asyncio.wait_for(waiting, timeout=10)
+    assert claimed.run == [] and claimed.expired == []
+    # One token wakes it once: the next wait waits for work again.
+    again = asyncio.create_task(
+        dispatch.leases.wait_then_claim(
+            deployment=deployment, timeout=20, worker="w", count=4, lease_seconds=5
+        )
+    )
+    await asyncio.sleep(0.2)
+    assert not again.done()
+    job = job_new(deployment)
+    assert await dispatch.front.enqueue(job) is None
+    assert [j.request_id for j in (await asyncio.wait_for(again, timeout=10)).run] == [
+        job.request_id
+    ]
