@@ -194,6 +194,8 @@ class Worker(abc.ABC):
         self._restarting = False
         # The last claim found nothing: the next one waits for work first, in its round trip.
         self._idle_claims = False
+        # How long an idle worker's wait for work lasts before it claims again regardless.
+        self.wait_seconds = 0.5
 
     def drain(self) -> None:
         """Stop claiming new jobs; in-flight ones finish (see run)."""
@@ -360,12 +362,16 @@ class Worker(abc.ABC):
                 # at its cap, so does a freed slot (the tenants passed over this time may then
                 # be served). An idle worker's next round waits instead (`_waited_claim`).
                 await _first_of(
-                    self.leases.wait_for_work(deployment=self.deployment, timeout=0.5),
+                    self.leases.wait_for_work(
+                        deployment=self.deployment, timeout=self.wait_seconds
+                    ),
                     self._draining.wait(),
                     self._handed.wait(),
                     *([self._slot_free.wait()] if skip or held_back else []),
-                    timeout=1.0,
+                    timeout=self.wait_seconds + 0.5,
                 )
+                # Woken (its token taken): the next round claims at once, whatever runs then.
+                self._idle_claims = False
             return
         for job in claimed.run:
             task = asyncio.create_task(self._serve_traced(job), name=job.request_id)
@@ -401,7 +407,9 @@ class Worker(abc.ABC):
         runs here, so no slot frees meanwhile.)
         """
         pending = asyncio.ensure_future(
-            self.leases.wait_then_claim(deployment=self.deployment, timeout=0.5, **claim)
+            self.leases.wait_then_claim(
+                deployment=self.deployment, timeout=self.wait_seconds, **claim
+            )
         )
         events = [self._draining.wait(), self._handed.wait()]
         woken = [asyncio.ensure_future(event) for event in events]

@@ -171,3 +171,50 @@ async def test_a_failed_batcher_fails_its_waiting_requests_and_serves_the_next()
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+
+
+class _HeldWorker(Worker):
+    """Runs each job until the test lets it end."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.started: list[str] = []
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def _serve(self, job: Job) -> None:
+        self.started.append(job.request_id)
+        await self.release.setdefault(job.request_id, asyncio.Event()).wait()
+
+
+async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dispatch):
+    """A busy worker waits for work, then claims; the job that woke it is claimed at once even
+    when what ran has ended meanwhile (an idle worker's wait is another, and the job's wake
+    token is spent: waiting there would hold the job for the whole wait)."""
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    worker = _HeldWorker(
+        deployment=deployment,
+        engine=_Engine(),
+        client=dispatch.redis,
+        reply_ttl=dispatch.reply_ttl,
+        worker_id=uuid.uuid4().hex[:8],
+        capacity=2,
+        lease_seconds=30.0,
+    )
+    worker.wait_seconds = 25.0  # far past the bound below: only a wake ends a wait in time
+    await dispatch.usage.ensure_groups(deployment)
+    running = asyncio.create_task(worker.run())
+    try:
+        first, second = job_new(deployment), job_new(deployment)
+        await _until(lambda: worker.active is not None and worker._slots() == (2, 0))
+        await asyncio.sleep(0.2)  # its heartbeat is in: the deployment is served
+        assert await dispatch.front.enqueue(first) is None
+        await _until(lambda: first.request_id in worker.started)
+        await asyncio.sleep(0.3)  # its next claim found nothing: it waits, busy
+        worker.release.setdefault(first.request_id, asyncio.Event()).set()
+        await _until(lambda: not worker.active)
+        assert await dispatch.front.enqueue(second) is None
+        await _until(lambda: second.request_id in worker.started, timeout=10)
+        worker.release.setdefault(second.request_id, asyncio.Event()).set()
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 40)
