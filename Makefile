@@ -126,6 +126,7 @@ bench: $(STAMP)
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/bad_input_flood.py
 	$(PY) bench/request_trip.py
+	$(PY) bench/platform_time.py
 	$(PY) bench/cold_start.py
 	$(PY) bench/attacks.py
 	$(PY) bench/batch_shedding.py
