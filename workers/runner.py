@@ -373,8 +373,6 @@ class Worker(abc.ABC):
                     *([self._slot_free.wait()] if skip or held_back else []),
                     timeout=self.wait_seconds + 0.5,
                 )
-                # Woken (its token taken): the next round claims at once.
-                self._idle_claims = False
             return
         for job in claimed.run:
             task = asyncio.create_task(self._serve_traced(job), name=job.request_id)
@@ -404,20 +402,21 @@ class Worker(abc.ABC):
                 deployment=self.deployment, timeout=self.wait_seconds, **claim
             )
         )
-        events = [self._draining.wait(), self._handed.wait()]
-        if wake_on_slot:
-            events.append(self._slot_free.wait())
-        woken = [asyncio.ensure_future(event) for event in events]
         try:
-            await asyncio.wait([pending, *woken], return_when=asyncio.FIRST_COMPLETED)
+            # Shielded: the first of these to end cancels the others, and the claim must run.
+            await _first_of(
+                asyncio.shield(pending),
+                self._draining.wait(),
+                self._handed.wait(),
+                *([self._slot_free.wait()] if wake_on_slot else []),
+                timeout=self.wait_seconds + 0.5,
+            )
             waking = not pending.done()
             if waking:
                 with contextlib.suppress(*UNREACHABLE):
                     await self.leases.wake(deployment=self.deployment, worker=self.worker_id)
             return await pending, waking
         finally:
-            for task in woken:
-                task.cancel()
             pending.cancel()  # only when this task was cancelled: its shutdown
 
     def tenant_loads(self) -> dict[int, tuple[int, int]]:
