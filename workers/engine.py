@@ -390,7 +390,9 @@ class VllmEngine:
                 if self.spec.priorities:
                     # Passed only to a priority scheduler: older vLLMs refuse it otherwise.
                     extra["priority"] = priority
-                outputs = self._llm.generate(prompt, params, request_id, lora_request=lora, **extra)
+                outputs = self._llm.generate(
+                    self._rendered(prompt), params, request_id, lora_request=lora, **extra
+                )
             async for output in outputs:
                 for step in steps.of(output):
                     if clock is not None and clock.at is not None:
@@ -400,6 +402,26 @@ class VllmEngine:
             # The engine refused the request itself (an option it cannot serve): the client
             # hears why, as vLLM's server answers it, and a retry would not help.
             raise RequestRefused(str(exc)) from exc
+
+    def _rendered(self, prompt: Any) -> Any:
+        """The engine's input for a prompt of token ids, rendered here on the loop.
+
+        vLLM renders a raw prompt on a thread of its own, to keep a tokenizer off the event
+        loop; a prompt of token ids has nothing to tokenise, and that hop to the thread and
+        back was a tenth of a millisecond or more of every request's start. This is the
+        renderer call vLLM itself makes (`AsyncLLM.generate`'s own note on skipping it); an
+        older vLLM without a renderer takes the raw prompt.
+        """
+        renderer = getattr(self._llm, "renderer", None)
+        try:
+            from vllm.renderers.inputs.preprocess import parse_model_prompt
+        except ImportError:
+            return prompt
+        if renderer is None or not hasattr(renderer, "render_cmpl"):
+            return prompt
+        parsed = parse_model_prompt(self._llm.model_config, prompt)
+        (rendered,) = renderer.render_cmpl([parsed], renderer.default_cmpl_tok_params)
+        return rendered
 
     def _beam_search(
         self, prompt: Any, sampling: Sampling, request_id: str, lora: Any, engine: Any
