@@ -380,9 +380,7 @@ class Worker(abc.ABC):
             self.active[job.request_id] = (job, task)
         self._idle.running(len(self.active))
         # Checked after starting, off the first token's path: a request cancelled while
-        # queued is aborted here before it has produced much. The started jobs run first, up
-        # to their hand-over to the engine, so that the check's write does not go ahead of it.
-        await asyncio.sleep(0)
+        # queued is aborted here before it has produced much.
         cancelled = await self.leases.cancelled(
             deployment=self.deployment, request_ids=[job.request_id for job in claimed.run]
         )
