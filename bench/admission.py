@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     Platform,
     Sent,
     Target,
+    client_session,
     closed_loop_rate,
     percentile,
     platform_stop,
@@ -137,13 +138,6 @@ async def _stream(
         )
 
 
-def _session(limit: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit),
-        timeout=aiohttp.ClientTimeout(total=900),
-    )
-
-
 # --- noisy neighbour -----------------------------------------------------------------------
 
 
@@ -184,7 +178,7 @@ def _light_client(base_url: str, model: str, key: str, n: int) -> list[Sent]:
     target = Target(name="light", base_url=base_url, model=model, api_keys={"light": key})
 
     async def run() -> list[Sent]:
-        async with _session(4) as session:
+        async with client_session(4, total_s=900) as session:
             await asyncio.gather(*(_stream(session, target, "light", 4) for _ in range(2)))
             return await _light(session, target, n)
 
@@ -215,7 +209,7 @@ async def _neighbour_with(
     light_requests: int,
     light: Callable[[int], Awaitable[list[Sent]]],
 ) -> Neighbour:
-    async with _session(flood + 8) as session:
+    async with client_session(flood + 8, total_s=900) as session:
         alone = await light(light_requests)
         alone_p99 = percentile([x.ttft_ms for x in alone], 0.99)
         progress(f"{target.name}: B alone, TTFT p99 {alone_p99:.1f} ms")
@@ -321,7 +315,7 @@ async def _capacity(
     runs for at least six of them (on a slow engine a 512-token stream takes seconds), and
     the rate comes from the requests sent after the first round.
     """
-    async with _session(streams + 4) as session:
+    async with client_session(streams + 4, total_s=900) as session:
         warm_started = time.perf_counter()
         await asyncio.gather(
             *(_stream(session, target, "flood", OVERLOAD_TOKENS) for _ in range(streams))
@@ -347,7 +341,7 @@ async def _overload(
     rate = capacity * factor
     result = Overload(capacity, streams, [], rate, seconds)
     rng = random.Random(7)
-    async with _session(4096) as session:
+    async with client_session(4096, total_s=900) as session:
         tasks: list[asyncio.Task[Outcome]] = []
         started = time.perf_counter()
         next_at = started

@@ -225,6 +225,57 @@ def chat_request(
     )
 
 
+def chat_body(target: Target, content: str, max_tokens: int, *, stream: bool) -> dict[str, Any]:
+    """A greedy chat completion of `max_tokens` tokens for a target, usage last when streamed."""
+    body: dict[str, Any] = {
+        "model": target.model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def bench_headers(target: Target) -> dict[str, str]:
+    """The headers of a request as the bench tenant (a key vLLM's own server ignores)."""
+    return {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
+
+
+def client_session(limit: int, *, total_s: float = 120) -> Any:
+    """An aiohttp session of `limit` connections whose requests give up after `total_s`."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit),
+        timeout=aiohttp.ClientTimeout(total=total_s),
+    )
+
+
+def tree_pin(root: psutil.Process, cpus: str) -> None:
+    """Pin a running process and its children (PostgreSQL, Valkey) to `cpus` ("0,1")."""
+    cores = [int(c) for c in cpus.split(",")]
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_affinity(cores)
+
+
+def worktree_add(rev: str, work: Path) -> Path:
+    """Check out commit `rev` beside this checkout (under `work`), to run its code too."""
+    tree = work / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree),
+                    rev], check=True, capture_output=True)  # fmt: skip
+    return tree
+
+
+def worktree_remove(tree: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                   check=False, capture_output=True)  # fmt: skip
+
+
 def wait_for(
     check: Callable[[], bool], popen: subprocess.Popen[bytes], what: str, log: Path
 ) -> None:

@@ -50,6 +50,9 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     Platform,
     Target,
+    bench_headers,
+    chat_body,
+    client_session,
     cpu_seconds,
     percentile,
     platform_stop,
@@ -60,6 +63,7 @@ from bench.common import (  # noqa: E402
     roundhouse_stack,
     section_write,
     services_pid,
+    tree_pin,
     vllm_server,
 )
 from bench.litellm_proxy import (  # noqa: E402
@@ -146,24 +150,6 @@ class Result:
 # ------------------------------------------------------------------------------------- load
 
 
-def _body(target: Target, max_tokens: int, stream: bool) -> dict[str, object]:
-    body: dict[str, object] = {
-        "model": target.model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
-    if stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-def _headers(target: Target) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
-
-
 async def _plain(
     session: aiohttp.ClientSession, target: Target, max_tokens: int
 ) -> tuple[float, int]:
@@ -172,8 +158,8 @@ async def _plain(
     started = time.perf_counter()
     async with session.post(
         f"{target.base_url}/v1/chat/completions",
-        json=_body(target, max_tokens, stream=False),
-        headers=_headers(target),
+        json=chat_body(target, PROMPT, max_tokens, stream=False),
+        headers=bench_headers(target),
     ) as response:
         payload = await response.read()
         if response.status != 200:
@@ -192,8 +178,8 @@ async def _stream(
     tokens = 0
     async with session.post(
         f"{target.base_url}/v1/chat/completions",
-        json=_body(target, max_tokens, stream=True),
-        headers=_headers(target),
+        json=chat_body(target, PROMPT, max_tokens, stream=True),
+        headers=bench_headers(target),
     ) as response:
         if response.status != 200:
             raise RuntimeError(f"{response.status}: {(await response.read())[:300]!r}")
@@ -208,13 +194,6 @@ async def _stream(
             if ttft < 0 and choices and (choices[0].get("delta") or {}).get("content"):
                 ttft = time.perf_counter() - started
     return ttft, time.perf_counter() - started, tokens
-
-
-def _session(limit: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit),
-        timeout=aiohttp.ClientTimeout(total=120),
-    )
 
 
 async def _one(
@@ -247,7 +226,7 @@ async def _latency_round(targets: list[Target], requests: int, results: dict[str
     the request measured next, and a fixed rotation always puts the same target next.
     """
     async with contextlib.AsyncExitStack() as stack:
-        sessions = [await stack.enter_async_context(_session(2)) for _ in targets]
+        sessions = [await stack.enter_async_context(client_session(2)) for _ in targets]
         for session, target in zip(sessions, targets, strict=True):
             for _ in range(5):  # warm connections and caches on each path
                 await _plain(session, target, LATENCY_TOKENS)
@@ -267,7 +246,7 @@ async def _saturate(
 
     `watch` holds every target's processes, so what the idle ones use shows too.
     """
-    async with _session(concurrency) as session:
+    async with client_session(concurrency) as session:
         await asyncio.gather(*(_plain(session, target, 1) for _ in range(concurrency)))
         done = 0
         errors = 0
@@ -315,14 +294,6 @@ def _throughput_round(
 # ----------------------------------------------------------------------------------- targets
 
 
-def _pin(root: psutil.Process, cpus: str) -> None:
-    """Pin a running process tree (PostgreSQL, Valkey) to `cpus`."""
-    cores = [int(c) for c in cpus.split(",")]
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            proc.cpu_affinity(cores)
-
-
 def _datastores(platform: Platform) -> dict[str, psutil.Process]:
     processes = {}
     for name in ("postgres", "valkey"):
@@ -347,7 +318,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[dict[str, Result], Spend]
         )
         datastores = _datastores(platform)
         for process in datastores.values():
-            _pin(process, PLATFORM_CPUS)
+            tree_pin(process, PLATFORM_CPUS)
         litellm_db = litellm_database_create(litellm, platform.env["DATABASE_URL"])
         # The load generator shares the platform core, as in the other benchmarks.
         os.sched_setaffinity(0, {int(PLATFORM_CPUS)})

@@ -53,6 +53,9 @@ from bench.common import (  # noqa: E402
     Platform,
     Sent,
     Target,
+    bench_headers,
+    chat_body,
+    client_session,
     cpu_features,
     free_port,
     http_ok,
@@ -67,9 +70,12 @@ from bench.common import (  # noqa: E402
     services_pid,
     spawn,
     stop,
+    tree_pin,
     ttft_stages,
     vllm_server,
     wait_for,
+    worktree_add,
+    worktree_remove,
 )
 
 MAX_NUM_SEQS = 64
@@ -107,21 +113,6 @@ class Samples:
 # ------------------------------------------------------------------------------------- load
 
 
-def _body(target: Target, max_tokens: int, stream: bool) -> dict[str, object]:
-    return {
-        "model": target.model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": stream,
-    }
-
-
-def _headers(target: Target) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
-
-
 async def _streamed(session: aiohttp.ClientSession, target: Target) -> Sent:
     """Stream one chat; return its request id, when it was sent and its TTFT."""
     sent_at = time.time()
@@ -130,8 +121,8 @@ async def _streamed(session: aiohttp.ClientSession, target: Target) -> Sent:
     request_id = ""
     async with session.post(
         f"{target.base_url}/v1/chat/completions",
-        json=_body(target, TOKENS, stream=True),
-        headers=_headers(target),
+        json=chat_body(target, PROMPT, TOKENS, stream=True),
+        headers=bench_headers(target),
     ) as response:
         if response.status != 200:
             raise RuntimeError(f"{response.status}: {(await response.read())[:300]!r}")
@@ -149,24 +140,18 @@ async def _streamed(session: aiohttp.ClientSession, target: Target) -> Sent:
 async def _plain(session: aiohttp.ClientSession, target: Target) -> None:
     async with session.post(
         f"{target.base_url}/v1/chat/completions",
-        json=_body(target, 1, stream=False),
-        headers=_headers(target),
+        json=chat_body(target, PROMPT, 1, stream=False),
+        headers=bench_headers(target),
     ) as response:
         payload = await response.read()
         if response.status != 200:
             raise RuntimeError(f"{response.status}: {payload[:300]!r}")
 
 
-def _session(limit: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit), timeout=aiohttp.ClientTimeout(total=120)
-    )
-
-
 async def _one_at_a_time(targets: list[Target], requests: int, into: dict[str, Samples]) -> None:
     """Streamed chats one at a time, to every target in turn in a shuffled order."""
     async with contextlib.AsyncExitStack() as stack:
-        sessions = [await stack.enter_async_context(_session(2)) for _ in targets]
+        sessions = [await stack.enter_async_context(client_session(2)) for _ in targets]
         pairs = list(zip(sessions, targets, strict=True))
         for session, target in pairs:
             for _ in range(5):  # warm connections and caches on each path
@@ -191,7 +176,7 @@ async def _closed_loop(
     target: Target, seconds: float, frontend: psutil.Process
 ) -> tuple[float, float, int]:
     """One-token chats at CONCURRENCY for `seconds`: (requests/s, frontend cores, errors)."""
-    async with _session(CONCURRENCY) as session:
+    async with client_session(CONCURRENCY) as session:
         await asyncio.gather(*(_plain(session, target) for _ in range(CONCURRENCY)))
         done = errors = 0
 
@@ -226,14 +211,11 @@ def _worktree(rev: str, work: Path) -> Iterator[Path]:
     )
     if changed.returncode != 0:
         raise SystemExit(f"{rev} has another schema or usage record than this checkout")
-    tree = work / "base"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree),
-                    rev], check=True, capture_output=True)  # fmt: skip
+    tree = worktree_add(rev, work)
     try:
         yield tree
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       check=False, capture_output=True)  # fmt: skip
+        worktree_remove(tree)
 
 
 @contextlib.contextmanager
@@ -288,15 +270,6 @@ def _base_deployment(model_dir: Path) -> None:
     )
 
 
-def _pin(pid: int | None) -> None:
-    if pid is None:
-        return
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            proc.cpu_affinity([int(PLATFORM_CPUS)])
-
-
 def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
     from models_registry.demo_model import demo_model_build
 
@@ -310,7 +283,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
             model_dir, work, tenants={"bench": {}}, max_num_seqs=MAX_NUM_SEQS
         )
         for service in ("postgres", "valkey"):
-            _pin(services_pid(platform.services, service))
+            pid = services_pid(platform.services, service)
+            if pid is not None:
+                tree_pin(psutil.Process(pid), PLATFORM_CPUS)
         if args.base:
             _base_deployment(model_dir)  # before the ingester starts: it reads them once
         with contextlib.ExitStack() as stack:

@@ -27,7 +27,6 @@ import contextvars
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -54,6 +53,8 @@ from bench.common import (  # noqa: E402
     spawn,
     stop,
     wait_for,
+    worktree_add,
+    worktree_remove,
 )
 
 KINDS = ("whole", "streamed")
@@ -200,13 +201,6 @@ def _measure(process: Any, base_url: str, out: Path, key: str, *, stream: bool) 
     return Trip.of([tuple(call) for call in json.loads(out.read_text())])
 
 
-def _worktree(rev: str, work: Path) -> Path:
-    tree = work / "base"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree),
-                    rev], check=True, capture_output=True)  # fmt: skip
-    return tree
-
-
 def run(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Trip]]:
     from models_registry.demo_model import demo_model_build
 
@@ -215,7 +209,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Trip]]:
     trees = {"now": ROOT}
     if args.base:
         progress(f"checking out {args.base} beside the working tree")
-        trees = {"base": _worktree(args.base, work), **trees}
+        trees = {"base": worktree_add(args.base, work), **trees}
     trips: dict[str, dict[str, Trip]] = {}
     platform = None
     try:
@@ -235,8 +229,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Trip]]:
     finally:
         platform_stop(platform)
         if args.base:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(work / "base")], check=False, capture_output=True)  # fmt: skip
+            worktree_remove(work / "base")
     return trips
 
 

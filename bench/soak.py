@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     Platform,
     Target,
+    client_session,
     closed_loop_rate,
     cpu_seconds,
     percentile,
@@ -195,19 +196,12 @@ def _error_code(body: bytes) -> str:
         return "unparsable_error"
 
 
-def _session(limit: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit),
-        timeout=aiohttp.ClientTimeout(total=900),
-    )
-
-
 async def _capacity(target: Target, seconds: float, streams: int) -> tuple[float, list[float]]:
     """Closed loop with every slot one tenant may use busy: completed requests/s and TTFTs.
 
     As in bench/admission.py: at least six request times, rate by Little's law.
     """
-    async with _session(streams + 4) as session:
+    async with client_session(streams + 4, total_s=900) as session:
         warm_started = time.perf_counter()
         await asyncio.gather(*(_stream(session, target) for _ in range(streams)))
         service = time.perf_counter() - warm_started
@@ -239,7 +233,7 @@ async def _overload(
     async def one() -> None:
         outcomes.append(await _stream(session, target, counters))
 
-    async with _session(4096) as session:
+    async with client_session(4096, total_s=900) as session:
         started = time.perf_counter()
         next_at = started
         while next_at - started < seconds:
