@@ -79,6 +79,20 @@ class Claimed:
     expired: list[Job]
 
 
+@dataclass(frozen=True)
+class ClaimAsk:
+    """What a claim asks for: its arguments but the deployment (see `Leases.claim`)."""
+
+    count: int
+    lease_seconds: float
+    skip_tenants: frozenset[int] = frozenset()
+    worker: str = ""
+    affinity: bool = False
+    batch_every: int = 0
+    room: Mapping[int, int] | None = None
+    room_default: int | None = None
+
+
 class Leases:
     """A worker's side of the queue, over one async Redis client."""
 
@@ -86,6 +100,7 @@ class Leases:
         self.redis = client
         self._claim = client.register_script(scripts.CLAIM)
         self._requeue = client.register_script(scripts.REQUEUE)
+        self._pipelined = cluster_of(client) is None
 
     async def claim(
         self,
@@ -114,9 +129,7 @@ class Leases:
         Interactive work goes before batch work; with `batch_every` > 0 (see `batch_every`),
         every batch_every-th job taken while both classes wait is a batch one instead.
         """
-        keys, args = self._claim_call(
-            deployment=deployment,
-            now=time.time(),
+        ask = ClaimAsk(
             count=count,
             lease_seconds=lease_seconds,
             skip_tenants=skip_tenants,
@@ -126,53 +139,25 @@ class Leases:
             room=room,
             room_default=room_default,
         )
+        return await self.claim_asked(deployment=deployment, ask=ask)
+
+    async def claim_asked(self, *, deployment: str, ask: ClaimAsk) -> Claimed:
+        """Claim as `claim` does, with its arguments in `ask`."""
+        keys, args = _claim_call(deployment=deployment, now=time.time(), ask=ask)
         ok, expired = await self._claim(keys=keys, args=args)
         return Claimed(
             run=[job_decoder.decode(p) for p in ok],
             expired=[job_decoder.decode(p) for p in expired],
         )
 
-    @staticmethod
-    def _claim_call(
-        *,
-        deployment: str,
-        now: float,
-        count: int,
-        lease_seconds: float,
-        skip_tenants: frozenset[int] = frozenset(),
-        worker: str = "",
-        affinity: bool = False,
-        batch_every: int = 0,
-        room: Mapping[int, int] | None = None,
-        room_default: int | None = None,
-    ) -> tuple[list[str], list[ScriptArg]]:
-        """The claim script's keys and arguments (see `claim`)."""
-        skip = "," + ",".join(str(t) for t in sorted(skip_tenants)) + ","
-        rooms = "," + ",".join(f"{t}:{max(n, 0)}" for t, n in sorted((room or {}).items())) + ","
-        return list(deployment_keys(deployment)), [
-            now,
-            count,
-            now + lease_seconds,
-            skip,
-            worker,
-            "1" if affinity and worker else "0",
-            PREFIX_LOAD_BOUND,
-            handoff_channel(deployment, ""),
-            batch_every,
-            rooms,
-            -1 if room_default is None else max(room_default, 0),
-        ]
-
     def pipelined(self) -> bool:
         """Whether `wait_then_claim` is one round trip: not on a cluster, whose client sends
         a blocking pop on its own."""
-        return cluster_of(self.redis) is None
+        return self._pipelined
 
-    async def wait_then_claim(
-        self, *, deployment: str, timeout: float, worker: str, **claim: Any
-    ) -> Claimed:
-        """Block until a job is queued, the worker is woken (`wake`) or `timeout` seconds
-        pass, then claim as `claim` does, with the arguments `claim` takes.
+    async def wait_then_claim(self, *, deployment: str, timeout: float, ask: ClaimAsk) -> Claimed:
+        """Block until a job is queued, the worker `ask` names is woken (`wake`) or `timeout`
+        seconds pass, then claim as `claim_asked` does.
 
         The claim is pipelined behind the pop on one connection, so Valkey runs it as soon as
         the pop returns. Its clock is the one of the send, up to `timeout` old when it runs:
@@ -180,11 +165,10 @@ class Leases:
         rather than expired (its run ends at once, on its deadline). Not on a cluster
         (`pipelined`).
         """
-        now = time.time()
-        call = self._claim_call(deployment=deployment, worker=worker, now=now, **claim)
+        call = _claim_call(deployment=deployment, now=time.time(), ask=ask)
         keys = deployment_keys(deployment)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.blpop([keys.wake, worker_wake_key(deployment, worker)], timeout=timeout)
+            pipe.blpop([keys.wake, worker_wake_key(deployment, ask.worker)], timeout=timeout)
             script_into(pipe, self._claim, keys=call[0], args=call[1])
             _, (ok, expired) = await pipeline_execute(pipe)
         return Claimed(
@@ -289,3 +273,22 @@ class Leases:
             args: list[ScriptArg] = [rid, time.time(), WAKE_CAP, worker]
             returned += int(await self._requeue(keys=list(keys), args=args))
         return returned
+
+
+def _claim_call(*, deployment: str, now: float, ask: ClaimAsk) -> tuple[list[str], list[ScriptArg]]:
+    """The claim script's keys and arguments (see `Leases.claim`)."""
+    skip = "," + ",".join(str(t) for t in sorted(ask.skip_tenants)) + ","
+    rooms = "," + ",".join(f"{t}:{max(n, 0)}" for t, n in sorted((ask.room or {}).items())) + ","
+    return list(deployment_keys(deployment)), [
+        now,
+        ask.count,
+        now + ask.lease_seconds,
+        skip,
+        ask.worker,
+        "1" if ask.affinity and ask.worker else "0",
+        PREFIX_LOAD_BOUND,
+        handoff_channel(deployment, ""),
+        ask.batch_every,
+        rooms,
+        -1 if ask.room_default is None else max(ask.room_default, 0),
+    ]

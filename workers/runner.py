@@ -13,7 +13,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import msgspec
 import redis.asyncio as aredis
@@ -21,7 +20,7 @@ import redis.asyncio as aredis
 from dataplane.background import event_wait, loop_failed, loop_ok, supervise
 from dataplane.finish import Finisher
 from dataplane.keys import cancel_channel, handoff_channel
-from dataplane.leases import Claimed, Leases
+from dataplane.leases import ClaimAsk, Claimed, Leases
 from dataplane.redis_client import UNREACHABLE, Outage, ShardedSubscriber, pipeline_execute
 from dataplane.snapshots import depth
 from dataplane.tracing import bind
@@ -330,22 +329,22 @@ class Worker(abc.ABC):
             if (left := self.caps.room(seqs=seqs, kv_blocks=blocks)) is not None
         }
         held_back = any(left == 0 for left in room.values())
-        claim: dict[str, Any] = {
-            "count": free,
-            "lease_seconds": self.lease_seconds,
-            "skip_tenants": skip,
-            "worker": self.worker_id,
-            "affinity": self.prefix_routing,
-            "batch_every": self.batch_every,
-            "room": room,
-            "room_default": self.caps.room(seqs=0, kv_blocks=0),
-        }
+        ask = ClaimAsk(
+            count=free,
+            lease_seconds=self.lease_seconds,
+            skip_tenants=skip,
+            worker=self.worker_id,
+            affinity=self.prefix_routing,
+            batch_every=self.batch_every,
+            room=room,
+            room_default=self.caps.room(seqs=0, kv_blocks=0),
+        )
         # The last claim found nothing: wait for work and claim, in one round trip.
         woken = False
         if self._idle_claims and self.leases.pipelined():
-            claimed, woken = await self._waited_claim(wake_on_slot=bool(skip) or held_back, **claim)
+            claimed, woken = await self._waited_claim(ask, wake_on_slot=bool(skip) or held_back)
         else:
-            claimed = await self.leases.claim(deployment=self.deployment, **claim)
+            claimed = await self.leases.claim_asked(deployment=self.deployment, ask=ask)
         # Woken by this worker (its claim's arguments may be out of date: a slot freed for the
         # tenants it passed over), the next round claims at once.
         self._idle_claims = not claimed.run and not claimed.expired and not woken
@@ -389,7 +388,7 @@ class Worker(abc.ABC):
             if running is not None:
                 running[1].cancel()
 
-    async def _waited_claim(self, *, wake_on_slot: bool, **claim: Any) -> tuple[Claimed, bool]:
+    async def _waited_claim(self, ask: ClaimAsk, *, wake_on_slot: bool) -> tuple[Claimed, bool]:
         """Wait for a queued job and claim, in one round trip (`Leases.wait_then_claim`).
 
         What would end the wait early (a drain, a job handed here, with `wake_on_slot` a
@@ -399,7 +398,7 @@ class Worker(abc.ABC):
         """
         pending = asyncio.ensure_future(
             self.leases.wait_then_claim(
-                deployment=self.deployment, timeout=self.wait_seconds, **claim
+                deployment=self.deployment, timeout=self.wait_seconds, ask=ask
             )
         )
         try:

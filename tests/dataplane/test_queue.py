@@ -14,6 +14,7 @@ import pytest
 from dataplane.coalesce import coalescer_of
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.keys import ledger_field, ledger_key, reply_key, usage_key
+from dataplane.leases import ClaimAsk
 from dataplane.quotas import Decision, Limits, Quotas, Usage
 from dataplane.reaper import Reaper
 from dataplane.redis_client import redis_client_new
@@ -396,7 +397,7 @@ async def test_an_idle_workers_claim_runs_the_moment_a_job_is_queued(dispatch):
     deployment = await _served_deployment(dispatch)
     waiting = asyncio.create_task(
         dispatch.leases.wait_then_claim(
-            deployment=deployment, timeout=20, worker="w", count=4, lease_seconds=5
+            deployment=deployment, timeout=20, ask=ClaimAsk(count=4, lease_seconds=5, worker="w")
         )
     )
     await asyncio.sleep(0.2)
@@ -416,7 +417,7 @@ async def test_a_woken_idle_worker_runs_its_claim_and_reads_its_answer(dispatch)
     deployment = await _served_deployment(dispatch)
     waiting = asyncio.create_task(
         dispatch.leases.wait_then_claim(
-            deployment=deployment, timeout=20, worker="w", count=4, lease_seconds=5
+            deployment=deployment, timeout=20, ask=ClaimAsk(count=4, lease_seconds=5, worker="w")
         )
     )
     await asyncio.sleep(0.2)
@@ -426,7 +427,7 @@ async def test_a_woken_idle_worker_runs_its_claim_and_reads_its_answer(dispatch)
     # One token wakes it once: the next wait waits for work again.
     again = asyncio.create_task(
         dispatch.leases.wait_then_claim(
-            deployment=deployment, timeout=20, worker="w", count=4, lease_seconds=5
+            deployment=deployment, timeout=20, ask=ClaimAsk(count=4, lease_seconds=5, worker="w")
         )
     )
     await asyncio.sleep(0.2)
