@@ -18,6 +18,7 @@ frontend, so a request the engine would refuse is a 400 before anything is reser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -581,15 +582,8 @@ async def _admitted_and_queued(
     Where the admission's answer is lost, the request may be admitted and queued: it is
     ended by the one path that settles what it holds (`_admission_lost`).
     """
-    admitting = asyncio.ensure_future(
-        admit(
-            principal=principal,
-            request_id=job.request_id,
-            reserve=reserve,
-            request_taken=request_taken,
-            admission=admission,
-        )
-    )
+    # Started first, the enqueue's task runs after the admission below reaches the loop's
+    # turn of calls and before that turn is sent: the enqueue goes second in its round trip.
     queueing = asyncio.ensure_future(
         _enqueue(
             route=route,
@@ -601,31 +595,29 @@ async def _admitted_and_queued(
         )
     )
     try:
-        await asyncio.wait({admitting, queueing})
+        decision = await admit(
+            principal=principal,
+            request_id=job.request_id,
+            reserve=reserve,
+            request_taken=request_taken,
+            admission=admission,
+        )
+    except ApiError:
+        with contextlib.suppress(Exception):
+            await queueing  # refused: the enqueue found no reservation and queued nothing
+        raise
     except BaseException:
-        admitting.cancel()
         queueing.cancel()
         spawn(_admission_lost(job, admission))
         raise
-    failure, refused = _raised(admitting), _raised(queueing)
-    if isinstance(failure, ApiError):
-        raise failure  # refused: the enqueue found no reservation and queued nothing
-    if failure is not None:
-        spawn(_admission_lost(job, admission))
-        raise failure
-    decision = admitting.result()
-    if isinstance(refused, ApiError):
+    try:
+        return decision, await queueing
+    except ApiError as refused:
         return decision, refused
-    if refused is not None:
+    except BaseException:
         # Admitted, then the enqueue's answer was lost: the job may or may not be queued.
         spawn(request_abandon(job))
-        raise refused
-    return decision, queueing.result()
-
-
-def _raised(task: asyncio.Future[Any]) -> BaseException | None:
-    """What a finished task raised (a cancelled one: CancelledError), or None."""
-    return asyncio.CancelledError() if task.cancelled() else task.exception()
+        raise
 
 
 async def _admission_lost(job: Job, admission: str) -> None:
@@ -734,8 +726,6 @@ async def _enqueue(
         finish_by=finish_by,
         admitted_by=admitted_by,
     )
-    if refused is not None and refused.reason is Refusal.NOT_ADMITTED:
-        return None
     if refused is not None and refused.reason is Refusal.FINISHES_LATE:
         cap = max_tokens_fitting(
             seconds_left=job.deadline - time.time(),
@@ -756,6 +746,8 @@ async def _enqueue(
             payload=payload,
             admitted_by=admitted_by,
         )
+    if refused is not None and refused.reason is Refusal.NOT_ADMITTED:
+        return None
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
             key = (route.deployment, job.priority)

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from billing.ingester import Ingester
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
+from dataplane.coalesce import coalescer_of
 from dataplane.frontdoor import FrontDoor
 from dataplane.quotas import MICROS, Quotas, month_of
 from dataplane.redis_client import redis_client_new
@@ -489,6 +490,27 @@ def _raise_at_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
         raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
 
     monkeypatch.setattr(FrontDoor, "enqueue", enqueue)
+
+
+def test_an_admission_and_its_enqueue_go_in_one_round_trip(lane, monkeypatch):
+    """On one Valkey the enqueue goes behind its admission: a request sent alone makes one
+    round trip of the two (the coalescer's count of shared round trips), and ends once."""
+
+    async def scenario() -> None:
+        made = _recording_ids(monkeypatch)
+        async with _worker(lane, _Engine()) as dispatch:
+            front = dispatch_get()
+            if not front.queues_behind_admission:
+                pytest.skip("on a cluster the two calls are two round trips")
+            turns = coalescer_of(front.redis)
+            spent_before = await _spent(dispatch, lane)
+            batches, carried = turns.batches, turns.carried
+            response = await _chat(lane)
+            assert response.status_code == 200, response.content
+            assert (turns.batches - batches, turns.carried - carried) == (1, 2)
+            await _ended_once(dispatch, lane, made, spent_before)
+
+    asyncio.run(scenario())
 
 
 def test_a_job_that_cannot_be_queued_frees_its_slot_and_reservation(lane, monkeypatch):
