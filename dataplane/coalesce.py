@@ -63,11 +63,6 @@ class Coalescer:
         self.batches = 0  # round trips that carried more than one call
         self.carried = 0  # the calls those carried
 
-    @property
-    def gathers(self) -> bool:
-        """Whether calls made in one turn go in one round trip, in the order they were made."""
-        return not self._alone
-
     async def run(self, fill: Fill) -> list[Any]:
         """Send the commands `fill` puts on a pipeline, with the turn's others; their results.
 

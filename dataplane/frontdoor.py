@@ -49,7 +49,6 @@ from dataplane.keys import (
     ledger_hour,
     ledger_key,
     reply_key,
-    reservation_key,
     whereabouts_key,
 )
 from dataplane.redis_client import ScriptArg, cluster_of, pipeline_execute, script_into
@@ -98,8 +97,6 @@ class Refusal(enum.Enum):
     SHUT_OUT = "shut_out"
     # It would start before its deadline but not finish by it; only when asked (`finish_by`).
     FINISHES_LATE = "finishes_late"
-    # Sent behind its admission (`admitted_by`), which did not take the job's reservation.
-    NOT_ADMITTED = "not_admitted"
 
 
 @dataclass(frozen=True)
@@ -137,12 +134,6 @@ class FrontDoor:
         """Return whether a request has ended."""
         return bool(await self.redis.exists(final_key(deployment, request_id)))
 
-    @property
-    def queues_behind_admission(self) -> bool:
-        """Whether an enqueue made in the turn of its admission goes in its round trip, behind
-        it (`enqueue`'s `admitted_by`): on a single Valkey, with calls gathered per turn."""
-        return self._turns.gathers
-
     async def reached_queue(self, *, deployment: str, request_id: str) -> bool:
         """Return whether a request whose whereabouts exist ever got into its queue.
 
@@ -178,7 +169,6 @@ class FrontDoor:
         max_queued_tokens: int = 1 << 50,
         payload: bytes | None = None,
         finish_by: bool = False,
-        admitted_by: str | None = None,
     ) -> Refused | None:
         """Queue a job for its deployment's workers; None when queued, else why not.
 
@@ -194,14 +184,8 @@ class FrontDoor:
         With `finish_by`, a job that would start before its deadline but, at one slot's share
         of the measured rate, not serve its reserved tokens by then is not queued either
         (`Refusal.FINISHES_LATE`): its caller may cap its max_tokens (inference.pipeline.capping).
-
-        With `admitted_by` (an admission's mark, `Quotas.admit`), the job is queued only if
-        that admission holds the request's reservation (else `Refusal.NOT_ADMITTED`): the
-        enqueue can then go in the same round trip as its admission, behind it.
         """
         on_cluster = cluster_of(self.redis) is not None
-        if on_cluster and admitted_by is not None:
-            raise ValueError("an enqueue goes behind its admission on a single Valkey only")
         if on_cluster:
             # On a cluster the whereabouts live on another node than the queue, and a pipeline
             # to both is two sends. Written first, a submission cut off half-way leaves
@@ -212,8 +196,6 @@ class FrontDoor:
                 self._whereabouts_into(pipe, job)
                 await pipe.execute()
 
-        held = [] if admitted_by is None else [reservation_key(job.tenant_id, job.request_id)]
-
         def fill(pipe: aredis.client.Pipeline) -> None:
             script_into(
                 pipe,
@@ -222,7 +204,6 @@ class FrontDoor:
                     *deployment_keys(job.deployment),
                     fence_key(job.deployment, job.request_id),
                     final_key(job.deployment, job.request_id),
-                    *held,
                 ],
                 args=[
                     encode(job) if payload is None else payload,
@@ -239,7 +220,6 @@ class FrontDoor:
                     ledger_hour(job.enqueued_at),
                     prefix_key(job),
                     "1" if finish_by else "0",
-                    admitted_by or "",
                 ],
             )
             if not on_cluster:
@@ -266,8 +246,6 @@ class FrontDoor:
             return Refused(Refusal.DEADLINE_UNATTAINABLE, estimated_wait_ms=wait_ms)
         if code == -4:
             return Refused(Refusal.SHUT_OUT)
-        if code == -7:
-            return Refused(Refusal.NOT_ADMITTED)
         if code == -6:
             per_token = int(outcome[2]) / 1_000_000
             return Refused(

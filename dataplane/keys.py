@@ -218,13 +218,8 @@ def quota_keys(tenant_id: int, request_id: str, month: str) -> QuotaKeys:
         tpm=f"{t}:tpm",
         inflight=f"{t}:inflight",
         spent=f"{t}:spent:{month}",
-        held=reservation_key(tenant_id, request_id),
+        held=f"{t}:held:{request_id}",
     )
-
-
-def reservation_key(tenant_id: int, request_id: str) -> str:
-    """Hash: what a tenant's request reserved at admission, and that admission's mark."""
-    return f"{tenant_tag(tenant_id)}:held:{request_id}"
 
 
 def body_bytes_key(tenant_id: int) -> str:

@@ -26,7 +26,7 @@ import redis.asyncio as aredis
 
 from dataplane import scripts
 from dataplane.coalesce import coalescer_of
-from dataplane.keys import body_bytes_key, quota_keys, reservation_key
+from dataplane.keys import body_bytes_key, quota_keys
 from dataplane.redis_client import pipeline_execute, script_into
 
 MICROS = Decimal(1_000_000)
@@ -220,11 +220,6 @@ class Quotas:
             reset_requests_ms=reset_requests,
             reset_tokens_ms=reset_tokens,
         )
-
-    async def holds(self, *, tenant_id: int, request_id: str, admission: str) -> bool:
-        """Whether the admission marked `admission` holds the request's reservation now."""
-        found: Any = await self.redis.hget(reservation_key(tenant_id, request_id), "by")
-        return found is not None and found.decode() == admission
 
     async def release(
         self,

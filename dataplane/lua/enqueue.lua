@@ -1,8 +1,7 @@
 -- Admit a job to its tenant's queue, unless no worker serves the deployment, the queue is full,
 -- or the backlog the job would wait behind cannot drain before its deadline. A request id
 -- already queued, running or ended is not queued again (-5). Asked to (ARGV[14]), it also
--- refuses a job that would start in time but finish late (-6), for the frontend to cap; and
--- given its admission's reservation (KEYS[23]), one that admission did not take (-7).
+-- refuses a job that would start in time but finish late (-6), for the frontend to cap.
 local payload, now = ARGV[1], tonumber(ARGV[2])
 local max_n, max_tok = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rid, tenant, cls, cost = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
@@ -17,10 +16,6 @@ if redis.call('HEXISTS', JOBS, rid) == 1 or (KEYS[22] and redis.call('EXISTS', K
 then
   return {-5, 0}
 end
--- KEYS[23], with ARGV[15]: the reservation this job's admission made (quota_admit.lua) and
--- that admission's mark. Sent in one round trip behind the admission script (a single Valkey
--- only), the job is queued only when that admission took its reservation (-7 otherwise).
-if KEYS[23] and redis.call('HGET', KEYS[23], 'by') ~= ARGV[15] then return {-7, 0} end
 
 if redis.call('ZCOUNT', WORKERS, now, '+inf') == 0 then return {-1, 0} end
 -- max_n counts the jobs that wait for a slot: those the free slots take at once do not wait.

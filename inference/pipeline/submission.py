@@ -18,7 +18,6 @@ frontend, so a request the engine would refuse is a 400 before anything is reser
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -70,13 +69,7 @@ from inference.pipeline.answer_cache import CacheLookup, cache_answer, cache_loo
 from inference.pipeline.auth import Principal
 from inference.pipeline.breaker import breaker_admits
 from inference.pipeline.capping import job_capped, max_tokens_fitting, max_tokens_within
-from inference.pipeline.clients import (
-    answer_cache_get,
-    dispatch_get,
-    idempotency_get,
-    quotas_get,
-    routing_get,
-)
+from inference.pipeline.clients import answer_cache_get, dispatch_get, idempotency_get, routing_get
 from inference.pipeline.idempotency import KEY_TTL_SECONDS, Original
 from inference.pipeline.preprocessing import preprocessed
 from inference.pipeline.safety import input_screen, policy_get, token_output_check
@@ -462,40 +455,18 @@ async def _job_submit(
                 )
             )
 
-        # Queued in the admission's round trip, where one Valkey takes both (None: not yet).
-        queued: Job | ApiError | None = None
-        answered = cache is not None and cache.answer is not None
-        together = not answered and dispatch_get().queues_behind_admission
-        # Set while a failure of the call under way is already being settled where it failed.
-        settling = False
         try:
             try:
-                if together:
-                    settling = True
-                    decision, queued = await _admitted_and_queued(
-                        principal=principal,
-                        route=route,
-                        job=job,
-                        model=model,
-                        reserve=reserve,
-                        admission=admission,
-                        request_taken=request_taken,
-                        payload=payload,
-                        capping=capping,
-                    )
-                    settling = False
-                else:
-                    decision = await admit(
-                        principal=principal,
-                        request_id=job.request_id,
-                        reserve=reserve,
-                        request_taken=request_taken,
-                        admission=admission,
-                    )
+                decision = await admit(
+                    principal=principal,
+                    request_id=job.request_id,
+                    reserve=reserve,
+                    request_taken=request_taken,
+                    admission=admission,
+                )
             except ApiError as refusal:
                 # Refused: the script took nothing. A tenant that caps its output gets what its
                 # tokens per minute have left now rather than a 429 to wait out.
-                settling = False
                 capped = _tokens_capped(refusal, job) if capping else None
                 if capped is None:
                     raise
@@ -514,24 +485,20 @@ async def _job_submit(
             # may have run with its answer lost, and then it holds a reservation (a slot, the
             # reserved cost charged to the month) that no end would ever settle. Giving it
             # back is a no-op when it never ran; it goes on in the background until Redis is
-            # back (a minute at most), as the refusal is answered. (An admission with its
-            # enqueue behind it is settled by `_admitted_and_queued`.)
-            if not settling:
-                give_back()
+            # back (a minute at most), as the refusal is answered.
+            give_back()
             raise
         try:
-            if isinstance(queued, ApiError):
-                raise queued  # the queue refused it behind its admission
-            if queued is not None:
-                job = queued
-            elif cache is not None and cache.answer is not None:
+            if cache is not None and cache.answer is not None:
                 await cache_answer(dispatch_get(), job=job, use=cache.use, answer=cache.answer)
             else:
-                enqueued = await _enqueue(
-                    route=route, job=job, model=model, payload=payload, capping=capping
+                job = await _enqueue(
+                    route=route,
+                    job=job,
+                    model=model,
+                    payload=payload,
+                    capping=capping,
                 )
-                assert enqueued is not None  # None only for an enqueue behind its admission
-                job = enqueued
         except ApiError as exc:
             # Admitted, then refused by the queue: nothing was queued, so the reservation goes
             # back at once and the request leaves no usage record, like any other refusal.
@@ -558,88 +525,6 @@ async def _job_submit(
     if job.max_tokens_requested:
         max_tokens_capped(deployment=route.deployment)
     return decision, job
-
-
-async def _admitted_and_queued(
-    *,
-    principal: Principal,
-    route: Route,
-    job: Job,
-    model: str,
-    reserve: Usage,
-    admission: str,
-    request_taken: bool,
-    payload: bytes | None,
-    capping: bool,
-) -> tuple[Decision, Job | ApiError | None]:
-    """Admit a job and queue it in one round trip: the enqueue goes behind the admission, in
-    the same turn of the loop (`dataplane/coalesce.py`), and queues the job only if this
-    admission took its reservation (`FrontDoor.enqueue`'s `admitted_by`).
-
-    Returns the decision and the job as queued, or the queue's refusal (its reservation is
-    the caller's to give back), or None when the enqueue did not find the admission (it ran
-    first: the caller queues the job now). Raises the admission's refusal, as `admit` does.
-    Where the admission's answer is lost, the request may be admitted and queued: it is
-    ended by the one path that settles what it holds (`_admission_lost`).
-    """
-    # Started first, the enqueue's task runs after the admission below reaches the loop's
-    # turn of calls and before that turn is sent: the enqueue goes second in its round trip.
-    queueing = asyncio.ensure_future(
-        _enqueue(
-            route=route,
-            job=job,
-            model=model,
-            payload=payload,
-            capping=capping,
-            admitted_by=admission,
-        )
-    )
-    try:
-        decision = await admit(
-            principal=principal,
-            request_id=job.request_id,
-            reserve=reserve,
-            request_taken=request_taken,
-            admission=admission,
-        )
-    except ApiError:
-        with contextlib.suppress(Exception):
-            await queueing  # refused: the enqueue found no reservation and queued nothing
-        raise
-    except BaseException:
-        queueing.cancel()
-        spawn(_admission_lost(job, admission))
-        raise
-    try:
-        return decision, await queueing
-    except ApiError as refused:
-        return decision, refused
-    except BaseException:
-        # Admitted, then the enqueue's answer was lost: the job may or may not be queued.
-        spawn(request_abandon(job))
-        raise
-
-
-async def _admission_lost(job: Job, admission: str) -> None:
-    """End a request whose admission's answer was lost, if that admission took its reservation.
-
-    Its enqueue went behind it: admitted, the job may be queued or running, and it ends
-    through the path that settles its reservation once (`request_abandon`); not admitted,
-    nothing was reserved or queued. One whose admission is still on its way (the round trip
-    of a cancelled caller) runs as any request does and its end settles it.
-    """
-    try:
-        holds = await until_reachable(
-            lambda: quotas_get().holds(
-                tenant_id=job.tenant_id, request_id=job.request_id, admission=admission
-            ),
-            "check an admission",
-        )
-    except Exception:
-        log.warning("could not check the admission of %s", job.request_id, exc_info=True)
-        return
-    if holds:
-        await request_abandon(job)
 
 
 def _reservation(route: Route, job: Job) -> Usage:
@@ -700,21 +585,13 @@ def _queue_fit_check(route: Route, job: Job, *, model: str) -> None:
 
 
 async def _enqueue(
-    *,
-    route: Route,
-    job: Job,
-    model: str,
-    payload: bytes | None = None,
-    capping: bool = False,
-    admitted_by: str | None = None,
-) -> Job | None:
+    *, route: Route, job: Job, model: str, payload: bytes | None = None, capping: bool = False
+) -> Job:
     """Queue an admitted job for its deployment's workers, or raise why the queue refused it.
 
     With `capping` (its tenant opted in), a generation that would finish after its deadline
     is queued with the max_tokens that fits, when one at or above the floor does, and as it
-    is otherwise (inference/pipeline/capping.py). Returns the job as queued; with
-    `admitted_by`, None when that admission did not take the job's reservation (nothing was
-    queued).
+    is otherwise (inference/pipeline/capping.py). Returns the job as queued.
     """
     max_queued, max_queued_tokens = queue_limits(route, job)
     finish_by = capping and not job.input_lengths and not job.shadow
@@ -724,7 +601,6 @@ async def _enqueue(
         max_queued_tokens=max_queued_tokens,
         payload=payload,
         finish_by=finish_by,
-        admitted_by=admitted_by,
     )
     if refused is not None and refused.reason is Refusal.FINISHES_LATE:
         cap = max_tokens_fitting(
@@ -740,14 +616,8 @@ async def _enqueue(
         # Asked once more without the finish check: the queue may have moved meanwhile, and
         # the request is then refused, or queued, as any other tenant's would be.
         refused = await dispatch_get().enqueue(
-            job,
-            max_queued=max_queued,
-            max_queued_tokens=max_queued_tokens,
-            payload=payload,
-            admitted_by=admitted_by,
+            job, max_queued=max_queued, max_queued_tokens=max_queued_tokens, payload=payload
         )
-    if refused is not None and refused.reason is Refusal.NOT_ADMITTED:
-        return None
     if refused is not None:
         if refused.reason is Refusal.QUEUE_FULL:
             key = (route.deployment, job.priority)

@@ -5,17 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from decimal import Decimal
 from typing import Any
 
 import msgspec
 import pytest
 
-from dataplane.coalesce import coalescer_of
 from dataplane.frontdoor import Refusal, Refused
 from dataplane.keys import ledger_field, ledger_key, reply_key, usage_key
 from dataplane.leases import ClaimAsk
-from dataplane.quotas import Decision, Limits, Quotas, Usage
 from dataplane.reaper import Reaper
 from dataplane.redis_client import redis_client_new
 from dataplane.snapshots import Depth
@@ -29,7 +26,6 @@ from dataplane.types import (
     usage_decoder,
     usage_for,
 )
-from tests import services_plugin
 from tests.dataplane.roles import Roles, roles
 from tests.jobs import job_new
 
@@ -437,51 +433,3 @@ async def test_a_woken_idle_worker_runs_its_claim_and_reads_its_answer(dispatch)
     assert [j.request_id for j in (await asyncio.wait_for(again, timeout=10)).run] == [
         job.request_id
     ]
-
-
-@pytest.mark.skipif(
-    services_plugin.cluster is not None, reason="an enqueue goes behind its admission on one server"
-)
-async def test_an_enqueue_behind_its_admission_queues_only_what_that_admission_took(dispatch):
-    deployment = await _served_deployment(dispatch)
-    quotas = Quotas(dispatch.redis)
-    limits = Limits(
-        requests_per_minute=1000,
-        tokens_per_minute=1_000_000,
-        max_concurrency=10,
-        monthly_budget=Decimal(1000),
-    )
-    job = job_new(deployment)
-
-    async def admit(admission: str) -> Decision | None:
-        return await quotas.admit(
-            tenant_id=job.tenant_id,
-            request_id=job.request_id,
-            limits=limits,
-            reserve=Usage(tokens=10, cost_micros=1),
-            lease_seconds=60,
-            spent_this_month=0,
-            admission=admission,
-        )
-
-    # No admission, or another admission of the same request id: nothing queued or left.
-    assert await dispatch.front.enqueue(job, admitted_by="mine") == Refused(Refusal.NOT_ADMITTED)
-    another = await admit("another")
-    assert another is not None and another.admitted
-    assert await dispatch.front.enqueue(job, admitted_by="mine") == Refused(Refusal.NOT_ADMITTED)
-    assert await dispatch.front.whereabouts(job.request_id) is None
-    assert not await quotas.holds(
-        tenant_id=job.tenant_id, request_id=job.request_id, admission="mine"
-    )
-
-    # Made in one turn, the admission and the enqueue behind it share one round trip.
-    turns = coalescer_of(dispatch.redis)
-    batches, carried = turns.batches, turns.carried
-    decision, refused = await asyncio.gather(
-        admit("mine"), dispatch.front.enqueue(job, admitted_by="mine")
-    )
-    assert decision is not None and decision.admitted and refused is None
-    assert (turns.batches - batches, turns.carried - carried) == (1, 2)
-    assert await quotas.holds(tenant_id=job.tenant_id, request_id=job.request_id, admission="mine")
-    claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
-    assert [j.request_id for j in claimed.run] == [job.request_id]

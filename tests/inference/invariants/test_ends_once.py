@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from billing.ingester import Ingester
 from billing.models import UsageRecord
 from billing.services import IngestResult, usage_ingest
-from dataplane.coalesce import coalescer_of
 from dataplane.frontdoor import FrontDoor
 from dataplane.quotas import MICROS, Quotas, month_of
 from dataplane.redis_client import redis_client_new
@@ -43,7 +42,6 @@ from dataplane.types import Sampling
 from inference.chat.format import Formatter
 from inference.edge import endpoint
 from inference.pipeline import submission
-from inference.pipeline.clients import dispatch_get
 from inference.pipeline.idempotency import Idempotency
 from inference.urls import websocket_urlpatterns
 from inference.websocket import views as ws
@@ -492,27 +490,6 @@ def _raise_at_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(FrontDoor, "enqueue", enqueue)
 
 
-def test_an_admission_and_its_enqueue_go_in_one_round_trip(lane, monkeypatch):
-    """On one Valkey the enqueue goes behind its admission: a request sent alone makes one
-    round trip of the two (the coalescer's count of shared round trips), and ends once."""
-
-    async def scenario() -> None:
-        made = _recording_ids(monkeypatch)
-        async with _worker(lane, _Engine()) as dispatch:
-            front = dispatch_get()
-            if not front.queues_behind_admission:
-                pytest.skip("on a cluster the two calls are two round trips")
-            turns = coalescer_of(front.redis)
-            spent_before = await _spent(dispatch, lane)
-            batches, carried = turns.batches, turns.carried
-            response = await _chat(lane)
-            assert response.status_code == 200, response.content
-            assert (turns.batches - batches, turns.carried - carried) == (1, 2)
-            await _ended_once(dispatch, lane, made, spent_before)
-
-    asyncio.run(scenario())
-
-
 def test_a_job_that_cannot_be_queued_frees_its_slot_and_reservation(lane, monkeypatch):
     async def scenario() -> None:
         made = _recording_ids(monkeypatch)
@@ -564,9 +541,7 @@ def test_text_the_queue_cannot_encode_is_a_400_that_reserves_nothing(lane, monke
 @pytest.mark.parametrize("lost", [redis.ConnectionError, asyncio.CancelledError])
 def test_an_admission_whose_answer_is_lost_gives_back_what_it_took(lane, monkeypatch, lost):
     """The admission script ran, then Redis went away (or the client did) before its answer
-    came: the frontend cannot know it was admitted. Where the enqueue went behind it in its
-    round trip (one Valkey), the job was queued too: it ends exactly once, through the path
-    that settles what it holds. Otherwise the frontend gives back whatever it may hold."""
+    came: the frontend cannot know it was admitted, so it gives back whatever it may hold."""
     admit = Quotas.admit
 
     async def ran_then_lost(self: Quotas, **kwargs: Any) -> Any:
@@ -589,11 +564,8 @@ def test_an_admission_whose_answer_is_lost_gives_back_what_it_took(lane, monkeyp
                 else:
                     assert lost is redis.ConnectionError
                     assert response.status_code == 503, response.content
-            if dispatch_get().queues_behind_admission:
-                await _ended_once(dispatch, lane, made, spent_before)
-            else:
-                # Given back in the background, as the refusal is answered.
-                await _holds_nothing(dispatch, lane, made[0], spent_before, within=10)
+            # Given back in the background, as the refusal is answered.
+            await _holds_nothing(dispatch, lane, made[0], spent_before, within=10)
 
     asyncio.run(scenario())
 
