@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -298,6 +298,8 @@ class VllmEngine:
         # Whether grammars go marked with the tenant (see structured_outputs): only to the
         # backends whose comment syntax the marks were checked against.
         self._grammars_marked = False
+        # How a prompt of token ids becomes the engine's input (None: vLLM renders it).
+        self._render: Callable[[Any], Any] | None = None
         self._on_accelerator = False
 
     @property
@@ -352,6 +354,7 @@ class VllmEngine:
         outputs_config = getattr(self._llm.vllm_config, "structured_outputs_config", None)
         backend = getattr(outputs_config, "backend", "auto")
         self._grammars_marked = backend in GRAMMAR_MARKED_BACKENDS
+        self._render = _token_renderer(self._llm)
         if self.spec.engine_nice:
             _processes_deprioritise(self.spec.engine_nice)
 
@@ -390,8 +393,9 @@ class VllmEngine:
                 if self.spec.priorities:
                     # Passed only to a priority scheduler: older vLLMs refuse it otherwise.
                     extra["priority"] = priority
+                engine_input = prompt if self._render is None else self._render(prompt)
                 outputs = self._llm.generate(
-                    self._rendered(prompt), params, request_id, lora_request=lora, **extra
+                    engine_input, params, request_id, lora_request=lora, **extra
                 )
             async for output in outputs:
                 for step in steps.of(output):
@@ -402,26 +406,6 @@ class VllmEngine:
             # The engine refused the request itself (an option it cannot serve): the client
             # hears why, as vLLM's server answers it, and a retry would not help.
             raise RequestRefused(str(exc)) from exc
-
-    def _rendered(self, prompt: Any) -> Any:
-        """The engine's input for a prompt of token ids, rendered here on the loop.
-
-        vLLM renders a raw prompt on a thread of its own, to keep a tokenizer off the event
-        loop; a prompt of token ids has nothing to tokenise, and that hop to the thread and
-        back was a tenth of a millisecond or more of every request's start. This is the
-        renderer call vLLM itself makes (`AsyncLLM.generate`'s own note on skipping it); an
-        older vLLM without a renderer takes the raw prompt.
-        """
-        renderer = getattr(self._llm, "renderer", None)
-        try:
-            from vllm.renderers.inputs.preprocess import parse_model_prompt
-        except ImportError:
-            return prompt
-        if renderer is None or not hasattr(renderer, "render_cmpl"):
-            return prompt
-        parsed = parse_model_prompt(self._llm.model_config, prompt)
-        (rendered,) = renderer.render_cmpl([parsed], renderer.default_cmpl_tok_params)
-        return rendered
 
     def _beam_search(
         self, prompt: Any, sampling: Sampling, request_id: str, lora: Any, engine: Any
@@ -503,7 +487,7 @@ class VllmEngine:
     def shutdown(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()
-            self._llm = None
+            self._llm = self._render = None
 
 
 def _scheduling_args(spec: EngineSpec) -> dict[str, Any]:
@@ -589,6 +573,31 @@ async def _beams_without_logprobs(outputs: AsyncIterator[Any]) -> AsyncIterator[
         for beam in output.outputs:
             beam.logprobs = None
         yield output
+
+
+def _token_renderer(llm: Any) -> Callable[[Any], Any] | None:
+    """Render a prompt of token ids into the engine's input here, on the worker's loop; None
+    on a vLLM without a renderer, which takes the raw prompt.
+
+    vLLM renders a raw prompt on a thread of its own, to keep a tokenizer off the event loop;
+    a prompt of token ids has nothing to tokenise, and that hop to the thread and back was a
+    tenth of a millisecond or more of every request's start. This is the renderer call vLLM
+    itself makes (`AsyncLLM.generate`'s own note on skipping it), looked up once per engine.
+    """
+    renderer = getattr(llm, "renderer", None)
+    try:
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+    except ImportError:
+        return None
+    if renderer is None or not hasattr(renderer, "render_cmpl"):
+        return None
+    model_config, params = llm.model_config, renderer.default_cmpl_tok_params
+
+    def render(prompt: Any) -> Any:
+        (rendered,) = renderer.render_cmpl([parse_model_prompt(model_config, prompt)], params)
+        return rendered
+
+    return render
 
 
 def _client_errors() -> tuple[type[Exception], ...]:
