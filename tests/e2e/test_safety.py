@@ -14,7 +14,7 @@ from billing.models import UsageRecord
 from privacy.selectors import content_get
 from safety.models import Intervention
 from safety.services import policy_assign, policy_pack_save
-from tenants.services import api_key_issue, tenant_create, tenant_privacy_update
+from tenants.services import api_key_issue, quota_update, tenant_create, tenant_privacy_update
 from tests.conftest import ALIAS
 
 TOXIC = "you are a fucking idiot and I hate you"
@@ -276,7 +276,11 @@ def test_cancelling_a_background_response_answers_and_keeps_only_the_screened_te
     stack, no_quotes, django_db_blocker
 ):
     with django_db_blocker.unblock():
-        _, key = _tenant_with_pack("cancel-packed", pii_kinds=["email"], pii_action="redact")
+        tenant, key = _tenant_with_pack("cancel-packed", pii_kinds=["email"], pii_action="redact")
+        # Room for a long letter: the screen holds the text back while the model writes runs
+        # that could still grow into an address, so the first screened text can come a second
+        # into the generation; the poll must see it, and cancel, before the letter ends.
+        quota_update(tenant=tenant, changes={"max_tokens_per_request": 1900})
     with httpx.Client(base_url=stack.base_url, timeout=60) as client:
         auth = {"Authorization": f"Bearer {key}"}
         accepted = client.post(
@@ -285,7 +289,7 @@ def test_cancelling_a_background_response_answers_and_keeps_only_the_screened_te
                 "model": ALIAS,
                 "input": "Write a letter",
                 "background": True,
-                "max_output_tokens": 800,
+                "max_output_tokens": 1900,
                 "temperature": 0,
                 "ignore_eos": True,
                 "logit_bias": no_quotes,
