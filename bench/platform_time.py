@@ -11,13 +11,16 @@ database schema and usage records or an older form of them (since the base, migr
 added and fields only added to `dataplane/types.py`); its requests carry a tenant of their
 own, whose limits an older commit may keep in Valkey otherwise.
 
-Two measures, in rounds:
+Three measures, in rounds:
 
 - one at a time: streamed chats of 16 tokens (ignore_eos), to every target in turn request by
   request (the order shuffled each time, a pause after each), time to first token at the
   client; for each Roundhouse target its split by stage from the usage records (frontend:
   sent → job built; queue: job built → started, the quota and queue scripts and a worker's
-  claim; relay: first token → client), and the TTFT it adds over vLLM's server;
+  claim; relay: first token → client), and the TTFT it adds over vLLM's server; and the
+  inter-token latency (ITL: the gaps between a stream's chunks of text after the first);
+- eight at once: the same chats, 8 streams at a time, to each target in turn: ITL beside
+  other streams;
 - closed loop: one-token chats at concurrency 32 to each Roundhouse target in turn for
   `--seconds`: requests/s, and the frontend process's CPU seconds over the wall time, so
   requests/s per frontend core.
@@ -84,6 +87,7 @@ MAX_NUM_SEQS = 64
 PROMPT = "Once upon a time, in a roundhouse far away,"
 TOKENS = 16
 CONCURRENCY = 32
+STREAMS = 8  # the second ITL measure: this many streams at once
 ENGINE_CPUS = "0"
 PLATFORM_CPUS = "1"
 PAUSE_SECONDS = 0.03
@@ -96,6 +100,7 @@ BASE_TENANT = "bench-base"  # the tenant whose key the base's requests carry
 # What issue 60 asks at one stream (medians).
 STAGES_TARGET_MS = 2.0
 ADDED_TARGET_MS = 2.0
+ITL_TARGET = 1.5  # ITL p50 at 1 and STREAMS streams, ÷ vLLM's
 
 
 @dataclass
@@ -104,6 +109,8 @@ class Samples:
 
     ttft_ms: list[float] = field(default_factory=list)
     sent: list[Sent] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)  # one stream at a time
+    itl_streams_ms: list[float] = field(default_factory=list)  # STREAMS at once
     stages_ms: dict[str, list[float]] = field(default_factory=dict)
     rps: list[float] = field(default_factory=list)
     frontend_cores: list[float] = field(default_factory=list)
@@ -116,11 +123,13 @@ class Samples:
 # ------------------------------------------------------------------------------------- load
 
 
-async def _streamed(session: aiohttp.ClientSession, target: Target) -> Sent:
-    """Stream one chat; return its request id, when it was sent and its TTFT."""
+async def _streamed(session: aiohttp.ClientSession, target: Target) -> tuple[Sent, list[float]]:
+    """Stream one chat; return its request id, when it was sent and its TTFT, and the gaps
+    between the chunks that carried text after the first (ms)."""
     sent_at = time.time()
-    started = time.perf_counter()
+    started = last = time.perf_counter()
     ttft = -1.0
+    gaps: list[float] = []
     request_id = ""
     async with session.post(
         f"{target.base_url}/v1/chat/completions",
@@ -132,12 +141,17 @@ async def _streamed(session: aiohttp.ClientSession, target: Target) -> Sent:
         request_id = response.headers.get("x-request-id", "")
         async for raw in response.content:
             line = raw.decode().strip()
-            if ttft >= 0 or not line.startswith("data: ") or line == "data: [DONE]":
+            if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choices = json.loads(line[6:]).get("choices") or []
             if choices and (choices[0].get("delta") or {}).get("content"):
-                ttft = (time.perf_counter() - started) * 1000
-    return Sent(request_id, sent_at, ttft)
+                now = time.perf_counter()
+                if ttft < 0:
+                    ttft = (now - started) * 1000
+                else:
+                    gaps.append((now - last) * 1000)
+                last = now
+    return Sent(request_id, sent_at, ttft), gaps
 
 
 async def _plain(session: aiohttp.ClientSession, target: Target) -> None:
@@ -163,16 +177,43 @@ async def _one_at_a_time(targets: list[Target], requests: int, into: dict[str, S
             for session, target in ORDER.sample(pairs, len(pairs)):
                 samples = into[target.name]
                 try:
-                    sent = await _streamed(session, target)
+                    sent, gaps = await _streamed(session, target)
                 except Exception as exc:
                     samples.errors += 1
                     progress(f"{target.name}: request failed: {exc}")
                 else:
                     samples.ttft_ms.append(sent.ttft_ms)
                     samples.sent.append(sent)
+                    samples.itl_ms.extend(gaps)
                 await asyncio.sleep(PAUSE_SECONDS)
             if (done + 1) % 50 == 0:
                 progress(f"one at a time: {done + 1}/{requests} requests to each target")
+
+
+async def _streams_at_once(targets: list[Target], requests: int, into: dict[str, Samples]) -> None:
+    """`requests` streamed chats, STREAMS at a time, to each target in turn (a shuffled order):
+    the gaps between a stream's tokens while others run beside it."""
+    for target in ORDER.sample(targets, len(targets)):
+        await _streams(target, requests, into[target.name])
+
+
+async def _streams(target: Target, requests: int, samples: Samples) -> None:
+    left = requests
+    async with client_session(STREAMS * 2) as session:
+
+        async def client() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                try:
+                    _, gaps = await _streamed(session, target)
+                except Exception as exc:
+                    samples.errors += 1
+                    progress(f"{target.name}: request failed: {exc}")
+                else:
+                    samples.itl_streams_ms.extend(gaps)
+
+        await asyncio.gather(*(client() for _ in range(STREAMS)))
 
 
 async def _closed_loop(
@@ -341,6 +382,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
             for round_ in range(1, args.rounds + 1):
                 progress(f"round {round_}/{args.rounds}: {args.requests} streamed chats each")
                 asyncio.run(_one_at_a_time(targets, args.requests, samples))
+                progress(f"round {round_}/{args.rounds}: {STREAMS} streams at once")
+                asyncio.run(_streams_at_once(targets, max(args.requests // 2, STREAMS), samples))
                 order = [t for t in targets if t.name in frontends]
                 for target in order if round_ % 2 else order[::-1]:
                     rps, cores, errors = asyncio.run(
@@ -370,8 +413,16 @@ def _p50(values: list[float]) -> float:
 
 
 def _summary(samples: dict[str, Samples]) -> dict[str, dict[str, float]]:
-    vllm_ttft = _p50(samples["vllm"].ttft_ms)
-    out: dict[str, dict[str, float]] = {"vllm": {"ttft_p50_ms": vllm_ttft}}
+    vllm = samples["vllm"]
+    vllm_ttft = _p50(vllm.ttft_ms)
+    vllm_itl, vllm_itl_streams = _p50(vllm.itl_ms), _p50(vllm.itl_streams_ms)
+    out: dict[str, dict[str, float]] = {
+        "vllm": {
+            "ttft_p50_ms": vllm_ttft,
+            "itl_p50_ms": vllm_itl,
+            "itl_streams_p50_ms": vllm_itl_streams,
+        }
+    }
     for name, found in samples.items():
         if name == "vllm":
             continue
@@ -383,6 +434,10 @@ def _summary(samples: dict[str, Samples]) -> dict[str, dict[str, float]]:
             **{f"{s}_p50_ms": v for s, v in stages.items()},
             "stages_p50_ms": sum(stages.values()),
             "engine_p50_ms": _p50(found.stages_ms.get("engine", [])),
+            "itl_p50_ms": _p50(found.itl_ms),
+            "itl_ratio": _p50(found.itl_ms) / vllm_itl,
+            "itl_streams_p50_ms": _p50(found.itl_streams_ms),
+            "itl_streams_ratio": _p50(found.itl_streams_ms) / vllm_itl_streams,
             "rps": _p50(found.rps),
             "frontend_cores": _p50(found.frontend_cores),
             "rps_per_core": _p50(found.per_core()),
@@ -406,6 +461,14 @@ def _table(summary: dict[str, dict[str, float]], base: str | None) -> str:
             "ttft_added_p50_ms",
             "{:+.2f} ms",
         ),
+        ("ITL at one stream", "itl_p50_ms", "{:.2f} ms"),
+        (f"**ITL at one stream ÷ vLLM's** (target ≤ {ITL_TARGET:g})", "itl_ratio", "{:.2f}"),
+        (f"ITL at {STREAMS} streams", "itl_streams_p50_ms", "{:.2f} ms"),
+        (
+            f"**ITL at {STREAMS} streams ÷ vLLM's** (target ≤ {ITL_TARGET:g})",
+            "itl_streams_ratio",
+            "{:.2f}",
+        ),
         ("requests/s at concurrency 32 (one-token chats)", "rps", "{:,.0f}"),
         ("frontend cores used meanwhile", "frontend_cores", "{:.2f}"),
         ("**requests/s per frontend core**", "rps_per_core", "{:,.0f}"),
@@ -419,8 +482,14 @@ def _table(summary: dict[str, dict[str, float]], base: str | None) -> str:
             before = summary["base"][key]
             cells.append(f"{summary['now'][key] / before:.2f}" if before else "")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    lines.append(f"| vLLM's own server: TTFT | {summary['vllm']['ttft_p50_ms']:.2f} ms |"
-                 + " |" * (len(names) - 1 + (1 if base else 0)))  # fmt: skip
+    vllm = summary["vllm"]
+    for title, value in (
+        ("TTFT", vllm["ttft_p50_ms"]),
+        ("ITL at one stream", vllm["itl_p50_ms"]),
+        (f"ITL at {STREAMS} streams", vllm["itl_streams_p50_ms"]),
+    ):
+        lines.append(f"| vLLM's own server: {title} | {value:.2f} ms |"
+                     + " |" * (len(names) - 1 + (1 if base else 0)))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -461,6 +530,16 @@ def _headline(summary: dict[str, dict[str, float]], base: str | None) -> list[di
             "value": now["ttft_added_p50_ms"],
             "target": f"≤ {ADDED_TARGET_MS:g}",
         },
+        {
+            "measure": "ITL p50 at one stream, Roundhouse ÷ vLLM",
+            "value": now["itl_ratio"],
+            "target": f"≤ {ITL_TARGET:g}",
+        },
+        {
+            "measure": f"ITL p50 at {STREAMS} streams, Roundhouse ÷ vLLM",
+            "value": now["itl_streams_ratio"],
+            "target": f"≤ {ITL_TARGET:g}",
+        },
         {"measure": "Frontend requests/s per core (concurrency 32)", "value": now["rps_per_core"]},
     ]
     if base:
@@ -497,8 +576,10 @@ def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
         "engine settings; the engines on core 0, frontends, datastores and the load generator on "
         f"core 1. One at a time: {args.requests} streamed chats of {TOKENS} tokens to each "
         "target per round, in a shuffled order; the stages come from the usage records and "
-        "the client's clock. Closed loop: one-token chats at concurrency 32 to each frontend "
-        f"in turn for {args.seconds:g} s a round; requests/s ÷ the frontend process's CPU "
+        "the client's clock; ITL is the gap between a stream's chunks of text after the first, "
+        f"one stream at a time and {STREAMS} at once ({max(args.requests // 2, STREAMS)} "
+        "chats per target per round). Closed loop: one-token chats at concurrency 32 to each "
+        f"frontend in turn for {args.seconds:g} s a round; requests/s ÷ the frontend process's CPU "
         "(cores). Medians over the rounds. On a 2-core machine the closed loop moves by up "
         "to a fifth between rounds (two unchanged stacks read 0.87 to 1.06 of each other in "
         "one run): a smaller ratio is noise. Compare figures within a run only.\n\n"
@@ -520,6 +601,8 @@ def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
             "samples": {
                 name: {
                     "ttft_ms": found.ttft_ms,
+                    "itl_ms": found.itl_ms,
+                    "itl_streams_ms": found.itl_streams_ms,
                     "stages_ms": found.stages_ms,
                     "rps": found.rps,
                     "frontend_cores": found.frontend_cores,
