@@ -685,7 +685,7 @@ def _report(
         f"`bench/structured.py`, {time.strftime('%Y-%m-%d')}, "
         + (f"one {args.gpu}, vLLM {args.vllm} on both sides, " if args.gpu else "")
         + f"{os.cpu_count()} CPU cores, tiny "
-        f"Llama demo model (random weights), eager mode. Streaming chat, {OUTPUT_TOKENS} output "
+        f"Llama demo model, eager mode. Streaming chat, {OUTPUT_TOKENS} output "
         "tokens per request (ignore_eos, greedy, the tokenizer's whitespace-only tokens biased "
         "by -100 so the grammar's output is not whitespace forever), "
         "in two scenarios: `response_format` json_schema (three fields), and two tools with "
