@@ -501,7 +501,7 @@ def _plot(samples: dict[str, Samples], path: Path, base: str | None) -> None:
 
     names = [n for n in ("now", "base") if n in samples]
     label = {"now": "this checkout", "base": f"base {base}"}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     bottom = [0.0] * len(names)
     for stage in STAGES:
         values = [_p50(samples[n].stages_ms.get(stage, [])) for n in names]
@@ -510,6 +510,19 @@ def _plot(samples: dict[str, Samples], path: Path, base: str | None) -> None:
     left.axhline(STAGES_TARGET_MS, color="black", linestyle="--", linewidth=1, label="target")
     left.set(ylabel="ms (p50 of each stage)", title="The platform's stages at one stream")
     left.legend(fontsize=8)
+    streamed = ["vllm", *names]
+    width = 0.8 / len(streamed)
+    for i, name in enumerate(streamed):
+        found = samples[name]
+        middle.bar(
+            [x + (i - (len(streamed) - 1) / 2) * width for x in (0, 1)],
+            [_p50(found.itl_ms), _p50(found.itl_streams_ms)],
+            width,
+            label=label.get(name, "vLLM's own server"),
+        )
+    middle.set_xticks([0, 1], ["one stream", f"{STREAMS} streams"])
+    middle.set(ylabel="ms (p50 gap between chunks)", title="Inter-token latency")
+    middle.legend(fontsize=8)
     right.bar([label[n] for n in names], [_p50(samples[n].per_core()) for n in names])
     right.set(ylabel="requests/s per frontend core", title="One-token chats, concurrency 32")
     fig.tight_layout()
@@ -581,10 +594,12 @@ def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
         "chats per target per round). Closed loop: one-token chats at concurrency 32 to each "
         f"frontend in turn for {args.seconds:g} s a round; requests/s ÷ the frontend process's CPU "
         "(cores). Medians over the rounds. On a 2-core machine the closed loop moves by up "
-        "to a fifth between rounds (two unchanged stacks read 0.87 to 1.06 of each other in "
-        "one run): a smaller ratio is noise. Compare figures within a run only.\n\n"
+        "to a fifth between rounds (two unchanged stacks read 0.87 to 1.07 of each other in "
+        "one run, and 1.03 of each other's ITL): a smaller ratio is noise. Compare figures "
+        "within a run only.\n\n"
         + _table(summary, args.base)
-        + f"\n\n![the platform's stages and requests per core]({plot.parent.name}/{plot.name})\n"
+        + "\n\n![the platform's stages, inter-token latency and requests per core]"
+        + f"({plot.parent.name}/{plot.name})\n"
     )
     section_write(args.docs, "platform_time", text)
     results_write(
