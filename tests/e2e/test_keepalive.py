@@ -23,9 +23,12 @@ import pytest
 
 from tests.conftest import ALIAS, _free_port, _http_ok, _spawn, _wait_for
 
-KEEPALIVE = 0.5
-IDLE_CUT = KEEPALIVE + 2
-# Longer than the relay's idle limit, shorter than anything that would end a queued request.
+KEEPALIVE = 0.25
+IDLE_CUT = KEEPALIVE + 1
+# Longer than the relay's idle limit, shorter than anything that would end a queued request:
+# than a lease above all (3 s in the tests). The stopped worker's wait for work still claims
+# a job when it is queued (the claim goes behind the wait, and Valkey runs it), and a lease
+# that lapsed before the worker went on would be reaped as the worker lost, just as it starts.
 STOPPED = IDLE_CUT + 1
 
 
@@ -150,7 +153,7 @@ def _queued_streams(stack, world, port: int) -> tuple[IdleCuttingRelay, Heard, H
         ]
         for listener in listeners:
             listener.start()
-        time.sleep(STOPPED)  # queued: the worker claims nothing
+        time.sleep(STOPPED)  # queued, or claimed by the stopped worker: nothing starts
     finally:
         worker.send_signal(signal.SIGCONT)
     for listener in listeners:
