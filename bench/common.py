@@ -82,6 +82,25 @@ TTFT_STAGES = {
 
 
 @dataclass
+class TextTimes:
+    """When a stream's chunks of text reached its client: the time to the first (TTFT) and the
+    gaps between the ones after it (ITL), in ms. Call `text` as each chunk with text is read."""
+
+    started: float = field(default_factory=time.perf_counter)
+    ttft_ms: float = -1.0
+    gaps_ms: list[float] = field(default_factory=list)
+    _last: float = 0.0
+
+    def text(self) -> None:
+        now = time.perf_counter()
+        if self.ttft_ms < 0:
+            self.ttft_ms = (now - self.started) * 1000
+        else:
+            self.gaps_ms.append((now - self._last) * 1000)
+        self._last = now
+
+
+@dataclass
 class Sent:
     """One streamed request as its client saw it: what finds its usage record, and its TTFT."""
 

@@ -58,6 +58,7 @@ from bench.common import (  # noqa: E402
     Platform,
     Sent,
     Target,
+    TextTimes,
     bench_headers,
     chat_body,
     client_session,
@@ -127,9 +128,7 @@ async def _streamed(session: aiohttp.ClientSession, target: Target) -> tuple[Sen
     """Stream one chat; return its request id, when it was sent and its TTFT, and the gaps
     between the chunks that carried text after the first (ms)."""
     sent_at = time.time()
-    started = last = time.perf_counter()
-    ttft = -1.0
-    gaps: list[float] = []
+    times = TextTimes()
     request_id = ""
     async with session.post(
         f"{target.base_url}/v1/chat/completions",
@@ -145,13 +144,8 @@ async def _streamed(session: aiohttp.ClientSession, target: Target) -> tuple[Sen
                 continue
             choices = json.loads(line[6:]).get("choices") or []
             if choices and (choices[0].get("delta") or {}).get("content"):
-                now = time.perf_counter()
-                if ttft < 0:
-                    ttft = (now - started) * 1000
-                else:
-                    gaps.append((now - last) * 1000)
-                last = now
-    return Sent(request_id, sent_at, ttft), gaps
+                times.text()
+    return Sent(request_id, sent_at, times.ttft_ms), times.gaps_ms
 
 
 async def _plain(session: aiohttp.ClientSession, target: Target) -> None:

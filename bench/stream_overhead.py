@@ -58,6 +58,7 @@ from bench.common import (  # noqa: E402
     Platform,
     Sent,
     Target,
+    TextTimes,
     accelerator,
     cpu_features,
     cpu_seconds,
@@ -137,11 +138,8 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> Stream:
     }
     headers = {"Authorization": f"Bearer {target.api_keys.get('bench', 'none')}"}
     sent_at = time.time()
-    started = time.perf_counter()
-    ttft = -1.0
+    times = TextTimes()
     tokens = 0
-    gaps: list[float] = []
-    last = 0.0
     async with session.post(
         f"{target.base_url}/v1/completions", json=body, headers=headers
     ) as response:
@@ -156,19 +154,14 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> Stream:
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             elif chunk["choices"] and chunk["choices"][0]["text"]:
-                now = time.perf_counter()
-                if ttft < 0:
-                    ttft = now - started
-                else:
-                    gaps.append((now - last) * 1000)
-                last = now
+                times.text()
     return Stream(
         request_id=request_id,
         sent_at=sent_at,
-        ttft_ms=ttft * 1000,
-        e2e_ms=(time.perf_counter() - started) * 1000,
+        ttft_ms=times.ttft_ms,
+        e2e_ms=(time.perf_counter() - times.started) * 1000,
         tokens=tokens,
-        gaps_ms=gaps,
+        gaps_ms=times.gaps_ms,
     )
 
 
