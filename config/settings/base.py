@@ -325,6 +325,7 @@ SPECTACULAR_SETTINGS = {
 # Logs: one JSON object per line (`json`, the default: what log pipelines parse) or readable
 # lines (`plain`, what `make demo` uses); both carry the request and trace ids.
 ROUNDHOUSE_LOG_FORMAT = env_str("ROUNDHOUSE_LOG_FORMAT", "json")
+LOGGING_CONFIG = "config.logs.logging_configure"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -351,8 +352,15 @@ LOGGING = {
         # configures logging after uvicorn, when the application is imported, in every process.
         # Each logger by name and without a level, so uvicorn's --log-level still holds.
         "uvicorn.error": {"handlers": ["console"], "propagate": False},
+        # The access logger is left alone where uvicorn runs with --no-access-log (config.logs).
         "uvicorn.access": {"handlers": ["console"], "propagate": False},
         "uvicorn.asgi": {"handlers": ["console"], "propagate": False},
+        # Celery's lines for each periodic job sent, received and succeeded (a dozen a minute
+        # per control worker, nothing the jobs' own lines and metrics do not say): its
+        # warnings, retries' errors and failures still come.
+        "celery.beat": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
     },

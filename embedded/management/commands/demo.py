@@ -208,7 +208,8 @@ class Command(BaseCommand):
         supervisor.start(
             "web",
             [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--no-access-log",
+             # The access log stays on: its lines show the demo's requests as they come.
+             "--port", str(port),
              # The server refuses a WebSocket frame over the limit before reading it all.
              "--ws-max-size", str(settings.ROUNDHOUSE_WS_MAX_FRAME_BYTES)],
         )  # fmt: skip
