@@ -73,10 +73,13 @@ def batch_every(share: float) -> int:
 
 @dataclass(frozen=True)
 class Claimed:
-    """Jobs a worker took: ones to run and ones whose deadline passed in the queue."""
+    """Jobs a worker took: ones to run and ones whose deadline passed in the queue; `drained`
+    when the claim left nothing queued for the deployment (a job queued after it wakes a
+    waiting worker, so claiming again at once would find nothing more)."""
 
     run: list[Job]
     expired: list[Job]
+    drained: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,7 @@ class Leases:
     async def claim_asked(self, *, deployment: str, ask: ClaimAsk) -> Claimed:
         """Claim as `claim` does, with its arguments in `ask`."""
         keys, args = _claim_call(deployment=deployment, now=time.time(), ask=ask)
-        ok, expired = await self._claim(keys=keys, args=args)
-        return Claimed(
-            run=[job_decoder.decode(p) for p in ok],
-            expired=[job_decoder.decode(p) for p in expired],
-        )
+        return _claimed(await self._claim(keys=keys, args=args))
 
     def pipelined(self) -> bool:
         """Whether `wait_then_claim` is one round trip: not on a cluster, whose client sends
@@ -170,11 +169,8 @@ class Leases:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.blpop([keys.wake, worker_wake_key(deployment, ask.worker)], timeout=timeout)
             script_into(pipe, self._claim, keys=call[0], args=call[1])
-            _, (ok, expired) = await pipeline_execute(pipe)
-        return Claimed(
-            run=[job_decoder.decode(p) for p in ok],
-            expired=[job_decoder.decode(p) for p in expired],
-        )
+            _, answer = await pipeline_execute(pipe)
+        return _claimed(answer)
 
     async def wake(self, *, deployment: str, worker: str) -> None:
         """Make the worker's pending `wait_then_claim` pop return now, and its claim run."""
@@ -273,6 +269,16 @@ class Leases:
             args: list[ScriptArg] = [rid, time.time(), WAKE_CAP, worker]
             returned += int(await self._requeue(keys=list(keys), args=args))
         return returned
+
+
+def _claimed(answer: Any) -> Claimed:
+    """The claim script's answer, decoded."""
+    ok, expired, drained = answer
+    return Claimed(
+        run=[job_decoder.decode(p) for p in ok],
+        expired=[job_decoder.decode(p) for p in expired],
+        drained=bool(int(drained)),
+    )
 
 
 def _claim_call(*, deployment: str, now: float, ask: ClaimAsk) -> tuple[list[str], list[ScriptArg]]:

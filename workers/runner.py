@@ -191,7 +191,8 @@ class Worker(abc.ABC):
         self._idle = _IdleClock(metrics.idle if metrics is not None else lambda _: None)
         # Set while a dead engine starts again: the worker claims nothing meanwhile.
         self._restarting = False
-        # The last claim found nothing: the next one waits for work first, in its round trip.
+        # The last claim found nothing, or an idle worker's left nothing queued: the next one
+        # waits for work first, in its round trip (a job queued meanwhile wakes it at once).
         self._idle_claims = False
         # How long an idle worker's wait for work lasts before it claims again regardless.
         self.wait_seconds = 0.5
@@ -311,6 +312,7 @@ class Worker(abc.ABC):
         self._slot_free.clear()
         self._handed.clear()
         free = self.capacity - len(self.active)
+        idle = not self.active
         skip: frozenset[int] = frozenset()
         if self._restarting:
             free = 0
@@ -339,15 +341,22 @@ class Worker(abc.ABC):
             room=room,
             room_default=self.caps.room(seqs=0, kv_blocks=0),
         )
-        # The last claim found nothing: wait for work and claim, in one round trip.
+        # The last claim found nothing, or an idle worker's took what was queued: wait for
+        # work and claim, in one round trip. Claiming again at once would find only what was
+        # queued since, and that left a wake token: the pop returns at once for it.
         woken = False
         if self._idle_claims and self.leases.pipelined():
             claimed, woken = await self._waited_claim(ask, wake_on_slot=bool(skip) or held_back)
         else:
             claimed = await self.leases.claim_asked(deployment=self.deployment, ask=ask)
         # Woken by this worker (its claim's arguments may be out of date: a slot freed for the
-        # tenants it passed over), the next round claims at once.
-        self._idle_claims = not claimed.run and not claimed.expired and not woken
+        # tenants it passed over), the next round claims at once. So it does after a claim
+        # that took jobs and left others queued (passed over, or past this claim's count), or
+        # took them beside running ones: under load, what is queued during the round trip is
+        # then taken in one claim. An idle worker that took the last queued job waits instead.
+        self._idle_claims = not woken and (
+            (not claimed.run and not claimed.expired) or (claimed.drained and idle)
+        )
         for job in claimed.expired:
             self._finish_unstarted(
                 job, failure_unstarted("deadline_exceeded", Status.TIMEOUT), charged=False

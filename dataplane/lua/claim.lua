@@ -4,7 +4,8 @@
 -- waited, the next job is a batch one (the run's length is kept in the VTC hash, so it spans
 -- claims and workers). Jobs whose
 -- deadline passed while queued are leased too but returned apart, uncharged, for the worker
--- to end without running them.
+-- to end without running them. Returns {jobs to run, expired jobs, 1 if nothing is left
+-- queued else 0}.
 --
 -- A claim naming its worker (ARGV[5]) first takes the jobs handed to that worker, and holds what
 -- it claims in the worker's name; with affinity (ARGV[6]) it hands keyed jobs to their owners
@@ -176,5 +177,8 @@ while #ok < count and steps < count * 4 + 16 do
   end
 end
 if streak ~= streak_was then redis.call('HSET', VTC, 'streak', streak) end
-if depth_of('n') <= 0 then redis.call('DEL', WAKE) end
-return {ok, expired}
+-- Nothing left queued: the wake list goes, and the worker is told its claim drained the queue
+-- (a job queued from here on leaves a wake token, so it may wait rather than claim again).
+local drained = depth_of('n') <= 0
+if drained then redis.call('DEL', WAKE) end
+return {ok, expired, drained and 1 or 0}

@@ -407,6 +407,24 @@ async def test_an_idle_workers_claim_runs_the_moment_a_job_is_queued(dispatch):
     assert (await dispatch.depth(deployment)).requests == 0
 
 
+async def test_a_claim_says_whether_it_left_the_queue_empty(dispatch):
+    """What a worker decides its next claim by: wait for work, or claim again at once."""
+    deployment = await _served_deployment(dispatch)
+    first, second = job_new(deployment), job_new(deployment)
+    for job in (first, second):
+        assert await dispatch.front.enqueue(job) is None
+    claimed = await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
+    assert [j.request_id for j in claimed.run] == [first.request_id]
+    assert not claimed.drained  # the second waits still
+    waited = await dispatch.leases.wait_then_claim(
+        deployment=deployment, timeout=5, ask=ClaimAsk(count=4, lease_seconds=5, worker="w")
+    )
+    assert [j.request_id for j in waited.run] == [second.request_id]
+    assert waited.drained
+    empty = await dispatch.leases.claim(deployment=deployment, count=4, lease_seconds=5)
+    assert (empty.run, empty.drained) == ([], True)
+
+
 async def test_a_woken_idle_worker_runs_its_claim_and_reads_its_answer(dispatch):
     """A drain, a job handed here or a freed slot wakes the pending pop rather than cutting it
     off: its claim runs, and what it leased reaches the worker."""

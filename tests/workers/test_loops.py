@@ -218,3 +218,52 @@ async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dis
     finally:
         worker.drain()
         await asyncio.wait_for(running, 40)
+
+
+async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_again(
+    dispatch,
+):
+    """An idle worker whose claim took the last queued job waits for the next one rather than
+    claiming again at once (which could find only what a wake token announces anyway); a job
+    queued while the first runs is claimed as soon as it is queued, and a busy worker that
+    took it claims again at once (under load, what was queued meanwhile goes in one claim)."""
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    worker = _HeldWorker(
+        deployment=deployment,
+        engine=_Engine(),
+        client=dispatch.redis,
+        reply_ttl=dispatch.reply_ttl,
+        worker_id=uuid.uuid4().hex[:8],
+        capacity=4,
+        lease_seconds=30.0,
+    )
+    worker.wait_seconds = 25.0  # far past the bound below: only a wake ends a wait in time
+    claims: list[float] = []
+    claim_asked = worker.leases.claim_asked
+
+    async def counted(**kwargs: Any) -> Any:
+        claims.append(time.monotonic())
+        return await claim_asked(**kwargs)
+
+    worker.leases.claim_asked = counted  # type: ignore[method-assign]
+    await dispatch.usage.ensure_groups(deployment)
+    running = asyncio.create_task(worker.run())
+    try:
+        first, second = job_new(deployment), job_new(deployment)
+        await _until(lambda: worker.active is not None and worker._slots() == (4, 0))
+        await asyncio.sleep(0.2)  # its heartbeat is in, and its first claim found nothing
+        before = len(claims)
+        assert await dispatch.front.enqueue(first) is None
+        await _until(lambda: first.request_id in worker.started)
+        await asyncio.sleep(0.3)
+        assert len(claims) == before  # no claim of its own after the one that took the job
+        assert await dispatch.front.enqueue(second) is None
+        await _until(lambda: second.request_id in worker.started, timeout=10)
+        await _until(lambda: len(claims) == before + 1)  # busy: it claims again at once
+        await asyncio.sleep(0.3)
+        assert len(claims) == before + 1  # that claim found nothing: it waits
+        for job in (first, second):
+            worker.release.setdefault(job.request_id, asyncio.Event()).set()
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 40)
