@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dataplane.background import loops_failing, supervise
-from dataplane.keys import reply_key
+from dataplane.keys import cancel_key, reply_key
 from dataplane.redis_client import redis_client_new
-from dataplane.types import Delta, Job, Started
+from dataplane.types import Delta, Failed, Job, Started
 from tests.dataplane.roles import Roles, roles
 from tests.jobs import job_new
 from workers.batcher import CostModel, DynamicBatcher
@@ -264,6 +264,37 @@ async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_
         assert len(claims) == before + 1  # that claim found nothing: it waits
         for job in (first, second):
             worker.release.setdefault(job.request_id, asyncio.Event()).set()
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 40)
+
+
+async def test_a_cancel_whose_message_was_missed_stops_the_job_once_it_is_claimed(dispatch):
+    """A cancel reaches a worker as a message, which its subscription can miss (a dropped
+    connection); the flag the cancel also sets is checked as claimed jobs start, so such a job
+    is stopped and ends cancelled rather than running to its end."""
+    deployment = f"w-{uuid.uuid4().hex[:8]}"
+    worker = _HeldWorker(
+        deployment=deployment,
+        engine=_Engine(),
+        client=dispatch.redis,
+        reply_ttl=dispatch.reply_ttl,
+        worker_id=uuid.uuid4().hex[:8],
+        capacity=2,
+        lease_seconds=30.0,
+    )
+    await dispatch.usage.ensure_groups(deployment)
+    running = asyncio.create_task(worker.run())
+    try:
+        job = job_new(deployment)
+        await _until(lambda: worker.active is not None and worker._slots() == (2, 0))
+        await asyncio.sleep(0.2)  # its heartbeat is in: the deployment is served
+        # The flag of a cancel that landed as the claim took the job, its message not seen.
+        await dispatch.redis.set(cancel_key(deployment, job.request_id), "1", ex=60)
+        assert await dispatch.front.enqueue(job) is None
+        [(_, terminal)] = await _read(dispatch, deployment, job.request_id, count=1)
+        assert isinstance(terminal, Failed) and terminal.code == "cancelled"
+        assert job.request_id not in worker.active
     finally:
         worker.drain()
         await asyncio.wait_for(running, 40)
