@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -186,10 +187,12 @@ class _HeldWorker(Worker):
         await self.release.setdefault(job.request_id, asyncio.Event()).wait()
 
 
-async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dispatch):
-    """A busy worker waits for work, then claims; the job that woke it is claimed at once even
-    when what ran has ended meanwhile (an idle worker's wait is another, and the job's wake
-    token is spent: waiting there would hold the job for the whole wait)."""
+@contextlib.asynccontextmanager
+async def _held_worker(
+    dispatch: Roles, *, capacity: int, wait_seconds: float | None = None
+) -> AsyncIterator[tuple[str, _HeldWorker]]:
+    """A `_HeldWorker` serving a deployment of its own, running with its heartbeat in; drained
+    at the end."""
     deployment = f"w-{uuid.uuid4().hex[:8]}"
     worker = _HeldWorker(
         deployment=deployment,
@@ -197,16 +200,29 @@ async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dis
         client=dispatch.redis,
         reply_ttl=dispatch.reply_ttl,
         worker_id=uuid.uuid4().hex[:8],
-        capacity=2,
+        capacity=capacity,
         lease_seconds=30.0,
     )
-    worker.wait_seconds = 25.0  # far past the bound below: only a wake ends a wait in time
+    if wait_seconds is not None:
+        worker.wait_seconds = wait_seconds
     await dispatch.usage.ensure_groups(deployment)
     running = asyncio.create_task(worker.run())
     try:
-        first, second = job_new(deployment), job_new(deployment)
-        await _until(lambda: worker.active is not None and worker._slots() == (2, 0))
+        await _until(lambda: worker.active is not None and worker._slots() == (capacity, 0))
         await asyncio.sleep(0.2)  # its heartbeat is in: the deployment is served
+        yield deployment, worker
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 40)
+
+
+async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dispatch):
+    """A busy worker waits for work, then claims; the job that woke it is claimed at once even
+    when what ran has ended meanwhile (an idle worker's wait is another, and the job's wake
+    token is spent: waiting there would hold the job for the whole wait)."""
+    # A wait far past the bounds below: only a wake ends a wait in time.
+    async with _held_worker(dispatch, capacity=2, wait_seconds=25.0) as (deployment, worker):
+        first, second = job_new(deployment), job_new(deployment)
         assert await dispatch.front.enqueue(first) is None
         await _until(lambda: first.request_id in worker.started)
         await asyncio.sleep(0.3)  # its next claim found nothing: it waits, busy
@@ -215,9 +231,6 @@ async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dis
         assert await dispatch.front.enqueue(second) is None
         await _until(lambda: second.request_id in worker.started, timeout=10)
         worker.release.setdefault(second.request_id, asyncio.Event()).set()
-    finally:
-        worker.drain()
-        await asyncio.wait_for(running, 40)
 
 
 async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_again(
@@ -227,31 +240,17 @@ async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_
     claiming again at once (which could find only what a wake token announces anyway); a job
     queued while the first runs is claimed as soon as it is queued, and a busy worker that
     took it claims again at once (under load, what was queued meanwhile goes in one claim)."""
-    deployment = f"w-{uuid.uuid4().hex[:8]}"
-    worker = _HeldWorker(
-        deployment=deployment,
-        engine=_Engine(),
-        client=dispatch.redis,
-        reply_ttl=dispatch.reply_ttl,
-        worker_id=uuid.uuid4().hex[:8],
-        capacity=4,
-        lease_seconds=30.0,
-    )
-    worker.wait_seconds = 25.0  # far past the bound below: only a wake ends a wait in time
-    claims: list[float] = []
-    claim_asked = worker.leases.claim_asked
+    async with _held_worker(dispatch, capacity=4, wait_seconds=25.0) as (deployment, worker):
+        claims: list[float] = []
+        claim_asked = worker.leases.claim_asked
 
-    async def counted(**kwargs: Any) -> Any:
-        claims.append(time.monotonic())
-        return await claim_asked(**kwargs)
+        async def counted(**kwargs: Any) -> Any:
+            claims.append(time.monotonic())
+            return await claim_asked(**kwargs)
 
-    worker.leases.claim_asked = counted  # type: ignore[method-assign]
-    await dispatch.usage.ensure_groups(deployment)
-    running = asyncio.create_task(worker.run())
-    try:
+        worker.leases.claim_asked = counted  # type: ignore[method-assign]
         first, second = job_new(deployment), job_new(deployment)
-        await _until(lambda: worker.active is not None and worker._slots() == (4, 0))
-        await asyncio.sleep(0.2)  # its heartbeat is in, and its first claim found nothing
+        await asyncio.sleep(0.2)  # its claim in flight, if any, is answered: it waits
         before = len(claims)
         assert await dispatch.front.enqueue(first) is None
         await _until(lambda: first.request_id in worker.started)
@@ -264,37 +263,17 @@ async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_
         assert len(claims) == before + 1  # that claim found nothing: it waits
         for job in (first, second):
             worker.release.setdefault(job.request_id, asyncio.Event()).set()
-    finally:
-        worker.drain()
-        await asyncio.wait_for(running, 40)
 
 
 async def test_a_cancel_whose_message_was_missed_stops_the_job_once_it_is_claimed(dispatch):
     """A cancel reaches a worker as a message, which its subscription can miss (a dropped
     connection); the flag the cancel also sets is checked as claimed jobs start, so such a job
     is stopped and ends cancelled rather than running to its end."""
-    deployment = f"w-{uuid.uuid4().hex[:8]}"
-    worker = _HeldWorker(
-        deployment=deployment,
-        engine=_Engine(),
-        client=dispatch.redis,
-        reply_ttl=dispatch.reply_ttl,
-        worker_id=uuid.uuid4().hex[:8],
-        capacity=2,
-        lease_seconds=30.0,
-    )
-    await dispatch.usage.ensure_groups(deployment)
-    running = asyncio.create_task(worker.run())
-    try:
+    async with _held_worker(dispatch, capacity=2) as (deployment, worker):
         job = job_new(deployment)
-        await _until(lambda: worker.active is not None and worker._slots() == (2, 0))
-        await asyncio.sleep(0.2)  # its heartbeat is in: the deployment is served
         # The flag of a cancel that landed as the claim took the job, its message not seen.
         await dispatch.redis.set(cancel_key(deployment, job.request_id), "1", ex=60)
         assert await dispatch.front.enqueue(job) is None
         [(_, terminal)] = await _read(dispatch, deployment, job.request_id, count=1)
         assert isinstance(terminal, Failed) and terminal.code == "cancelled"
         assert job.request_id not in worker.active
-    finally:
-        worker.drain()
-        await asyncio.wait_for(running, 40)
