@@ -79,7 +79,7 @@ class Claimed:
 
     run: list[Job]
     expired: list[Job]
-    drained: bool = False
+    drained: bool
 
 
 @dataclass(frozen=True)
