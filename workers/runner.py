@@ -312,7 +312,6 @@ class Worker(abc.ABC):
         self._slot_free.clear()
         self._handed.clear()
         free = self.capacity - len(self.active)
-        idle = not self.active
         skip: frozenset[int] = frozenset()
         if self._restarting:
             free = 0
@@ -353,7 +352,10 @@ class Worker(abc.ABC):
         # tenants it passed over), the next round claims at once. So it does after a claim
         # that took jobs and left others queued (passed over, or past this claim's count), or
         # took them beside running ones: under load, what is queued during the round trip is
-        # then taken in one claim. An idle worker that took the last queued job waits instead.
+        # then taken in one claim. A worker with nothing else running when the claim answers
+        # that took the last queued job waits instead (what ran as the round began may have
+        # ended during its wait: it is idle all the same).
+        idle = not self.active
         self._idle_claims = not woken and (
             (not claimed.run and not claimed.expired) or (claimed.drained and idle)
         )

@@ -265,6 +265,35 @@ async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_
             worker.release.setdefault(job.request_id, asyncio.Event()).set()
 
 
+async def test_a_worker_whose_jobs_ended_while_it_waited_waits_after_taking_the_last_job(
+    dispatch,
+):
+    """A busy worker waits for work too; when its running jobs end during that wait and the
+    claim behind it takes the last queued job, it has nothing else running: it waits for the
+    next job rather than claiming again at once, as an idle worker does."""
+    async with _held_worker(dispatch, capacity=4, wait_seconds=25.0) as (deployment, worker):
+        claims: list[float] = []
+        claim_asked = worker.leases.claim_asked
+
+        async def counted(**kwargs: Any) -> Any:
+            claims.append(time.monotonic())
+            return await claim_asked(**kwargs)
+
+        worker.leases.claim_asked = counted  # type: ignore[method-assign]
+        first, second = job_new(deployment), job_new(deployment)
+        assert await dispatch.front.enqueue(first) is None
+        await _until(lambda: first.request_id in worker.started)
+        await asyncio.sleep(0.3)  # it waits, busy with the first
+        worker.release.setdefault(first.request_id, asyncio.Event()).set()
+        await _until(lambda: not worker.active)
+        before = len(claims)
+        assert await dispatch.front.enqueue(second) is None
+        await _until(lambda: second.request_id in worker.started, timeout=10)
+        await asyncio.sleep(0.3)
+        assert len(claims) == before  # no claim of its own after the one that took the job
+        worker.release.setdefault(second.request_id, asyncio.Event()).set()
+
+
 async def test_a_cancel_whose_message_was_missed_stops_the_job_once_it_is_claimed(dispatch):
     """A cancel reaches a worker as a message, which its subscription can miss (a dropped
     connection); the flag the cancel also sets is checked as claimed jobs start, so such a job
