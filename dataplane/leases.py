@@ -75,11 +75,13 @@ def batch_every(share: float) -> int:
 class Claimed:
     """Jobs a worker took: ones to run and ones whose deadline passed in the queue; `drained`
     when the claim left nothing queued for the deployment (a job queued after it wakes a
-    waiting worker, so claiming again at once would find nothing more)."""
+    waiting worker, so claiming again at once would find nothing more); `cancelled`, the
+    requests of `run` cancelled before the claim took them (stop them as they start)."""
 
     run: list[Job]
     expired: list[Job]
     drained: bool
+    cancelled: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -185,13 +187,6 @@ class Leases:
         """Block until a job is queued for the deployment or timeout seconds pass."""
         await self.redis.blpop([deployment_keys(deployment).wake], timeout=timeout)
 
-    async def cancelled(self, *, deployment: str, request_ids: list[str]) -> set[str]:
-        """Return which of these requests have been cancelled."""
-        if not request_ids:
-            return set()
-        flags = await self.redis.mget([cancel_key(deployment, rid) for rid in request_ids])
-        return {rid for rid, flag in zip(request_ids, flags, strict=True) if flag is not None}
-
     async def heartbeat(
         self,
         *,
@@ -273,11 +268,12 @@ class Leases:
 
 def _claimed(answer: Any) -> Claimed:
     """The claim script's answer, decoded."""
-    ok, expired, drained = answer
+    ok, expired, drained, cancelled = answer
     return Claimed(
         run=[job_decoder.decode(p) for p in ok],
         expired=[job_decoder.decode(p) for p in expired],
         drained=bool(int(drained)),
+        cancelled=frozenset(rid.decode() if isinstance(rid, bytes) else rid for rid in cancelled),
     )
 
 
@@ -297,4 +293,5 @@ def _claim_call(*, deployment: str, now: float, ask: ClaimAsk) -> tuple[list[str
         ask.batch_every,
         rooms,
         -1 if ask.room_default is None else max(ask.room_default, 0),
+        cancel_key(deployment, ""),
     ]

@@ -389,12 +389,9 @@ class Worker(abc.ABC):
             task.add_done_callback(functools.partial(self._served, job))
             self.active[job.request_id] = (job, task)
         self._idle.running(len(self.active))
-        # Checked after starting, off the first token's path: a request cancelled while
-        # queued is aborted here before it has produced much.
-        cancelled = await self.leases.cancelled(
-            deployment=self.deployment, request_ids=[job.request_id for job in claimed.run]
-        )
-        for rid in cancelled | (self._recent_cancels.keys() & self.active.keys()):
+        # A request cancelled while queued (its flag, read by the claim), or as the claim took
+        # it (its message, come before its job was here to stop), is stopped as it starts.
+        for rid in claimed.cancelled | (self._recent_cancels.keys() & self.active.keys()):
             running = self.active.get(rid)
             if running is not None:
                 running[1].cancel()

@@ -5,7 +5,8 @@
 -- claims and workers). Jobs whose
 -- deadline passed while queued are leased too but returned apart, uncharged, for the worker
 -- to end without running them. Returns {jobs to run, expired jobs, 1 if nothing is left
--- queued else 0}.
+-- queued else 0, the ids of the jobs to run whose cancel flag is set}: a request cancelled
+-- before its job was claimed (ARGV[12] is the prefix of the deployment's cancel flags).
 --
 -- A claim naming its worker (ARGV[5]) first takes the jobs handed to that worker, and holds what
 -- it claims in the worker's name; with affinity (ARGV[6]) it hands keyed jobs to their owners
@@ -37,7 +38,7 @@ if batch_every > 0 then streak = tonumber(redis.call('HGET', VTC, 'streak') or '
 local streak_was = streak
 local scan = 0
 if skip ~= ',' or next(room) ~= nil or room_default >= 0 then scan = 31 end
-local ok, expired = {}, {}
+local ok, expired, ok_ids = {}, {}, {}
 
 -- Jobs handed to this worker were dispatched in fair order already: they go first, oldest first.
 if worker ~= '' then
@@ -64,6 +65,7 @@ if worker ~= '' then
         table.insert(expired, payload)
       else
         table.insert(ok, payload)
+        table.insert(ok_ids, h.rid)
       end
     end
   end
@@ -159,6 +161,7 @@ while #ok < count and steps < count * 4 + 16 do
         if key then holder = placed(key) end
         if holder == worker then
           table.insert(ok, payload)
+          table.insert(ok_ids, rid)
         else
           local seq = redis.call('HINCRBY', VTC, 'handoff', 1)
           redis.call('HSET', HANDOFFS, rid, seq .. ' ' .. holder)
@@ -181,4 +184,12 @@ if streak ~= streak_was then redis.call('HSET', VTC, 'streak', streak) end
 -- (a job queued from here on leaves a wake token, so it may wait rather than claim again).
 local drained = depth_of('n') <= 0
 if drained then redis.call('DEL', WAKE) end
-return {ok, expired, drained and 1 or 0}
+-- The cancel flags of the jobs taken, read here rather than in a round trip of the worker's
+-- own as they start; a cancel that comes after the claim reaches the worker as a message. The
+-- flags' keys are built here (the claim cannot name the jobs it will take beforehand); they
+-- carry the deployment's hash tag, so they live in the slot of the keys it names.
+local cancelled = {}
+for _, rid in ipairs(ok_ids) do
+  if redis.call('EXISTS', ARGV[12] .. rid) == 1 then table.insert(cancelled, rid) end
+end
+return {ok, expired, drained and 1 or 0, cancelled}

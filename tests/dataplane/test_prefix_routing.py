@@ -252,9 +252,7 @@ async def test_a_handed_job_can_be_cancelled_before_and_after_its_owner_takes_it
     assert await dispatch.front.cancel_by_id(where=where, request_id=job.request_id)
     claimed = await _claim(dispatch, deployment, "b")
     assert [j.request_id for j in claimed.run] == [job.request_id]
-    assert await dispatch.leases.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
-        job.request_id
-    }
+    assert claimed.cancelled == {job.request_id}
     usage = usage_for(job, status=Status.CANCELLED, finished_at=time.time())
     ended = Failed(code="cancelled", message="cancelled", prompt_tokens=3, completion_tokens=0)
     assert await dispatch.finisher.finalize(job=job, terminal=ended, usage=usage)

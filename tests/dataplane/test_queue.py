@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from dataplane.frontdoor import Refusal, Refused
-from dataplane.keys import ledger_field, ledger_key, reply_key, usage_key
-from dataplane.leases import ClaimAsk
+from dataplane.keys import cancel_key, ledger_field, ledger_key, reply_key, usage_key
+from dataplane.leases import ClaimAsk, Claimed
 from dataplane.reaper import Reaper
 from dataplane.redis_client import redis_client_new
 from dataplane.snapshots import Depth
@@ -137,10 +137,24 @@ async def test_cancelling_a_claimed_job_leaves_it_to_its_worker(dispatch):
     await dispatch.front.enqueue(job)
     await dispatch.leases.claim(deployment=deployment, count=1, lease_seconds=5)
     assert not await dispatch.front.cancel(job=job)
-    assert await dispatch.leases.cancelled(deployment=deployment, request_ids=[job.request_id]) == {
-        job.request_id
-    }
+    # Flagged, and told to the worker as a message: its worker stops it.
+    assert await dispatch.redis.exists(cancel_key(deployment, job.request_id))
     assert await _usage(dispatch, deployment) == []
+
+
+async def test_a_claim_names_the_jobs_it_took_that_were_cancelled_before(dispatch):
+    deployment = await _served_deployment(dispatch)
+    flagged, other = job_new(deployment), job_new(deployment)
+    # A cancel that came before its job was queued leaves a flag for the claim to find.
+    await dispatch.redis.set(cancel_key(deployment, flagged.request_id), "1", ex=60)
+    for job in (flagged, other):
+        await dispatch.front.enqueue(job)
+    claimed = await dispatch.leases.claim(deployment=deployment, count=2, lease_seconds=5)
+    assert {job.request_id for job in claimed.run} == {flagged.request_id, other.request_id}
+    assert claimed.cancelled == {flagged.request_id}
+    assert (await dispatch.leases.claim(deployment=deployment, count=2, lease_seconds=5)) == (
+        Claimed(run=[], expired=[], drained=True, cancelled=frozenset())
+    )
 
 
 async def test_the_reaper_requeues_a_job_that_never_started(dispatch):
