@@ -216,6 +216,19 @@ async def _held_worker(
         await asyncio.wait_for(running, 40)
 
 
+def _claims_counted(worker: Worker) -> list[float]:
+    """When each claim the worker makes on its own (not behind its wait) is sent, from now."""
+    claims: list[float] = []
+    claim_asked = worker.leases.claim_asked
+
+    async def counted(**kwargs: Any) -> Any:
+        claims.append(time.monotonic())
+        return await claim_asked(**kwargs)
+
+    worker.leases.claim_asked = counted  # type: ignore[method-assign]
+    return claims
+
+
 async def test_a_job_queued_after_a_busy_wait_is_claimed_once_the_wait_wakes(dispatch):
     """A busy worker waits for work, then claims; the job that woke it is claimed at once even
     when what ran has ended meanwhile (an idle worker's wait is another, and the job's wake
@@ -241,14 +254,7 @@ async def test_an_idle_worker_that_took_the_last_job_waits_rather_than_claiming_
     queued while the first runs is claimed as soon as it is queued, and a busy worker that
     took it claims again at once (under load, what was queued meanwhile goes in one claim)."""
     async with _held_worker(dispatch, capacity=4, wait_seconds=25.0) as (deployment, worker):
-        claims: list[float] = []
-        claim_asked = worker.leases.claim_asked
-
-        async def counted(**kwargs: Any) -> Any:
-            claims.append(time.monotonic())
-            return await claim_asked(**kwargs)
-
-        worker.leases.claim_asked = counted  # type: ignore[method-assign]
+        claims = _claims_counted(worker)
         first, second = job_new(deployment), job_new(deployment)
         await asyncio.sleep(0.2)  # its claim in flight, if any, is answered: it waits
         before = len(claims)
@@ -272,14 +278,7 @@ async def test_a_worker_whose_jobs_ended_while_it_waited_waits_after_taking_the_
     claim behind it takes the last queued job, it has nothing else running: it waits for the
     next job rather than claiming again at once, as an idle worker does."""
     async with _held_worker(dispatch, capacity=4, wait_seconds=25.0) as (deployment, worker):
-        claims: list[float] = []
-        claim_asked = worker.leases.claim_asked
-
-        async def counted(**kwargs: Any) -> Any:
-            claims.append(time.monotonic())
-            return await claim_asked(**kwargs)
-
-        worker.leases.claim_asked = counted  # type: ignore[method-assign]
+        claims = _claims_counted(worker)
         first, second = job_new(deployment), job_new(deployment)
         assert await dispatch.front.enqueue(first) is None
         await _until(lambda: first.request_id in worker.started)
@@ -296,11 +295,11 @@ async def test_a_worker_whose_jobs_ended_while_it_waited_waits_after_taking_the_
 
 async def test_a_cancel_whose_message_was_missed_stops_the_job_once_it_is_claimed(dispatch):
     """A cancel reaches a worker as a message, which its subscription can miss (a dropped
-    connection); the flag the cancel also sets is checked as claimed jobs start, so such a job
-    is stopped and ends cancelled rather than running to its end."""
+    connection); the flag the cancel also sets is read by the claim that takes the job, so
+    such a job is stopped and ends cancelled rather than running to its end."""
     async with _held_worker(dispatch, capacity=2) as (deployment, worker):
         job = job_new(deployment)
-        # The flag of a cancel that landed as the claim took the job, its message not seen.
+        # The flag of a cancel that landed before the claim, its message not seen.
         await dispatch.redis.set(cancel_key(deployment, job.request_id), "1", ex=60)
         assert await dispatch.front.enqueue(job) is None
         [(_, terminal)] = await _read(dispatch, deployment, job.request_id, count=1)
