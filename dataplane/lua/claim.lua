@@ -38,7 +38,14 @@ if batch_every > 0 then streak = tonumber(redis.call('HGET', VTC, 'streak') or '
 local streak_was = streak
 local scan = 0
 if skip ~= ',' or next(room) ~= nil or room_default >= 0 then scan = 31 end
-local ok, expired, ok_ids = {}, {}, {}
+local ok, expired, cancelled = {}, {}, {}
+-- A job to run; its id goes with the cancelled ones too when a cancel flagged it while queued.
+-- The flag's key is built here (the claim cannot name the jobs it will take beforehand); it
+-- carries the deployment's hash tag, so it lives in the slot of the keys the claim names.
+local function run(rid, payload)
+  table.insert(ok, payload)
+  if redis.call('EXISTS', ARGV[12] .. rid) == 1 then table.insert(cancelled, rid) end
+end
 
 -- Jobs handed to this worker were dispatched in fair order already: they go first, oldest first.
 if worker ~= '' then
@@ -64,8 +71,7 @@ if worker ~= '' then
         charge(j.cls, j.tenant, -j.cost / j.weight)
         table.insert(expired, payload)
       else
-        table.insert(ok, payload)
-        table.insert(ok_ids, h.rid)
+        run(h.rid, payload)
       end
     end
   end
@@ -160,8 +166,7 @@ while #ok < count and steps < count * 4 + 16 do
         local key = affinity and redis.call('HGET', PREFIXES, rid)
         if key then holder = placed(key) end
         if holder == worker then
-          table.insert(ok, payload)
-          table.insert(ok_ids, rid)
+          run(rid, payload)
         else
           local seq = redis.call('HINCRBY', VTC, 'handoff', 1)
           redis.call('HSET', HANDOFFS, rid, seq .. ' ' .. holder)
@@ -184,12 +189,4 @@ if streak ~= streak_was then redis.call('HSET', VTC, 'streak', streak) end
 -- (a job queued from here on leaves a wake token, so it may wait rather than claim again).
 local drained = depth_of('n') <= 0
 if drained then redis.call('DEL', WAKE) end
--- The cancel flags of the jobs taken, read here rather than in a round trip of the worker's
--- own as they start; a cancel that comes after the claim reaches the worker as a message. The
--- flags' keys are built here (the claim cannot name the jobs it will take beforehand); they
--- carry the deployment's hash tag, so they live in the slot of the keys it names.
-local cancelled = {}
-for _, rid in ipairs(ok_ids) do
-  if redis.call('EXISTS', ARGV[12] .. rid) == 1 then table.insert(cancelled, rid) end
-end
 return {ok, expired, drained and 1 or 0, cancelled}
