@@ -51,7 +51,13 @@ from dataplane.keys import (
     reply_key,
     whereabouts_key,
 )
-from dataplane.redis_client import ScriptArg, cluster_of, pipeline_execute, script_into
+from dataplane.redis_client import (
+    ScriptArg,
+    cluster_of,
+    pipeline_execute,
+    script_into,
+    text_of,
+)
 from dataplane.replies import Follower, ReplyReaders
 from dataplane.types import (
     Event,
@@ -290,7 +296,7 @@ class FrontDoor:
         if not newest:
             return None
         entry_id = newest[0][0]
-        return str(entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
+        return text_of(entry_id)
 
     def follow_replies(self, *, deployment: str, request_id: str, after: str) -> Follower:
         """Follow a request's reply stream after an entry id, with this process's other
@@ -313,7 +319,7 @@ class FrontDoor:
         events: list[tuple[str, Event]] = []
         for _key, entries in response or []:
             for entry_id, fields in entries:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                eid = text_of(entry_id)
                 events.append((eid, event_decoder.decode(fields[b"e"])))
         return events
 

@@ -50,7 +50,13 @@ from dataplane.keys import (
     retire_key,
     worker_wake_key,
 )
-from dataplane.redis_client import ScriptArg, cluster_of, pipeline_execute, script_into
+from dataplane.redis_client import (
+    ScriptArg,
+    cluster_of,
+    pipeline_execute,
+    script_into,
+    text_of,
+)
 from dataplane.types import Job, encode, job_decoder
 
 # A replica takes a job for its prefix only while it holds at most this many times the mean load.
@@ -273,7 +279,7 @@ def _claimed(answer: Any) -> Claimed:
         run=[job_decoder.decode(p) for p in ok],
         expired=[job_decoder.decode(p) for p in expired],
         drained=bool(int(drained)),
-        cancelled=frozenset(rid.decode() if isinstance(rid, bytes) else rid for rid in cancelled),
+        cancelled=frozenset(text_of(rid) for rid in cancelled),
     )
 
 

@@ -125,6 +125,11 @@ _SCRIPTS = "_roundhouse_scripts"
 _Queued = tuple[AsyncScript, Sequence[str], Sequence[ScriptArg]]
 
 
+def text_of(value: bytes | str) -> str:
+    """A name or id from a reply as text: redis-py answers bytes unless told to decode."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def script_into(
     pipe: aredis.client.Pipeline,
     script: AsyncScript,

@@ -31,7 +31,7 @@ import redis.asyncio as aredis
 
 from dataplane.background import event_wait, loop_ok, spawn, supervise
 from dataplane.keys import reply_wake_key
-from dataplane.redis_client import UNREACHABLE, Outage, cluster_of
+from dataplane.redis_client import UNREACHABLE, Outage, cluster_of, text_of
 from dataplane.types import Event, event_decoder
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,6 @@ LINGER_SECONDS = 10.0
 # A follower not read for this long is dropped (its consumer went away without closing).
 ABANDONED_SECONDS = 60.0
 WAKE_TTL_SECONDS = 3600
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _entry_id(value: str) -> tuple[int, int]:
@@ -283,13 +279,15 @@ class _DeploymentReader:
         once, starts from where that follower is.
         """
         for raw_key, entries in response or []:
-            key = _text(raw_key)
+            key = text_of(raw_key)
             if key == self._wake_key:
-                self._wake_seen = _text(entries[-1][0])
+                self._wake_seen = text_of(entries[-1][0])
                 self._wake_pending = False
                 continue
             start = _entry_id(sent[key])
-            decoded = [(_text(eid), event_decoder.decode(fields[b"e"])) for eid, fields in entries]
+            decoded = [
+                (text_of(eid), event_decoder.decode(fields[b"e"])) for eid, fields in entries
+            ]
             for follower in self._followers.get(key, []):
                 if decoded and not follower.paused and _entry_id(follower.after) >= start:
                     follower._put(decoded)

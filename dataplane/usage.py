@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from dataplane.keys import INGEST_GROUP, dead_usage_key, deployment_of, usage_key
-from dataplane.redis_client import slot_groups
+from dataplane.redis_client import slot_groups, text_of
 from dataplane.types import UsageEvent, encode, usage_decoder
 
 
@@ -92,11 +92,11 @@ class UsageStream:
     def _usage_entries(response: Any) -> list[tuple[str, str, UsageEvent]]:
         out = []
         for key, entries in response:
-            name = key.decode() if isinstance(key, bytes) else key
+            name = text_of(key)
             deployment = deployment_of(name)
             for entry_id, fields in entries:
                 if not fields:
                     continue
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                eid = text_of(entry_id)
                 out.append((deployment, eid, usage_decoder.decode(fields[b"u"])))
         return out
