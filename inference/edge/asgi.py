@@ -246,6 +246,52 @@ class _WriteWatch:
             self._timer = None
 
 
+# The attribute of a streamed response whose stream says which of its parts is the last.
+LAST_PART = "roundhouse_last_part"
+
+
+class LastPart:
+    """Set by a stream as it yields its last part, so that the part ends the response's body.
+
+    Django sends a streamed body's end as a message of its own, after the last part, which its
+    server writes alone (chunked encoding's `0\r\n\r\n`). A stream's end is its last event's
+    write: `_BodyEnd` sends that part as the body's end instead, one write fewer per stream.
+    """
+
+    __slots__ = ("reached",)
+
+    def __init__(self) -> None:
+        self.reached = False
+
+
+class _BodyEnd:
+    """An ASGI `send` that ends a streamed body with its last part (`LastPart`) rather than
+    after it: once the stream reached its last part, each body message is held until the next
+    one, and the body's end carries the held part."""
+
+    def __init__(self, send: Any, last: LastPart) -> None:
+        self._send = send
+        self._last = last
+        self._held: Any = None
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] != "http.response.body" or not self._last.reached:
+            await self._send(message)
+            return
+        held, self._held = self._held, None
+        if message.get("more_body", False):
+            if held is not None:  # a part larger than one message: all but its last slice
+                await self._send(held)
+            self._held = message
+            return
+        if held is None or message.get("body"):
+            if held is not None:
+                await self._send(held)
+            await self._send(message)
+            return
+        await self._send({"type": "http.response.body", "body": held["body"]})
+
+
 class ResponseCut(Exception):
     """Raised by a streamed body that cannot go on (what it sends is gone): the connection is
     cut short of the response's length, so its client sees it incomplete, not ended."""
@@ -514,8 +560,12 @@ class ApiHandler(ASGIHandler):
         iterator makes them, each once the one before was handed on: what a connection holds
         is its response and about one message more. A client that reads none of a message for
         ROUNDHOUSE_WRITE_TIMEOUT_SECONDS raises WriteTimeout here, out of the streaming
-        iterator too (as a disconnect cancels it).
+        iterator too (as a disconnect cancels it). A stream that says which part is its last
+        ends its body with that part (`_BodyEnd`).
         """
+        last = getattr(response, LAST_PART, None)
+        if last is not None:
+            send = _BodyEnd(send, last)
         seconds = float(settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS)
         if seconds <= 0:
             await super().send_response(response, send)

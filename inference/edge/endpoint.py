@@ -36,7 +36,9 @@ from inference.edge.asgi import (
     CHECKED_PRINCIPAL,
     COUNTED,
     COUNTS_REQUESTS,
+    LAST_PART,
     TURN_OVER,
+    LastPart,
     refusal_held,
     unread_request_count,
 )
@@ -151,73 +153,118 @@ def sse_response(
     chunks: AsyncIterator[bytes], *, keepalive: bytes = SSE_KEEPALIVE
 ) -> StreamingHttpResponse:
     """A stream of server-sent events, marked so that no proxy caches or buffers it, that sends
-    `keepalive` after ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS without an event."""
+    `keepalive` after ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS without an event.
+
+    What the stream makes while its last part is being sent goes out in one write, and its last
+    part ends the body in the same write (`kept_alive`, `LastPart`)."""
     seconds = float(settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS)
+    last = LastPart()
     if seconds > 0:
-        chunks = kept_alive(chunks, keepalive=keepalive, seconds=seconds)
+        chunks = kept_alive(chunks, keepalive=keepalive, seconds=seconds, last=last)
     response = StreamingHttpResponse(chunks, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
+    setattr(response, LAST_PART, last)
     return response
 
 
+# What a stream's maker may make ahead of its send: a reader that falls behind gets its events
+# gathered into writes of about this size, and the stream's events wait in its reply stream.
+AHEAD_BYTES = 64 * 1024
+
+
 async def kept_alive(
-    chunks: AsyncIterator[bytes], *, keepalive: bytes, seconds: float
+    chunks: AsyncIterator[bytes],
+    *,
+    keepalive: bytes,
+    seconds: float,
+    last: LastPart | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """Yield CHUNKS as they come, and KEEPALIVE each time SECONDS pass without one.
 
     A queued request or a long prefill sends nothing, and a proxy or load balancer with an
     idle timeout (60 s is common) would cut the stream; the client would retry into a longer
-    queue. The chunks are made in a task of their own, one ahead at most (the queue holds one),
-    and one timer per stream (not one per chunk) puts a keep-alive in the queue when the stream
-    has been silent for SECONDS and nothing waits there. Whatever ends this stream (its end, a
-    disconnect, a write timeout) ends that task, which closes the generator: its request is
-    cancelled there as before.
+    queue. The chunks are made in a task of their own, and one timer per stream (not one per
+    chunk) adds a keep-alive when the stream has been silent for SECONDS and nothing waits.
+    Whatever ends this stream (its end, a disconnect, a write timeout) ends that task, which
+    closes the generator: its request is cancelled there as before.
+
+    What the task makes before this stream takes it is joined into one part, one write: the
+    chunks made in one go (a request's last tokens and its end arrive together) and those made
+    while a slow reader's last part was being sent. The task makes up to AHEAD_BYTES ahead, then
+    waits for the send. With LAST, the part after which the stream ends says so, for its
+    sender to end the body in the same write.
     """
     loop = asyncio.get_running_loop()
-    ahead: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=1)
-    last = loop.time()  # when the stream last sent something
+    made: list[bytes] = []
+    size = 0  # the bytes in `made`
+    done = False
+    failure: BaseException | None = None
+    ready = asyncio.Event()  # something to take: chunks, the end or a failure
+    taken = asyncio.Event()  # the stream took what was made
+    sent_at = loop.time()  # when the stream last sent something
     timer: asyncio.TimerHandle | None = None
 
     async def make() -> None:
+        nonlocal size, done, failure
         try:
             async for chunk in chunks:
-                await ahead.put(chunk)
+                while size >= AHEAD_BYTES:
+                    taken.clear()
+                    await taken.wait()
+                made.append(chunk)
+                size += len(chunk)
+                ready.set()
         except BaseException as exc:  # raised again where the stream is sent
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
                 raise  # the stream ended and stopped its maker (below)
             # Whatever else ended the chunks, a BaseException too, reaches the stream: a maker
             # that died with it silently left the stream sending keep-alives for ever.
-            await ahead.put(exc)
+            failure = exc
+            ready.set()
             return
         finally:
             close = getattr(chunks, "aclose", None)
             if close is not None:
                 await close()
-        await ahead.put(None)
+        done = True
+        ready.set()
 
     def silent() -> None:
-        nonlocal timer
+        nonlocal timer, size
         now = loop.time()
-        if now - last >= seconds and ahead.empty():
-            ahead.put_nowait(keepalive)
+        if now - sent_at >= seconds and not ready.is_set():
+            made.append(keepalive)
+            size += len(keepalive)
+            ready.set()
             stream_keepalives.inc()
-        # Next when this silence would reach the period again; a chunk waiting for a slow
-        # reader (the queue full) needs none: look again a period on.
-        timer = loop.call_at(max(last + seconds, now + seconds / 2), silent)
+        # Next when this silence would reach the period again; a part waiting for a slow
+        # reader needs none: look again a period on.
+        timer = loop.call_at(max(sent_at + seconds, now + seconds / 2), silent)
 
     maker = asyncio.create_task(make())
-    timer = loop.call_at(last + seconds, silent)
+    timer = loop.call_at(sent_at + seconds, silent)
     try:
         while True:
-            item = await ahead.get()
-            if item is None:
+            await ready.wait()
+            ready.clear()
+            part = made[0] if len(made) == 1 else b"".join(made)
+            made.clear()
+            size = 0
+            taken.set()
+            if failure is not None:
+                if part:
+                    yield part
+                raise failure
+            if done:
+                if part:
+                    if last is not None:
+                        last.reached = True
+                    yield part
                 return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            last = loop.time()
+            yield part
+            sent_at = loop.time()
     finally:
         if timer is not None:
             timer.cancel()

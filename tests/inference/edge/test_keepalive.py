@@ -1,4 +1,5 @@
-"""A stream with nothing to send sends keep-alives (inference/edge/endpoint.kept_alive).
+"""A stream with nothing to send sends keep-alives, and what it makes in one go goes in one
+write (inference/edge/endpoint.kept_alive).
 
 The logic, with the stream's maker a generator that waits; tests/e2e/test_keepalive.py runs a
 queued stream through a relay that cuts idle connections.
@@ -13,7 +14,8 @@ import pytest
 from django.http import StreamingHttpResponse
 
 from inference.base.metrics import stream_keepalives
-from inference.edge.endpoint import SSE_KEEPALIVE, kept_alive, sse_response
+from inference.edge.asgi import ApiHandler, LastPart
+from inference.edge.endpoint import AHEAD_BYTES, SSE_KEEPALIVE, kept_alive, sse_response
 from inference.messages.format import PING
 
 # The gap a slow stream leaves is many keep-alive periods long, so that the test reads what
@@ -135,6 +137,85 @@ async def test_the_setting_turns_keepalives_off(settings):
     settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = PERIOD
     sent = await _all(_sent(sse_response(_Made(GAP).chunks())))
     assert sent[0] == SSE_KEEPALIVE and sent[-1] == b"data: 0\n\n"
+
+
+async def _burst(*chunks: bytes) -> AsyncIterator[bytes]:
+    """Chunks made in one go, as a request's last tokens and its end are."""
+    for chunk in chunks:
+        yield chunk
+
+
+async def test_chunks_made_in_one_go_go_out_as_one_part_which_says_it_is_the_last():
+    last = LastPart()
+    stream = kept_alive(_burst(b"a", b"b", b"c"), keepalive=SSE_KEEPALIVE, seconds=60, last=last)
+    assert await anext(stream) == b"abc"
+    assert last.reached
+    assert await _all(stream) == []
+
+
+async def test_only_the_part_after_which_the_stream_ends_says_it_is_the_last():
+    last = LastPart()
+    stream = kept_alive(_Made(0, GAP).chunks(), keepalive=SSE_KEEPALIVE, seconds=60, last=last)
+    assert await anext(stream) == b"data: 0\n\n"
+    assert not last.reached
+    assert await anext(stream) == b"data: 1\n\n"
+    assert last.reached
+
+
+async def test_a_reader_that_falls_behind_gets_what_was_made_meanwhile_in_one_part_up_to_a_bound():
+    size = 16 * 1024
+    made = 0
+
+    async def many() -> AsyncIterator[bytes]:
+        nonlocal made
+        for _ in range(100):
+            made += 1
+            yield b"x" * size
+            await asyncio.sleep(0)
+
+    stream = kept_alive(many(), keepalive=SSE_KEEPALIVE, seconds=60)
+    first = await anext(stream)
+    assert len(first) < AHEAD_BYTES
+    await asyncio.sleep(GAP)  # the reader is busy with its first part; the maker goes on
+    assert made <= len(first) // size + AHEAD_BYTES // size + 1  # to its bound, not to its end
+    assert len(await anext(stream)) == AHEAD_BYTES  # what it made meanwhile, in one part
+    await stream.aclose()
+
+
+async def _sent_messages(response: StreamingHttpResponse) -> list[dict]:
+    messages: list[dict] = []
+
+    async def send(message: dict) -> None:
+        messages.append(message)
+
+    await ApiHandler().send_response(response, send)
+    return messages
+
+
+async def test_a_streams_last_part_ends_its_body_in_the_same_message(settings):
+    settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = 60
+    messages = await _sent_messages(sse_response(_Made(0, GAP).chunks()))
+    assert [m["type"] for m in messages] == ["http.response.start"] + 2 * ["http.response.body"]
+    assert messages[1] == {"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True}
+    # The body's end is the last part's own message, not an empty one after it.
+    assert messages[2] == {"type": "http.response.body", "body": b"data: 1\n\n"}
+
+
+async def test_a_last_part_longer_than_a_message_ends_the_body_with_its_last_slice(settings):
+    settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = 60
+    long = b"y" * (ApiHandler.chunk_size + 10)
+    messages = await _sent_messages(sse_response(_burst(long)))
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert b"".join(m["body"] for m in bodies) == long
+    assert [m.get("more_body", False) for m in bodies] == [True, False]
+    assert bodies[-1]["body"] == long[ApiHandler.chunk_size :]
+
+
+async def test_without_keepalives_a_stream_still_ends_its_body_after_its_parts(settings):
+    settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = 0
+    messages = await _sent_messages(sse_response(_burst(b"a", b"b")))
+    bodies = [(m.get("body", b""), m.get("more_body", False)) for m in messages[1:]]
+    assert bodies == [(b"a", True), (b"b", True), (b"", False)]
 
 
 def test_anthropics_ping_is_an_sse_event_named_ping():
