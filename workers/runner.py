@@ -69,11 +69,14 @@ def stream_interval_ms(configured: float | None, *, on_accelerator: bool) -> flo
 
 
 async def _first_of(*waits: Awaitable[object], timeout: float) -> None:
-    """Return when the first of these finishes or timeout passes; cancel the others."""
+    """Return when the first of these finishes or timeout passes; cancel the others (all of
+    them when this is cancelled)."""
     tasks = [asyncio.ensure_future(wait) for wait in waits]
-    await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    for task in tasks:
-        task.cancel()
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 class _RateMeter:
@@ -395,36 +398,47 @@ class Worker(abc.ABC):
             running = self.active.get(rid)
             if running is not None:
                 running[1].cancel()
+        # The jobs reach the engine before this worker's next claim round takes the loop.
+        await asyncio.sleep(0)
 
     async def _waited_claim(self, ask: ClaimAsk, *, wake_on_slot: bool) -> tuple[Claimed, bool]:
         """Wait for a queued job and claim, in one round trip (`Leases.wait_then_claim`).
 
-        What would end the wait early (a drain, a job handed here, with `wake_on_slot` a
-        freed slot) wakes the pending pop instead, so that its claim runs and its answer is
-        read: a claim cut off half-way would hold the jobs it leased, unrun, until their
-        leases lapsed. Returns what it claimed, and whether this worker woke it.
+        The claim is awaited in this task, so that its answer wakes this task alone and the
+        jobs it took start a turn of the loop later. What would end the wait early (a drain, a
+        job handed here, with `wake_on_slot` a freed slot) has a task of its own wake the
+        pending pop instead (`_wake_first`), so that its claim runs and its answer is read: a
+        claim cut off half-way would hold the jobs it leased, unrun, until their leases lapsed.
+        Returns what it claimed, and whether this worker woke it.
         """
-        pending = asyncio.ensure_future(
-            self.leases.wait_then_claim(
+        waking = asyncio.Event()  # set as the waker wakes the pop
+        waker = asyncio.create_task(self._wake_first(waking, wake_on_slot=wake_on_slot))
+        try:
+            claimed = await self.leases.wait_then_claim(
                 deployment=self.deployment, timeout=self.wait_seconds, ask=ask
             )
-        )
-        try:
-            # Shielded: the first of these to end cancels the others, and the claim must run.
-            await _first_of(
-                asyncio.shield(pending),
-                self._draining.wait(),
-                self._handed.wait(),
-                *([self._slot_free.wait()] if wake_on_slot else []),
-                timeout=self.wait_seconds + 0.5,
-            )
-            waking = not pending.done()
-            if waking:
-                with contextlib.suppress(*UNREACHABLE):
-                    await self.leases.wake(deployment=self.deployment, worker=self.worker_id)
-            return await pending, waking
         finally:
-            pending.cancel()  # only when this task was cancelled: its shutdown
+            if waking.is_set():
+                # Its wake is under way: let it end rather than cut its round trip short.
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await waker
+            else:
+                waker.cancel()
+        return claimed, waking.is_set()
+
+    async def _wake_first(self, waking: asyncio.Event, *, wake_on_slot: bool) -> None:
+        """Wake this worker's pending claim (`_waited_claim`) when a drain, a job handed here
+        or, with `wake_on_slot`, a freed slot comes before a job, or when the pop outlives its
+        timeout."""
+        await _first_of(
+            self._draining.wait(),
+            self._handed.wait(),
+            *([self._slot_free.wait()] if wake_on_slot else []),
+            timeout=self.wait_seconds + 0.5,
+        )
+        waking.set()
+        with contextlib.suppress(*UNREACHABLE):
+            await self.leases.wake(deployment=self.deployment, worker=self.worker_id)
 
     def tenant_loads(self) -> dict[int, tuple[int, int]]:
         """What each tenant holds on this worker: its sequences and KV-cache blocks."""

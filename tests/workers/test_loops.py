@@ -305,3 +305,28 @@ async def test_a_cancel_whose_message_was_missed_stops_the_job_once_it_is_claime
         [(_, terminal)] = await _read(dispatch, deployment, job.request_id, count=1)
         assert isinstance(terminal, Failed) and terminal.code == "cancelled"
         assert job.request_id not in worker.active
+
+
+async def test_a_claimed_job_starts_before_the_workers_next_claim_round(dispatch):
+    """The jobs a claim took reach their engine first: the worker's next claim round (its
+    wait's set-up; under load, its claim) comes after their start, not before it."""
+    async with _held_worker(dispatch, capacity=2, wait_seconds=25.0) as (deployment, worker):
+        seen: list[str] = []
+        claim_round, serve = worker._claim_round, worker._serve
+
+        async def counted_round() -> None:
+            seen.append("round")
+            await claim_round()
+
+        async def counted_serve(job: Job) -> None:
+            seen.append(job.request_id)
+            await serve(job)
+
+        # The round in flight (waiting for work) is not counted; the next ones are.
+        worker._claim_round = counted_round  # type: ignore[method-assign]
+        worker._serve = counted_serve  # type: ignore[method-assign]
+        job = job_new(deployment)
+        assert await dispatch.front.enqueue(job) is None
+        await _until(lambda: len(seen) >= 2)
+        assert seen[:2] == [job.request_id, "round"]
+        worker.release.setdefault(job.request_id, asyncio.Event()).set()
