@@ -420,8 +420,10 @@ class Worker(abc.ABC):
         finally:
             if waking.is_set():
                 # Its wake is under way: let it end rather than cut its round trip short.
-                with contextlib.suppress(Exception, asyncio.CancelledError):
+                try:
                     await waker
+                except Exception:
+                    log.warning("could not wake this worker's pending claim", exc_info=True)
             else:
                 waker.cancel()
         return claimed, waking.is_set()

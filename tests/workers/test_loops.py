@@ -330,3 +330,21 @@ async def test_a_claimed_job_starts_before_the_workers_next_claim_round(dispatch
         await _until(lambda: len(seen) >= 2)
         assert seen[:2] == [job.request_id, "round"]
         worker.release.setdefault(job.request_id, asyncio.Event()).set()
+
+
+async def test_a_wake_that_fails_is_logged_and_the_worker_goes_on(dispatch, caplog):
+    """A drain wakes the worker's pending claim; a wake that fails other than by Valkey being
+    away is logged, and the claim's answer (its pop ends on its own timeout) is still read."""
+    async with _held_worker(dispatch, capacity=2, wait_seconds=0.5) as (_, worker):
+        woken = asyncio.Event()
+
+        async def wake(**kwargs: Any) -> None:
+            woken.set()
+            raise RuntimeError("the wake broke")
+
+        worker.leases.wake = wake  # type: ignore[method-assign]
+        await asyncio.sleep(0.2)  # its next round waits behind its pop
+        worker.drain()
+        await asyncio.wait_for(woken.wait(), 5)
+    # The worker drained (the context's end waits for it) and said why its wake failed.
+    assert "could not wake this worker's pending claim" in caplog.text
