@@ -159,8 +159,7 @@ def sse_response(
     part ends the body in the same write (`kept_alive`, `LastPart`)."""
     seconds = float(settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS)
     last = LastPart()
-    if seconds > 0:
-        chunks = kept_alive(chunks, keepalive=keepalive, seconds=seconds, last=last)
+    chunks = kept_alive(chunks, keepalive=keepalive, seconds=max(seconds, 0.0), last=last)
     response = StreamingHttpResponse(chunks, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -180,7 +179,7 @@ async def kept_alive(
     seconds: float,
     last: LastPart | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield CHUNKS as they come, and KEEPALIVE each time SECONDS pass without one.
+    """Yield CHUNKS as they come, and KEEPALIVE each time SECONDS pass without one (0: never).
 
     A queued request or a long prefill sends nothing, and a proxy or load balancer with an
     idle timeout (60 s is common) would cut the stream; the client would retry into a longer
@@ -244,7 +243,8 @@ async def kept_alive(
         timer = loop.call_at(max(sent_at + seconds, now + seconds / 2), silent)
 
     maker = asyncio.create_task(make())
-    timer = loop.call_at(sent_at + seconds, silent)
+    if seconds > 0:
+        timer = loop.call_at(sent_at + seconds, silent)
     try:
         while True:
             await ready.wait()

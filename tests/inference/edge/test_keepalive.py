@@ -211,11 +211,12 @@ async def test_a_last_part_longer_than_a_message_ends_the_body_with_its_last_sli
     assert bodies[-1]["body"] == long[ApiHandler.chunk_size :]
 
 
-async def test_without_keepalives_a_stream_still_ends_its_body_after_its_parts(settings):
+async def test_without_keepalives_a_stream_still_joins_its_parts_and_ends_its_body_with_them(
+    settings,
+):
     settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS = 0
     messages = await _sent_messages(sse_response(_burst(b"a", b"b")))
-    bodies = [(m.get("body", b""), m.get("more_body", False)) for m in messages[1:]]
-    assert bodies == [(b"a", True), (b"b", True), (b"", False)]
+    assert messages[1:] == [{"type": "http.response.body", "body": b"ab"}]
 
 
 def test_anthropics_ping_is_an_sse_event_named_ping():
