@@ -40,6 +40,7 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import StreamingHttpResponse
 from django.urls import URLResolver, get_resolver, set_script_prefix
 
 from config.turns import Counts, Turns
@@ -246,10 +247,6 @@ class _WriteWatch:
             self._timer = None
 
 
-# The attribute of a streamed response whose stream says which of its parts is the last.
-LAST_PART = "roundhouse_last_part"
-
-
 class LastPart:
     """Set by a stream as it yields its last part, so that the part ends the response's body.
 
@@ -262,6 +259,15 @@ class LastPart:
 
     def __init__(self) -> None:
         self.reached = False
+
+
+class LastPartResponse(StreamingHttpResponse):
+    """A streamed response whose stream says, through `last`, which of its parts is its last:
+    `ApiHandler` ends the body with that part (`_BodyEnd`)."""
+
+    def __init__(self, streaming_content: Any, *, last: LastPart, **kwargs: Any) -> None:
+        super().__init__(streaming_content, **kwargs)
+        self.last = last
 
 
 class _BodyEnd:
@@ -563,9 +569,8 @@ class ApiHandler(ASGIHandler):
         iterator too (as a disconnect cancels it). A stream that says which part is its last
         ends its body with that part (`_BodyEnd`).
         """
-        last = getattr(response, LAST_PART, None)
-        if last is not None:
-            send = _BodyEnd(send, last)
+        if isinstance(response, LastPartResponse):
+            send = _BodyEnd(send, response.last)
         seconds = float(settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS)
         if seconds <= 0:
             await super().send_response(response, send)

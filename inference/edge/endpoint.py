@@ -36,9 +36,9 @@ from inference.edge.asgi import (
     CHECKED_PRINCIPAL,
     COUNTED,
     COUNTS_REQUESTS,
-    LAST_PART,
     TURN_OVER,
     LastPart,
+    LastPartResponse,
     refusal_held,
     unread_request_count,
 )
@@ -151,7 +151,7 @@ SSE_KEEPALIVE = b": keep-alive\n\n"
 
 def sse_response(
     chunks: AsyncIterator[bytes], *, keepalive: bytes = SSE_KEEPALIVE
-) -> StreamingHttpResponse:
+) -> LastPartResponse:
     """A stream of server-sent events, marked so that no proxy caches or buffers it, that sends
     `keepalive` after ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS without an event.
 
@@ -160,10 +160,9 @@ def sse_response(
     seconds = float(settings.ROUNDHOUSE_STREAM_KEEPALIVE_SECONDS)
     last = LastPart()
     chunks = kept_alive(chunks, keepalive=keepalive, seconds=max(seconds, 0.0), last=last)
-    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response = LastPartResponse(chunks, last=last, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
-    setattr(response, LAST_PART, last)
     return response
 
 

@@ -219,5 +219,12 @@ async def test_without_keepalives_a_stream_still_joins_its_parts_and_ends_its_bo
     assert messages[1:] == [{"type": "http.response.body", "body": b"ab"}]
 
 
+async def test_a_stream_that_does_not_mark_its_last_part_ends_its_body_after_it():
+    messages = await _sent_messages(StreamingHttpResponse(_burst(b"a", b"b")))
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert [m.get("body", b"") for m in bodies] == [b"a", b"b", b""]
+    assert [m.get("more_body", False) for m in bodies] == [True, True, False]
+
+
 def test_anthropics_ping_is_an_sse_event_named_ping():
     assert PING == b'event: ping\ndata: {"type": "ping"}\n\n'
