@@ -23,7 +23,10 @@ Three measures, in rounds:
   other streams;
 - closed loop: one-token chats at concurrency 32 to each Roundhouse target in turn for
   `--seconds`: requests/s, and the frontend process's CPU seconds over the wall time, so
-  requests/s per frontend core.
+  requests/s per frontend core; and what a request cost in calls, from counters read around
+  the loop: the frontend's system calls (reads and writes: its client's socket, Valkey's, its
+  loop's wake-ups) and the script calls Valkey ran (the frontend's, and the worker's and the
+  ingester's for the same requests).
 
     .venv/bin/python bench/platform_time.py [--base REV] [--rounds 3] [--requests 200]
 
@@ -50,6 +53,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -98,6 +102,8 @@ STAGES = ("frontend", "queue", "relay")
 SHARED = ("dataplane/types.py", "*/migrations/*")
 BASE_MODEL = "tiny-base"  # the base's own deployment, and the name its requests call
 BASE_TENANT = "bench-base"  # the tenant whose key the base's requests carry
+# The commands that run a script, as Valkey's INFO commandstats names them.
+SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
 # What issue 60 asks at one stream (medians).
 STAGES_TARGET_MS = 2.0
 ADDED_TARGET_MS = 2.0
@@ -115,6 +121,8 @@ class Samples:
     stages_ms: dict[str, list[float]] = field(default_factory=dict)
     rps: list[float] = field(default_factory=list)
     frontend_cores: list[float] = field(default_factory=list)
+    syscalls: list[float] = field(default_factory=list)  # the frontend's, a request
+    scripts: list[float] = field(default_factory=list)  # Valkey's script calls, a request
     errors: int = 0
 
     def per_core(self) -> list[float]:
@@ -210,10 +218,46 @@ async def _streams(target: Target, requests: int, samples: Samples) -> None:
         await asyncio.gather(*(client() for _ in range(STREAMS)))
 
 
+@dataclass(frozen=True)
+class Calls:
+    """Counters of calls, read before and after a closed loop: the frontend process's system
+    calls (reads and writes) and the script calls Valkey has run."""
+
+    syscalls: float
+    scripts: float
+
+    def per_request(self, before: Calls, requests: int) -> Calls | None:
+        """What each of `requests` cost between `before` and these counters (None: none)."""
+        if requests <= 0:
+            return None
+        return Calls(
+            syscalls=(self.syscalls - before.syscalls) / requests,
+            scripts=(self.scripts - before.scripts) / requests,
+        )
+
+
+def calls_read(frontend: psutil.Process, valkey: redis.Redis) -> Calls:
+    """The frontend's system calls and Valkey's script calls so far."""
+    io = frontend.io_counters()
+    stats: dict = valkey.info("commandstats")
+    scripts = sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in SCRIPT_COMMANDS)
+    return Calls(syscalls=io.read_count + io.write_count, scripts=scripts)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One closed loop's figures."""
+
+    rps: float
+    frontend_cores: float
+    errors: int
+    calls: Calls | None  # a request's
+
+
 async def _closed_loop(
-    target: Target, seconds: float, frontend: psutil.Process
-) -> tuple[float, float, int]:
-    """One-token chats at CONCURRENCY for `seconds`: (requests/s, frontend cores, errors)."""
+    target: Target, seconds: float, frontend: psutil.Process, valkey: redis.Redis
+) -> Loop:
+    """One-token chats at CONCURRENCY for `seconds`."""
     async with client_session(CONCURRENCY) as session:
         await asyncio.gather(*(_plain(session, target) for _ in range(CONCURRENCY)))
         done = errors = 0
@@ -229,12 +273,14 @@ async def _closed_loop(
                     if errors <= 3:
                         progress(f"{target.name}: request failed: {exc}")
 
+        calls_before = calls_read(frontend, valkey)
         cpu_before = sum(frontend.cpu_times()[:2])
         started = time.perf_counter()
         await asyncio.gather(*(client(started + seconds) for _ in range(CONCURRENCY)))
         wall = time.perf_counter() - started
         cpu = sum(frontend.cpu_times()[:2]) - cpu_before
-    return done / wall, cpu / wall, errors
+        calls = calls_read(frontend, valkey).per_request(calls_before, done)
+    return Loop(done / wall, cpu / wall, errors, calls)
 
 
 # ----------------------------------------------------------------------------------- targets
@@ -373,6 +419,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
                 frontends["base"] = base.processes["frontend"]
             # The load generator shares the platform core, as in the other benchmarks.
             psutil.Process().cpu_affinity([int(PLATFORM_CPUS)])
+            valkey = stack.enter_context(redis.Redis.from_url(platform.env["REDIS_URL"]))
             for round_ in range(1, args.rounds + 1):
                 progress(f"round {round_}/{args.rounds}: {args.requests} streamed chats each")
                 asyncio.run(_one_at_a_time(targets, args.requests, samples))
@@ -380,16 +427,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Samples]:
                 asyncio.run(_streams_at_once(targets, max(args.requests // 2, STREAMS), samples))
                 order = [t for t in targets if t.name in frontends]
                 for target in order if round_ % 2 else order[::-1]:
-                    rps, cores, errors = asyncio.run(
-                        _closed_loop(target, args.seconds, frontends[target.name])
+                    loop = asyncio.run(
+                        _closed_loop(target, args.seconds, frontends[target.name], valkey)
                     )
                     found = samples[target.name]
-                    found.rps.append(rps)
-                    found.frontend_cores.append(cores)
-                    found.errors += errors
+                    found.rps.append(loop.rps)
+                    found.frontend_cores.append(loop.frontend_cores)
+                    found.errors += loop.errors
+                    if loop.calls is not None:
+                        found.syscalls.append(loop.calls.syscalls)
+                        found.scripts.append(loop.calls.scripts)
                     progress(
-                        f"{target.name}: {rps:,.0f} req/s at concurrency {CONCURRENCY}, "
-                        f"frontend {cores:.2f} cores, {rps / max(cores, 1e-9):,.0f} req/s per core"
+                        f"{target.name}: {loop.rps:,.0f} req/s at concurrency {CONCURRENCY}, "
+                        f"frontend {loop.frontend_cores:.2f} cores, "
+                        f"{loop.rps / max(loop.frontend_cores, 1e-9):,.0f} req/s per core"
                     )
         for name in frontends:
             # Read once every usage record is in: every round's requests at once.
@@ -435,6 +486,8 @@ def _summary(samples: dict[str, Samples]) -> dict[str, dict[str, float]]:
             "rps": _p50(found.rps),
             "frontend_cores": _p50(found.frontend_cores),
             "rps_per_core": _p50(found.per_core()),
+            "syscalls_per_request": _p50(found.syscalls),
+            "scripts_per_request": _p50(found.scripts),
             "errors": found.errors,
         }
     return out
@@ -466,6 +519,8 @@ def _table(summary: dict[str, dict[str, float]], base: str | None) -> str:
         ("requests/s at concurrency 32 (one-token chats)", "rps", "{:,.0f}"),
         ("frontend cores used meanwhile", "frontend_cores", "{:.2f}"),
         ("**requests/s per frontend core**", "rps_per_core", "{:,.0f}"),
+        ("frontend system calls a request (reads, writes)", "syscalls_per_request", "{:.2f}"),
+        ("Valkey script calls a request", "scripts_per_request", "{:.2f}"),
     ]
     head = "| p50 | " + " | ".join(label[n] for n in names)
     head += " | now ÷ base |" if base else " |"
@@ -615,6 +670,8 @@ def report(samples: dict[str, Samples], args: argparse.Namespace) -> None:
                     "stages_ms": found.stages_ms,
                     "rps": found.rps,
                     "frontend_cores": found.frontend_cores,
+                    "syscalls": found.syscalls,
+                    "scripts": found.scripts,
                 }
                 for name, found in samples.items()
             },
