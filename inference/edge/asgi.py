@@ -298,6 +298,17 @@ class _BodyEnd:
         await self._send({"type": "http.response.body", "body": held["body"]})
 
 
+def _length_known(response: Any) -> bool:
+    """Whether a response is a whole body that may say its length and does not yet: a status
+    that has a body (not 1xx, 204 or 304), not a stream."""
+    status = response.status_code
+    return (
+        not response.streaming
+        and not (status < 200 or status in (204, 304))
+        and not response.has_header("Content-Length")
+    )
+
+
 class ResponseCut(Exception):
     """Raised by a streamed body that cannot go on (what it sends is gone): the connection is
     cut short of the response's length, so its client sees it incomplete, not ended."""
@@ -568,9 +579,15 @@ class ApiHandler(ASGIHandler):
         ROUNDHOUSE_WRITE_TIMEOUT_SECONDS raises WriteTimeout here, out of the streaming
         iterator too (as a disconnect cancels it). A stream that says which part is its last
         ends its body with that part (`_BodyEnd`).
+
+        A whole answer says its length (`Content-Length`), as vLLM's server says it and as
+        Django's CommonMiddleware, which the API skips, would: its client knows where it ends
+        without chunked encoding's framing.
         """
         if isinstance(response, LastPartResponse):
             send = _BodyEnd(send, response.last)
+        elif _length_known(response):
+            response["Content-Length"] = str(len(response.content))
         seconds = float(settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS)
         if seconds <= 0:
             await super().send_response(response, send)

@@ -128,3 +128,20 @@ def test_a_models_card_gives_the_context_as_vllms_does(targets: Any) -> None:
     mine = {card["id"]: card for card in targets.platform.get("/v1/models").json()["data"]}
     assert mine[ALIAS]["max_model_len"] == theirs["max_model_len"]
     assert mine[ALIAS]["root"] == ours["root"] and ours["root"].endswith("@" + ours["version"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4},
+        {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": -1},  # a 400
+    ],
+    ids=["answer", "refusal"],
+)
+def test_a_whole_answer_says_its_length_as_vllms_does(targets: Any, body: dict) -> None:
+    """A non-streamed answer carries its Content-Length, as vLLM's server sends it, rather
+    than chunked encoding's framing."""
+    for target in (targets.platform, targets.vllm):
+        response = target.post("/v1/chat/completions", json={"model": ALIAS, **body})
+        assert "transfer-encoding" not in response.headers
+        assert int(response.headers["content-length"]) == len(response.content)

@@ -572,12 +572,18 @@ def _same_as_unknown(forbidden: httpx.Response, unknown: httpx.Response) -> None
     """The answer for a forbidden name is, byte for byte, the one for a name naming nothing."""
     assert forbidden.status_code == unknown.status_code == 404, forbidden.text
     assert forbidden.content == unknown.content.replace(UNKNOWN.encode(), b""), forbidden.text
-    # What differs between any two requests: their ids, trace, time and the tenant's bucket.
-    varying = ("x-request-id", "traceparent", "date", "x-ratelimit-remaining", "x-ratelimit-reset")
+    # What differs between any two requests: their ids, trace, time and the tenant's bucket;
+    # and the length, by the name's own (the body's, compared above).
+    varying = (
+        "x-request-id", "traceparent", "date", "x-ratelimit-remaining", "x-ratelimit-reset",
+        "content-length",
+    )  # fmt: skip
     assert forbidden.headers.keys() == unknown.headers.keys()
     assert {k: v for k, v in forbidden.headers.items() if not k.startswith(varying)} == {
         k: v for k, v in unknown.headers.items() if not k.startswith(varying)
     }
+    for answer in (forbidden, unknown):
+        assert int(answer.headers["content-length"]) == len(answer.content)
     error = forbidden.json()["error"]
     assert (error["code"], error["param"]) == ("model_not_found", "model")
 
