@@ -298,8 +298,8 @@ class _BodyEnd:
         await self._send({"type": "http.response.body", "body": held["body"]})
 
 
-def _length_known(response: Any) -> bool:
-    """Whether a response is a whole body that may say its length and does not yet: a status
+def _length_unsaid(response: Any) -> bool:
+    """Whether a response is a whole body that does not say its length yet and may: a status
     that has a body (not 1xx, 204 or 304), not a stream."""
     status = response.status_code
     return (
@@ -586,7 +586,7 @@ class ApiHandler(ASGIHandler):
         """
         if isinstance(response, LastPartResponse):
             send = _BodyEnd(send, response.last)
-        elif _length_known(response):
+        elif _length_unsaid(response):
             response["Content-Length"] = str(len(response.content))
         seconds = float(settings.ROUNDHOUSE_WRITE_TIMEOUT_SECONDS)
         if seconds <= 0:
