@@ -309,10 +309,11 @@ def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
         raise invalid(
             "prompt", "Missing required parameter: 'prompt'.", code="missing_required_parameter"
         )
-    if value == "" or (isinstance(value, list) and "" in value):
-        # As vLLM's server answers: a text prompt needs at least one character.
-        where = "prompt" if value == "" else f"prompt[{value.index('')}]"
-        raise invalid(where, f"'{where}' is empty: send a prompt of at least one character.")
+    if value == "":
+        # As vLLM's server answers. An empty text in an array is a prompt of the special
+        # tokens the tokenizer adds (BOS), as vLLM's server serves it; one of no tokens at all
+        # is refused once it is tokenised (inference.pipeline.tokenization).
+        raise invalid("prompt", "'prompt' is empty: send a prompt of at least one character.")
     if isinstance(value, str):
         return (value,)
     if _token_ids(value):
@@ -329,6 +330,10 @@ def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
                 prompts.append(item)
             elif not texts and _token_ids(item):
                 prompts.append(list(item))
+            elif not texts and item == []:
+                raise invalid(
+                    f"prompt[{i}]", f"'prompt[{i}]' is empty: send at least one token id."
+                )
             else:
                 raise _type_error(f"prompt[{i}]", wanted, item)
         return tuple(prompts)

@@ -196,6 +196,11 @@ def prompts_read(
             # unless the client turns them off.
             special = request.add_special_tokens is not False
             prompts.append(_encoded(tokenizer, prompt, param, context, special=special, cut=cut))
+        if not prompts[-1]:
+            # An empty text without special tokens, or a prompt cut to nothing: the engine
+            # refuses a prompt of no tokens (vLLM's server: "The decoder prompt cannot be empty").
+            message = f"'{param}' is empty: it has no tokens."
+            raise ApiError(400, "invalid_value", message, param=param)
     return prompts, None
 
 

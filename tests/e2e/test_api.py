@@ -233,6 +233,23 @@ def test_a_streamed_completion_ends_with_usage_and_done(client, world, usage_of)
     assert record.completion_tokens == 10 and record.status == "ok"
 
 
+def test_an_empty_text_among_prompts_is_echoed_and_scored_from_its_bos(client, world, usage_of):
+    # vLLM's server serves ["", ...] from the tokenizer's BOS, but answers this echo with a 500.
+    response = client.post(
+        "/v1/completions",
+        json={"model": ALIAS, "prompt": [""], "max_tokens": 2, "echo": True, "logprobs": 1},
+        headers=_auth(world.acme_key),
+    )
+    assert response.status_code == 200, response.text
+    [choice] = response.json()["choices"]
+    logprobs = choice["logprobs"]
+    assert logprobs["token_logprobs"][0] is None  # the BOS: nothing before it to score
+    assert logprobs["text_offset"][0] == 0 and len(logprobs["tokens"]) == 3
+    assert choice["text"] == "".join(logprobs["tokens"][1:])
+    [record] = usage_of(response.headers["x-request-id"])
+    assert record.prompt_tokens == 1 and record.completion_tokens == 2
+
+
 def test_a_non_streaming_reply_is_written_in_a_few_large_events(client, world, usage_of):
     """Nobody reads a non-streaming request token by token: its worker holds the text back
     and writes it about once a second, so its reply stream holds a few events, not one per

@@ -277,9 +277,15 @@ def test_vllm_sampling_options_are_kept():
     assert not parsed.skip_special_tokens and parsed.include_stop_str_in_output
 
 
-def test_an_empty_text_prompt_is_refused_as_vllm_refuses_it():
+def test_an_empty_prompt_is_refused_as_vllm_refuses_it():
     assert _error({"model": "m", "prompt": ""}, endpoint=COMPLETIONS).param == "prompt"
-    assert _error({"model": "m", "prompt": ["a", ""]}, endpoint=COMPLETIONS).param == "prompt[1]"
+    assert _error({"model": "m", "prompt": [[1], []]}, endpoint=COMPLETIONS).param == "prompt[1]"
+
+
+def test_an_empty_text_in_an_array_is_read_as_vllm_reads_it():
+    # Its tokens are what the tokenizer adds (BOS); none at all is refused once tokenised.
+    parsed = generation_parse({"model": "m", "prompt": ["a", ""]}, endpoint=COMPLETIONS)
+    assert parsed.prompts == ("a", "")
 
 
 def test_choices_across_prompts_are_capped_as_n_is():
