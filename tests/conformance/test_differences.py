@@ -79,6 +79,16 @@ def test_a_value_of_another_json_type_is_refused(targets: Any, field: str, value
     assert ours.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize("field", ["ignore_eos", "echo", "bad_words", "skip_special_tokens"])
+def test_a_null_field_is_read_as_absent(targets: Any, field: str) -> None:
+    ours, theirs = _both(targets, {**BODY, field: None})
+    assert theirs.status_code == 400  # its request model types these fields without null
+    assert f"body.{field}" in theirs.text
+    assert ours.status_code == 200, ours.text
+    plain = targets.platform.post(CHAT_PATH, json=BODY)
+    assert ours.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+
+
 def test_include_reasoning_false_is_refused_where_nothing_thinks(targets: Any) -> None:
     """On a model without a reasoning parser there is no thinking to leave out: vLLM's server
     serves the request and drops the logprobs it asked for; the platform refuses it."""
