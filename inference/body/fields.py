@@ -113,7 +113,8 @@ def _stream_options(body: dict[str, Any], name: str) -> tuple[bool, bool]:
         return False, False
     if not isinstance(options, dict):
         raise _type_error(name, "an object", options)
-    if not body.get("stream"):
+    if options and not body.get("stream"):
+        # An empty object asks for nothing: vLLM's server serves it unstreamed too.
         raise invalid(name, f"'{name}' is only allowed with stream=true.")
     for key in options:
         if key not in _STREAM_OPTIONS:
@@ -446,7 +447,8 @@ GENERATION_FIELDS: dict[str, Field] = {
             "role: the assistant's, or with add_generation_prompt false the last message's)."
         )
     ),
-    "suffix": refused(""),
+    # Refused even empty, as vLLM's server refuses any suffix for a model without FIM rendering.
+    "suffix": refused(),
     "logit_bias": honoured(LOGIT_BIAS),
     "allowed_token_ids": honoured(ALLOWED_TOKEN_IDS),
     "bad_words": honoured(strings(doc="Words the output never holds.")),

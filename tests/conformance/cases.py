@@ -241,6 +241,7 @@ CASES = [
     Case("cmpl-list-token-ids", COMPLETIONS, {**G, "prompt": [[PRI, OR], [HOW, CAN, HOW]]}),
     # An empty text in an array is the tokenizer's BOS alone (a bare "" is refused, below).
     Case("cmpl-list-empty-text", COMPLETIONS, {**G, "prompt": ["", PROMPT]}),
+    Case("cmpl-empty-stream-options-unstreamed", COMPLETIONS, {**G, "prompt": PROMPT, "stream_options": {}}),
     Case("cmpl-list-empty-text-stream", COMPLETIONS, {**G, "prompt": [""]}, stream=True),
     Case("cmpl-n2", COMPLETIONS, {**S, "n": 2, "prompt": PROMPT}),
     Case("cmpl-n2-list-stream", COMPLETIONS, {**S, "n": 2, "prompt": [PROMPT, "hello"]}, stream=True),
@@ -345,6 +346,7 @@ CASES = [
     Case("bad-cmpl-min-tokens", COMPLETIONS, {**G, "min_tokens": 20, "prompt": PROMPT}),
     Case("bad-cmpl-empty-list", COMPLETIONS, {**G, "prompt": []}),
     Case("bad-cmpl-empty-prompt", COMPLETIONS, {**G, "prompt": ""}),
+    Case("bad-cmpl-empty-suffix", COMPLETIONS, {**G, "prompt": PROMPT, "suffix": ""}),
     Case("bad-cmpl-empty-text-no-tokens", COMPLETIONS, {**G, "prompt": [""], "add_special_tokens": False}),
     Case("bad-cmpl-empty-token-ids", COMPLETIONS, {**G, "prompt": [[], [PRI]]}),
     Case("bad-chat-allowed-token-ids-empty", CHAT, {**G, "allowed_token_ids": [], "messages": HELLO}),
