@@ -222,7 +222,10 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise _type_error(where, "an object", message)
     role = message.get("role")
-    if not isinstance(role, str) or role not in ROLES:
+    legacy_result = role == FUNCTION_ROLE
+    if legacy_result:
+        role = "tool"
+    elif not isinstance(role, str) or role not in ROLES:
         raise invalid(f"{where}.role", f"'role' must be one of {', '.join(sorted(ROLES))}.")
     content, parts = _content_read(message.get("content"), where, role=role)
     kept: dict[str, Any] = {"role": role, "content": content}
@@ -244,6 +247,16 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             raise _type_error(f"{where}.{field}", "a string", thought)
         kept["reasoning"] = thought
     calls = message.get("tool_calls")
+    if message.get("function_call") is not None:
+        if role != "assistant":
+            where_call = f"{where}.function_call"
+            raise invalid(where_call, "Only assistant messages carry 'function_call'.")
+        if calls is not None:
+            raise invalid(
+                f"{where}.function_call",
+                "Send either 'tool_calls' or the older 'function_call', not both.",
+            )
+        kept["tool_calls"] = [_function_call(message["function_call"], f"{where}.function_call")]
     if calls is not None:
         if role != "assistant":
             raise invalid(f"{where}.tool_calls", "Only assistant messages carry 'tool_calls'.")
@@ -253,7 +266,15 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             kept["tool_calls"] = [
                 _tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
             ]
-    if role == "tool":
+    if legacy_result:
+        if not isinstance(name, str):
+            raise invalid(
+                f"{where}.name",
+                "A 'function' message needs the 'name' of the function it answers.",
+                code="missing_required_parameter",
+            )
+        kept["tool_call_id"] = legacy_call_id(name)
+    elif role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str):
             raise invalid(
@@ -263,6 +284,30 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             )
         kept["tool_call_id"] = call_id
     return kept
+
+
+# OpenAI's older function calling, in a conversation sent back: an assistant message's
+# `function_call` is read as its one tool call, and a message of role `function` (the call's
+# result, named by the function) as the tool message answering it. The older form has no call
+# ids; both sides get the same one, made from the function's name.
+FUNCTION_ROLE = "function"
+
+
+def legacy_call_id(name: str) -> str:
+    """The tool call id an older `function_call` and its `function` result are read with."""
+    return f"call_{name}"
+
+
+def _function_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise _type_error(where, "an object", call)
+    name, arguments = call.get("name"), call.get("arguments")
+    if not isinstance(name, str):
+        raise _type_error(f"{where}.name", "a string", name)
+    if not isinstance(arguments, str):
+        raise _type_error(f"{where}.arguments", "a JSON string", arguments)
+    function = {"name": name, "arguments": arguments}
+    return {"id": legacy_call_id(name), "type": "function", "function": function}
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
@@ -379,7 +424,12 @@ MESSAGES = custom(
             "type": "object",
             "required": ["role"],
             "properties": {
-                "role": {"type": "string", "enum": sorted(ROLES)},
+                "role": {
+                    "type": "string",
+                    "enum": sorted({*ROLES, FUNCTION_ROLE}),
+                    "description": "function: OpenAI's older role for a function's result "
+                    "(with its name), read as a tool message.",
+                },
                 "content": {
                     "anyOf": [
                         {"type": "string"},
@@ -396,6 +446,13 @@ MESSAGES = custom(
                 "tool_call_id": {
                     "type": ["string", "null"],
                     "description": "Required in a tool message: the call it answers.",
+                },
+                "function_call": {
+                    "type": ["object", "null"],
+                    "required": ["name", "arguments"],
+                    "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+                    "description": "OpenAI's older form of one tool call (assistant messages "
+                    "only), read as tool_calls.",
                 },
             },
         },

@@ -143,6 +143,12 @@ def tools_parse(body: dict[str, Any]) -> ToolUse | None:
     tools_name, choice_name = ("functions", "function_call") if legacy else ("tools", "tool_choice")
     tools_kind, choice_kind = (FUNCTIONS, FUNCTION_CALL) if legacy else (TOOLS, TOOL_CHOICE)
     tools: list[dict[str, Any]] = tools_kind.read(body, tools_name)
+    if body.get(tools_name) == []:
+        # As vLLM's server and OpenAI's API refuse it: an empty list offers nothing to call.
+        raise invalid(
+            tools_name,
+            f"'{tools_name}' must not be an empty array: send at least one tool or leave it out.",
+        )
     chosen: tuple[str, bool] | None = choice_kind.read(body, choice_name)
     parallel = PARALLEL_TOOL_CALLS.read(body, "parallel_tool_calls")
     if chosen is None:

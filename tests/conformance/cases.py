@@ -315,6 +315,7 @@ CASES = [
     Case("cmpl-beam-stop-included", COMPLETIONS, {"max_tokens": 6, "n": 2, "use_beam_search": True, "include_stop_str_in_output": True, "skip_special_tokens": False, "prompt": PROMPT}),
     # --- bad input: the same status ------------------------------------------------------------
     Case("bad-chat-n0", CHAT, {**G, "n": 0, "messages": HELLO}),
+    Case("bad-chat-tools-empty", CHAT, {**G, "tools": [], "messages": HELLO}),
     Case("bad-chat-n2-greedy", CHAT, {**G, "n": 2, "messages": HELLO}),
     Case("bad-cmpl-n0", COMPLETIONS, {**G, "n": 0, "prompt": PROMPT}),
     Case("bad-chat-schema", CHAT, {**G, "response_format": BAD_SCHEMA, "messages": HELLO}),

@@ -191,6 +191,25 @@ def test_legacy_functions_are_tools(targets: Any) -> None:
     assert theirs.json()["choices"][0]["message"].get("tool_calls") in (None, [])
 
 
+def test_a_legacy_function_call_sent_back_is_a_tool_call_and_its_result(targets: Any) -> None:
+    """The conversation an older function-calling client sends after a call: vLLM's server
+    drops the assistant's `function_call` and writes the `function` message under that role;
+    the platform writes them as the tool call and the tool's answer its template knows."""
+    called = {"name": "get_time", "arguments": '{"zone": "utc"}'}
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "function_call": called},
+        {"role": "function", "name": "get_time", "content": "12:00"},
+    ]
+    body = {**BODY, "messages": messages, "functions": FUNCTIONS, "return_prompt_text": True}
+    ours, theirs = _both(targets, body)
+    assert ours.status_code == theirs.status_code == 200, ours.text
+    prompt, their_prompt = ours.json()["prompt_text"], theirs.json()["prompt_text"]
+    assert '"name": "get_time"' in prompt and "<tool_response>\n12:00" in prompt
+    assert '"get_time"' not in their_prompt.split("<|im_start|>assistant")[1]
+    assert "<|im_start|>function\n12:00" in their_prompt
+
+
 def test_an_unknown_field_is_refused(targets: Any) -> None:
     ours, theirs = _both(targets, {**BODY, "some_new_option": True})
     assert theirs.status_code == 200

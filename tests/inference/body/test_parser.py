@@ -84,6 +84,58 @@ def test_it_names_the_bad_message():
     assert error.param == "messages[1].role"
 
 
+def test_an_older_function_call_and_its_result_are_read_as_a_tool_call_and_its_answer():
+    called = {"name": "get_time", "arguments": '{"zone": "utc"}'}
+    messages = [
+        {"role": "user", "content": "the time?"},
+        {"role": "assistant", "content": None, "function_call": called},
+        {"role": "function", "name": "get_time", "content": "12:00"},
+    ]
+    read = generation_parse(_chat(messages=messages), endpoint=CHAT).messages
+    assert read is not None
+    assert read[1]["tool_calls"] == [
+        {"id": "call_get_time", "type": "function", "function": called}
+    ]
+    assert read[2] == {
+        "role": "tool",
+        "content": "12:00",
+        "name": "get_time",
+        "tool_call_id": "call_get_time",
+    }
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "function", "content": "12:00"}, "messages[0].name"),
+        (
+            {"role": "user", "content": "a", "function_call": {"name": "f"}},
+            "messages[0].function_call",
+        ),
+        (
+            {"role": "assistant", "function_call": {"name": "f"}},
+            "messages[0].function_call.arguments",
+        ),
+        ({"role": "assistant", "function_call": "f"}, "messages[0].function_call"),
+        (
+            {
+                "role": "assistant",
+                "function_call": {"name": "f", "arguments": "{}"},
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            "messages[0].function_call",
+        ),
+    ],
+)
+def test_an_older_function_message_that_cannot_be_read_is_refused_naming_it(message, param):
+    assert _error(_chat(messages=[message])).param == param
+
+
+@pytest.mark.parametrize("field", ["tools", "functions"])
+def test_an_empty_list_of_tools_is_refused_as_vllm_and_openai_refuse_it(field):
+    assert _error(_chat(**{field: []})).param == field
+
+
 def test_it_refuses_unsupported_parameters():
     assert _error(_chat(best_of=2)).code == "unsupported_parameter"
     assert _error(_chat(watermarking={"key": 1})).param == "watermarking"
@@ -321,7 +373,7 @@ def test_it_refuses_a_parameter_it_would_otherwise_ignore(field, value):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 1), ("logprobs", False), ("top_logprobs", 0), ("logit_bias", {}), ("tools", []),
+    [("n", 1), ("logprobs", False), ("top_logprobs", 0), ("logit_bias", {}), ("tools", None),
      ("tool_choice", "none"), ("repetition_penalty", 1), ("min_p", 0), ("stop_token_ids", []),
      ("response_format", {"type": "text"}), ("guided_json", None), ("metadata", {"a": "b"})],
 )  # fmt: skip
