@@ -365,7 +365,8 @@ GENERATION_FIELDS: dict[str, Field] = {
             1,
             MAX_TOKENS,
             doc="At most the tenant's max_tokens_per_request; default: "
-            "as many as fit, for every choice.",
+            "as many as fit, for every choice. Completions with echo also take 0: the "
+            "prompt alone, scored.",
         )
     ),
     "max_completion_tokens": honoured(

@@ -116,6 +116,10 @@ class GenerationRequest:
     # The Responses API's truncation "auto": the conversation's oldest turns are dropped until
     # its prompt fits (inference.pipeline.tokenization.turns_fitted).
     truncate_turns: bool = False
+    # Completions' echo with max_tokens 0 (how OpenAI's older API and vLLM's server score a
+    # prompt): the engine makes one token (max_tokens is 1), which the answer leaves out of
+    # its text and logprobs and counts in its usage, as vLLM's server does.
+    prompt_only: bool = False
 
     @property
     def answered_with_prompt_ids(self) -> bool:
@@ -206,6 +210,9 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
     model = MODEL.read(body, "model")
     unsupported_refuse(body, GENERATION_FIELDS, endpoint=endpoint)
     chat = endpoint == CHAT
+    prompt_only = _prompt_only(body, chat=chat)
+    if prompt_only:
+        body = {**body, "max_tokens": 1}
     shape = fields_read(
         body,
         GENERATION_FIELDS,
@@ -284,9 +291,24 @@ def _fields_read(body: dict[str, Any], *, endpoint: str) -> GenerationRequest:
         length_penalty=options["length_penalty"],
         include_reasoning=options["include_reasoning"] if chat else True,
         thinking_token_budget=_budget(options["thinking_token_budget"]),
+        prompt_only=prompt_only,
     )
     _beam_search_check(request, body)
     return request
+
+
+def _prompt_only(body: dict[str, Any], *, chat: bool) -> bool:
+    """Whether a completions body asks for its prompt alone: echo with max_tokens 0."""
+    zero = body.get("max_tokens")
+    if chat or body.get("echo") is not True or zero != 0 or isinstance(zero, bool):
+        return False
+    if body.get("logprob_token_ids"):
+        # As vLLM's server refuses it: no output token to list those ids at.
+        raise invalid(
+            "logprob_token_ids",
+            "'logprob_token_ids' needs output tokens: not with echo and max_tokens 0.",
+        )
+    return True
 
 
 # What vLLM's beam search does not use: its BeamSearchParams take the beam width (n),

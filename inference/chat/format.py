@@ -119,6 +119,17 @@ class Shape:
     # model with a reasoning parser (`thinking`) its thinking tokens so far.
     continuous_usage: bool = False
     thinking: bool = False
+    # Completions' echo with max_tokens 0: the choices hold their prompts alone, the one token
+    # the engine made left out of their text and logprobs (GenerationRequest.prompt_only).
+    prompt_only: bool = False
+
+    def kept(self, delta: Delta) -> Delta:
+        """A delta as the answer holds it: without its output when the prompt is all."""
+        if not self.prompt_only:
+            return delta
+        return msgspec.structs.replace(
+            delta, text="", logprobs=None if delta.logprobs is None else []
+        )
 
     def role(self, index: int) -> str:
         """The role a chat choice's message is in."""
@@ -315,6 +326,7 @@ def shape_of(
         continuous_usage=request.continuous_usage,
         prompt_text=prompt_text if request.return_prompt_text else None,
         thinking_hidden=not request.include_reasoning,
+        prompt_only=request.prompt_only,
     )
 
 
@@ -364,7 +376,7 @@ class Formatter:
 
     def add(self, delta: Delta) -> None:
         """Keep a delta of a non-streaming response."""
-        self._choice(delta.index).add(delta)
+        self._choice(delta.index).add(self.shape.kept(delta))
 
     def _logprobs(self, entries: list[TokenLogprob], choice: _Choice) -> dict[str, Any] | None:
         top = self.shape.logprobs
@@ -450,6 +462,7 @@ class Formatter:
 
     def chunk(self, delta: Delta, *, include_usage: bool) -> bytes | None:
         """Return the SSE event carrying a delta, or None when it carries nothing to send."""
+        delta = self.shape.kept(delta)
         choice = self._choice(delta.index)
         choice.prompt_from(delta)
         choice.tokens += delta.tokens

@@ -251,6 +251,12 @@ CASES = [
     Case("cmpl-echo", COMPLETIONS, {**G, "echo": True, "prompt": PROMPT}),
     Case("cmpl-echo-logprobs", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "prompt": PROMPT}),
     Case("cmpl-echo-logprobs-stream", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "prompt": PROMPT}, stream=True),
+    # Echo with max_tokens 0 scores the prompt alone (the engine's one token counted in usage).
+    Case("cmpl-echo-prompt-only", COMPLETIONS, {**G, "max_tokens": 0, "echo": True, "logprobs": 2, "prompt": PROMPT}),
+    Case("cmpl-echo-prompt-only-stream", COMPLETIONS, {**G, "max_tokens": 0, "echo": True, "logprobs": 1, "prompt": PROMPT}, stream=True),
+    Case("cmpl-echo-prompt-only-list", COMPLETIONS, {**G, "max_tokens": 0, "echo": True, "prompt": [PROMPT, "hello"]}),
+    Case("bad-cmpl-max-tokens-0", COMPLETIONS, {**G, "max_tokens": 0, "prompt": PROMPT}),
+    Case("bad-cmpl-echo-prompt-only-logprob-token-ids", COMPLETIONS, {**G, "max_tokens": 0, "echo": True, "logprobs": 0, "logprob_token_ids": [OR], "prompt": PROMPT}),
     Case("cmpl-logprob-token-ids", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [PRI, OR, EOS], "prompt": PROMPT}),
     Case("cmpl-logprob-token-ids-stream", COMPLETIONS, {**G, "logprobs": 0, "logprob_token_ids": [OR], "prompt": PROMPT}, stream=True),
     Case("cmpl-echo-logprob-token-ids", COMPLETIONS, {**G, "echo": True, "logprobs": 2, "logprob_token_ids": [PRI, HOW], "prompt": PROMPT}),

@@ -288,6 +288,17 @@ def test_an_empty_text_in_an_array_is_read_as_vllm_reads_it():
     assert parsed.prompts == ("a", "")
 
 
+def test_echo_with_no_output_tokens_asks_for_the_prompt_alone():
+    body = {"model": "m", "prompt": "a", "echo": True, "max_tokens": 0}
+    parsed = generation_parse(body, endpoint=COMPLETIONS)
+    assert parsed.prompt_only and parsed.max_tokens == 1  # the engine makes one, left out
+    assert _error({**body, "echo": False}, endpoint=COMPLETIONS).param == "max_tokens"
+    with_ids = {**body, "logprobs": 0, "logprob_token_ids": [3]}
+    assert _error(with_ids, endpoint=COMPLETIONS).param == "logprob_token_ids"
+    chat = {"model": "m", "messages": [{"role": "user", "content": "a"}], "echo": True}
+    assert _error({**chat, "max_tokens": 0}).param == "max_tokens"
+
+
 def test_choices_across_prompts_are_capped_as_n_is():
     body = {"model": "m", "prompt": ["a"] * 4, "n": 33}
     assert _error(body, endpoint=COMPLETIONS).param == "n"
