@@ -525,6 +525,9 @@ def responses_parse(
     }
     optional["reasoning_effort"] = _reasoning_effort(body.get("reasoning"))
     optional.update({name: body.get(name) for name in PASSED_TO_CHAT})
+    if optional["stop"] == "":
+        # vLLM's Responses server reads an empty stop as none (chat's refuses it).
+        optional["stop"] = None
     top_logprobs = _top_logprobs(body)
     if top_logprobs is not None:
         optional.update(logprobs=True, top_logprobs=top_logprobs)

@@ -186,6 +186,9 @@ CASES = [
         {"input": "hello", "instructions": "Be terse.", "max_output_tokens": 6, "temperature": 0},
         stream=True,
     ),
+    # vLLM's sampling extras: a stop, and an empty one, which its Responses server reads as none.
+    Case("stop", {"input": "hello", "max_output_tokens": 6, "temperature": 0, "stop": " can"}),
+    Case("stop-empty", {"input": "hello", "max_output_tokens": 6, "temperature": 0, "stop": ""}),
 ]
 
 
