@@ -66,11 +66,20 @@ def _described(schema: Schema, doc: str) -> Schema:
     return {**schema, "description": doc} if doc else schema
 
 
+def whole(value: Any) -> Any:
+    """A number without a fraction (4.0) as the integer it is, as JSON Schema reads it and
+    vLLM's server takes it (clients that compute a count send one); anything else as it is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def integer(lo: int, hi: int, *, default: int | None = None, doc: str = "") -> Kind:
     def read(body: dict[str, Any], name: str) -> int | None:
         value = body.get(name)
         if value is None:
             return default
+        value = whole(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise type_error(name, "an integer", value)
         if not lo <= value <= hi:

@@ -22,7 +22,7 @@ from inference.body.fields import CHAT
 from inference.body.inputs import messages_count_check
 from inference.body.parser import GenerationRequest, generation_parse
 from inference.body.tools import compiled_for, schema_check
-from inference.body.types import booleans_read, type_error
+from inference.body.types import booleans_read, type_error, whole
 
 MESSAGES = "messages"  # the endpoint a usage record names for /v1/messages
 
@@ -529,7 +529,7 @@ def _thinking(raw: Any, max_tokens: int | None) -> dict[str, Any]:
         return {"thinking_off": True}
     if kind == "adaptive":
         return {}  # the model chooses how long it thinks, under max_tokens
-    budget = thinking.get("budget_tokens")
+    budget = whole(thinking.get("budget_tokens"))
     if not isinstance(budget, int) or isinstance(budget, bool):
         raise type_error("thinking.budget_tokens", "an integer", budget)
     if budget < MIN_THINKING_BUDGET:
@@ -640,7 +640,7 @@ def messages_chat(
             raise invalid(
                 "max_tokens", "'max_tokens' is required.", code="missing_required_parameter"
             )
-        max_tokens = body["max_tokens"]
+        max_tokens = whole(body["max_tokens"])
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
             raise type_error("max_tokens", "an integer", max_tokens)
         if max_tokens <= 0:

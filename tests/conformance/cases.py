@@ -117,6 +117,8 @@ CASES = [
     # --- chat: sampling -----------------------------------------------------------------------
     Case("chat-greedy", CHAT, {**G, "messages": HELLO}),
     Case("chat-greedy-stream", CHAT, {**G, "messages": HELLO}, stream=True),
+    # A count written as a number without a fraction is an integer (JSON Schema; vLLM's server).
+    Case("chat-counts-as-whole-floats", CHAT, {**G, "max_tokens": 4.0, "n": 1.0, "top_k": 5.0, "messages": HELLO}),
     Case("chat-seed", CHAT, {**S, "messages": HELLO}),
     Case("chat-seed-stream", CHAT, {**S, "messages": HELLO}, stream=True),
     Case("chat-long-system", CHAT, {**G, "messages": LONG}),

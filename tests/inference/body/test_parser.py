@@ -64,6 +64,13 @@ def test_it_names_a_field_of_the_wrong_type(field, value):
     assert error.status == 400 and error.param == field and error.code == "invalid_type"
 
 
+def test_a_count_written_without_a_fraction_is_an_integer():
+    parsed = generation_parse(_chat(max_tokens=4.0, n=2.0, seed=7.0), endpoint=CHAT)
+    assert (parsed.max_tokens, parsed.n, parsed.seed) == (4, 2, 7)
+    assert type(parsed.max_tokens) is int and type(parsed.seed) is int
+    assert _error(_chat(max_tokens=1e308)).code == "invalid_value"  # whole, out of range
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("temperature", 3), ("top_p", -0.1), ("top_p", 0), ("max_tokens", 0), ("presence_penalty", 9)],
