@@ -196,6 +196,13 @@ TOKEN_IDS: Schema = {
 }
 
 
+def _item_refused(where: str, item: Any, kind: str, message: str) -> None:
+    """Refuse one item of a list, naming it: for its type, else (`message`) for its value."""
+    if isinstance(item, bool) or not isinstance(item, int if kind == "a token id" else str):
+        raise type_error(where, kind, item)
+    raise invalid(where, message)
+
+
 def token_list(*, doc: str = "") -> Kind:
     """A list of token ids (their range is checked against the vocabulary when tokenising)."""
 
@@ -203,8 +210,12 @@ def token_list(*, doc: str = "") -> Kind:
         value = body.get(name)
         if value is None:
             return []
-        if not isinstance(value, list) or not all(is_token(t) for t in value):
+        if not isinstance(value, list):
             raise type_error(name, "an array of token ids", value)
+        for i, token in enumerate(value):
+            if not is_token(token):
+                where = f"{name}[{i}]"
+                _item_refused(where, token, "a token id", f"'{where}' is below 0: {token}.")
         return list(value)
 
     schema = {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}}
@@ -218,8 +229,12 @@ def strings(*, doc: str = "") -> Kind:
         value = body.get(name)
         if value is None:
             return []
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        if not isinstance(value, list):
             raise type_error(name, "an array of non-empty strings", value)
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                where = f"{name}[{i}]"
+                _item_refused(where, item, "a string", f"'{where}' is empty.")
         return list(value)
 
     schema = {"type": ["array", "null"], "items": {"type": "string", "minLength": 1}}

@@ -81,7 +81,7 @@ HOSTILE = [
     ("/v1/chat/completions", json.dumps(_chat(logprobs=True, logprob_token_ids=list(range(5_000)))),
      400, "invalid_value", "logprob_token_ids"),
     ("/v1/chat/completions", json.dumps(_chat(logprobs=True, logprob_token_ids=[-1])), 400,
-     "invalid_type", "logprob_token_ids"),
+     "invalid_value", "logprob_token_ids[0]"),
     ("/v1/chat/completions", json.dumps(_chat(logprobs=True, logprob_token_ids=[10**30])), 400,
      "invalid_value", "logprob_token_ids[0]"),
     ("/v1/chat/completions", json.dumps(_chat(use_beam_search=True, length_penalty=1e308)), 400,

@@ -594,8 +594,8 @@ def test_allowed_token_ids_and_add_special_tokens_reach_the_request_as_vllm_read
     assert plain.allowed_token_ids is None and plain.add_special_tokens is None
     error = _error(_chat(allowed_token_ids=[]))
     assert (error.code, error.param) == ("invalid_value", "allowed_token_ids")
-    for bad in ([-1], ["5"], 5, [True]):
-        assert _error(_chat(allowed_token_ids=bad)).param == "allowed_token_ids"
+    for bad, param in (([-1], "[0]"), ([1, "5"], "[1]"), (5, ""), ([True], "[0]")):
+        assert _error(_chat(allowed_token_ids=bad)).param == f"allowed_token_ids{param}"
     assert _error(_chat(add_special_tokens="yes")).param == "add_special_tokens"
 
 
@@ -694,7 +694,7 @@ def test_logprob_token_ids_need_logprobs_and_no_count_of_alternatives_beside_the
         (_chat(logprob_token_ids=[5]), "logprob_token_ids"),
         (_chat(logprobs=True, top_logprobs=2, logprob_token_ids=[5]), "top_logprobs"),
         (_chat(logprobs=True, logprob_token_ids=list(range(129))), "logprob_token_ids"),
-        (_chat(logprobs=True, logprob_token_ids=["5"]), "logprob_token_ids"),
+        (_chat(logprobs=True, logprob_token_ids=["5"]), "logprob_token_ids[0]"),
     ]:
         error = _error(body)
         assert (error.status, error.param) == (400, param)
