@@ -335,13 +335,20 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     return kept
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _token_ids(value: Any) -> bool:
     """Whether a prompt is token ids (ones outside the vocabulary are refused later, saying so)."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
+    return isinstance(value, list) and bool(value) and all(_is_id(t) for t in value)
+
+
+def _token_ids_check(value: list[Any], where: str) -> None:
+    """Refuse a prompt of token ids that holds something else, naming the item."""
+    for i, token in enumerate(value):
+        if not _is_id(token):
+            raise _type_error(f"{where}[{i}]", "a token id", token)
 
 
 MAX_PROMPTS = 128
@@ -363,6 +370,8 @@ def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
         return (value,)
     if _token_ids(value):
         return (list(value),)
+    if isinstance(value, list) and value and _is_id(value[0]):
+        _token_ids_check(value, "prompt")  # one prompt of token ids, one of them not
     if isinstance(value, list) and value:
         if len(value) > MAX_PROMPTS:
             raise invalid("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts.")
@@ -379,6 +388,8 @@ def _prompts(body: dict[str, Any], name: str) -> tuple[str | list[int], ...]:
                 raise invalid(
                     f"prompt[{i}]", f"'prompt[{i}]' is empty: send at least one token id."
                 )
+            elif not texts and isinstance(item, list):
+                _token_ids_check(item, f"prompt[{i}]")
             else:
                 raise _type_error(f"prompt[{i}]", wanted, item)
         return tuple(prompts)

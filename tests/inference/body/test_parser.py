@@ -257,8 +257,17 @@ def test_completions_take_text_or_token_ids():
     )
     nested = generation_parse({"model": "m", "prompt": [[1, 2]]}, endpoint=COMPLETIONS)
     assert nested.prompt == [1, 2]
-    assert _error({"model": "m", "prompt": [["a"]]}, endpoint=COMPLETIONS).param == "prompt[0]"
     assert _error({"model": "m", "prompt": []}, endpoint=COMPLETIONS).param == "prompt"
+    # A token id list that holds something else is refused naming the item.
+    for prompt, param in [
+        ([["a"]], "prompt[0][0]"),
+        ([1, "a"], "prompt[1]"),
+        ([1, True], "prompt[1]"),
+        ([[1], [2, "a"]], "prompt[1][1]"),
+        ([[1], "a"], "prompt[1]"),
+    ]:
+        error = _error({"model": "m", "prompt": prompt}, endpoint=COMPLETIONS)
+        assert (error.code, error.param) == ("invalid_type", param)
 
 
 # Hostile bodies: every one is a 400 naming the field, before anything is admitted.
