@@ -15,6 +15,11 @@ from inference.body.types import type_error as _type_error
 from models_registry.tokenizer import CONTENT_PARTS
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+# OpenAI's older function calling, in a conversation sent back: an assistant message's
+# `function_call` is read as its one tool call, and a message of role `function` (the call's
+# result, named by the function) as the tool message answering it. The older form has no call
+# ids; both sides get the same one, made from the function's name (legacy_call_id).
+FUNCTION_ROLE = "function"
 MAX_STOP_SEQUENCES = 4
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
@@ -248,15 +253,12 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         kept["reasoning"] = thought
     calls = message.get("tool_calls")
     if message.get("function_call") is not None:
+        at = f"{where}.function_call"
         if role != "assistant":
-            where_call = f"{where}.function_call"
-            raise invalid(where_call, "Only assistant messages carry 'function_call'.")
+            raise invalid(at, "Only assistant messages carry 'function_call'.")
         if calls is not None:
-            raise invalid(
-                f"{where}.function_call",
-                "Send either 'tool_calls' or the older 'function_call', not both.",
-            )
-        kept["tool_calls"] = [_function_call(message["function_call"], f"{where}.function_call")]
+            raise invalid(at, "Send either 'tool_calls' or the older 'function_call', not both.")
+        kept["tool_calls"] = [_function_call(message["function_call"], at)]
     if calls is not None:
         if role != "assistant":
             raise invalid(f"{where}.tool_calls", "Only assistant messages carry 'tool_calls'.")
@@ -284,13 +286,6 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             )
         kept["tool_call_id"] = call_id
     return kept
-
-
-# OpenAI's older function calling, in a conversation sent back: an assistant message's
-# `function_call` is read as its one tool call, and a message of role `function` (the call's
-# result, named by the function) as the tool message answering it. The older form has no call
-# ids; both sides get the same one, made from the function's name.
-FUNCTION_ROLE = "function"
 
 
 def legacy_call_id(name: str) -> str:

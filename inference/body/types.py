@@ -196,10 +196,12 @@ TOKEN_IDS: Schema = {
 }
 
 
-def _item_refused(where: str, item: Any, kind: str, message: str) -> None:
-    """Refuse one item of a list, naming it: for its type, else (`message`) for its value."""
-    if isinstance(item, bool) or not isinstance(item, int if kind == "a token id" else str):
-        raise type_error(where, kind, item)
+def _item_refused(where: str, item: Any, of: tuple[type, str], message: str) -> None:
+    """Refuse one item of a list, naming it: for its type (`of`: the Python type and its
+    name), else (`message`) for its value."""
+    kind, named = of
+    if isinstance(item, bool) or not isinstance(item, kind):
+        raise type_error(where, named, item)
     raise invalid(where, message)
 
 
@@ -215,7 +217,7 @@ def token_list(*, doc: str = "") -> Kind:
         for i, token in enumerate(value):
             if not is_token(token):
                 where = f"{name}[{i}]"
-                _item_refused(where, token, "a token id", f"'{where}' is below 0: {token}.")
+                _item_refused(where, token, (int, "a token id"), f"'{where}' is below 0: {token}.")
         return list(value)
 
     schema = {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}}
@@ -234,7 +236,7 @@ def strings(*, doc: str = "") -> Kind:
         for i, item in enumerate(value):
             if not isinstance(item, str) or not item:
                 where = f"{name}[{i}]"
-                _item_refused(where, item, "a string", f"'{where}' is empty.")
+                _item_refused(where, item, (str, "a string"), f"'{where}' is empty.")
         return list(value)
 
     schema = {"type": ["array", "null"], "items": {"type": "string", "minLength": 1}}
