@@ -89,6 +89,16 @@ def test_a_null_field_is_read_as_absent(targets: Any, field: str) -> None:
     assert ours.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
 
 
+@pytest.mark.parametrize(("field", "value"), [("top_k", 2**21), ("repetition_penalty", 1000.0)])
+def test_a_sampling_value_past_the_platforms_bound_is_refused(
+    targets: Any, field: str, value: Any
+) -> None:
+    ours, theirs = _both(targets, {**BODY, field: value})
+    assert theirs.status_code == 200, theirs.text
+    assert ours.status_code == 400
+    assert (ours.json()["error"]["code"], ours.json()["error"]["param"]) == ("invalid_value", field)
+
+
 def test_include_reasoning_false_is_refused_where_nothing_thinks(targets: Any) -> None:
     """On a model without a reasoning parser there is no thinking to leave out: vLLM's server
     serves the request and drops the logprobs it asked for; the platform refuses it."""
